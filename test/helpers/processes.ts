@@ -1,0 +1,219 @@
+// Starts the real processes on loopback port 0 and waits for the lines of the process interface
+// (design.md): `control plane listening on HOST:PORT`, `data plane listening on HOST:PORT`,
+// `data plane ready`. Every process started here is killed in t.after by the caller (or by stopAll).
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+const TSX = join(ROOT, 'node_modules', 'tsx', 'dist', 'cli.mjs');
+
+export interface Proc {
+  child: ChildProcess;
+  /** Everything printed so far on stdout and stderr. */
+  output(): string;
+  /** Resolves with the first match of `re` in the output (waiting for it), rejects if the process exits first. */
+  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
+  kill(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+const live = new Set<Proc>();
+
+export function startProcess(args: string[], env: Record<string, string | undefined> = {}): Proc {
+  const child = spawn(process.execPath, [TSX, ...args], {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  const waiters = new Set<() => void>();
+  const onChunk = (chunk: Buffer) => {
+    out += chunk.toString();
+    for (const w of [...waiters]) w();
+  };
+  child.stdout!.on('data', onChunk);
+  child.stderr!.on('data', onChunk);
+  let exited = false;
+  const exitPromise = new Promise<number | null>((resolve) =>
+    child.on('exit', (code, signal) => {
+      exited = true;
+      for (const w of [...waiters]) w();
+      resolve(code ?? (signal ? 128 : null));
+    }),
+  );
+  const proc: Proc = {
+    child,
+    output: () => out,
+    waitFor(re, timeoutMs = 30_000) {
+      return new Promise((resolve, reject) => {
+        const check = () => {
+          const m = out.match(re);
+          if (m) {
+            waiters.delete(check);
+            clearTimeout(timer);
+            resolve(m);
+          } else if (exited) {
+            waiters.delete(check);
+            clearTimeout(timer);
+            reject(new Error(`process exited before printing ${re}; output:\n${out}`));
+          }
+        };
+        const timer = setTimeout(() => {
+          waiters.delete(check);
+          reject(new Error(`timed out waiting for ${re}; output:\n${out}`));
+        }, timeoutMs);
+        waiters.add(check);
+        check();
+      });
+    },
+    async kill(signal = 'SIGTERM') {
+      live.delete(proc);
+      if (!exited) child.kill(signal);
+      return exitPromise;
+    },
+  };
+  live.add(proc);
+  return proc;
+}
+
+export async function stopAll(): Promise<void> {
+  await Promise.all([...live].map((p) => p.kill('SIGKILL')));
+}
+
+export function tempDir(label = 'tollgate-test-'): string {
+  return mkdtempSync(join(tmpdir(), label));
+}
+
+/** Secrets shared by one test's control plane and nodes. */
+export interface Secrets {
+  pepper: string;
+  operatorToken: string;
+  nodeToken: string;
+}
+
+export function newSecrets(): Secrets {
+  return {
+    pepper: randomBytes(32).toString('hex'),
+    operatorToken: `op_${randomBytes(24).toString('hex')}`,
+    nodeToken: `node_${randomBytes(24).toString('hex')}`,
+  };
+}
+
+export interface ControlPlane {
+  proc: Proc;
+  address: string;
+  dbPath: string;
+  dir: string;
+  secrets: Secrets;
+  configPath?: string;
+}
+
+export interface ControlPlaneOptions {
+  dir?: string;
+  secrets?: Secrets;
+  configPath?: string;
+  /** YAML text written to a config file in the test's folder. */
+  configYaml?: string;
+  listen?: string;
+  extraArgs?: string[];
+  env?: Record<string, string | undefined>;
+}
+
+export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise<ControlPlane> {
+  const dir = opts.dir ?? tempDir();
+  const secrets = opts.secrets ?? newSecrets();
+  const dbPath = join(dir, 'tollgate.db');
+  let configPath = opts.configPath;
+  if (opts.configYaml !== undefined) {
+    configPath = join(dir, 'gateway.yaml');
+    writeFileSync(configPath, opts.configYaml);
+  }
+  const args = ['control-plane/main.ts', '--db', dbPath, '--listen', opts.listen ?? '127.0.0.1:0'];
+  if (configPath) args.push('--config', configPath);
+  args.push(...(opts.extraArgs ?? []));
+  const proc = startProcess(args, {
+    TOLLGATE_PEPPER: secrets.pepper,
+    TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
+    TOLLGATE_NODE_TOKEN: secrets.nodeToken,
+    ...opts.env,
+  });
+  const m = await proc.waitFor(/control plane listening on (\S+)/);
+  return { proc, address: m[1], dbPath, dir, secrets, configPath };
+}
+
+export interface DataPlane {
+  proc: Proc;
+  url: string;
+  address: string;
+  adminUrl?: string;
+}
+
+export interface DataPlaneOptions {
+  nodeId?: string;
+  adminListen?: boolean;
+  env?: Record<string, string | undefined>;
+  extraArgs?: string[];
+  /** Wait for `data plane ready` (default true). */
+  waitReady?: boolean;
+}
+
+export async function startDataPlane(cp: { address: string; secrets: Secrets }, opts: DataPlaneOptions = {}): Promise<DataPlane> {
+  const args = ['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'];
+  if (opts.nodeId) args.push('--node-id', opts.nodeId);
+  if (opts.adminListen) args.push('--admin-listen', '127.0.0.1:0');
+  args.push(...(opts.extraArgs ?? []));
+  const proc = startProcess(args, {
+    TOLLGATE_PEPPER: cp.secrets.pepper,
+    TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken,
+    ...opts.env,
+  });
+  const m = await proc.waitFor(/data plane listening on (\S+)/);
+  let adminUrl: string | undefined;
+  if (opts.adminListen) adminUrl = `http://${(await proc.waitFor(/data plane admin listening on (\S+)/))[1]}`;
+  if (opts.waitReady !== false) await proc.waitFor(/data plane ready/);
+  return { proc, url: `http://${m[1]}`, address: m[1], adminUrl };
+}
+
+export interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the CLI as a process (synchronously: the CLI is short-lived). */
+export function runCli(cp: { address: string }, token: string | undefined, args: string[], env: Record<string, string> = {}): CliResult {
+  const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
+  const r = spawnSync(process.execPath, [TSX, 'cli/main.ts', ...full], {
+    cwd: ROOT,
+    env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** Async variant, for a CLI call that must run while the test does something else. */
+export function runCliAsync(cp: { address: string }, token: string | undefined, args: string[]): Promise<CliResult> {
+  const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [TSX, 'cli/main.ts', ...full], {
+      cwd: ROOT,
+      env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '' },
+    });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c) => (stdout += c));
+    child.stderr.on('data', (c) => (stderr += c));
+    child.on('exit', (code) => resolve({ code: code ?? -1, stdout, stderr }));
+  });
+}
+
+/** Runs the CLI with --json and parses its one JSON object; throws with the output on failure. */
+export function cliJson<T = any>(cp: { address: string }, token: string, args: string[]): T {
+  const r = runCli(cp, token, ['--json', ...args]);
+  if (r.code !== 0) throw new Error(`tollgate ${args.join(' ')} failed (${r.code}): ${r.stderr}${r.stdout}`);
+  return JSON.parse(r.stdout) as T;
+}
