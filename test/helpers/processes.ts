@@ -6,10 +6,15 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
-const TSX = join(ROOT, 'node_modules', 'tsx', 'dist', 'cli.mjs');
+// Long-running processes load tsx in-process (`node --import tsx`) instead of through tsx's CLI,
+// which runs the program in a second node process: a SIGKILL to that wrapper left the real process
+// running as an orphan (so "kill the control plane" tests killed nothing, and the orphan kept the
+// test's pipes open so the test process never exited).
+const TSX_LOADER = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
+const TSX_ARGS = ['--import', TSX_LOADER];
 
 export interface Proc {
   child: ChildProcess;
@@ -23,7 +28,7 @@ export interface Proc {
 const live = new Set<Proc>();
 
 export function startProcess(args: string[], env: Record<string, string | undefined> = {}): Proc {
-  const child = spawn(process.execPath, [TSX, ...args], {
+  const child = spawn(process.execPath, [...TSX_ARGS, ...args], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -186,7 +191,7 @@ export interface CliResult {
 /** Runs the CLI as a process (synchronously: the CLI is short-lived). */
 export function runCli(cp: { address: string }, token: string | undefined, args: string[], env: Record<string, string> = {}): CliResult {
   const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
-  const r = spawnSync(process.execPath, [TSX, 'cli/main.ts', ...full], {
+  const r = spawnSync(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
     cwd: ROOT,
     env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
     encoding: 'utf8',
@@ -199,7 +204,7 @@ export function runCli(cp: { address: string }, token: string | undefined, args:
 export function runCliAsync(cp: { address: string }, token: string | undefined, args: string[]): Promise<CliResult> {
   const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
   return new Promise((resolve) => {
-    const child = spawn(process.execPath, [TSX, 'cli/main.ts', ...full], {
+    const child = spawn(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
       cwd: ROOT,
       env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '' },
     });

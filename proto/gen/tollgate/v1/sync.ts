@@ -35,6 +35,15 @@ export interface ControlMessage {
   delta?: Delta | undefined;
   reportAck?: ReportAck | undefined;
   leaseGrant?: LeaseGrant | undefined;
+  roster?: Roster | undefined;
+}
+
+/**
+ * Sent to every node whenever the set of connected nodes changes: the count decides each node's
+ * cold share of a key's minute budget (proto/lib/leases.ts).
+ */
+export interface Roster {
+  connectedNodes: number;
 }
 
 export interface Hello {
@@ -99,6 +108,11 @@ export interface OrgEntry {
   blocked: boolean;
   /** "balance_exhausted" or "monthly_cap_reached" when blocked. */
   blockedReason: string;
+  /**
+   * Bumped whenever the organisation's money changes other than by usage (credit, cap, tier,
+   * config): a node that was told nothing is left to lease asks again.
+   */
+  fundsVersion: number;
 }
 
 export interface GatewayConfig {
@@ -196,8 +210,15 @@ export interface LeaseRequest {
 export interface KeyLeaseWant {
   keyId: string;
   minute: number;
+  /** Wanted in addition to what the node holds. */
   requests: number;
   tokens: number;
+  /**
+   * What the node already holds for this key and minute (cold share plus grants), so the control
+   * plane can account for it on a connection's first request (and after a restart).
+   */
+  heldRequests: number;
+  heldTokens: number;
 }
 
 export interface OrgLeaseWant {
@@ -369,7 +390,7 @@ export const NodeMessage: MessageFns<NodeMessage> = {
 };
 
 function createBaseControlMessage(): ControlMessage {
-  return { snapshot: undefined, delta: undefined, reportAck: undefined, leaseGrant: undefined };
+  return { snapshot: undefined, delta: undefined, reportAck: undefined, leaseGrant: undefined, roster: undefined };
 }
 
 export const ControlMessage: MessageFns<ControlMessage> = {
@@ -385,6 +406,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.leaseGrant !== undefined) {
       LeaseGrant.encode(message.leaseGrant, writer.uint32(34).fork()).join();
+    }
+    if (message.roster !== undefined) {
+      Roster.encode(message.roster, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -434,6 +458,14 @@ export const ControlMessage: MessageFns<ControlMessage> = {
             message.leaseGrant = LeaseGrant.decode(reader, reader.uint32());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.roster = Roster.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -460,6 +492,7 @@ export const ControlMessage: MessageFns<ControlMessage> = {
         : isSet(object.lease_grant)
         ? LeaseGrant.fromJSON(object.lease_grant)
         : undefined,
+      roster: isSet(object.roster) ? Roster.fromJSON(object.roster) : undefined,
     };
   },
 
@@ -476,6 +509,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.leaseGrant !== undefined) {
       obj.leaseGrant = LeaseGrant.toJSON(message.leaseGrant);
+    }
+    if (message.roster !== undefined) {
+      obj.roster = Roster.toJSON(message.roster);
     }
     return obj;
   },
@@ -495,6 +531,82 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     message.leaseGrant = (object.leaseGrant !== undefined && object.leaseGrant !== null)
       ? LeaseGrant.fromPartial(object.leaseGrant)
       : undefined;
+    message.roster = (object.roster !== undefined && object.roster !== null)
+      ? Roster.fromPartial(object.roster)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseRoster(): Roster {
+  return { connectedNodes: 0 };
+}
+
+export const Roster: MessageFns<Roster> = {
+  encode(message: Roster, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.connectedNodes !== 0) {
+      writer.uint32(8).int32(message.connectedNodes);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Roster {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRoster();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.connectedNodes = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Roster {
+    return {
+      connectedNodes: isSet(object.connectedNodes)
+        ? globalThis.Number(object.connectedNodes)
+        : isSet(object.connected_nodes)
+        ? globalThis.Number(object.connected_nodes)
+        : 0,
+    };
+  },
+
+  toJSON(message: Roster): unknown {
+    const obj: any = {};
+    if (message.connectedNodes !== 0) {
+      obj.connectedNodes = Math.round(message.connectedNodes);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Roster>, I>>(base?: I): Roster {
+    return Roster.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Roster>, I>>(object: I): Roster {
+    const message = createBaseRoster();
+    message.connectedNodes = object.connectedNodes ?? 0;
     return message;
   },
 };
@@ -1394,7 +1506,7 @@ export const KeyEntry: MessageFns<KeyEntry> = {
 };
 
 function createBaseOrgEntry(): OrgEntry {
-  return { orgId: "", tier: "", blocked: false, blockedReason: "" };
+  return { orgId: "", tier: "", blocked: false, blockedReason: "", fundsVersion: 0 };
 }
 
 export const OrgEntry: MessageFns<OrgEntry> = {
@@ -1410,6 +1522,9 @@ export const OrgEntry: MessageFns<OrgEntry> = {
     }
     if (message.blockedReason !== "") {
       writer.uint32(34).string(message.blockedReason);
+    }
+    if (message.fundsVersion !== 0) {
+      writer.uint32(40).int64(message.fundsVersion);
     }
     return writer;
   },
@@ -1459,6 +1574,14 @@ export const OrgEntry: MessageFns<OrgEntry> = {
             message.blockedReason = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.fundsVersion = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1485,6 +1608,11 @@ export const OrgEntry: MessageFns<OrgEntry> = {
         : isSet(object.blocked_reason)
         ? globalThis.String(object.blocked_reason)
         : "",
+      fundsVersion: isSet(object.fundsVersion)
+        ? globalThis.Number(object.fundsVersion)
+        : isSet(object.funds_version)
+        ? globalThis.Number(object.funds_version)
+        : 0,
     };
   },
 
@@ -1502,6 +1630,9 @@ export const OrgEntry: MessageFns<OrgEntry> = {
     if (message.blockedReason !== "") {
       obj.blockedReason = message.blockedReason;
     }
+    if (message.fundsVersion !== 0) {
+      obj.fundsVersion = Math.round(message.fundsVersion);
+    }
     return obj;
   },
 
@@ -1514,6 +1645,7 @@ export const OrgEntry: MessageFns<OrgEntry> = {
     message.tier = object.tier ?? "";
     message.blocked = object.blocked ?? false;
     message.blockedReason = object.blockedReason ?? "";
+    message.fundsVersion = object.fundsVersion ?? 0;
     return message;
   },
 };
@@ -3006,7 +3138,7 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
 };
 
 function createBaseKeyLeaseWant(): KeyLeaseWant {
-  return { keyId: "", minute: 0, requests: 0, tokens: 0 };
+  return { keyId: "", minute: 0, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 };
 }
 
 export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
@@ -3022,6 +3154,12 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
     }
     if (message.tokens !== 0) {
       writer.uint32(32).int64(message.tokens);
+    }
+    if (message.heldRequests !== 0) {
+      writer.uint32(40).int64(message.heldRequests);
+    }
+    if (message.heldTokens !== 0) {
+      writer.uint32(48).int64(message.heldTokens);
     }
     return writer;
   },
@@ -3071,6 +3209,22 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
             message.tokens = longToNumber(reader.int64());
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.heldRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.heldTokens = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3093,6 +3247,16 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
       minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
       requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
       tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+      heldRequests: isSet(object.heldRequests)
+        ? globalThis.Number(object.heldRequests)
+        : isSet(object.held_requests)
+        ? globalThis.Number(object.held_requests)
+        : 0,
+      heldTokens: isSet(object.heldTokens)
+        ? globalThis.Number(object.heldTokens)
+        : isSet(object.held_tokens)
+        ? globalThis.Number(object.held_tokens)
+        : 0,
     };
   },
 
@@ -3110,6 +3274,12 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
     if (message.tokens !== 0) {
       obj.tokens = Math.round(message.tokens);
     }
+    if (message.heldRequests !== 0) {
+      obj.heldRequests = Math.round(message.heldRequests);
+    }
+    if (message.heldTokens !== 0) {
+      obj.heldTokens = Math.round(message.heldTokens);
+    }
     return obj;
   },
 
@@ -3122,6 +3292,8 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
     message.minute = object.minute ?? 0;
     message.requests = object.requests ?? 0;
     message.tokens = object.tokens ?? 0;
+    message.heldRequests = object.heldRequests ?? 0;
+    message.heldTokens = object.heldTokens ?? 0;
     return message;
   },
 };

@@ -1,0 +1,102 @@
+// `key create|list|revoke`. The full key value is printed by `key create` only, once.
+import type { ApiKey } from '../../proto/gen/tollgate/v1/console.js';
+import { formatFields, formatTable, nullIfEmpty, printJson } from '../output.js';
+import { listFlag, optionalString, requireString, type Command } from './command.js';
+
+/** A key record as the CLI's JSON shows it (never the value). */
+export function keyJson(k: ApiKey): Record<string, unknown> {
+  return {
+    id: k.id,
+    key_prefix: k.keyPrefix,
+    project_id: k.projectId,
+    org_id: k.orgId,
+    name: k.name,
+    allowed_models: k.allowedModels,
+    status: k.status,
+    last_used_at: nullIfEmpty(k.lastUsedAt),
+    created_at: k.createdAt,
+    revoked_at: nullIfEmpty(k.revokedAt),
+    rpm_limit: k.rpmLimit,
+    tpm_limit: k.tpmLimit,
+    max_parallel_requests: k.maxParallelRequests,
+  };
+}
+
+function modelsText(models: string[]): string {
+  return models.length === 0 ? 'all in plan' : models.join(',');
+}
+
+export const keyCommands: Command[] = [
+  {
+    name: 'key create',
+    summary: 'Create an API key in a project (admin or above). The key is shown once.',
+    synopsis: '--project PROJECT [--name NAME] [--models a,b]',
+    options: {
+      project: { type: 'string', value: 'PROJECT', help: 'the project the key belongs to' },
+      name: { type: 'string', value: 'NAME', help: 'a name to tell keys apart' },
+      models: { type: 'string', value: 'a,b', help: "models the key may call (default: every model the plan allows)" },
+    },
+    notes: ["Rate limits (rpm, tpm, parallel requests) are fixed from the organisation's tier now."],
+    async run(ctx, args) {
+      const projectId = requireString(args, 'project', ctx.usage);
+      const res = await ctx.client().createKey({ projectId, name: optionalString(args, 'name') ?? '', allowedModels: listFlag(args, 'models') });
+      const k = res.apiKey!;
+      if (ctx.out.json) {
+        const { revoked_at: _revoked, ...rest } = keyJson(k);
+        printJson(ctx.out, { id: k.id, key: res.key, ...rest });
+        return;
+      }
+      ctx.out.write(formatFields([
+        ['id', k.id],
+        ['project', k.projectId],
+        ['name', k.name],
+        ['models', modelsText(k.allowedModels)],
+        ['limits', `${k.rpmLimit} rpm, ${k.tpmLimit} tpm, ${k.maxParallelRequests} parallel`],
+        ['key', res.key],
+      ]));
+      ctx.out.write('\nCopy this key now: it will not be shown again. Only its prefix is kept.\n');
+    },
+  },
+  {
+    name: 'key list',
+    summary: "List a project's keys (prefixes only, never the values).",
+    synopsis: '--project PROJECT',
+    options: { project: { type: 'string', value: 'PROJECT', help: 'the project' } },
+    async run(ctx, args) {
+      const projectId = requireString(args, 'project', ctx.usage);
+      const res = await ctx.client().listKeys({ projectId });
+      if (ctx.out.json) {
+        printJson(ctx.out, { keys: res.keys.map(keyJson) });
+        return;
+      }
+      ctx.out.write(formatTable(
+        ['id', 'name', 'key_prefix', 'status', 'models', 'rpm', 'tpm', 'parallel', 'last_used_at', 'created_at'],
+        res.keys.map((k) => [k.id, k.name, k.keyPrefix, k.status, modelsText(k.allowedModels), k.rpmLimit, k.tpmLimit, k.maxParallelRequests, k.lastUsedAt || 'never', k.createdAt]),
+      ));
+    },
+  },
+  {
+    name: 'key revoke',
+    summary: 'Revoke a key (admin or above): the gateway stops accepting it, then the record says revoked.',
+    synopsis: 'KEY_ID',
+    positionals: ['KEY_ID'],
+    notes: ['Waits for the connected gateway nodes to confirm; a revoked key stays revoked.'],
+    async run(ctx, args) {
+      const res = await ctx.client().revokeKey({ keyId: args.positionals[0] });
+      const k = res.apiKey!;
+      if (ctx.out.json) {
+        printJson(ctx.out, { id: k.id, status: k.status, key_prefix: k.keyPrefix, nodes_confirmed: res.nodesConfirmed, nodes_total: res.nodesTotal });
+        return;
+      }
+      ctx.out.write(formatFields([
+        ['id', k.id],
+        ['key_prefix', k.keyPrefix],
+        ['status', k.status],
+        ['nodes', `${res.nodesConfirmed} of ${res.nodesTotal} confirmed`],
+      ]));
+      if (res.nodesConfirmed < res.nodesTotal) {
+        ctx.out.warn(`warning: ${res.nodesTotal - res.nodesConfirmed} node(s) did not confirm in time; they refuse the key once they resync.`);
+      }
+    },
+  },
+];

@@ -1,0 +1,128 @@
+// A promise-based client of the console API (proto/tollgate/v1/console.proto): the bearer token in
+// metadata and a deadline on every call.
+import { credentials, Metadata, type CallOptions, type ClientUnaryCall, type ServiceError } from '@grpc/grpc-js';
+import {
+  ConsoleServiceClient,
+  type AddMemberRequest,
+  type CreateAccountRequest,
+  type CreateAccountResponse,
+  type CreateKeyRequest,
+  type CreateKeyResponse,
+  type CreateOrgRequest,
+  type CreateProjectRequest,
+  type CreditOrgRequest,
+  type GetOrgRequest,
+  type GetUsageRequest,
+  type GetUsageResponse,
+  type ListKeysRequest,
+  type ListKeysResponse,
+  type ListMembersRequest,
+  type ListMembersResponse,
+  type ListModelsResponse,
+  type ListNodesResponse,
+  type ListOrgsResponse,
+  type ListProjectsRequest,
+  type ListProjectsResponse,
+  type Member,
+  type Org,
+  type Project,
+  type ReloadConfigResponse,
+  type RevokeKeyRequest,
+  type RevokeKeyResponse,
+  type SetOrgCapRequest,
+  type SetOrgTierRequest,
+  type WhoAmIResponse,
+} from '../proto/gen/tollgate/v1/console.js';
+
+export const DEFAULT_CONTROL_PLANE = '127.0.0.1:50051';
+export const DEFAULT_TIMEOUT_MS = 30_000;
+/** Revocation waits for every node's ack (bounded by the control plane), so it gets longer. */
+export const REVOKE_TIMEOUT_MS = 120_000;
+
+type UnaryMethod<Req, Res> = (
+  request: Req,
+  metadata: Metadata,
+  options: Partial<CallOptions>,
+  callback: (error: ServiceError | null, response: Res) => void,
+) => ClientUnaryCall;
+
+export class ConsoleClient {
+  private readonly client: ConsoleServiceClient;
+
+  constructor(
+    readonly address: string,
+    private readonly token: string | undefined,
+  ) {
+    this.client = new ConsoleServiceClient(address, credentials.createInsecure());
+  }
+
+  close(): void {
+    this.client.close();
+  }
+
+  private call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs = DEFAULT_TIMEOUT_MS): Promise<Res> {
+    const metadata = new Metadata();
+    if (this.token) metadata.set('authorization', `Bearer ${this.token}`);
+    return new Promise<Res>((resolve, reject) => {
+      method.call(this.client, request, metadata, { deadline: Date.now() + timeoutMs }, (err, res) => (err ? reject(err) : resolve(res)));
+    });
+  }
+
+  createAccount(req: CreateAccountRequest): Promise<CreateAccountResponse> {
+    return this.call(this.client.createAccount, req);
+  }
+  whoAmI(): Promise<WhoAmIResponse> {
+    return this.call(this.client.whoAmI, {});
+  }
+  createOrg(req: CreateOrgRequest): Promise<Org> {
+    return this.call(this.client.createOrg, req);
+  }
+  listOrgs(): Promise<ListOrgsResponse> {
+    return this.call(this.client.listOrgs, {});
+  }
+  getOrg(req: GetOrgRequest): Promise<Org> {
+    return this.call(this.client.getOrg, req);
+  }
+  setOrgTier(req: SetOrgTierRequest): Promise<Org> {
+    return this.call(this.client.setOrgTier, req);
+  }
+  creditOrg(req: CreditOrgRequest): Promise<Org> {
+    return this.call(this.client.creditOrg, req);
+  }
+  setOrgCap(req: SetOrgCapRequest): Promise<Org> {
+    return this.call(this.client.setOrgCap, req);
+  }
+  addMember(req: AddMemberRequest): Promise<Member> {
+    return this.call(this.client.addMember, req);
+  }
+  listMembers(req: ListMembersRequest): Promise<ListMembersResponse> {
+    return this.call(this.client.listMembers, req);
+  }
+  createProject(req: CreateProjectRequest): Promise<Project> {
+    return this.call(this.client.createProject, req);
+  }
+  listProjects(req: ListProjectsRequest): Promise<ListProjectsResponse> {
+    return this.call(this.client.listProjects, req);
+  }
+  createKey(req: CreateKeyRequest): Promise<CreateKeyResponse> {
+    return this.call(this.client.createKey, req);
+  }
+  listKeys(req: ListKeysRequest): Promise<ListKeysResponse> {
+    return this.call(this.client.listKeys, req);
+  }
+  revokeKey(req: RevokeKeyRequest): Promise<RevokeKeyResponse> {
+    return this.call(this.client.revokeKey, req, REVOKE_TIMEOUT_MS);
+  }
+  getUsage(req: GetUsageRequest): Promise<GetUsageResponse> {
+    return this.call(this.client.getUsage, req);
+  }
+  listModels(): Promise<ListModelsResponse> {
+    return this.call(this.client.listModels, {});
+  }
+  listNodes(): Promise<ListNodesResponse> {
+    return this.call(this.client.listNodes, {});
+  }
+  reloadConfig(): Promise<ReloadConfigResponse> {
+    return this.call(this.client.reloadConfig, {});
+  }
+}

@@ -1,0 +1,503 @@
+// The console API (proto/tollgate/v1/console.proto): authentication, roles, validation, and the
+// operations on accounts, organisations, projects and keys. Roles per design.md: admin or above for
+// keys, members, projects and caps; the operator for tiers, credits, accounts, organisations, nodes
+// and config. A caller who is not a member of an organisation sees nothing of it (NOT_FOUND).
+import type { handleUnaryCall, Metadata, sendUnaryData, ServerUnaryCall } from '@grpc/grpc-js';
+import { generateKey, generateToken, hashKey, hashToken, maskKey, newId, secretsEqual } from '../../proto/lib/keys.js';
+import { monthOf } from '../../proto/lib/money.js';
+import type {
+  Account,
+  ApiKey,
+  ConsoleServiceServer,
+  GetUsageResponse,
+  Member,
+  NodeInfo,
+  Org,
+  Project,
+} from '../../proto/gen/tollgate/v1/console.js';
+import { ConfigError } from '../config.js';
+import { keyEntryOf, type ControlState } from '../control-state.js';
+import { CpError, invalidArgument, notFound, permissionDenied, toServiceError, unauthenticated } from '../errors.js';
+import type { Queryable } from '../store/db.js';
+import {
+  findAccountByTokenHash,
+  getAccount,
+  getRole,
+  insertAccount,
+  listMembers,
+  upsertMember,
+  ROLES,
+  type AccountRow,
+  type Role,
+} from '../store/accounts-repo.js';
+import {
+  addCredit,
+  getOrg,
+  getProject,
+  insertOrg,
+  insertProject,
+  listAllOrgs,
+  listOrgsOfAccount,
+  listProjects,
+  setOrgOwnCap,
+  setOrgTier,
+  type OrgRow,
+  type ProjectRow,
+} from '../store/orgs-repo.js';
+import { credentialHashOf, deleteCredential, getKey, insertKey, listKeys, markRevoked, type ApiKeyRow } from '../store/keys-repo.js';
+import { listNodes as listNodeRows } from '../store/sync-repo.js';
+import { usageSummary } from '../store/usage-repo.js';
+
+export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountRow };
+
+/** What the console needs from the sync side: who is connected, and waiting for their acks. */
+export interface NodeFleet {
+  connectedCount(): number;
+  /** Waits (at most timeoutMs) until every node connected now acks `version`. */
+  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number }>;
+  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string }[];
+}
+
+export interface ConsoleServiceOptions {
+  operatorToken: string;
+  pepper: Buffer;
+  revokeAckTimeoutMs: number;
+  log?: (line: string) => void;
+}
+
+const MAX_NAME = 200;
+const MAX_NOTE = 500;
+const RANK: Record<Role, number> = { member: 0, admin: 1, owner: 2 };
+
+function checkName(what: string, raw: string): string {
+  const name = (raw ?? '').trim();
+  if (name === '') throw invalidArgument(`${what} name must not be empty`);
+  if (name.length > MAX_NAME) throw invalidArgument(`${what} name must be at most ${MAX_NAME} characters`);
+  return name;
+}
+
+function requireId(field: string, raw: string): string {
+  const id = (raw ?? '').trim();
+  if (id === '') throw invalidArgument(`${field} is required`);
+  return id;
+}
+
+function isRole(s: string): s is Role {
+  return (ROLES as readonly string[]).includes(s);
+}
+
+function accountOf(a: AccountRow): Account {
+  return { id: a.id, name: a.name, createdAt: a.created_at };
+}
+
+function projectOf(p: ProjectRow): Project {
+  return { id: p.id, orgId: p.org_id, name: p.name, createdAt: p.created_at };
+}
+
+export function apiKeyOf(k: ApiKeyRow): ApiKey {
+  return {
+    id: k.id,
+    projectId: k.project_id,
+    orgId: k.org_id,
+    name: k.name,
+    keyPrefix: k.key_prefix,
+    allowedModels: JSON.parse(k.allowed_models) as string[],
+    status: k.status,
+    lastUsedAt: k.last_used_at,
+    createdAt: k.created_at,
+    revokedAt: k.revoked_at,
+    rpmLimit: k.rpm_limit,
+    tpmLimit: k.tpm_limit,
+    maxParallelRequests: k.max_parallel_requests,
+  };
+}
+
+export class ConsoleService {
+  private readonly log: (line: string) => void;
+  /** Revocations waiting for node acks: a second revoke of the same key joins the first. */
+  private readonly revoking = new Map<string, Promise<{ apiKey: ApiKey; nodesTotal: number; nodesConfirmed: number }>>();
+
+  constructor(
+    private readonly state: ControlState,
+    private readonly fleet: NodeFleet,
+    private readonly opts: ConsoleServiceOptions,
+  ) {
+    this.log = opts.log ?? ((l) => console.error(l));
+  }
+
+  // ---- plumbing -------------------------------------------------------------------------------
+
+  private async authenticate(metadata: Metadata): Promise<Caller> {
+    const header = metadata.get('authorization')[0];
+    const m = typeof header === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
+    if (!m) throw unauthenticated('missing or invalid token');
+    const token = m[1];
+    if (secretsEqual(token, this.opts.operatorToken)) return { kind: 'operator' };
+    const account = await findAccountByTokenHash(this.state.db, hashToken(token));
+    if (!account) throw unauthenticated('missing or invalid token');
+    return { kind: 'account', account };
+  }
+
+  private unary<Req, Res>(fn: (req: Req, caller: Caller) => Promise<Res>): handleUnaryCall<Req, Res> {
+    return (call: ServerUnaryCall<Req, Res>, callback: sendUnaryData<Res>) => {
+      let answered = false;
+      const answer = (err: Parameters<sendUnaryData<Res>>[0], res?: Res) => {
+        if (answered) return;
+        answered = true;
+        if (err) callback(err);
+        else callback(null, res);
+      };
+      this.authenticate(call.metadata)
+        .then((caller) => fn(call.request, caller))
+        .then(
+          (res) => answer(null, res),
+          (err) => answer(toServiceError(err, this.log)),
+        );
+    };
+  }
+
+  private requireOperator(caller: Caller): void {
+    if (caller.kind !== 'operator') throw permissionDenied('operator token required');
+  }
+
+  /**
+   * The caller's role in `orgId`, at least `min`. A caller who is not a member gets `hidden` (NOT_FOUND),
+   * exactly as if the thing did not exist.
+   */
+  private async requireRole(q: Queryable, caller: Caller, orgId: string, min: Role, hidden: CpError): Promise<'operator' | Role> {
+    if (caller.kind === 'operator') return 'operator';
+    const role = await getRole(q, orgId, caller.account.id);
+    if (!role) throw hidden;
+    if (RANK[role] < RANK[min]) throw permissionDenied(`${min} role or above required in organisation ${orgId}`);
+    return role;
+  }
+
+  private async orgFor(q: Queryable, caller: Caller, rawId: string, min: Role): Promise<{ org: OrgRow; role: string }> {
+    const orgId = requireId('org_id', rawId);
+    const hidden = notFound(`organisation ${orgId} not found`);
+    const org = await getOrg(q, orgId);
+    if (!org) throw hidden;
+    const role = await this.requireRole(q, caller, org.id, min, hidden);
+    return { org, role };
+  }
+
+  private async projectFor(q: Queryable, caller: Caller, rawId: string, min: Role): Promise<{ project: ProjectRow; role: string }> {
+    const projectId = requireId('project_id', rawId);
+    const hidden = notFound(`project ${projectId} not found`);
+    const project = await getProject(q, projectId);
+    if (!project) throw hidden;
+    const role = await this.requireRole(q, caller, project.org_id, min, hidden);
+    return { project, role };
+  }
+
+  private checkTier(raw: string): string {
+    const tier = raw.trim() || this.state.gateway.settings.defaultTier;
+    if (!this.state.tier(tier)) {
+      throw invalidArgument(`unknown tier ${JSON.stringify(tier)}; known tiers: ${[...this.state.gateway.settings.tiers.keys()].join(', ')}`);
+    }
+    return tier;
+  }
+
+  /** The gRPC service implementation. */
+  handlers(): ConsoleServiceServer {
+    return {
+      createAccount: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        const name = checkName('account', req.name);
+        const token = generateToken('acct');
+        const row: AccountRow = { id: newId('acct'), name, token_hash: hashToken(token), created_at: this.state.nowIso() };
+        await this.state.db.tx((tx) => insertAccount(tx, row));
+        return { account: accountOf(row), token };
+      }),
+
+      whoAmI: this.unary(async (_req, caller) =>
+        caller.kind === 'operator' ? { operator: true, account: undefined } : { operator: false, account: accountOf(caller.account) },
+      ),
+
+      createOrg: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        const name = checkName('organisation', req.name);
+        const tier = this.checkTier(req.tier);
+        const ownerId = req.ownerAccountId.trim();
+        const org = { id: newId('org'), name, tier, created_at: this.state.nowIso() };
+        return this.state.db.tx(async (tx) => {
+          if (ownerId && !(await getAccount(tx, ownerId))) throw notFound(`account ${ownerId} not found`);
+          await insertOrg(tx, org);
+          if (ownerId) await upsertMember(tx, org.id, ownerId, 'owner');
+          await this.state.refreshOrgs(tx, [org.id]);
+          return this.state.orgView(tx, (await getOrg(tx, org.id))!, 'operator');
+        });
+      }),
+
+      listOrgs: this.unary(async (_req, caller) =>
+        this.state.db.read(async (q) => {
+          const orgs: Org[] = [];
+          if (caller.kind === 'operator') for (const o of await listAllOrgs(q)) orgs.push(await this.state.orgView(q, o, 'operator'));
+          else for (const o of await listOrgsOfAccount(q, caller.account.id)) orgs.push(await this.state.orgView(q, o, o.role));
+          return { orgs };
+        }),
+      ),
+
+      getOrg: this.unary(async (req, caller) =>
+        this.state.db.read(async (q) => {
+          const { org, role } = await this.orgFor(q, caller, req.orgId, 'member');
+          return this.state.orgView(q, org, role);
+        }),
+      ),
+
+      setOrgTier: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        if (!req.tier.trim()) throw invalidArgument('tier is required');
+        const tier = this.checkTier(req.tier);
+        return this.state.db.tx(async (tx) => {
+          const { org } = await this.orgFor(tx, caller, req.orgId, 'owner');
+          await setOrgTier(tx, org.id, tier);
+          await this.state.refreshOrgs(tx, [org.id], { fundsChanged: true });
+          return this.state.orgView(tx, (await getOrg(tx, org.id))!, 'operator');
+        });
+      }),
+
+      creditOrg: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        if (!Number.isSafeInteger(req.amountMicros) || req.amountMicros <= 0) throw invalidArgument('credit amount must be positive');
+        const note = (req.note ?? '').trim();
+        if (note.length > MAX_NOTE) throw invalidArgument(`note must be at most ${MAX_NOTE} characters`);
+        return this.state.db.tx(async (tx) => {
+          const { org } = await this.orgFor(tx, caller, req.orgId, 'owner');
+          await addCredit(tx, org.id, req.amountMicros, note, this.state.nowIso());
+          await this.state.refreshOrgs(tx, [org.id], { fundsChanged: true });
+          return this.state.orgView(tx, (await getOrg(tx, org.id))!, 'operator');
+        });
+      }),
+
+      setOrgCap: this.unary(async (req, caller) => {
+        const cap = req.capMicros ?? null;
+        if (cap !== null && (!Number.isSafeInteger(cap) || cap < 0)) throw invalidArgument('cap must not be negative');
+        return this.state.db.tx(async (tx) => {
+          const { org, role } = await this.orgFor(tx, caller, req.orgId, 'admin');
+          await setOrgOwnCap(tx, org.id, cap);
+          await this.state.refreshOrgs(tx, [org.id], { fundsChanged: true });
+          return this.state.orgView(tx, (await getOrg(tx, org.id))!, role);
+        });
+      }),
+
+      addMember: this.unary(async (req, caller) => {
+        const roleWanted = req.role.trim();
+        if (!isRole(roleWanted)) throw invalidArgument(`unknown role ${JSON.stringify(req.role)}; expected owner, admin or member`);
+        const accountId = requireId('account_id', req.accountId);
+        return this.state.db.tx(async (tx): Promise<Member> => {
+          const { org, role } = await this.orgFor(tx, caller, req.orgId, 'admin');
+          const account = await getAccount(tx, accountId);
+          if (!account) throw notFound(`account ${accountId} not found`);
+          const existing = await getRole(tx, org.id, accountId);
+          // Only an owner (or the operator) makes owners or changes an owner's role.
+          if ((roleWanted === 'owner' || existing === 'owner') && role !== 'owner' && role !== 'operator') {
+            throw permissionDenied(`owner role required to grant or change the owner role in organisation ${org.id}`);
+          }
+          await upsertMember(tx, org.id, accountId, roleWanted);
+          return { orgId: org.id, accountId, accountName: account.name, role: roleWanted };
+        });
+      }),
+
+      listMembers: this.unary(async (req, caller) =>
+        this.state.db.read(async (q) => {
+          const { org } = await this.orgFor(q, caller, req.orgId, 'member');
+          const members = (await listMembers(q, org.id)).map(
+            (m): Member => ({ orgId: m.org_id, accountId: m.account_id, accountName: m.account_name, role: m.role }),
+          );
+          return { members };
+        }),
+      ),
+
+      createProject: this.unary(async (req, caller) => {
+        const name = checkName('project', req.name);
+        return this.state.db.tx(async (tx) => {
+          const { org } = await this.orgFor(tx, caller, req.orgId, 'admin');
+          const row: ProjectRow = { id: newId('proj'), org_id: org.id, name, created_at: this.state.nowIso() };
+          await insertProject(tx, row);
+          return projectOf(row);
+        });
+      }),
+
+      listProjects: this.unary(async (req, caller) =>
+        this.state.db.read(async (q) => {
+          const { org } = await this.orgFor(q, caller, req.orgId, 'member');
+          return { projects: (await listProjects(q, org.id)).map(projectOf) };
+        }),
+      ),
+
+      createKey: this.unary(async (req, caller) => {
+        const rawName = req.name ?? '';
+        const name = rawName.trim();
+        if (rawName !== '' && name === '') throw invalidArgument('key name must not be blank');
+        if (name.length > MAX_NAME) throw invalidArgument(`key name must be at most ${MAX_NAME} characters`);
+        const models = this.state.gateway.settings.models;
+        const allowed: string[] = [];
+        for (const raw of req.allowedModels) {
+          const id = raw.trim();
+          if (!models.has(id)) throw invalidArgument(`unknown model ${JSON.stringify(raw)} in allowed_models`);
+          if (!allowed.includes(id)) allowed.push(id);
+        }
+        return this.state.db.tx(async (tx) => {
+          const { project } = await this.projectFor(tx, caller, req.projectId, 'admin');
+          const org = (await getOrg(tx, project.org_id))!;
+          const tier = this.state.tier(org.tier);
+          if (!tier) throw new CpError('FAILED_PRECONDITION', `organisation ${org.id} has tier ${JSON.stringify(org.tier)}, which the config does not define`);
+          const value = generateKey(this.state.gateway.settings.serviceName);
+          const keyHash = hashKey(this.opts.pepper, value);
+          const row: ApiKeyRow = {
+            id: newId('key'),
+            project_id: project.id,
+            org_id: org.id,
+            name,
+            key_prefix: maskKey(value),
+            allowed_models: JSON.stringify(allowed),
+            status: 'active',
+            // Fixed from the organisation's tier now; a later tier change leaves this key as it is.
+            rpm_limit: tier.rpm,
+            tpm_limit: tier.tpm,
+            max_parallel_requests: tier.maxParallelRequests,
+            created_at: this.state.nowIso(),
+            revoked_at: '',
+            last_used_at: '',
+          };
+          await insertKey(tx, row, keyHash);
+          await this.state.emit(tx, { keyUpsert: keyEntryOf(row, keyHash) });
+          return { apiKey: apiKeyOf(row), key: value };
+        });
+      }),
+
+      listKeys: this.unary(async (req, caller) =>
+        this.state.db.read(async (q) => {
+          const { project } = await this.projectFor(q, caller, req.projectId, 'member');
+          return { keys: (await listKeys(q, project.id)).map(apiKeyOf) };
+        }),
+      ),
+
+      revokeKey: this.unary(async (req, caller) => {
+        const keyId = requireId('key_id', req.keyId);
+        const hidden = notFound(`key ${keyId} not found`);
+        const key = await this.state.db.read(async (q) => {
+          const row = await getKey(q, keyId);
+          if (!row) throw hidden;
+          await this.requireRole(q, caller, row.org_id, 'admin', hidden);
+          return row;
+        });
+        return this.revoke(key.id);
+      }),
+
+      getUsage: this.unary(async (req, caller) => {
+        const projectId = req.projectId.trim();
+        const orgId = req.orgId.trim();
+        if ((projectId === '') === (orgId === '')) throw invalidArgument('give exactly one of project_id or org_id');
+        const month = req.month.trim() || monthOf(this.state.now());
+        if (!/^\d{4}-(0[1-9]|1[0-2])$/.test(month)) throw invalidArgument(`month must be YYYY-MM, got ${JSON.stringify(req.month)}`);
+        return this.state.db.read(async (q): Promise<GetUsageResponse> => {
+          let scope: { projectId: string } | { orgId: string };
+          if (projectId) scope = { projectId: (await this.projectFor(q, caller, projectId, 'member')).project.id };
+          else scope = { orgId: (await this.orgFor(q, caller, orgId, 'member')).org.id };
+          const rows = (await usageSummary(q, scope, month)).map((r) => ({
+            keyId: r.key_id,
+            model: r.model,
+            requests: r.requests,
+            promptTokens: r.prompt_tokens ?? 0,
+            completionTokens: r.completion_tokens ?? 0,
+            costMicros: r.cost_micros ?? 0,
+          }));
+          return {
+            month,
+            rows,
+            totalCostMicros: rows.reduce((s, r) => s + r.costMicros, 0),
+            totalRequests: rows.reduce((s, r) => s + r.requests, 0),
+          };
+        });
+      }),
+
+      listModels: this.unary(async () => {
+        const { models, tiers } = this.state.gateway.settings;
+        return {
+          models: [...models.values()].map((m) => ({
+            id: m.id,
+            provider: m.provider,
+            upstreamModel: m.upstreamModel,
+            kind: m.kind,
+            inputMicrosPerMtok: m.inputMicrosPerMtok,
+            outputMicrosPerMtok: m.outputMicrosPerMtok,
+            tiers: [...tiers.values()].filter((t) => t.models.includes(m.id)).map((t) => t.name),
+          })),
+        };
+      }),
+
+      listNodes: this.unary(async (_req, caller) => {
+        this.requireOperator(caller);
+        const rows = await listNodeRows(this.state.db);
+        const live = new Map<string, ReturnType<NodeFleet['liveNodes']>[number]>();
+        for (const n of this.fleet.liveNodes()) {
+          const seen = live.get(n.id);
+          if (!seen || n.ackedVersion > seen.ackedVersion) live.set(n.id, n);
+        }
+        const nodes: NodeInfo[] = rows.map((r) => {
+          const l = live.get(r.id);
+          return {
+            id: r.id,
+            address: l?.address ?? r.address,
+            connected: l !== undefined,
+            ackedVersion: Math.max(l?.ackedVersion ?? 0, r.acked_version),
+            lastSeenAt: l?.lastSeenAt ?? r.last_seen_at,
+            connectedAt: l?.connectedAt ?? r.connected_at,
+          };
+        });
+        for (const [id, l] of live) {
+          if (!rows.some((r) => r.id === id)) {
+            nodes.push({ id, address: l.address, connected: true, ackedVersion: l.ackedVersion, lastSeenAt: l.lastSeenAt, connectedAt: l.connectedAt });
+          }
+        }
+        return { nodes, currentVersion: this.state.snapshots.version };
+      }),
+
+      reloadConfig: this.unary(async (_req, caller) => {
+        this.requireOperator(caller);
+        try {
+          const version = await this.state.reloadConfig();
+          this.log(`config reloaded from ${this.state.configPath}: version ${version}`);
+          return { version, nodesTotal: this.fleet.connectedCount() };
+        } catch (err) {
+          if (err instanceof ConfigError) throw new CpError('CONFIG_INVALID', `config not reloaded, old config kept: ${err.message}`);
+          throw err;
+        }
+      }),
+    };
+  }
+
+  /**
+   * Revocation in the spec's order: (1) delete the credential and record the change in one
+   * transaction, (2) the change is pushed to every connected node, (3) wait (bounded) for their acks,
+   * (4) only then set the console record to revoked. Never moves a key out of revoked.
+   */
+  revoke(keyId: string): Promise<{ apiKey: ApiKey; nodesTotal: number; nodesConfirmed: number }> {
+    const running = this.revoking.get(keyId);
+    if (running) return running;
+    const work = (async () => {
+      const step1 = await this.state.db.tx(async (tx) => {
+        const row = (await getKey(tx, keyId))!;
+        if (row.status === 'revoked') return { row, version: null };
+        const keyHash = await credentialHashOf(tx, keyId);
+        if (keyHash === undefined) return { row, version: null };
+        await deleteCredential(tx, keyHash);
+        const version = await this.state.emit(tx, { keyRemoved: keyHash });
+        return { row, version };
+      });
+      if (step1.row.status === 'revoked') return { apiKey: apiKeyOf(step1.row), nodesTotal: 0, nodesConfirmed: 0 };
+      const acks = step1.version === null ? { total: 0, confirmed: 0 } : await this.fleet.awaitAcks(step1.version, this.opts.revokeAckTimeoutMs);
+      const row = await this.state.db.tx(async (tx) => {
+        await markRevoked(tx, keyId, this.state.nowIso());
+        return (await getKey(tx, keyId))!;
+      });
+      return { apiKey: apiKeyOf(row), nodesTotal: acks.total, nodesConfirmed: acks.confirmed };
+    })();
+    this.revoking.set(keyId, work);
+    const forget = () => void this.revoking.delete(keyId);
+    work.then(forget, forget);
+    return work;
+  }
+}

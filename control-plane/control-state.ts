@@ -1,0 +1,237 @@
+// The state every part of the control plane shares: the database, the current gateway config, and
+// the snapshot store the nodes are fed from. Every change nodes must learn goes through `emit`, inside
+// the SQLite transaction that makes it, so the version counter and the change row commit together.
+import { monthOf } from '../proto/lib/money.js';
+import type { Change, GatewayConfig, KeyEntry, OrgEntry } from '../proto/gen/tollgate/v1/sync.js';
+import type { Org } from '../proto/gen/tollgate/v1/console.js';
+import { ConfigError, readGatewayConfig, redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from './config.js';
+import { computeOrgState, type OrgState } from './org-state.js';
+import type { Db, Queryable, Tx } from './store/db.js';
+import { credentialedKeys, repairOrphanedKeys, type ApiKeyRow } from './store/keys-repo.js';
+import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow } from './store/orgs-repo.js';
+import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
+import { SnapshotStore } from './sync/snapshot-store.js';
+
+const RETAINED_CHANGES = 10_000;
+
+export interface ControlStateOptions {
+  configPath: string;
+  now?: () => number;
+  log?: (line: string) => void;
+}
+
+export function keyEntryOf(row: ApiKeyRow, keyHash: string): KeyEntry {
+  return {
+    keyId: row.id,
+    keyHash,
+    projectId: row.project_id,
+    orgId: row.org_id,
+    allowedModels: JSON.parse(row.allowed_models) as string[],
+    rpmLimit: row.rpm_limit,
+    tpmLimit: row.tpm_limit,
+    maxParallelRequests: row.max_parallel_requests,
+  };
+}
+
+export class ControlState {
+  private lastMonth: string;
+
+  private constructor(
+    readonly db: Db,
+    private current: LoadedGatewayConfig,
+    readonly snapshots: SnapshotStore,
+    private readonly opts: Required<ControlStateOptions>,
+  ) {
+    this.lastMonth = monthOf(opts.now());
+  }
+
+  /**
+   * Loads the synced state from the database, repairs keys whose revocation was cut short, publishes
+   * the config read at start as a new version and brings every organisation's blocked state up to date.
+   */
+  static async open(db: Db, gateway: LoadedGatewayConfig, options: ControlStateOptions): Promise<ControlState> {
+    const opts: Required<ControlStateOptions> = { now: Date.now, log: (l) => console.log(l), ...options };
+    const missing = (await db.read((q) => tiersInUse(q))).filter((t) => !gateway.settings.tiers.has(t));
+    if (missing.length > 0) throw new ConfigError(`gateway config: tier ${JSON.stringify(missing[0])} is used by organisations but not defined`);
+
+    const repaired = await db.tx((tx) => repairOrphanedKeys(tx, new Date(opts.now()).toISOString()));
+    if (repaired > 0) opts.log(`repaired ${repaired} keys to revoked`);
+
+    const init = await db.read(async (q) => {
+      const version = await currentVersion(q);
+      let changes = await loadChanges(q, RETAINED_CHANGES);
+      // Keep only the contiguous run that ends at the current version.
+      let start = changes.length;
+      while (start > 0 && changes[start - 1].version === version - (changes.length - start)) start--;
+      changes = changes.slice(start);
+      const keys = (await credentialedKeys(q)).map((r) => keyEntryOf(r, r.key_hash));
+      const orgs = (await listAllOrgs(q)).map(
+        (o): OrgEntry => ({
+          orgId: o.id,
+          tier: o.tier,
+          blocked: o.synced_blocked_reason !== '',
+          blockedReason: o.synced_blocked_reason,
+          fundsVersion: o.funds_version,
+        }),
+      );
+      return { version, changes, keys, orgs };
+    });
+    const snapshots = new SnapshotStore({ ...init, config: gateway.proto, maxRetained: RETAINED_CHANGES });
+    const state = new ControlState(db, gateway, snapshots, opts);
+    await db.tx(async (tx) => {
+      await state.emit(tx, { config: gateway.proto });
+      await state.refreshOrgs(tx, 'all');
+    });
+    return state;
+  }
+
+  get gateway(): LoadedGatewayConfig {
+    return this.current;
+  }
+
+  get configPath(): string {
+    return this.opts.configPath;
+  }
+
+  now(): number {
+    return this.opts.now();
+  }
+
+  nowIso(): string {
+    return new Date(this.opts.now()).toISOString();
+  }
+
+  tier(name: string): TierSettings | undefined {
+    return this.current.settings.tiers.get(name);
+  }
+
+  /** Records `change` as the next version in `tx`; the snapshot store learns it right after COMMIT. */
+  async emit(tx: Tx, change: Change): Promise<number> {
+    // Upstream credentials live only in memory and on the stream, never in the database.
+    const stored: Change = change.config ? { config: redactGatewayConfig(change.config) } : change;
+    const version = await appendChange(tx, stored, this.nowIso());
+    if (version % 1000 === 0) await pruneChanges(tx, version - RETAINED_CHANGES);
+    tx.afterCommit(() => this.snapshots.apply(version, change));
+    return version;
+  }
+
+  async orgState(q: Queryable, org: OrgRow): Promise<{ state: OrgState; monthSpendMicros: number; month: string }> {
+    const month = monthOf(this.opts.now());
+    const monthSpendMicros = await monthSpend(q, org.id, month);
+    const state = computeOrgState(
+      { creditsMicros: org.credits_micros, spendTotalMicros: org.spend_total_micros, monthSpendMicros, ownCapMicros: org.own_cap_micros },
+      this.tier(org.tier),
+    );
+    return { state, monthSpendMicros, month };
+  }
+
+  /**
+   * What the organisation may still spend: the smaller of its available balance and what is left
+   * under its monthly cap; 0 when blocked or unknown. Money leases are slices of this.
+   */
+  async spendableMicros(q: Queryable, orgId: string): Promise<number> {
+    const row = await getOrg(q, orgId);
+    if (!row) return 0;
+    const { state, monthSpendMicros } = await this.orgState(q, row);
+    if (state.blocked) return 0;
+    const underCap = state.effectiveCapMicros === null ? Infinity : state.effectiveCapMicros - monthSpendMicros;
+    return Math.max(0, Math.min(state.balanceMicros, underCap));
+  }
+
+  /**
+   * Publishes an org_upsert for each organisation whose tier, blocked state or funds version differs
+   * from what nodes hold. `fundsChanged`: money changed other than by usage (credit, cap, tier,
+   * config), so the funds version is bumped first.
+   */
+  async refreshOrgs(tx: Tx, orgIds: Iterable<string> | 'all', opts: { fundsChanged?: boolean } = {}): Promise<number> {
+    if (opts.fundsChanged) await bumpFundsVersion(tx, orgIds === 'all' ? 'all' : [...new Set(orgIds)]);
+    const rows: OrgRow[] = [];
+    if (orgIds === 'all') rows.push(...(await listAllOrgs(tx)));
+    else {
+      for (const id of new Set(orgIds)) {
+        const row = await getOrg(tx, id);
+        if (row) rows.push(row);
+      }
+    }
+    let emitted = 0;
+    for (const row of rows) {
+      const { state } = await this.orgState(tx, row);
+      const next: OrgEntry = {
+        orgId: row.id,
+        tier: row.tier,
+        blocked: state.blocked,
+        blockedReason: state.blockedReason,
+        fundsVersion: row.funds_version,
+      };
+      const prev = this.snapshots.org(row.id);
+      if (
+        prev &&
+        prev.tier === next.tier &&
+        prev.blocked === next.blocked &&
+        prev.blockedReason === next.blockedReason &&
+        prev.fundsVersion === next.fundsVersion
+      ) {
+        continue;
+      }
+      await setSyncedBlockedReason(tx, row.id, next.blockedReason);
+      await this.emit(tx, { orgUpsert: next });
+      emitted++;
+    }
+    return emitted;
+  }
+
+  async orgView(q: Queryable, org: OrgRow, role: string): Promise<Org> {
+    const { state, monthSpendMicros, month } = await this.orgState(q, org);
+    return {
+      id: org.id,
+      name: org.name,
+      tier: org.tier,
+      creditsMicros: org.credits_micros,
+      freeGrantMicros: state.freeGrantMicros,
+      spendTotalMicros: org.spend_total_micros,
+      monthSpendMicros,
+      balanceMicros: state.balanceMicros,
+      ownCapMicros: org.own_cap_micros ?? undefined,
+      effectiveCapMicros: state.effectiveCapMicros ?? undefined,
+      blocked: state.blocked,
+      blockedReason: state.blockedReason,
+      createdAt: org.created_at,
+      role,
+      month,
+    };
+  }
+
+  /**
+   * Re-reads the config file. A bad file is rejected with ConfigError and the old config stays in
+   * force; a good one becomes a new version and every organisation's blocked state is recomputed.
+   */
+  async reloadConfig(): Promise<number> {
+    const next = readGatewayConfig(this.opts.configPath);
+    return this.db.tx(async (tx) => {
+      const missing = (await tiersInUse(tx)).filter((t) => !next.settings.tiers.has(t));
+      if (missing.length > 0) throw new ConfigError(`gateway config: tier ${JSON.stringify(missing[0])} is used by organisations but not defined`);
+      const previous = this.current;
+      this.current = next;
+      try {
+        const version = await this.emit(tx, { config: next.proto });
+        await this.refreshOrgs(tx, 'all', { fundsChanged: true });
+        return version;
+      } catch (err) {
+        this.current = previous;
+        throw err;
+      }
+    });
+  }
+
+  /** Monthly caps start over on the first of the month (UTC): recompute everyone once it turns. */
+  async checkMonthRollover(): Promise<void> {
+    const month = monthOf(this.opts.now());
+    if (month === this.lastMonth) return;
+    this.lastMonth = month;
+    await this.db.tx((tx) => this.refreshOrgs(tx, 'all'));
+  }
+
+  get config(): GatewayConfig {
+    return this.current.proto;
+  }
+}

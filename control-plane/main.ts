@@ -1,0 +1,86 @@
+// Wiring only: load config, open the database, build the services, listen, handle signals.
+import { Server, ServerCredentials } from '@grpc/grpc-js';
+import { pepperCheck } from '../proto/lib/keys.js';
+import { ConsoleServiceService } from '../proto/gen/tollgate/v1/console.js';
+import { SyncServiceService } from '../proto/gen/tollgate/v1/sync.js';
+import { ConfigError, loadControlPlaneConfig, readGatewayConfig } from './config.js';
+import { ConsoleService } from './console/console-service.js';
+import { ControlState } from './control-state.js';
+import { Db } from './store/db.js';
+import { runMigrations } from './store/migrate.js';
+import { ReportIngest } from './sync/report-ingest.js';
+import { SyncService } from './sync/sync-service.js';
+
+const log = (line: string) => console.log(line);
+
+async function main(): Promise<void> {
+  const cfg = loadControlPlaneConfig();
+  const gateway = readGatewayConfig(cfg.configPath);
+  const db = await Db.open(cfg.dbPath);
+  await runMigrations(db);
+  const state = await ControlState.open(db, gateway, { configPath: cfg.configPath, log });
+  const sync = new SyncService(state, new ReportIngest(state), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
+  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs });
+
+  const server = new Server({
+    // Notice dead nodes: ping idle streams, drop them when pings go unanswered.
+    'grpc.keepalive_time_ms': 10_000,
+    'grpc.keepalive_timeout_ms': 5_000,
+    'grpc.keepalive_permit_without_calls': 1,
+    'grpc.http2.min_ping_interval_without_data_ms': 5_000,
+    'grpc.max_receive_message_length': 64 * 1024 * 1024,
+    'grpc.max_send_message_length': 256 * 1024 * 1024,
+  });
+  server.addService(ConsoleServiceService, consoleService.handlers());
+  server.addService(SyncServiceService, sync.handlers());
+  const port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync(cfg.listen, ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+  );
+  if (cfg.operatorTokenCreatedAt) {
+    log(`operator token: ${cfg.operatorToken}`);
+    log(`operator token saved to ${cfg.operatorTokenCreatedAt} (mode 0600); it is not printed again`);
+  }
+  // SIGHUP must reach this process itself (tsx's launcher relays only SIGINT and SIGTERM).
+  log(`control plane pid ${process.pid}: SIGHUP re-reads ${cfg.configPath}`);
+  const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
+  log(`control plane listening on ${host}:${port}`);
+
+  const monthTimer = setInterval(() => {
+    state.checkMonthRollover().catch((err: Error) => log(`month rollover failed: ${err.message}`));
+  }, 30_000);
+  monthTimer.unref();
+
+  process.on('SIGHUP', () => {
+    state.reloadConfig().then(
+      (v) => log(`config reloaded from ${cfg.configPath}: version ${v}`),
+      (err: Error) => log(err instanceof ConfigError ? `config not reloaded, old config kept: ${err.message}` : `config reload failed: ${err.message}`),
+    );
+  });
+
+  let stopping = false;
+  const stop = () => {
+    if (stopping) return;
+    stopping = true;
+    clearInterval(monthTimer);
+    sync.closeAll();
+    const force = setTimeout(() => server.forceShutdown(), 3000);
+    server.tryShutdown(() => {
+      clearTimeout(force);
+      db.close().then(
+        () => process.exit(0),
+        () => process.exit(0),
+      );
+    });
+  };
+  process.on('SIGINT', stop);
+  process.on('SIGTERM', stop);
+}
+
+main().catch((err: unknown) => {
+  if (err instanceof ConfigError) {
+    console.error(err.message);
+    process.exit(2);
+  }
+  console.error(`control plane failed to start: ${(err as Error)?.message ?? String(err)}`);
+  process.exit(1);
+});

@@ -1,0 +1,113 @@
+// The only module (with the repos beside it) that touches sqlite3. One connection; every statement
+// runs through one in-process queue, and a transaction is BEGIN IMMEDIATE … COMMIT with nothing else
+// interleaved, so callers never see another caller's uncommitted writes.
+import sqlite3 from 'sqlite3';
+
+export interface RunResult {
+  changes: number;
+  lastID: number;
+}
+
+export type Param = string | number | bigint | null | Buffer | Uint8Array;
+
+export interface Queryable {
+  run(sql: string, params?: Param[]): Promise<RunResult>;
+  get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined>;
+  all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]>;
+  exec(sql: string): Promise<void>;
+}
+
+export interface Tx extends Queryable {
+  /** Runs after COMMIT, before the next queued statement: the place to publish what the transaction made. */
+  afterCommit(fn: () => void): void;
+}
+
+export class Db implements Queryable {
+  private queue: Promise<unknown> = Promise.resolve();
+  private closed = false;
+
+  private constructor(private readonly raw: sqlite3.Database) {}
+
+  static async open(path: string): Promise<Db> {
+    const raw = await new Promise<sqlite3.Database>((resolve, reject) => {
+      const d = new sqlite3.Database(path, (err) => (err ? reject(err) : resolve(d)));
+    });
+    const db = new Db(raw);
+    await db.direct.exec('PRAGMA journal_mode = WAL');
+    await db.direct.exec('PRAGMA busy_timeout = 5000');
+    await db.direct.exec('PRAGMA foreign_keys = ON');
+    // WAL + NORMAL: a committed transaction survives the process being killed at any moment.
+    await db.direct.exec('PRAGMA synchronous = NORMAL');
+    return db;
+  }
+
+  /** Statements straight on the connection; only for use inside a queued slot. */
+  private readonly direct: Queryable = {
+    run: (sql, params = []) =>
+      new Promise((resolve, reject) => {
+        this.raw.run(sql, params, function (this: sqlite3.RunResult, err: Error | null) {
+          if (err) reject(err);
+          else resolve({ changes: this.changes, lastID: this.lastID });
+        });
+      }),
+    get: <T>(sql: string, params: Param[] = []) =>
+      new Promise<T | undefined>((resolve, reject) => {
+        this.raw.get(sql, params, (err: Error | null, row: T) => (err ? reject(err) : resolve(row)));
+      }),
+    all: <T>(sql: string, params: Param[] = []) =>
+      new Promise<T[]>((resolve, reject) => {
+        this.raw.all(sql, params, (err: Error | null, rows: T[]) => (err ? reject(err) : resolve(rows)));
+      }),
+    exec: (sql) => new Promise((resolve, reject) => this.raw.exec(sql, (err) => (err ? reject(err) : resolve()))),
+  };
+
+  private enqueue<T>(work: () => Promise<T>): Promise<T> {
+    if (this.closed) return Promise.reject(new Error('database is closed'));
+    const next = this.queue.then(work, work);
+    this.queue = next.catch(() => undefined);
+    return next;
+  }
+
+  run(sql: string, params?: Param[]): Promise<RunResult> {
+    return this.enqueue(() => this.direct.run(sql, params));
+  }
+  get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined> {
+    return this.enqueue(() => this.direct.get<T>(sql, params));
+  }
+  all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]> {
+    return this.enqueue(() => this.direct.all<T>(sql, params));
+  }
+  exec(sql: string): Promise<void> {
+    return this.enqueue(() => this.direct.exec(sql));
+  }
+
+  /** Several reads with nothing written in between. */
+  read<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
+    return this.enqueue(() => fn(this.direct));
+  }
+
+  /** One write transaction; rolled back when `fn` throws. Hooks from afterCommit run right after COMMIT. */
+  tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
+    return this.enqueue(async () => {
+      const hooks: (() => void)[] = [];
+      const tx: Tx = { ...this.direct, afterCommit: (h) => void hooks.push(h) };
+      await this.direct.exec('BEGIN IMMEDIATE');
+      let result: T;
+      try {
+        result = await fn(tx);
+        await this.direct.exec('COMMIT');
+      } catch (err) {
+        await this.direct.exec('ROLLBACK').catch(() => undefined);
+        throw err;
+      }
+      for (const h of hooks) h();
+      return result;
+    });
+  }
+
+  async close(): Promise<void> {
+    await this.queue;
+    this.closed = true;
+    await new Promise<void>((resolve, reject) => this.raw.close((err) => (err ? reject(err) : resolve())));
+  }
+}

@@ -1,0 +1,64 @@
+import type { Queryable } from './db.js';
+
+export interface ApiKeyRow {
+  id: string;
+  project_id: string;
+  org_id: string;
+  name: string;
+  key_prefix: string;
+  /** JSON array of model ids. */
+  allowed_models: string;
+  status: 'active' | 'revoked';
+  rpm_limit: number;
+  tpm_limit: number;
+  max_parallel_requests: number;
+  created_at: string;
+  revoked_at: string;
+  last_used_at: string;
+}
+
+export async function insertKey(q: Queryable, k: Omit<ApiKeyRow, 'revoked_at' | 'last_used_at'>, keyHash: string): Promise<void> {
+  await q.run(
+    `INSERT INTO api_keys (id, project_id, org_id, name, key_prefix, allowed_models, status, rpm_limit, tpm_limit, max_parallel_requests, created_at)
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+    [k.id, k.project_id, k.org_id, k.name, k.key_prefix, k.allowed_models, k.status, k.rpm_limit, k.tpm_limit, k.max_parallel_requests, k.created_at],
+  );
+  await q.run('INSERT INTO credentials (key_hash, key_id) VALUES (?, ?)', [keyHash, k.id]);
+}
+
+export function getKey(q: Queryable, id: string): Promise<ApiKeyRow | undefined> {
+  return q.get<ApiKeyRow>('SELECT * FROM api_keys WHERE id = ?', [id]);
+}
+
+export function listKeys(q: Queryable, projectId: string): Promise<ApiKeyRow[]> {
+  return q.all<ApiKeyRow>('SELECT * FROM api_keys WHERE project_id = ? ORDER BY created_at, id', [projectId]);
+}
+
+export async function credentialHashOf(q: Queryable, keyId: string): Promise<string | undefined> {
+  return (await q.get<{ key_hash: string }>('SELECT key_hash FROM credentials WHERE key_id = ?', [keyId]))?.key_hash;
+}
+
+export async function deleteCredential(q: Queryable, keyHash: string): Promise<void> {
+  await q.run('DELETE FROM credentials WHERE key_hash = ?', [keyHash]);
+}
+
+export async function markRevoked(q: Queryable, keyId: string, at: string): Promise<void> {
+  await q.run("UPDATE api_keys SET status = 'revoked', revoked_at = ? WHERE id = ? AND status = 'active'", [at, keyId]);
+}
+
+/** Keys whose record is active but whose credential is gone (a revocation cut short by a crash). */
+export async function repairOrphanedKeys(q: Queryable, at: string): Promise<number> {
+  const r = await q.run(
+    "UPDATE api_keys SET status = 'revoked', revoked_at = ? WHERE status = 'active' AND id NOT IN (SELECT key_id FROM credentials)",
+    [at],
+  );
+  return r.changes;
+}
+
+export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash: string })[]> {
+  return q.all<ApiKeyRow & { key_hash: string }>('SELECT k.*, c.key_hash FROM credentials c JOIN api_keys k ON k.id = c.key_id');
+}
+
+export async function touchLastUsed(q: Queryable, keyId: string, at: string): Promise<void> {
+  await q.run('UPDATE api_keys SET last_used_at = ? WHERE id = ? AND last_used_at < ?', [at, keyId, at]);
+}

@@ -1,0 +1,15 @@
+// Versioned migrations, applied in order; each runs once, recorded in schema_migrations.
+// Never edit a shipped migration: add the next one.
+import { sql as initial } from './001-initial.js';
+import { sql as fundsVersion } from './002-funds-version.js';
+
+export interface Migration {
+  version: number;
+  name: string;
+  sql: string;
+}
+
+export const MIGRATIONS: readonly Migration[] = [
+  { version: 1, name: 'initial', sql: initial },
+  { version: 2, name: 'funds-version', sql: fundsVersion },
+];

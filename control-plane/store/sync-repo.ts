@@ -1,0 +1,51 @@
+import { Change } from '../../proto/gen/tollgate/v1/sync.js';
+import type { Queryable } from './db.js';
+
+export interface NodeRow {
+  id: string;
+  address: string;
+  connected_at: string;
+  last_seen_at: string;
+  acked_version: number;
+}
+
+export async function currentVersion(q: Queryable): Promise<number> {
+  return (await q.get<{ version: number }>('SELECT version FROM sync_version WHERE id = 1'))?.version ?? 0;
+}
+
+/**
+ * Bumps the one version counter and records `stored` as that version, in the caller's transaction.
+ * `stored` is what may be persisted (config changes without upstream credentials).
+ */
+export async function appendChange(q: Queryable, stored: Change, at: string): Promise<number> {
+  await q.run('UPDATE sync_version SET version = version + 1 WHERE id = 1');
+  const version = await currentVersion(q);
+  await q.run('INSERT INTO changes (version, payload, created_at) VALUES (?, ?, ?)', [version, Buffer.from(Change.encode(stored).finish()), at]);
+  return version;
+}
+
+export async function loadChanges(q: Queryable, limit: number): Promise<{ version: number; change: Change }[]> {
+  const rows = await q.all<{ version: number; payload: Buffer }>('SELECT version, payload FROM changes ORDER BY version DESC LIMIT ?', [limit]);
+  return rows.reverse().map((r) => ({ version: r.version, change: Change.decode(r.payload) }));
+}
+
+export async function pruneChanges(q: Queryable, keepAfterVersion: number): Promise<void> {
+  await q.run('DELETE FROM changes WHERE version <= ?', [keepAfterVersion]);
+}
+
+export async function upsertNode(q: Queryable, n: NodeRow): Promise<void> {
+  await q.run(
+    `INSERT INTO nodes (id, address, connected_at, last_seen_at, acked_version) VALUES (?, ?, ?, ?, ?)
+     ON CONFLICT (id) DO UPDATE SET address = excluded.address, connected_at = excluded.connected_at,
+       last_seen_at = excluded.last_seen_at, acked_version = excluded.acked_version`,
+    [n.id, n.address, n.connected_at, n.last_seen_at, n.acked_version],
+  );
+}
+
+export async function touchNode(q: Queryable, id: string, lastSeenAt: string, ackedVersion: number): Promise<void> {
+  await q.run('UPDATE nodes SET last_seen_at = ?, acked_version = MAX(acked_version, ?) WHERE id = ?', [lastSeenAt, ackedVersion, id]);
+}
+
+export function listNodes(q: Queryable): Promise<NodeRow[]> {
+  return q.all<NodeRow>('SELECT * FROM nodes ORDER BY id');
+}

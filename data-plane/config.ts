@@ -1,0 +1,112 @@
+// The only module of the data plane that reads argv and the environment. It returns a frozen, typed
+// object; a bad setting fails start with one line naming it (ConfigError, exit code 2).
+import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { hostname } from 'node:os';
+import { checkPepper } from '../proto/lib/keys.js';
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ConfigError';
+  }
+}
+
+export interface NodeConfig {
+  controlPlane: string;
+  listenHost: string;
+  listenPort: number;
+  adminHost: string | null;
+  adminPort: number;
+  nodeId: string;
+  /** Random per process start. */
+  instanceId: string;
+  pepper: Buffer;
+  nodeToken: string;
+  /**
+   * TEST-ONLY switch (env TOLLGATE_TEST_CLOCK=1): the node's clock is a manual clock that the admin
+   * listener's POST /test/clock sets or advances. Never set it in production.
+   */
+  testClock: boolean;
+}
+
+const USAGE =
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file']);
+
+function parseFlags(argv: readonly string[]): Map<string, string> {
+  const out = new Map<string, string>();
+  for (let i = 0; i < argv.length; i++) {
+    let arg = argv[i];
+    let value: string | undefined;
+    const eq = arg.indexOf('=');
+    if (arg.startsWith('--') && eq > 0) {
+      value = arg.slice(eq + 1);
+      arg = arg.slice(0, eq);
+    }
+    if (arg === '--help' || arg === '-h') throw new ConfigError(USAGE);
+    if (!FLAGS.has(arg)) throw new ConfigError(`unknown argument ${JSON.stringify(arg)}; ${USAGE}`);
+    if (value === undefined) {
+      value = argv[++i];
+      if (value === undefined || value.startsWith('--')) throw new ConfigError(`${arg} needs a value`);
+    }
+    out.set(arg, value);
+  }
+  return out;
+}
+
+function hostPort(flag: string, value: string): { host: string; port: number } {
+  const m = /^(.+):(\d{1,5})$/.exec(value);
+  if (!m || Number(m[2]) > 65535) throw new ConfigError(`${flag} must be HOST:PORT, got ${JSON.stringify(value)}`);
+  return { host: m[1].replace(/^\[(.*)\]$/, '$1'), port: Number(m[2]) };
+}
+
+function readSecretFile(flag: string, path: string): Buffer {
+  try {
+    const raw = readFileSync(path);
+    // A trailing newline (as editors and `echo` leave) is not part of the secret.
+    let end = raw.length;
+    if (end > 0 && raw[end - 1] === 0x0a) end--;
+    if (end > 0 && raw[end - 1] === 0x0d) end--;
+    return raw.subarray(0, end);
+  } catch (err) {
+    throw new ConfigError(`${flag}: cannot read ${path}: ${(err as NodeJS.ErrnoException).code ?? 'error'}`);
+  }
+}
+
+export function loadConfig(argv: readonly string[] = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<NodeConfig> {
+  const flags = parseFlags(argv);
+  const cpValue = flags.get('--control-plane');
+  if (!cpValue) throw new ConfigError(`--control-plane is required; ${USAGE}`);
+  hostPort('--control-plane', cpValue);
+  const listenValue = flags.get('--listen');
+  if (!listenValue) throw new ConfigError(`--listen is required; ${USAGE}`);
+  const listen = hostPort('--listen', listenValue);
+  const adminValue = flags.get('--admin-listen');
+  const admin = adminValue ? hostPort('--admin-listen', adminValue) : null;
+
+  const pepperFile = flags.get('--pepper-file');
+  const pepper = pepperFile ? readSecretFile('--pepper-file', pepperFile) : env.TOLLGATE_PEPPER ? Buffer.from(env.TOLLGATE_PEPPER, 'utf8') : undefined;
+  const pepperError = checkPepper(pepper);
+  if (pepperError) throw new ConfigError(pepperError);
+
+  const tokenFile = flags.get('--node-token-file');
+  const nodeToken = tokenFile ? readSecretFile('--node-token-file', tokenFile).toString('utf8').trim() : (env.TOLLGATE_NODE_TOKEN ?? '').trim();
+  if (!nodeToken) throw new ConfigError('no node token: set TOLLGATE_NODE_TOKEN or pass --node-token-file');
+
+  const nodeId = flags.get('--node-id') ?? `${hostname()}-${randomBytes(3).toString('hex')}`;
+  if (!/^[A-Za-z0-9._:-]{1,128}$/.test(nodeId)) throw new ConfigError(`--node-id must be 1-128 characters of A-Z a-z 0-9 . _ : -, got ${JSON.stringify(nodeId)}`);
+
+  return Object.freeze({
+    controlPlane: cpValue,
+    listenHost: listen.host,
+    listenPort: listen.port,
+    adminHost: admin?.host ?? null,
+    adminPort: admin?.port ?? 0,
+    nodeId,
+    instanceId: randomBytes(12).toString('base64url'),
+    pepper: pepper!,
+    nodeToken,
+    testClock: env.TOLLGATE_TEST_CLOCK === '1',
+  });
+}

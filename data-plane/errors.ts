@@ -1,0 +1,84 @@
+// The data plane's error catalog (fastify's lib/errors.js is the model): one stable code per failure,
+// with its HTTP status and how each error shape names it. Domain code throws or returns GatewayError
+// only; anything else reaching the HTTP layer is a bug, rendered as 500 and logged once.
+// Codes are stable; messages may change. No message may contain a secret.
+
+export type ErrorCode =
+  | 'EDGE_RATE_LIMITED'
+  | 'KEY_RATE_LIMITED'
+  | 'BODY_TOO_LARGE'
+  | 'BAD_PATH'
+  | 'KEY_MISSING'
+  | 'KEY_INVALID'
+  | 'KEY_STALE'
+  | 'ORG_BLOCKED'
+  | 'MODEL_NOT_ALLOWED'
+  | 'NOT_FOUND'
+  | 'METHOD_NOT_ALLOWED'
+  | 'INVALID_REQUEST'
+  | 'UNKNOWN_MODEL'
+  | 'UPSTREAM_UNREACHABLE'
+  | 'UPSTREAM_ERROR'
+  | 'NOT_READY'
+  | 'INTERNAL';
+
+export interface CatalogEntry {
+  status: number;
+  /** Shape A `error.type`. */
+  typeA: string;
+  /** Shape B `error.code`. */
+  codeB: string;
+  message: string;
+}
+
+export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze({
+  EDGE_RATE_LIMITED: { status: 429, typeA: 'api_error', codeB: 'rate_limited', message: 'Too many requests from this address; retry after the time in the retry-after header.' },
+  KEY_RATE_LIMITED: { status: 429, typeA: 'requests', codeB: 'rate_limited', message: 'Rate limit reached for this API key.' },
+  BODY_TOO_LARGE: { status: 413, typeA: 'invalid_request_error', codeB: 'payload_too_large', message: 'Request body is larger than this path allows.' },
+  BAD_PATH: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_path', message: 'Malformed request path.' },
+  KEY_MISSING: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Missing API key: send it as "Authorization: Bearer <API_KEY>".' },
+  KEY_INVALID: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Invalid API key: the key does not exist or was revoked.' },
+  KEY_STALE: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'This gateway node cannot currently verify API keys; retry later.' },
+  ORG_BLOCKED: { status: 401, typeA: 'insufficient_quota', codeB: 'invalid_api_key', message: "The organisation's balance is exhausted or its monthly spend cap was reached." },
+  MODEL_NOT_ALLOWED: { status: 401, typeA: 'model_not_allowed', codeB: 'invalid_api_key', message: 'This API key may not use this model.' },
+  NOT_FOUND: { status: 404, typeA: 'invalid_request_error', codeB: 'not_found', message: 'No such path.' },
+  METHOD_NOT_ALLOWED: { status: 405, typeA: 'invalid_request_error', codeB: 'method_not_allowed', message: 'Method not allowed on this path.' },
+  INVALID_REQUEST: { status: 400, typeA: 'invalid_request_error', codeB: 'invalid_request', message: 'Invalid request.' },
+  UNKNOWN_MODEL: { status: 400, typeA: 'invalid_request_error', codeB: 'invalid_request', message: 'The model does not exist.' },
+  UPSTREAM_UNREACHABLE: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream could not be reached.' },
+  UPSTREAM_ERROR: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream failed before answering.' },
+  NOT_READY: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: 'This gateway node has not received its configuration yet; retry shortly.' },
+  INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },
+});
+
+export interface GatewayErrorOptions {
+  /** Shape A `param`; undefined renders as null (except where the catalog omits it). */
+  param?: string | null;
+  /** Overrides Shape A `type` (the gateway 429 names its tripped dimension). */
+  type?: string;
+  retryAfterSec?: number;
+  /** Methods for the `Allow` header of a 405. */
+  allow?: string;
+}
+
+export class GatewayError extends Error {
+  readonly code: ErrorCode;
+  readonly param: string | null | undefined;
+  readonly type: string | undefined;
+  readonly retryAfterSec: number | undefined;
+  readonly allow: string | undefined;
+
+  constructor(code: ErrorCode, message?: string, opts: GatewayErrorOptions = {}) {
+    super(message ?? CATALOG[code].message);
+    this.name = 'GatewayError';
+    this.code = code;
+    this.param = opts.param;
+    this.type = opts.type;
+    this.retryAfterSec = opts.retryAfterSec;
+    this.allow = opts.allow;
+  }
+}
+
+export function isGatewayError(err: unknown): err is GatewayError {
+  return err instanceof GatewayError;
+}

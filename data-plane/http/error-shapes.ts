@@ -1,0 +1,53 @@
+// THE one place that turns an error into status, headers and body. Pure: no I/O, no clock.
+// Shape A (model endpoints): {"error":{"message","type","param","code"}}; `code` is the HTTP status as
+//   text; the edge 429 has no `param` at all.
+// Shape B (gateway layer in front of tools, and unknown paths): {"error":{"code","message"}}.
+// Shape C (pass-through backends): {"detail": "..."}.
+import { STATUS_CODES } from 'node:http';
+import { CATALOG, GatewayError, isGatewayError } from '../errors.js';
+
+export type ErrorShape = 'A' | 'B' | 'C';
+
+export interface RenderedError {
+  status: number;
+  /** "401 Unauthorized": what uWS writeStatus wants. */
+  statusLine: string;
+  headers: Array<[string, string]>;
+  body: string;
+}
+
+const STATUS_LINES: string[] = [];
+for (let s = 100; s < 600; s++) STATUS_LINES[s] = STATUS_CODES[s] ? `${s} ${STATUS_CODES[s]}` : `${s} Unknown`;
+
+/** "200 OK" for a status code, from a table built once. */
+export function statusLine(status: number): string {
+  return STATUS_LINES[status] ?? `${status} Unknown`;
+}
+
+const JSON_TYPE: [string, string] = ['content-type', 'application/json'];
+
+export function renderError(err: unknown, routeShape: ErrorShape): RenderedError {
+  const e = isGatewayError(err) ? err : new GatewayError('INTERNAL');
+  // Both 429 bodies are Shape A whatever the path (spec, "429 bodies").
+  const shape = e.code === 'EDGE_RATE_LIMITED' || e.code === 'KEY_RATE_LIMITED' ? 'A' : routeShape;
+  const entry = CATALOG[e.code];
+  const status = entry.status;
+  const headers: Array<[string, string]> = [JSON_TYPE];
+  if (e.retryAfterSec !== undefined) headers.push(['retry-after', String(Math.max(1, Math.ceil(e.retryAfterSec)))]);
+  if (e.allow !== undefined) headers.push(['allow', e.allow]);
+  let body: string;
+  if (shape === 'A') {
+    const type = e.type ?? entry.typeA;
+    // The edge 429 carries no param (spec, "429 bodies").
+    if (e.code === 'EDGE_RATE_LIMITED') {
+      body = JSON.stringify({ error: { message: e.message, type, code: String(status) } });
+    } else {
+      body = JSON.stringify({ error: { message: e.message, type, param: e.param ?? null, code: String(status) } });
+    }
+  } else if (shape === 'B') {
+    body = JSON.stringify({ error: { code: entry.codeB, message: e.message } });
+  } else {
+    body = JSON.stringify({ detail: e.message });
+  }
+  return { status, statusLine: statusLine(status), headers, body };
+}

@@ -1,0 +1,101 @@
+// Request bodies, read from uWS `onData` (attach in the synchronous handler, rule 2 of reply.ts).
+// Two ways: collect a small body whole (JSON endpoints, one copy), or expose it as a Readable that
+// pauses the socket (`res.pause()`) when its consumer pushes back and resumes it on demand.
+// Both count bytes as they arrive and stop at the path's cap (rule 6: the content-length check
+// happens before either is attached).
+import { Readable } from 'node:stream';
+import type { HttpResponse } from 'uWebSockets.js';
+import { GatewayError } from '../errors.js';
+import { logBug, type Reply } from './reply.js';
+
+export type BodyCallback = (err: GatewayError | null, body: Buffer) => void;
+
+const EMPTY = Buffer.alloc(0);
+
+/**
+ * Collects the whole body, at most `capBytes`. `cb` is called once, unless the client aborts first
+ * (then cleanup belongs to the Reply's finish path).
+ */
+export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback): void {
+  // With a known length, one buffer of the right size; otherwise a list of copies.
+  let buf: Buffer | null = contentLength > 0 && contentLength <= capBytes ? Buffer.allocUnsafe(contentLength) : null;
+  let parts: Buffer[] | null = buf ? null : [];
+  let received = 0;
+  let settled = false;
+  res.onData((chunk, isLast) => {
+    try {
+      if (settled || reply.done) return;
+      const n = chunk.byteLength;
+      if (received + n > capBytes || (buf && received + n > buf.length)) {
+        settled = true;
+        cb(new GatewayError('BODY_TOO_LARGE'), EMPTY);
+        return;
+      }
+      // Copy: uWS detaches the ArrayBuffer when this callback returns (rule 5).
+      if (n > 0) {
+        if (buf) Buffer.from(chunk).copy(buf, received);
+        else parts!.push(Buffer.from(new Uint8Array(chunk)));
+      }
+      received += n;
+      if (isLast) {
+        settled = true;
+        let body: Buffer;
+        if (buf) body = received === buf.length ? buf : buf.subarray(0, received);
+        else body = parts!.length === 1 ? parts![0] : Buffer.concat(parts!, received);
+        buf = null;
+        parts = null;
+        cb(null, body);
+      }
+    } catch (err) {
+      logBug(err);
+    }
+  });
+}
+
+/** A request body as a Readable with backpressure onto the client's socket. */
+export class BodyStream extends Readable {
+  received = 0;
+  private paused = false;
+  private readonly res: HttpResponse;
+  private readonly reply: Reply;
+
+  constructor(res: HttpResponse, reply: Reply, capBytes: number) {
+    super();
+    this.res = res;
+    this.reply = reply;
+    res.onData((chunk, isLast) => {
+      try {
+        if (this.destroyed || reply.done) return;
+        const n = chunk.byteLength;
+        this.received += n;
+        if (this.received > capBytes) {
+          this.destroy(new GatewayError('BODY_TOO_LARGE'));
+          return;
+        }
+        // Buffer.from(Uint8Array) copies (rule 5).
+        const more = n > 0 ? this.push(Buffer.from(new Uint8Array(chunk))) : true;
+        if (isLast) this.push(null);
+        else if (!more && !this.paused) {
+          this.paused = true;
+          reply.pause();
+        }
+      } catch (err) {
+        logBug(err);
+      }
+    });
+    reply.onFinish((aborted) => {
+      if (aborted && !this.readableEnded) this.destroy(new Error('client closed the connection'));
+    });
+  }
+
+  override _read(): void {
+    if (this.paused) {
+      this.paused = false;
+      this.reply.resume();
+    }
+  }
+}
+
+export function streamBody(res: HttpResponse, reply: Reply, capBytes: number): BodyStream {
+  return new BodyStream(res, reply, capBytes);
+}

@@ -1,0 +1,120 @@
+// The route table: which paths exist, which methods they take, which error shape they answer in, and
+// (for tool paths) which configured backend serves them. Built once per config version at sync time,
+// never per request. Pure: no I/O.
+import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
+import { GatewayError } from '../errors.js';
+import type { ErrorShape } from './error-shapes.js';
+
+export type RouteKind = 'models' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'tool' | 'realtime';
+
+/** How the request body is read: not at all, collected whole (JSON), or streamed. */
+export type BodyMode = 'none' | 'json' | 'stream';
+
+export interface Route {
+  kind: RouteKind;
+  shape: ErrorShape;
+  /** Upper-case methods accepted; null accepts every method (tool pass-through). */
+  methods: ReadonlySet<string> | null;
+  /** Value of the `Allow` header for a 405. */
+  allow: string;
+  bodyMode: BodyMode;
+  /** Tool routes: the configured backend, or null when none is configured (502). */
+  backend: ToolBackend | null;
+}
+
+export const MAX_PATH_CHARS = 2048;
+
+/**
+ * Path sanity (design.md, `bad_path`): `..` or `.` segments (also percent-encoded), `//`, encoded `/`
+ * or `\`, a backslash, NUL, invalid percent-encoding, paths longer than 2048 characters.
+ */
+export function isBadPath(path: string): boolean {
+  if (path.length > MAX_PATH_CHARS) return true;
+  if (path.charCodeAt(0) !== 47 /* / */) return true;
+  if (path.includes('//') || path.includes('\\') || path.includes('\0')) return true;
+  const hasPercent = path.includes('%');
+  if (hasPercent) {
+    if (/%(?![0-9A-Fa-f]{2})/.test(path)) return true;
+    if (/%(2f|5c|00)/i.test(path)) return true;
+  }
+  if (path.includes('.') || (hasPercent && /%2e/i.test(path))) {
+    for (const raw of path.split('/')) {
+      let seg = raw;
+      if (hasPercent && seg.includes('%')) {
+        try {
+          seg = decodeURIComponent(seg);
+        } catch {
+          return true;
+        }
+      }
+      if (seg === '.' || seg === '..') return true;
+    }
+  }
+  return false;
+}
+
+const MODEL_FAMILY = ['/v1/chat/', '/v1/embeddings', '/v1/audio/', '/v1/models', '/v1/completions'];
+
+/**
+ * The error shape of a path's family, decided before routing: a 401 on `/v1/chat/completionz` looks
+ * like a 401 on `/v1/chat/completions`, so an unauthenticated caller learns nothing about which paths exist.
+ */
+export function shapeOf(path: string): ErrorShape {
+  for (const p of MODEL_FAMILY) if (path.startsWith(p)) return 'A';
+  return 'B';
+}
+
+// Tool families of the spec; `/v1/sandbox/*` needs the slash, `/v1/route` is one path (and its sub-paths).
+const TOOL_PREFIXES = ['/v1/pdf', '/v1/files', '/v1/skills', '/v1/mcp', '/v1/vector_stores', '/v1/sandbox/'];
+
+function modelRoute(kind: RouteKind, method: string, bodyMode: BodyMode): Route {
+  return { kind, shape: 'A', methods: new Set([method]), allow: method, bodyMode, backend: null };
+}
+
+export class RouteTable {
+  private readonly exact = new Map<string, Route>();
+  /** Configured backends, longest prefix first. */
+  private readonly backends: ToolBackend[];
+  private readonly toolRoutes = new Map<string, Route>();
+  private readonly realtime: Route = { kind: 'realtime', shape: 'B', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
+
+  constructor(toolBackends: readonly ToolBackend[]) {
+    this.exact.set('/v1/models', modelRoute('models', 'GET', 'none'));
+    this.exact.set('/v1/chat/completions', modelRoute('chat', 'POST', 'json'));
+    this.exact.set('/v1/embeddings', modelRoute('embeddings', 'POST', 'json'));
+    this.exact.set('/v1/audio/transcriptions', modelRoute('transcriptions', 'POST', 'stream'));
+    this.exact.set('/v1/audio/speech', modelRoute('speech', 'POST', 'json'));
+    this.exact.set('/v1/audio/voices', modelRoute('voices', 'GET', 'none'));
+    this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
+    // One Route object per backend (and one for "no backend"), so matching allocates nothing.
+    this.toolRoutes.set('', { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: null });
+    for (const b of this.backends) {
+      this.toolRoutes.set(b.prefix, { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: b });
+    }
+  }
+
+  /** The route for a sane path, or the 404/405 error to answer (only after authentication). */
+  match(path: string, method: string): Route | GatewayError {
+    const r = this.exact.get(path);
+    if (r) {
+      if (r.methods && !r.methods.has(method)) {
+        return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${r.allow}.`, { allow: r.allow });
+      }
+      return r;
+    }
+    if (path.startsWith('/v1/realtime')) return this.realtime;
+    if (isToolPath(path)) {
+      for (const b of this.backends) {
+        if (path.startsWith(b.prefix)) return this.toolRoutes.get(b.prefix)!;
+      }
+      return this.toolRoutes.get('')!;
+    }
+    return new GatewayError('NOT_FOUND', `No route for ${path}.`);
+  }
+}
+
+function isToolPath(path: string): boolean {
+  if (path === '/v1/route' || path.startsWith('/v1/route/')) return true;
+  for (const p of TOOL_PREFIXES) if (path.startsWith(p)) return true;
+  return false;
+}

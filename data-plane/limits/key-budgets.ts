@@ -1,0 +1,377 @@
+// Key budgets: requests per minute (rpm), tokens per minute (tpm) and parallel requests per API key,
+// as fixed on the key (spec, Limits → Gateway; design.md decisions table). Pure and I/O-free; per node,
+// in memory. The HTTP layer calls `admit` after authentication, answers 429 on a refusal, and calls
+// `ticket.settle(actualTokens)` exactly when the request ends, however it ends (completion, client
+// abort, upstream error or timeout, WebSocket close). Settling twice is harmless.
+//
+// Decisions:
+// - Window: UTC clock minutes (`minuteOf(now)`); rpm/tpm `retry-after` is the seconds to the top of the
+//   next minute, rounded up, at least 1. Parallel `retry-after` is 1 (a slot frees when any request ends).
+// - Order of checks: requests, tokens, then parallel. The minute budgets come first because their
+//   retry-after is the longer, truthful wait: a client told "1 s, parallel" would come back only to be
+//   refused for the minute.
+// - tpm: tokens used and reserved this minute + this request's estimate must stay ≤ tpm, so a single
+//   request whose estimate alone exceeds tpm is refused. The estimate is reserved on admission and
+//   replaced by the real usage on settle, in the minute the request was admitted in if that minute is
+//   still current (a request that ends in a later minute leaves that later minute untouched).
+// - A refused request consumes nothing (no request, no tokens, no slot).
+// - A limit ≤ 0 or not finite means "no limit" on that dimension (a key without an rpm/tpm limit); its
+//   headers then report limit 0, and `rateHeaderPairs` leaves them out.
+import { type Clock, minuteOf, secondsToNextMinute } from './clock.js';
+import { Fifo } from './fifo.js';
+
+export interface KeyLimits {
+  keyId: string;
+  rpmLimit: number;
+  tpmLimit: number;
+  maxParallel: number;
+}
+
+export interface RateHeaders {
+  limitRequests: number;
+  remainingRequests: number;
+  limitTokens: number;
+  remainingTokens: number;
+}
+
+export interface Ticket {
+  /** Idempotent: releases the parallel slot and reconciles tokens. A non-finite or negative value keeps the estimate. */
+  settle(actualTokens: number): void;
+}
+
+export type KeyDimension = 'requests' | 'tokens' | 'max_parallel_requests';
+
+export type Admission =
+  | { ok: true; ticket: Ticket; headers: RateHeaders }
+  | { ok: false; dimension: KeyDimension; message: string; retryAfterSec: number; headers: RateHeaders };
+
+/**
+ * Seam for a later lease mechanism (design.md, "Money and limits across nodes"): caps what THIS node
+ * may admit for a key in a clock minute, e.g. the slice of the key's minute budget the control plane
+ * leased to it. Without a source, a node admits against the key's full limits.
+ * Called on the hot path: synchronous and O(1), no I/O (a lease client fetches slices in the background).
+ */
+export interface AllowanceSource {
+  /**
+   * The most requests and tokens this node may admit for the key in `minute` (Infinity = no extra cap).
+   * `limits` are the key's own limits, for a source that sizes slices from them.
+   */
+  allowanceFor(keyId: string, minute: number, limits?: KeyLimits): MinuteAllowance;
+  /**
+   * Told this node's running totals for the key's minute after every admission and settlement, so a
+   * lease client can ask for the next slice before the current one runs out and return what is unused.
+   */
+  noteUsage?(keyId: string, minute: number, requests: number, tokens: number): void;
+}
+
+export interface MinuteAllowance {
+  requests: number;
+  tokens: number;
+}
+
+export interface KeyBudgetsOptions {
+  /** Caps admissions per key and minute below the key's limits (leases). */
+  allowance?: AllowanceSource;
+  /** A key with nothing in flight and not admitted for this many minutes is forgotten. Default 2. */
+  idleMinutes?: number;
+}
+
+interface KeyState {
+  keyId: string;
+  /** The minute `requests` and `tokens` count in. */
+  minute: number;
+  requests: number;
+  /** Tokens reserved (estimates of requests in flight) plus tokens used (settled) in `minute`. */
+  tokens: number;
+  inFlight: number;
+  /** Last minute a request of this key was admitted in (or it was last found busy by the sweep). */
+  seenMinute: number;
+}
+
+/** At most this many idle keys are examined per call, so no request pays for a long sweep. */
+const SWEEP_STEP = 16;
+
+export class KeyBudgets {
+  private readonly states = new Map<string, KeyState>();
+  /** (key, minute it was admitted in), oldest first: what the idle sweep walks. */
+  private readonly seen = new Fifo<{ state: KeyState; minute: number }>();
+  private readonly allowance: AllowanceSource | undefined;
+  private readonly idleMinutes: number;
+
+  constructor(
+    private readonly clock: Clock,
+    opts: KeyBudgetsOptions = {},
+  ) {
+    this.allowance = opts.allowance;
+    this.idleMinutes = Math.max(1, Math.floor(opts.idleMinutes ?? 2));
+  }
+
+  /** Admits one request of the key reserving `estimatedTokens`, or refuses it without consuming anything. */
+  admit(limits: KeyLimits, estimatedTokens: number): Admission {
+    const now = this.clock.now();
+    const minute = minuteOf(now);
+    this.sweep(minute);
+    const estimate = sanitizeTokens(estimatedTokens) ?? 0;
+    const state = this.stateFor(limits.keyId, minute);
+
+    const rpm = limitOf(limits.rpmLimit);
+    const tpm = limitOf(limits.tpmLimit);
+    const parallel = limitOf(limits.maxParallel);
+    const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
+
+    let dimension: KeyDimension | undefined;
+    let retryAfterSec = secondsToNextMinute(now);
+    if (state.requests + 1 > rpm) {
+      dimension = 'requests';
+    } else if (state.tokens + estimate > tpm) {
+      dimension = 'tokens';
+    } else if (lease !== undefined && state.requests + 1 > lease.requests) {
+      // Under the key's limit but out of this node's slice: a new slice may arrive any moment.
+      dimension = 'requests';
+      retryAfterSec = 1;
+    } else if (lease !== undefined && state.tokens + estimate > lease.tokens) {
+      dimension = 'tokens';
+      retryAfterSec = 1;
+    } else if (state.inFlight + 1 > parallel) {
+      dimension = 'max_parallel_requests';
+      retryAfterSec = 1;
+    }
+    if (dimension !== undefined) {
+      return {
+        ok: false,
+        dimension,
+        message: formatLimitMessage(dimension, state, limits, estimate, retryAfterSec),
+        retryAfterSec,
+        headers: headersOf(state, limits),
+      };
+    }
+
+    state.requests += 1;
+    state.tokens += estimate;
+    state.inFlight += 1;
+    this.touch(state, minute);
+    this.allowance?.noteUsage?.(state.keyId, state.minute, state.requests, state.tokens);
+    return { ok: true, ticket: this.ticketFor(state, minute, estimate), headers: headersOf(state, limits) };
+  }
+
+  /** The rate headers of a key for the current minute, without counting anything. */
+  headers(limits: KeyLimits): RateHeaders {
+    const minute = minuteOf(this.clock.now());
+    const state = this.states.get(limits.keyId);
+    if (state === undefined || state.minute !== minute) {
+      return headersOf({ requests: 0, tokens: 0 }, limits);
+    }
+    return headersOf(state, limits);
+  }
+
+  /** This minute's counts and the requests in flight of a key. For tests, metrics and lease reports. */
+  usage(keyId: string): { minute: number; requests: number; tokens: number; inFlight: number } {
+    const minute = minuteOf(this.clock.now());
+    const s = this.states.get(keyId);
+    if (s === undefined) return { minute, requests: 0, tokens: 0, inFlight: 0 };
+    const current = s.minute === minute;
+    return { minute, requests: current ? s.requests : 0, tokens: current ? s.tokens : 0, inFlight: s.inFlight };
+  }
+
+  /** How many keys have state held. For tests and metrics. */
+  trackedKeys(): number {
+    return this.states.size;
+  }
+
+  private stateFor(keyId: string, minute: number): KeyState {
+    let state = this.states.get(keyId);
+    if (state === undefined) {
+      state = { keyId, minute, requests: 0, tokens: 0, inFlight: 0, seenMinute: minute };
+      this.states.set(keyId, state);
+      this.seen.push({ state, minute });
+    } else if (state.minute !== minute) {
+      // Old minute state is dropped lazily, when the key is next seen. In-flight slots carry over.
+      state.minute = minute;
+      state.requests = 0;
+      state.tokens = 0;
+    }
+    return state;
+  }
+
+  // Queue the key once per minute it is admitted in: the queue stays ordered by minute at O(1) per admit.
+  private touch(state: KeyState, minute: number): void {
+    if (state.seenMinute === minute) return;
+    state.seenMinute = minute;
+    this.seen.push({ state, minute });
+  }
+
+  // Forget keys idle for `idleMinutes`. Queue entries older than a key's latest are skipped. A key with
+  // requests in flight is kept (its tickets still point at it) and queued again for later.
+  private sweep(minute: number): void {
+    for (let steps = 0; steps < SWEEP_STEP; steps++) {
+      const entry = this.seen.peek();
+      if (entry === undefined || minute - entry.minute < this.idleMinutes) return;
+      this.seen.shift();
+      const s = entry.state;
+      if (s.seenMinute !== entry.minute || this.states.get(s.keyId) !== s) continue;
+      if (s.inFlight > 0) {
+        s.seenMinute = minute;
+        this.seen.push({ state: s, minute });
+      } else {
+        this.states.delete(s.keyId);
+      }
+    }
+  }
+
+  private ticketFor(state: KeyState, minute: number, estimate: number): Ticket {
+    let settled = false;
+    return {
+      settle: (actualTokens: number) => {
+        if (settled) return;
+        settled = true;
+        state.inFlight = Math.max(0, state.inFlight - 1);
+        const actual = sanitizeTokens(actualTokens) ?? estimate;
+        if (state.minute === minute && actual !== estimate) {
+          state.tokens = Math.max(0, state.tokens + actual - estimate);
+        }
+        if (state.minute === minute) this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
+      },
+    };
+  }
+}
+
+function limitOf(n: number): number {
+  return Number.isFinite(n) && n > 0 ? Math.floor(n) : Infinity;
+}
+
+/** A whole, non-negative token count, or undefined for anything else. */
+function sanitizeTokens(n: number): number | undefined {
+  return typeof n === 'number' && Number.isFinite(n) && n >= 0 ? Math.ceil(n) : undefined;
+}
+
+function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimits): RateHeaders {
+  const rpm = limitOf(limits.rpmLimit);
+  const tpm = limitOf(limits.tpmLimit);
+  return {
+    limitRequests: rpm === Infinity ? 0 : rpm,
+    remainingRequests: rpm === Infinity ? 0 : Math.max(0, rpm - counts.requests),
+    limitTokens: tpm === Infinity ? 0 : tpm,
+    remainingTokens: tpm === Infinity ? 0 : Math.max(0, tpm - counts.tokens),
+  };
+}
+
+/**
+ * The `x-ratelimit-*` headers to send, lower-case names: only for the dimensions the key has a limit on
+ * (spec: "once the key has an rpm limit" / "a tpm limit").
+ */
+export function rateHeaderPairs(h: RateHeaders): Array<[string, string]> {
+  const out: Array<[string, string]> = [];
+  if (h.limitRequests > 0) {
+    out.push(['x-ratelimit-limit-requests', String(h.limitRequests)], ['x-ratelimit-remaining-requests', String(h.remainingRequests)]);
+  }
+  if (h.limitTokens > 0) {
+    out.push(['x-ratelimit-limit-tokens', String(h.limitTokens)], ['x-ratelimit-remaining-tokens', String(h.remainingTokens)]);
+  }
+  return out;
+}
+
+function ofLimit(current: number, limit: number): string {
+  return `${current}/${limitOf(limit) === Infinity ? 'unlimited' : limitOf(limit)}`;
+}
+
+/**
+ * The 429 message: the tripped dimension first, then current and limit values of all three, e.g.
+ * `Rate limit reached for requests per minute (rpm): 20/20 used; tokens per minute (tpm): 1234/60000;
+ * max parallel requests: 1/100. Retry after 17 s.`
+ */
+export function formatLimitMessage(
+  dimension: KeyDimension,
+  counts: { requests: number; tokens: number; inFlight: number },
+  limits: KeyLimits,
+  estimate: number,
+  retryAfterSec: number,
+): string {
+  const rpm = `requests per minute (rpm): ${ofLimit(counts.requests, limits.rpmLimit)}`;
+  const tpm = `tokens per minute (tpm): ${ofLimit(counts.tokens, limits.tpmLimit)}`;
+  const par = `max parallel requests: ${ofLimit(counts.inFlight, limits.maxParallel)}`;
+  let parts: string[];
+  if (dimension === 'requests') parts = [`${rpm} used`, tpm, par];
+  else if (dimension === 'tokens') parts = [`${tpm} used, this request needs about ${estimate}`, rpm, par];
+  else parts = [`${par} in flight`, rpm, tpm];
+  return `Rate limit reached for ${parts.join('; ')}. Retry after ${retryAfterSec} s.`;
+}
+
+// Token estimate: cheap, no tokenizer (about 4 characters per token, OpenAI's rule of thumb).
+// Only the prompt is estimated and reserved; max_tokens / max_completion_tokens are NOT added. Reserving
+// the completion ceiling would refuse most requests of a low-tpm key (a 60 000 tpm key could run only a
+// handful of requests that ask for 16k output), while settle() reconciles to the real prompt + completion
+// tokens right after, so the tpm overshoot is bounded by what the requests in flight produce.
+const CHARS_PER_TOKEN = 4;
+const TOKENS_PER_MESSAGE = 4;
+const TOKENS_PER_REPLY = 3;
+
+/** Cheap estimate of a chat / completions / embeddings / responses request's prompt tokens. Never throws. */
+export function estimateTokens(body: unknown): number {
+  try {
+    if (!isObject(body)) return 0;
+    let tokens = 0;
+    if (Array.isArray(body.messages)) tokens += estimateMessages(body.messages);
+    if (body.input !== undefined) tokens += estimateInput(body.input);
+    if (body.prompt !== undefined) tokens += estimateInput(body.prompt);
+    if (typeof body.instructions === 'string') tokens += charsToTokens(body.instructions.length);
+    return tokens;
+  } catch {
+    return 0;
+  }
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+function charsToTokens(chars: number): number {
+  return Math.ceil(chars / CHARS_PER_TOKEN);
+}
+
+function estimateMessages(messages: unknown[]): number {
+  let tokens = TOKENS_PER_REPLY;
+  for (const m of messages) {
+    tokens += TOKENS_PER_MESSAGE;
+    if (!isObject(m)) continue;
+    tokens += charsToTokens(contentChars(m.content));
+    if (typeof m.name === 'string') tokens += charsToTokens(m.name.length);
+    if (Array.isArray(m.tool_calls)) {
+      for (const call of m.tool_calls) {
+        if (isObject(call) && isObject(call.function) && typeof call.function.arguments === 'string') {
+          tokens += charsToTokens(call.function.arguments.length);
+        }
+      }
+    }
+  }
+  return tokens;
+}
+
+/** Characters of text in a message content: a string, or an array of parts (strings or `{ text }`). */
+function contentChars(content: unknown): number {
+  if (typeof content === 'string') return content.length;
+  if (!Array.isArray(content)) return 0;
+  let chars = 0;
+  for (const part of content) {
+    if (typeof part === 'string') chars += part.length;
+    else if (isObject(part) && typeof part.text === 'string') chars += part.text.length;
+  }
+  return chars;
+}
+
+/**
+ * Embeddings / completions / responses input: a string, an array of strings (each estimated on its
+ * own), an array of token ids (one token each), an array of token-id arrays, or (responses API) an
+ * array of message-like items.
+ */
+function estimateInput(input: unknown): number {
+  if (typeof input === 'string') return charsToTokens(input.length);
+  if (!Array.isArray(input)) return 0;
+  let tokens = 0;
+  for (const item of input) {
+    if (typeof item === 'string') tokens += charsToTokens(item.length);
+    else if (typeof item === 'number') tokens += 1;
+    else if (Array.isArray(item)) tokens += item.length;
+    else if (isObject(item)) tokens += TOKENS_PER_MESSAGE + charsToTokens(contentChars(item.content ?? item.text));
+  }
+  return tokens;
+}

@@ -1,0 +1,333 @@
+// Any OpenAI-compatible HTTP API: base URL and upstream key from the model's config, one undici Pool
+// (keep-alive) per origin, requests and responses streamed through stream-proxy.ts. Usage comes from the
+// upstream's `usage`; when it gives none, the gateway counts tokens with its own tokenizer.
+import { Readable } from 'node:stream';
+import { StringDecoder } from 'node:string_decoder';
+import { Pool } from 'undici';
+import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import { proxyRequest, type BodyInspector } from '../stream-proxy.js';
+import { countMessageTokens, countTokens, contentText } from '../tokens.js';
+import { audioSecondsOf } from './demo.js';
+import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
+
+const DEFAULT_TIMEOUT_MS = 60_000;
+/** Non-streaming JSON answers are copied up to this size to read their usage. */
+const MAX_USAGE_COPY_BYTES = 4 * 1024 * 1024;
+
+/** Per-model constants, computed once per config version (ModelConfig objects change with it). */
+interface Target {
+  pool: Pool;
+  basePath: string;
+  jsonHeaders: string[];
+  authHeader: string;
+  upstreamModel: string;
+  timeoutMs: number;
+}
+
+export class PoolRegistry {
+  private readonly pools = new Map<string, Pool>();
+
+  get(origin: string): Pool {
+    let p = this.pools.get(origin);
+    if (!p) {
+      p = new Pool(origin, { connections: 128, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout: 10_000 });
+      this.pools.set(origin, p);
+    }
+    return p;
+  }
+
+  async close(): Promise<void> {
+    await Promise.allSettled([...this.pools.values()].map((p) => p.destroy()));
+    this.pools.clear();
+  }
+}
+
+interface Usage {
+  prompt_tokens?: number;
+  completion_tokens?: number;
+}
+
+/** Copies a JSON body (bounded) while it streams through, to read `usage` at the end. */
+class JsonCopy implements BodyInspector {
+  private parts: Buffer[] = [];
+  private size = 0;
+  transform(chunk: Buffer): Buffer {
+    if (this.size + chunk.length <= MAX_USAGE_COPY_BYTES) {
+      this.parts.push(chunk);
+      this.size += chunk.length;
+    } else {
+      this.size = Infinity;
+    }
+    return chunk;
+  }
+  flush(): string {
+    return '';
+  }
+  json(): Record<string, unknown> | null {
+    if (this.size === Infinity) return null;
+    try {
+      return JSON.parse(Buffer.concat(this.parts).toString('utf8')) as Record<string, unknown>;
+    } catch {
+      return null;
+    }
+  }
+}
+
+/**
+ * Passes an SSE stream on event by event (an event goes out as soon as it is complete), reads the
+ * usage chunk, and drops it (and the `"usage":null` fields) when only the gateway asked for usage.
+ */
+export class SseUsage implements BodyInspector {
+  usage: Usage | null = null;
+  private carry = '';
+  private readonly decoder = new StringDecoder('utf8');
+  private readonly dataEvents: string[] = [];
+  constructor(private readonly strip: boolean) {}
+
+  transform(chunk: Buffer): string {
+    const text = this.carry + this.decoder.write(chunk);
+    const end = text.lastIndexOf('\n\n');
+    if (end === -1) {
+      this.carry = text;
+      return '';
+    }
+    this.carry = text.slice(end + 2);
+    return this.events(text.slice(0, end + 2));
+  }
+
+  flush(): string {
+    const rest = this.carry + this.decoder.end();
+    this.carry = '';
+    return rest ? this.events(rest) : '';
+  }
+
+  private events(block: string): string {
+    if (!this.strip && !block.includes('"usage"')) {
+      this.keep(block);
+      return block;
+    }
+    let out = '';
+    for (const ev of block.split('\n\n')) {
+      if (ev.length === 0) continue;
+      let e = ev;
+      if (e.includes('"usage"')) {
+        const data = dataOf(e);
+        let obj: { usage?: Usage | null; choices?: unknown[] } | null = null;
+        try {
+          obj = data ? JSON.parse(data) : null;
+        } catch {
+          obj = null;
+        }
+        if (obj && obj.usage) {
+          this.usage = obj.usage;
+          if (this.strip && Array.isArray(obj.choices) && obj.choices.length === 0) continue;
+        }
+        if (this.strip) e = e.replace(/,"usage":null|"usage":null,?/g, '');
+      }
+      this.keep(e);
+      out += e + '\n\n';
+    }
+    return out;
+  }
+
+  private keep(block: string): void {
+    // Kept only to count tokens when the upstream reports no usage (parsed lazily, at the end).
+    if (this.usage === null) this.dataEvents.push(block);
+  }
+
+  /** Completion tokens counted from the streamed deltas. */
+  countedCompletionTokens(): number {
+    let n = 0;
+    for (const block of this.dataEvents) {
+      for (const ev of block.split('\n\n')) {
+        const data = dataOf(ev);
+        if (!data || data === '[DONE]') continue;
+        try {
+          const obj = JSON.parse(data) as { choices?: Array<{ delta?: { content?: unknown } }> };
+          for (const c of obj.choices ?? []) n += countTokens(contentText(c.delta?.content));
+        } catch {
+          // not JSON: not a content event
+        }
+      }
+    }
+    return n;
+  }
+}
+
+function dataOf(event: string): string | null {
+  const lines = event.split('\n');
+  let data: string | null = null;
+  for (const l of lines) if (l.startsWith('data:')) data = (data === null ? '' : data + '\n') + l.slice(5).trimStart();
+  return data;
+}
+
+export class OpenAIProvider implements Provider {
+  private readonly targets = new WeakMap<ModelConfig, Target>();
+  constructor(private readonly pools: PoolRegistry) {}
+
+  private target(model: ModelConfig): Target {
+    let t = this.targets.get(model);
+    if (!t) {
+      const url = new URL(model.baseUrl);
+      const authHeader = model.upstreamApiKey ? `Bearer ${model.upstreamApiKey}` : '';
+      const jsonHeaders = ['content-type', 'application/json'];
+      if (authHeader) jsonHeaders.push('authorization', authHeader);
+      t = {
+        pool: this.pools.get(url.origin),
+        basePath: url.pathname.replace(/\/+$/, ''),
+        jsonHeaders,
+        authHeader,
+        upstreamModel: model.upstreamModel || model.id,
+        timeoutMs: model.timeoutMs > 0 ? model.timeoutMs : DEFAULT_TIMEOUT_MS,
+      };
+      this.targets.set(model, t);
+    }
+    return t;
+  }
+
+  chat(call: ModelCall): void {
+    const t = this.target(call.model);
+    const body = call.body;
+    const stream = body.stream === true;
+    const so = body.stream_options as Record<string, unknown> | undefined;
+    const clientWantsUsage = !!so && so.include_usage === true;
+    let payload: Buffer | string = call.rawBody;
+    if (body.model !== t.upstreamModel || (stream && !clientWantsUsage)) {
+      const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
+      if (stream) copy.stream_options = { ...(so ?? {}), include_usage: true };
+      payload = JSON.stringify(copy);
+    }
+    let sse: SseUsage | null = null;
+    let json: JsonCopy | null = null;
+    proxyRequest({
+      pool: t.pool,
+      method: 'POST',
+      path: `${t.basePath}/chat/completions`,
+      headers: t.jsonHeaders,
+      body: payload,
+      timeoutMs: t.timeoutMs,
+      reply: call.reply,
+      shape: 'A',
+      passAllHeaders: false,
+      inspect: (status, contentType) => {
+        if (status < 200 || status >= 300) return null;
+        if (contentType.startsWith('text/event-stream')) return (sse = new SseUsage(!clientWantsUsage));
+        return (json = new JsonCopy());
+      },
+      onAbort: call.onAbort,
+      onDone: (status, outcome) => {
+        const prompt = () => countMessageTokens(body.messages);
+        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
+        let usage: Usage | null = null;
+        let counted = 0;
+        if (sse) {
+          usage = (sse as SseUsage).usage;
+          if (!usage) counted = (sse as SseUsage).countedCompletionTokens();
+        } else if (json) {
+          const obj = (json as JsonCopy).json();
+          usage = (obj?.usage as Usage | undefined) ?? null;
+          if (!usage && obj && Array.isArray(obj.choices)) {
+            for (const c of obj.choices as Array<{ message?: { content?: unknown } }>) counted += countTokens(contentText(c.message?.content));
+          }
+        }
+        const s = outcome === 'aborted' ? 499 : status;
+        if (usage) call.complete({ status: s, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 });
+        else call.complete({ status: s, promptTokens: prompt(), completionTokens: counted });
+      },
+    });
+  }
+
+  embeddings(call: ModelCall): void {
+    const t = this.target(call.model);
+    const body = call.body;
+    const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
+    let json: JsonCopy | null = null;
+    proxyRequest({
+      pool: t.pool,
+      method: 'POST',
+      path: `${t.basePath}/embeddings`,
+      headers: t.jsonHeaders,
+      body: payload,
+      timeoutMs: t.timeoutMs,
+      reply: call.reply,
+      shape: 'A',
+      passAllHeaders: false,
+      inspect: (status) => (status >= 200 && status < 300 ? (json = new JsonCopy()) : null),
+      onAbort: call.onAbort,
+      onDone: (status, outcome) => {
+        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
+        const usage = ((json as JsonCopy | null)?.json()?.usage as Usage | undefined) ?? null;
+        const input = body.input;
+        const counted = typeof input === 'string' ? countTokens(input) : Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0;
+        call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: usage?.prompt_tokens ?? counted, completionTokens: 0 });
+      },
+    });
+  }
+
+  speech(call: ModelCall): void {
+    const t = this.target(call.model);
+    const body = call.body;
+    const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
+    const chars = typeof body.input === 'string' ? body.input.length : 0;
+    proxyRequest({
+      pool: t.pool,
+      method: 'POST',
+      path: `${t.basePath}/audio/speech`,
+      headers: t.jsonHeaders,
+      body: payload,
+      timeoutMs: t.timeoutMs,
+      reply: call.reply,
+      shape: 'A',
+      passAllHeaders: false,
+      onAbort: call.onAbort,
+      onDone: (status, outcome) => {
+        const ok = status >= 200 && status < 300;
+        call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0, audioUnits: ok ? chars : 0 });
+      },
+    });
+  }
+
+  transcription(call: TranscriptionCall): void {
+    const t = this.target(call.model);
+    // The model field's value is replaced by the upstream's model name; the rest streams unchanged.
+    const head = Buffer.concat([
+      call.prefix.subarray(0, call.modelValueStart),
+      Buffer.from(t.upstreamModel),
+      call.prefix.subarray(call.modelValueEnd),
+    ]);
+    let bytes = call.prefix.length;
+    const rest = call.rest;
+    const body = Readable.from(
+      (async function* () {
+        yield head;
+        for await (const chunk of rest) {
+          bytes += (chunk as Buffer).length;
+          yield chunk as Buffer;
+        }
+      })(),
+      { objectMode: false },
+    );
+    const headers = ['content-type', call.contentType];
+    if (t.authHeader) headers.push('authorization', t.authHeader);
+    let json: JsonCopy | null = null;
+    proxyRequest({
+      pool: t.pool,
+      method: 'POST',
+      path: `${t.basePath}/audio/transcriptions`,
+      headers,
+      body,
+      timeoutMs: t.timeoutMs,
+      reply: call.reply,
+      shape: 'A',
+      passAllHeaders: false,
+      inspect: (status, contentType) => (status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonCopy()) : null),
+      onAbort: call.onAbort,
+      onDone: (status, outcome) => {
+        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
+        const duration = (json as JsonCopy | null)?.json()?.duration;
+        const seconds = typeof duration === 'number' && duration > 0 ? Math.ceil(duration) : audioSecondsOf(bytes);
+        call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
+      },
+    });
+  }
+}

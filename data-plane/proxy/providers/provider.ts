@@ -1,0 +1,52 @@
+// What a model provider gets for one request, and what it reports back. The HTTP layer has already
+// authenticated, admitted, validated and scope-checked the request; the provider only answers it.
+import type { Readable } from 'node:stream';
+import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { Reply } from '../../http/reply.js';
+
+/** How a request ended, for usage and cost. Tokens for chat/embeddings; units for audio. */
+export interface CallResult {
+  status: number;
+  promptTokens: number;
+  completionTokens: number;
+  /** Audio: seconds of input audio (transcription) or characters of input text (speech). */
+  audioUnits?: number;
+}
+
+export interface ModelCall {
+  /** Unique per request; used in response ids. */
+  requestId: string;
+  reply: Reply;
+  model: ModelConfig;
+  /** Parsed JSON body (chat, embeddings, speech). */
+  body: Record<string, unknown>;
+  rawBody: Buffer;
+  /** Records usage and settles the key's ticket; idempotent (first call wins). */
+  complete(result: CallResult): void;
+  /** Registers what to do when the client goes away before the response ended. */
+  onAbort(fn: () => void): void;
+  /**
+   * Ends the request with an error: rendered in the route's shape if nothing was sent yet (a 413 also
+   * closes the connection), else the stream is ended or closed. Completes with the error's status.
+   */
+  fail(err: unknown): void;
+}
+
+/** A transcription: the multipart body, already read up to and including its `model` field. */
+export interface TranscriptionCall extends Omit<ModelCall, 'body' | 'rawBody'> {
+  contentType: string;
+  /** Bytes read so far (they contain the model field), to be sent before `rest`. */
+  prefix: Buffer;
+  /** Byte range of the model field's value inside `prefix` (to rewrite it for an upstream). */
+  modelValueStart: number;
+  modelValueEnd: number;
+  /** The rest of the body, streamed with backpressure. */
+  rest: Readable;
+}
+
+export interface Provider {
+  chat(call: ModelCall): void;
+  embeddings(call: ModelCall): void;
+  speech(call: ModelCall): void;
+  transcription(call: TranscriptionCall): void;
+}

@@ -1,0 +1,204 @@
+// One upstream exchange over an undici Pool's dispatch API, streamed both ways: the request body (a
+// Buffer or a Readable with backpressure), the response passed to the Reply chunk by chunk, the upstream
+// paused while the client's socket is full and resumed on drain. The client going away aborts the
+// upstream; the upstream failing before its headers becomes a 502; after the headers the status is
+// fixed, so an SSE stream gets one terminal error event and any other stream is closed.
+import type { Readable } from 'node:stream';
+import type { Dispatcher } from 'undici';
+import { GatewayError, isGatewayError } from '../errors.js';
+import { renderError, type ErrorShape } from '../http/error-shapes.js';
+import { logBug, type Reply } from '../http/reply.js';
+
+/** Observes (and may rewrite) a response body, e.g. to read usage out of an SSE stream. */
+export interface BodyInspector {
+  /** Returns the bytes to send on (possibly empty), given an upstream chunk. */
+  transform(chunk: Buffer): Buffer | string;
+  /** Bytes still held back when the upstream ended. */
+  flush(): Buffer | string;
+}
+
+export interface ProxyRequest {
+  pool: Dispatcher;
+  method: Dispatcher.HttpMethod;
+  path: string;
+  /** Flat [name, value, name, value, …] list, built once per model or backend where possible. */
+  headers: string[];
+  body: Buffer | string | Readable | null;
+  timeoutMs: number;
+  reply: Reply;
+  shape: ErrorShape;
+  /** Pass every end-to-end response header (tools) or only content-type (model endpoints). */
+  passAllHeaders: boolean;
+  /** Chosen once the status and content-type are known; null passes the body through untouched. */
+  inspect?: (status: number, contentType: string) => BodyInspector | null;
+  /** Called exactly once: the upstream status (or the error status we answered), and how it ended. */
+  onDone(status: number, outcome: 'ok' | 'error' | 'aborted'): void;
+  /** Registers the abort of this exchange on the client going away. */
+  onAbort(fn: () => void): void;
+}
+
+const HOP_BY_HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-authenticate',
+  'proxy-authorization',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  'content-length',
+  'date',
+  'uwebsockets',
+]);
+
+export function proxyRequest(req: ProxyRequest): void {
+  const { reply } = req;
+  let controller: Dispatcher.DispatchController | null = null;
+  let clientGone = false;
+  let finished = false;
+  let status = 0;
+  let sse = false;
+  let inspector: BodyInspector | null = null;
+
+  const done = (s: number, outcome: 'ok' | 'error' | 'aborted') => {
+    if (finished) return;
+    finished = true;
+    try {
+      req.onDone(s, outcome);
+    } catch (err) {
+      logBug(err);
+    }
+  };
+
+  req.onAbort(() => {
+    clientGone = true;
+    if (controller && !controller.aborted) controller.abort(new Error('client closed the connection'));
+    if (req.body && typeof req.body === 'object' && 'destroy' in req.body) (req.body as Readable).destroy();
+    done(499, 'aborted');
+  });
+
+  const fail = (err: Error) => {
+    if (reply.done) {
+      done(status || 502, clientGone ? 'aborted' : 'error');
+      return;
+    }
+    if (!reply.headersSent) {
+      const e = isGatewayError(err) ? err : new GatewayError('UPSTREAM_UNREACHABLE', upstreamMessage(err));
+      const r = renderError(e, req.shape);
+      reply.send(r.status, r.headers, r.body, e.code === 'BODY_TOO_LARGE');
+      done(r.status, 'error');
+      return;
+    }
+    if (sse) {
+      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'A');
+      reply.end(`data: ${e.body}\n\n`);
+    } else {
+      reply.close();
+    }
+    done(status, 'error');
+  };
+
+  const handler: Dispatcher.DispatchHandler = {
+    onRequestStart(c) {
+      controller = c;
+      if (clientGone) c.abort(new Error('client closed the connection'));
+    },
+    onResponseStart(c, statusCode, headers) {
+      try {
+        if (reply.done) {
+          c.abort(new Error('client closed the connection'));
+          return;
+        }
+        status = statusCode;
+        const contentType = headerValue(headers['content-type']) ?? '';
+        sse = contentType.startsWith('text/event-stream');
+        inspector = req.inspect ? req.inspect(statusCode, contentType) : null;
+        const out: Array<[string, string]> = [];
+        if (req.passAllHeaders) {
+          for (const name of Object.keys(headers)) {
+            if (HOP_BY_HOP.has(name)) continue;
+            const v = headers[name];
+            if (Array.isArray(v)) for (const x of v) out.push([name, x]);
+            else if (v !== undefined) out.push([name, v]);
+          }
+        } else if (contentType) {
+          out.push(['content-type', contentType]);
+        }
+        // A known length without rewriting goes out with tryEnd; anything else chunked.
+        const len = headerValue(headers['content-length']);
+        const total = !inspector && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
+        reply.startStream(statusCode, out, total);
+        if (total === 0) reply.end();
+      } catch (err) {
+        logBug(err);
+        c.abort(err as Error);
+      }
+    },
+    onResponseData(c, chunk) {
+      try {
+        if (reply.done) {
+          if (!c.aborted) c.abort(new Error('client closed the connection'));
+          return;
+        }
+        const out = inspector ? inspector.transform(chunk) : chunk;
+        if (out.length === 0) return;
+        if (!reply.write(out)) {
+          c.pause();
+          reply.onDrain(() => c.resume());
+        }
+      } catch (err) {
+        logBug(err);
+        c.abort(err as Error);
+      }
+    },
+    onResponseEnd() {
+      try {
+        if (!reply.done) {
+          const tail = inspector ? inspector.flush() : '';
+          reply.end(tail.length > 0 ? tail : undefined);
+        }
+        done(status, 'ok');
+      } catch (err) {
+        logBug(err);
+        done(status, 'error');
+      }
+    },
+    onResponseError(_c, err) {
+      try {
+        fail(err);
+      } catch (e) {
+        logBug(e);
+      }
+    },
+  };
+
+  try {
+    req.pool.dispatch(
+      {
+        path: req.path,
+        method: req.method,
+        headers: req.headers,
+        body: req.body,
+        headersTimeout: req.timeoutMs,
+        bodyTimeout: req.timeoutMs,
+      },
+      handler,
+    );
+  } catch (err) {
+    fail(err as Error);
+  }
+}
+
+function headerValue(v: string | string[] | undefined): string | undefined {
+  return Array.isArray(v) ? v[0] : v;
+}
+
+function upstreamMessage(err: Error): string {
+  const code = (err as { code?: string }).code;
+  if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT' || code === 'UND_ERR_CONNECT_TIMEOUT') {
+    return 'The upstream did not answer in time.';
+  }
+  if (code === 'ECONNREFUSED') return 'The upstream refused the connection.';
+  if (code === 'UND_ERR_SOCKET' || code === 'ECONNRESET') return 'The upstream closed the connection before answering.';
+  return 'The upstream could not be reached.';
+}

@@ -1,0 +1,187 @@
+// The node's side of SyncService.Connect: Hello, then snapshots and deltas applied strictly in order
+// (a gap asks for a resync, so no revocation is ever skipped), an Ack after each, reports through the
+// Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
+// version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
+// bad node token) is fatal: one line, exit 2.
+import { credentials, Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
+import { SyncServiceClient, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
+import type { StateHolder } from '../auth/key-table.js';
+import { minuteOf } from '../limits/clock.js';
+import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
+import type { Reporter } from './reporter.js';
+
+export interface SyncClientOptions {
+  address: string;
+  nodeToken: string;
+  nodeId: string;
+  instanceId: string;
+  pepperCheck: string;
+  listenAddress: string;
+  holder: StateHolder;
+  reporter: Reporter;
+  /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
+  leases?: LeaseClient;
+  now(): number;
+  onFirstSnapshot(): void;
+  /** A refusal that retrying cannot fix: print the line, exit 2. */
+  onFatal(line: string): void;
+  log(line: string): void;
+  minBackoffMs?: number;
+  maxBackoffMs?: number;
+}
+
+export class SyncClient {
+  /** When the node lost the control plane; null while connected. */
+  disconnectedSince: number | null;
+  private readonly client: SyncServiceClient;
+  private call: ClientDuplexStream<NodeMessage, ControlMessage> | null = null;
+  private attempt = 0;
+  private stopped = false;
+  private awaitingSnapshot = false;
+  private gotFirstSnapshot = false;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private lostLogged = false;
+  private readonly pruneTimer: NodeJS.Timeout;
+
+  constructor(private readonly opts: SyncClientOptions) {
+    this.client = new SyncServiceClient(opts.address, credentials.createInsecure(), {
+      'grpc.keepalive_time_ms': 10_000,
+      'grpc.keepalive_timeout_ms': 5_000,
+      'grpc.initial_reconnect_backoff_ms': 100,
+      'grpc.max_reconnect_backoff_ms': 1_000,
+    });
+    this.disconnectedSince = opts.now();
+    this.pruneTimer = setInterval(() => opts.leases?.prune(minuteOf(opts.now()) - 1), 30_000);
+    this.pruneTimer.unref();
+  }
+
+  /** Sends a LeaseRequest on the current stream; false when there is none. */
+  sendLeaseRequest(req: LeaseRequestOut): boolean {
+    if (!this.call) return false;
+    this.call.write({ leaseRequest: req });
+    return true;
+  }
+
+  start(): void {
+    this.connect();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    clearInterval(this.pruneTimer);
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.opts.reporter.detach();
+    if (this.call) this.call.cancel();
+    this.call = null;
+    this.client.close();
+  }
+
+  private connect(): void {
+    if (this.stopped) return;
+    const md = new Metadata();
+    md.set('authorization', `Bearer ${this.opts.nodeToken}`);
+    const call = this.client.connect(md);
+    this.call = call;
+    this.awaitingSnapshot = false;
+    call.on('data', (msg: ControlMessage) => {
+      try {
+        if (this.call === call) this.onMessage(call, msg);
+      } catch (err) {
+        this.opts.log(`sync: failed to apply a message: ${(err as Error).message}; resyncing`);
+        this.awaitingSnapshot = true;
+        call.write({ resync: { haveVersion: this.opts.holder.current.version, reason: 'apply failed' } });
+      }
+    });
+    // 'error' always precedes 'status' for a failed call; 'status' is the one end signal handled.
+    call.on('error', () => {});
+    // Response headers mean the control plane accepted the stream (it may have nothing to send yet).
+    call.on('metadata', () => {
+      if (this.call === call) this.markConnected();
+    });
+    call.on('status', (s: StatusObject) => this.onStatus(call, s));
+    call.write({
+      hello: {
+        nodeId: this.opts.nodeId,
+        instanceId: this.opts.instanceId,
+        pepperCheck: this.opts.pepperCheck,
+        haveVersion: this.opts.holder.ready ? this.opts.holder.current.version : 0,
+        listenAddress: this.opts.listenAddress,
+      },
+    });
+    this.opts.reporter.attach(call);
+  }
+
+  private onMessage(call: ClientDuplexStream<NodeMessage, ControlMessage>, msg: ControlMessage): void {
+    this.markConnected();
+    const holder = this.opts.holder;
+    const leases = this.opts.leases;
+    if (msg.snapshot) {
+      holder.applySnapshot(msg.snapshot);
+      if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
+      this.awaitingSnapshot = false;
+      call.write({ ack: { version: msg.snapshot.version } });
+      if (!this.gotFirstSnapshot) {
+        this.gotFirstSnapshot = true;
+        this.opts.onFirstSnapshot();
+      }
+    } else if (msg.delta) {
+      if (this.awaitingSnapshot || !holder.ready) return;
+      const r = holder.current.applyDelta(msg.delta);
+      if (r === 'applied') {
+        call.write({ ack: { version: msg.delta.toVersion } });
+        // Credit, cap, tier or config changes: a node told "nothing left" asks again.
+        if (leases) for (const c of msg.delta.changes) if (c.orgUpsert) leases.orgChanged(c.orgUpsert.orgId);
+      }
+      else if (r === 'gap') {
+        this.awaitingSnapshot = true;
+        call.write({ resync: { haveVersion: holder.current.version, reason: `gap: have ${holder.current.version}, delta from ${msg.delta.fromVersion}` } });
+      }
+    } else if (msg.reportAck) {
+      this.opts.reporter.ack(msg.reportAck.seq);
+    } else if (msg.leaseGrant && leases) {
+      for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k.keyId, k.minute, k.requests, k.tokens);
+      for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
+    } else if (msg.roster && leases) {
+      leases.setConnectedNodes(msg.roster.connectedNodes);
+    }
+  }
+
+  private markConnected(): void {
+    this.opts.leases?.setConnected(true);
+    this.attempt = 0;
+    this.disconnectedSince = null;
+    if (this.lostLogged) {
+      this.lostLogged = false;
+      this.opts.log('control plane connection restored');
+    }
+  }
+
+  private onStatus(call: ClientDuplexStream<NodeMessage, ControlMessage>, s: StatusObject): void {
+    if (this.call !== call) return;
+    this.call = null;
+    this.opts.reporter.detach();
+    // Slices belong to a connection; until the next one the key's own limits apply locally.
+    this.opts.leases?.setConnected(false);
+    if (this.stopped) return;
+    if (s.code === GrpcStatus.FAILED_PRECONDITION) {
+      this.opts.onFatal(`refused by control plane: pepper mismatch (${s.details || 'this node holds a different key pepper'}); check TOLLGATE_PEPPER or --pepper-file`);
+      return;
+    }
+    if (s.code === GrpcStatus.UNAUTHENTICATED) {
+      this.opts.onFatal(`refused by control plane: node token not accepted (${s.details || 'unauthenticated'}); check TOLLGATE_NODE_TOKEN or --node-token-file`);
+      return;
+    }
+    if (this.disconnectedSince === null) this.disconnectedSince = this.opts.now();
+    if (!this.lostLogged) {
+      this.lostLogged = true;
+      this.opts.log(`control plane connection lost (${GrpcStatus[s.code] ?? s.code}: ${s.details}); serving from version ${this.opts.holder.current.version}, reconnecting`);
+    }
+    const base = Math.min(this.opts.maxBackoffMs ?? 5_000, (this.opts.minBackoffMs ?? 100) * 2 ** this.attempt);
+    this.attempt = Math.min(this.attempt + 1, 20);
+    const delay = Math.round(base / 2 + Math.random() * (base / 2));
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      this.connect();
+    }, delay);
+  }
+}

@@ -1,0 +1,103 @@
+// `npm run bench:limits`: what rate limiting and spend accounting cost on the hot path, and how exact
+// they stay across nodes. A script that prints figures, not a test.
+//
+// 1. One node, the demo provider, two keys in the same run: one whose rpm/tpm/parallel limits and
+//    spend accounting are on (limits high enough not to trip), one whose limits are far away (no
+//    limit on any dimension). Requests per second for each and the ratio.
+// 2. Three nodes, one key with 300 rpm, a burst of requests spread over the nodes within one clock
+//    minute (injected clock): admitted vs. the limit (over-admission must be ≤ 0).
+// Client IPs are spread with X-Forwarded-For from a trusted proxy so the per-IP edge budgets do not
+// cap the measurement.
+import { Pool } from 'undici';
+import { startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { configYaml } from '../helpers/config.js';
+import { minuteStart, setClock } from '../helpers/http.js';
+
+const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 5000);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+const body = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there, how are you?' }] });
+
+async function load(url: string, key: string, durationMs: number, connections: number): Promise<{ ok: number; other: number; rps: number }> {
+  const pool = new Pool(url, { connections, pipelining: 1 });
+  let ok = 0;
+  let other = 0;
+  let ip = 0;
+  const end = Date.now() + durationMs;
+  const worker = async () => {
+    while (Date.now() < end) {
+      ip++;
+      const res = await pool.request({
+        path: '/v1/chat/completions',
+        method: 'POST',
+        headers: {
+          authorization: `Bearer ${key}`,
+          'content-type': 'application/json',
+          'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}`,
+        },
+        body,
+      });
+      await res.body.dump();
+      if (res.statusCode === 200) ok++;
+      else other++;
+    }
+  };
+  const t0 = Date.now();
+  await Promise.all(Array.from({ length: connections }, worker));
+  const secs = (Date.now() - t0) / 1000;
+  await pool.close();
+  return { ok, other, rps: ok / secs };
+}
+
+async function main(): Promise<void> {
+  const yaml = configYaml((cfg) => {
+    cfg.trusted_proxies = ['127.0.0.1'];
+    cfg.tiers.limited = { rpm: 100_000_000, tpm: 100_000_000_000, max_parallel_requests: 100_000, monthly_cap_usd: '1000000', free_grant_usd: '1000000', models: ['demo-chat'] };
+    cfg.tiers.unlimited = { rpm: 0, tpm: 0, max_parallel_requests: 0, monthly_cap_usd: null, free_grant_usd: '1000000', models: ['demo-chat'] };
+  });
+  const cp = await startControlPlane({ configYaml: yaml });
+  const node = await startDataPlane(cp);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const limited = await createKey(admin, { tier: 'limited' });
+  const unlimited = await createKey(admin, { tier: 'unlimited' });
+
+  // Warm up both paths, then alternate measurements so drift affects both alike.
+  await load(node.url, limited.key, 1000, CONNECTIONS);
+  await load(node.url, unlimited.key, 1000, CONNECTIONS);
+  const on: number[] = [];
+  const off: number[] = [];
+  for (let round = 0; round < 2; round++) {
+    const a = await load(node.url, limited.key, DURATION_MS, CONNECTIONS);
+    const b = await load(node.url, unlimited.key, DURATION_MS, CONNECTIONS);
+    if (a.other > 0 || b.other > 0) console.log(`  (non-200 answers: limited ${a.other}, unlimited ${b.other})`);
+    on.push(a.rps);
+    off.push(b.rps);
+  }
+  const avg = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
+  console.log(`one node, ${CONNECTIONS} connections, ${DURATION_MS} ms × 2 rounds each:`);
+  console.log(`  limits and spend accounting on: ${avg(on).toFixed(0)} req/s`);
+  console.log(`  limits far away:                ${avg(off).toFixed(0)} req/s`);
+  console.log(`  ratio on/off:                   ${(avg(on) / avg(off)).toFixed(3)}`);
+
+  // Over-admission across three nodes within one injected clock minute.
+  await node.proc.kill();
+  const clustered = [];
+  for (let i = 0; i < 3; i++) clustered.push(await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } }));
+  const t = minuteStart() + 1000;
+  for (const n of clustered) await setClock(n.adminUrl!, { now_ms: t });
+  const paid = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId: paid.orgId, amountMicros: 1_000_000_000, note: 'bench' });
+  const results = await Promise.all(clustered.map((n) => load(n.url, paid.key, 1500, 16)));
+  const admitted = results.reduce((s, r) => s + r.ok, 0);
+  const refused = results.reduce((s, r) => s + r.other, 0);
+  console.log(`three nodes, one 300 rpm key, ${admitted + refused} requests in one clock minute:`);
+  console.log(`  admitted ${admitted} of 300 (over-admission ${admitted - 300}, per node ${results.map((r) => r.ok).join('/')})`);
+  admin.close();
+  await stopAll();
+}
+
+main().catch(async (err) => {
+  console.error(err);
+  await stopAll();
+  process.exit(1);
+});

@@ -1,0 +1,171 @@
+// Key budgets (rpm, tpm, max parallel requests) as fixed on the key, counted per clock minute of an
+// injected clock, with the x-ratelimit-* headers and the gateway's 429 body.
+import { test, after, before } from 'node:test';
+import assert from 'node:assert/strict';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { bearer, chatBody, minuteStart, rawRequest, request, setClock } from '../helpers/http.js';
+import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+
+let cp: ControlPlane;
+let node: DataPlane;
+let admin: Console;
+let clock = 0;
+// A fake upstream that holds every chat completion until the test releases them.
+const held: ServerResponse[] = [];
+let onHeld: (() => void) | undefined;
+const upstream = createServer((req: IncomingMessage, res: ServerResponse) => {
+  req.resume();
+  req.on('end', () => {
+    held.push(res);
+    onHeld?.();
+  });
+});
+
+function releaseHeld(): void {
+  for (const res of held.splice(0)) {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(
+      JSON.stringify({
+        id: 'chatcmpl-held',
+        object: 'chat.completion',
+        created: 1,
+        model: 'upstream-slow-chat',
+        choices: [{ index: 0, message: { role: 'assistant', content: 'done' }, finish_reason: 'stop' }],
+        usage: { prompt_tokens: 5, completion_tokens: 1, total_tokens: 6 },
+      }),
+    );
+  }
+}
+
+before(async () => {
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+  const port = (upstream.address() as AddressInfo).port;
+  cp = await startControlPlane({
+    configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'slow-chat', `http://127.0.0.1:${port}/v1`, ['paid'])),
+    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+  });
+  node = await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
+  admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  clock = minuteStart() + 13_000;
+  await setClock(node.adminUrl!, { now_ms: clock });
+});
+after(async () => {
+  releaseHeld();
+  admin?.close();
+  upstream.close();
+  await stopAll();
+});
+
+async function nextMinute(offsetMs = 13_000): Promise<void> {
+  clock = minuteStart(clock) + 60_000 + offsetMs;
+  await setClock(node.adminUrl!, { now_ms: clock });
+}
+
+test('free key: 20 requests per minute with counting-down headers, the 21st gets 429 to the top of the minute', async () => {
+  await nextMinute();
+  const { key } = await createKey(admin, { tier: 'free' });
+  for (let i = 1; i <= 20; i++) {
+    const res = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(`hi ${i}`) });
+    assert.equal(res.status, 200, res.text);
+    assert.equal(res.headers.get('x-ratelimit-limit-requests'), '20');
+    assert.equal(res.headers.get('x-ratelimit-remaining-requests'), String(20 - i));
+    assert.equal(res.headers.get('x-ratelimit-limit-tokens'), '60000');
+    assert.ok(Number(res.headers.get('x-ratelimit-remaining-tokens')) < 60000);
+  }
+  const refused = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
+  assert.equal(refused.status, 429);
+  assert.equal(refused.headers.get('retry-after'), '47', 'seconds to the top of the next minute');
+  assert.equal(refused.headers.get('x-ratelimit-remaining-requests'), '0');
+  assert.deepEqual(Object.keys(refused.body.error).sort(), ['code', 'message', 'param', 'type']);
+  assert.equal(refused.body.error.type, 'requests');
+  assert.equal(refused.body.error.param, null);
+  assert.equal(refused.body.error.code, '429');
+  assert.match(refused.body.error.message, /20\/20/);
+  assert.match(refused.body.error.message, /60000/);
+  assert.match(refused.body.error.message, /100/);
+  // Other kinds of responses of the key carry the headers too.
+  const models = await request(`${node.url}/v1/models`, { headers: bearer(key) });
+  assert.equal(models.status, 200);
+  assert.equal(models.headers.get('x-ratelimit-limit-requests'), '20');
+  // The next clock minute admits again.
+  await nextMinute(0);
+  const again = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
+  assert.equal(again.status, 200);
+  assert.equal(again.headers.get('x-ratelimit-remaining-requests'), '19');
+});
+
+test('tpm trips on a large prompt with type tokens; the refused request costs nothing', async () => {
+  await nextMinute();
+  const { key } = await createKey(admin, { tier: 'free' });
+  const big = 'word '.repeat(70_000);
+  const refused = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(big) });
+  assert.equal(refused.status, 429, refused.text);
+  assert.equal(refused.body.error.type, 'tokens');
+  assert.equal(refused.body.error.param, null);
+  assert.equal(refused.body.error.code, '429');
+  assert.match(refused.body.error.message, /60000/);
+  assert.equal(refused.headers.get('retry-after'), '47');
+  const ok = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
+  assert.equal(ok.status, 200);
+  assert.equal(ok.headers.get('x-ratelimit-remaining-requests'), '19', 'the refused request consumed no rpm');
+});
+
+test('the 101st parallel request of a key is refused and a finished request frees its slot', async () => {
+  await nextMinute();
+  const { key, orgId } = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId, amountMicros: 100_000_000, note: 'test' });
+  const allHeld = new Promise<void>((resolve) => {
+    onHeld = () => held.length >= 100 && resolve();
+  });
+  const inflight = Array.from({ length: 100 }, () =>
+    request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('wait', 'slow-chat') }),
+  );
+  await allHeld;
+  const refused = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('one more', 'slow-chat') });
+  assert.equal(refused.status, 429, refused.text);
+  assert.equal(refused.body.error.type, 'max_parallel_requests');
+  assert.match(refused.body.error.message, /100\/100/);
+  assert.ok(Number(refused.headers.get('retry-after')) >= 1);
+  releaseHeld();
+  const done = await Promise.all(inflight);
+  assert.ok(done.every((r) => r.status === 200));
+  const after = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
+  assert.equal(after.status, 200, 'slots are released when requests finish');
+});
+
+test('tier change: an old key keeps 20 rpm, a key created after gets 300', async () => {
+  await nextMinute();
+  const first = await createKey(admin, { tier: 'free' });
+  await admin.setOrgTier({ orgId: first.orgId, tier: 'paid' });
+  await admin.creditOrg({ orgId: first.orgId, amountMicros: 10_000_000, note: 'test' });
+  const second = await createKey(admin, { orgId: first.orgId, projectId: first.projectId });
+  const oldRes = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(first.key), json: chatBody() });
+  const newRes = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(second.key), json: chatBody() });
+  assert.equal(oldRes.status, 200, oldRes.text);
+  assert.equal(newRes.status, 200, newRes.text);
+  assert.equal(oldRes.headers.get('x-ratelimit-limit-requests'), '20');
+  assert.equal(oldRes.headers.get('x-ratelimit-limit-tokens'), '60000');
+  assert.equal(newRes.headers.get('x-ratelimit-limit-requests'), '300');
+  assert.equal(newRes.headers.get('x-ratelimit-limit-tokens'), '1000000');
+});
+
+test('a chunked body that grows over the 32 MB cap is refused with 413 while streaming', async () => {
+  await nextMinute();
+  const { key } = await createKey(admin, { tier: 'free' });
+  const head =
+    `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n` +
+    `Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
+  const chunk = Buffer.alloc(1024 * 1024, 0x20);
+  const parts: Buffer[] = [];
+  for (let i = 0; i < 33; i++) parts.push(Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n'));
+  parts.push(Buffer.from('0\r\n\r\n'));
+  const res = await rawRequest(node.url.replace('http://', ''), head, Buffer.concat(parts));
+  assert.equal(res.status, 413);
+  const body = JSON.parse(res.text.slice(res.text.indexOf('\r\n\r\n') + 4));
+  assert.equal(body.error.code, '413');
+  const next = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
+  assert.equal(next.status, 200, 'the node still serves');
+});

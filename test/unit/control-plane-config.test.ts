@@ -1,0 +1,82 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { parse } from 'yaml';
+import { ConfigError, DEMO_CONFIG_PATH, loadControlPlaneConfig, parseGatewayConfig, readGatewayConfig } from '../../control-plane/config.js';
+
+const demo = () => parse(readFileSync(DEMO_CONFIG_PATH, 'utf8'));
+
+test('the shipped demo config has the spec tiers exactly', () => {
+  const { settings, proto } = readGatewayConfig(DEMO_CONFIG_PATH);
+  const free = settings.tiers.get('free')!;
+  const paid = settings.tiers.get('paid')!;
+  assert.deepEqual(
+    [free.rpm, free.tpm, free.maxParallelRequests, free.monthlyCapMicros, free.freeGrantMicros],
+    [20, 60_000, 100, 5_000_000, 5_000_000],
+  );
+  assert.deepEqual([paid.rpm, paid.tpm, paid.maxParallelRequests, paid.monthlyCapMicros, paid.freeGrantMicros], [300, 1_000_000, 100, null, 0]);
+  assert.equal(settings.defaultTier, 'free');
+  assert.equal(settings.serviceName, 'tollgate');
+  assert.equal(proto.tiers.find((t) => t.name === 'paid')?.monthlyCapMicros, undefined);
+  assert.equal(proto.models.find((m) => m.id === 'demo-chat')?.inputMicrosPerMtok, 500_000);
+  assert.equal(proto.models.find((m) => m.id === 'demo-chat')?.outputMicrosPerMtok, 1_500_000);
+});
+
+test('bad gateway configs are refused with one line naming the setting', () => {
+  const cases: [string, (d: any) => void, RegExp][] = [
+    ['plan names an unknown model', (d) => d.tiers.free.models.push('nope'), /tier free\.models: names unknown model "nope"/],
+    ['bad price', (d) => (d.models[0].input_usd_per_mtok = 'cheap'), /model demo-chat\.input_usd_per_mtok: must be a non-negative USD amount/],
+    ['negative price', (d) => (d.models[0].output_usd_per_mtok = '-1'), /output_usd_per_mtok/],
+    ['bad cap', (d) => (d.tiers.free.monthly_cap_usd = '5.0000001'), /tier free\.monthly_cap_usd/],
+    ['default tier missing', (d) => (d.default_tier = 'gold'), /default_tier: names unknown tier "gold"/],
+    ['zero rpm', (d) => (d.tiers.paid.rpm = 0), /tier paid\.rpm: must be a whole number >= 1/],
+    ['unknown setting', (d) => (d.tiers.free.rmp = 3), /tier free: unknown setting "rmp"/],
+    ['unknown provider', (d) => (d.models[0].provider = 'magic'), /provider: must be "demo" or "openai"/],
+    ['duplicate model', (d) => d.models.push({ ...d.models[0] }), /model demo-chat: is defined twice/],
+    ['openai without base_url', (d) => d.models.push({ id: 'x', provider: 'openai', kind: 'chat' }), /model x\.base_url: is required/],
+    ['missing api key env', (d) => d.models.push({ id: 'x', provider: 'openai', base_url: 'http://127.0.0.1:1', api_key_env: 'TOLLGATE_TEST_UNSET_VAR' }), /TOLLGATE_TEST_UNSET_VAR is not set/],
+    ['no tiers', (d) => (d.tiers = {}), /^tiers: /],
+    ['bad service name', (d) => (d.service_name = 'a b'), /^service_name: /],
+    ['bad tool prefix', (d) => (d.tool_backends = [{ prefix: '/pdf', base_url: 'http://127.0.0.1:9' }]), /tool_backends\[0\]\.prefix/],
+  ];
+  for (const [name, mutate, want] of cases) {
+    const d = demo();
+    mutate(d);
+    assert.throws(() => parseGatewayConfig(d, {}), (err: Error) => {
+      assert.ok(err instanceof ConfigError, name);
+      assert.match(err.message, want, name);
+      assert.ok(!err.message.includes('\n'), `${name}: one line`);
+      return true;
+    });
+  }
+});
+
+test('api_key_env resolves to upstream_api_key from the environment', () => {
+  const d = demo();
+  d.models.push({ id: 'gpt', provider: 'openai', base_url: 'http://127.0.0.1:1/v1/', api_key_env: 'UP_KEY', upstream_model: 'gpt-x' });
+  const { proto, settings } = parseGatewayConfig(d, { UP_KEY: 'secret-value' });
+  const m = proto.models.find((x) => x.id === 'gpt')!;
+  assert.equal(m.upstreamApiKey, 'secret-value');
+  assert.equal(m.baseUrl, 'http://127.0.0.1:1/v1');
+  assert.equal(m.upstreamModel, 'gpt-x');
+  assert.equal(settings.models.get('gpt')?.apiKeyEnv, 'UP_KEY');
+});
+
+test('process flags: bad values name the setting', () => {
+  const env = { TOLLGATE_PEPPER: 'p'.repeat(32), TOLLGATE_OPERATOR_TOKEN: 'op_x'.repeat(5), TOLLGATE_NODE_TOKEN: 'node_x'.repeat(5) };
+  const cases: [string[], Record<string, string>, RegExp][] = [
+    [['--listen', '127.0.0.1:0'], env, /--db is required/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db'], env, /--listen is required/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', 'nope'], env, /--listen must be HOST:PORT/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--bogus', '1'], env, /unknown argument "--bogus"/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--revoke-ack-timeout-ms', 'soon'], env, /--revoke-ack-timeout-ms must be/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0'], { ...env, TOLLGATE_PEPPER: 'short' }, /key pepper too short/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0'], { ...env, TOLLGATE_PEPPER: '' }, /no key pepper/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--config', '/nonexistent.yaml'], env, /--config: .* does not exist/],
+  ];
+  for (const [argv, e, want] of cases) assert.throws(() => loadControlPlaneConfig(argv, e), want, argv.join(' '));
+  const ok = loadControlPlaneConfig(['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--revoke-ack-timeout-ms', '250'], env);
+  assert.equal(ok.revokeAckTimeoutMs, 250);
+  assert.equal(ok.configPath, DEMO_CONFIG_PATH);
+  assert.equal(ok.pepper.toString(), 'p'.repeat(32));
+});

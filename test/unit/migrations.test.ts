@@ -1,0 +1,62 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Db } from '../../control-plane/store/db.js';
+import { runMigrations } from '../../control-plane/store/migrate.js';
+import { MIGRATIONS } from '../../control-plane/store/migrations/index.js';
+
+const TABLES = [
+  'schema_migrations',
+  'accounts',
+  'orgs',
+  'memberships',
+  'projects',
+  'api_keys',
+  'credentials',
+  'credit_ledger',
+  'usage',
+  'org_spend',
+  'report_cursors',
+  'sync_version',
+  'changes',
+  'nodes',
+];
+
+test('migrations from an empty database create every table, in WAL mode; a second run is a no-op', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+
+  const applied = await runMigrations(db);
+  assert.deepEqual(applied, MIGRATIONS.map((m) => m.version));
+  const tables = (await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table'")).map((r) => r.name);
+  for (const name of TABLES) assert.ok(tables.includes(name), `table ${name} missing`);
+  const mode = await db.get<{ journal_mode: string }>('PRAGMA journal_mode');
+  assert.equal(mode?.journal_mode, 'wal');
+  const fk = await db.get<{ foreign_keys: number }>('PRAGMA foreign_keys');
+  assert.equal(fk?.foreign_keys, 1);
+  assert.deepEqual(await db.get('SELECT version FROM sync_version WHERE id = 1'), { version: 0 });
+
+  assert.deepEqual(await runMigrations(db), []);
+  const recorded = await db.all<{ version: number }>('SELECT version FROM schema_migrations ORDER BY version');
+  assert.deepEqual(recorded.map((r) => r.version), MIGRATIONS.map((m) => m.version));
+});
+
+test('a failed transaction leaves nothing behind', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db);
+  await assert.rejects(
+    db.tx(async (tx) => {
+      await tx.run("INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a', 'n', 'h', 't')");
+      throw new Error('boom');
+    }),
+    /boom/,
+  );
+  assert.equal(await db.get("SELECT id FROM accounts WHERE id = 'a'"), undefined);
+});
