@@ -71,6 +71,13 @@ class RequestContext {
     readonly minute: number,
   ) {}
 
+  /** Refused by a check after admission (400, 401 for the model): nothing is counted. */
+  refuse(): void {
+    if (this.completed) return;
+    this.completed = true;
+    this.ticket.refund();
+  }
+
   complete(r: CallResult): void {
     if (this.completed) return;
     this.completed = true;
@@ -222,8 +229,10 @@ export class ApiServer {
     const ctx = new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, a.ticket, minuteOf(now));
     reply.onFinish((aborted) => {
       if (aborted) for (const fn of ctx.abortFns) fn();
+      // A request that ended before any upstream call (refused by validation or model scope, too
+      // large, aborted early) consumes no request, tokens or slot.
       const fallback = () =>
-        ctx.complete({ status: aborted ? 499 : 500, promptTokens: ctx.providerStarted ? ctx.estimatedPromptTokens : 0, completionTokens: 0 });
+        ctx.providerStarted ? ctx.complete({ status: aborted ? 499 : 500, promptTokens: ctx.estimatedPromptTokens, completionTokens: 0 }) : ctx.refuse();
       // A provider that ended its response completes right after; this is only a safety net for it.
       // Anything else (an error answered before the provider, an abort) settles here.
       if (ctx.providerStarted && !aborted) setImmediate(fallback);

@@ -37,6 +37,11 @@ export interface RateHeaders {
 export interface Ticket {
   /** Idempotent: releases the parallel slot and reconciles tokens. A non-finite or negative value keeps the estimate. */
   settle(actualTokens: number): void;
+  /**
+   * For a request refused by a later check (validation, model scope) before any upstream call: it
+   * consumes no request, no tokens and no slot (design.md, concurrency slots). Ends the ticket.
+   */
+  refund(): void;
 }
 
 export type KeyDimension = 'requests' | 'tokens' | 'max_parallel_requests';
@@ -230,6 +235,15 @@ export class KeyBudgets {
           state.tokens = Math.max(0, state.tokens + actual - estimate);
         }
         if (state.minute === minute) this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
+      },
+      refund: () => {
+        if (settled) return;
+        settled = true;
+        state.inFlight = Math.max(0, state.inFlight - 1);
+        if (state.minute === minute) {
+          state.requests = Math.max(0, state.requests - 1);
+          state.tokens = Math.max(0, state.tokens - estimate);
+        }
       },
     };
   }

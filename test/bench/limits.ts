@@ -1,9 +1,9 @@
 // `npm run bench:limits`: what rate limiting and spend accounting cost on the hot path, and how exact
 // they stay across nodes. A script that prints figures, not a test.
 //
-// 1. One node, the demo provider, two keys in the same run: one whose rpm/tpm/parallel limits and
-//    spend accounting are on (limits high enough not to trip), one whose limits are far away (no
-//    limit on any dimension). Requests per second for each and the ratio.
+// 1. One node, the demo provider, two keys in the same run: one with rpm/tpm/parallel limits, a
+//    monthly cap and spend accounting in force (set high enough not to trip during the run), one
+//    whose limits are far away (10^12 rpm, no cap). Requests per second for each and the ratio.
 // 2. Three nodes, one key with 300 rpm, a burst of requests spread over the nodes within one clock
 //    minute (injected clock): admitted vs. the limit (over-admission must be ≤ 0).
 // Client IPs are spread with X-Forwarded-For from a trusted proxy so the per-IP edge budgets do not
@@ -53,7 +53,7 @@ async function main(): Promise<void> {
   const yaml = configYaml((cfg) => {
     cfg.trusted_proxies = ['127.0.0.1'];
     cfg.tiers.limited = { rpm: 100_000_000, tpm: 100_000_000_000, max_parallel_requests: 100_000, monthly_cap_usd: '1000000', free_grant_usd: '1000000', models: ['demo-chat'] };
-    cfg.tiers.unlimited = { rpm: 0, tpm: 0, max_parallel_requests: 0, monthly_cap_usd: null, free_grant_usd: '1000000', models: ['demo-chat'] };
+    cfg.tiers.unlimited = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: ['demo-chat'] };
   });
   const cp = await startControlPlane({ configYaml: yaml });
   const node = await startDataPlane(cp);

@@ -169,3 +169,18 @@ test('a chunked body that grows over the 32 MB cap is refused with 413 while str
   const next = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
   assert.equal(next.status, 200, 'the node still serves');
 });
+
+test('a request refused by validation or model scope consumes no rpm, tpm or slot', async () => {
+  await nextMinute();
+  const { key } = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
+  const missing = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: { model: 'demo-chat' } });
+  assert.equal(missing.status, 400);
+  const unknown = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('x', 'no-such-model') });
+  assert.equal(unknown.status, 400);
+  const outOfScope = await request(`${node.url}/v1/embeddings`, { method: 'POST', headers: bearer(key), json: { model: 'demo-embed', input: 'x' } });
+  assert.equal(outOfScope.status, 401);
+  assert.equal(outOfScope.body.error.type, 'model_not_allowed');
+  const ok = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
+  assert.equal(ok.status, 200);
+  assert.equal(ok.headers.get('x-ratelimit-remaining-requests'), '19', 'only the admitted request counts');
+});
