@@ -1,5 +1,6 @@
 // The only module of the control plane that reads argv and the environment. Everything it returns is
 // frozen and typed; a bad setting fails start with one line naming it (ConfigError, exit code 2).
+import { ConfigError, parseFlags } from '../proto/lib/flags.js';
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,12 +12,7 @@ import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('./demo-config.yaml', import.meta.url));
 
 /** A start-up setting is wrong: main prints the message alone and exits with code 2. */
-export class ConfigError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'ConfigError';
-  }
-}
+export { ConfigError };
 
 export interface ControlPlaneConfig {
   dbPath: string;
@@ -36,26 +32,6 @@ const USAGE =
 
 const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen']);
 
-function parseFlags(argv: string[]): Map<string, string> {
-  const out = new Map<string, string>();
-  for (let i = 0; i < argv.length; i++) {
-    let arg = argv[i];
-    let value: string | undefined;
-    const eq = arg.indexOf('=');
-    if (arg.startsWith('--') && eq > 0) {
-      value = arg.slice(eq + 1);
-      arg = arg.slice(0, eq);
-    }
-    if (arg === '--help' || arg === '-h') throw new ConfigError(USAGE);
-    if (!FLAGS.has(arg)) throw new ConfigError(`unknown argument ${JSON.stringify(arg)}; ${USAGE}`);
-    if (value === undefined) {
-      value = argv[++i];
-      if (value === undefined || value.startsWith('--')) throw new ConfigError(`${arg} needs a value`);
-    }
-    out.set(arg, value);
-  }
-  return out;
-}
 
 function checkHostPort(flag: string, value: string): string {
   const m = /^(.+):(\d{1,5})$/.exec(value);
@@ -86,7 +62,7 @@ function tokenBesideDb(dbPath: string, name: string, prefix: string): { token: s
 }
 
 export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<ControlPlaneConfig> {
-  const flags = parseFlags(argv);
+  const flags = parseFlags(argv, FLAGS, USAGE);
   const db = flags.get('--db');
   if (!db) throw new ConfigError(`--db is required; ${USAGE}`);
   const listen = flags.get('--listen');

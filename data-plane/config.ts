@@ -1,16 +1,12 @@
 // The only module of the data plane that reads argv and the environment. It returns a frozen, typed
 // object; a bad setting fails start with one line naming it (ConfigError, exit code 2).
+import { ConfigError, parseFlags } from '../proto/lib/flags.js';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
 
-export class ConfigError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'ConfigError';
-  }
-}
+export { ConfigError };
 
 export interface NodeConfig {
   controlPlane: string;
@@ -34,26 +30,6 @@ const USAGE =
   'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE]';
 const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file']);
 
-function parseFlags(argv: readonly string[]): Map<string, string> {
-  const out = new Map<string, string>();
-  for (let i = 0; i < argv.length; i++) {
-    let arg = argv[i];
-    let value: string | undefined;
-    const eq = arg.indexOf('=');
-    if (arg.startsWith('--') && eq > 0) {
-      value = arg.slice(eq + 1);
-      arg = arg.slice(0, eq);
-    }
-    if (arg === '--help' || arg === '-h') throw new ConfigError(USAGE);
-    if (!FLAGS.has(arg)) throw new ConfigError(`unknown argument ${JSON.stringify(arg)}; ${USAGE}`);
-    if (value === undefined) {
-      value = argv[++i];
-      if (value === undefined || value.startsWith('--')) throw new ConfigError(`${arg} needs a value`);
-    }
-    out.set(arg, value);
-  }
-  return out;
-}
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
   const m = /^(.+):(\d{1,5})$/.exec(value);
@@ -75,7 +51,7 @@ function readSecretFile(flag: string, path: string): Buffer {
 }
 
 export function loadConfig(argv: readonly string[] = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<NodeConfig> {
-  const flags = parseFlags(argv);
+  const flags = parseFlags(argv, FLAGS, USAGE);
   const cpValue = flags.get('--control-plane');
   if (!cpValue) throw new ConfigError(`--control-plane is required; ${USAGE}`);
   hostPort('--control-plane', cpValue);

@@ -11,15 +11,7 @@
 // slice still outstanding. Usage reported on a connection consumes its slice; a closed connection's
 // slices are released (its usage still counts when its reports arrive).
 import { coldShare } from '../../proto/lib/leases.js';
-
-export interface KeyWant {
-  keyId: string;
-  minute: number;
-  heldRequests: number;
-  heldTokens: number;
-  requests: number;
-  tokens: number;
-}
+import type { KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 export interface KeyLimitsForLease {
   rpm: number;
@@ -38,7 +30,7 @@ export class KeyLeaseLedger {
   private newestMinute = 0;
 
   /** Grants what it can of `want` to connection `connId`; never more than the pool has left. */
-  grant(connId: string, want: KeyWant, limits: KeyLimitsForLease, connectedNodes: number): { requests: number; tokens: number } {
+  grant(connId: string, want: KeyLeaseWant, limits: KeyLimitsForLease, connectedNodes: number): { requests: number; tokens: number } {
     const id = `${want.keyId}:${want.minute}`;
     let pool = this.pools.get(id);
     if (!pool) {
@@ -92,11 +84,14 @@ export class MoneyLeaseLedger {
    * Grants a slice of what the organisation may still spend (`spendableMicros`, from balance and cap)
    * minus every outstanding slice. Returns 0 when nothing is left.
    */
-  grant(connId: string, orgId: string, spendableMicros: number, connectedNodes: number): number {
+  grant(connId: string, orgId: string, spendableMicros: number, connectedNodes: number, wantMicros = 0): number {
     const leasable = spendableMicros - this.outstandingFor(orgId);
     if (leasable <= 0) return 0;
-    // Small remainders go whole; otherwise a share that leaves room for the other nodes.
-    const slice = Math.max(Math.min(leasable, 10_000), Math.floor(leasable / (2 * Math.max(1, connectedNodes))));
+    // What the node asked for (what it is short plus a few of its costliest requests), at least a
+    // share that leaves room for the other nodes, and small remainders whole; never more than is leasable.
+    // A lone node gets everything, as with a key's cold share (proto/lib/leases.ts).
+    const share = connectedNodes <= 1 ? leasable : Math.floor(leasable / (2 * connectedNodes));
+    const slice = Math.min(leasable, Math.max(wantMicros, share, Math.min(leasable, 10_000)));
     let byConn = this.outstanding.get(orgId);
     if (!byConn) {
       byConn = new Map();

@@ -247,7 +247,7 @@ export class SyncService implements NodeFleet {
         const orgs: OrgLease[] = [];
         for (const w of req.orgs) {
           const spendable = await this.state.spendableMicros(q, w.orgId);
-          const micros = s.closed ? 0 : this.moneyLeases.grant(s.connId, w.orgId, spendable, nodes);
+          const micros = s.closed ? 0 : this.moneyLeases.grant(s.connId, w.orgId, spendable, nodes, w.micros);
           orgs.push({ orgId: w.orgId, micros, exhausted: micros === 0 });
         }
         return orgs;

@@ -11,7 +11,7 @@ import { GatewayError } from '../errors.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
 import { bodyCapBytes, presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
 import { estimateTokens, rateHeaderPairs, type KeyBudgets, type Ticket } from '../limits/key-budgets.js';
-import type { LeaseClient } from '../limits/lease-client.js';
+import type { LeaseClient, SpendReservation } from '../limits/lease-client.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';
 import type { PoolRegistry } from '../proxy/providers/openai.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
@@ -62,6 +62,8 @@ class RequestContext {
   model: ModelConfig | null = null;
   estimatedPromptTokens = 0;
   readonly abortFns: Array<() => void> = [];
+  /** The estimated cost reserved from the node's money slice while this request runs. */
+  spend: SpendReservation | undefined;
   constructor(
     readonly deps: ServerDeps,
     readonly requestId: string,
@@ -76,6 +78,7 @@ class RequestContext {
     if (this.completed) return;
     this.completed = true;
     this.ticket.refund();
+    this.deps.leases?.settleSpend(this.key.orgId, this.spend, 0);
   }
 
   complete(r: CallResult): void {
@@ -103,7 +106,7 @@ class RequestContext {
       minute: this.minute,
     };
     this.deps.reporter.record(u);
-    this.deps.leases?.charge(this.key.orgId, cost);
+    this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
   }
 }
 
@@ -227,6 +230,7 @@ export class ApiServer {
       return null;
     }
     const ctx = new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, a.ticket, minuteOf(now));
+    ctx.spend = deps.leases?.reserveSpend(key.orgId);
     reply.onFinish((aborted) => {
       if (aborted) for (const fn of ctx.abortFns) fn();
       // A request that ended before any upstream call (refused by validation or model scope, too

@@ -17,24 +17,10 @@ import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import type { Clock } from './clock.js';
 
-export interface KeyLeaseWant {
-  keyId: string;
-  minute: number;
-  heldRequests: number;
-  heldTokens: number;
-  requests: number;
-  tokens: number;
-}
+import type { KeyLeaseWant, OrgLeaseWant, LeaseRequest } from '../../proto/gen/tollgate/v1/sync.js';
 
-export interface OrgLeaseWant {
-  orgId: string;
-  micros: number;
-}
-
-export interface LeaseRequestOut {
-  keys: KeyLeaseWant[];
-  orgs: OrgLeaseWant[];
-}
+/** What the node sends: the generated LeaseRequest message. */
+export type LeaseRequestOut = LeaseRequest;
 
 interface KeyMinute {
   minute: number;
@@ -52,8 +38,11 @@ interface KeyMinute {
 }
 
 interface OrgSlice {
+  /** Granted, minus the cost of finished requests and the estimates of those in flight. */
   sliceMicros: number;
   lastGrantMicros: number;
+  /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
+  maxCostMicros: number;
   granted: boolean;
   pending: boolean;
   exhaustedAtMs: number;
@@ -63,6 +52,12 @@ const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 /** After "nothing left", ask again at most this often (other nodes' slices may have come back). */
 const EXHAUSTED_RETRY_MS = 1000;
 
+/** An estimate reserved from an organisation's slice while its request is in flight. */
+export interface SpendReservation {
+  epoch: number;
+  micros: number;
+}
+
 export class LeaseClient implements AllowanceSource {
   private connected = false;
   private nodes = 1;
@@ -71,6 +66,8 @@ export class LeaseClient implements AllowanceSource {
   private wantKeys = new Map<string, KeyLeaseWant>();
   private wantOrgs = new Map<string, OrgLeaseWant>();
   private flushQueued = false;
+  /** Bumped on every connection change: slices and reservations belong to one connection. */
+  private epoch = 0;
 
   constructor(
     private readonly clock: Clock,
@@ -84,6 +81,7 @@ export class LeaseClient implements AllowanceSource {
   setConnected(connected: boolean, connectedNodes = this.nodes): void {
     if (connected !== this.connected) {
       // Whatever was held belonged to the old connection (keys keep their counts for registration).
+      this.epoch++;
       this.orgs.clear();
       for (const k of this.keys.values()) k.pending = false;
       this.wantKeys.clear();
@@ -192,26 +190,45 @@ export class LeaseClient implements AllowanceSource {
     if (!this.connected) return true;
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, granted: false, pending: false, exhaustedAtMs: 0 };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, granted: false, pending: false, exhaustedAtMs: 0 };
       this.orgs.set(orgId, o);
       this.askOrg(orgId, o);
       return true;
     }
     if (o.sliceMicros > 0) return true;
     if (!o.granted) return true;
-    if (o.exhaustedAtMs > 0 && this.clock.now() - o.exhaustedAtMs >= EXHAUSTED_RETRY_MS) {
-      o.exhaustedAtMs = 0;
-      this.askOrg(orgId, o);
-    }
+    if (o.exhaustedAtMs > 0 && this.clock.now() - o.exhaustedAtMs >= EXHAUSTED_RETRY_MS) o.exhaustedAtMs = 0;
+    if (o.exhaustedAtMs === 0) this.askOrg(orgId, o);
     return false;
   }
 
-  /** The cost of a finished request comes off the slice it was admitted against. */
-  charge(orgId: string, costMicros: number): void {
+  /**
+   * Reserves the estimated cost of an admitted request (the most a request of the organisation has
+   * cost here) from the slice, so the next slice is asked for while this request runs rather than
+   * after it: the grant is normally back before the next request needs it.
+   */
+  reserveSpend(orgId: string): SpendReservation | undefined {
+    const o = this.orgs.get(orgId);
+    if (!o || !this.connected) return undefined;
+    o.sliceMicros -= o.maxCostMicros;
+    this.maybeAskOrg(orgId, o);
+    return { epoch: this.epoch, micros: o.maxCostMicros };
+  }
+
+  /** The real cost of a finished request replaces its reservation (0 for a request that never ran). */
+  settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
     const o = this.orgs.get(orgId);
     if (!o || !this.connected) return;
-    o.sliceMicros -= costMicros;
-    if (o.exhaustedAtMs === 0 && o.sliceMicros <= o.lastGrantMicros / 2) this.askOrg(orgId, o);
+    // A reservation from an earlier connection was never taken from this slice; the cost still
+    // counts here, as the control plane counts its report against this connection.
+    const reserved = reservation && reservation.epoch === this.epoch ? reservation.micros : 0;
+    o.sliceMicros += reserved - costMicros;
+    if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
+    this.maybeAskOrg(orgId, o);
+  }
+
+  private maybeAskOrg(orgId: string, o: OrgSlice): void {
+    if (o.exhaustedAtMs === 0 && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o);
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
@@ -222,6 +239,8 @@ export class LeaseClient implements AllowanceSource {
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
     if (exhausted || micros === 0) o.exhaustedAtMs = this.clock.now();
+    // Still low (requests ran while the grant was on its way): ask again at once.
+    else this.maybeAskOrg(orgId, o);
   }
 
   /** The organisation's state changed at the control plane (credit, cap, tier, config): ask afresh. */
@@ -229,13 +248,15 @@ export class LeaseClient implements AllowanceSource {
     const o = this.orgs.get(orgId);
     if (!o) return;
     o.exhaustedAtMs = 0;
-    if (o.sliceMicros <= o.lastGrantMicros / 2) this.askOrg(orgId, o);
+    this.maybeAskOrg(orgId, o);
   }
 
   private askOrg(orgId: string, o: OrgSlice): void {
     if (o.pending) return;
     o.pending = true;
-    this.wantOrgs.set(orgId, { orgId, micros: 0 });
+    // What the slice is short (requests admitted while the first slice was on its way) plus enough for
+    // a few of the organisation's most expensive requests; the control plane may give more.
+    this.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
     this.queueFlush();
   }
 

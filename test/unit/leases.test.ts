@@ -52,6 +52,7 @@ test('after a control-plane restart the pools are rebuilt from what nodes say th
 
 test('money slices: never more than what is spendable minus outstanding slices; usage and disconnects release', () => {
   const m = new MoneyLeaseLedger();
+  assert.equal(new MoneyLeaseLedger().grant('x', 'org', 5_000_000, 1), 5_000_000, 'a lone node gets everything');
   const first = m.grant('a', 'org', 5_000_000, 2);
   assert.equal(first, 1_250_000);
   const second = m.grant('b', 'org', 5_000_000, 2);
@@ -103,21 +104,35 @@ test('lease client: with three nodes it starts on its cold share, asks at once, 
   assert.equal(lc.allowanceFor('k', 100, limits).requests, Infinity);
 });
 
-test('lease client: money is admitted on slices, refused when the control plane says nothing is left', () => {
+test('lease client: money is admitted on slices, reserved while in flight, refused when nothing is left', () => {
   const { lc, sent, clock } = client(2);
   assert.equal(lc.canSpend('org'), true, 'the first request goes while the first slice is on its way');
-  assert.equal(sent.at(-1)!.orgs[0].orgId, 'org');
+  assert.deepEqual(sent.at(-1)!.orgs, [{ orgId: 'org', micros: 0 }]);
+  const first = lc.reserveSpend('org');
   lc.applyOrgGrant('org', 1000, false);
-  lc.charge('org', 600);
-  assert.equal(sent.length, 2, 'below half the last grant: ask for more');
-  assert.equal(lc.canSpend('org'), true);
-  lc.charge('org', 600);
+  lc.settleSpend('org', first, 300);
+  assert.equal(sent.length, 1, '700 left of 1000: more than half the grant and twice the costliest request');
+  // The next request reserves the costliest seen (300): 400 left, at most 2 x 300: ask now, while it runs.
+  const second = lc.reserveSpend('org');
+  assert.deepEqual(second, { epoch: 1, micros: 300 });
+  assert.equal(sent.length, 2);
+  assert.deepEqual(sent.at(-1)!.orgs, [{ orgId: 'org', micros: 1200 }], 'asks for a few of its costliest requests');
   lc.applyOrgGrant('org', 0, true);
-  assert.equal(lc.canSpend('org'), false);
+  lc.settleSpend('org', second, 500);
+  assert.equal(lc.canSpend('org'), true, '200 left');
+  lc.settleSpend('org', lc.reserveSpend('org'), 500);
+  assert.equal(lc.canSpend('org'), false, 'spent and the control plane has nothing left');
   clock.advance(1000);
   assert.equal(lc.canSpend('org'), false, 'asks again after the back-off, still refusing until a slice arrives');
   assert.equal(sent.length, 3);
   lc.applyOrgGrant('org', 5000, false);
   assert.equal(lc.canSpend('org'), true);
-  lc.orgChanged('org');
+  // A reservation made on an earlier connection is not given back to the new slice.
+  const old = lc.reserveSpend('org');
+  lc.setConnected(false);
+  lc.setConnected(true, 2);
+  assert.equal(lc.canSpend('org'), true);
+  lc.applyOrgGrant('org', 1000, false);
+  lc.settleSpend('org', old, 400);
+  assert.equal(lc.canSpend('org'), true, '600 left of the new slice');
 });
