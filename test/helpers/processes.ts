@@ -27,9 +27,9 @@ export interface Proc {
 
 const live = new Set<Proc>();
 
-export function startProcess(args: string[], env: Record<string, string | undefined> = {}): Proc {
+export function startProcess(args: string[], env: Record<string, string | undefined> = {}, opts: { cwd?: string } = {}): Proc {
   const child = spawn(process.execPath, [...TSX_ARGS, ...args], {
-    cwd: ROOT,
+    cwd: opts.cwd ?? ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
