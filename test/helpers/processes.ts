@@ -27,8 +27,8 @@ export interface Proc {
 
 const live = new Set<Proc>();
 
-export function startProcess(args: string[], env: Record<string, string | undefined> = {}, opts: { cwd?: string } = {}): Proc {
-  const child = spawn(process.execPath, [...TSX_ARGS, ...args], {
+export function startProcess(args: string[], env: Record<string, string | undefined> = {}, opts: { cwd?: string; nodeArgs?: string[] } = {}): Proc {
+  const child = spawn(process.execPath, [...(opts.nodeArgs ?? []), ...TSX_ARGS, ...args], {
     cwd: opts.cwd ?? ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -163,6 +163,8 @@ export interface DataPlaneOptions {
   extraArgs?: string[];
   /** Wait for `data plane ready` (default true). */
   waitReady?: boolean;
+  /** Flags for node itself (e.g. --cpu-prof in benchmarks). */
+  nodeArgs?: string[];
 }
 
 export async function startDataPlane(cp: { address: string; secrets: Secrets }, opts: DataPlaneOptions = {}): Promise<DataPlane> {
@@ -170,11 +172,15 @@ export async function startDataPlane(cp: { address: string; secrets: Secrets }, 
   if (opts.nodeId) args.push('--node-id', opts.nodeId);
   if (opts.adminListen) args.push('--admin-listen', '127.0.0.1:0');
   args.push(...(opts.extraArgs ?? []));
-  const proc = startProcess(args, {
-    TOLLGATE_PEPPER: cp.secrets.pepper,
-    TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken,
-    ...opts.env,
-  });
+  const proc = startProcess(
+    args,
+    {
+      TOLLGATE_PEPPER: cp.secrets.pepper,
+      TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken,
+      ...opts.env,
+    },
+    { nodeArgs: opts.nodeArgs },
+  );
   const m = await proc.waitFor(/data plane listening on (\S+)/);
   let adminUrl: string | undefined;
   if (opts.adminListen) adminUrl = `http://${(await proc.waitFor(/data plane admin listening on (\S+)/))[1]}`;

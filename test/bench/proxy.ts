@@ -1,0 +1,85 @@
+// `npm run bench:proxy`: the node's hot path against a bare uWebSockets.js + undici proxy and against
+// calling the upstream directly (issue 3, "Performance from the start"). A script that prints
+// figures, not a test. Each server runs in its own process; the load generator is this process.
+import { Pool } from 'undici';
+import { startControlPlane, startDataPlane, startProcess, stopAll } from '../helpers/processes.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+
+const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 5000);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+const body = JSON.stringify({ model: 'bench-chat', messages: [{ role: 'user', content: 'Hello there, how are you?' }] });
+
+async function load(url: string, headers: Record<string, string>, durationMs: number): Promise<number> {
+  const pool = new Pool(url, { connections: CONNECTIONS, pipelining: 1 });
+  let ok = 0;
+  let other = 0;
+  let ip = 0;
+  const end = Date.now() + durationMs;
+  const worker = async () => {
+    while (Date.now() < end) {
+      ip++;
+      const res = await pool.request({
+        path: '/v1/chat/completions',
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'application/json', 'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}` },
+        body,
+      });
+      await res.body.dump();
+      if (res.statusCode === 200) ok++;
+      else other++;
+    }
+  };
+  const t0 = Date.now();
+  await Promise.all(Array.from({ length: CONNECTIONS }, worker));
+  await pool.close();
+  if (other > 0) console.log(`  (${other} non-200 answers from ${url})`);
+  return ok / ((Date.now() - t0) / 1000);
+}
+
+async function main(): Promise<void> {
+  const upstream = startProcess(['test/bench/fake-upstream-server.ts']);
+  const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
+  const bare = startProcess(['test/bench/bare-proxy.ts', upstreamUrl]);
+  const bareUrl = `http://127.0.0.1:${(await bare.waitFor(/bare proxy listening on (\d+)/))[1]}`;
+  const cp = await startControlPlane({
+    configYaml: configYaml((cfg) => {
+      cfg.trusted_proxies = ['127.0.0.1'];
+      // Limits far away, so the figure is the pipeline's cost (auth, budgets, accounting), not a cap.
+      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
+      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
+    }),
+    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
+  });
+  // BENCH_PROFILE=DIR writes a CPU profile of the node into DIR when the run ends.
+  const profile = process.env.BENCH_PROFILE;
+  const node = await startDataPlane(cp, profile ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profile}`] } : {});
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'bench' });
+  admin.close();
+  const auth = { authorization: `Bearer ${key}` };
+  await load(upstreamUrl, {}, 1000);
+  await load(bareUrl, {}, 1000);
+  await load(node.url, auth, 1000);
+  const direct: number[] = [];
+  const viaBare: number[] = [];
+  const viaNode: number[] = [];
+  for (let round = 0; round < 2; round++) {
+    direct.push(await load(upstreamUrl, {}, DURATION_MS));
+    viaBare.push(await load(bareUrl, {}, DURATION_MS));
+    viaNode.push(await load(node.url, auth, DURATION_MS));
+  }
+  const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  console.log(`${CONNECTIONS} connections, ${DURATION_MS} ms × 2 rounds:`);
+  console.log(`  upstream directly:      ${avg(direct).toFixed(0)} req/s`);
+  console.log(`  bare uWS+undici proxy:  ${avg(viaBare).toFixed(0)} req/s (${(avg(viaBare) / avg(direct)).toFixed(3)} of direct)`);
+  console.log(`  Tollgate node:          ${avg(viaNode).toFixed(0)} req/s (${(avg(viaNode) / avg(viaBare)).toFixed(3)} of the bare proxy; target ≥ 0.9)`);
+  await node.proc.kill('SIGTERM');
+  await stopAll();
+}
+
+main().catch(async (err) => {
+  console.error(err);
+  await stopAll();
+  process.exit(1);
+});
