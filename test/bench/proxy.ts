@@ -58,6 +58,13 @@ async function main(): Promise<void> {
   const { key } = await createKey(admin, { tier: 'bench' });
   admin.close();
   const auth = { authorization: `Bearer ${key}` };
+  // BENCH_WITHOUT_CONTROL_PLANE=1 stops the control plane once the node holds the key (the node then
+  // serves fail-static and keeps usage in memory): shows what the control plane's ingestion costs
+  // the shared machine.
+  if (process.env.BENCH_WITHOUT_CONTROL_PLANE === '1') {
+    for (let i = 0; i < 100 && (await fetch(`${node.url}/v1/models`, { headers: auth })).status !== 200; i++) await new Promise((r) => setTimeout(r, 20));
+    await cp.proc.kill('SIGKILL');
+  }
   await load(upstreamUrl, {}, 1000);
   await load(bareUrl, {}, 1000);
   await load(node.url, auth, 1000);
