@@ -72,6 +72,9 @@ export interface AllowanceSource {
 export interface MinuteAllowance {
   requests: number;
   tokens: number;
+  /** True when nothing more will be granted for this minute (the key's minute budget is all leased). */
+  requestsFinal?: boolean;
+  tokensFinal?: boolean;
 }
 
 export interface KeyBudgetsOptions {
@@ -131,12 +134,13 @@ export class KeyBudgets {
     } else if (state.tokens + estimate > tpm) {
       dimension = 'tokens';
     } else if (lease !== undefined && state.requests + 1 > lease.requests) {
-      // Under the key's limit but out of this node's slice: a new slice may arrive any moment.
+      // Under the key's limit but out of this node's slice: a new slice may arrive any moment, unless
+      // the whole minute's budget is already leased (then the wait is to the top of the minute).
       dimension = 'requests';
-      retryAfterSec = 1;
+      if (!lease.requestsFinal) retryAfterSec = 1;
     } else if (lease !== undefined && state.tokens + estimate > lease.tokens) {
       dimension = 'tokens';
-      retryAfterSec = 1;
+      if (!lease.tokensFinal) retryAfterSec = 1;
     } else if (state.inFlight + 1 > parallel) {
       dimension = 'max_parallel_requests';
       retryAfterSec = 1;

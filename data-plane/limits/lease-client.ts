@@ -124,7 +124,7 @@ export class LeaseClient implements AllowanceSource {
       this.keys.set(keyId, k);
       if (k.allowRequests < rpm || k.allowTokens < tpm) this.askKey(keyId, k, 0);
     }
-    return { requests: k.allowRequests, tokens: k.allowTokens };
+    return { requests: k.allowRequests, tokens: k.allowTokens, requestsFinal: k.exhaustedRequests, tokensFinal: k.exhaustedTokens };
   }
 
   noteUsage(keyId: string, minute: number, requests: number, tokens: number): void {

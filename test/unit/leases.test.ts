@@ -82,23 +82,24 @@ const limits = { keyId: 'k', rpmLimit: 20, tpmLimit: 60_000, maxParallel: 100 };
 
 test('lease client: a lone node holds the whole minute and asks nothing', () => {
   const { lc, sent } = client(1);
-  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 20, tokens: 60_000 });
+  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 20, tokens: 60_000, requestsFinal: false, tokensFinal: false });
   lc.noteUsage('k', 100, 19, 100);
   assert.equal(sent.length, 0);
 });
 
 test('lease client: with three nodes it starts on its cold share, asks at once, and tops up when low', () => {
   const { lc, sent } = client(3);
-  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 3, tokens: 10_000 });
+  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 3, tokens: 10_000, requestsFinal: false, tokensFinal: false });
   assert.equal(sent.length, 1);
   assert.deepEqual(sent[0].keys[0], { keyId: 'k', minute: 100, heldRequests: 3, heldTokens: 10_000, requests: 2, tokens: 5000 });
   lc.applyKeyGrant('k', 100, 2, 5000);
-  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 5, tokens: 15_000 });
+  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 5, tokens: 15_000, requestsFinal: false, tokensFinal: false });
   lc.noteUsage('k', 100, 4, 100);
   assert.equal(sent.length, 2, 'one request left of 5: ask for the next chunk');
   lc.applyKeyGrant('k', 100, 0, 0);
   lc.noteUsage('k', 100, 5, 100);
   assert.equal(sent.length, 2, 'an exhausted pool is not asked again this minute');
+  assert.equal(lc.allowanceFor('k', 100, limits).requestsFinal, true, 'refusals now wait for the top of the minute');
   // Disconnected: the key's own limits apply locally.
   lc.setConnected(false);
   assert.equal(lc.allowanceFor('k', 100, limits).requests, Infinity);
