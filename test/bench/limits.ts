@@ -8,45 +8,18 @@
 //    minute (injected clock): admitted vs. the limit (over-admission must be ≤ 0).
 // Client IPs are spread with X-Forwarded-For from a trusted proxy so the per-IP edge budgets do not
 // cap the measurement.
-import { Pool } from 'undici';
 import { startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { minuteStart, setClock } from '../helpers/http.js';
+import { load, type LoadResult } from './load.js';
 
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 5000);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
 const body = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there, how are you?' }] });
 
-async function load(url: string, key: string, durationMs: number, connections: number): Promise<{ ok: number; other: number; rps: number }> {
-  const pool = new Pool(url, { connections, pipelining: 1 });
-  let ok = 0;
-  let other = 0;
-  let ip = 0;
-  const end = Date.now() + durationMs;
-  const worker = async () => {
-    while (Date.now() < end) {
-      ip++;
-      const res = await pool.request({
-        path: '/v1/chat/completions',
-        method: 'POST',
-        headers: {
-          authorization: `Bearer ${key}`,
-          'content-type': 'application/json',
-          'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}`,
-        },
-        body,
-      });
-      await res.body.dump();
-      if (res.statusCode === 200) ok++;
-      else other++;
-    }
-  };
-  const t0 = Date.now();
-  await Promise.all(Array.from({ length: connections }, worker));
-  const secs = (Date.now() - t0) / 1000;
-  await pool.close();
-  return { ok, other, rps: ok / secs };
+function loadKey(url: string, key: string, durationMs: number, connections: number): Promise<LoadResult> {
+  return load(url, { authorization: `Bearer ${key}` }, body, durationMs, connections);
 }
 
 async function main(): Promise<void> {
@@ -62,13 +35,13 @@ async function main(): Promise<void> {
   const unlimited = await createKey(admin, { tier: 'unlimited' });
 
   // Warm up both paths, then alternate measurements so drift affects both alike.
-  await load(node.url, limited.key, 1000, CONNECTIONS);
-  await load(node.url, unlimited.key, 1000, CONNECTIONS);
+  await loadKey(node.url, limited.key, 1000, CONNECTIONS);
+  await loadKey(node.url, unlimited.key, 1000, CONNECTIONS);
   const on: number[] = [];
   const off: number[] = [];
   for (let round = 0; round < 2; round++) {
-    const a = await load(node.url, limited.key, DURATION_MS, CONNECTIONS);
-    const b = await load(node.url, unlimited.key, DURATION_MS, CONNECTIONS);
+    const a = await loadKey(node.url, limited.key, DURATION_MS, CONNECTIONS);
+    const b = await loadKey(node.url, unlimited.key, DURATION_MS, CONNECTIONS);
     if (a.other > 0 || b.other > 0) console.log(`  (non-200 answers: limited ${a.other}, unlimited ${b.other})`);
     on.push(a.rps);
     off.push(b.rps);
@@ -87,7 +60,7 @@ async function main(): Promise<void> {
   for (const n of clustered) await setClock(n.adminUrl!, { now_ms: t });
   const paid = await createKey(admin, { tier: 'paid' });
   await admin.creditOrg({ orgId: paid.orgId, amountMicros: 1_000_000_000, note: 'bench' });
-  const results = await Promise.all(clustered.map((n) => load(n.url, paid.key, 1500, 16)));
+  const results = await Promise.all(clustered.map((n) => loadKey(n.url, paid.key, 1500, 16)));
   const admitted = results.reduce((s, r) => s + r.ok, 0);
   const refused = results.reduce((s, r) => s + r.other, 0);
   console.log(`three nodes, one 300 rpm key, ${admitted + refused} requests in one clock minute:`);

@@ -1,40 +1,19 @@
 // `npm run bench:proxy`: the node's hot path against a bare uWebSockets.js + undici proxy and against
 // calling the upstream directly (issue 3, "Performance from the start"). A script that prints
 // figures, not a test. Each server runs in its own process; the load generator is this process.
-import { Pool } from 'undici';
 import { startControlPlane, startDataPlane, startProcess, stopAll } from '../helpers/processes.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { load } from './load.js';
 
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 5000);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
 const body = JSON.stringify({ model: 'bench-chat', messages: [{ role: 'user', content: 'Hello there, how are you?' }] });
 
-async function load(url: string, headers: Record<string, string>, durationMs: number): Promise<number> {
-  const pool = new Pool(url, { connections: CONNECTIONS, pipelining: 1 });
-  let ok = 0;
-  let other = 0;
-  let ip = 0;
-  const end = Date.now() + durationMs;
-  const worker = async () => {
-    while (Date.now() < end) {
-      ip++;
-      const res = await pool.request({
-        path: '/v1/chat/completions',
-        method: 'POST',
-        headers: { ...headers, 'content-type': 'application/json', 'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}` },
-        body,
-      });
-      await res.body.dump();
-      if (res.statusCode === 200) ok++;
-      else other++;
-    }
-  };
-  const t0 = Date.now();
-  await Promise.all(Array.from({ length: CONNECTIONS }, worker));
-  await pool.close();
-  if (other > 0) console.log(`  (${other} non-200 answers from ${url})`);
-  return ok / ((Date.now() - t0) / 1000);
+async function measure(url: string, headers: Record<string, string>, durationMs: number): Promise<number> {
+  const r = await load(url, headers, body, durationMs, CONNECTIONS);
+  if (r.other > 0) console.log(`  (${r.other} non-200 answers from ${url})`);
+  return r.rps;
 }
 
 async function main(): Promise<void> {
@@ -65,16 +44,16 @@ async function main(): Promise<void> {
     for (let i = 0; i < 100 && (await fetch(`${node.url}/v1/models`, { headers: auth })).status !== 200; i++) await new Promise((r) => setTimeout(r, 20));
     await cp.proc.kill('SIGKILL');
   }
-  await load(upstreamUrl, {}, 1000);
-  await load(bareUrl, {}, 1000);
-  await load(node.url, auth, 1000);
+  await measure(upstreamUrl, {}, 1000);
+  await measure(bareUrl, {}, 1000);
+  await measure(node.url, auth, 1000);
   const direct: number[] = [];
   const viaBare: number[] = [];
   const viaNode: number[] = [];
   for (let round = 0; round < 2; round++) {
-    direct.push(await load(upstreamUrl, {}, DURATION_MS));
-    viaBare.push(await load(bareUrl, {}, DURATION_MS));
-    viaNode.push(await load(node.url, auth, DURATION_MS));
+    direct.push(await measure(upstreamUrl, {}, DURATION_MS));
+    viaBare.push(await measure(bareUrl, {}, DURATION_MS));
+    viaNode.push(await measure(node.url, auth, DURATION_MS));
   }
   const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
   console.log(`${CONNECTIONS} connections, ${DURATION_MS} ms × 2 rounds:`);

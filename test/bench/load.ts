@@ -1,0 +1,38 @@
+// The benchmarks' load generator: `connections` workers posting one chat completion after another
+// for `durationMs` over an undici Pool, each request from a different X-Forwarded-For address (the
+// gateway under test trusts 127.0.0.1 as a proxy) so per-IP edge budgets do not cap the run.
+import { Pool } from 'undici';
+
+export interface LoadResult {
+  ok: number;
+  other: number;
+  /** Successful (200) requests per second. */
+  rps: number;
+}
+
+export async function load(url: string, headers: Record<string, string>, body: string, durationMs: number, connections: number): Promise<LoadResult> {
+  const pool = new Pool(url, { connections, pipelining: 1 });
+  let ok = 0;
+  let other = 0;
+  let ip = 0;
+  const end = Date.now() + durationMs;
+  const worker = async () => {
+    while (Date.now() < end) {
+      ip++;
+      const res = await pool.request({
+        path: '/v1/chat/completions',
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'application/json', 'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}` },
+        body,
+      });
+      await res.body.dump();
+      if (res.statusCode === 200) ok++;
+      else other++;
+    }
+  };
+  const t0 = Date.now();
+  await Promise.all(Array.from({ length: connections }, worker));
+  const secs = (Date.now() - t0) / 1000;
+  await pool.close();
+  return { ok, other, rps: ok / secs };
+}
