@@ -7,6 +7,7 @@
 // through a Readable paused with res.pause() when undici pushes back); the response comes back chunk
 // by chunk (status, headers and the first chunk in one cork; tryEnd with a known length, write +
 // onWritable otherwise); the client going away aborts the upstream exchange.
+import { STATUS_CODES } from 'node:http';
 import { Readable } from 'node:stream';
 import uWS, { type HttpResponse } from 'uWebSockets.js';
 import { Pool, type Dispatcher } from 'undici';
@@ -14,7 +15,7 @@ import { Pool, type Dispatcher } from 'undici';
 const pool = new Pool(process.argv[2], { connections: 128, pipelining: 1 });
 
 const HOP_BY_HOP = new Set(['host', 'connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'expect']);
-const RESPONSE_SKIP = new Set([...HOP_BY_HOP, 'content-length', 'date', 'proxy-authenticate']);
+const RESPONSE_SKIP = new Set([...HOP_BY_HOP, 'content-length', 'date', 'proxy-authenticate', 'uwebsockets']);
 
 /** One exchange's state; `done` set once `res` may no longer be touched (aborted or ended). */
 interface Exchange {
@@ -55,9 +56,9 @@ function proxy(x: Exchange, method: Dispatcher.HttpMethod, path: string, headers
       x.controller = c;
       if (x.done) c.abort(new Error('client closed the connection'));
     },
-    onResponseStart(c, statusCode, h) {
+    onResponseStart(c, statusCode, h, statusMessage) {
       if (x.done) return c.abort(new Error('client closed the connection'));
-      statusLine = String(statusCode);
+      statusLine = `${statusCode} ${statusMessage || STATUS_CODES[statusCode] || ''}`;
       head = [];
       for (const name of Object.keys(h)) {
         if (RESPONSE_SKIP.has(name)) continue;
@@ -108,7 +109,8 @@ function proxy(x: Exchange, method: Dispatcher.HttpMethod, path: string, headers
         res.end();
       });
     },
-    onResponseError(_c, _err) {
+    onResponseError(_c, err) {
+      if (process.env.BARE_PROXY_DEBUG) console.error(err);
       if (x.done) return;
       x.done = true;
       res.cork(() => {

@@ -56,10 +56,11 @@ async function main(): Promise<void> {
     viaNode.push(await measure(node.url, auth, DURATION_MS));
   }
   const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  const rounds = (xs: number[]) => `[rounds ${xs.map((x) => x.toFixed(0)).join(', ')}]`;
   console.log(`${CONNECTIONS} connections, ${DURATION_MS} ms × 2 rounds:`);
-  console.log(`  upstream directly:      ${avg(direct).toFixed(0)} req/s`);
-  console.log(`  bare uWS+undici proxy:  ${avg(viaBare).toFixed(0)} req/s (${(avg(viaBare) / avg(direct)).toFixed(3)} of direct)`);
-  console.log(`  Tollgate node:          ${avg(viaNode).toFixed(0)} req/s (${(avg(viaNode) / avg(viaBare)).toFixed(3)} of the bare proxy; target ≥ 0.9)`);
+  console.log(`  upstream directly:      ${avg(direct).toFixed(0)} req/s ${rounds(direct)}`);
+  console.log(`  bare uWS+undici proxy:  ${avg(viaBare).toFixed(0)} req/s ${rounds(viaBare)} (${(avg(viaBare) / avg(direct)).toFixed(3)} of direct)`);
+  console.log(`  Tollgate node:          ${avg(viaNode).toFixed(0)} req/s ${rounds(viaNode)} (${(avg(viaNode) / avg(viaBare)).toFixed(3)} of the bare proxy; target ≥ 0.9)`);
   await node.proc.kill('SIGTERM');
   await stopAll();
 }
