@@ -54,17 +54,16 @@ const ORG_ARG = ['ORG'];
 export const orgCommands: Command[] = [
   {
     name: 'org create',
-    summary: 'Create an organisation with an owner (operator only).',
-    synopsis: '--name NAME --owner ACCOUNT_ID [--tier free|paid]',
+    summary: 'Create an organisation. The operator names its owner; an account becomes the owner itself.',
+    synopsis: '--name NAME [--owner ACCOUNT_ID] [--tier free|paid]',
     options: {
       name: { type: 'string', value: 'NAME', help: "the organisation's name" },
-      owner: { type: 'string', value: 'ACCOUNT_ID', help: 'the account that becomes its owner' },
-      tier: { type: 'string', value: 'TIER', help: "the tier (default: the config's default tier)" },
+      owner: { type: 'string', value: 'ACCOUNT_ID', help: 'the account that becomes its owner (required with the operator token; default: you)' },
+      tier: { type: 'string', value: 'TIER', help: "the tier (default: the config's default tier; another tier needs the operator)" },
     },
     async run(ctx, args) {
       const name = requireString(args, 'name', ctx.usage);
-      const owner = requireString(args, 'owner', ctx.usage);
-      const org = await ctx.client().createOrg({ name, ownerAccountId: owner, tier: optionalString(args, 'tier') ?? '' });
+      const org = await ctx.client().createOrg({ name, ownerAccountId: optionalString(args, 'owner') ?? '', tier: optionalString(args, 'tier') ?? '' });
       printOrg(ctx.out, org);
     },
   },

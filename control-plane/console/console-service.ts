@@ -215,17 +215,27 @@ export class ConsoleService {
       ),
 
       createOrg: this.unary(async (req, caller) => {
-        this.requireOperator(caller);
         const name = checkName('organisation', req.name);
+        // Every organisation has an owner: the operator names one; an account creating its own
+        // becomes its owner, on the default tier (tier changes need the operator).
+        let ownerId = req.ownerAccountId.trim();
+        if (caller.kind === 'operator') {
+          if (!ownerId) throw invalidArgument('owner_account_id is required: name the account that owns the organisation');
+        } else {
+          if (ownerId && ownerId !== caller.account.id) throw permissionDenied('an account can only create organisations it owns itself');
+          if (req.tier.trim() && req.tier.trim() !== this.state.gateway.settings.defaultTier) {
+            throw permissionDenied('operator token required to choose a tier other than the default');
+          }
+          ownerId = caller.account.id;
+        }
         const tier = this.checkTier(req.tier);
-        const ownerId = req.ownerAccountId.trim();
         const org = { id: newId('org'), name, tier, created_at: this.state.nowIso() };
         return this.state.db.tx(async (tx) => {
-          if (ownerId && !(await getAccount(tx, ownerId))) throw notFound(`account ${ownerId} not found`);
+          if (!(await getAccount(tx, ownerId))) throw notFound(`account ${ownerId} not found`);
           await insertOrg(tx, org);
-          if (ownerId) await upsertMember(tx, org.id, ownerId, 'owner');
+          await upsertMember(tx, org.id, ownerId, 'owner');
           await this.state.refreshOrgs(tx, [org.id]);
-          return this.state.orgView(tx, (await getOrg(tx, org.id))!, 'operator');
+          return this.state.orgView(tx, (await getOrg(tx, org.id))!, caller.kind === 'operator' ? 'operator' : 'owner');
         });
       }),
 

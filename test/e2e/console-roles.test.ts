@@ -33,7 +33,7 @@ test('every role-gated call is refused with 403 for a member, operator calls for
     [owner.token, ['org', 'set-tier', orgId, '--tier', 'paid'], 403, 'owner set-tier'],
     [owner.token, ['org', 'credit', orgId, '--usd', '10'], 403, 'owner credit'],
     [owner.token, ['account', 'create', '--name', 'sneaky'], 403, 'owner account create'],
-    [owner.token, ['org', 'create', '--name', 'second', '--owner', owner.id], 403, 'owner org create'],
+    [owner.token, ['org', 'create', '--name', 'second', '--owner', member.id], 403, 'owner creating an org for someone else'],
     [owner.token, ['nodes', 'list'], 403, 'owner nodes list'],
     [owner.token, ['config', 'reload'], 403, 'owner config reload'],
     ['tok_not-a-real-token', ['org', 'list'], 401, 'bad token'],

@@ -234,7 +234,8 @@ test('a revocation cut short by a crash is repaired to revoked at start', async 
   const client = new ConsoleServiceClient(cp.address, credentials.createInsecure());
   t.after(() => client.close());
   const op = cp.secrets.operatorToken;
-  const org = await call<any>(client, 'createOrg', op, { name: 'Crashy', ownerAccountId: '', tier: 'paid' });
+  const acct = await call<any>(client, 'createAccount', op, { name: 'crashy-owner' });
+  const org = await call<any>(client, 'createOrg', op, { name: 'Crashy', ownerAccountId: acct.account.id, tier: 'paid' });
   assert.equal(org.blockedReason, 'balance_exhausted');
   const project = await call<any>(client, 'createProject', op, { orgId: org.id, name: 'p' });
   const created = await call<any>(client, 'createKey', op, { projectId: project.id, name: '', allowedModels: [] });
@@ -264,7 +265,8 @@ test('config reload: a lower cap blocks at once, a bad file is refused and the o
   const client = new ConsoleServiceClient(cp.address, credentials.createInsecure());
   t.after(() => client.close());
   const op = cp.secrets.operatorToken;
-  const org = await call<any>(client, 'createOrg', op, { name: 'Capped', ownerAccountId: '', tier: 'free' });
+  const acct = await call<any>(client, 'createAccount', op, { name: 'capped-owner' });
+  const org = await call<any>(client, 'createOrg', op, { name: 'Capped', ownerAccountId: acct.account.id, tier: 'free' });
   const project = await call<any>(client, 'createProject', op, { orgId: org.id, name: 'p' });
   const created = await call<any>(client, 'createKey', op, { projectId: project.id, name: 'k', allowedModels: [] });
   const node = rawNode(cp, { nodeId: 'reload-node' });
