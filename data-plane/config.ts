@@ -24,11 +24,13 @@ export interface NodeConfig {
    * listener's POST /test/clock sets or advances. Never set it in production.
    */
   testClock: boolean;
+  /** Node-wide cap on request bodies held in memory at once (`--max-buffered-body-mib`, default 256). */
+  maxBufferedBodyBytes: number;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -73,6 +75,9 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   const nodeId = flags.get('--node-id') ?? `${hostname()}-${randomBytes(3).toString('hex')}`;
   if (!/^[A-Za-z0-9._:-]{1,128}$/.test(nodeId)) throw new ConfigError(`--node-id must be 1-128 characters of A-Z a-z 0-9 . _ : -, got ${JSON.stringify(nodeId)}`);
 
+  const bufferedMib = flags.get('--max-buffered-body-mib') ?? '256';
+  if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);
+
   return Object.freeze({
     controlPlane: cpValue,
     listenHost: listen.host,
@@ -84,5 +89,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     pepper: pepper!,
     nodeToken,
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
+    maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
   });
 }

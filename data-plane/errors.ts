@@ -20,6 +20,7 @@ export type ErrorCode =
   | 'UPSTREAM_UNREACHABLE'
   | 'UPSTREAM_ERROR'
   | 'NOT_READY'
+  | 'NODE_BUSY'
   | 'INTERNAL';
 
 export interface CatalogEntry {
@@ -48,6 +49,7 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   UPSTREAM_UNREACHABLE: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream could not be reached.' },
   UPSTREAM_ERROR: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream failed before answering.' },
   NOT_READY: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: 'This gateway node has not received its configuration yet; retry shortly.' },
+  NODE_BUSY: { status: 503, typeA: 'api_error', codeB: 'node_busy', message: 'This gateway node is holding too many request bodies right now; retry after the time in the retry-after header.' },
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },
 });
 

@@ -5,6 +5,7 @@ import { StateHolder } from './auth/key-table.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
 import { ApiServer, listen } from './http/server.js';
+import { BodyBudget } from './limits/body-budget.js';
 import { ManualClock, systemClock, type Clock } from './limits/clock.js';
 import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
@@ -54,6 +55,7 @@ async function main(): Promise<void> {
     clock,
     edge: new EdgeBudgets(clock),
     keyBudgets: new KeyBudgets(clock, { allowance: leases }),
+    bodyBudget: new BodyBudget(config.maxBufferedBodyBytes),
     leases,
     reporter,
     providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },

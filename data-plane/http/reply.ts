@@ -142,20 +142,26 @@ export class Reply {
           if (finished) {
             this.pending = null;
             this.finish();
+            // The producer paused for this drain: resume it so it can end (its end reports usage).
+            this.runDrain();
             return true;
           }
           if (!ok) return false;
           this.pending = null;
         }
-        const cb = this.drainCb;
-        this.drainCb = null;
-        if (cb) cb();
+        this.runDrain();
         return true;
       } catch (err) {
         logBug(err);
         return true;
       }
     });
+  }
+
+  private runDrain(): void {
+    const cb = this.drainCb;
+    this.drainCb = null;
+    if (cb) cb();
   }
 
   /** Ends a streamed response (chunked mode), optionally with a last chunk. */

@@ -6,6 +6,7 @@
 import { Readable } from 'node:stream';
 import type { HttpResponse } from 'uWebSockets.js';
 import { GatewayError } from '../errors.js';
+import type { BodyBudget } from '../limits/body-budget.js';
 import { logBug, type Reply } from './reply.js';
 
 export type BodyCallback = (err: GatewayError | null, body: Buffer) => void;
@@ -14,22 +15,47 @@ const EMPTY = Buffer.alloc(0);
 
 /**
  * Collects the whole body, at most `capBytes`. `cb` is called once, unless the client aborts first
- * (then cleanup belongs to the Reply's finish path).
+ * (then cleanup belongs to the Reply's finish path). With a `budget`, the bytes held count against
+ * the node-wide budget until `cb` has returned or the request ended; a body that does not fit gets
+ * NODE_BUSY (a known length is refused before anything is read).
  */
-export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback): void {
+export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback, budget?: BodyBudget): void {
+  let heldBytes = 0;
+  const release = () => {
+    if (budget && heldBytes > 0) budget.give(heldBytes);
+    heldBytes = 0;
+  };
+  if (budget && contentLength > 0 && contentLength <= capBytes) {
+    if (!budget.tryTake(contentLength)) {
+      cb(new GatewayError('NODE_BUSY', undefined, { retryAfterSec: 1 }), EMPTY);
+      return;
+    }
+    heldBytes = contentLength;
+  }
+  if (budget) reply.onFinish(release);
   // With a known length, one buffer of the right size; otherwise a list of copies.
   let buf: Buffer | null = contentLength > 0 && contentLength <= capBytes ? Buffer.allocUnsafe(contentLength) : null;
   let parts: Buffer[] | null = buf ? null : [];
   let received = 0;
   let settled = false;
+  const settle = (err: GatewayError | null, body: Buffer) => {
+    settled = true;
+    buf = null;
+    parts = null;
+    try {
+      cb(err, body);
+    } finally {
+      release();
+    }
+  };
   res.onData((chunk, isLast) => {
     try {
       if (settled || reply.done) return;
       const n = chunk.byteLength;
-      if (received + n > capBytes || (buf && received + n > buf.length)) {
-        settled = true;
-        cb(new GatewayError('BODY_TOO_LARGE'), EMPTY);
-        return;
+      if (received + n > capBytes || (buf && received + n > buf.length)) return settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
+      if (budget && !buf && n > 0) {
+        if (!budget.tryTake(n)) return settle(new GatewayError('NODE_BUSY', undefined, { retryAfterSec: 1 }), EMPTY);
+        heldBytes += n;
       }
       // Copy: uWS detaches the ArrayBuffer when this callback returns (rule 5).
       if (n > 0) {
@@ -38,13 +64,10 @@ export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, c
       }
       received += n;
       if (isLast) {
-        settled = true;
         let body: Buffer;
         if (buf) body = received === buf.length ? buf : buf.subarray(0, received);
         else body = parts!.length === 1 ? parts![0] : Buffer.concat(parts!, received);
-        buf = null;
-        parts = null;
-        cb(null, body);
+        settle(null, body);
       }
     } catch (err) {
       logBug(err);

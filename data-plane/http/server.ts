@@ -4,14 +4,14 @@
 // Nothing before the upstream call awaits, except reading a JSON body. Errors are rendered only by
 // error-shapes.ts, through Reply.
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWebSockets.js';
-import type { ModelConfig, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
-import { tokenCostMicros } from '../../proto/lib/money.js';
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
+import type { BodyBudget } from '../limits/body-budget.js';
 import { bodyCapBytes, presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
-import { estimateTokens, rateHeaderPairs, type KeyBudgets, type Ticket } from '../limits/key-budgets.js';
-import type { LeaseClient, SpendReservation } from '../limits/lease-client.js';
+import { estimateTokens, rateHeaderPairs, type KeyBudgets } from '../limits/key-budgets.js';
+import type { LeaseClient } from '../limits/lease-client.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';
 import type { PoolRegistry } from '../proxy/providers/openai.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
@@ -20,6 +20,8 @@ import { forwardTool } from '../proxy/tool-router.js';
 import type { Reporter } from '../sync/reporter.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, Reply } from './reply.js';
+import { RequestContext } from './request-context.js';
+import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 
@@ -29,6 +31,8 @@ export interface ServerDeps {
   clock: Clock;
   edge: EdgeBudgets;
   keyBudgets: KeyBudgets;
+  /** Node-wide budget for request bodies held in memory. */
+  bodyBudget?: BodyBudget;
   /** Money slices per organisation (and key minute slices, through keyBudgets) from the control plane. */
   leases?: LeaseClient;
   reporter: Reporter;
@@ -40,9 +44,13 @@ export interface ServerDeps {
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
-const JSON_CONTENT_TYPE = /^application\/json\s*(;|$)/i;
 const BEARER = /^Bearer +([^\s]+) *$/;
-const MODELS_CREATED = 1735689600; // 2025-01-01, a fixed `created` for configured models
+const MODELS_CREATED = 1735689600;
+/**
+ * JSON bodies a model endpoint can accept, below the path's cap: a speech request is a short text
+ * (the OpenAI API takes at most 4,096 characters of input), so it never needs the audio path's 200 MiB.
+ */
+const JSON_BODY_CAP_BYTES: Partial<Record<string, number>> = { speech: 64 * 1024 }; // 2025-01-01, a fixed `created` for configured models
 
 /** What the handler copies out of HttpRequest before it dies (rule 1). */
 interface RequestHead {
@@ -53,61 +61,6 @@ interface RequestHead {
   contentType: string;
   contentLength: number;
   ip: string;
-}
-
-/** One admitted request of a key: settled and recorded exactly once, however it ends. */
-class RequestContext {
-  completed = false;
-  providerStarted = false;
-  model: ModelConfig | null = null;
-  estimatedPromptTokens = 0;
-  readonly abortFns: Array<() => void> = [];
-  /** The estimated cost reserved from the node's money slice while this request runs. */
-  spend: SpendReservation | undefined;
-  constructor(
-    readonly deps: ServerDeps,
-    readonly requestId: string,
-    readonly key: KeyRecord,
-    readonly path: string,
-    readonly ticket: Ticket,
-    readonly minute: number,
-  ) {}
-
-  /** Refused by a check after admission (400, 401 for the model): nothing is counted. */
-  refuse(): void {
-    if (this.completed) return;
-    this.completed = true;
-    this.ticket.refund();
-    this.deps.leases?.settleSpend(this.key.orgId, this.spend, 0);
-  }
-
-  complete(r: CallResult): void {
-    if (this.completed) return;
-    this.completed = true;
-    this.ticket.settle(r.promptTokens + r.completionTokens);
-    const m = this.model;
-    if (!m || !this.providerStarted) return;
-    let cost = 0;
-    if (m.kind === 'speech') cost = Math.ceil(((r.audioUnits ?? 0) * m.audioMicrosPerUnit) / 1000);
-    else if (m.kind === 'transcription') cost = (r.audioUnits ?? 0) * m.audioMicrosPerUnit;
-    else cost = tokenCostMicros(r.promptTokens, r.completionTokens, m.inputMicrosPerMtok, m.outputMicrosPerMtok);
-    const u: UsageRecord = {
-      requestId: this.requestId,
-      keyId: this.key.keyId,
-      orgId: this.key.orgId,
-      projectId: this.key.projectId,
-      model: m.id,
-      path: this.path,
-      status: r.status,
-      promptTokens: r.promptTokens,
-      completionTokens: r.completionTokens,
-      costMicros: cost,
-      atMs: this.deps.clock.now(),
-      minute: this.minute,
-    };
-    this.deps.reporter.record(u);
-    this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
-  }
 }
 
 export class ApiServer {
@@ -173,6 +126,8 @@ export class ApiServer {
     if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
     const capBytes = bodyCapBytes(head.path);
     if (head.contentLength > capBytes) {
+      // Refused before the credential is checked, yet a known key still sees its rate headers.
+      reply.extraHeaders = this.rateHeadersOfBearer(head.authorization);
       return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; this path accepts at most ${capBytes}.`), familyShape, true);
     }
 
@@ -185,6 +140,8 @@ export class ApiServer {
     const state = deps.holder.current;
     const key = state.lookup(deps.pepper, m[1]);
     if (!key) return reply.sendError(new GatewayError('KEY_INVALID'), familyShape);
+    // From here every answer carries the key's rate headers (admission refreshes them).
+    reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), familyShape);
     // The node's money slice of the organisation is spent and the control plane has nothing left.
@@ -193,7 +150,6 @@ export class ApiServer {
 
     const route = state.view.routes.match(head.path, head.method);
     if (route instanceof GatewayError) {
-      reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
       return reply.sendError(route, route.code === 'METHOD_NOT_ALLOWED' ? familyShape : 'B');
     }
 
@@ -205,16 +161,27 @@ export class ApiServer {
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
       case 'models':
-      case 'voices':
-        // Listings cost the key nothing (no rpm, no slot); they carry its headers like every answer.
-        reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+      case 'voices': {
+        // Listings are requests like any other: one rpm each (design.md, what counts as a request).
+        const ctx = this.admit(reply, key, head.path, 0);
+        if (!ctx) return;
+        ctx.providerStarted = true;
+        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
         reply.send(200, JSON_HEADERS, route.kind === 'models' ? modelList(state, key) : voiceList(state, key));
         return;
+      }
       case 'realtime':
         return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', 'Realtime connections are not available on this gateway yet.'), 'B');
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }
+  }
+
+  /** The rate headers of the key a bearer credential names, if it names a known key. */
+  private rateHeadersOfBearer(authorization: string): Array<[string, string]> | null {
+    const m = BEARER.exec(authorization);
+    const key = m ? this.deps.holder.current.lookup(this.deps.pepper, m[1]) : undefined;
+    return key ? rateHeaderPairs(this.deps.keyBudgets.headers(key.limits)) : null;
   }
 
   /** Key budgets. On success the ticket is settled on every way the response ends. */
@@ -231,54 +198,70 @@ export class ApiServer {
     }
     const ctx = new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, a.ticket, minuteOf(now));
     ctx.spend = deps.leases?.reserveSpend(key.orgId);
-    reply.onFinish((aborted) => {
-      if (aborted) for (const fn of ctx.abortFns) fn();
-      // A request that ended before any upstream call (refused by validation or model scope, too
-      // large, aborted early) consumes no request, tokens or slot.
-      const fallback = () =>
-        ctx.providerStarted ? ctx.complete({ status: aborted ? 499 : 500, promptTokens: ctx.estimatedPromptTokens, completionTokens: 0 }) : ctx.refuse();
-      // A provider that ended its response completes right after; this is only a safety net for it.
-      // Anything else (an error answered before the provider, an abort) settles here.
-      if (ctx.providerStarted && !aborted) setImmediate(fallback);
-      else fallback();
-    });
+    ctx.attach(reply);
     return ctx;
   }
 
   private jsonEndpoint(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number): void {
-    collectBody(res, reply, capBytes, head.contentLength, (err, raw) => {
-      try {
-        if (err) return reply.sendError(err, route.shape, true);
-        let body: unknown;
-        let parseError = false;
+    const deps = this.deps;
+    // A JSON body that cannot be valid for the endpoint is refused before a byte is read.
+    const jsonCap = Math.min(capBytes, JSON_BODY_CAP_BYTES[route.kind] ?? capBytes);
+    if (head.contentLength > jsonCap) {
+      return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; ${head.path} accepts JSON bodies of at most ${jsonCap} bytes.`), 'A', true);
+    }
+    // The request and its parallel slot are taken before the body is buffered, so a key's parallel
+    // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed.
+    const ctx = this.admit(reply, key, head.path, 0);
+    if (!ctx) return;
+    collectBody(
+      res,
+      reply,
+      jsonCap,
+      head.contentLength,
+      (err, raw) => {
         try {
-          body = raw.length > 0 ? JSON.parse(raw.toString('utf8')) : undefined;
-        } catch {
-          parseError = true;
+          if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
+          const text = raw.length > 0 ? raw.toString('utf8') : '';
+          let body: unknown;
+          let parseError = false;
+          try {
+            body = text.length > 0 ? JSON.parse(text) : undefined;
+          } catch {
+            parseError = true;
+          }
+          const estimate = estimateTokens(body);
+          const refusal = ctx.ticket.reserveTokens(estimate);
+          if (refusal) {
+            ctx.refuse();
+            deps.leases?.noteRefused(key.keyId, ctx.minute, estimate);
+            reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+            return reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
+          }
+          if (estimate > 0) reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+          const state = deps.holder.current;
+          const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
+          if (invalid) return reply.sendError(invalid, 'A');
+          const obj = body as Record<string, unknown>;
+          const model = state.view.models.get(obj.model as string)!;
+          const scope = this.checkScope(key, model);
+          if (scope) return reply.sendError(scope, 'A');
+          const provider = deps.providers[model.provider];
+          if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
+          ctx.model = model;
+          ctx.providerStarted = true;
+          ctx.estimatedPromptTokens = route.kind === 'chat' ? countMessageTokens(obj.messages) : 0;
+          const call = this.modelCall(ctx, reply, model, route.shape);
+          const full: ModelCall = { ...call, body: obj, rawBody: raw };
+          if (route.kind === 'chat') provider.chat(full);
+          else if (route.kind === 'embeddings') provider.embeddings(full);
+          else provider.speech(full);
+        } catch (e) {
+          logBug(e);
+          reply.sendError(e, route.shape);
         }
-        const ctx = this.admit(reply, key, head.path, estimateTokens(body));
-        if (!ctx) return;
-        const invalid = validateJson(route, head.contentType, body, parseError, this.deps.holder.current);
-        if (invalid) return reply.sendError(invalid, 'A');
-        const obj = body as Record<string, unknown>;
-        const model = this.deps.holder.current.view.models.get(obj.model as string)!;
-        const scope = this.checkScope(key, model);
-        if (scope) return reply.sendError(scope, 'A');
-        const provider = this.deps.providers[model.provider];
-        if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
-        ctx.model = model;
-        ctx.providerStarted = true;
-        ctx.estimatedPromptTokens = route.kind === 'chat' ? countMessageTokens(obj.messages) : 0;
-        const call = this.modelCall(ctx, reply, model, route.shape);
-        const full: ModelCall = { ...call, body: obj, rawBody: raw };
-        if (route.kind === 'chat') provider.chat(full);
-        else if (route.kind === 'embeddings') provider.embeddings(full);
-        else provider.speech(full);
-      } catch (e) {
-        logBug(e);
-        reply.sendError(e, route.shape);
-      }
-    });
+      },
+      deps.bodyBudget,
+    );
   }
 
   private transcription(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, capBytes: number): void {
@@ -332,6 +315,8 @@ export class ApiServer {
     body?.on('error', () => {});
     const ctx = this.admit(reply, key, head.path, 0);
     if (!ctx) return;
+    // From here the request counts against rpm whatever the backend answers.
+    ctx.providerStarted = true;
     forwardTool(this.deps.pools, {
       backend: route.backend,
       method: head.method,
@@ -385,52 +370,6 @@ function blockedMessage(reason: string): string {
   if (reason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; requests are refused until next month or until the cap is raised.";
   if (reason === 'balance_exhausted') return "The organisation's balance is exhausted; add credits to continue.";
   return "The organisation's balance is exhausted or its monthly spend cap was reached.";
-}
-
-const KIND_OF_ROUTE: Record<string, string> = { chat: 'chat', embeddings: 'embeddings', speech: 'speech' };
-
-/** Request validation of the JSON endpoints (400, Shape A). Returns null when valid. */
-export function validateJson(route: Route, contentType: string, body: unknown, parseError: boolean, state: GatewayState): GatewayError | null {
-  if (!JSON_CONTENT_TYPE.test(contentType)) {
-    return new GatewayError('INVALID_REQUEST', 'Content-Type must be application/json.', { param: null });
-  }
-  if (parseError) {
-    return new GatewayError(
-      'INVALID_REQUEST',
-      'We could not parse the JSON body of your request. The body must be valid JSON.',
-      { param: null },
-    );
-  }
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    return new GatewayError('INVALID_REQUEST', 'The request body must be a JSON object.', { param: null });
-  }
-  const obj = body as Record<string, unknown>;
-  if (obj.model === undefined || obj.model === null || obj.model === '') {
-    return new GatewayError('INVALID_REQUEST', "Missing required parameter: 'model'.", { param: 'model' });
-  }
-  if (typeof obj.model !== 'string') return new GatewayError('INVALID_REQUEST', "Invalid type for 'model': expected a string.", { param: 'model' });
-  if (route.kind === 'chat') {
-    if (obj.messages === undefined) return new GatewayError('INVALID_REQUEST', "Missing required parameter: 'messages'.", { param: 'messages' });
-    if (!Array.isArray(obj.messages)) return new GatewayError('INVALID_REQUEST', "Invalid type for 'messages': expected an array.", { param: 'messages' });
-    if (obj.messages.length === 0) return new GatewayError('INVALID_REQUEST', "'messages' must contain at least one message.", { param: 'messages' });
-  }
-  if (route.kind === 'embeddings') {
-    const input = obj.input;
-    const ok = typeof input === 'string' || (Array.isArray(input) && input.length > 0);
-    if (!ok) return new GatewayError('INVALID_REQUEST', "Missing or invalid parameter: 'input' (a string or a non-empty array).", { param: 'input' });
-  }
-  const model = state.view.models.get(obj.model);
-  if (!model) return new GatewayError('UNKNOWN_MODEL', `The model \`${obj.model}\` does not exist.`, { param: 'model' });
-  if (model.kind !== KIND_OF_ROUTE[route.kind]) {
-    return new GatewayError('INVALID_REQUEST', `The model \`${obj.model}\` is a ${model.kind} model and cannot be used on this endpoint.`, { param: 'model' });
-  }
-  if (route.kind === 'speech') {
-    if (typeof obj.input !== 'string' || obj.input.length === 0) return new GatewayError('INVALID_REQUEST', "Missing required parameter: 'input'.", { param: 'input' });
-    if (model.voices.length > 0 && !model.voices.includes(String(obj.voice))) {
-      return new GatewayError('INVALID_REQUEST', `Unknown voice; this model has: ${model.voices.join(', ')}.`, { param: 'voice' });
-    }
-  }
-  return null;
 }
 
 function modelList(state: GatewayState, key: KeyRecord): string {

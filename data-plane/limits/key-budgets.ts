@@ -32,6 +32,8 @@ export interface RateHeaders {
   remainingRequests: number;
   limitTokens: number;
   remainingTokens: number;
+  /** Seconds until both minute budgets start afresh (the top of the next clock minute). */
+  resetSec: number;
 }
 
 export interface Ticket {
@@ -42,6 +44,18 @@ export interface Ticket {
    * consumes no request, no tokens and no slot (design.md, concurrency slots). Ends the ticket.
    */
   refund(): void;
+  /**
+   * Adds tokens to the reservation of an admitted request whose body was read after admission (the
+   * parallel slot and the request are taken before a body is buffered). Refused without changing
+   * anything when they do not fit the key's tpm or this node's slice; the caller then refunds.
+   */
+  reserveTokens(tokens: number): TokenRefusal | null;
+}
+
+export interface TokenRefusal {
+  dimension: 'tokens';
+  message: string;
+  retryAfterSec: number;
 }
 
 export type KeyDimension = 'requests' | 'tokens' | 'max_parallel_requests';
@@ -151,7 +165,7 @@ export class KeyBudgets {
         dimension,
         message: formatLimitMessage(dimension, state, limits, estimate, retryAfterSec),
         retryAfterSec,
-        headers: headersOf(state, limits),
+        headers: headersOf(state, limits, now),
       };
     }
 
@@ -160,17 +174,18 @@ export class KeyBudgets {
     state.inFlight += 1;
     this.touch(state, minute);
     this.allowance?.noteUsage?.(state.keyId, state.minute, state.requests, state.tokens);
-    return { ok: true, ticket: this.ticketFor(state, minute, estimate), headers: headersOf(state, limits) };
+    return { ok: true, ticket: this.ticketFor(state, limits, minute, estimate), headers: headersOf(state, limits, now) };
   }
 
   /** The rate headers of a key for the current minute, without counting anything. */
   headers(limits: KeyLimits): RateHeaders {
-    const minute = minuteOf(this.clock.now());
+    const now = this.clock.now();
+    const minute = minuteOf(now);
     const state = this.states.get(limits.keyId);
     if (state === undefined || state.minute !== minute) {
-      return headersOf({ requests: 0, tokens: 0 }, limits);
+      return headersOf({ requests: 0, tokens: 0 }, limits, now);
     }
-    return headersOf(state, limits);
+    return headersOf(state, limits, now);
   }
 
   /** This minute's counts and the requests in flight of a key. For tests, metrics and lease reports. */
@@ -227,9 +242,30 @@ export class KeyBudgets {
     }
   }
 
-  private ticketFor(state: KeyState, minute: number, estimate: number): Ticket {
+  private ticketFor(state: KeyState, limits: KeyLimits, minute: number, estimate: number): Ticket {
     let settled = false;
     return {
+      reserveTokens: (tokens: number) => {
+        const n = sanitizeTokens(tokens) ?? 0;
+        // Settled, or admitted in a minute that has since ended: nothing of this minute to reserve in.
+        if (settled || n === 0 || state.minute !== minute) return null;
+        const now = this.clock.now();
+        const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
+        let retryAfterSec = secondsToNextMinute(now);
+        if (state.tokens + n > limitOf(limits.tpmLimit)) {
+          // over the key's own tpm: the wait is to the top of the minute
+        } else if (lease !== undefined && state.tokens + n > lease.tokens) {
+          if (!lease.tokensFinal) retryAfterSec = 1;
+        } else {
+          state.tokens += n;
+          estimate += n;
+          this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
+          return null;
+        }
+        // The message reports the key as it will be once this request is refunded.
+        const counts = { requests: state.requests - 1, tokens: state.tokens, inFlight: state.inFlight - 1 };
+        return { dimension: 'tokens', message: formatLimitMessage('tokens', counts, limits, n, retryAfterSec), retryAfterSec };
+      },
       settle: (actualTokens: number) => {
         if (settled) return;
         settled = true;
@@ -262,7 +298,7 @@ function sanitizeTokens(n: number): number | undefined {
   return typeof n === 'number' && Number.isFinite(n) && n >= 0 ? Math.ceil(n) : undefined;
 }
 
-function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimits): RateHeaders {
+function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimits, nowMs: number): RateHeaders {
   const rpm = limitOf(limits.rpmLimit);
   const tpm = limitOf(limits.tpmLimit);
   return {
@@ -270,20 +306,31 @@ function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimi
     remainingRequests: rpm === Infinity ? 0 : Math.max(0, rpm - counts.requests),
     limitTokens: tpm === Infinity ? 0 : tpm,
     remainingTokens: tpm === Infinity ? 0 : Math.max(0, tpm - counts.tokens),
+    resetSec: secondsToNextMinute(nowMs),
   };
 }
 
 /**
  * The `x-ratelimit-*` headers to send, lower-case names: only for the dimensions the key has a limit on
- * (spec: "once the key has an rpm limit" / "a tpm limit").
+ * (spec: "once the key has an rpm limit" / "a tpm limit"). `x-ratelimit-reset-*` follow the OpenAI
+ * API's convention (a duration such as `47s`); both budgets reset at the top of the clock minute.
  */
 export function rateHeaderPairs(h: RateHeaders): Array<[string, string]> {
   const out: Array<[string, string]> = [];
+  const reset = `${h.resetSec}s`;
   if (h.limitRequests > 0) {
-    out.push(['x-ratelimit-limit-requests', String(h.limitRequests)], ['x-ratelimit-remaining-requests', String(h.remainingRequests)]);
+    out.push(
+      ['x-ratelimit-limit-requests', String(h.limitRequests)],
+      ['x-ratelimit-remaining-requests', String(h.remainingRequests)],
+      ['x-ratelimit-reset-requests', reset],
+    );
   }
   if (h.limitTokens > 0) {
-    out.push(['x-ratelimit-limit-tokens', String(h.limitTokens)], ['x-ratelimit-remaining-tokens', String(h.remainingTokens)]);
+    out.push(
+      ['x-ratelimit-limit-tokens', String(h.limitTokens)],
+      ['x-ratelimit-remaining-tokens', String(h.remainingTokens)],
+      ['x-ratelimit-reset-tokens', reset],
+    );
   }
   return out;
 }

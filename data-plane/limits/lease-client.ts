@@ -215,6 +215,11 @@ export class LeaseClient implements AllowanceSource {
     return { epoch: this.epoch, micros: o.maxCostMicros };
   }
 
+  /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
+  sliceOf(orgId: string): number | undefined {
+    return this.orgs.get(orgId)?.sliceMicros;
+  }
+
   /** The real cost of a finished request replaces its reservation (0 for a request that never ran). */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
     const o = this.orgs.get(orgId);

@@ -72,14 +72,16 @@ export function proxyRequest(req: ProxyRequest): void {
 
   req.onAbort(() => {
     clientGone = true;
+    // Reported first: aborting the upstream may call onResponseError synchronously.
+    done(499, 'aborted');
     if (controller && !controller.aborted) controller.abort(new Error('client closed the connection'));
     if (req.body && typeof req.body === 'object' && 'destroy' in req.body) (req.body as Readable).destroy();
-    done(499, 'aborted');
   });
 
   const fail = (err: Error) => {
     if (reply.done) {
-      done(status || 502, clientGone ? 'aborted' : 'error');
+      if (clientGone) done(499, 'aborted');
+      else done(status || 502, 'error');
       return;
     }
     if (!reply.headersSent) {
@@ -153,11 +155,10 @@ export function proxyRequest(req: ProxyRequest): void {
     },
     onResponseEnd() {
       try {
-        if (!reply.done) {
-          const tail = inspector ? inspector.flush() : '';
-          reply.end(tail.length > 0 ? tail : undefined);
-        }
+        const tail = !reply.done && inspector ? inspector.flush() : '';
+        // Reported before the response ends, so the request is settled when its cleanup runs.
         done(status, 'ok');
+        if (!reply.done) reply.end(tail.length > 0 ? tail : undefined);
       } catch (err) {
         logBug(err);
         done(status, 'error');

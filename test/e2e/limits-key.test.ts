@@ -86,10 +86,11 @@ test('free key: 20 requests per minute with counting-down headers, the 21st gets
   assert.match(refused.body.error.message, /20\/20/);
   assert.match(refused.body.error.message, /60000/);
   assert.match(refused.body.error.message, /100/);
-  // Other kinds of responses of the key carry the headers too.
+  // Listings count as requests too, and their refusals carry the headers like every answer.
   const models = await request(`${node.url}/v1/models`, { headers: bearer(key) });
-  assert.equal(models.status, 200);
+  assert.equal(models.status, 429);
   assert.equal(models.headers.get('x-ratelimit-limit-requests'), '20');
+  assert.equal(models.headers.get('x-ratelimit-remaining-requests'), '0');
   // The next clock minute admits again.
   await nextMinute(0);
   const again = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });

@@ -6,6 +6,7 @@ import {
   KeyBudgets,
   estimateTokens,
   rateHeaderPairs,
+  type RateHeaders,
   type Admission,
   type AllowanceSource,
   type KeyLimits,
@@ -13,6 +14,12 @@ import {
 } from '../../data-plane/limits/key-budgets.js';
 
 const T0 = Date.UTC(2025, 0, 1, 12, 0, 0); // top of a minute
+
+/** The counting part of the rate headers (the reset countdown is asserted on its own). */
+function counts(h: RateHeaders): Omit<RateHeaders, 'resetSec'> {
+  const { resetSec: _reset, ...rest } = h;
+  return rest;
+}
 const FREE: KeyLimits = { keyId: 'key_free', rpmLimit: 20, tpmLimit: 60_000, maxParallel: 100 };
 
 function admitted(a: Admission): Ticket {
@@ -47,7 +54,7 @@ test('the 21st request in a minute is refused with dimension requests and the ex
   for (let i = 1; i <= 20; i++) {
     const a = kb.admit(FREE, 50);
     const ticket = admitted(a);
-    assert.deepEqual(a.headers, { limitRequests: 20, remainingRequests: 20 - i, limitTokens: 60_000, remainingTokens: 60_000 - 50 * i });
+    assert.deepEqual(counts(a.headers), { limitRequests: 20, remainingRequests: 20 - i, limitTokens: 60_000, remainingTokens: 60_000 - 50 * i });
     ticket.settle(50);
     clock.advance(1_000);
   }
@@ -60,7 +67,7 @@ test('the 21st request in a minute is refused with dimension requests and the ex
     r.message,
     'Rate limit reached for requests per minute (rpm): 20/20 used; tokens per minute (tpm): 1000/60000; max parallel requests: 0/100. Retry after 17 s.',
   );
-  assert.deepEqual(r.headers, { limitRequests: 20, remainingRequests: 0, limitTokens: 60_000, remainingTokens: 59_000 });
+  assert.deepEqual(counts(r.headers), { limitRequests: 20, remainingRequests: 0, limitTokens: 60_000, remainingTokens: 59_000 });
   // Refused requests consume nothing.
   refused(kb.admit(FREE, 50));
   assert.deepEqual(kb.usage(FREE.keyId), { minute: minuteOf(clock.now()), requests: 20, tokens: 1000, inFlight: 0 });
@@ -83,7 +90,7 @@ test('retry-after counts down to the top of the minute, and the next minute rese
     assert.equal(refused(kb.admit(FREE, 10)).retryAfterSec, want, `at ${at}`);
   }
   clock.set(T0 + 60_000);
-  assert.deepEqual(kb.headers(FREE), { limitRequests: 20, remainingRequests: 20, limitTokens: 60_000, remainingTokens: 60_000 });
+  assert.deepEqual(counts(kb.headers(FREE)), { limitRequests: 20, remainingRequests: 20, limitTokens: 60_000, remainingTokens: 60_000 });
   const a = kb.admit(FREE, 10);
   admitted(a);
   assert.equal(a.headers.remainingRequests, 19);
@@ -92,10 +99,10 @@ test('retry-after counts down to the top of the minute, and the next minute rese
 test('headers() reads without counting', () => {
   const clock = new ManualClock(T0);
   const kb = new KeyBudgets(clock);
-  assert.deepEqual(kb.headers(FREE), { limitRequests: 20, remainingRequests: 20, limitTokens: 60_000, remainingTokens: 60_000 });
+  assert.deepEqual(counts(kb.headers(FREE)), { limitRequests: 20, remainingRequests: 20, limitTokens: 60_000, remainingTokens: 60_000 });
   admitted(kb.admit(FREE, 1234));
-  assert.deepEqual(kb.headers(FREE), { limitRequests: 20, remainingRequests: 19, limitTokens: 60_000, remainingTokens: 58_766 });
-  assert.deepEqual(kb.headers(FREE), { limitRequests: 20, remainingRequests: 19, limitTokens: 60_000, remainingTokens: 58_766 });
+  assert.deepEqual(counts(kb.headers(FREE)), { limitRequests: 20, remainingRequests: 19, limitTokens: 60_000, remainingTokens: 58_766 });
+  assert.deepEqual(counts(kb.headers(FREE)), { limitRequests: 20, remainingRequests: 19, limitTokens: 60_000, remainingTokens: 58_766 });
   assert.equal(kb.trackedKeys(), 1);
   kb.headers({ ...FREE, keyId: 'other' });
   assert.equal(kb.trackedKeys(), 1);
@@ -219,13 +226,21 @@ test('a limit of 0 means no limit on that dimension', () => {
   const key: KeyLimits = { keyId: 'k', rpmLimit: 0, tpmLimit: 0, maxParallel: 0 };
   for (let i = 0; i < 1000; i++) admitted(kb.admit(key, 1_000_000));
   const h = kb.headers(key);
-  assert.deepEqual(h, { limitRequests: 0, remainingRequests: 0, limitTokens: 0, remainingTokens: 0 });
+  assert.deepEqual(h, { limitRequests: 0, remainingRequests: 0, limitTokens: 0, remainingTokens: 0, resetSec: 60 });
   assert.deepEqual(rateHeaderPairs(h), []);
   assert.deepEqual(rateHeaderPairs(kb.headers({ ...FREE, keyId: 'x' })), [
     ['x-ratelimit-limit-requests', '20'],
     ['x-ratelimit-remaining-requests', '20'],
+    ['x-ratelimit-reset-requests', '60s'],
     ['x-ratelimit-limit-tokens', '60000'],
     ['x-ratelimit-remaining-tokens', '60000'],
+    ['x-ratelimit-reset-tokens', '60s'],
+  ]);
+  // The reset counts down to the top of the next clock minute, like a gateway retry-after.
+  clock.advance(12_500);
+  assert.deepEqual(rateHeaderPairs(kb.headers({ ...FREE, keyId: 'x' })).filter(([k]) => k.includes('reset')), [
+    ['x-ratelimit-reset-requests', '48s'],
+    ['x-ratelimit-reset-tokens', '48s'],
   ]);
 });
 

@@ -107,6 +107,9 @@ export class DemoProvider implements Provider {
     const id = `chatcmpl-${call.requestId}`;
     const created = Math.floor(Date.now() / 1000);
     const usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+    // Reported before the answer is written (it is written in full, synchronously), so the request is
+    // settled when the response's cleanup runs.
+    call.complete({ status: 200, promptTokens, completionTokens });
     if (body.stream === true) {
       const so = body.stream_options as { include_usage?: unknown } | undefined;
       const includeUsage = !!so && so.include_usage === true;
@@ -133,7 +136,6 @@ export class DemoProvider implements Provider {
       };
       reply.send(200, JSON_HEADERS, JSON.stringify(out));
     }
-    call.complete({ status: 200, promptTokens, completionTokens });
   }
 
   embeddings(call: ModelCall): void {
@@ -149,8 +151,8 @@ export class DemoProvider implements Provider {
       return { object: 'embedding', index, embedding };
     });
     const out = { object: 'list', data, model: model.id, usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } };
-    reply.send(200, JSON_HEADERS, JSON.stringify(out));
     call.complete({ status: 200, promptTokens, completionTokens: 0 });
+    reply.send(200, JSON_HEADERS, JSON.stringify(out));
   }
 
   speech(call: ModelCall): void {
@@ -158,6 +160,7 @@ export class DemoProvider implements Provider {
     const input = typeof body.input === 'string' ? body.input : '';
     const voiceIndex = Math.max(0, model.voices.indexOf(String(body.voice)));
     const wav = demoWav(voiceIndex, input.length);
+    call.complete({ status: 200, promptTokens: 0, completionTokens: 0, audioUnits: input.length });
     // Known length: streamed with tryEnd and backpressure.
     reply.startStream(200, [['content-type', 'audio/wav']], wav.length);
     const CHUNK = 16 * 1024;
@@ -173,7 +176,6 @@ export class DemoProvider implements Provider {
       }
     };
     pump();
-    call.complete({ status: 200, promptTokens: 0, completionTokens: 0, audioUnits: input.length });
   }
 
   transcription(call: TranscriptionCall): void {
@@ -186,8 +188,8 @@ export class DemoProvider implements Provider {
     call.rest.on('end', () => {
       const seconds = audioSecondsOf(bytes);
       const text = `Demo transcription: ${seconds} second${seconds === 1 ? '' : 's'} of audio received.`;
-      call.reply.send(200, JSON_HEADERS, JSON.stringify({ text }));
       call.complete({ status: 200, promptTokens: 0, completionTokens: countTokens(text), audioUnits: seconds });
+      call.reply.send(200, JSON_HEADERS, JSON.stringify({ text }));
     });
     // findModelField left the stream paused; a 'data' listener alone does not restart it.
     call.rest.resume();

@@ -217,6 +217,13 @@ export class OpenAIProvider implements Provider {
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
         const prompt = () => countMessageTokens(body.messages);
+        if (outcome === 'aborted') {
+          // The client left after the request reached the upstream, which ran it: the prompt and any
+          // completion streamed so far are billed (design.md, client aborts).
+          const s = sse as SseUsage | null;
+          const u = s?.usage;
+          return call.complete({ status: 499, promptTokens: u?.prompt_tokens ?? prompt(), completionTokens: u?.completion_tokens ?? (s ? s.countedCompletionTokens() : 0) });
+        }
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
         let usage: Usage | null = null;
         let counted = 0;
@@ -230,9 +237,8 @@ export class OpenAIProvider implements Provider {
             for (const c of obj.choices as Array<{ message?: { content?: unknown } }>) counted += countTokens(contentText(c.message?.content));
           }
         }
-        const s = outcome === 'aborted' ? 499 : status;
-        if (usage) call.complete({ status: s, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 });
-        else call.complete({ status: s, promptTokens: prompt(), completionTokens: counted });
+        if (usage) call.complete({ status, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 });
+        else call.complete({ status, promptTokens: prompt(), completionTokens: counted });
       },
     });
   }
@@ -255,11 +261,12 @@ export class OpenAIProvider implements Provider {
       inspect: (status) => (status >= 200 && status < 300 ? (json = new JsonCopy()) : null),
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
+        const input = body.input;
+        const counted = () => (typeof input === 'string' ? countTokens(input) : Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0);
+        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: counted(), completionTokens: 0 });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
         const usage = ((json as JsonCopy | null)?.json()?.usage as Usage | undefined) ?? null;
-        const input = body.input;
-        const counted = typeof input === 'string' ? countTokens(input) : Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0;
-        call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: usage?.prompt_tokens ?? counted, completionTokens: 0 });
+        call.complete({ status, promptTokens: usage?.prompt_tokens ?? counted(), completionTokens: 0 });
       },
     });
   }
@@ -281,7 +288,8 @@ export class OpenAIProvider implements Provider {
       passAllHeaders: false,
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
-        const ok = status >= 200 && status < 300;
+        // An aborted synthesis still ran upstream: its input characters are billed.
+        const ok = outcome === 'aborted' || (status >= 200 && status < 300);
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0, audioUnits: ok ? chars : 0 });
       },
     });
@@ -323,10 +331,12 @@ export class OpenAIProvider implements Provider {
       inspect: (status, contentType) => (status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonCopy()) : null),
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
+        // Aborted: the audio uploaded so far is billed.
+        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: 0, completionTokens: 0, audioUnits: audioSecondsOf(bytes) });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
         const duration = (json as JsonCopy | null)?.json()?.duration;
         const seconds = typeof duration === 'number' && duration > 0 ? Math.ceil(duration) : audioSecondsOf(bytes);
-        call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
+        call.complete({ status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
       },
     });
   }

@@ -1,0 +1,125 @@
+// One admitted request of a key, from admission to its end: its key-budget ticket and its money
+// reservation are settled exactly once, whichever way the request ends (the provider completes, the
+// client aborts, a later check refuses it, the response is sent before the upstream finished).
+import type { ModelConfig, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+import { tokenCostMicros } from '../../proto/lib/money.js';
+import type { KeyRecord } from '../auth/key-table.js';
+import type { Clock } from '../limits/clock.js';
+import type { Ticket } from '../limits/key-budgets.js';
+import type { SpendReservation } from '../limits/lease-client.js';
+import type { CallResult } from '../proxy/providers/provider.js';
+import { logBug } from './reply.js';
+
+export interface ContextDeps {
+  clock: Clock;
+  reporter: { record(u: UsageRecord): void };
+  leases?: { settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void };
+}
+
+/** The part of Reply a context needs: one callback when the response ends, however it ends. */
+export interface FinishSource {
+  onFinish(fn: (aborted: boolean) => void): void;
+}
+
+/**
+ * How long a finished response waits for its provider to report before the context settles on its
+ * own. Providers complete on every path (provider.ts); this only bounds the damage of a provider bug.
+ */
+export const PROVIDER_REPORT_GRACE_MS = 120_000;
+
+/** The cost of a finished model call, in micro-dollars. */
+export function costOf(m: ModelConfig, r: CallResult): number {
+  if (m.kind === 'speech') return Math.ceil(((r.audioUnits ?? 0) * m.audioMicrosPerUnit) / 1000);
+  if (m.kind === 'transcription') return (r.audioUnits ?? 0) * m.audioMicrosPerUnit;
+  return tokenCostMicros(r.promptTokens, r.completionTokens, m.inputMicrosPerMtok, m.outputMicrosPerMtok);
+}
+
+export class RequestContext {
+  completed = false;
+  /** Set once the request was handed to a provider or backend: from then on it counts. */
+  providerStarted = false;
+  model: ModelConfig | null = null;
+  /** Prompt tokens billed when the request ends without a provider report (an abort). */
+  estimatedPromptTokens = 0;
+  readonly abortFns: Array<() => void> = [];
+  /** The estimated cost reserved from the node's money slice while this request runs. */
+  spend: SpendReservation | undefined;
+  private graceTimer: NodeJS.Timeout | null = null;
+
+  constructor(
+    private readonly deps: ContextDeps,
+    readonly requestId: string,
+    readonly key: KeyRecord,
+    readonly path: string,
+    readonly ticket: Ticket,
+    readonly minute: number,
+  ) {}
+
+  /** Ties the context to its response: the single cleanup path of reply.ts rule 8. */
+  attach(reply: FinishSource): void {
+    reply.onFinish((aborted) => this.onResponseEnd(aborted));
+  }
+
+  private onResponseEnd(aborted: boolean): void {
+    if (aborted) {
+      // Each abort in its own try: one throwing must not skip the others or the settlement below.
+      for (const fn of this.abortFns) {
+        try {
+          fn();
+        } catch (err) {
+          logBug(err);
+        }
+      }
+    }
+    if (this.completed) return;
+    // Ended before any upstream call (refused by a later check, too large, aborted while reading the
+    // body): it consumes no request, tokens, slot or money.
+    if (!this.providerStarted) return this.refuse();
+    if (aborted) return this.complete({ status: 499, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
+    // Sent in full before the provider reported (a known-length answer finished while the upstream's
+    // end is still on its way): the provider reports soon; settle on our own only if it never does.
+    this.graceTimer = setTimeout(() => {
+      if (this.completed) return;
+      logBug(new Error(`request ${this.requestId}: the provider never reported how it ended`));
+      this.complete({ status: 500, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
+    }, PROVIDER_REPORT_GRACE_MS);
+    this.graceTimer.unref();
+  }
+
+  /** Refused by a check after admission (400, 401 for the model): nothing is counted. */
+  refuse(): void {
+    if (this.completed) return;
+    this.completed = true;
+    this.ticket.refund();
+    this.deps.leases?.settleSpend(this.key.orgId, this.spend, 0);
+  }
+
+  /** The request ran: tokens settle the ticket, a model call is recorded and paid for. */
+  complete(r: CallResult): void {
+    if (this.completed) return;
+    this.completed = true;
+    if (this.graceTimer) clearTimeout(this.graceTimer);
+    this.ticket.settle(r.promptTokens + r.completionTokens);
+    const m = this.model;
+    let cost = 0;
+    if (m && this.providerStarted) {
+      cost = costOf(m, r);
+      this.deps.reporter.record({
+        requestId: this.requestId,
+        keyId: this.key.keyId,
+        orgId: this.key.orgId,
+        projectId: this.key.projectId,
+        model: m.id,
+        path: this.path,
+        status: r.status,
+        promptTokens: r.promptTokens,
+        completionTokens: r.completionTokens,
+        costMicros: cost,
+        atMs: this.deps.clock.now(),
+        minute: this.minute,
+      });
+    }
+    // Every reservation is settled, with or without a model (a tool call costs nothing but held one).
+    this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
+  }
+}
