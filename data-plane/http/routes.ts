@@ -23,36 +23,8 @@ export interface Route {
   backend: ToolBackend | null;
 }
 
-export const MAX_PATH_CHARS = 2048;
-
-/**
- * Path sanity (design.md, `bad_path`): `..` or `.` segments (also percent-encoded), `//`, encoded `/`
- * or `\`, a backslash, NUL, invalid percent-encoding, paths longer than 2048 characters.
- */
-export function isBadPath(path: string): boolean {
-  if (path.length > MAX_PATH_CHARS) return true;
-  if (path.charCodeAt(0) !== 47 /* / */) return true;
-  if (path.includes('//') || path.includes('\\') || path.includes('\0')) return true;
-  const hasPercent = path.includes('%');
-  if (hasPercent) {
-    if (/%(?![0-9A-Fa-f]{2})/.test(path)) return true;
-    if (/%(2f|5c|00)/i.test(path)) return true;
-  }
-  if (path.includes('.') || (hasPercent && /%2e/i.test(path))) {
-    for (const raw of path.split('/')) {
-      let seg = raw;
-      if (hasPercent && seg.includes('%')) {
-        try {
-          seg = decodeURIComponent(seg);
-        } catch {
-          return true;
-        }
-      }
-      if (seg === '.' || seg === '..') return true;
-    }
-  }
-  return false;
-}
+// Path sanity is its own pure module; re-exported here, where the pipeline looks paths up.
+export { isBadPath, MAX_PATH_CHARS } from '../routing/path-sanity.js';
 
 /**
  * The error shape of a path's family, decided before routing: a 401 on `/v1/chat/completionz` looks
