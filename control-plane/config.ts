@@ -6,6 +6,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseYaml } from 'yaml';
 import { checkPepper, generateToken } from '../proto/lib/keys.js';
+import { parseIpRange } from '../proto/lib/ip.js';
 import { parseUsd } from '../proto/lib/money.js';
 import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
 
@@ -332,6 +333,11 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     });
   })();
   const trustedProxies = strList('trusted_proxies', doc.trusted_proxies);
+  // Parsed here only to refuse what a node could never match; nodes parse the list once per config version.
+  trustedProxies.forEach((entry, i) => {
+    const r = parseIpRange(entry);
+    if (typeof r === 'string') fail(`trusted_proxies[${i}]`, `${JSON.stringify(entry)}: ${r}`);
+  });
   let maxStalenessMs = 0;
   if (doc.max_staleness_ms !== undefined) maxStalenessMs = posInt('max_staleness_ms', doc.max_staleness_ms, 0);
   else if (doc.max_staleness_sec !== undefined) maxStalenessMs = posInt('max_staleness_sec', doc.max_staleness_sec, 0) * 1000;

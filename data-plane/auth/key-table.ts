@@ -2,6 +2,7 @@
 // and the route table. Pure (no I/O): the sync client feeds it snapshots and deltas.
 // A snapshot builds a new GatewayState and the holder swaps one reference; a delta mutates the current
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
+import { IpRangeSet } from '../../proto/lib/ip.js';
 import { hashKey, secretsEqual } from '../../proto/lib/keys.js';
 import type { Delta, GatewayConfig, KeyEntry, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
@@ -32,7 +33,8 @@ export interface ConfigView {
   models: ReadonlyMap<string, ModelConfig>;
   tiers: ReadonlyMap<string, TierView>;
   routes: RouteTable;
-  trustedProxies: ReadonlySet<string>;
+  /** Peers whose X-Forwarded-For is believed: parsed once per config version, never per request. */
+  trustedProxies: IpRangeSet;
 }
 
 export interface TierView {
@@ -56,7 +58,14 @@ export function buildConfigView(config: GatewayConfig | undefined): ConfigView {
   for (const m of c.models) models.set(m.id, m);
   const tiers = new Map<string, TierView>();
   for (const t of c.tiers) tiers.set(t.name, { tier: t, plan: new Set(t.allowedModels) });
-  return { config: c, models, tiers, routes: new RouteTable(c.toolBackends), trustedProxies: new Set(c.trustedProxies) };
+  return {
+    config: c,
+    models,
+    tiers,
+    routes: new RouteTable(c.toolBackends),
+    // The control plane refuses invalid entries; should one arrive anyway, it trusts nothing.
+    trustedProxies: IpRangeSet.parse(c.trustedProxies, { skipInvalid: true }),
+  };
 }
 
 export type DeltaResult = 'applied' | 'stale' | 'gap';

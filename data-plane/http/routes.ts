@@ -3,6 +3,7 @@
 // never per request. Pure: no I/O.
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
+import { familyOf } from '../routing/path-families.js';
 import type { ErrorShape } from './error-shapes.js';
 
 export type RouteKind = 'models' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'tool' | 'realtime';
@@ -22,50 +23,16 @@ export interface Route {
   backend: ToolBackend | null;
 }
 
-export const MAX_PATH_CHARS = 2048;
-
-/**
- * Path sanity (design.md, `bad_path`): `..` or `.` segments (also percent-encoded), `//`, encoded `/`
- * or `\`, a backslash, NUL, invalid percent-encoding, paths longer than 2048 characters.
- */
-export function isBadPath(path: string): boolean {
-  if (path.length > MAX_PATH_CHARS) return true;
-  if (path.charCodeAt(0) !== 47 /* / */) return true;
-  if (path.includes('//') || path.includes('\\') || path.includes('\0')) return true;
-  const hasPercent = path.includes('%');
-  if (hasPercent) {
-    if (/%(?![0-9A-Fa-f]{2})/.test(path)) return true;
-    if (/%(2f|5c|00)/i.test(path)) return true;
-  }
-  if (path.includes('.') || (hasPercent && /%2e/i.test(path))) {
-    for (const raw of path.split('/')) {
-      let seg = raw;
-      if (hasPercent && seg.includes('%')) {
-        try {
-          seg = decodeURIComponent(seg);
-        } catch {
-          return true;
-        }
-      }
-      if (seg === '.' || seg === '..') return true;
-    }
-  }
-  return false;
-}
-
-const MODEL_FAMILY = ['/v1/chat/', '/v1/embeddings', '/v1/audio/', '/v1/models', '/v1/completions'];
+// Path sanity is its own pure module; re-exported here, where the pipeline looks paths up.
+export { isBadPath, MAX_PATH_CHARS } from '../routing/path-sanity.js';
 
 /**
  * The error shape of a path's family, decided before routing: a 401 on `/v1/chat/completionz` looks
  * like a 401 on `/v1/chat/completions`, so an unauthenticated caller learns nothing about which paths exist.
  */
 export function shapeOf(path: string): ErrorShape {
-  for (const p of MODEL_FAMILY) if (path.startsWith(p)) return 'A';
-  return 'B';
+  return familyOf(path).shape;
 }
-
-// Tool families of the spec; `/v1/sandbox/*` needs the slash, `/v1/route` is one path (and its sub-paths).
-const TOOL_PREFIXES = ['/v1/pdf', '/v1/files', '/v1/skills', '/v1/mcp', '/v1/vector_stores', '/v1/sandbox/'];
 
 function modelRoute(kind: RouteKind, method: string, bodyMode: BodyMode): Route {
   return { kind, shape: 'A', methods: new Set([method]), allow: method, bodyMode, backend: null };
@@ -102,8 +69,10 @@ export class RouteTable {
       }
       return r;
     }
-    if (path.startsWith('/v1/realtime')) return this.realtime;
-    if (isToolPath(path)) {
+    // Which part of the router serves a path is its family's, as for edge budgets and body caps.
+    const router = familyOf(path).router;
+    if (router === 'realtime') return this.realtime;
+    if (router === 'tool') {
       for (const b of this.backends) {
         if (path.startsWith(b.prefix)) return this.toolRoutes.get(b.prefix)!;
       }
@@ -111,10 +80,4 @@ export class RouteTable {
     }
     return new GatewayError('NOT_FOUND', `No route for ${path}.`);
   }
-}
-
-function isToolPath(path: string): boolean {
-  if (path === '/v1/route' || path.startsWith('/v1/route/')) return true;
-  for (const p of TOOL_PREFIXES) if (path.startsWith(p)) return true;
-  return false;
 }

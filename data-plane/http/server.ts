@@ -18,6 +18,7 @@ import type { CallResult, ModelCall, Provider } from '../proxy/providers/provide
 import { countMessageTokens } from '../proxy/tokens.js';
 import { forwardTool } from '../proxy/tool-router.js';
 import type { Reporter } from '../sync/reporter.js';
+import { deriveClientIp, headerLines } from './client-ip.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, Reply } from './reply.js';
 import { RequestContext } from './request-context.js';
@@ -86,7 +87,6 @@ export class ApiServer {
         ip: '',
       };
       const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
-      const xff = req.getHeader('x-forwarded-for');
       // Tool pass-through needs every header; copied only on tool paths.
       let allHeaders: Array<[string, string]> | null = null;
       if (shapeOf(head.path) === 'B') {
@@ -94,7 +94,10 @@ export class ApiServer {
         req.forEach((k, v) => allHeaders!.push([k, v]));
       }
       reply = new Reply(res);
-      head.ip = this.clientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), xff);
+      // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
+      head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () =>
+        headerLines(req, 'x-forwarded-for'),
+      );
       this.pipeline(res, reply, head, hasCredential, allHeaders);
     } catch (err) {
       logBug(err);
@@ -105,15 +108,6 @@ export class ApiServer {
         logBug(e);
       }
     }
-  }
-
-  private clientIp(remote: string, xff: string): string {
-    const trusted = this.deps.holder.current.view.trustedProxies;
-    if (!xff || trusted.size === 0 || !trusted.has(remote)) return remote;
-    // The right-most address that is not one of our proxies is the client.
-    const hops = xff.split(',').map((s) => s.trim()).filter(Boolean);
-    for (let i = hops.length - 1; i >= 0; i--) if (!trusted.has(hops[i])) return hops[i];
-    return hops[0] ?? remote;
   }
 
   private pipeline(res: HttpResponse, reply: Reply, head: RequestHead, hasCredential: boolean, allHeaders: Array<[string, string]> | null): void {

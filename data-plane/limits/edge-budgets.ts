@@ -10,6 +10,7 @@
 //   budgets are checked before any is counted, so a refused request consumes nothing.
 import { type Clock } from './clock.js';
 import { Fifo } from './fifo.js';
+import { familyOf } from '../routing/path-families.js';
 
 export const EDGE_WINDOW_MS = 60_000;
 
@@ -21,7 +22,7 @@ export const EDGE_BUDGET_LIMITS: Readonly<Record<EdgeBudgetName, number>> = Obje
   credentialed: 600, // /v1/* with a credential presented, valid or not
   voices: 120, // /v1/audio/voices
   audio: 60, // /v1/audio/* other than voices
-  files: 60, // /v1/files, /v1/files/…
+  files: 60, // /v1/files*
   group120: 120, // /v1/models, /v1/pdf*, /v1/skills*, /v1/mcp*, /v1/vector_stores*, /v1/sandbox/*, /v1/route
   realtime: 60, // /v1/realtime* connection attempts
 });
@@ -34,63 +35,20 @@ export interface EdgeVerdict {
   budget?: string;
 }
 
-// Body caps. MB here means MiB (1024 × 1024 bytes), used consistently: the binary reading is the more
-// generous one, so no client sending "32 MB" as its tools count it is ever refused.
-const MIB = 1024 * 1024;
-export const BODY_CAP_GENERAL_BYTES = 32 * MIB;
-export const BODY_CAP_AUDIO_BYTES = 200 * MIB;
-export const BODY_CAP_FILES_BYTES = 256 * MIB;
-export const BODY_CAP_GROUP120_BYTES = 64 * MIB;
-
-type PathBudget = 'voices' | 'audio' | 'files' | 'group120' | 'realtime';
-
-function stripQuery(path: string): string {
-  const q = path.indexOf('?');
-  return q === -1 ? path : path.slice(0, q);
-}
-
-function isUnder(path: string, base: string): boolean {
-  return path === base || path.startsWith(base + '/');
-}
+// Which budgets and which body cap a path has is the path family's (routing/path-families.ts), the
+// one classifier the router uses too.
+export { BODY_CAP_AUDIO_BYTES, BODY_CAP_FILES_BYTES, BODY_CAP_GENERAL_BYTES, BODY_CAP_GROUP120_BYTES } from '../routing/path-families.js';
 
 /**
- * The path-specific budget a raw path (no query) falls in, if any. Matching is on the raw bytes,
- * case-sensitive, as sent; path sanity (`..`, `//`, encodings) is checked after the edge.
- * `/v1/models/{id}` and `/v1/audio/voices/{id}` count with their collection.
- */
-function pathBudgetOf(path: string): PathBudget | undefined {
-  if (!path.startsWith('/v1/')) return undefined;
-  if (path.startsWith('/v1/audio/')) return isUnder(path, '/v1/audio/voices') ? 'voices' : 'audio';
-  if (isUnder(path, '/v1/files')) return 'files';
-  if (path.startsWith('/v1/realtime')) return 'realtime';
-  if (
-    isUnder(path, '/v1/models') ||
-    path.startsWith('/v1/pdf') ||
-    path.startsWith('/v1/skills') ||
-    path.startsWith('/v1/mcp') ||
-    path.startsWith('/v1/vector_stores') ||
-    path.startsWith('/v1/sandbox/') ||
-    path === '/v1/route'
-  ) {
-    return 'group120';
-  }
-  return undefined;
-}
-
-function isV1(path: string): boolean {
-  return path === '/v1' || path.startsWith('/v1/');
-}
-
-/**
- * Every edge budget a request counts in. Paths outside `/v1` (e.g. a health check) have none.
- * `path` is the raw path; a query, if left on, is ignored.
+ * Every edge budget a request counts in: the general anonymous or credentialed budget of `/v1/*` plus
+ * the family's own budget, if any. Paths outside `/v1` (e.g. a health check) have none. `path` is the
+ * raw path; a query, if left on, is ignored.
  */
 export function matchEdgeBudgets(path: string, hasCredential: boolean): EdgeBudgetName[] {
-  const p = stripQuery(path);
-  if (!isV1(p)) return [];
+  const f = familyOf(path);
+  if (!f.generalBudget) return [];
   const general: EdgeBudgetName = hasCredential ? 'credentialed' : 'anonymous';
-  const specific = pathBudgetOf(p);
-  return specific === undefined ? [general] : [general, specific];
+  return f.pathBudget === null ? [general] : [general, f.pathBudget];
 }
 
 /**
@@ -98,16 +56,7 @@ export function matchEdgeBudgets(path: string, hasCredential: boolean): EdgeBudg
  * otherwise 32 MiB (general /v1/*, voices and realtime, which the spec gives no cap of their own).
  */
 export function bodyCapBytes(path: string): number {
-  switch (pathBudgetOf(stripQuery(path))) {
-    case 'audio':
-      return BODY_CAP_AUDIO_BYTES;
-    case 'files':
-      return BODY_CAP_FILES_BYTES;
-    case 'group120':
-      return BODY_CAP_GROUP120_BYTES;
-    default:
-      return BODY_CAP_GENERAL_BYTES;
-  }
+  return familyOf(path).bodyCapBytes;
 }
 
 /** A non-empty `Authorization`, `x-api-key` or `api-key` header value counts as presenting a credential. */

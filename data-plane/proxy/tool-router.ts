@@ -1,6 +1,7 @@
 // Tool endpoints, kept minimal for now: a request under a tool prefix with a configured backend is
 // passed through unchanged (method, path, query, body streamed; the gateway's own credential headers
-// removed), and the backend's answer is passed back unchanged (Shape C). No backend configured, or one
+// and every client-sent forwarding header removed, one X-Forwarded-For with the client's address
+// added), and the backend's answer is passed back unchanged (Shape C). No backend configured, or one
 // that cannot be reached: 502 Shape B `upstream_unreachable`.
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
@@ -23,6 +24,12 @@ const DROP_REQUEST_HEADERS = new Set([
   'upgrade',
   'proxy-authorization',
   'expect',
+  // What a client says about its own address; the backend gets one X-Forwarded-For from us instead.
+  'x-forwarded-for',
+  'forwarded',
+  'x-real-ip',
+  'x-client-ip',
+  'true-client-ip',
 ]);
 
 export interface ToolRequest {
@@ -34,6 +41,7 @@ export interface ToolRequest {
   headers: Array<[string, string]>;
   body: Readable | null;
   reply: Reply;
+  /** The client's address as the node determined it (http/client-ip.ts): the one X-Forwarded-For sent. */
   clientIp: string;
   onAbort(fn: () => void): void;
   onDone(status: number): void;

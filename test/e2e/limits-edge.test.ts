@@ -79,6 +79,10 @@ const pathBudgets: Array<[string, string, number]> = [
   ['POST', '/v1/files', 60],
   ['GET', '/v1/models', 120],
   ['POST', '/v1/route', 120],
+  // Before: sub-paths of /v1/route and /v1/files-prefixed names were routed as tools but not budgeted as such.
+  ['POST', '/v1/route/x', 120],
+  ['POST', '/v1/filesystem', 60],
+  ['GET', '/v1/models/demo-chat', 120],
   ['GET', '/v1/realtime', 60],
 ];
 
@@ -105,13 +109,19 @@ const caps: Array<[string, number, string]> = [
   ['/v1/chat/completions', 32 * MB, 'A'],
   ['/v1/audio/transcriptions', 200 * MB, 'A'],
   ['/v1/files', 256 * MB, 'B'],
+  ['/v1/files/file-1', 256 * MB, 'B'],
+  // Before: /v1/filesX was routed to the files backend but capped at 32 MB.
+  ['/v1/filesystem', 256 * MB, 'B'],
   ['/v1/pdf', 64 * MB, 'B'],
+  ['/v1/route/x', 64 * MB, 'B'],
+  ['/v1/models/demo-chat', 64 * MB, 'A'],
 ];
 
 for (const [path, cap, shape] of caps) {
-  test(`a declared body over ${cap / MB} MB on ${path} gets 413 before it is read`, async () => {
+  test(`a declared body over ${cap / MB} MB on ${path} gets 413 before it is read; ${cap / MB} MB passes the cap`, async () => {
     await freshWindows();
     const addr = node.url.replace('http://', '');
+    // The Content-Length lies: no body follows, so only a check made before reading can answer.
     const head = (len: number) =>
       `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-tollgate-unknown\r\nContent-Type: application/json\r\nContent-Length: ${len}\r\n\r\n`;
     const res = await rawRequest(addr, head(cap + 1));
@@ -123,5 +133,7 @@ for (const [path, cap, shape] of caps) {
     } else {
       assert.equal(body.error.code, 'payload_too_large');
     }
+    // At the cap the request gets past the edge to the credential check.
+    assert.equal((await rawRequest(addr, head(cap))).status, 401);
   });
 }

@@ -47,11 +47,15 @@ export function minuteStart(ms = Date.now()): number {
   return Math.floor(ms / 60_000) * 60_000;
 }
 
-/** Sends raw bytes and returns the status line and the rest of the response as text. */
-export function rawRequest(hostPort: string, head: string, body?: Buffer): Promise<{ status: number; text: string }> {
+/**
+ * Sends raw bytes and returns the status line and the rest of the response as text (status 0: the
+ * server closed the connection without answering). `localAddress` picks the client's address, e.g.
+ * 127.0.0.2 to come from a loopback address other than the usual one.
+ */
+export function rawRequest(hostPort: string, head: string, body?: Buffer, opts: { localAddress?: string } = {}): Promise<{ status: number; text: string }> {
   const [host, port] = [hostPort.slice(0, hostPort.lastIndexOf(':')), Number(hostPort.slice(hostPort.lastIndexOf(':') + 1))];
   return new Promise((resolve, reject) => {
-    const sock = connect(port, host);
+    const sock = connect({ port, host: host.replace(/^\[|\]$/g, ''), localAddress: opts.localAddress });
     let data = '';
     sock.on('connect', () => {
       sock.write(head);

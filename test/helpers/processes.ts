@@ -158,6 +158,8 @@ export interface DataPlane {
 
 export interface DataPlaneOptions {
   nodeId?: string;
+  /** HOST:PORT to listen on (default 127.0.0.1:0); `[::]:0` listens dual-stack. */
+  listen?: string;
   adminListen?: boolean;
   env?: Record<string, string | undefined>;
   extraArgs?: string[];
@@ -168,7 +170,7 @@ export interface DataPlaneOptions {
 }
 
 export async function startDataPlane(cp: { address: string; secrets: Secrets }, opts: DataPlaneOptions = {}): Promise<DataPlane> {
-  const args = ['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'];
+  const args = ['data-plane/main.ts', '--control-plane', cp.address, '--listen', opts.listen ?? '127.0.0.1:0'];
   if (opts.nodeId) args.push('--node-id', opts.nodeId);
   if (opts.adminListen) args.push('--admin-listen', '127.0.0.1:0');
   args.push(...(opts.extraArgs ?? []));

@@ -38,6 +38,11 @@ test('bad gateway configs are refused with one line naming the setting', () => {
     ['no tiers', (d) => (d.tiers = {}), /^tiers: /],
     ['bad service name', (d) => (d.service_name = 'a b'), /^service_name: /],
     ['bad tool prefix', (d) => (d.tool_backends = [{ prefix: '/pdf', base_url: 'http://127.0.0.1:9' }]), /tool_backends\[0\]\.prefix/],
+    // Before: any string was accepted, and an entry that could never match trusted nothing, silently.
+    ['trusted proxy not an address', (d) => (d.trusted_proxies = ['10.0.0.0/8', 'proxy.internal']), /^trusted_proxies\[1\]: "proxy\.internal": not an IP address/],
+    ['trusted proxy prefix too long', (d) => (d.trusted_proxies = ['10.0.0.0/33']), /^trusted_proxies\[0\]: "10\.0\.0\.0\/33": .*prefix length/],
+    ['trusted proxy host bits', (d) => (d.trusted_proxies = ['fd00::1/8']), /^trusted_proxies\[0\]: "fd00::1\/8": .*host bits.*fd00::\/8/],
+    ['trusted proxies not a list', (d) => (d.trusted_proxies = '10.0.0.0/8'), /^trusted_proxies: must be a list/],
   ];
   for (const [name, mutate, want] of cases) {
     const d = demo();
@@ -79,4 +84,12 @@ test('process flags: bad values name the setting', () => {
   assert.equal(ok.revokeAckTimeoutMs, 250);
   assert.equal(ok.configPath, DEMO_CONFIG_PATH);
   assert.equal(ok.pepper.toString(), 'p'.repeat(32));
+});
+
+test('trusted_proxies takes addresses and CIDR ranges, IPv4 and IPv6', () => {
+  const d = demo();
+  d.trusted_proxies = ['10.0.0.0/8', ' 192.168.1.1 ', 'fd00::/8', '::ffff:172.16.0.0/108', '2001:db8::1'];
+  const { proto, settings } = parseGatewayConfig(d, {});
+  assert.deepEqual(proto.trustedProxies, ['10.0.0.0/8', '192.168.1.1', 'fd00::/8', '::ffff:172.16.0.0/108', '2001:db8::1']);
+  assert.deepEqual(settings.trustedProxies, proto.trustedProxies);
 });
