@@ -6,7 +6,7 @@ import { GatewayError } from '../errors.js';
 import { familyOf } from '../routing/path-families.js';
 import type { ErrorShape } from './error-shapes.js';
 
-export type RouteKind = 'models' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'tool' | 'realtime';
+export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'tool' | 'realtime';
 
 /** How the request body is read: not at all, collected whole (JSON), or streamed. */
 export type BodyMode = 'none' | 'json' | 'stream';
@@ -43,6 +43,8 @@ export class RouteTable {
   /** Configured backends, longest prefix first. */
   private readonly backends: ToolBackend[];
   private readonly toolRoutes = new Map<string, Route>();
+  /** `GET /v1/models/{id}` (the OpenAI SDK's models.retrieve). */
+  private readonly model: Route = modelRoute('model', 'GET', 'none');
   private readonly realtime: Route = { kind: 'realtime', shape: 'B', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
 
   constructor(toolBackends: readonly ToolBackend[]) {
@@ -68,6 +70,11 @@ export class RouteTable {
         return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${r.allow}.`, { allow: r.allow });
       }
       return r;
+    }
+    // One model by id: a single segment under /v1/models.
+    if (path.startsWith('/v1/models/') && path.length > 11 && path.indexOf('/', 11) === -1) {
+      if (method !== 'GET') return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use GET.`, { allow: 'GET' });
+      return this.model;
     }
     // Which part of the router serves a path is its family's, as for edge budgets and body caps.
     const router = familyOf(path).router;

@@ -154,6 +154,21 @@ export class ApiServer {
         return this.jsonEndpoint(res, reply, head, key, route, capBytes);
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
+      case 'model': {
+        const ctx = this.admit(reply, key, head.path, 0);
+        if (!ctx) return;
+        const id = decodeURIComponent(head.path.slice('/v1/models/'.length));
+        const model = state.modelsFor(key).find((m) => m.id === id);
+        // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
+        if (!model) {
+          ctx.refuse();
+          return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'A');
+        }
+        ctx.providerStarted = true;
+        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+        reply.send(200, JSON_HEADERS, JSON.stringify(modelObject(model)));
+        return;
+      }
       case 'models':
       case 'voices': {
         // Listings are requests like any other: one rpm each (design.md, what counts as a request).
@@ -366,10 +381,15 @@ function blockedMessage(reason: string): string {
   return "The organisation's balance is exhausted or its monthly spend cap was reached.";
 }
 
+/** A model as the OpenAI API lists it. */
+function modelObject(m: ModelConfig): { id: string; object: 'model'; created: number; owned_by: string } {
+  return { id: m.id, object: 'model', created: MODELS_CREATED, owned_by: m.provider === 'demo' ? 'tollgate' : m.provider };
+}
+
 function modelList(state: GatewayState, key: KeyRecord): string {
   let body = state.modelListCache.get(key.keyId);
   if (body === undefined) {
-    const data = state.modelsFor(key).map((m) => ({ id: m.id, object: 'model', created: MODELS_CREATED, owned_by: m.provider === 'demo' ? 'tollgate' : m.provider }));
+    const data = state.modelsFor(key).map(modelObject);
     body = JSON.stringify({ object: 'list', data });
     state.modelListCache.set(key.keyId, body);
   }
