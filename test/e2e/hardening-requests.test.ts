@@ -206,7 +206,7 @@ test('the node-wide body budget refuses a body that does not fit with 503 and re
   // Wait until both are being read (the node took their budget), by probing with a third.
   let refused: Awaited<ReturnType<typeof request>> | undefined;
   for (let i = 0; i < 200 && !refused; i++) {
-    const r = await request(`${small.url}/v1/chat/completions`, { method: 'POST', headers: bearer(paidKey), body, ...{ headers: { ...bearer(paidKey), 'content-type': 'application/json' } } });
+    const r = await request(`${small.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(paidKey), 'content-type': 'application/json' }, body });
     if (r.status === 503) refused = r;
     else await new Promise((res) => setTimeout(res, 10));
   }
