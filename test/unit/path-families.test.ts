@@ -37,7 +37,8 @@ const rows: Row[] = [
   ['/v1/completions', null, 32, 'A', '404'],
   // `/v1/models` and `/v1/models/{id}`: the 120 group, 64 MiB, Shape A; `/v1/modelsx` is not a model path.
   ['/v1/models', 'group120', 64, 'A', 'models'],
-  ['/v1/models/demo-chat', 'group120', 64, 'A', '404'],
+  ['/v1/models/demo-chat', 'group120', 64, 'A', 'model'],
+  ['/v1/models/demo-chat/x', 'group120', 64, 'A', '404'],
   ['/v1/models/', 'group120', 64, 'A', '404'],
   ['/v1/modelsx', null, 32, 'B', '404'],
   // `/v1/audio/voices` (and below it) before `/v1/audio/*`; `/v1/audio` itself is neither.
