@@ -3,7 +3,7 @@
 import { ConfigError, parseFlags } from '../proto/lib/flags.js';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { hostname } from 'node:os';
+import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
 
 export { ConfigError };
@@ -24,6 +24,8 @@ export interface NodeConfig {
    * listener's POST /test/clock sets or advances. Never set it in production.
    */
   testClock: boolean;
+  /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
+  spillDir: string;
 }
 
 const USAGE =
@@ -84,5 +86,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     pepper: pepper!,
     nodeToken,
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
+    spillDir: tmpdir(),
   });
 }

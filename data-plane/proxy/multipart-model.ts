@@ -4,9 +4,11 @@
 //
 // The scan is linear in the bytes received: every search resumes where the last one stopped, and the
 // scanner keeps only the bytes a search may still need (a delimiter's worth, one part's head, the
-// model's value). Everything before them is handed on as soon as it is settled.
+// model's value). Everything before them, usually the whole audio file (the openai SDK sends `file`
+// before `model`), is handed on as soon as it is settled, to an UploadSpill that keeps memory flat.
 import type { Readable } from 'node:stream';
 import { GatewayError } from '../errors.js';
+import type { UploadSpill } from './upload-spill.js';
 
 /** One part's head (the rest of its delimiter line, its headers, the blank line) at most. */
 export const MAX_PART_HEAD_BYTES = 16 * 1024;
@@ -246,46 +248,96 @@ export class ModelFieldScanner {
   }
 }
 
+/** What findModelField reads: a request body whose chunks can be diverted to the scan (BodyStream). */
+export interface UploadBody extends Readable {
+  /** Chunks go to `sink` as they arrive (views valid during the call only), until `undivert()`. */
+  divert(sink: (chunk: Buffer, isLast: boolean) => void): void;
+  /** Back to a Readable for what follows. */
+  undivert(): void;
+  /** Stops / restarts reading the client (backpressure while diverted). */
+  hold(): void;
+  release(): void;
+}
+
 export interface ModelField {
   model: string;
-  /** Every byte read so far. */
-  prefix: Buffer;
+  /** Holds the bytes before `head`: on disk when the upload was large, else nothing. Owned by the caller. */
+  spill: UploadSpill;
+  /** The bytes after the spilled ones, up to where the stream stands; they contain the model's value. */
+  head: Buffer;
   modelValueStart: number;
   modelValueEnd: number;
-  /** The same stream, paused, positioned right after `prefix`. */
+  /** Bytes of the body read so far: the spilled ones and `head`. */
+  prefixBytes: number;
+  /**
+   * The same stream, positioned right after `head`, not flowing. It may have ended already (its
+   * 'end' fired unheard while the spill was being completed): read it with for-await.
+   */
   rest: Readable;
 }
 
-/** Reads `stream` up to its model field, holding the bytes before it. `cb` is called once. */
-export function findModelField(stream: Readable, boundary: string, cb: (err: unknown, field: ModelField | null) => void): void {
-  const held: Buffer[] = [];
-  let heldBytes = 0;
-  const scanner = new ModelFieldScanner(boundary, (bytes) => {
-    held.push(Buffer.from(bytes));
-    heldBytes += bytes.length;
-  });
-  let settled = false;
+const CLOSED = 'the request body closed before its model field';
 
-  const finish = (err: unknown, field: ModelField | null) => {
+/**
+ * Reads `body` up to its model field, handing the bytes before it to `spill` with backpressure.
+ * `cb` is called once. The spill belongs to the caller, who removes it however the request ends.
+ */
+export function findModelField(body: UploadBody, boundary: string, spill: UploadSpill, cb: (err: unknown, field: ModelField | null) => void): void {
+  let settled = false;
+  let waitingForSpill = false;
+  const scanner = new ModelFieldScanner(boundary, (bytes) => {
+    if (spill.write(bytes) || waitingForSpill) return;
+    // The disk is behind: stop reading the client until it caught up.
+    waitingForSpill = true;
+    body.hold();
+    spill.onDrain(() => {
+      waitingForSpill = false;
+      if (!settled) body.release();
+    });
+  });
+
+  const detach = () => {
+    body.undivert();
+    body.off('error', onError);
+    body.off('close', onClose);
+    spill.onError(null);
+  };
+  const fail = (err: unknown) => {
     if (settled) return;
     settled = true;
-    stream.off('data', onData);
-    stream.off('end', onEnd);
-    stream.off('error', onError);
-    if (field) stream.pause();
-    cb(err, field);
+    detach();
+    cb(err, null);
   };
 
-  const onData = (chunk: Buffer) => {
+  const onChunk = (chunk: Buffer, isLast: boolean) => {
+    if (settled) return;
     const step = scanner.push(chunk);
-    if (step.kind === 'more') return;
-    if (step.kind === 'refused') return finish(step.error, null);
-    const prefix = Buffer.concat([...held, step.head]);
-    finish(null, { model: step.model, prefix, modelValueStart: heldBytes + step.valueStart, modelValueEnd: heldBytes + step.valueEnd, rest: stream });
+    if (step.kind === 'more') {
+      if (isLast) fail(scanner.end());
+      return;
+    }
+    if (step.kind === 'refused') return fail(step.error);
+    settled = true;
+    detach();
+    spill.finish((err, held) => {
+      // The body may have failed (over its cap) while the spill was being completed.
+      if (err || body.errored) return cb(err ?? body.errored, null);
+      const head = held.length > 0 ? Buffer.concat([held, step.head]) : step.head;
+      cb(null, {
+        model: step.model,
+        spill,
+        head,
+        modelValueStart: held.length + step.valueStart,
+        modelValueEnd: held.length + step.valueEnd,
+        prefixBytes: spill.fileBytes + head.length,
+        rest: body,
+      });
+    });
   };
-  const onEnd = () => finish(scanner.end(), null);
-  const onError = (err: unknown) => finish(err, null);
-  stream.on('data', onData);
-  stream.on('end', onEnd);
-  stream.on('error', onError);
+  const onError = (err: unknown) => fail(err);
+  const onClose = () => fail(new Error(CLOSED));
+  body.on('error', onError);
+  body.on('close', onClose);
+  spill.onError(fail);
+  body.divert(onChunk);
 }

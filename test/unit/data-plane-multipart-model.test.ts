@@ -1,7 +1,11 @@
 // The multipart model finder: the pure scanner as tables (every chunk split, refusals, linear work),
-// then findModelField over a stream.
+// then findModelField with an UploadSpill in a temporary directory.
 import assert from 'node:assert/strict';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { test } from 'node:test';
 import type { GatewayError } from '../../data-plane/errors.js';
 import {
@@ -12,7 +16,9 @@ import {
   ModelFieldScanner,
   type ModelField,
   type ScanStep,
+  type UploadBody,
 } from '../../data-plane/proxy/multipart-model.js';
+import { UploadSpill } from '../../data-plane/proxy/upload-spill.js';
 
 const B = 'XyZ123';
 
@@ -192,22 +198,128 @@ test('the scan is linear: every search resumes where the last stopped', () => {
   }
 });
 
-function find(body: Buffer, chunk: number): Promise<{ err: unknown; field: ModelField | null }> {
-  const stream = Readable.from(chunked(body, chunk), { objectMode: false });
-  return new Promise((resolve) => findModelField(stream, B, (err, field) => resolve({ err, field })));
+/** A request body as BodyStream plays it, fed by the test: chunks go to a diverted sink or are pushed. */
+class TestBody extends Readable implements UploadBody {
+  held = false;
+  private sink: ((chunk: Buffer, isLast: boolean) => void) | null = null;
+  private ended = false;
+  override _read(): void {}
+  divert(sink: (chunk: Buffer, isLast: boolean) => void): void {
+    this.sink = sink;
+  }
+  undivert(): void {
+    if (!this.sink) return;
+    this.sink = null;
+    if (this.ended) this.push(null);
+  }
+  hold(): void {
+    this.held = true;
+  }
+  release(): void {
+    this.held = false;
+  }
+  /** Feeds chunks as a socket would, waiting while held; each chunk's bytes are overwritten after use. */
+  async feed(chunks: Buffer[], last = true): Promise<void> {
+    for (let i = 0; i < chunks.length && !this.destroyed; i++) {
+      while (this.held) await sleep(1);
+      const isLast = last && i === chunks.length - 1;
+      // As uWS's buffer is: valid only during the call.
+      const view = Buffer.from(chunks[i]);
+      if (this.sink) {
+        if (isLast) this.ended = true;
+        this.sink(view, isLast);
+        view.fill(0xee);
+      } else {
+        this.push(view);
+        if (isLast) this.push(null);
+      }
+    }
+  }
 }
 
-test('findModelField reads a stream up to its model field and leaves it paused after it', async () => {
-  const body = multipart(B, [['file', Buffer.alloc(200_000, 'a'), 'a.wav'], ['model', 'demo-transcribe'], ['language', 'en']]);
-  for (const chunk of [1000, 65536, 1 << 20]) {
-    const { err, field } = await find(body, chunk);
-    assert.equal(err, null);
-    assert.equal(field!.model, 'demo-transcribe');
-    assert.equal(field!.prefix.subarray(field!.modelValueStart, field!.modelValueEnd).toString(), 'demo-transcribe');
-    const rest: Buffer[] = [];
-    for await (const c of field!.rest) rest.push(c as Buffer);
-    assert.ok(Buffer.concat([field!.prefix, ...rest]).equals(body), `chunks of ${chunk}: prefix + rest = the body`);
+/** Runs findModelField over `body` in chunks through a spill in `dir`. */
+function find(body: Buffer, dir: string, chunk = 65536): { spill: UploadSpill; result: Promise<{ err: unknown; field: ModelField | null }> } {
+  const stream = new TestBody();
+  const spill = new UploadSpill(dir, 1 << 20);
+  const result = new Promise<{ err: unknown; field: ModelField | null }>((resolve) => findModelField(stream, B, spill, (err, field) => resolve({ err, field })));
+  void stream.feed(chunked(body, chunk));
+  return { spill, result };
+}
+
+async function readAll(r: Readable): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const c of r) parts.push(c as Buffer);
+  return Buffer.concat(parts);
+}
+
+async function emptied(dir: string): Promise<void> {
+  const deadline = Date.now() + 5000;
+  while (readdirSync(dir).length > 0) {
+    if (Date.now() > deadline) throw new Error(`${dir} still holds ${readdirSync(dir).join(', ')}`);
+    await sleep(10);
   }
-  const missing = await find(multipart(B, [['file', 'x', 'a.wav']]), 5);
-  assert.equal((missing.err as { param?: string }).param, 'model');
+}
+
+test('an upload past the memory threshold spills the bytes before model to a file that reads back exactly', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-spill-unit-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const file = Buffer.alloc(3 << 20);
+  for (let i = 0; i < file.length; i++) file[i] = (i * 7 + (i >> 10)) & 0xff;
+  const body = multipart(B, [['file', file, 'a.wav'], ['model', 'demo-transcribe'], ['language', 'en']]);
+  const { spill, result } = find(body, dir);
+  const { err, field } = await result;
+  assert.equal(err, null);
+  assert.equal(field!.model, 'demo-transcribe');
+  assert.ok(spill.spilled);
+  assert.equal(readdirSync(dir).length, 1);
+  assert.ok(spill.fileBytes > 2 << 20, 'the file part went to disk');
+  assert.ok(field!.head.length < 128 * 1024, `head of ${field!.head.length} bytes`);
+  assert.equal(field!.head.subarray(field!.modelValueStart, field!.modelValueEnd).toString(), 'demo-transcribe');
+  const rest = await readAll(field!.rest);
+  // Copies: the spill reuses its read buffers a few chunks later.
+  const spilled: Buffer[] = [];
+  for await (const chunk of spill.chunks()) spilled.push(Buffer.from(chunk));
+  const whole = Buffer.concat([...spilled, field!.head, rest]);
+  assert.ok(whole.equals(body), 'spilled bytes + head + rest = the body');
+  assert.equal(field!.prefixBytes + rest.length, body.length);
+  spill.remove();
+  await emptied(dir);
+});
+
+test('a small upload stays in memory: no file is made', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-spill-unit-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const body = multipart(B, [['file', Buffer.alloc(500_000, 1), 'a.wav'], ['model', 'demo-transcribe']]);
+  const { spill, result } = find(body, dir, 4096);
+  const { field } = await result;
+  assert.equal(spill.spilled, false);
+  assert.equal(readdirSync(dir).length, 0);
+  assert.ok(Buffer.concat([field!.head, await readAll(field!.rest)]).equals(body));
+});
+
+test('remove() while the spill is being written deletes the file, and the finder reports the body closing', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-spill-unit-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const stream = new TestBody();
+  const spill = new UploadSpill(dir, 1 << 20);
+  const result = new Promise<unknown>((resolve) => findModelField(stream, B, spill, (err) => resolve(err)));
+  await stream.feed([Buffer.from(`--${B}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n`)], false);
+  const chunk = Buffer.alloc(256 * 1024, 'a');
+  for (let i = 0; i < 12 && readdirSync(dir).length === 0; i++) await stream.feed([chunk, chunk], false);
+  assert.equal(readdirSync(dir).length, 1, 'spilling');
+  // As the request's end does: the client went away.
+  spill.remove();
+  stream.destroy();
+  assert.match(String((await result) as Error), /closed before its model field/);
+  await emptied(dir);
+});
+
+test('a spill that cannot be written fails the upload with a 500, not a hang', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-spill-unit-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const body = multipart(B, [['file', Buffer.alloc(3 << 20, 1), 'a.wav'], ['model', 'demo-transcribe']]);
+  // A directory that does not exist: opening the file fails.
+  const { err } = await find(body, join(dir, 'missing')).result;
+  assert.equal((err as GatewayError).code, 'INTERNAL');
+  assert.equal(readdirSync(dir).length, 0);
 });
