@@ -3,7 +3,7 @@
 import { ConfigError, parseFlags } from '../proto/lib/flags.js';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { hostname } from 'node:os';
+import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
 
 export { ConfigError };
@@ -26,6 +26,8 @@ export interface NodeConfig {
   testClock: boolean;
   /** Node-wide cap on request bodies held in memory at once (`--max-buffered-body-mib`, default 256). */
   maxBufferedBodyBytes: number;
+  /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
+  spillDir: string;
 }
 
 const USAGE =
@@ -90,5 +92,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     nodeToken,
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
+    spillDir: tmpdir(),
   });
 }

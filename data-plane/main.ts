@@ -61,6 +61,7 @@ async function main(): Promise<void> {
     providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
     pools,
     instanceId: config.instanceId,
+    spillDir: config.spillDir,
     isStale: () => {
       const max = holder.current.view.config.maxStalenessMs;
       const since = sync?.disconnectedSince ?? null;

@@ -75,10 +75,20 @@ export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, c
   });
 }
 
-/** A request body as a Readable with backpressure onto the client's socket. */
+/** Takes chunks synchronously: `chunk` is a view of uWS's buffer, valid only during the call (rule 5). */
+export type BodySink = (chunk: Buffer, isLast: boolean) => void;
+
+/**
+ * A request body as a Readable with backpressure onto the client's socket. Its chunks can instead be
+ * diverted to a sink that copies only what it keeps (the multipart scan), so a large upload costs no
+ * allocation per chunk.
+ */
 export class BodyStream extends Readable {
   received = 0;
   private paused = false;
+  private sink: BodySink | null = null;
+  /** The last chunk arrived while diverted. */
+  private endedDiverted = false;
   private readonly res: HttpResponse;
   private readonly reply: Reply;
 
@@ -93,6 +103,12 @@ export class BodyStream extends Readable {
         this.received += n;
         if (this.received > capBytes) {
           this.destroy(new GatewayError('BODY_TOO_LARGE'));
+          return;
+        }
+        if (this.sink) {
+          // Consumed synchronously: a view, not a copy (rule 5).
+          if (isLast) this.endedDiverted = true;
+          this.sink(Buffer.from(chunk, 0, n), isLast);
           return;
         }
         // Buffer.from(Uint8Array) copies (rule 5).
@@ -111,11 +127,50 @@ export class BodyStream extends Readable {
     });
   }
 
+  /** Until `undivert()`, chunks go to `sink` as they arrive; it stops the socket with `hold()`. */
+  divert(sink: BodySink): void {
+    this.sink = sink;
+  }
+
+  /**
+   * Back to a Readable: later chunks are buffered for its reader (a body that ended while diverted
+   * ends), and the socket is read again up to the buffer's limit, so a client going away is noticed
+   * even before the reader starts.
+   */
+  undivert(): void {
+    if (!this.sink) return;
+    this.sink = null;
+    if (this.endedDiverted) this.push(null);
+    this.release();
+  }
+
+  /** Stops reading the client's socket (a diverted sink's backpressure). */
+  hold(): void {
+    if (this.paused || this.destroyed) return;
+    this.paused = true;
+    this.reply.pause();
+  }
+
+  /** Reads the client's socket again. */
+  release(): void {
+    if (!this.paused) return;
+    this.paused = false;
+    this.reply.resume();
+  }
+
+  /**
+   * The rest of the body is not wanted (the request is answered before it was read): drop it as it
+   * arrives, and unpause the client's socket, which `done` would otherwise leave paused for good.
+   * Call before answering.
+   */
+  discard(): void {
+    this.sink = null;
+    this.destroy();
+    this.release();
+  }
+
   override _read(): void {
-    if (this.paused) {
-      this.paused = false;
-      this.reply.resume();
-    }
+    if (!this.sink) this.release();
   }
 }
 

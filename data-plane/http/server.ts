@@ -14,6 +14,7 @@ import { estimateTokens, rateHeaderPairs, type KeyBudgets } from '../limits/key-
 import type { LeaseClient } from '../limits/lease-client.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';
 import type { PoolRegistry } from '../proxy/providers/openai.js';
+import { UploadSpill } from '../proxy/upload-spill.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
 import { countMessageTokens } from '../proxy/tokens.js';
 import { forwardTool } from '../proxy/tool-router.js';
@@ -40,6 +41,8 @@ export interface ServerDeps {
   providers: Readonly<Record<string, Provider>>;
   pools: PoolRegistry;
   instanceId: string;
+  /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
+  spillDir: string;
   /** True when the node was cut off from the control plane longer than the configured maximum. */
   isStale(): boolean;
 }
@@ -283,31 +286,32 @@ export class ApiServer {
     if (!boundary) {
       return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'A');
     }
-    findModelField(stream, boundary, (err, field) => {
+    // The parts before `model` may go to a temporary file: deleted however the request ends.
+    const spill = new UploadSpill(this.deps.spillDir);
+    reply.onFinish(() => spill.remove());
+    findModelField(stream, boundary, spill, (err, field) => {
       try {
         if (reply.done) return;
-        if (err || !field) return reply.sendError(err ?? new GatewayError('INVALID_REQUEST'), 'A', isTooLarge(err));
+        // Answered before the body was read to its end: the rest is not wanted.
+        const refuse = (e: unknown) => {
+          stream.discard();
+          reply.sendError(e, 'A', isTooLarge(e));
+        };
+        if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
         const state = this.deps.holder.current;
         const model = state.view.models.get(field.model);
-        if (!field.model) return reply.sendError(new GatewayError('INVALID_REQUEST', 'Missing required parameter: model.', { param: 'model' }), 'A');
-        if (!model) return reply.sendError(new GatewayError('UNKNOWN_MODEL', `The model \`${field.model}\` does not exist.`, { param: 'model' }), 'A');
+        if (!field.model) return refuse(new GatewayError('INVALID_REQUEST', 'Missing required parameter: model.', { param: 'model' }));
+        if (!model) return refuse(new GatewayError('UNKNOWN_MODEL', `The model \`${field.model}\` does not exist.`, { param: 'model' }));
         if (model.kind !== 'transcription') {
-          return reply.sendError(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a transcription model.`, { param: 'model' }), 'A');
+          return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a transcription model.`, { param: 'model' }));
         }
         const scope = this.checkScope(key, model);
-        if (scope) return reply.sendError(scope, 'A');
+        if (scope) return refuse(scope);
         const provider = this.deps.providers[model.provider];
-        if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
+        if (!provider) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
         ctx.model = model;
         ctx.providerStarted = true;
-        provider.transcription({
-          ...this.modelCall(ctx, reply, model, 'A'),
-          contentType: head.contentType,
-          prefix: field.prefix,
-          modelValueStart: field.modelValueStart,
-          modelValueEnd: field.modelValueEnd,
-          rest: field.rest,
-        });
+        provider.transcription({ ...this.modelCall(ctx, reply, model, 'A'), contentType: head.contentType, upload: field });
       } catch (e) {
         logBug(e);
         reply.sendError(e, 'A');

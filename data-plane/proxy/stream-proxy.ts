@@ -23,7 +23,8 @@ export interface ProxyRequest {
   path: string;
   /** Flat [name, value, name, value, …] list, built once per model or backend where possible. */
   headers: string[];
-  body: Buffer | string | Readable | null;
+  /** An async iterable is pulled a chunk at a time, once the socket took the last (undici). */
+  body: Buffer | string | Readable | AsyncGenerator<Buffer> | null;
   timeoutMs: number;
   reply: Reply;
   shape: ErrorShape;
@@ -75,7 +76,10 @@ export function proxyRequest(req: ProxyRequest): void {
     // Reported first: aborting the upstream may call onResponseError synchronously.
     done(499, 'aborted');
     if (controller && !controller.aborted) controller.abort(new Error('client closed the connection'));
-    if (req.body && typeof req.body === 'object' && 'destroy' in req.body) (req.body as Readable).destroy();
+    const body = req.body;
+    if (body && typeof body === 'object' && 'destroy' in body) body.destroy();
+    // A generator waiting at a yield runs its `finally` (closing what it reads from).
+    else if (body && typeof body === 'object' && 'return' in body) body.return(undefined).catch(() => {});
   });
 
   const fail = (err: Error) => {
@@ -179,7 +183,8 @@ export function proxyRequest(req: ProxyRequest): void {
         path: req.path,
         method: req.method,
         headers: req.headers,
-        body: req.body,
+        // undici takes async iterables as bodies; its types list only Readable.
+        body: req.body as Buffer | string | Readable | null,
         headersTimeout: req.timeoutMs,
         bodyTimeout: req.timeoutMs,
       },

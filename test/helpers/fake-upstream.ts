@@ -1,10 +1,28 @@
 // A fake OpenAI-compatible upstream (plain node:http) for data-plane tests. Its behaviour is set per
 // test with setMode: answer normally, stream SSE and hold the rest until the test calls release(),
 // stall (never answer), reset the connection mid-body, or answer an error status.
+// Transcription uploads (/audio/transcriptions) are counted as they stream, never held: the recorded
+// body is `{ bytes, model }`; 'hold-body' stops reading one after its first chunk until release().
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-export type UpstreamMode = 'normal' | 'hold-stream' | 'stall' | 'reset-mid-body' | 'no-usage' | 'error-429';
+export type UpstreamMode = 'normal' | 'hold-stream' | 'stall' | 'reset-mid-body' | 'no-usage' | 'error-429' | 'hold-body';
+
+/** What the fake records of a transcription upload; `bytes` grows while it streams in. */
+export interface UploadRecord {
+  bytes: number;
+  /** The multipart `model` field's value, once the upload ended (null if none was seen). */
+  model: string | null;
+  ended: boolean;
+}
+
+/** Bytes kept from each end of an upload: enough for a model field sent first or last. */
+const UPLOAD_EDGE_BYTES = 64 * 1024;
+
+function multipartModel(edge: Buffer): string | null {
+  const m = /content-disposition:[^\r\n]*; *name="model"[^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n/i.exec(edge.toString('latin1'));
+  return m ? m[1] : null;
+}
 
 export interface UpstreamRequest {
   method: string;
@@ -18,7 +36,7 @@ export interface FakeUpstream {
   baseUrl: string;
   requests: UpstreamRequest[];
   setMode(mode: UpstreamMode): void;
-  /** Lets a held stream send the rest. */
+  /** Lets a held stream send the rest, and held uploads be read on. */
   release(): void;
   /** Resolves when the next request (or the n-th overall) has arrived. */
   waitForRequests(n: number): Promise<void>;
@@ -102,7 +120,44 @@ export async function startFakeUpstream(): Promise<FakeUpstream> {
     res.end(text);
   };
 
+  const onTranscription = (req: IncomingMessage, res: ServerResponse) => {
+    const upload: UploadRecord = { bytes: 0, model: null, ended: false };
+    requests.push({ method: req.method ?? '', path: req.url ?? '', headers: req.headers, body: upload });
+    for (const w of requestWaiters) w();
+    res.on('close', () => {
+      if (!res.writableFinished) for (const w of closeWaiters.splice(0)) w();
+    });
+    let first = Buffer.alloc(0);
+    let last = Buffer.alloc(0);
+    let held = false;
+    req.on('data', (c: Buffer) => {
+      upload.bytes += c.length;
+      if (first.length < UPLOAD_EDGE_BYTES) first = Buffer.concat([first, c.subarray(0, UPLOAD_EDGE_BYTES - first.length)]);
+      last = Buffer.concat([last, c]);
+      if (last.length > UPLOAD_EDGE_BYTES) last = last.subarray(last.length - UPLOAD_EDGE_BYTES);
+      // Leaves the gateway with the rest of the upload on its hands.
+      if (mode === 'hold-body' && !held) {
+        held = true;
+        req.pause();
+        releaseWaiters.push(() => req.resume());
+      }
+    });
+    req.on('end', () => {
+      upload.ended = true;
+      upload.model = multipartModel(first) ?? multipartModel(last);
+      if (mode === 'stall') return;
+      if (mode === 'error-429') {
+        res.writeHead(429, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: { message: 'upstream says slow down', type: 'requests', param: null, code: 'rate_limit_exceeded' } }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ text: `Fake transcription of ${upload.bytes} bytes.` }));
+    });
+  };
+
   const server: Server = createServer((req, res) => {
+    if (req.url?.endsWith('/audio/transcriptions')) return onTranscription(req, res);
     const parts: Buffer[] = [];
     req.on('data', (c: Buffer) => parts.push(c));
     req.on('end', () => onRequest(req, res, Buffer.concat(parts)));

@@ -1,8 +1,7 @@
-// Pure parts of the proxy: the tokenizer, SSE usage extraction, and the multipart model finder.
+// Pure parts of the proxy: the tokenizer and SSE usage extraction (the multipart model finder has its
+// own file, data-plane-multipart-model.test.ts).
 import assert from 'node:assert/strict';
-import { Readable } from 'node:stream';
 import { test } from 'node:test';
-import { boundaryOf, findModelField, type ModelField } from '../../data-plane/proxy/multipart-model.js';
 import { SseUsage } from '../../data-plane/proxy/providers/openai.js';
 import { countTokens, truncateTokens } from '../../data-plane/proxy/tokens.js';
 
@@ -42,37 +41,4 @@ test('SSE: a client that asked for usage gets it untouched; no usage means count
   none.transform(Buffer.from(ev({ choices: [{ delta: { content: 'Hello there.' } }] }) + 'data: [DONE]\n\n'));
   assert.equal(none.usage, null);
   assert.equal(none.countedCompletionTokens(), 3);
-});
-
-function multipart(boundary: string, parts: Array<[string, string, string?]>): Buffer {
-  let s = '';
-  for (const [name, value, filename] of parts) {
-    s += `--${boundary}\r\nContent-Disposition: form-data; name="${name}"${filename ? `; filename="${filename}"` : ''}\r\n`;
-    if (filename) s += 'Content-Type: application/octet-stream\r\n';
-    s += `\r\n${value}\r\n`;
-  }
-  return Buffer.from(`${s}--${boundary}--\r\n`);
-}
-
-function find(body: Buffer, boundary: string, chunk: number): Promise<{ err: unknown; field: ModelField | null }> {
-  const parts: Buffer[] = [];
-  for (let i = 0; i < body.length; i += chunk) parts.push(body.subarray(i, i + chunk));
-  const stream = Readable.from(parts, { objectMode: false });
-  return new Promise((resolve) => findModelField(stream, boundary, (err, field) => resolve({ err, field })));
-}
-
-test('multipart: the model field is found after a file part, at any chunking, and its bytes located', async () => {
-  const b = 'XyZ123';
-  const body = multipart(b, [['file', `audio--XyZ12 not a boundary ${'a'.repeat(500)}`, 'a.wav'], ['model', 'demo-transcribe'], ['language', 'en']]);
-  for (const chunk of [1, 7, 64, 100_000]) {
-    const { err, field } = await find(body, b, chunk);
-    assert.equal(err, null);
-    assert.equal(field!.model, 'demo-transcribe');
-    assert.equal(field!.prefix.subarray(field!.modelValueStart, field!.modelValueEnd).toString(), 'demo-transcribe');
-  }
-  const missing = await find(multipart(b, [['file', 'x', 'a.wav']]), b, 5);
-  assert.equal((missing.err as { param?: string }).param, 'model');
-  assert.equal(boundaryOf('multipart/form-data; boundary=----abc'), '----abc');
-  assert.equal(boundaryOf('multipart/form-data; boundary="q r"'), 'q r');
-  assert.equal(boundaryOf('application/json'), null);
 });

@@ -1,6 +1,7 @@
 // The built-in `demo` provider: answers locally, deterministically, with real token counts from the
 // gateway's tokenizer, so the embedded default works with no network.
 import { createHash } from 'node:crypto';
+import { logBug } from '../../http/reply.js';
 import { countMessageTokens, countTokens, contentText, truncateTokens } from '../tokens.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
@@ -179,19 +180,25 @@ export class DemoProvider implements Provider {
   }
 
   transcription(call: TranscriptionCall): void {
-    // Consumes the upload as a stream (never whole) and answers from its size.
-    let bytes = call.prefix.length;
-    call.rest.on('data', (chunk: Buffer) => {
-      bytes += chunk.length;
-    });
-    call.rest.on('error', (err) => call.fail(err));
-    call.rest.on('end', () => {
-      const seconds = audioSecondsOf(bytes);
-      const text = `Demo transcription: ${seconds} second${seconds === 1 ? '' : 's'} of audio received.`;
-      call.complete({ status: 200, promptTokens: 0, completionTokens: countTokens(text), audioUnits: seconds });
-      call.reply.send(200, JSON_HEADERS, JSON.stringify({ text }));
-    });
-    // findModelField left the stream paused; a 'data' listener alone does not restart it.
-    call.rest.resume();
+    // Answers from the upload's size: what was read before the model field is counted, never read
+    // back from a spill; the rest is consumed as a stream (with for-await, which also copes with a
+    // stream that ended while the spill was being completed).
+    const { rest, prefixBytes } = call.upload;
+    const count = async (): Promise<number> => {
+      let bytes = prefixBytes;
+      for await (const chunk of rest) bytes += (chunk as Buffer).length;
+      return bytes;
+    };
+    count()
+      .then(
+        (bytes) => {
+          const seconds = audioSecondsOf(bytes);
+          const text = `Demo transcription: ${seconds} second${seconds === 1 ? '' : 's'} of audio received.`;
+          call.complete({ status: 200, promptTokens: 0, completionTokens: countTokens(text), audioUnits: seconds });
+          call.reply.send(200, JSON_HEADERS, JSON.stringify({ text }));
+        },
+        (err) => call.fail(err),
+      )
+      .catch(logBug);
   }
 }

@@ -1,7 +1,6 @@
 // Any OpenAI-compatible HTTP API: base URL and upstream key from the model's config, one undici Pool
 // (keep-alive) per origin, requests and responses streamed through stream-proxy.ts. Usage comes from the
 // upstream's `usage`; when it gives none, the gateway counts tokens with its own tokenizer.
-import { Readable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { Pool } from 'undici';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
@@ -297,24 +296,26 @@ export class OpenAIProvider implements Provider {
 
   transcription(call: TranscriptionCall): void {
     const t = this.target(call.model);
-    // The model field's value is replaced by the upstream's model name; the rest streams unchanged.
+    const upload = call.upload;
+    // The model field's value (in memory) is replaced by the upstream's model name; everything else
+    // streams unchanged: the spilled bytes back from disk, then the head, then the rest of the body.
     const head = Buffer.concat([
-      call.prefix.subarray(0, call.modelValueStart),
+      upload.head.subarray(0, upload.modelValueStart),
       Buffer.from(t.upstreamModel),
-      call.prefix.subarray(call.modelValueEnd),
+      upload.head.subarray(upload.modelValueEnd),
     ]);
-    let bytes = call.prefix.length;
-    const rest = call.rest;
-    const body = Readable.from(
-      (async function* () {
-        yield head;
-        for await (const chunk of rest) {
-          bytes += (chunk as Buffer).length;
-          yield chunk as Buffer;
-        }
-      })(),
-      { objectMode: false },
-    );
+    let bytes = upload.prefixBytes;
+    const rest = upload.rest;
+    // An async iterable, which undici pulls one chunk at a time: what the spill's reused read buffers
+    // need (upload-spill.ts, `chunks`). A Readable in between would read ahead.
+    const body = (async function* () {
+      yield* upload.spill.chunks();
+      yield head;
+      for await (const chunk of rest) {
+        bytes += (chunk as Buffer).length;
+        yield chunk as Buffer;
+      }
+    })();
     const headers = ['content-type', call.contentType];
     if (t.authHeader) headers.push('authorization', t.authHeader);
     let json: JsonCopy | null = null;

@@ -1,8 +1,8 @@
 // What a model provider gets for one request, and what it reports back. The HTTP layer has already
 // authenticated, admitted, validated and scope-checked the request; the provider only answers it.
-import type { Readable } from 'node:stream';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { Reply } from '../../http/reply.js';
+import type { ModelField } from '../multipart-model.js';
 
 /** How a request ended, for usage and cost. Tokens for chat/embeddings; units for audio. */
 export interface CallResult {
@@ -35,13 +35,11 @@ export interface ModelCall {
 /** A transcription: the multipart body, already read up to and including its `model` field. */
 export interface TranscriptionCall extends Omit<ModelCall, 'body' | 'rawBody'> {
   contentType: string;
-  /** Bytes read so far (they contain the model field), to be sent before `rest`. */
-  prefix: Buffer;
-  /** Byte range of the model field's value inside `prefix` (to rewrite it for an upstream). */
-  modelValueStart: number;
-  modelValueEnd: number;
-  /** The rest of the body, streamed with backpressure. */
-  rest: Readable;
+  /**
+   * The body in three pieces, in order: the bytes spilled to disk (`upload.spill.chunks()`), the bytes in
+   * memory (`upload.head`, holding the model's value), the rest of the stream (`upload.rest`).
+   */
+  upload: ModelField;
 }
 
 export interface Provider {
