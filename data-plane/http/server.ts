@@ -45,6 +45,11 @@ export interface ServerDeps {
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
+/**
+ * The longest a request short of this node's lease waits for the control plane's answer (which
+ * includes reclaiming unused allowance from other nodes) before it is refused.
+ */
+export const LEASE_WAIT_MS = 250;
 const BEARER = /^Bearer +([^\s]+) *$/;
 const MODELS_CREATED = 1735689600;
 /**
@@ -66,6 +71,8 @@ interface RequestHead {
 
 export class ApiServer {
   readonly app: TemplatedApp;
+  /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
+  readonly leaseWaits = new WaitStats();
   private seq = 0;
 
   constructor(private readonly deps: ServerDeps) {
@@ -138,8 +145,10 @@ export class ApiServer {
     reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), familyShape);
-    // The node's money slice of the organisation is spent and the control plane has nothing left.
-    if (deps.leases && !deps.leases.canSpend(key.orgId)) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
+    // The node's money slice of the organisation is spent and the control plane has nothing left,
+    // even after reclaiming the other nodes' unused slices. (`wait`: a slice is on its way; the
+    // admission step waits for it.)
+    if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
     deps.reporter.touch(key.keyId);
 
     const route = state.view.routes.match(head.path, head.method);
@@ -154,36 +163,38 @@ export class ApiServer {
         return this.jsonEndpoint(res, reply, head, key, route, capBytes);
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
-      case 'model': {
-        const ctx = this.admit(reply, key, head.path, 0);
-        if (!ctx) return;
-        const id = decodeURIComponent(head.path.slice('/v1/models/'.length));
-        const model = state.modelsFor(key).find((m) => m.id === id);
-        // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
-        if (!model) {
-          ctx.refuse();
-          return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'A');
-        }
-        ctx.providerStarted = true;
-        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
-        reply.send(200, JSON_HEADERS, JSON.stringify(modelObject(model)));
-        return;
-      }
+      case 'model':
+        return this.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (ctx) this.modelObject(ctx, reply, head, key, state);
+        });
       case 'models':
-      case 'voices': {
+      case 'voices':
         // Listings are requests like any other: one rpm each (design.md, what counts as a request).
-        const ctx = this.admit(reply, key, head.path, 0);
-        if (!ctx) return;
-        ctx.providerStarted = true;
-        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
-        reply.send(200, JSON_HEADERS, route.kind === 'models' ? modelList(state, key) : voiceList(state, key));
-        return;
-      }
+        return this.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (!ctx) return;
+          ctx.providerStarted = true;
+          ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+          reply.send(200, JSON_HEADERS, route.kind === 'models' ? modelList(state, key) : voiceList(state, key));
+        });
       case 'realtime':
         return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', 'Realtime connections are not available on this gateway yet.'), 'B');
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }
+  }
+
+  /** GET /v1/models/{id}. */
+  private modelObject(ctx: RequestContext, reply: Reply, head: RequestHead, key: KeyRecord, state: GatewayState): void {
+    const id = decodeURIComponent(head.path.slice('/v1/models/'.length));
+    const model = state.modelsFor(key).find((m) => m.id === id);
+    // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
+    if (!model) {
+      ctx.refuse();
+      return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'A');
+    }
+    ctx.providerStarted = true;
+    ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+    reply.send(200, JSON_HEADERS, JSON.stringify(modelObject(model)));
   }
 
   /** The rate headers of the key a bearer credential names, if it names a known key. */
@@ -200,8 +211,6 @@ export class ApiServer {
     const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
     reply.extraHeaders = rateHeaderPairs(a.headers);
     if (!a.ok) {
-      // Refused for lack of this node's slice: ask the control plane for more right away.
-      deps.leases?.noteRefused(key.keyId, minuteOf(now), estimatedTokens);
       reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A');
       return null;
     }
@@ -209,6 +218,110 @@ export class ApiServer {
     ctx.spend = deps.leases?.reserveSpend(key.orgId);
     ctx.attach(reply);
     return ctx;
+  }
+
+  /**
+   * Admission that may wait (design.md, "Money and limits across nodes"): when the request is within
+   * the key's limits but this node's lease is short, or the organisation's money slice is on its way,
+   * the request waits (at most LEASE_WAIT_MS) while the node asks the control plane, then is admitted
+   * or refused. The common case is synchronous: `then` runs before this returns. `then(null)`: the
+   * request was refused (answered) or the client went away; nothing was consumed.
+   */
+  private admitOrWait(reply: Reply, key: KeyRecord, path: string, estimatedTokens: number, then: (ctx: RequestContext | null) => void, closeIfRefused: () => boolean = () => false): void {
+    const deps = this.deps;
+    const leases = deps.leases;
+    const started = performance.now();
+    let finished = false;
+    let waited = false;
+    let timer: NodeJS.Timeout | null = null;
+    const finish = (ctx: RequestContext | null) => {
+      finished = true;
+      if (timer) clearTimeout(timer);
+      leases?.cancelKeyWait(key.keyId, wake);
+      leases?.cancelOrgWait(key.orgId, wake);
+      if (waited) this.leaseWaits.note(performance.now() - started, ctx !== null);
+      then(ctx);
+    };
+    const attempt = (lastTry: boolean) => {
+      if (finished) return;
+      try {
+        // The client went away while the request waited: nothing was taken, nothing to answer.
+        if (reply.done) return finish(null);
+        const spend = leases?.canSpend(key.orgId) ?? 'yes';
+        if (spend === 'no') {
+          reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A', closeIfRefused());
+          return finish(null);
+        }
+        // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
+        if (spend === 'wait' && !lastTry && leases!.waitForOrg(key.orgId, wake)) return park();
+        const now = deps.clock.now();
+        const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
+        reply.extraHeaders = rateHeaderPairs(a.headers);
+        if (a.ok) {
+          const ctx = new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, a.ticket, minuteOf(now));
+          ctx.spend = leases?.reserveSpend(key.orgId);
+          ctx.attach(reply);
+          return finish(ctx);
+        }
+        if (a.leaseShort && !lastTry && leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, wake)) return park();
+        reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A', closeIfRefused());
+        finish(null);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e, 'A');
+        if (!finished) finish(null);
+      }
+    };
+    function wake(): void {
+      // Woken from inside the sync client's message handler: continue on a fresh tick.
+      setImmediate(() => attempt(false));
+    }
+    const park = () => {
+      waited = true;
+      timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+    };
+    attempt(false);
+  }
+
+  /** The token estimate of an admitted request, waiting (bounded) for a lease like admitOrWait. */
+  private reserveOrWait(ctx: RequestContext, reply: Reply, key: KeyRecord, estimate: number, then: (ok: boolean) => void): void {
+    const deps = this.deps;
+    const started = performance.now();
+    let timer: NodeJS.Timeout | null = null;
+    let finished = false;
+    let waited = false;
+    const finish = (ok: boolean) => {
+      finished = true;
+      if (timer) clearTimeout(timer);
+      deps.leases?.cancelKeyWait(key.keyId, wake);
+      if (waited) this.leaseWaits.note(performance.now() - started, ok);
+      then(ok);
+    };
+    const attempt = (lastTry: boolean) => {
+      if (finished) return;
+      try {
+        if (reply.done) return finish(false);
+        const refusal = ctx.ticket.reserveTokens(estimate);
+        if (!refusal) return finish(true);
+        if (refusal.leaseShort && !lastTry && deps.leases?.waitForKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, wake)) {
+          waited = true;
+          timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+          return;
+        }
+        ctx.refuse();
+        reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
+        finish(false);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e, 'A');
+        if (!finished) finish(false);
+      }
+    };
+    function wake(): void {
+      setImmediate(() => attempt(false));
+    }
+    attempt(false);
   }
 
   private jsonEndpoint(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number): void {
@@ -219,33 +332,59 @@ export class ApiServer {
       return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; ${head.path} accepts JSON bodies of at most ${jsonCap} bytes.`), 'A', true);
     }
     // The request and its parallel slot are taken before the body is buffered, so a key's parallel
-    // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed.
-    const ctx = this.admit(reply, key, head.path, 0);
-    if (!ctx) return;
+    // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed. When
+    // admission waits for a lease, the body is read meanwhile (onData must be attached before this
+    // handler returns), still within the node-wide body budget.
+    let ctx: RequestContext | null | undefined;
+    let bodyDone = false;
+    let body: { err: GatewayError | null; raw: Buffer } | undefined;
+    const proceed = () => {
+      if (ctx === undefined || body === undefined || ctx === null) return;
+      this.jsonBody(ctx, reply, head, key, route, body.err, body.raw);
+    };
+    this.admitOrWait(
+      reply,
+      key,
+      head.path,
+      0,
+      (c) => {
+        ctx = c;
+        proceed();
+      },
+      () => !bodyDone,
+    );
+    if (ctx === null) return;
     collectBody(
       res,
       reply,
       jsonCap,
       head.contentLength,
       (err, raw) => {
+        bodyDone = true;
+        body = { err, raw };
+        proceed();
+      },
+      deps.bodyBudget,
+    );
+  }
+
+  private jsonBody(ctx: RequestContext, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, err: GatewayError | null, raw: Buffer): void {
+    const deps = this.deps;
+    try {
+      if (reply.done) return;
+      if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
+      const text = raw.length > 0 ? raw.toString('utf8') : '';
+      let body: unknown;
+      let parseError = false;
+      try {
+        body = text.length > 0 ? JSON.parse(text) : undefined;
+      } catch {
+        parseError = true;
+      }
+      const estimate = estimateTokens(body);
+      this.reserveOrWait(ctx, reply, key, estimate, (ok) => {
+        if (!ok) return;
         try {
-          if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
-          const text = raw.length > 0 ? raw.toString('utf8') : '';
-          let body: unknown;
-          let parseError = false;
-          try {
-            body = text.length > 0 ? JSON.parse(text) : undefined;
-          } catch {
-            parseError = true;
-          }
-          const estimate = estimateTokens(body);
-          const refusal = ctx.ticket.reserveTokens(estimate);
-          if (refusal) {
-            ctx.refuse();
-            deps.leases?.noteRefused(key.keyId, ctx.minute, estimate);
-            reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
-            return reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
-          }
           if (estimate > 0) reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
           const state = deps.holder.current;
           const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
@@ -268,9 +407,11 @@ export class ApiServer {
           logBug(e);
           reply.sendError(e, route.shape);
         }
-      },
-      deps.bodyBudget,
-    );
+      });
+    } catch (e) {
+      logBug(e);
+      reply.sendError(e, route.shape);
+    }
   }
 
   private transcription(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, capBytes: number): void {
@@ -410,4 +551,29 @@ export function listen(app: TemplatedApp, host: string, port: number): Promise<{
       else resolve({ socket, port: uWS.us_socket_local_port(socket as unknown as uWS.us_socket) });
     });
   });
+}
+
+/** Latency added to requests that waited for a lease: count, admitted, and percentiles of a sample. */
+export class WaitStats {
+  private count = 0;
+  private admitted = 0;
+  private maxMs = 0;
+  private totalMs = 0;
+  private readonly sample: number[] = [];
+
+  note(ms: number, admitted: boolean): void {
+    this.count++;
+    if (admitted) this.admitted++;
+    this.totalMs += ms;
+    if (ms > this.maxMs) this.maxMs = ms;
+    // Keep the first 10,000: enough for a benchmark's percentiles, bounded in memory.
+    if (this.sample.length < 10_000) this.sample.push(ms);
+  }
+
+  snapshot(): { waited: number; admitted: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
+    const sorted = [...this.sample].sort((a, b) => a - b);
+    const at = (q: number) => (sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]);
+    const r = (n: number) => Math.round(n * 100) / 100;
+    return { waited: this.count, admitted: this.admitted, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
+  }
 }

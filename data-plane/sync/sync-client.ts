@@ -67,6 +67,8 @@ export class SyncClient {
   }
 
   stop(): void {
+    // Unused allowance goes back before the stream closes, so the other nodes can use it this minute.
+    this.opts.leases?.giveBackAll();
     this.stopped = true;
     clearInterval(this.pruneTimer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
@@ -139,10 +141,12 @@ export class SyncClient {
     } else if (msg.reportAck) {
       this.opts.reporter.ack(msg.reportAck.seq);
     } else if (msg.leaseGrant && leases) {
-      for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k.keyId, k.minute, k.requests, k.tokens);
+      for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
     } else if (msg.roster && leases) {
       leases.setConnectedNodes(msg.roster.connectedNodes);
+    } else if (msg.leaseReclaim && leases) {
+      leases.onReclaim(msg.leaseReclaim);
     }
   }
 
