@@ -80,7 +80,7 @@ async function main(): Promise<void> {
   console.log(`data plane listening on ${listenAddress}`);
 
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready, manualClock, () => api.leaseWaits.snapshot());
+    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset));
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);

@@ -5,7 +5,7 @@
 // node that falls far behind gets one fresh snapshot instead of an unbounded queue of deltas.
 import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
-import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
@@ -340,7 +340,25 @@ export class SyncService implements NodeFleet {
       }
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
-    this.enqueue(s, { leaseGrant: { keys, orgs } });
+    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+    // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
+    const updates = new Map<NodeSession, KeyPoolFree[]>();
+    for (const g of keys) {
+      if (g.requests === 0 && g.tokens === 0) continue;
+      for (const c of this.keyLeases.holders(g.keyId, g.minute, s.connId)) {
+        const target = this.sessionByConn(c);
+        if (!target) continue;
+        const list = updates.get(target) ?? [];
+        list.push({ keyId: g.keyId, minute: g.minute, freeRequests: g.freeRequests, freeTokens: g.freeTokens });
+        updates.set(target, list);
+      }
+    }
+    for (const [target, pools] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools } });
+  }
+
+  private sessionByConn(connId: string): NodeSession | undefined {
+    for (const x of this.sessions) if (x.connId === connId) return x;
+    return undefined;
   }
 
   private grantKey(s: NodeSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {

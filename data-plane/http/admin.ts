@@ -10,11 +10,13 @@ import { collectBody } from './request-body.js';
 const TEXT = [['content-type', 'text/plain; charset=utf-8']] as const;
 const JSON_TYPE = [['content-type', 'application/json']] as const;
 
-export function createAdminApp(isReady: () => boolean, testClock: ManualClock | null, leaseWaits?: () => unknown): TemplatedApp {
+export function createAdminApp(isReady: () => boolean, testClock: ManualClock | null, leaseWaits?: (reset: boolean) => unknown): TemplatedApp {
   const app = uWS.App();
   // What waiting for leases added to the requests that waited (count, percentiles): for benchmarks.
-  app.get('/stats/lease-waits', (res) => {
-    res.writeHeader('content-type', 'application/json').end(JSON.stringify(leaseWaits?.() ?? {}));
+  // `?reset=1` starts a fresh measurement after answering.
+  app.get('/stats/lease-waits', (res, req) => {
+    const reset = req.getQuery('reset') === '1';
+    res.writeHeader('content-type', 'application/json').end(JSON.stringify(leaseWaits?.(reset) ?? {}));
   });
   app.get('/healthz', (res) => {
     res.end('ok\n');

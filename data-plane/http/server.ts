@@ -570,10 +570,16 @@ export class WaitStats {
     if (this.sample.length < 10_000) this.sample.push(ms);
   }
 
-  snapshot(): { waited: number; admitted: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
+  /** The figures so far; `reset` starts afresh after reading. */
+  snapshot(reset = false): { waited: number; admitted: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
     const sorted = [...this.sample].sort((a, b) => a - b);
     const at = (q: number) => (sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]);
     const r = (n: number) => Math.round(n * 100) / 100;
-    return { waited: this.count, admitted: this.admitted, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
+    const out = { waited: this.count, admitted: this.admitted, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
+    if (reset) {
+      this.count = this.admitted = this.maxMs = this.totalMs = 0;
+      this.sample.length = 0;
+    }
+    return out;
   }
 }

@@ -219,19 +219,31 @@ export class LeaseClient implements AllowanceSource {
       k.finalTokensNeed = Math.min(k.finalTokensNeed, Math.max(1, asked));
     }
     if (g.requests > 0) k.finalRequests = false;
-    wake(k);
-    this.maybeTopUp(g.keyId, k, 0, 0);
+    // Waiting requests ask with what they need; without waiters, prefetch if the pool has more.
+    if (k.waiters.length > 0) wake(k);
+    else this.maybeTopUp(g.keyId, k, 0, 0);
+  }
+
+  /** Another node leased from a pool this node holds part of: what the pool has left unleased. */
+  applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
+    const k = this.keys.get(keyId);
+    if (!k || k.minute !== minute) return;
+    k.freeRequests = Math.min(k.freeRequests, freeRequests);
+    k.freeTokens = Math.min(k.freeTokens, freeTokens);
   }
 
   private readonly lastNeedTokens = new Map<string, number>();
 
-  /** Prefetch: ask for the next chunk while a quarter of one is still left. */
+  /**
+   * Prefetch: ask for the next chunk while a quarter of one is still left, if the pool had any left
+   * when last heard (a request that finds nothing here asks with its need, which reclaims).
+   */
   private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
     if (k.pending || !this.connected) return;
     const chunkReq = leaseChunk(k.rpm, this.nodes);
     const chunkTok = leaseChunk(k.tpm, this.nodes);
-    const lowReq = !k.finalRequests && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 4;
-    const lowTok = k.finalTokensNeed === Infinity && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 4;
+    const lowReq = !k.finalRequests && k.freeRequests > 0 && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 4;
+    const lowTok = k.finalTokensNeed === Infinity && k.freeTokens > 0 && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 4;
     if (lowReq || lowTok) this.askKey(keyId, k, needRequests, needTokens);
   }
 

@@ -142,6 +142,7 @@ export class SyncClient {
       this.opts.reporter.ack(msg.reportAck.seq);
     } else if (msg.leaseGrant && leases) {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
+      for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
     } else if (msg.roster && leases) {
       leases.setConnectedNodes(msg.roster.connectedNodes);

@@ -282,6 +282,19 @@ export interface OrgLeaseWant {
 export interface LeaseGrant {
   keys: KeyLease[];
   orgs: OrgLease[];
+  /**
+   * What key minute pools this node holds part of have left unleased, after a grant to another node
+   * (for the rate headers: what this node holds unused plus the pool's free is never more than the
+   * key really has left).
+   */
+  pools: KeyPoolFree[];
+}
+
+export interface KeyPoolFree {
+  keyId: string;
+  minute: number;
+  freeRequests: number;
+  freeTokens: number;
 }
 
 export interface KeyLease {
@@ -4093,7 +4106,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [] };
+  return { keys: [], orgs: [], pools: [] };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -4103,6 +4116,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     for (const v of message.orgs) {
       OrgLease.encode(v!, writer.uint32(18).fork()).join();
+    }
+    for (const v of message.pools) {
+      KeyPoolFree.encode(v!, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -4136,6 +4152,14 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.orgs.push(OrgLease.decode(reader, reader.uint32()));
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pools.push(KeyPoolFree.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4152,6 +4176,7 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     return {
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyLease.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgLease.fromJSON(e)) : [],
+      pools: globalThis.Array.isArray(object?.pools) ? object.pools.map((e: any) => KeyPoolFree.fromJSON(e)) : [],
     };
   },
 
@@ -4163,6 +4188,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.orgs?.length) {
       obj.orgs = message.orgs.map((e) => OrgLease.toJSON(e));
     }
+    if (message.pools?.length) {
+      obj.pools = message.pools.map((e) => KeyPoolFree.toJSON(e));
+    }
     return obj;
   },
 
@@ -4173,6 +4201,136 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     const message = createBaseLeaseGrant();
     message.keys = object.keys?.map((e) => KeyLease.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgLease.fromPartial(e)) || [];
+    message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseKeyPoolFree(): KeyPoolFree {
+  return { keyId: "", minute: 0, freeRequests: 0, freeTokens: 0 };
+}
+
+export const KeyPoolFree: MessageFns<KeyPoolFree> = {
+  encode(message: KeyPoolFree, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    if (message.freeRequests !== 0) {
+      writer.uint32(24).int64(message.freeRequests);
+    }
+    if (message.freeTokens !== 0) {
+      writer.uint32(32).int64(message.freeTokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyPoolFree {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyPoolFree();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.freeRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.freeTokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyPoolFree {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      freeRequests: isSet(object.freeRequests)
+        ? globalThis.Number(object.freeRequests)
+        : isSet(object.free_requests)
+        ? globalThis.Number(object.free_requests)
+        : 0,
+      freeTokens: isSet(object.freeTokens)
+        ? globalThis.Number(object.freeTokens)
+        : isSet(object.free_tokens)
+        ? globalThis.Number(object.free_tokens)
+        : 0,
+    };
+  },
+
+  toJSON(message: KeyPoolFree): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.freeRequests !== 0) {
+      obj.freeRequests = Math.round(message.freeRequests);
+    }
+    if (message.freeTokens !== 0) {
+      obj.freeTokens = Math.round(message.freeTokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyPoolFree>, I>>(base?: I): KeyPoolFree {
+    return KeyPoolFree.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyPoolFree>, I>>(object: I): KeyPoolFree {
+    const message = createBaseKeyPoolFree();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    message.freeRequests = object.freeRequests ?? 0;
+    message.freeTokens = object.freeTokens ?? 0;
     return message;
   },
 };
