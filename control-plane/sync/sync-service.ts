@@ -17,6 +17,8 @@ const MAX_QUEUED = 1000;
 const RECLAIM_TIMEOUT_MS = 150;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
 const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
+/** A node left alone holds whole key budgets at once only if no other node was connected this long. */
+const LONE_QUIET_MS = 90_000;
 export const PEPPER_MISMATCH_DETAILS = "pepper mismatch: the node's key pepper differs from the control plane's";
 
 type Outbound = ControlMessage | 'snapshot';
@@ -78,6 +80,8 @@ export class SyncService implements NodeFleet {
   private readonly keyLeases = new KeyLeaseLedger();
   private readonly moneyLeases = new MoneyLeaseLedger();
   private readonly log: (line: string) => void;
+  /** When several nodes were last connected (wall clock). */
+  private lastSeveralAtMs = -Infinity;
 
   constructor(
     private readonly state: ControlState,
@@ -396,7 +400,11 @@ export class SyncService implements NodeFleet {
   /** Every node learns how many nodes are connected (it sizes each node's cold share of key budgets). */
   private broadcastRoster(): void {
     const connectedNodes = this.sessions.size;
-    for (const s of this.sessions) this.enqueue(s, { roster: { connectedNodes } });
+    const now = this.state.now();
+    if (connectedNodes > 1) this.lastSeveralAtMs = now;
+    // A lone node may hold this minute's whole budgets only if nobody else can have used them.
+    const wholeNow = connectedNodes === 1 && now - this.lastSeveralAtMs > LONE_QUIET_MS;
+    for (const s of this.sessions) this.enqueue(s, { roster: { connectedNodes, wholeNow } });
   }
 
   private enqueue(s: NodeSession, item: Outbound): void {
@@ -455,6 +463,7 @@ export class SyncService implements NodeFleet {
     if (s.closed) return;
     s.closed = true;
     s.unsubscribe();
+    if (this.sessions.size > 1) this.lastSeveralAtMs = this.state.now();
     this.sessions.delete(s);
     this.moneyLeases.dropConnection(s.connId);
     for (const done of [...s.reclaims.values()]) done();

@@ -204,13 +204,19 @@ export class ApiServer {
     return key ? rateHeaderPairs(this.deps.keyBudgets.headers(key.limits)) : null;
   }
 
-  /** Key budgets. On success the ticket is settled on every way the response ends. */
+  /**
+   * Key budgets, without waiting: for the transcription path, which takes its body as a stream before
+   * admission. A request short of this node's lease is refused here (admitOrWait would wait for it).
+   * On success the ticket is settled on every way the response ends.
+   */
   private admit(reply: Reply, key: KeyRecord, path: string, estimatedTokens: number): RequestContext | null {
     const deps = this.deps;
     const now = deps.clock.now();
     const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
     reply.extraHeaders = rateHeaderPairs(a.headers);
     if (!a.ok) {
+      // This path cannot wait (see admitOrWait): at least ask for what was short, so the next try fits.
+      if (a.leaseShort) deps.leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, () => undefined);
       reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A');
       return null;
     }
@@ -227,7 +233,15 @@ export class ApiServer {
    * or refused. The common case is synchronous: `then` runs before this returns. `then(null)`: the
    * request was refused (answered) or the client went away; nothing was consumed.
    */
-  private admitOrWait(reply: Reply, key: KeyRecord, path: string, estimatedTokens: number, then: (ctx: RequestContext | null) => void, closeIfRefused: () => boolean = () => false): void {
+  private admitOrWait(
+    reply: Reply,
+    key: KeyRecord,
+    path: string,
+    estimatedTokens: number,
+    then: (ctx: RequestContext | null) => void,
+    closeIfRefused: () => boolean = () => false,
+    familyShape: ErrorShape = 'A',
+  ): void {
     const deps = this.deps;
     const leases = deps.leases;
     const started = performance.now();
@@ -249,7 +263,7 @@ export class ApiServer {
         if (reply.done) return finish(null);
         const spend = leases?.canSpend(key.orgId) ?? 'yes';
         if (spend === 'no') {
-          reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A', closeIfRefused());
+          reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape, closeIfRefused());
           return finish(null);
         }
         // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
@@ -463,8 +477,21 @@ export class ApiServer {
     const hasBody = head.method !== 'GET' && head.method !== 'HEAD';
     const body = hasBody ? streamBody(res, reply, capBytes) : null;
     body?.on('error', () => {});
-    const ctx = this.admit(reply, key, head.path, 0);
-    if (!ctx) return;
+    this.admitOrWait(
+      reply,
+      key,
+      head.path,
+      0,
+      (ctx) => {
+        if (ctx) this.forward(ctx, reply, head, route, body, headers);
+      },
+      () => false,
+      'B',
+    );
+  }
+
+  private forward(ctx: RequestContext, reply: Reply, head: RequestHead, route: Route, body: ReturnType<typeof streamBody> | null, headers: Array<[string, string]>): void {
+    if (!route.backend) return;
     // From here the request counts against rpm whatever the backend answers.
     ctx.providerStarted = true;
     forwardTool(this.deps.pools, {

@@ -174,14 +174,15 @@ export class KeyBudgets {
       dimension = 'max_parallel_requests';
     }
     if (dimension !== undefined) {
-      return {
-        ok: false,
-        dimension,
-        message: formatLimitMessage(dimension, state, limits, estimate, retryAfterSec),
-        retryAfterSec,
-        headers: headersOf(state, limits, now, lease, leaseShort === undefined && dimension !== 'max_parallel_requests'),
-        leaseShort,
+      const headers = headersOf(state, limits, now, lease, leaseShort === undefined && dimension !== 'max_parallel_requests');
+      // The message reports the key across the cluster as far as this node knows (as the headers do),
+      // not this node's own share: "20/20 used", never "15/20 used" when the minute is spent.
+      const shown = {
+        requests: rpm === Infinity ? state.requests : Math.max(state.requests, rpm - headers.remainingRequests),
+        tokens: tpm === Infinity ? state.tokens : Math.max(state.tokens, tpm - headers.remainingTokens),
+        inFlight: state.inFlight,
       };
+      return { ok: false, dimension, message: formatLimitMessage(dimension, shown, limits, estimate, retryAfterSec), retryAfterSec, headers, leaseShort };
     }
 
     state.requests += 1;

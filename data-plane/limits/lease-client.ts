@@ -19,7 +19,7 @@
 // asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
-import type { Clock } from './clock.js';
+import { minuteOf, type Clock } from './clock.js';
 
 import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 
@@ -73,6 +73,12 @@ export type SpendVerdict = 'yes' | 'wait' | 'no';
 export class LeaseClient implements AllowanceSource {
   private connected = false;
   private nodes = 1;
+  /**
+   * The first minute this node holds whole key budgets unasked: the minute after the roster said it
+   * is alone. In the minute it became alone other nodes may have used the key, so it leases as usual;
+   * before any roster it does not know, so it leases too.
+   */
+  private loneFromMinute = Infinity;
   private readonly keys = new Map<string, KeyMinute>();
   private readonly orgs = new Map<string, OrgSlice>();
   private wantKeys = new Map<string, KeyLeaseWant>();
@@ -92,13 +98,15 @@ export class LeaseClient implements AllowanceSource {
   ) {}
 
   /** The sync client reports every connection change and the number of connected nodes. */
-  setConnected(connected: boolean, connectedNodes = this.nodes): void {
+  setConnected(connected: boolean, connectedNodes?: number): void {
     if (connected !== this.connected) {
       this.epoch++;
       this.wantKeys.clear();
       this.wantOrgs.clear();
       this.keyReturns = [];
       this.orgReturns = [];
+      // Alone or not: the next roster says.
+      this.loneFromMinute = Infinity;
       // Whatever was held belonged to the old connection; the control plane released it. What was
       // used stays used, and is what the node says it holds when it next asks.
       for (const k of this.keys.values()) {
@@ -116,10 +124,17 @@ export class LeaseClient implements AllowanceSource {
       for (const o of orgs) wake(o);
     }
     this.connected = connected;
-    this.nodes = Math.max(1, connectedNodes);
+    if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
   }
 
-  setConnectedNodes(n: number): void {
+  /**
+   * The roster: how many nodes are connected. `wholeNow`: alone, and nobody else was connected lately,
+   * so the current minute is whole too (otherwise from the next one).
+   */
+  setConnectedNodes(n: number, wholeNow = false): void {
+    const lone = n <= 1;
+    if (!lone) this.loneFromMinute = Infinity;
+    else if (this.loneFromMinute === Infinity) this.loneFromMinute = minuteOf(this.clock.now()) + (wholeNow ? 0 : 1);
     this.nodes = Math.max(1, n);
   }
 
@@ -154,19 +169,20 @@ export class LeaseClient implements AllowanceSource {
       const rpm = finiteLimit(limits.rpmLimit);
       const tpm = finiteLimit(limits.tpmLimit);
       const old = k;
+      const n = minute >= this.loneFromMinute ? 1 : Math.max(2, this.nodes);
       k = {
         minute,
         rpm,
         tpm,
-        allowRequests: rpm === Infinity ? Infinity : coldShare(rpm, this.nodes),
-        allowTokens: tpm === Infinity ? Infinity : coldShare(tpm, this.nodes),
+        allowRequests: rpm === Infinity ? Infinity : coldShare(rpm, n),
+        allowTokens: tpm === Infinity ? Infinity : coldShare(tpm, n),
         usedRequests: 0,
         usedTokens: 0,
         pending: false,
         finalRequests: false,
         finalTokensNeed: Infinity,
-        freeRequests: this.nodes <= 1 ? 0 : rpm,
-        freeTokens: this.nodes <= 1 ? 0 : tpm,
+        freeRequests: n <= 1 ? 0 : rpm,
+        freeTokens: n <= 1 ? 0 : tpm,
         waiters: [],
       };
       this.keys.set(keyId, k);

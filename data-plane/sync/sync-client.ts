@@ -145,7 +145,7 @@ export class SyncClient {
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
     } else if (msg.roster && leases) {
-      leases.setConnectedNodes(msg.roster.connectedNodes);
+      leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
     } else if (msg.leaseReclaim && leases) {
       leases.onReclaim(msg.leaseReclaim);
     }

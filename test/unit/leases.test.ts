@@ -136,12 +136,29 @@ function lease(g: Partial<KeyLease>): KeyLease {
   return { keyId: 'k', minute: 100, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0, ...g };
 }
 
-test('lease client: a lone node holds the whole minute and asks nothing', () => {
+test('lease client: a lone node holds whole minutes from the minute after it became alone, and asks nothing', () => {
   const { lc, sent } = client(1);
-  const a = lc.allowanceFor('k', 100, limits);
+  const a = lc.allowanceFor('k', 101, limits);
   assert.deepEqual([a.requests, a.tokens], [20, 60_000]);
-  lc.noteUsage('k', 100, 19, 100);
+  lc.noteUsage('k', 101, 19, 100);
   assert.equal(sent.length, 0);
+});
+
+test('lease client: a node left alone mid-minute leases that minute (others may have used it)', () => {
+  // Before: a survivor of a killed node took the whole budget of the current minute unasked and
+  // admitted past the limit what the dead node had already used.
+  const { lc, sent } = client(3);
+  lc.setConnectedNodes(1);
+  const a = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([a.requests, a.tokens], [0, 0]);
+  assert.equal(sent.length, 1, 'it asks the control plane, which knows what the others held');
+  assert.equal(lc.allowanceFor('other', 101, { ...limits, keyId: 'other' }).requests, 20, 'the next minute is whole');
+  // Alone with nobody else connected lately (the control plane says so): the current minute is whole.
+  const quiet = client(2).lc;
+  quiet.setConnected(false);
+  quiet.setConnected(true);
+  quiet.setConnectedNodes(1, true);
+  assert.equal(quiet.allowanceFor('k', 100, limits).requests, 20);
 });
 
 test('lease client: with several nodes it holds nothing unasked, prefetches chunks, and wakes waiters on a grant', () => {
@@ -188,11 +205,11 @@ test('lease client: a reclaim is answered at once with what is held unused; stop
 
 test('lease client: a former lone node answers the all-keys reclaim with what it used of whole budgets', () => {
   const { lc, sent } = client(1);
-  lc.allowanceFor('k', 100, limits);
-  lc.noteUsage('k', 100, 4, 400);
+  lc.allowanceFor('k', 101, limits);
+  lc.noteUsage('k', 101, 4, 400);
   lc.setConnectedNodes(2);
   lc.onReclaim({ id: 3, keys: [], allKeys: true, orgIds: [] });
-  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 100, requests: 16, tokens: 59_600, heldRequests: 4, heldTokens: 400 }]);
+  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 101, requests: 16, tokens: 59_600, heldRequests: 4, heldTokens: 400 }]);
 });
 
 test('lease client: money waits for its first slice, reserves while in flight, refuses only when nothing is left', () => {

@@ -45,6 +45,12 @@ export interface ControlMessage {
  */
 export interface Roster {
   connectedNodes: number;
+  /**
+   * With one node: true when no other node was connected in the last minute and a half, so the lone
+   * node may hold whole key budgets of the current minute at once; false when another node left
+   * recently (it may have used this minute's budgets): the lone node leases this minute as usual.
+   */
+  wholeNow: boolean;
 }
 
 export interface Hello {
@@ -643,13 +649,16 @@ export const ControlMessage: MessageFns<ControlMessage> = {
 };
 
 function createBaseRoster(): Roster {
-  return { connectedNodes: 0 };
+  return { connectedNodes: 0, wholeNow: false };
 }
 
 export const Roster: MessageFns<Roster> = {
   encode(message: Roster, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.connectedNodes !== 0) {
       writer.uint32(8).int32(message.connectedNodes);
+    }
+    if (message.wholeNow !== false) {
+      writer.uint32(16).bool(message.wholeNow);
     }
     return writer;
   },
@@ -675,6 +684,14 @@ export const Roster: MessageFns<Roster> = {
             message.connectedNodes = reader.int32();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.wholeNow = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -694,6 +711,11 @@ export const Roster: MessageFns<Roster> = {
         : isSet(object.connected_nodes)
         ? globalThis.Number(object.connected_nodes)
         : 0,
+      wholeNow: isSet(object.wholeNow)
+        ? globalThis.Boolean(object.wholeNow)
+        : isSet(object.whole_now)
+        ? globalThis.Boolean(object.whole_now)
+        : false,
     };
   },
 
@@ -701,6 +723,9 @@ export const Roster: MessageFns<Roster> = {
     const obj: any = {};
     if (message.connectedNodes !== 0) {
       obj.connectedNodes = Math.round(message.connectedNodes);
+    }
+    if (message.wholeNow !== false) {
+      obj.wholeNow = message.wholeNow;
     }
     return obj;
   },
@@ -711,6 +736,7 @@ export const Roster: MessageFns<Roster> = {
   fromPartial<I extends Exact<DeepPartial<Roster>, I>>(object: I): Roster {
     const message = createBaseRoster();
     message.connectedNodes = object.connectedNodes ?? 0;
+    message.wholeNow = object.wholeNow ?? false;
     return message;
   },
 };
