@@ -260,7 +260,13 @@ export class SyncService implements NodeFleet {
       done?.();
     }
     if (req.keys.length > 0 || req.orgs.length > 0) {
-      this.grantLeases(s, req).catch((err: Error) => this.log(`sync: lease request of node ${s.nodeId} failed: ${err.message}`));
+      this.grantLeases(s, req).catch((err: Error) => {
+        this.log(`sync: lease request of node ${s.nodeId} failed: ${err.message}`);
+        // Every want is answered, so no node waits on a want that will never be granted.
+        const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
+        const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
+        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+      });
     }
   }
 

@@ -35,6 +35,8 @@ interface KeyMinute {
   usedRequests: number;
   usedTokens: number;
   pending: boolean;
+  /** When the pending want was sent (a want unanswered this long is asked again). */
+  askedAtMs: number;
   /** The pool had less than one request free even after reclaiming. */
   finalRequests: boolean;
   /** The smallest token need the pool could not cover after reclaiming (Infinity: none). */
@@ -52,6 +54,7 @@ interface OrgSlice {
   /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
   maxCostMicros: number;
   pending: boolean;
+  askedAtMs: number;
   /** When the control plane last said nothing is left (0: it did not). */
   exhaustedAtMs: number;
   waiters: Array<() => void>;
@@ -60,6 +63,8 @@ interface OrgSlice {
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
 const EXHAUSTED_RETRY_MS = 1000;
+/** A lease want unanswered this long is sent again. */
+const PENDING_STALE_MS = 2000;
 
 /** An estimate reserved from an organisation's slice while its request is in flight. */
 export interface SpendReservation {
@@ -179,6 +184,7 @@ export class LeaseClient implements AllowanceSource {
         usedRequests: 0,
         usedTokens: 0,
         pending: false,
+        askedAtMs: 0,
         finalRequests: false,
         finalTokensNeed: Infinity,
         freeRequests: n <= 1 ? 0 : rpm,
@@ -211,7 +217,7 @@ export class LeaseClient implements AllowanceSource {
     const k = this.keyMinute(keyId, minute, limits);
     if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
     k.waiters.push(wake);
-    if (!k.pending) this.askKey(keyId, k, needRequests, needTokens);
+    if (!k.pending || this.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
     return true;
   }
 
@@ -270,6 +276,7 @@ export class LeaseClient implements AllowanceSource {
     const tokens = k.allowTokens < k.tpm ? Math.min(Math.max(chunkTok, needTokens), k.tpm - k.allowTokens) : 0;
     if (requests === 0 && tokens === 0 && needRequests === 0 && needTokens === 0) return;
     k.pending = true;
+    k.askedAtMs = this.clock.now();
     this.lastNeedTokens.set(keyId, needTokens);
     this.wantKeys.set(`${keyId}:${k.minute}`, {
       keyId,
@@ -363,7 +370,7 @@ export class LeaseClient implements AllowanceSource {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, exhaustedAtMs: 0, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, askedAtMs: 0, exhaustedAtMs: 0, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -410,8 +417,8 @@ export class LeaseClient implements AllowanceSource {
     o.pending = false;
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
-    if (exhausted || micros === 0) o.exhaustedAtMs = Math.max(1, this.clock.now());
-    else o.exhaustedAtMs = 0;
+    // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
+    o.exhaustedAtMs = exhausted ? Math.max(1, this.clock.now()) : 0;
     wake(o);
     // Still low (requests ran while the grant was on its way): ask again at once.
     if (o.exhaustedAtMs === 0) this.maybeAskOrg(orgId, o);
@@ -436,12 +443,21 @@ export class LeaseClient implements AllowanceSource {
   }
 
   private askOrg(orgId: string, o: OrgSlice): void {
-    if (o.pending) return;
+    if (o.pending && !this.stale(o.askedAtMs)) return;
     o.pending = true;
+    o.askedAtMs = this.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
     this.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
     this.queueFlush();
+  }
+
+  /**
+   * A want the control plane never answered (it could not, or the answer was lost) must not leave a
+   * `pending` flag that blocks every later ask: after this long it is asked again.
+   */
+  private stale(askedAtMs: number): boolean {
+    return this.clock.now() - askedAtMs >= PENDING_STALE_MS;
   }
 
   // ── sending ───────────────────────────────────────────────────────────────

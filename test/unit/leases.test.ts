@@ -251,3 +251,25 @@ test('lease client: a funds change gives the slice back and asks afresh, even wi
   lc.onReclaim({ id: 9, keys: [], allKeys: false, orgIds: ['org'] });
   assert.deepEqual(sent.at(-1)!.orgReturns, [{ orgId: 'org', micros: 100_000 }]);
 });
+
+test('lease client: a want the control plane never answered is asked again instead of blocking every later ask', () => {
+  // Before: a `pending` flag whose grant never came stayed true, and the node never asked again.
+  const { lc, sent, clock } = client(2);
+  lc.canSpend('org');
+  assert.equal(sent.length, 1);
+  assert.equal(lc.canSpend('org'), 'wait');
+  assert.equal(sent.length, 1, 'one want in flight at a time');
+  clock.advance(2000);
+  assert.equal(lc.canSpend('org'), 'wait');
+  assert.equal(sent.length, 2, 'unanswered for 2 s: asked again');
+  lc.allowanceFor('k', 100, limits);
+  const asked = sent.length;
+  assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => undefined), true);
+  assert.equal(sent.length, asked);
+  clock.advance(2000);
+  lc.waitForKey('k', 100, limits, 1, 0, () => undefined);
+  assert.equal(sent.length, asked + 1);
+  // A failed answer (nothing granted, not exhausted) is no refusal.
+  lc.applyOrgGrant('org', 0, false);
+  assert.equal(lc.canSpend('org'), 'wait');
+});
