@@ -85,6 +85,8 @@ export class LeaseClient implements AllowanceSource {
    */
   private loneFromMinute = Infinity;
   private readonly keys = new Map<string, KeyMinute>();
+  /** First chunks of the next minute, prefetched shortly before its top for keys used this minute. */
+  private readonly nextKeys = new Map<string, KeyMinute>();
   private readonly orgs = new Map<string, OrgSlice>();
   private wantKeys = new Map<string, KeyLeaseWant>();
   private wantOrgs = new Map<string, OrgLeaseWant>();
@@ -170,6 +172,13 @@ export class LeaseClient implements AllowanceSource {
 
   private keyMinute(keyId: string, minute: number, limits: KeyLimits): KeyMinute {
     let k = this.keys.get(keyId);
+    const prefetched = this.nextKeys.get(keyId);
+    if ((!k || k.minute !== minute) && prefetched?.minute === minute) {
+      this.nextKeys.delete(keyId);
+      this.keys.set(keyId, prefetched);
+      if (k) wake(k);
+      return prefetched;
+    }
     if (!k || k.minute !== minute) {
       const rpm = finiteLimit(limits.rpmLimit);
       const tpm = finiteLimit(limits.tpmLimit);
@@ -228,7 +237,8 @@ export class LeaseClient implements AllowanceSource {
   }
 
   applyKeyGrant(g: KeyLease): void {
-    const k = this.keys.get(g.keyId);
+    let k = this.keys.get(g.keyId);
+    if (!k || k.minute !== g.minute) k = this.nextKeys.get(g.keyId);
     if (!k || k.minute !== g.minute) return;
     k.pending = false;
     k.allowRequests += g.requests;
@@ -244,6 +254,38 @@ export class LeaseClient implements AllowanceSource {
     // Waiting requests ask with what they need; without waiters, prefetch if the pool has more.
     if (k.waiters.length > 0) wake(k);
     else this.maybeTopUp(g.keyId, k, 0, 0);
+  }
+
+  /**
+   * Shortly before the top of a minute (the sync client calls this in its last seconds): the first
+   * chunk of the next minute for every key used this minute, so steady traffic does not wait at the
+   * top of the minute. A lone node holds whole minutes and needs none.
+   */
+  prefetchNextMinute(): void {
+    if (!this.connected) return;
+    const next = minuteOf(this.clock.now()) + 1;
+    if (next >= this.loneFromMinute) return;
+    for (const [keyId, k] of this.keys) {
+      if (k.minute !== next - 1 || k.usedRequests === 0 || this.nextKeys.get(keyId)?.minute === next) continue;
+      const nk: KeyMinute = {
+        minute: next,
+        rpm: k.rpm,
+        tpm: k.tpm,
+        allowRequests: k.rpm === Infinity ? Infinity : 0,
+        allowTokens: k.tpm === Infinity ? Infinity : 0,
+        usedRequests: 0,
+        usedTokens: 0,
+        pending: false,
+        askedAtMs: 0,
+        finalRequests: false,
+        finalTokensNeed: Infinity,
+        freeRequests: k.rpm,
+        freeTokens: k.tpm,
+        waiters: [],
+      };
+      this.nextKeys.set(keyId, nk);
+      this.askKey(keyId, nk, 0, 0);
+    }
   }
 
   /** Another node leased from a pool this node holds part of: what the pool has left unleased. */
@@ -297,9 +339,10 @@ export class LeaseClient implements AllowanceSource {
   onReclaim(r: LeaseReclaim): void {
     if (!this.connected) return;
     const keyReturns: KeyLeaseReturn[] = [];
-    const refs = r.allKeys ? [...this.keys].map(([keyId, k]) => ({ keyId, minute: k.minute })) : r.keys;
+    const refs = r.allKeys ? [...this.keys, ...this.nextKeys].map(([keyId, k]) => ({ keyId, minute: k.minute })) : r.keys;
     for (const ref of refs) {
-      const k = this.keys.get(ref.keyId);
+      let k = this.keys.get(ref.keyId);
+      if (!k || k.minute !== ref.minute) k = this.nextKeys.get(ref.keyId);
       if (!k || k.minute !== ref.minute) {
         keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 });
         continue;
@@ -324,7 +367,7 @@ export class LeaseClient implements AllowanceSource {
   giveBackAll(): void {
     if (!this.connected) return;
     const keyReturns: KeyLeaseReturn[] = [];
-    for (const [keyId, k] of this.keys) {
+    for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
       const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
       const tok = Number.isFinite(k.allowTokens) ? Math.max(0, k.allowTokens - k.usedTokens) : 0;
       k.allowRequests -= req;
@@ -507,6 +550,7 @@ export class LeaseClient implements AllowanceSource {
 
   /** Drops key minutes older than `minMinute` (called now and then by the node). */
   prune(minMinute: number): void {
+    for (const [id, k] of this.nextKeys) if (k.minute < minMinute) this.nextKeys.delete(id);
     for (const [id, k] of this.keys) {
       if (k.minute < minMinute) {
         this.keys.delete(id);

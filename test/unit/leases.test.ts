@@ -273,3 +273,20 @@ test('lease client: a want the control plane never answered is asked again inste
   lc.applyOrgGrant('org', 0, false);
   assert.equal(lc.canSpend('org'), 'wait');
 });
+
+test('lease client: shortly before the top of a minute it leases the next minute\'s first chunk for keys it used', () => {
+  const { lc, sent, clock } = client(3);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 2, tokens: 5000, freeRequests: 18, freeTokens: 55_000 }));
+  lc.noteUsage('k', 100, 1, 10);
+  lc.allowanceFor('idle', 100, { ...limits, keyId: 'idle' });
+  const before = sent.length;
+  clock.advance(58_000);
+  lc.prefetchNextMinute();
+  assert.equal(sent.length, before + 1);
+  assert.deepEqual(sent.at(-1)!.keys.map((w) => [w.keyId, w.minute, w.requests]), [['k', 101, 2]], 'only keys used this minute');
+  lc.applyKeyGrant(lease({ minute: 101, requests: 2, tokens: 5000, freeRequests: 16, freeTokens: 50_000 }));
+  clock.advance(2_000);
+  const a = lc.allowanceFor('k', 101, limits);
+  assert.deepEqual([a.requests, a.tokens], [2, 5000], 'the new minute starts with the prefetched chunk');
+});
