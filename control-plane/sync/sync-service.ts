@@ -50,6 +50,8 @@ class NodeSession {
   mayHoldWhole = false;
   /** The node's lease epoch on this connection (from its lease requests). */
   leaseEpoch = 0;
+  /** The node said it is stopping: it is granted nothing more. */
+  leaving = false;
   wholeReclaimId = 0;
   wholeReclaim: Promise<void> = Promise.resolve();
 
@@ -251,6 +253,7 @@ export class SyncService implements NodeFleet {
   /** Returns first (a reclaim's answer, or allowance given back unasked), then what is wanted. */
   private onLeaseRequest(s: NodeSession, req: LeaseRequest): void {
     if (req.leaseEpoch) s.leaseEpoch = req.leaseEpoch;
+    if (req.leaving) s.leaving = true;
     for (const r of req.keyReturns) this.keyLeases.applyReturn(s.connId, r);
     for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
     if (req.reclaimId) {
@@ -374,7 +377,7 @@ export class SyncService implements NodeFleet {
   private grantKey(s: NodeSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {
     const entry = this.state.snapshots.keyById(w.keyId);
     const none = { keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 };
-    if (!entry || s.closed) return none;
+    if (!entry || s.closed || s.leaving) return none;
     const r = this.keyLeases.grant(s.connId, w, { rpm: entry.rpmLimit, tpm: entry.tpmLimit }, suspects, afterReclaim);
     if (r.kind === 'reclaim') return { from: r.from };
     return { keyId: w.keyId, minute: w.minute, ...r.grant };
@@ -387,7 +390,7 @@ export class SyncService implements NodeFleet {
         const out: Array<[OrgLeaseWant, OrgLease | { from: string[] }]> = [];
         for (const w of wants) {
           const spendable = await this.state.spendableMicros(q, w.orgId);
-          if (s.closed) {
+          if (s.closed || s.leaving) {
             out.push([w, { orgId: w.orgId, micros: 0, exhausted: false }]);
             continue;
           }

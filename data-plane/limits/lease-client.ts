@@ -3,7 +3,7 @@
 //
 // Keys: while connected, a node admits a key's requests and tokens in a minute only within what it
 // holds for that minute. A lone node holds the whole budget (proto/lib/leases.ts); with several nodes
-// a node holds only what it leased, in chunks, and asks for the next chunk while a quarter of one is
+// a node holds only what it leased, in chunks, and asks for the next chunk while half of one is
 // still left, so steady traffic does not wait. A request the node cannot cover waits (the HTTP layer
 // parks it, bounded) while the node asks for what it needs; the control plane reclaims unused
 // allowance from the other nodes before it says the pool is spent (`final`): only then is the
@@ -95,6 +95,9 @@ export class LeaseClient implements AllowanceSource {
   private flushQueued = false;
   /** Bumped on every connection change: slices and reservations belong to one connection. */
   private epoch = 0;
+  /** The node is stopping: it gave everything back and asks for nothing more. */
+  private leaving = false;
+  private leavingSent = false;
 
   constructor(
     private readonly clock: Clock,
@@ -237,6 +240,11 @@ export class LeaseClient implements AllowanceSource {
   }
 
   applyKeyGrant(g: KeyLease): void {
+    if (this.leaving) {
+      // Granted before the control plane heard this node is stopping: straight back.
+      if (g.requests > 0 || g.tokens > 0) this.flush({ reclaimId: 0, keyReturns: [{ keyId: g.keyId, minute: g.minute, requests: g.requests, tokens: g.tokens, heldRequests: 0, heldTokens: 0 }], orgReturns: [] });
+      return;
+    }
     let k = this.keys.get(g.keyId);
     if (!k || k.minute !== g.minute) k = this.nextKeys.get(g.keyId);
     if (!k || k.minute !== g.minute) return;
@@ -299,19 +307,20 @@ export class LeaseClient implements AllowanceSource {
   private readonly lastNeedTokens = new Map<string, number>();
 
   /**
-   * Prefetch: ask for the next chunk while a quarter of one is still left, if the pool had any left
+   * Prefetch: ask for the next chunk while half of one is still left, if the pool had any left
    * when last heard (a request that finds nothing here asks with its need, which reclaims).
    */
   private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
     if (k.pending || !this.connected) return;
     const chunkReq = leaseChunk(k.rpm, this.nodes);
     const chunkTok = leaseChunk(k.tpm, this.nodes);
-    const lowReq = !k.finalRequests && k.freeRequests > 0 && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 4;
-    const lowTok = k.finalTokensNeed === Infinity && k.freeTokens > 0 && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 4;
+    const lowReq = !k.finalRequests && k.freeRequests > 0 && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
+    const lowTok = k.finalTokensNeed === Infinity && k.freeTokens > 0 && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 2;
     if (lowReq || lowTok) this.askKey(keyId, k, needRequests, needTokens);
   }
 
   private askKey(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
+    if (this.leaving) return;
     const chunkReq = leaseChunk(k.rpm, this.nodes);
     const chunkTok = leaseChunk(k.tpm, this.nodes);
     const requests = k.allowRequests < k.rpm && !k.finalRequests ? Math.min(chunkReq, k.rpm - k.allowRequests) : 0;
@@ -365,7 +374,10 @@ export class LeaseClient implements AllowanceSource {
 
   /** A node that stops gives back everything it holds unused (before its connection closes). */
   giveBackAll(): void {
-    if (!this.connected) return;
+    if (!this.connected || this.leaving) return;
+    this.leaving = true;
+    this.wantKeys.clear();
+    this.wantOrgs.clear();
     const keyReturns: KeyLeaseReturn[] = [];
     for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
       const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
@@ -455,6 +467,10 @@ export class LeaseClient implements AllowanceSource {
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
+    if (this.leaving) {
+      if (micros > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
+      return;
+    }
     const o = this.orgs.get(orgId);
     if (!o) return;
     o.pending = false;
@@ -486,6 +502,7 @@ export class LeaseClient implements AllowanceSource {
   }
 
   private askOrg(orgId: string, o: OrgSlice): void {
+    if (this.leaving) return;
     if (o.pending && !this.stale(o.askedAtMs)) return;
     o.pending = true;
     o.askedAtMs = this.clock.now();
@@ -516,7 +533,9 @@ export class LeaseClient implements AllowanceSource {
     if (!extra) this.flushQueued = false;
     const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
     const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId) return;
+    const announceLeaving = this.leaving && !this.leavingSent;
+    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
+    this.leavingSent = this.leaving;
     const req: LeaseRequestOut = {
       keys: [...this.wantKeys.values()],
       orgs: [...this.wantOrgs.values()],
@@ -524,6 +543,7 @@ export class LeaseClient implements AllowanceSource {
       keyReturns,
       orgReturns,
       leaseEpoch: this.epoch,
+      leaving: this.leaving,
     };
     this.wantKeys = new Map();
     this.wantOrgs = new Map();

@@ -10,6 +10,7 @@
 //    balancer: 90% to one node, 10% to a second, none to the third. Admitted must be ≥ 297 (the
 //    design admits all 300), and the latency that waiting for a lease added to the requests that
 //    waited (GET /stats/lease-waits on each node's admin listener).
+//    The same split again from a steady client paced over 3 s: who waits then.
 // BENCH_SKIP_THROUGHPUT=1 skips part 1.
 // Client IPs are spread with X-Forwarded-For from a trusted proxy so the per-IP edge budgets do not
 // cap the measurement.
@@ -17,7 +18,7 @@ import { startControlPlane, startDataPlane, stopAll } from '../helpers/processes
 import { consoleClient, createKey } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { minuteStart, setClock } from '../helpers/http.js';
-import { load, sendCount, type LoadResult } from './load.js';
+import { load, sendCount, sendPaced, type LoadResult } from './load.js';
 
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 5000);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
@@ -93,6 +94,16 @@ async function main(): Promise<void> {
     const w = after[i];
     console.log(`  node ${i}: ${w.waited} requests waited for a lease (${w.admitted} then admitted); latency added: mean ${w.mean_ms} ms, p50 ${w.p50_ms} ms, p99 ${w.p99_ms} ms, max ${w.max_ms} ms`);
   }
+
+  // The same split from a steady client: 300 requests paced over 3 s (in one injected clock minute).
+  for (const n of clustered) await setClock(n.adminUrl!, { now_ms: t + 120_000 });
+  const steady = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId: steady.orgId, amountMicros: 1_000_000_000, note: 'bench' });
+  for (const n of clustered) await leaseWaits(n.adminUrl!, true);
+  const paced = await Promise.all([sendPaced(clustered[0].url, auth(steady.key), body, 270, 11, 700_000), sendPaced(clustered[1].url, auth(steady.key), body, 30, 100, 800_000)]);
+  const pacedWaits = await Promise.all(clustered.map((n) => leaseWaits(n.adminUrl!)));
+  console.log(`the same 270 / 30 / 0 split from a steady client (paced over 3 s): admitted ${paced.reduce((s, r) => s + r.ok, 0)} of 300`);
+  console.log(`  waited for a lease: ${pacedWaits.map((w) => `${w.waited} (p50 ${w.p50_ms} ms, max ${w.max_ms} ms)`).join(' / ')}`);
   admin.close();
   await stopAll();
 }

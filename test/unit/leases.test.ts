@@ -290,3 +290,21 @@ test('lease client: shortly before the top of a minute it leases the next minute
   const a = lc.allowanceFor('k', 101, limits);
   assert.deepEqual([a.requests, a.tokens], [2, 5000], 'the new minute starts with the prefetched chunk');
 });
+
+test('lease client: a stopping node gives everything back, says so, asks for nothing more and returns late grants', () => {
+  // Before: a prefetch granted after the node gave its leases back was lost with its connection.
+  const { lc, sent } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 3, tokens: 5000, freeRequests: 17, freeTokens: 55_000 }));
+  lc.noteUsage('k', 100, 1, 10);
+  lc.giveBackAll();
+  const bye = sent.at(-1)!;
+  assert.equal(bye.leaving, true);
+  assert.deepEqual(bye.keyReturns, [{ keyId: 'k', minute: 100, requests: 2, tokens: 4990, heldRequests: 1, heldTokens: 10 }]);
+  const count = sent.length;
+  lc.noteUsage('k', 100, 1, 10);
+  lc.applyKeyGrant(lease({ requests: 2, tokens: 0 }));
+  assert.equal(sent.length, count + 1);
+  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 100, requests: 2, tokens: 0, heldRequests: 0, heldTokens: 0 }]);
+  assert.deepEqual(sent.at(-1)!.keys, [], 'asks for nothing');
+});

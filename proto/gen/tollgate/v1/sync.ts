@@ -225,6 +225,11 @@ export interface LeaseRequest {
   orgReturns: OrgLeaseReturn[];
   /** The node's current lease epoch (see UsageRecord.lease_epoch). */
   leaseEpoch: number;
+  /**
+   * The node is stopping: it gave back everything unused and asks for nothing more; the control
+   * plane grants it nothing from now on (a grant already on its way is given back on arrival).
+   */
+  leaving: boolean;
 }
 
 /**
@@ -3204,7 +3209,7 @@ export const ReportAck: MessageFns<ReportAck> = {
 };
 
 function createBaseLeaseRequest(): LeaseRequest {
-  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 0 };
+  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 0, leaving: false };
 }
 
 export const LeaseRequest: MessageFns<LeaseRequest> = {
@@ -3226,6 +3231,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     if (message.leaseEpoch !== 0) {
       writer.uint32(48).int64(message.leaseEpoch);
+    }
+    if (message.leaving !== false) {
+      writer.uint32(56).bool(message.leaving);
     }
     return writer;
   },
@@ -3291,6 +3299,14 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.leaseEpoch = longToNumber(reader.int64());
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.leaving = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3327,6 +3343,7 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         : isSet(object.lease_epoch)
         ? globalThis.Number(object.lease_epoch)
         : 0,
+      leaving: isSet(object.leaving) ? globalThis.Boolean(object.leaving) : false,
     };
   },
 
@@ -3350,6 +3367,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.leaseEpoch !== 0) {
       obj.leaseEpoch = Math.round(message.leaseEpoch);
     }
+    if (message.leaving !== false) {
+      obj.leaving = message.leaving;
+    }
     return obj;
   },
 
@@ -3364,6 +3384,7 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.keyReturns = object.keyReturns?.map((e) => KeyLeaseReturn.fromPartial(e)) || [];
     message.orgReturns = object.orgReturns?.map((e) => OrgLeaseReturn.fromPartial(e)) || [];
     message.leaseEpoch = object.leaseEpoch ?? 0;
+    message.leaving = object.leaving ?? false;
     return message;
   },
 };
