@@ -120,11 +120,17 @@ export class KeyLeaseLedger {
     return this.pools.get(`${keyId}:${minute}`)?.held.get(connId);
   }
 
-  /** Connections holding some of a pool, other than `connId`. */
-  holders(keyId: string, minute: number, except: string): string[] {
+  /** Connections registered in a pool (holding some or not), other than `except`. */
+  members(keyId: string, minute: number, except: string): string[] {
     const pool = this.pools.get(`${keyId}:${minute}`);
-    if (!pool) return [];
-    return [...pool.held].filter(([c, h]) => c !== except && (h.requests > 0 || h.tokens > 0)).map(([c]) => c);
+    return pool ? [...pool.held.keys()].filter((c) => c !== except) : [];
+  }
+
+  /** What a pool has left unleased. */
+  freeOf(keyId: string, minute: number, limits: KeyLimitsForLease): { requests: number; tokens: number } {
+    const pool = this.pools.get(`${keyId}:${minute}`);
+    const used = pool ? { r: pool.totalRequests, t: pool.totalTokens } : { r: 0, t: 0 };
+    return { requests: finite(limitOf(limits.rpm) - used.r), tokens: finite(limitOf(limits.tpm) - used.t) };
   }
 
   /** Drops pools of minutes before `minMinute`. */

@@ -255,6 +255,10 @@ export class SyncService implements NodeFleet {
     if (req.leaseEpoch) s.leaseEpoch = req.leaseEpoch;
     if (req.leaving) s.leaving = true;
     for (const r of req.keyReturns) this.keyLeases.applyReturn(s.connId, r);
+    // Budget given back: the other nodes in those pools learn it is free again (a node told the
+    // minute was spent may be served again, and its rate headers go back up).
+    const grown = req.keyReturns.filter((r) => r.requests > 0 || r.tokens > 0).map((r) => ({ keyId: r.keyId, minute: r.minute }));
+    if (grown.length > 0) this.announceFree(grown, s.connId);
     for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
     if (req.reclaimId) {
       if (req.reclaimId === s.wholeReclaimId) s.mayHoldWhole = false;
@@ -355,18 +359,25 @@ export class SyncService implements NodeFleet {
     }
     this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
+    this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
+  }
+
+  /** Tells every other node registered in these pools what each has left unleased. */
+  private announceFree(pools: Array<{ keyId: string; minute: number }>, exceptConn: string): void {
     const updates = new Map<NodeSession, KeyPoolFree[]>();
-    for (const g of keys) {
-      if (g.requests === 0 && g.tokens === 0) continue;
-      for (const c of this.keyLeases.holders(g.keyId, g.minute, s.connId)) {
+    for (const p of pools) {
+      const entry = this.state.snapshots.keyById(p.keyId);
+      if (!entry) continue;
+      const free = this.keyLeases.freeOf(p.keyId, p.minute, { rpm: entry.rpmLimit, tpm: entry.tpmLimit });
+      for (const c of this.keyLeases.members(p.keyId, p.minute, exceptConn)) {
         const target = this.sessionByConn(c);
         if (!target) continue;
         const list = updates.get(target) ?? [];
-        list.push({ keyId: g.keyId, minute: g.minute, freeRequests: g.freeRequests, freeTokens: g.freeTokens });
+        list.push({ keyId: p.keyId, minute: p.minute, freeRequests: free.requests, freeTokens: free.tokens });
         updates.set(target, list);
       }
     }
-    for (const [target, pools] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools } });
+    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list } });
   }
 
   private sessionByConn(connId: string): NodeSession | undefined {

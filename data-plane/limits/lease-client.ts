@@ -296,12 +296,18 @@ export class LeaseClient implements AllowanceSource {
     }
   }
 
-  /** Another node leased from a pool this node holds part of: what the pool has left unleased. */
+  /**
+   * Another node leased from, or gave back to, a pool this node is in: what the pool has left
+   * unleased (in order on the stream, so the latest is the truth). Budget given back lifts a "spent".
+   */
   applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
-    const k = this.keys.get(keyId);
+    let k = this.keys.get(keyId);
+    if (!k || k.minute !== minute) k = this.nextKeys.get(keyId);
     if (!k || k.minute !== minute) return;
-    k.freeRequests = Math.min(k.freeRequests, freeRequests);
-    k.freeTokens = Math.min(k.freeTokens, freeTokens);
+    k.freeRequests = freeRequests;
+    k.freeTokens = freeTokens;
+    if (freeRequests > 0) k.finalRequests = false;
+    if (freeTokens > 0) k.finalTokensNeed = Infinity;
   }
 
   private readonly lastNeedTokens = new Map<string, number>();

@@ -308,3 +308,25 @@ test('lease client: a stopping node gives everything back, says so, asks for not
   assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 100, requests: 2, tokens: 0, heldRequests: 0, heldTokens: 0 }]);
   assert.deepEqual(sent.at(-1)!.keys, [], 'asks for nothing');
 });
+
+test('lease client: budget given back to a spent pool lifts "spent" and the headers\' view of what is free', () => {
+  const { lc } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ finalRequests: true, freeRequests: 0, freeTokens: 0 }));
+  assert.equal(lc.allowanceFor('k', 100, limits).requestsFinal, true);
+  lc.applyPoolFree('k', 100, 4, 1000);
+  const a = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([a.requestsFinal, a.freeRequests, a.freeTokens], [false, 4, 1000]);
+  assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => undefined), true, 'a request may wait for it again');
+});
+
+test('key ledger: what a pool has left, and who is in it', () => {
+  const l = new KeyLeaseLedger();
+  const limits = { rpm: 20, tpm: 60_000 };
+  granted(l.grant('a', want({ requests: 5, tokens: 100 }), limits));
+  granted(l.grant('b', want({ needRequests: 1 }), limits));
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 14, tokens: 59_900 });
+  assert.deepEqual(l.members('k', 5, 'a'), ['b']);
+  l.applyReturn('a', { keyId: 'k', minute: 5, requests: 3, tokens: 100, heldRequests: 2, heldTokens: 0 });
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 17, tokens: 60_000 });
+});
