@@ -22,6 +22,7 @@ import { deriveClientIp, headerLines } from './client-ip.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, Reply } from './reply.js';
 import { RequestContext } from './request-context.js';
+import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
@@ -45,11 +46,6 @@ export interface ServerDeps {
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
-/**
- * The longest a request short of this node's lease waits for the control plane's answer (which
- * includes reclaiming unused allowance from other nodes) before it is refused.
- */
-export const LEASE_WAIT_MS = 250;
 const BEARER = /^Bearer +([^\s]+) *$/;
 const MODELS_CREATED = 1735689600;
 /**
@@ -71,11 +67,16 @@ interface RequestHead {
 
 export class ApiServer {
   readonly app: TemplatedApp;
-  /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
-  readonly leaseWaits = new WaitStats();
   private seq = 0;
+  /** Key budgets and money, waiting (bounded) for a lease when this node's is short. */
+  private readonly admission: Admission;
+  /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
+  get leaseWaits(): WaitStats {
+    return this.admission.waits;
+  }
 
   constructor(private readonly deps: ServerDeps) {
+    this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, ticket, minute));
     this.app = uWS.App();
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }
@@ -164,13 +165,13 @@ export class ApiServer {
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
       case 'model':
-        return this.admitOrWait(reply, key, head.path, 0, (ctx) => {
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
           if (ctx) this.modelObject(ctx, reply, head, key, state);
         });
       case 'models':
       case 'voices':
         // Listings are requests like any other: one rpm each (design.md, what counts as a request).
-        return this.admitOrWait(reply, key, head.path, 0, (ctx) => {
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
           if (!ctx) return;
           ctx.providerStarted = true;
           ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
@@ -226,118 +227,6 @@ export class ApiServer {
     return ctx;
   }
 
-  /**
-   * Admission that may wait (design.md, "Money and limits across nodes"): when the request is within
-   * the key's limits but this node's lease is short, or the organisation's money slice is on its way,
-   * the request waits (at most LEASE_WAIT_MS) while the node asks the control plane, then is admitted
-   * or refused. The common case is synchronous: `then` runs before this returns. `then(null)`: the
-   * request was refused (answered) or the client went away; nothing was consumed.
-   */
-  private admitOrWait(
-    reply: Reply,
-    key: KeyRecord,
-    path: string,
-    estimatedTokens: number,
-    then: (ctx: RequestContext | null) => void,
-    closeIfRefused: () => boolean = () => false,
-    familyShape: ErrorShape = 'A',
-  ): void {
-    const deps = this.deps;
-    const leases = deps.leases;
-    const started = performance.now();
-    let finished = false;
-    let waited = false;
-    let timer: NodeJS.Timeout | null = null;
-    const finish = (ctx: RequestContext | null) => {
-      finished = true;
-      if (timer) clearTimeout(timer);
-      leases?.cancelKeyWait(key.keyId, wake);
-      leases?.cancelOrgWait(key.orgId, wake);
-      if (waited) this.leaseWaits.note(performance.now() - started, ctx !== null);
-      then(ctx);
-    };
-    const attempt = (lastTry: boolean) => {
-      if (finished) return;
-      try {
-        // The client went away while the request waited: nothing was taken, nothing to answer.
-        if (reply.done) return finish(null);
-        const spend = leases?.canSpend(key.orgId) ?? 'yes';
-        if (spend === 'no') {
-          reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape, closeIfRefused());
-          return finish(null);
-        }
-        // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
-        if (spend === 'wait' && !lastTry && leases!.waitForOrg(key.orgId, wake)) return park();
-        const now = deps.clock.now();
-        const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
-        reply.extraHeaders = rateHeaderPairs(a.headers);
-        if (a.ok) {
-          const ctx = new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, a.ticket, minuteOf(now));
-          ctx.spend = leases?.reserveSpend(key.orgId);
-          ctx.attach(reply);
-          return finish(ctx);
-        }
-        if (a.leaseShort && !lastTry && leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, wake)) return park();
-        reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A', closeIfRefused());
-        finish(null);
-      } catch (e) {
-        logBug(e);
-        reply.sendError(e, 'A');
-        if (!finished) finish(null);
-      }
-    };
-    function wake(): void {
-      // Woken from inside the sync client's message handler: continue on a fresh tick.
-      setImmediate(() => attempt(false));
-    }
-    const park = () => {
-      waited = true;
-      timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
-    };
-    attempt(false);
-  }
-
-  /** The token estimate of an admitted request, waiting (bounded) for a lease like admitOrWait. */
-  private reserveOrWait(ctx: RequestContext, reply: Reply, key: KeyRecord, estimate: number, then: (ok: boolean) => void): void {
-    const deps = this.deps;
-    const started = performance.now();
-    let timer: NodeJS.Timeout | null = null;
-    let finished = false;
-    let waited = false;
-    const finish = (ok: boolean) => {
-      finished = true;
-      if (timer) clearTimeout(timer);
-      deps.leases?.cancelKeyWait(key.keyId, wake);
-      if (waited) this.leaseWaits.note(performance.now() - started, ok);
-      then(ok);
-    };
-    const attempt = (lastTry: boolean) => {
-      if (finished) return;
-      try {
-        if (reply.done) return finish(false);
-        const refusal = ctx.ticket.reserveTokens(estimate);
-        if (!refusal) return finish(true);
-        if (refusal.leaseShort && !lastTry && deps.leases?.waitForKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, wake)) {
-          waited = true;
-          timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
-          return;
-        }
-        ctx.refuse();
-        reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
-        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
-        finish(false);
-      } catch (e) {
-        logBug(e);
-        reply.sendError(e, 'A');
-        if (!finished) finish(false);
-      }
-    };
-    function wake(): void {
-      setImmediate(() => attempt(false));
-    }
-    attempt(false);
-  }
-
   private jsonEndpoint(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number): void {
     const deps = this.deps;
     // A JSON body that cannot be valid for the endpoint is refused before a byte is read.
@@ -356,7 +245,7 @@ export class ApiServer {
       if (ctx === undefined || body === undefined || ctx === null) return;
       this.jsonBody(ctx, reply, head, key, route, body.err, body.raw);
     };
-    this.admitOrWait(
+    this.admission.admitOrWait(
       reply,
       key,
       head.path,
@@ -396,7 +285,7 @@ export class ApiServer {
         parseError = true;
       }
       const estimate = estimateTokens(body);
-      this.reserveOrWait(ctx, reply, key, estimate, (ok) => {
+      this.admission.reserveOrWait(ctx, reply, key, estimate, (ok) => {
         if (!ok) return;
         try {
           if (estimate > 0) reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
@@ -477,7 +366,7 @@ export class ApiServer {
     const hasBody = head.method !== 'GET' && head.method !== 'HEAD';
     const body = hasBody ? streamBody(res, reply, capBytes) : null;
     body?.on('error', () => {});
-    this.admitOrWait(
+    this.admission.admitOrWait(
       reply,
       key,
       head.path,
@@ -543,11 +432,6 @@ function parseContentLength(v: string): number {
   return Number.isSafeInteger(n) && n >= 0 ? n : -1;
 }
 
-function blockedMessage(reason: string): string {
-  if (reason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; requests are refused until next month or until the cap is raised.";
-  if (reason === 'balance_exhausted') return "The organisation's balance is exhausted; add credits to continue.";
-  return "The organisation's balance is exhausted or its monthly spend cap was reached.";
-}
 
 /** A model as the OpenAI API lists it. */
 function modelObject(m: ModelConfig): { id: string; object: 'model'; created: number; owned_by: string } {
@@ -578,35 +462,4 @@ export function listen(app: TemplatedApp, host: string, port: number): Promise<{
       else resolve({ socket, port: uWS.us_socket_local_port(socket as unknown as uWS.us_socket) });
     });
   });
-}
-
-/** Latency added to requests that waited for a lease: count, admitted, and percentiles of a sample. */
-export class WaitStats {
-  private count = 0;
-  private admitted = 0;
-  private maxMs = 0;
-  private totalMs = 0;
-  private readonly sample: number[] = [];
-
-  note(ms: number, admitted: boolean): void {
-    this.count++;
-    if (admitted) this.admitted++;
-    this.totalMs += ms;
-    if (ms > this.maxMs) this.maxMs = ms;
-    // Keep the first 10,000: enough for a benchmark's percentiles, bounded in memory.
-    if (this.sample.length < 10_000) this.sample.push(ms);
-  }
-
-  /** The figures so far; `reset` starts afresh after reading. */
-  snapshot(reset = false): { waited: number; admitted: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
-    const sorted = [...this.sample].sort((a, b) => a - b);
-    const at = (q: number) => (sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]);
-    const r = (n: number) => Math.round(n * 100) / 100;
-    const out = { waited: this.count, admitted: this.admitted, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
-    if (reset) {
-      this.count = this.admitted = this.maxMs = this.totalMs = 0;
-      this.sample.length = 0;
-    }
-    return out;
-  }
 }
