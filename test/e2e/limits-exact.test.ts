@@ -115,3 +115,33 @@ test('a node killed mid-minute: the survivor serves the rest of the key\'s minut
   // (it asks for the next chunk while half of one is left).
   assert.ok(survivor >= 11, `admitted only ${survivor} of the 15 left: more than the dead node's unused lease was lost`);
 });
+
+test('a request waits for a lease at most 250 ms; a client that leaves while it waits costs nothing and the node keeps serving', async () => {
+  const cp = await startControlPlane();
+  const clock = minuteStart() + 2_000;
+  const [a] = await startNodes(cp, 2, clock);
+  await waitConnected(cp, 2);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  admin.close();
+  await waitUntilKnown(a.url, key);
+  // The control plane stops answering (still connected): leases cannot come.
+  cp.proc.child.kill('SIGSTOP');
+  try {
+    const gone = new AbortController();
+    const abandoned = request(`${a.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('abandoned'), signal: gone.signal }).catch((e: Error) => e);
+    const t0 = Date.now();
+    // The client leaves while its request waits (no lease can come while the control plane is stopped).
+    setTimeout(() => gone.abort(), 50);
+    const waited = await chat(a, key, 'waits');
+    assert.equal(waited.status, 429, waited.text);
+    assert.ok(Date.now() - t0 < 1000, `waited ${Date.now() - t0} ms`);
+    assert.ok((await abandoned) instanceof Error, 'the abandoned request got no answer');
+  } finally {
+    cp.proc.child.kill('SIGCONT');
+  }
+  // Nothing was consumed by the request that waited nor by the one whose client left.
+  let ok: HttpResult | undefined;
+  await eventually(async () => (ok = await chat(a, key, 'after')).status === 200, 'the node serves again');
+  assert.equal(remaining(ok!, 'requests'), 19, ok!.text);
+});
