@@ -81,7 +81,7 @@ async function main(): Promise<void> {
   console.log(`data plane listening on ${listenAddress}`);
 
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready, manualClock);
+    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset));
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);
@@ -115,7 +115,9 @@ async function main(): Promise<void> {
     stopping = true;
     for (const s of sockets) uWS.us_listen_socket_close(s);
     sockets.length = 0;
-    // Give queued usage a moment to reach the control plane; then go.
+    // Unused leases go back at once so other nodes can use them this minute; give queued usage a
+    // moment to reach the control plane; then go.
+    leases.giveBackAll();
     await reporter.drain(1000).catch(() => false);
     sync?.stop();
     reporter.stop();

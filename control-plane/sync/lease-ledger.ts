@@ -1,63 +1,136 @@
-// Leases: the control plane's account of what each node connection may admit.
+// Leases: the control plane's account of what each node connection may admit. Pure: no I/O, no
+// timers; sync-service.ts sends the reclaims it asks for and calls it again when they are answered.
 //
-// Keys: per (key, minute) a pool of the key's rpm and tpm. Each connection's first request for a pool
-// registers what it already holds (its cold share plus anything leased before a control-plane
-// restart), and the cold share of every connected node that has not registered yet is reserved, so
-// grants never let the sum over nodes pass the limit. Pools are in memory: a minute is short, and after
-// a restart the nodes' registrations rebuild them.
+// Keys: per (key, minute) a pool of the key's rpm and tpm. Each connection holds what it was granted
+// (plus, on its first request for a pool, what it says it already holds: the whole budget of a
+// former lone node, or grants from before a control-plane restart). A grant never lets the sum held
+// pass the limit. When a node needs more than the pool has free (a request waits on it), the ledger
+// names the connections holding some of it; the service reclaims their unused allowance and asks
+// again with `afterReclaim`; only then is a shortfall final (the key's minute is really spent).
 //
-// Money: per organisation, each connection holds a slice. The leasable amount is what the
-// organisation may still spend (balance and cap, computed by the caller from the ledger) minus every
-// slice still outstanding. Usage reported on a connection consumes its slice; a closed connection's
-// slices are released (its usage still counts when its reports arrive).
-import { coldShare } from '../../proto/lib/leases.js';
-import type { KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
+// Money: per organisation, each connection holds a signed balance: granted, minus returned, minus
+// the cost of its reported usage. It goes below zero when a node spent more than it held (requests in
+// flight cost more than their estimate); that debt is already in the organisation's spend, so only
+// positive balances are outstanding. The node keeps the same arithmetic, so both sides agree on what
+// it holds (design.md).
+import type { KeyLeaseReturn, KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 export interface KeyLimitsForLease {
   rpm: number;
   tpm: number;
 }
 
+interface Held {
+  requests: number;
+  tokens: number;
+}
+
 interface Pool {
   minute: number;
   totalRequests: number;
   totalTokens: number;
-  registered: Map<string, { requests: number; tokens: number }>;
+  held: Map<string, Held>;
 }
+
+export interface KeyGrant {
+  requests: number;
+  tokens: number;
+  finalRequests: boolean;
+  finalTokens: boolean;
+  freeRequests: number;
+  freeTokens: number;
+}
+
+export type KeyGrantResult = { kind: 'grant'; grant: KeyGrant } | { kind: 'reclaim'; from: string[] };
 
 export class KeyLeaseLedger {
   private pools = new Map<string, Pool>();
   private newestMinute = 0;
 
-  /** Grants what it can of `want` to connection `connId`; never more than the pool has left. */
-  grant(connId: string, want: KeyLeaseWant, limits: KeyLimitsForLease, connectedNodes: number): { requests: number; tokens: number } {
-    const id = `${want.keyId}:${want.minute}`;
-    let pool = this.pools.get(id);
-    if (!pool) {
-      pool = { minute: want.minute, totalRequests: 0, totalTokens: 0, registered: new Map() };
-      this.pools.set(id, pool);
-      if (want.minute > this.newestMinute) {
-        this.newestMinute = want.minute;
-        this.prune(want.minute - 2);
+  /**
+   * Grants what it can of `want` to connection `connId`, never past the key's limits. `suspects` are
+   * other connections that may hold allowance of this pool without having said so (a former lone
+   * node that has not yet answered its reclaim): nothing is granted before they answer. When what is
+   * needed does not fit and other connections hold some of the pool, answers `reclaim` (unless
+   * `afterReclaim`): the caller reclaims from them and asks again.
+   */
+  grant(connId: string, want: KeyLeaseWant, limits: KeyLimitsForLease, suspects: readonly string[] = [], afterReclaim = false): KeyGrantResult {
+    const pool = this.poolFor(want.keyId, want.minute);
+    const rpm = limitOf(limits.rpm);
+    const tpm = limitOf(limits.tpm);
+    if (!pool.held.has(connId)) this.register(pool, connId, want.heldRequests, want.heldTokens);
+    if (!afterReclaim) {
+      const unknown = suspects.filter((c) => c !== connId && !pool.held.has(c));
+      if (unknown.length > 0) return { kind: 'reclaim', from: unknown };
+    }
+    const mine = pool.held.get(connId)!;
+    const freeReq = rpm - pool.totalRequests;
+    const freeTok = tpm - pool.totalTokens;
+    const shortReq = want.needRequests > 0 && want.needRequests > freeReq;
+    const shortTok = want.needTokens > 0 && want.needTokens > freeTok;
+    if ((shortReq || shortTok) && !afterReclaim) {
+      const from: string[] = [];
+      for (const [c, h] of pool.held) {
+        if (c === connId) continue;
+        if ((shortReq && h.requests > 0) || (shortTok && h.tokens > 0)) from.push(c);
       }
+      if (from.length > 0) return { kind: 'reclaim', from };
     }
-    let mine = pool.registered.get(connId);
-    if (!mine) {
-      mine = { requests: Math.max(0, want.heldRequests), tokens: Math.max(0, want.heldTokens) };
-      pool.registered.set(connId, mine);
-      pool.totalRequests += mine.requests;
-      pool.totalTokens += mine.tokens;
-    }
-    const unregistered = Math.max(0, connectedNodes - pool.registered.size);
-    const reserveRequests = unregistered * coldShare(limits.rpm, connectedNodes);
-    const reserveTokens = unregistered * coldShare(limits.tpm, connectedNodes);
-    const requests = clamp(want.requests, limits.rpm - pool.totalRequests - reserveRequests);
-    const tokens = clamp(want.tokens, limits.tpm - pool.totalTokens - reserveTokens);
+    // A dimension whose need does not fit gets nothing (a part would only strand budget here).
+    const requests = shortReq ? 0 : clamp(Math.max(want.requests, want.needRequests), freeReq);
+    const tokens = shortTok ? 0 : clamp(Math.max(want.tokens, want.needTokens), freeTok);
     pool.totalRequests += requests;
     pool.totalTokens += tokens;
     mine.requests += requests;
     mine.tokens += tokens;
-    return { requests, tokens };
+    return {
+      kind: 'grant',
+      grant: {
+        requests,
+        tokens,
+        finalRequests: shortReq,
+        finalTokens: shortTok,
+        freeRequests: finite(rpm - pool.totalRequests),
+        freeTokens: finite(tpm - pool.totalTokens),
+      },
+    };
+  }
+
+  /**
+   * A node gave back unused allowance (answering a reclaim, or when it left gracefully). A connection
+   * not yet registered in the pool (a former lone node) is registered with what it still holds.
+   */
+  applyReturn(connId: string, r: KeyLeaseReturn): void {
+    const pool = this.poolFor(r.keyId, r.minute);
+    const mine = pool.held.get(connId);
+    if (!mine) {
+      this.register(pool, connId, r.heldRequests, r.heldTokens);
+      return;
+    }
+    const req = Math.min(Math.max(0, r.requests), mine.requests);
+    const tok = Math.min(Math.max(0, r.tokens), mine.tokens);
+    mine.requests -= req;
+    mine.tokens -= tok;
+    pool.totalRequests -= req;
+    pool.totalTokens -= tok;
+  }
+
+  /** What a connection holds of a pool (for tests). */
+  heldBy(connId: string, keyId: string, minute: number): Held | undefined {
+    return this.pools.get(`${keyId}:${minute}`)?.held.get(connId);
+  }
+
+  /** Connections registered in a pool (holding some or not), other than `except`. */
+  members(keyId: string, minute: number, except: string): string[] {
+    const pool = this.pools.get(`${keyId}:${minute}`);
+    return pool ? [...pool.held.keys()].filter((c) => c !== except) : [];
+  }
+
+  /** What a pool has left unleased. */
+  freeOf(keyId: string, minute: number, limits: KeyLimitsForLease): { requests: number; tokens: number } {
+    const pool = this.pools.get(`${keyId}:${minute}`);
+    const used = pool ? { r: pool.totalRequests, t: pool.totalTokens } : { r: 0, t: 0 };
+    return { requests: finite(limitOf(limits.rpm) - used.r), tokens: finite(limitOf(limits.tpm) - used.t) };
   }
 
   /** Drops pools of minutes before `minMinute`. */
@@ -68,59 +141,103 @@ export class KeyLeaseLedger {
   get size(): number {
     return this.pools.size;
   }
+
+  private poolFor(keyId: string, minute: number): Pool {
+    const id = `${keyId}:${minute}`;
+    let pool = this.pools.get(id);
+    if (!pool) {
+      pool = { minute, totalRequests: 0, totalTokens: 0, held: new Map() };
+      this.pools.set(id, pool);
+      if (minute > this.newestMinute) {
+        this.newestMinute = minute;
+        this.prune(minute - 2);
+      }
+    }
+    return pool;
+  }
+
+  private register(pool: Pool, connId: string, requests: number, tokens: number): void {
+    const h = { requests: Math.max(0, requests), tokens: Math.max(0, tokens) };
+    pool.held.set(connId, h);
+    pool.totalRequests += h.requests;
+    pool.totalTokens += h.tokens;
+  }
 }
 
-export class MoneyLeaseLedger {
-  /** org → connection → micros granted and not yet consumed by reported usage. */
-  private outstanding = new Map<string, Map<string, number>>();
+export type MoneyGrantResult = { kind: 'grant'; micros: number } | { kind: 'reclaim'; from: string[] };
 
-  outstandingFor(orgId: string): number {
+export class MoneyLeaseLedger {
+  /** org → connection → signed balance (granted − returned − reported cost). */
+  private balances = new Map<string, Map<string, number>>();
+
+  /** The sum of the positive balances: money nodes may still spend without asking. */
+  outstandingFor(orgId: string, except?: string): number {
     let sum = 0;
-    for (const v of this.outstanding.get(orgId)?.values() ?? []) sum += v;
+    for (const [c, v] of this.balances.get(orgId) ?? []) if (c !== except && v > 0) sum += v;
     return sum;
+  }
+
+  balanceOf(connId: string, orgId: string): number {
+    return this.balances.get(orgId)?.get(connId) ?? 0;
   }
 
   /**
    * Grants a slice of what the organisation may still spend (`spendableMicros`, from balance and cap)
-   * minus every outstanding slice. Returns 0 when nothing is left.
+   * minus every other connection's outstanding balance and this one's own. When nothing is leasable
+   * but other connections hold some, answers `reclaim` (unless `afterReclaim`).
    */
-  grant(connId: string, orgId: string, spendableMicros: number, connectedNodes: number, wantMicros = 0): number {
+  grant(connId: string, orgId: string, spendableMicros: number, connectedNodes: number, wantMicros = 0, afterReclaim = false): MoneyGrantResult {
     const leasable = spendableMicros - this.outstandingFor(orgId);
-    if (leasable <= 0) return 0;
+    if (leasable <= 0) {
+      if (!afterReclaim && spendableMicros > 0) {
+        const from = [...(this.balances.get(orgId) ?? [])].filter(([c, v]) => c !== connId && v > 0).map(([c]) => c);
+        if (from.length > 0) return { kind: 'reclaim', from };
+      }
+      return { kind: 'grant', micros: 0 };
+    }
     // What the node asked for (what it is short plus a few of its costliest requests), at least a
-    // share that leaves room for the other nodes, and small remainders whole; never more than is leasable.
-    // A lone node gets everything, as with a key's cold share (proto/lib/leases.ts).
+    // share that leaves room for the other nodes, and small remainders whole; never more than is
+    // leasable. A lone node gets everything (a node that joins later reclaims its share).
     const share = connectedNodes <= 1 ? leasable : Math.floor(leasable / (2 * connectedNodes));
     const slice = Math.min(leasable, Math.max(wantMicros, share, Math.min(leasable, 10_000)));
-    let byConn = this.outstanding.get(orgId);
+    this.add(connId, orgId, slice);
+    return { kind: 'grant', micros: slice };
+  }
+
+  /** Reported usage of a connection consumes its balance (it may go below zero: see above). */
+  consume(connId: string, orgId: string, costMicros: number): void {
+    if (costMicros !== 0) this.add(connId, orgId, -costMicros);
+  }
+
+  /** A node gave back unused money. */
+  giveBack(connId: string, orgId: string, micros: number): void {
+    if (micros > 0) this.add(connId, orgId, -micros);
+  }
+
+  /** A closed connection's balances are released (its usage still counts when its reports arrive). */
+  dropConnection(connId: string): void {
+    for (const [orgId, byConn] of this.balances) {
+      byConn.delete(connId);
+      if (byConn.size === 0) this.balances.delete(orgId);
+    }
+  }
+
+  private add(connId: string, orgId: string, delta: number): void {
+    let byConn = this.balances.get(orgId);
     if (!byConn) {
       byConn = new Map();
-      this.outstanding.set(orgId, byConn);
+      this.balances.set(orgId, byConn);
     }
-    byConn.set(connId, (byConn.get(connId) ?? 0) + slice);
-    return slice;
+    byConn.set(connId, (byConn.get(connId) ?? 0) + delta);
   }
+}
 
-  /** Reported usage of a connection consumes its slice (never below zero). */
-  consume(connId: string, orgId: string, costMicros: number): void {
-    const byConn = this.outstanding.get(orgId);
-    const held = byConn?.get(connId);
-    if (byConn === undefined || held === undefined) return;
-    const left = held - costMicros;
-    if (left > 0) byConn.set(connId, left);
-    else {
-      byConn.delete(connId);
-      if (byConn.size === 0) this.outstanding.delete(orgId);
-    }
-  }
+function limitOf(n: number): number {
+  return Number.isFinite(n) && n > 0 ? n : Infinity;
+}
 
-  /** A closed connection's slices are released. */
-  dropConnection(connId: string): void {
-    for (const [orgId, byConn] of this.outstanding) {
-      byConn.delete(connId);
-      if (byConn.size === 0) this.outstanding.delete(orgId);
-    }
-  }
+function finite(n: number): number {
+  return Number.isFinite(n) ? Math.max(0, n) : 0;
 }
 
 function clamp(want: number, available: number): number {

@@ -22,14 +22,17 @@ const safeCount = (n: number) => (Number.isSafeInteger(n) && n > 0 ? n : 0);
 export class ReportIngest {
   constructor(private readonly state: ControlState) {}
 
-  /** `onSpend` runs right after COMMIT for each organisation's cost in this report (money leases). */
-  ingest(source: ReportSource, report: Report, onSpend?: (orgId: string, costMicros: number) => void): Promise<IngestResult> {
+  /**
+   * `onSpend` runs right after COMMIT for each organisation's cost in this report, per lease epoch
+   * the costs were reserved under (money leases).
+   */
+  ingest(source: ReportSource, report: Report, onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
     return this.state.db.tx(async (tx) => {
       const last = await reportCursor(tx, source.nodeId, source.instanceId);
       if (report.seq <= last) return { duplicate: true, inserted: 0 };
       const now = this.state.now();
       const affected = new Set<string>();
-      const spent = new Map<string, number>();
+      const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const lastUsed = new Map<string, number>();
       let inserted = 0;
       for (const u of report.usage) {
@@ -56,7 +59,11 @@ export class ReportIngest {
         if (cost > 0 && u.orgId) {
           await addSpend(tx, u.orgId, monthOf(atMs), cost);
           affected.add(u.orgId);
-          spent.set(u.orgId, (spent.get(u.orgId) ?? 0) + cost);
+          const epoch = Number.isSafeInteger(u.leaseEpoch) ? u.leaseEpoch : 0;
+          const id = `${epoch}:${u.orgId}`;
+          const entry = spent.get(id) ?? { orgId: u.orgId, epoch, cost: 0 };
+          entry.cost += cost;
+          spent.set(id, entry);
         }
         if (u.keyId) lastUsed.set(u.keyId, Math.max(lastUsed.get(u.keyId) ?? 0, atMs));
       }
@@ -66,7 +73,7 @@ export class ReportIngest {
       for (const [keyId, atMs] of lastUsed) await touchLastUsed(tx, keyId, new Date(atMs).toISOString());
       await setReportCursor(tx, source.nodeId, source.instanceId, report.seq, new Date(now).toISOString());
       if (affected.size > 0) await this.state.refreshOrgs(tx, affected);
-      if (onSpend) tx.afterCommit(() => spent.forEach((cost, orgId) => onSpend(orgId, cost)));
+      if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       return { duplicate: false, inserted };
     });
   }

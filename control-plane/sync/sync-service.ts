@@ -5,7 +5,7 @@
 // node that falls far behind gets one fresh snapshot instead of an unbounded queue of deltas.
 import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
-import type { ControlMessage, Delta, Hello, KeyLease, LeaseRequest, NodeMessage, OrgLease, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
@@ -13,6 +13,12 @@ import type { ReportIngest } from './report-ingest.js';
 import { KeyLeaseLedger, MoneyLeaseLedger } from './lease-ledger.js';
 
 const MAX_QUEUED = 1000;
+/** How long a lease answer waits for the nodes asked to give back unused allowance. */
+const RECLAIM_TIMEOUT_MS = 150;
+/** How long a former lone node has to say what it holds before others are leased its key minutes. */
+const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
+/** A node left alone holds whole key budgets at once only if no other node was connected this long. */
+const LONE_QUIET_MS = 90_000;
 export const PEPPER_MISMATCH_DETAILS = "pepper mismatch: the node's key pepper differs from the control plane's";
 
 type Outbound = ControlMessage | 'snapshot';
@@ -35,6 +41,19 @@ class NodeSession {
   reports: Promise<void> = Promise.resolve();
   /** Identifies this connection in the lease ledgers (slices belong to a connection). */
   readonly connId: string;
+  /** Reclaims sent to this node and not yet answered, by id. */
+  readonly reclaims = new Map<number, () => void>();
+  /**
+   * The node was (or is) the only one connected, so it may hold whole key budgets it never asked
+   * for; set until it answers the all-keys reclaim sent when another node joins.
+   */
+  mayHoldWhole = false;
+  /** The node's lease epoch on this connection (from its lease requests). */
+  leaseEpoch = 0;
+  /** The node said it is stopping: it is granted nothing more. */
+  leaving = false;
+  wholeReclaimId = 0;
+  wholeReclaim: Promise<void> = Promise.resolve();
 
   constructor(
     readonly call: Call,
@@ -49,6 +68,7 @@ class NodeSession {
 }
 
 let connections = 0;
+let reclaimIds = 0;
 
 export interface SyncServiceOptions {
   nodeToken: string;
@@ -62,6 +82,8 @@ export class SyncService implements NodeFleet {
   private readonly keyLeases = new KeyLeaseLedger();
   private readonly moneyLeases = new MoneyLeaseLedger();
   private readonly log: (line: string) => void;
+  /** When several nodes were last connected (wall clock). */
+  private lastSeveralAtMs = -Infinity;
 
   constructor(
     private readonly state: ControlState,
@@ -188,6 +210,8 @@ export class SyncService implements NodeFleet {
       if (first.kind === 'delta') this.enqueue(s, { delta: first.delta });
     }
     this.broadcastRoster();
+    if (this.sessions.size === 1) s.mayHoldWhole = true;
+    else for (const other of this.sessions) if (other !== s && other.mayHoldWhole) this.reclaimWhole(other);
     this.log(`sync: node ${nodeId} connected (have ${hello.haveVersion}, current ${store.version}, ${first.kind})`);
     this.persist(() => upsertNode(this.state.db, { id: nodeId, address: hello.listenAddress, connected_at: now, last_seen_at: now, acked_version: hello.haveVersion }));
     return s;
@@ -209,9 +233,10 @@ export class SyncService implements NodeFleet {
       s.reports = s.reports.then(async () => {
         if (s.closed) return;
         try {
-          await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost) =>
-            this.moneyLeases.consume(s.connId, orgId, cost),
-          );
+          // A cost counts against this connection's slice only if it was reserved from it.
+          await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
+            if (epoch !== 0 && epoch === s.leaseEpoch) this.moneyLeases.consume(s.connId, orgId, cost);
+          });
         } catch (err) {
           this.log(`sync: report ${report.seq} from node ${s.nodeId} not written: ${(err as Error).message}`);
           this.drop(s);
@@ -221,50 +246,185 @@ export class SyncService implements NodeFleet {
         this.enqueue(s, { reportAck: { seq: report.seq } });
       });
     } else if (msg.leaseRequest) {
-      this.grantLeases(s, msg.leaseRequest);
+      this.onLeaseRequest(s, msg.leaseRequest);
     }
+  }
+
+  /** Returns first (a reclaim's answer, or allowance given back unasked), then what is wanted. */
+  private onLeaseRequest(s: NodeSession, req: LeaseRequest): void {
+    if (req.leaseEpoch) s.leaseEpoch = req.leaseEpoch;
+    if (req.leaving) s.leaving = true;
+    for (const r of req.keyReturns) this.keyLeases.applyReturn(s.connId, r);
+    // Budget given back: the other nodes in those pools learn it is free again (a node told the
+    // minute was spent may be served again, and its rate headers go back up).
+    const grown = req.keyReturns.filter((r) => r.requests > 0 || r.tokens > 0).map((r) => ({ keyId: r.keyId, minute: r.minute }));
+    if (grown.length > 0) this.announceFree(grown, s.connId);
+    for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
+    if (req.reclaimId) {
+      if (req.reclaimId === s.wholeReclaimId) s.mayHoldWhole = false;
+      const done = s.reclaims.get(req.reclaimId);
+      s.reclaims.delete(req.reclaimId);
+      done?.();
+    }
+    if (req.keys.length > 0 || req.orgs.length > 0) {
+      this.grantLeases(s, req).catch((err: Error) => {
+        this.log(`sync: lease request of node ${s.nodeId} failed: ${err.message}`);
+        // Every want is answered, so no node waits on a want that will never be granted.
+        const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
+        const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
+        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+      });
+    }
+  }
+
+  /** Asks a node to give back unused allowance; resolves when it answered, left, or after `timeoutMs`. */
+  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number): { id: number; done: Promise<void> } {
+    const id = ++reclaimIds;
+    const done = new Promise<void>((resolve) => {
+      const timer = setTimeout(() => {
+        target.reclaims.delete(id);
+        resolve();
+      }, timeoutMs);
+      target.reclaims.set(id, () => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    this.enqueue(target, { leaseReclaim: { id, keys, allKeys, orgIds } });
+    if (target.closed) target.reclaims.get(id)?.();
+    return { id, done };
+  }
+
+  /** A former lone node is asked what it holds of every key minute before others lease them. */
+  private reclaimWhole(target: NodeSession): void {
+    const r = this.reclaim(target, [], [], true, WHOLE_RECLAIM_TIMEOUT_MS);
+    target.wholeReclaimId = r.id;
+    target.wholeReclaim = r.done.then(() => {
+      // Unanswered in time: treat it as holding only what it said (a stuck node must not block all).
+      if (target.wholeReclaimId === r.id) target.mayHoldWhole = false;
+    });
   }
 
   /**
    * Answers a LeaseRequest with one LeaseGrant (design.md, "Money and limits across nodes"). Key
    * slices come from in-memory minute pools; money slices are computed inside one serialised database
    * job, so no usage report can commit between reading what is spendable and recording the slice.
+   * What does not fit is answered only after the nodes holding unused allowance were asked to give
+   * it back (bounded by RECLAIM_TIMEOUT_MS): a shortfall after that is final.
    */
-  private grantLeases(s: NodeSession, req: LeaseRequest): void {
-    const nodes = this.sessions.size;
-    const keys: KeyLease[] = req.keys.map((w) => {
-      const entry = this.state.snapshots.keyById(w.keyId);
-      if (!entry) return { keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0 };
-      const g = this.keyLeases.grant(s.connId, w, { rpm: entry.rpmLimit, tpm: entry.tpmLimit }, nodes);
-      return { keyId: w.keyId, minute: w.minute, requests: g.requests, tokens: g.tokens };
-    });
-    if (req.orgs.length === 0) {
-      this.enqueue(s, { leaseGrant: { keys, orgs: [] } });
-      return;
-    }
-    this.state.db
-      .read(async (q) => {
-        const orgs: OrgLease[] = [];
-        for (const w of req.orgs) {
-          const spendable = await this.state.spendableMicros(q, w.orgId);
-          const micros = s.closed ? 0 : this.moneyLeases.grant(s.connId, w.orgId, spendable, nodes, w.micros);
-          orgs.push({ orgId: w.orgId, micros, exhausted: micros === 0 });
+  private async grantLeases(s: NodeSession, req: LeaseRequest): Promise<void> {
+    const keys: KeyLease[] = [];
+    const orgs: OrgLease[] = [];
+    const keyReclaims = new Map<string, KeyMinuteRef[]>();
+    const orgReclaims = new Map<string, string[]>();
+    let waitWhole = false;
+    const suspects = [...this.sessions].filter((x) => x !== s && x.mayHoldWhole).map((x) => x.connId);
+    const laterKeys: KeyLeaseWant[] = [];
+    for (const w of req.keys) {
+      const r = this.grantKey(s, w, suspects, false);
+      if (r === null) continue;
+      if ('from' in r) {
+        laterKeys.push(w);
+        for (const c of r.from) {
+          if (suspects.includes(c)) waitWhole = true;
+          else push(keyReclaims, c, { keyId: w.keyId, minute: w.minute });
         }
-        return orgs;
-      })
-      .then(
-        (orgs) => this.enqueue(s, { leaseGrant: { keys, orgs } }),
-        (err: Error) => {
-          this.log(`sync: lease request of node ${s.nodeId} failed: ${err.message}`);
-          this.enqueue(s, { leaseGrant: { keys, orgs: req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false })) } });
-        },
-      );
+      } else keys.push(r);
+    }
+    const laterOrgs: OrgLeaseWant[] = [];
+    if (req.orgs.length > 0) {
+      const first = await this.grantOrgs(s, req.orgs, false);
+      for (const [w, r] of first) {
+        if ('from' in r) {
+          laterOrgs.push(w);
+          for (const c of r.from) push(orgReclaims, c, w.orgId);
+        } else orgs.push(r);
+      }
+    }
+    if (laterKeys.length > 0 || laterOrgs.length > 0) {
+      const waits: Promise<void>[] = [];
+      if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
+      for (const target of this.sessions) {
+        if (target === s) continue;
+        const k = keyReclaims.get(target.connId) ?? [];
+        const o = orgReclaims.get(target.connId) ?? [];
+        if (k.length > 0 || o.length > 0) waits.push(this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS).done);
+      }
+      await Promise.all(waits);
+      for (const w of laterKeys) {
+        const r = this.grantKey(s, w, [], true);
+        if (r && !('from' in r)) keys.push(r);
+      }
+      if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
+    }
+    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+    // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
+    this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
+  }
+
+  /** Tells every other node registered in these pools what each has left unleased. */
+  private announceFree(pools: Array<{ keyId: string; minute: number }>, exceptConn: string): void {
+    const updates = new Map<NodeSession, KeyPoolFree[]>();
+    for (const p of pools) {
+      const entry = this.state.snapshots.keyById(p.keyId);
+      if (!entry) continue;
+      const free = this.keyLeases.freeOf(p.keyId, p.minute, { rpm: entry.rpmLimit, tpm: entry.tpmLimit });
+      for (const c of this.keyLeases.members(p.keyId, p.minute, exceptConn)) {
+        const target = this.sessionByConn(c);
+        if (!target) continue;
+        const list = updates.get(target) ?? [];
+        list.push({ keyId: p.keyId, minute: p.minute, freeRequests: free.requests, freeTokens: free.tokens });
+        updates.set(target, list);
+      }
+    }
+    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list } });
+  }
+
+  private sessionByConn(connId: string): NodeSession | undefined {
+    for (const x of this.sessions) if (x.connId === connId) return x;
+    return undefined;
+  }
+
+  private grantKey(s: NodeSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {
+    const entry = this.state.snapshots.keyById(w.keyId);
+    const none = { keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 };
+    if (!entry || s.closed || s.leaving) return none;
+    const r = this.keyLeases.grant(s.connId, w, { rpm: entry.rpmLimit, tpm: entry.tpmLimit }, suspects, afterReclaim);
+    if (r.kind === 'reclaim') return { from: r.from };
+    return { keyId: w.keyId, minute: w.minute, ...r.grant };
+  }
+
+  private async grantOrgs(s: NodeSession, wants: OrgLeaseWant[], afterReclaim: boolean): Promise<Array<[OrgLeaseWant, OrgLease | { from: string[] }]>> {
+    const nodes = this.sessions.size;
+    try {
+      return await this.state.db.read(async (q) => {
+        const out: Array<[OrgLeaseWant, OrgLease | { from: string[] }]> = [];
+        for (const w of wants) {
+          const spendable = await this.state.spendableMicros(q, w.orgId);
+          if (s.closed || s.leaving) {
+            out.push([w, { orgId: w.orgId, micros: 0, exhausted: false }]);
+            continue;
+          }
+          const r = this.moneyLeases.grant(s.connId, w.orgId, spendable, nodes, w.micros, afterReclaim);
+          out.push([w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.micros === 0 }]);
+        }
+        return out;
+      });
+    } catch (err) {
+      this.log(`sync: money lease of node ${s.nodeId} failed: ${(err as Error).message}`);
+      // Not exhausted: the node asks again after its back-off.
+      return wants.map((w) => [w, { orgId: w.orgId, micros: 0, exhausted: false }]);
+    }
   }
 
   /** Every node learns how many nodes are connected (it sizes each node's cold share of key budgets). */
   private broadcastRoster(): void {
     const connectedNodes = this.sessions.size;
-    for (const s of this.sessions) this.enqueue(s, { roster: { connectedNodes } });
+    const now = this.state.now();
+    if (connectedNodes > 1) this.lastSeveralAtMs = now;
+    // A lone node may hold this minute's whole budgets only if nobody else can have used them.
+    const wholeNow = connectedNodes === 1 && now - this.lastSeveralAtMs > LONE_QUIET_MS;
+    for (const s of this.sessions) this.enqueue(s, { roster: { connectedNodes, wholeNow } });
   }
 
   private enqueue(s: NodeSession, item: Outbound): void {
@@ -323,11 +483,16 @@ export class SyncService implements NodeFleet {
     if (s.closed) return;
     s.closed = true;
     s.unsubscribe();
+    if (this.sessions.size > 1) this.lastSeveralAtMs = this.state.now();
     this.sessions.delete(s);
     this.moneyLeases.dropConnection(s.connId);
+    for (const done of [...s.reclaims.values()]) done();
+    s.reclaims.clear();
     s.queue.length = 0;
     for (const w of [...s.waiters]) w.resolve(false);
     this.broadcastRoster();
+    // The last node left is alone again: it holds whole key budgets of the minutes it starts.
+    if (this.sessions.size === 1) for (const other of this.sessions) other.mayHoldWhole = true;
     this.log(`sync: node ${s.nodeId} disconnected`);
     this.persist(() => touchNode(this.state.db, s.nodeId, this.state.nowIso(), s.ackedVersion));
   }
@@ -335,4 +500,10 @@ export class SyncService implements NodeFleet {
   private persist(write: () => Promise<unknown>): void {
     write().catch((err: Error) => this.log(`sync: node bookkeeping not written: ${err.message}`));
   }
+}
+
+function push<T>(m: Map<string, T[]>, k: string, v: T): void {
+  const list = m.get(k);
+  if (list) list.push(v);
+  else m.set(k, [v]);
 }

@@ -117,6 +117,7 @@ export class RequestContext {
         costMicros: cost,
         atMs: this.deps.clock.now(),
         minute: this.minute,
+        leaseEpoch: this.spend?.epoch ?? 0,
       });
     }
     // Every reservation is settled, with or without a model (a tool call costs nothing but held one).

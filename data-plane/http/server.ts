@@ -23,6 +23,7 @@ import { deriveClientIp, headerLines } from './client-ip.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, Reply } from './reply.js';
 import { RequestContext } from './request-context.js';
+import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
@@ -70,8 +71,15 @@ interface RequestHead {
 export class ApiServer {
   readonly app: TemplatedApp;
   private seq = 0;
+  /** Key budgets and money, waiting (bounded) for a lease when this node's is short. */
+  private readonly admission: Admission;
+  /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
+  get leaseWaits(): WaitStats {
+    return this.admission.waits;
+  }
 
   constructor(private readonly deps: ServerDeps) {
+    this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, ticket, minute));
     this.app = uWS.App();
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }
@@ -141,8 +149,10 @@ export class ApiServer {
     reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), familyShape);
-    // The node's money slice of the organisation is spent and the control plane has nothing left.
-    if (deps.leases && !deps.leases.canSpend(key.orgId)) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
+    // The node's money slice of the organisation is spent and the control plane has nothing left,
+    // even after reclaiming the other nodes' unused slices. (`wait`: a slice is on its way; the
+    // admission step waits for it.)
+    if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
     deps.reporter.touch(key.keyId);
 
     const route = state.view.routes.match(head.path, head.method);
@@ -157,36 +167,38 @@ export class ApiServer {
         return this.jsonEndpoint(res, reply, head, key, route, capBytes);
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
-      case 'model': {
-        const ctx = this.admit(reply, key, head.path, 0);
-        if (!ctx) return;
-        const id = decodeURIComponent(head.path.slice('/v1/models/'.length));
-        const model = state.modelsFor(key).find((m) => m.id === id);
-        // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
-        if (!model) {
-          ctx.refuse();
-          return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'A');
-        }
-        ctx.providerStarted = true;
-        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
-        reply.send(200, JSON_HEADERS, JSON.stringify(modelObject(model)));
-        return;
-      }
+      case 'model':
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (ctx) this.modelObject(ctx, reply, head, key, state);
+        });
       case 'models':
-      case 'voices': {
+      case 'voices':
         // Listings are requests like any other: one rpm each (design.md, what counts as a request).
-        const ctx = this.admit(reply, key, head.path, 0);
-        if (!ctx) return;
-        ctx.providerStarted = true;
-        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
-        reply.send(200, JSON_HEADERS, route.kind === 'models' ? modelList(state, key) : voiceList(state, key));
-        return;
-      }
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (!ctx) return;
+          ctx.providerStarted = true;
+          ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+          reply.send(200, JSON_HEADERS, route.kind === 'models' ? modelList(state, key) : voiceList(state, key));
+        });
       case 'realtime':
         return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', 'Realtime connections are not available on this gateway yet.'), 'B');
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }
+  }
+
+  /** GET /v1/models/{id}. */
+  private modelObject(ctx: RequestContext, reply: Reply, head: RequestHead, key: KeyRecord, state: GatewayState): void {
+    const id = decodeURIComponent(head.path.slice('/v1/models/'.length));
+    const model = state.modelsFor(key).find((m) => m.id === id);
+    // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
+    if (!model) {
+      ctx.refuse();
+      return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'A');
+    }
+    ctx.providerStarted = true;
+    ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+    reply.send(200, JSON_HEADERS, JSON.stringify(modelObject(model)));
   }
 
   /** The rate headers of the key a bearer credential names, if it names a known key. */
@@ -196,15 +208,19 @@ export class ApiServer {
     return key ? rateHeaderPairs(this.deps.keyBudgets.headers(key.limits)) : null;
   }
 
-  /** Key budgets. On success the ticket is settled on every way the response ends. */
+  /**
+   * Key budgets, without waiting: for the transcription path, which takes its body as a stream before
+   * admission. A request short of this node's lease is refused here (admitOrWait would wait for it).
+   * On success the ticket is settled on every way the response ends.
+   */
   private admit(reply: Reply, key: KeyRecord, path: string, estimatedTokens: number): RequestContext | null {
     const deps = this.deps;
     const now = deps.clock.now();
     const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
     reply.extraHeaders = rateHeaderPairs(a.headers);
     if (!a.ok) {
-      // Refused for lack of this node's slice: ask the control plane for more right away.
-      deps.leases?.noteRefused(key.keyId, minuteOf(now), estimatedTokens);
+      // This path cannot wait (see admitOrWait): at least ask for what was short, so the next try fits.
+      if (a.leaseShort) deps.leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, () => undefined);
       reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A');
       return null;
     }
@@ -222,33 +238,59 @@ export class ApiServer {
       return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; ${head.path} accepts JSON bodies of at most ${jsonCap} bytes.`), 'A', true);
     }
     // The request and its parallel slot are taken before the body is buffered, so a key's parallel
-    // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed.
-    const ctx = this.admit(reply, key, head.path, 0);
-    if (!ctx) return;
+    // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed. When
+    // admission waits for a lease, the body is read meanwhile (onData must be attached before this
+    // handler returns), still within the node-wide body budget.
+    let ctx: RequestContext | null | undefined;
+    let bodyDone = false;
+    let body: { err: GatewayError | null; raw: Buffer } | undefined;
+    const proceed = () => {
+      if (ctx === undefined || body === undefined || ctx === null) return;
+      this.jsonBody(ctx, reply, head, key, route, body.err, body.raw);
+    };
+    this.admission.admitOrWait(
+      reply,
+      key,
+      head.path,
+      0,
+      (c) => {
+        ctx = c;
+        proceed();
+      },
+      () => !bodyDone,
+    );
+    if (ctx === null) return;
     collectBody(
       res,
       reply,
       jsonCap,
       head.contentLength,
       (err, raw) => {
+        bodyDone = true;
+        body = { err, raw };
+        proceed();
+      },
+      deps.bodyBudget,
+    );
+  }
+
+  private jsonBody(ctx: RequestContext, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, err: GatewayError | null, raw: Buffer): void {
+    const deps = this.deps;
+    try {
+      if (reply.done) return;
+      if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
+      const text = raw.length > 0 ? raw.toString('utf8') : '';
+      let body: unknown;
+      let parseError = false;
+      try {
+        body = text.length > 0 ? JSON.parse(text) : undefined;
+      } catch {
+        parseError = true;
+      }
+      const estimate = estimateTokens(body);
+      this.admission.reserveOrWait(ctx, reply, key, estimate, (ok) => {
+        if (!ok) return;
         try {
-          if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
-          const text = raw.length > 0 ? raw.toString('utf8') : '';
-          let body: unknown;
-          let parseError = false;
-          try {
-            body = text.length > 0 ? JSON.parse(text) : undefined;
-          } catch {
-            parseError = true;
-          }
-          const estimate = estimateTokens(body);
-          const refusal = ctx.ticket.reserveTokens(estimate);
-          if (refusal) {
-            ctx.refuse();
-            deps.leases?.noteRefused(key.keyId, ctx.minute, estimate);
-            reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
-            return reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
-          }
           if (estimate > 0) reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
           const state = deps.holder.current;
           const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
@@ -271,9 +313,11 @@ export class ApiServer {
           logBug(e);
           reply.sendError(e, route.shape);
         }
-      },
-      deps.bodyBudget,
-    );
+      });
+    } catch (e) {
+      logBug(e);
+      reply.sendError(e, route.shape);
+    }
   }
 
   private transcription(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, capBytes: number): void {
@@ -326,8 +370,21 @@ export class ApiServer {
     const hasBody = head.method !== 'GET' && head.method !== 'HEAD';
     const body = hasBody ? streamBody(res, reply, capBytes) : null;
     body?.on('error', () => {});
-    const ctx = this.admit(reply, key, head.path, 0);
-    if (!ctx) return;
+    this.admission.admitOrWait(
+      reply,
+      key,
+      head.path,
+      0,
+      (ctx) => {
+        if (ctx) this.forward(ctx, reply, head, route, body, headers);
+      },
+      () => false,
+      'B',
+    );
+  }
+
+  private forward(ctx: RequestContext, reply: Reply, head: RequestHead, route: Route, body: ReturnType<typeof streamBody> | null, headers: Array<[string, string]>): void {
+    if (!route.backend) return;
     // From here the request counts against rpm whatever the backend answers.
     ctx.providerStarted = true;
     forwardTool(this.deps.pools, {
@@ -379,11 +436,6 @@ function parseContentLength(v: string): number {
   return Number.isSafeInteger(n) && n >= 0 ? n : -1;
 }
 
-function blockedMessage(reason: string): string {
-  if (reason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; requests are refused until next month or until the cap is raised.";
-  if (reason === 'balance_exhausted') return "The organisation's balance is exhausted; add credits to continue.";
-  return "The organisation's balance is exhausted or its monthly spend cap was reached.";
-}
 
 /** A model as the OpenAI API lists it. */
 function modelObject(m: ModelConfig): { id: string; object: 'model'; created: number; owned_by: string } {

@@ -5,8 +5,8 @@
 // abort, upstream error or timeout, WebSocket close). Settling twice is harmless.
 //
 // Decisions:
-// - Window: UTC clock minutes (`minuteOf(now)`); rpm/tpm `retry-after` is the seconds to the top of the
-//   next minute, rounded up, at least 1. Parallel `retry-after` is 1 (a slot frees when any request ends).
+// - Window: UTC clock minutes (`minuteOf(now)`); every refusal's `retry-after` (rpm, tpm and parallel)
+//   is the seconds to the top of the next minute, rounded up, at least 1 (spec, Response headers).
 // - Order of checks: requests, tokens, then parallel. The minute budgets come first because their
 //   retry-after is the longer, truthful wait: a client told "1 s, parallel" would come back only to be
 //   refused for the minute.
@@ -56,13 +56,21 @@ export interface TokenRefusal {
   dimension: 'tokens';
   message: string;
   retryAfterSec: number;
+  /** Set when only this node's lease is short (the key's budget may still have it): what to ask for. */
+  leaseShort?: LeaseShort;
+}
+
+/** How much more of the key's minute this node must lease before the request fits. */
+export interface LeaseShort {
+  requests: number;
+  tokens: number;
 }
 
 export type KeyDimension = 'requests' | 'tokens' | 'max_parallel_requests';
 
 export type Admission =
   | { ok: true; ticket: Ticket; headers: RateHeaders }
-  | { ok: false; dimension: KeyDimension; message: string; retryAfterSec: number; headers: RateHeaders };
+  | { ok: false; dimension: KeyDimension; message: string; retryAfterSec: number; headers: RateHeaders; leaseShort?: LeaseShort };
 
 /**
  * Seam for a later lease mechanism (design.md, "Money and limits across nodes"): caps what THIS node
@@ -81,14 +89,20 @@ export interface AllowanceSource {
    * lease client can ask for the next slice before the current one runs out and return what is unused.
    */
   noteUsage?(keyId: string, minute: number, requests: number, tokens: number): void;
+  /** What `allowanceFor` would say, without starting anything (undefined: nothing known yet). */
+  peekAllowance?(keyId: string, minute: number): MinuteAllowance | undefined;
 }
 
 export interface MinuteAllowance {
   requests: number;
   tokens: number;
-  /** True when nothing more will be granted for this minute (the key's minute budget is all leased). */
+  /** True when the key's minute pool has no request left across the cluster (after reclaiming). */
   requestsFinal?: boolean;
-  tokensFinal?: boolean;
+  /** A token need at least this large cannot be leased this minute (after reclaiming). */
+  tokensFinalNeed?: number;
+  /** What the key's pool had unleased across the cluster when last heard (for the rate headers). */
+  freeRequests?: number;
+  freeTokens?: number;
 }
 
 export interface KeyBudgetsOptions {
@@ -142,31 +156,33 @@ export class KeyBudgets {
     const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
 
     let dimension: KeyDimension | undefined;
-    let retryAfterSec = secondsToNextMinute(now);
+    let leaseShort: LeaseShort | undefined;
+    const retryAfterSec = secondsToNextMinute(now);
     if (state.requests + 1 > rpm) {
       dimension = 'requests';
     } else if (state.tokens + estimate > tpm) {
       dimension = 'tokens';
-    } else if (lease !== undefined && state.requests + 1 > lease.requests) {
-      // Under the key's limit but out of this node's slice: a new slice may arrive any moment, unless
-      // the whole minute's budget is already leased (then the wait is to the top of the minute).
-      dimension = 'requests';
-      if (!lease.requestsFinal) retryAfterSec = 1;
-    } else if (lease !== undefined && state.tokens + estimate > lease.tokens) {
-      dimension = 'tokens';
-      if (!lease.tokensFinal) retryAfterSec = 1;
+    } else if (lease !== undefined && (state.requests + 1 > lease.requests || state.tokens + estimate > lease.tokens)) {
+      // Under the key's limits but out of this node's lease: the caller may wait for more, unless the
+      // pool already said it is spent across the cluster.
+      const needRequests = Math.max(0, state.requests + 1 - lease.requests);
+      const needTokens = Math.max(0, state.tokens + estimate - lease.tokens);
+      dimension = needRequests > 0 ? 'requests' : 'tokens';
+      const final = (needRequests > 0 && lease.requestsFinal) || (needTokens > 0 && needTokens >= (lease.tokensFinalNeed ?? Infinity));
+      if (!final) leaseShort = { requests: needRequests, tokens: needTokens };
     } else if (state.inFlight + 1 > parallel) {
       dimension = 'max_parallel_requests';
-      retryAfterSec = 1;
     }
     if (dimension !== undefined) {
-      return {
-        ok: false,
-        dimension,
-        message: formatLimitMessage(dimension, state, limits, estimate, retryAfterSec),
-        retryAfterSec,
-        headers: headersOf(state, limits, now),
+      const headers = headersOf(state, limits, now, lease, leaseShort === undefined && dimension !== 'max_parallel_requests');
+      // The message reports the key across the cluster as far as this node knows (as the headers do),
+      // not this node's own share: "20/20 used", never "15/20 used" when the minute is spent.
+      const shown = {
+        requests: rpm === Infinity ? state.requests : Math.max(state.requests, rpm - headers.remainingRequests),
+        tokens: tpm === Infinity ? state.tokens : Math.max(state.tokens, tpm - headers.remainingTokens),
+        inFlight: state.inFlight,
       };
+      return { ok: false, dimension, message: formatLimitMessage(dimension, shown, limits, estimate, retryAfterSec), retryAfterSec, headers, leaseShort };
     }
 
     state.requests += 1;
@@ -174,7 +190,7 @@ export class KeyBudgets {
     state.inFlight += 1;
     this.touch(state, minute);
     this.allowance?.noteUsage?.(state.keyId, state.minute, state.requests, state.tokens);
-    return { ok: true, ticket: this.ticketFor(state, limits, minute, estimate), headers: headersOf(state, limits, now) };
+    return { ok: true, ticket: this.ticketFor(state, limits, minute, estimate), headers: headersOf(state, limits, now, lease) };
   }
 
   /** The rate headers of a key for the current minute, without counting anything. */
@@ -182,10 +198,12 @@ export class KeyBudgets {
     const now = this.clock.now();
     const minute = minuteOf(now);
     const state = this.states.get(limits.keyId);
+    // Peeking only: asking the lease source would start a lease for a key that may never be admitted.
+    const lease = this.allowance?.peekAllowance?.(limits.keyId, minute);
     if (state === undefined || state.minute !== minute) {
-      return headersOf({ requests: 0, tokens: 0 }, limits, now);
+      return headersOf({ requests: 0, tokens: 0 }, limits, now, lease);
     }
-    return headersOf(state, limits, now);
+    return headersOf(state, limits, now, lease);
   }
 
   /** This minute's counts and the requests in flight of a key. For tests, metrics and lease reports. */
@@ -251,11 +269,13 @@ export class KeyBudgets {
         if (settled || n === 0 || state.minute !== minute) return null;
         const now = this.clock.now();
         const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
-        let retryAfterSec = secondsToNextMinute(now);
+        const retryAfterSec = secondsToNextMinute(now);
+        let leaseShort: LeaseShort | undefined;
         if (state.tokens + n > limitOf(limits.tpmLimit)) {
           // over the key's own tpm: the wait is to the top of the minute
         } else if (lease !== undefined && state.tokens + n > lease.tokens) {
-          if (!lease.tokensFinal) retryAfterSec = 1;
+          const needTokens = state.tokens + n - lease.tokens;
+          if (needTokens < (lease.tokensFinalNeed ?? Infinity)) leaseShort = { requests: 0, tokens: needTokens };
         } else {
           state.tokens += n;
           estimate += n;
@@ -264,7 +284,7 @@ export class KeyBudgets {
         }
         // The message reports the key as it will be once this request is refunded.
         const counts = { requests: state.requests - 1, tokens: state.tokens, inFlight: state.inFlight - 1 };
-        return { dimension: 'tokens', message: formatLimitMessage('tokens', counts, limits, n, retryAfterSec), retryAfterSec };
+        return { dimension: 'tokens', message: formatLimitMessage('tokens', counts, limits, n, retryAfterSec), retryAfterSec, leaseShort };
       },
       settle: (actualTokens: number) => {
         if (settled) return;
@@ -298,14 +318,26 @@ function sanitizeTokens(n: number): number | undefined {
   return typeof n === 'number' && Number.isFinite(n) && n >= 0 ? Math.ceil(n) : undefined;
 }
 
-function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimits, nowMs: number): RateHeaders {
+/**
+ * Remaining = what the key has left across the cluster as far as this node knows: what it holds
+ * unused plus what the pool had unleased when it last heard (never more than the key's limit minus
+ * this node's own count). `spent`: the refusal says the key's minute is spent: 0 remaining.
+ */
+function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimits, nowMs: number, lease?: MinuteAllowance, spent = false): RateHeaders {
   const rpm = limitOf(limits.rpmLimit);
   const tpm = limitOf(limits.tpmLimit);
+  let remainingRequests = rpm - counts.requests;
+  let remainingTokens = tpm - counts.tokens;
+  if (lease !== undefined) {
+    if (Number.isFinite(lease.requests)) remainingRequests = Math.min(remainingRequests, lease.requests - counts.requests + (lease.freeRequests ?? 0));
+    if (Number.isFinite(lease.tokens)) remainingTokens = Math.min(remainingTokens, lease.tokens - counts.tokens + (lease.freeTokens ?? 0));
+    if (spent && lease.requestsFinal) remainingRequests = 0;
+  }
   return {
     limitRequests: rpm === Infinity ? 0 : rpm,
-    remainingRequests: rpm === Infinity ? 0 : Math.max(0, rpm - counts.requests),
+    remainingRequests: rpm === Infinity ? 0 : Math.max(0, remainingRequests),
     limitTokens: tpm === Infinity ? 0 : tpm,
-    remainingTokens: tpm === Infinity ? 0 : Math.max(0, tpm - counts.tokens),
+    remainingTokens: tpm === Infinity ? 0 : Math.max(0, remainingTokens),
     resetSec: secondsToNextMinute(nowMs),
   };
 }

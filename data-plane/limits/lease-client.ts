@@ -1,23 +1,27 @@
 // The node's side of leases (design.md, "Money and limits across nodes"). Pure: no I/O, no timers; the
-// sync client gives it a `send` function and feeds it grants and connection changes.
+// sync client gives it a `send` function and feeds it grants, reclaims and connection changes.
 //
 // Keys: while connected, a node admits a key's requests and tokens in a minute only within what it
-// holds for that minute: its cold share (proto/lib/leases.ts) plus what the control plane granted.
-// It asks for the next chunk as soon as a minute is first touched (when the cold share is not the
-// whole budget) and whenever what is left falls to half a chunk, so grants normally arrive before
-// they are needed. While the control plane is unreachable the node falls back to the key's own limits
-// locally (fail-static, documented in the README).
+// holds for that minute. A lone node holds the whole budget (proto/lib/leases.ts); with several nodes
+// a node holds only what it leased, in chunks, and asks for the next chunk while half of one is
+// still left, so steady traffic does not wait. A request the node cannot cover waits (the HTTP layer
+// parks it, bounded) while the node asks for what it needs; the control plane reclaims unused
+// allowance from the other nodes before it says the pool is spent (`final`): only then is the
+// request refused. A reclaim is answered at once with what is held unused. While the control plane
+// is unreachable the node falls back to the key's own limits locally (fail-static, README).
 //
-// Money: per organisation the node holds a slice granted by the control plane. It admits while the
-// slice is positive; the first request of an organisation on a connection is admitted while its
-// first slice is on the way; once a slice is spent and the control plane said nothing is left, the
-// organisation's requests are refused until its state changes (credit, cap, config) or a short
-// back-off passes. Slices belong to a connection: a reconnect starts afresh.
+// Money: per organisation the node holds a signed slice, kept with the same arithmetic as the control
+// plane's ledger: grants add, returns and finished requests' costs subtract. A request is admitted
+// while the slice is positive and reserves its estimated cost (the costliest request seen) while in
+// flight, so the spend passes what is left by at most the requests in flight. With no slice the
+// request waits for one; the organisation is refused only when the control plane says nothing is
+// left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
+// asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
-import type { Clock } from './clock.js';
+import { minuteOf, type Clock } from './clock.js';
 
-import type { KeyLeaseWant, OrgLeaseWant, LeaseRequest } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** What the node sends: the generated LeaseRequest message. */
 export type LeaseRequestOut = LeaseRequest;
@@ -31,26 +35,36 @@ interface KeyMinute {
   usedRequests: number;
   usedTokens: number;
   pending: boolean;
-  askedRequests: number;
-  askedTokens: number;
-  exhaustedRequests: boolean;
-  exhaustedTokens: boolean;
+  /** When the pending want was sent (a want unanswered this long is asked again). */
+  askedAtMs: number;
+  /** The pool had less than one request free even after reclaiming. */
+  finalRequests: boolean;
+  /** The smallest token need the pool could not cover after reclaiming (Infinity: none). */
+  finalTokensNeed: number;
+  freeRequests: number;
+  freeTokens: number;
+  /** Requests waiting for this key minute's next grant. */
+  waiters: Array<() => void>;
 }
 
 interface OrgSlice {
-  /** Granted, minus the cost of finished requests and the estimates of those in flight. */
+  /** Granted, minus returned, minus the cost of finished requests and the estimates of those in flight. */
   sliceMicros: number;
   lastGrantMicros: number;
   /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
   maxCostMicros: number;
-  granted: boolean;
   pending: boolean;
+  askedAtMs: number;
+  /** When the control plane last said nothing is left (0: it did not). */
   exhaustedAtMs: number;
+  waiters: Array<() => void>;
 }
 
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
-/** After "nothing left", ask again at most this often (other nodes' slices may have come back). */
+/** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
 const EXHAUSTED_RETRY_MS = 1000;
+/** A lease want unanswered this long is sent again. */
+const PENDING_STALE_MS = 2000;
 
 /** An estimate reserved from an organisation's slice while its request is in flight. */
 export interface SpendReservation {
@@ -58,16 +72,32 @@ export interface SpendReservation {
   micros: number;
 }
 
+/** May a request of the organisation spend? `wait`: a slice is being asked for. */
+export type SpendVerdict = 'yes' | 'wait' | 'no';
+
 export class LeaseClient implements AllowanceSource {
   private connected = false;
   private nodes = 1;
+  /**
+   * The first minute this node holds whole key budgets unasked: the minute after the roster said it
+   * is alone. In the minute it became alone other nodes may have used the key, so it leases as usual;
+   * before any roster it does not know, so it leases too.
+   */
+  private loneFromMinute = Infinity;
   private readonly keys = new Map<string, KeyMinute>();
+  /** First chunks of the next minute, prefetched shortly before its top for keys used this minute. */
+  private readonly nextKeys = new Map<string, KeyMinute>();
   private readonly orgs = new Map<string, OrgSlice>();
   private wantKeys = new Map<string, KeyLeaseWant>();
   private wantOrgs = new Map<string, OrgLeaseWant>();
+  private keyReturns: KeyLeaseReturn[] = [];
+  private orgReturns: OrgLeaseReturn[] = [];
   private flushQueued = false;
   /** Bumped on every connection change: slices and reservations belong to one connection. */
   private epoch = 0;
+  /** The node is stopping: it gave everything back and asks for nothing more. */
+  private leaving = false;
+  private leavingSent = false;
 
   constructor(
     private readonly clock: Clock,
@@ -78,20 +108,43 @@ export class LeaseClient implements AllowanceSource {
   ) {}
 
   /** The sync client reports every connection change and the number of connected nodes. */
-  setConnected(connected: boolean, connectedNodes = this.nodes): void {
+  setConnected(connected: boolean, connectedNodes?: number): void {
     if (connected !== this.connected) {
-      // Whatever was held belonged to the old connection (keys keep their counts for registration).
       this.epoch++;
-      this.orgs.clear();
-      for (const k of this.keys.values()) k.pending = false;
       this.wantKeys.clear();
       this.wantOrgs.clear();
+      this.keyReturns = [];
+      this.orgReturns = [];
+      // Alone or not: the next roster says.
+      this.loneFromMinute = Infinity;
+      // Whatever was held belonged to the old connection; the control plane released it. What was
+      // used stays used, and is what the node says it holds when it next asks.
+      for (const k of this.keys.values()) {
+        k.pending = false;
+        if (Number.isFinite(k.allowRequests)) k.allowRequests = Math.min(k.allowRequests, k.usedRequests);
+        if (Number.isFinite(k.allowTokens)) k.allowTokens = Math.min(k.allowTokens, k.usedTokens);
+        k.finalRequests = false;
+        k.finalTokensNeed = Infinity;
+      }
+      const orgs = [...this.orgs.values()];
+      this.orgs.clear();
+      this.connected = connected;
+      // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
+      for (const k of this.keys.values()) wake(k);
+      for (const o of orgs) wake(o);
     }
     this.connected = connected;
-    this.nodes = Math.max(1, connectedNodes);
+    if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
   }
 
-  setConnectedNodes(n: number): void {
+  /**
+   * The roster: how many nodes are connected. `wholeNow`: alone, and nobody else was connected lately,
+   * so the current minute is whole too (otherwise from the next one).
+   */
+  setConnectedNodes(n: number, wholeNow = false): void {
+    const lone = n <= 1;
+    if (!lone) this.loneFromMinute = Infinity;
+    else if (this.loneFromMinute === Infinity) this.loneFromMinute = minuteOf(this.clock.now()) + (wholeNow ? 0 : 1);
     this.nodes = Math.max(1, n);
   }
 
@@ -103,28 +156,59 @@ export class LeaseClient implements AllowanceSource {
 
   allowanceFor(keyId: string, minute: number, limits?: KeyLimits): MinuteAllowance {
     if (!this.connected || !limits) return UNLIMITED;
+    const k = this.keyMinute(keyId, minute, limits);
+    return {
+      requests: k.allowRequests,
+      tokens: k.allowTokens,
+      requestsFinal: k.finalRequests,
+      tokensFinalNeed: k.finalTokensNeed,
+      freeRequests: k.freeRequests,
+      freeTokens: k.freeTokens,
+    };
+  }
+
+  peekAllowance(keyId: string, minute: number): MinuteAllowance | undefined {
+    const k = this.keys.get(keyId);
+    if (!this.connected || !k || k.minute !== minute) return undefined;
+    return { requests: k.allowRequests, tokens: k.allowTokens, requestsFinal: k.finalRequests, tokensFinalNeed: k.finalTokensNeed, freeRequests: k.freeRequests, freeTokens: k.freeTokens };
+  }
+
+  private keyMinute(keyId: string, minute: number, limits: KeyLimits): KeyMinute {
     let k = this.keys.get(keyId);
+    const prefetched = this.nextKeys.get(keyId);
+    if ((!k || k.minute !== minute) && prefetched?.minute === minute) {
+      this.nextKeys.delete(keyId);
+      this.keys.set(keyId, prefetched);
+      if (k) wake(k);
+      return prefetched;
+    }
     if (!k || k.minute !== minute) {
       const rpm = finiteLimit(limits.rpmLimit);
       const tpm = finiteLimit(limits.tpmLimit);
+      const old = k;
+      const n = minute >= this.loneFromMinute ? 1 : Math.max(2, this.nodes);
       k = {
         minute,
         rpm,
         tpm,
-        allowRequests: rpm === Infinity ? Infinity : coldShare(rpm, this.nodes),
-        allowTokens: tpm === Infinity ? Infinity : coldShare(tpm, this.nodes),
+        allowRequests: rpm === Infinity ? Infinity : coldShare(rpm, n),
+        allowTokens: tpm === Infinity ? Infinity : coldShare(tpm, n),
         usedRequests: 0,
         usedTokens: 0,
         pending: false,
-        askedRequests: 0,
-        askedTokens: 0,
-        exhaustedRequests: false,
-        exhaustedTokens: false,
+        askedAtMs: 0,
+        finalRequests: false,
+        finalTokensNeed: Infinity,
+        freeRequests: n <= 1 ? 0 : rpm,
+        freeTokens: n <= 1 ? 0 : tpm,
+        waiters: [],
       };
       this.keys.set(keyId, k);
-      if (k.allowRequests < rpm || k.allowTokens < tpm) this.askKey(keyId, k, 0);
+      // Requests parked on the old minute try again in the new one.
+      if (old) wake(old);
+      this.maybeTopUp(keyId, k, 0, 0);
     }
-    return { requests: k.allowRequests, tokens: k.allowTokens, requestsFinal: k.exhaustedRequests, tokensFinal: k.exhaustedTokens };
+    return k;
   }
 
   noteUsage(keyId: string, minute: number, requests: number, tokens: number): void {
@@ -132,46 +216,125 @@ export class LeaseClient implements AllowanceSource {
     if (!k || k.minute !== minute || !this.connected) return;
     k.usedRequests = requests;
     k.usedTokens = tokens;
-    this.maybeTopUp(keyId, k, 0);
+    this.maybeTopUp(keyId, k, 0, 0);
   }
 
-  /** Called when a request was refused for lack of this node's slice: ask for enough for it. */
-  noteRefused(keyId: string, minute: number, estimatedTokens: number): void {
-    const k = this.keys.get(keyId);
-    if (!k || k.minute !== minute || !this.connected) return;
-    this.maybeTopUp(keyId, k, estimatedTokens);
+  /**
+   * A request of the key does not fit what this node holds: asks for at least `needRequests` and
+   * `needTokens` more and calls `wake` once when the answer came (or the connection changed). False
+   * when there is nothing to wait for (not connected, or the pool already said it is spent).
+   */
+  waitForKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, wake: () => void): boolean {
+    if (!this.connected) return false;
+    const k = this.keyMinute(keyId, minute, limits);
+    if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
+    k.waiters.push(wake);
+    if (!k.pending || this.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
+    return true;
   }
 
-  applyKeyGrant(keyId: string, minute: number, requests: number, tokens: number): void {
+  /** Drops a waiter that gave up (its request was answered another way). */
+  cancelKeyWait(keyId: string, wake: () => void): void {
     const k = this.keys.get(keyId);
-    if (!k || k.minute !== minute) return;
+    if (k) k.waiters = k.waiters.filter((w) => w !== wake);
+  }
+
+  applyKeyGrant(g: KeyLease): void {
+    if (this.leaving) {
+      // Granted before the control plane heard this node is stopping: straight back.
+      if (g.requests > 0 || g.tokens > 0) this.flush({ reclaimId: 0, keyReturns: [{ keyId: g.keyId, minute: g.minute, requests: g.requests, tokens: g.tokens, heldRequests: 0, heldTokens: 0 }], orgReturns: [] });
+      return;
+    }
+    let k = this.keys.get(g.keyId);
+    if (!k || k.minute !== g.minute) k = this.nextKeys.get(g.keyId);
+    if (!k || k.minute !== g.minute) return;
     k.pending = false;
-    k.allowRequests += requests;
-    k.allowTokens += tokens;
-    // The pool had nothing left for what was asked: it will not grow again this minute.
-    if (k.askedRequests > 0 && requests === 0) k.exhaustedRequests = true;
-    if (k.askedTokens > 0 && tokens === 0) k.exhaustedTokens = true;
+    k.allowRequests += g.requests;
+    k.allowTokens += g.tokens;
+    k.freeRequests = g.freeRequests;
+    k.freeTokens = g.freeTokens;
+    if (g.finalRequests) k.finalRequests = true;
+    if (g.finalTokens) {
+      const asked = this.lastNeedTokens.get(g.keyId) ?? 1;
+      k.finalTokensNeed = Math.min(k.finalTokensNeed, Math.max(1, asked));
+    }
+    if (g.requests > 0) k.finalRequests = false;
+    // Waiting requests ask with what they need; without waiters, prefetch if the pool has more.
+    if (k.waiters.length > 0) wake(k);
+    else this.maybeTopUp(g.keyId, k, 0, 0);
   }
 
-  private maybeTopUp(keyId: string, k: KeyMinute, needTokens: number): void {
-    if (k.pending) return;
+  /**
+   * Shortly before the top of a minute (the sync client calls this in its last seconds): the first
+   * chunk of the next minute for every key used this minute, so steady traffic does not wait at the
+   * top of the minute. A lone node holds whole minutes and needs none.
+   */
+  prefetchNextMinute(): void {
+    if (!this.connected) return;
+    const next = minuteOf(this.clock.now()) + 1;
+    if (next >= this.loneFromMinute) return;
+    for (const [keyId, k] of this.keys) {
+      if (k.minute !== next - 1 || k.usedRequests === 0 || this.nextKeys.get(keyId)?.minute === next) continue;
+      const nk: KeyMinute = {
+        minute: next,
+        rpm: k.rpm,
+        tpm: k.tpm,
+        allowRequests: k.rpm === Infinity ? Infinity : 0,
+        allowTokens: k.tpm === Infinity ? Infinity : 0,
+        usedRequests: 0,
+        usedTokens: 0,
+        pending: false,
+        askedAtMs: 0,
+        finalRequests: false,
+        finalTokensNeed: Infinity,
+        freeRequests: k.rpm,
+        freeTokens: k.tpm,
+        waiters: [],
+      };
+      this.nextKeys.set(keyId, nk);
+      this.askKey(keyId, nk, 0, 0);
+    }
+  }
+
+  /**
+   * Another node leased from, or gave back to, a pool this node is in: what the pool has left
+   * unleased (in order on the stream, so the latest is the truth). Budget given back lifts a "spent".
+   */
+  applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
+    let k = this.keys.get(keyId);
+    if (!k || k.minute !== minute) k = this.nextKeys.get(keyId);
+    if (!k || k.minute !== minute) return;
+    k.freeRequests = freeRequests;
+    k.freeTokens = freeTokens;
+    if (freeRequests > 0) k.finalRequests = false;
+    if (freeTokens > 0) k.finalTokensNeed = Infinity;
+  }
+
+  private readonly lastNeedTokens = new Map<string, number>();
+
+  /**
+   * Prefetch: ask for the next chunk while half of one is still left, if the pool had any left
+   * when last heard (a request that finds nothing here asks with its need, which reclaims).
+   */
+  private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
+    if (k.pending || !this.connected) return;
     const chunkReq = leaseChunk(k.rpm, this.nodes);
     const chunkTok = leaseChunk(k.tpm, this.nodes);
-    const lowReq = !k.exhaustedRequests && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= Math.max(1, chunkReq / 2);
-    const lowTok =
-      !k.exhaustedTokens &&
-      k.allowTokens < k.tpm &&
-      (k.allowTokens - k.usedTokens <= chunkTok / 2 || k.allowTokens - k.usedTokens < needTokens);
-    if (lowReq || lowTok) this.askKey(keyId, k, needTokens);
+    const lowReq = !k.finalRequests && k.freeRequests > 0 && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
+    const lowTok = k.finalTokensNeed === Infinity && k.freeTokens > 0 && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 2;
+    if (lowReq || lowTok) this.askKey(keyId, k, needRequests, needTokens);
   }
 
-  private askKey(keyId: string, k: KeyMinute, needTokens: number): void {
-    const requests = k.allowRequests < k.rpm && !k.exhaustedRequests ? leaseChunk(k.rpm, this.nodes) : 0;
-    const tokens = k.allowTokens < k.tpm && !k.exhaustedTokens ? Math.max(leaseChunk(k.tpm, this.nodes), needTokens) : 0;
-    if (requests === 0 && tokens === 0) return;
+  private askKey(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
+    if (this.leaving) return;
+    const chunkReq = leaseChunk(k.rpm, this.nodes);
+    const chunkTok = leaseChunk(k.tpm, this.nodes);
+    const requests = k.allowRequests < k.rpm && !k.finalRequests ? Math.min(chunkReq, k.rpm - k.allowRequests) : 0;
+    const tokens = k.allowTokens < k.tpm ? Math.min(Math.max(chunkTok, needTokens), k.tpm - k.allowTokens) : 0;
+    if (requests === 0 && tokens === 0 && needRequests === 0 && needTokens === 0) return;
     k.pending = true;
-    k.askedRequests = requests;
-    k.askedTokens = tokens;
+    k.askedAtMs = this.clock.now();
+    this.lastNeedTokens.set(keyId, needTokens);
     this.wantKeys.set(`${keyId}:${k.minute}`, {
       keyId,
       minute: k.minute,
@@ -179,27 +342,99 @@ export class LeaseClient implements AllowanceSource {
       heldTokens: finiteOrZero(k.allowTokens),
       requests,
       tokens,
+      needRequests: Math.max(0, needRequests),
+      needTokens: Math.max(0, needTokens),
     });
     this.queueFlush();
   }
 
+  // ── reclaims ──────────────────────────────────────────────────────────────
+
+  /** The control plane asks for unused allowance back: answered at once. */
+  onReclaim(r: LeaseReclaim): void {
+    if (!this.connected) return;
+    const keyReturns: KeyLeaseReturn[] = [];
+    const refs = r.allKeys ? [...this.keys, ...this.nextKeys].map(([keyId, k]) => ({ keyId, minute: k.minute })) : r.keys;
+    for (const ref of refs) {
+      let k = this.keys.get(ref.keyId);
+      if (!k || k.minute !== ref.minute) k = this.nextKeys.get(ref.keyId);
+      if (!k || k.minute !== ref.minute) {
+        keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 });
+        continue;
+      }
+      const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
+      const tok = Number.isFinite(k.allowTokens) ? Math.max(0, k.allowTokens - k.usedTokens) : 0;
+      k.allowRequests -= req;
+      k.allowTokens -= tok;
+      keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: req, tokens: tok, heldRequests: finiteOrZero(k.allowRequests), heldTokens: finiteOrZero(k.allowTokens) });
+    }
+    const orgReturns: OrgLeaseReturn[] = [];
+    for (const orgId of r.orgIds) {
+      const o = this.orgs.get(orgId);
+      const micros = o ? Math.max(0, o.sliceMicros) : 0;
+      if (o) o.sliceMicros -= micros;
+      orgReturns.push({ orgId, micros });
+    }
+    this.flush({ reclaimId: r.id, keyReturns, orgReturns });
+  }
+
+  /** A node that stops gives back everything it holds unused (before its connection closes). */
+  giveBackAll(): void {
+    if (!this.connected || this.leaving) return;
+    this.leaving = true;
+    this.wantKeys.clear();
+    this.wantOrgs.clear();
+    const keyReturns: KeyLeaseReturn[] = [];
+    for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
+      const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
+      const tok = Number.isFinite(k.allowTokens) ? Math.max(0, k.allowTokens - k.usedTokens) : 0;
+      k.allowRequests -= req;
+      k.allowTokens -= tok;
+      keyReturns.push({ keyId, minute: k.minute, requests: req, tokens: tok, heldRequests: finiteOrZero(k.allowRequests), heldTokens: finiteOrZero(k.allowTokens) });
+    }
+    const orgReturns: OrgLeaseReturn[] = [];
+    for (const [orgId, o] of this.orgs) {
+      const micros = Math.max(0, o.sliceMicros);
+      o.sliceMicros -= micros;
+      if (micros > 0) orgReturns.push({ orgId, micros });
+    }
+    this.flush({ reclaimId: 0, keyReturns, orgReturns });
+  }
+
   // ── money ─────────────────────────────────────────────────────────────────
 
-  /** May this node admit one more request of the organisation? */
-  canSpend(orgId: string): boolean {
-    if (!this.connected) return true;
+  /** May this node admit one more request of the organisation now? */
+  canSpend(orgId: string): SpendVerdict {
+    if (!this.connected) return 'yes';
+    const o = this.orgFor(orgId);
+    if (o.sliceMicros > 0) return 'yes';
+    if (o.exhaustedAtMs > 0 && this.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
+    o.exhaustedAtMs = 0;
+    this.askOrg(orgId, o);
+    return 'wait';
+  }
+
+  /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
+  waitForOrg(orgId: string, wake: () => void): boolean {
+    if (!this.connected) return false;
+    const o = this.orgFor(orgId);
+    o.waiters.push(wake);
+    this.askOrg(orgId, o);
+    return true;
+  }
+
+  cancelOrgWait(orgId: string, wake: () => void): void {
+    const o = this.orgs.get(orgId);
+    if (o) o.waiters = o.waiters.filter((w) => w !== wake);
+  }
+
+  private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, granted: false, pending: false, exhaustedAtMs: 0 };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, askedAtMs: 0, exhaustedAtMs: 0, waiters: [] };
       this.orgs.set(orgId, o);
-      this.askOrg(orgId, o);
-      return true;
     }
-    if (o.sliceMicros > 0) return true;
-    if (!o.granted) return true;
-    if (o.exhaustedAtMs > 0 && this.clock.now() - o.exhaustedAtMs >= EXHAUSTED_RETRY_MS) o.exhaustedAtMs = 0;
-    if (o.exhaustedAtMs === 0) this.askOrg(orgId, o);
-    return false;
+    return o;
   }
 
   /**
@@ -220,14 +455,15 @@ export class LeaseClient implements AllowanceSource {
     return this.orgs.get(orgId)?.sliceMicros;
   }
 
-  /** The real cost of a finished request replaces its reservation (0 for a request that never ran). */
+  /**
+   * The real cost of a finished request replaces its reservation (0 for a request that never ran).
+   * A request reserved on an earlier connection (or none) costs nothing here: its usage record carries
+   * that epoch and the control plane does not take it from this connection's slice either.
+   */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
-    const o = this.orgs.get(orgId);
-    if (!o || !this.connected) return;
-    // A reservation from an earlier connection was never taken from this slice; the cost still
-    // counts here, as the control plane counts its report against this connection.
-    const reserved = reservation && reservation.epoch === this.epoch ? reservation.micros : 0;
-    o.sliceMicros += reserved - costMicros;
+    if (!this.connected || !reservation || reservation.epoch !== this.epoch) return;
+    const o = this.orgFor(orgId);
+    o.sliceMicros += reservation.micros - costMicros;
     if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
     this.maybeAskOrg(orgId, o);
   }
@@ -237,32 +473,57 @@ export class LeaseClient implements AllowanceSource {
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
+    if (this.leaving) {
+      if (micros > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
+      return;
+    }
     const o = this.orgs.get(orgId);
     if (!o) return;
     o.pending = false;
-    o.granted = true;
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
-    if (exhausted || micros === 0) o.exhaustedAtMs = this.clock.now();
+    // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
+    o.exhaustedAtMs = exhausted ? Math.max(1, this.clock.now()) : 0;
+    wake(o);
     // Still low (requests ran while the grant was on its way): ask again at once.
-    else this.maybeAskOrg(orgId, o);
+    if (o.exhaustedAtMs === 0) this.maybeAskOrg(orgId, o);
   }
 
-  /** The organisation's state changed at the control plane (credit, cap, tier, config): ask afresh. */
+  /**
+   * The organisation's state changed at the control plane (credit, cap, tier, config): the slice is
+   * given back and asked for afresh, so a lowered cap binds now and a raised one unblocks now.
+   */
   orgChanged(orgId: string): void {
     const o = this.orgs.get(orgId);
-    if (!o) return;
+    if (!o || !this.connected) return;
     o.exhaustedAtMs = 0;
-    this.maybeAskOrg(orgId, o);
+    const micros = Math.max(0, o.sliceMicros);
+    if (micros > 0) {
+      o.sliceMicros -= micros;
+      this.orgReturns.push({ orgId, micros });
+    }
+    // A grant on its way was computed before the change: ask again once it is back.
+    o.pending = false;
+    this.askOrg(orgId, o);
   }
 
   private askOrg(orgId: string, o: OrgSlice): void {
-    if (o.pending) return;
+    if (this.leaving) return;
+    if (o.pending && !this.stale(o.askedAtMs)) return;
     o.pending = true;
-    // What the slice is short (requests admitted while the first slice was on its way) plus enough for
-    // a few of the organisation's most expensive requests; the control plane may give more.
+    o.askedAtMs = this.clock.now();
+    // What the slice is short plus enough for a few of the organisation's most expensive requests;
+    // the control plane may give more.
     this.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
     this.queueFlush();
+  }
+
+  /**
+   * A want the control plane never answered (it could not, or the answer was lost) must not leave a
+   * `pending` flag that blocks every later ask: after this long it is asked again.
+   */
+  private stale(askedAtMs: number): boolean {
+    return this.clock.now() - askedAtMs >= PENDING_STALE_MS;
   }
 
   // ── sending ───────────────────────────────────────────────────────────────
@@ -273,30 +534,64 @@ export class LeaseClient implements AllowanceSource {
     this.schedule(() => this.flush());
   }
 
-  /** Sends everything wanted as one LeaseRequest. */
-  flush(): void {
-    this.flushQueued = false;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0) return;
-    const req: LeaseRequestOut = { keys: [...this.wantKeys.values()], orgs: [...this.wantOrgs.values()] };
+  /** Sends everything wanted (and given back) as one LeaseRequest. */
+  flush(extra?: Pick<LeaseRequestOut, 'reclaimId' | 'keyReturns' | 'orgReturns'>): void {
+    if (!extra) this.flushQueued = false;
+    const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
+    const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
+    const announceLeaving = this.leaving && !this.leavingSent;
+    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
+    this.leavingSent = this.leaving;
+    const req: LeaseRequestOut = {
+      keys: [...this.wantKeys.values()],
+      orgs: [...this.wantOrgs.values()],
+      reclaimId: extra?.reclaimId ?? 0,
+      keyReturns,
+      orgReturns,
+      leaseEpoch: this.epoch,
+      leaving: this.leaving,
+    };
     this.wantKeys = new Map();
     this.wantOrgs = new Map();
+    this.keyReturns = [];
+    this.orgReturns = [];
     if (!this.send(req)) {
       // No connection: nothing is pending any more; the fallback applies until it is back.
       for (const w of req.keys) {
         const k = this.keys.get(w.keyId);
-        if (k) k.pending = false;
+        if (k) {
+          k.pending = false;
+          wake(k);
+        }
       }
       for (const w of req.orgs) {
         const o = this.orgs.get(w.orgId);
-        if (o) o.pending = false;
+        if (o) {
+          o.pending = false;
+          wake(o);
+        }
       }
     }
   }
 
   /** Drops key minutes older than `minMinute` (called now and then by the node). */
   prune(minMinute: number): void {
-    for (const [id, k] of this.keys) if (k.minute < minMinute) this.keys.delete(id);
+    for (const [id, k] of this.nextKeys) if (k.minute < minMinute) this.nextKeys.delete(id);
+    for (const [id, k] of this.keys) {
+      if (k.minute < minMinute) {
+        this.keys.delete(id);
+        this.lastNeedTokens.delete(id);
+        wake(k);
+      }
+    }
   }
+}
+
+function wake(holder: { waiters: Array<() => void> }): void {
+  const waiters = holder.waiters;
+  if (waiters.length === 0) return;
+  holder.waiters = [];
+  for (const w of waiters) w();
 }
 
 function finiteLimit(limit: number): number {

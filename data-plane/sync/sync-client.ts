@@ -6,9 +6,12 @@
 import { credentials, Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { SyncServiceClient, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../auth/key-table.js';
-import { minuteOf } from '../limits/clock.js';
+import { MINUTE_MS, minuteOf } from '../limits/clock.js';
 import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
 import type { Reporter } from './reporter.js';
+
+/** How long before the top of a minute the next minute's first lease chunks are asked for. */
+const PREFETCH_BEFORE_TOP_MS = 3000;
 
 export interface SyncClientOptions {
   address: string;
@@ -42,6 +45,7 @@ export class SyncClient {
   private retryTimer: NodeJS.Timeout | null = null;
   private lostLogged = false;
   private readonly pruneTimer: NodeJS.Timeout;
+  private readonly prefetchTimer: NodeJS.Timeout;
 
   constructor(private readonly opts: SyncClientOptions) {
     this.client = new SyncServiceClient(opts.address, credentials.createInsecure(), {
@@ -53,6 +57,11 @@ export class SyncClient {
     this.disconnectedSince = opts.now();
     this.pruneTimer = setInterval(() => opts.leases?.prune(minuteOf(opts.now()) - 1), 30_000);
     this.pruneTimer.unref();
+    // In the last seconds of a minute, lease the next minute's first chunks for the keys in use.
+    this.prefetchTimer = setInterval(() => {
+      if (MINUTE_MS - (opts.now() % MINUTE_MS) <= PREFETCH_BEFORE_TOP_MS) opts.leases?.prefetchNextMinute();
+    }, 1000);
+    this.prefetchTimer.unref();
   }
 
   /** Sends a LeaseRequest on the current stream; false when there is none. */
@@ -67,8 +76,11 @@ export class SyncClient {
   }
 
   stop(): void {
+    // Unused allowance goes back before the stream closes, so the other nodes can use it this minute.
+    this.opts.leases?.giveBackAll();
     this.stopped = true;
     clearInterval(this.pruneTimer);
+    clearInterval(this.prefetchTimer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.opts.reporter.detach();
     if (this.call) this.call.cancel();
@@ -139,10 +151,13 @@ export class SyncClient {
     } else if (msg.reportAck) {
       this.opts.reporter.ack(msg.reportAck.seq);
     } else if (msg.leaseGrant && leases) {
-      for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k.keyId, k.minute, k.requests, k.tokens);
+      for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
+      for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
     } else if (msg.roster && leases) {
-      leases.setConnectedNodes(msg.roster.connectedNodes);
+      leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
+    } else if (msg.leaseReclaim && leases) {
+      leases.onReclaim(msg.leaseReclaim);
     }
   }
 

@@ -1,17 +1,17 @@
-// The one rule both sides of the lease protocol must agree on (design.md, "Money and limits across
-// nodes"): how much of a key's minute budget a node may use before it has asked for anything.
+// The rules both sides of the lease protocol must agree on (design.md, "Money and limits across
+// nodes"): how much of a key's minute budget a node may use before it has asked for anything, and
+// how much it asks for at a time.
 //
-// With one node connected it is the whole budget, so a single node is exact without a round trip.
-// With n > 1 each node starts a minute with floor(limit / 2n) and leases the rest from the control
-// plane in chunks; the control plane reserves the cold share of every connected node that has not yet
-// told it what it holds, so the sum of everything admitted in a minute stays within the limit.
+// A lone node holds the whole budget, so a single node is exact without a round trip. With n > 1 a
+// node holds nothing it did not lease: no idle node sits on a cold share another node could use.
+// When the nodes go from one to several, the control plane asks the former lone node what it holds
+// (a reclaim for all keys) before it leases anything of that key's minute to another node.
 export function coldShare(limit: number, connectedNodes: number): number {
   if (limit <= 0) return 0;
-  if (connectedNodes <= 1) return limit;
-  return Math.floor(limit / (2 * connectedNodes));
+  return connectedNodes <= 1 ? limit : 0;
 }
 
-/** The chunk a node asks for when it runs low on a key's minute budget. */
+/** The chunk a node asks for at a time (and prefetches when what it holds runs low). */
 export function leaseChunk(limit: number, connectedNodes: number): number {
   return Math.max(1, Math.ceil(limit / (4 * Math.max(1, connectedNodes))));
 }

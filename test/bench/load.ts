@@ -36,3 +36,74 @@ export async function load(url: string, headers: Record<string, string>, body: s
   await pool.close();
   return { ok, other, rps: ok / secs };
 }
+
+export interface CountResult {
+  ok: number;
+  other: number;
+  /** Status → count of the answers that were not 200. */
+  statuses: Record<number, number>;
+  /** retry-after values seen on 429s. */
+  retryAfter: Record<string, number>;
+}
+
+/** Sends exactly `count` chat completions over `connections` workers (IP spread as in `load`). */
+export async function sendCount(url: string, headers: Record<string, string>, body: string, count: number, connections: number, ipBase = 0): Promise<CountResult> {
+  const pool = new Pool(url, { connections, pipelining: 1 });
+  const r: CountResult = { ok: 0, other: 0, statuses: {}, retryAfter: {} };
+  let sent = 0;
+  const worker = async () => {
+    while (sent < count) {
+      const ip = ipBase + ++sent;
+      const res = await pool.request({
+        path: '/v1/chat/completions',
+        method: 'POST',
+        headers: { ...headers, 'content-type': 'application/json', 'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}` },
+        body,
+      });
+      await res.body.dump();
+      if (res.statusCode === 200) r.ok++;
+      else {
+        r.other++;
+        r.statuses[res.statusCode] = (r.statuses[res.statusCode] ?? 0) + 1;
+        const ra = String(res.headers['retry-after'] ?? '');
+        r.retryAfter[ra] = (r.retryAfter[ra] ?? 0) + 1;
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(connections, count) }, worker));
+  await pool.close();
+  return r;
+}
+
+/** Sends `count` chat completions one after another, one every `intervalMs` (a steady client). */
+export async function sendPaced(url: string, headers: Record<string, string>, body: string, count: number, intervalMs: number, ipBase = 0): Promise<CountResult> {
+  const pool = new Pool(url, { connections: 4, pipelining: 1 });
+  const r: CountResult = { ok: 0, other: 0, statuses: {}, retryAfter: {} };
+  const t0 = Date.now();
+  const pending: Promise<void>[] = [];
+  for (let i = 0; i < count; i++) {
+    const wait = t0 + i * intervalMs - Date.now();
+    if (wait > 0) await new Promise((res) => setTimeout(res, wait));
+    const ip = ipBase + i + 1;
+    pending.push(
+      pool
+        .request({
+          path: '/v1/chat/completions',
+          method: 'POST',
+          headers: { ...headers, 'content-type': 'application/json', 'x-forwarded-for': `10.${(ip >> 16) & 255}.${(ip >> 8) & 255}.${ip & 255}` },
+          body,
+        })
+        .then(async (res) => {
+          await res.body.dump();
+          if (res.statusCode === 200) r.ok++;
+          else {
+            r.other++;
+            r.statuses[res.statusCode] = (r.statuses[res.statusCode] ?? 0) + 1;
+          }
+        }),
+    );
+  }
+  await Promise.all(pending);
+  await pool.close();
+  return r;
+}

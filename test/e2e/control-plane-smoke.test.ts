@@ -172,6 +172,7 @@ test('console and sync over gRPC: hierarchy, snapshot, revoke with acks, reports
     costMicros: 5_000_000,
     atMs: Date.now(),
     minute: Math.floor(Date.now() / 60000),
+    leaseEpoch: 0,
   };
   node.send({ report: { seq: 1, usage: [usage], lastUsed: [] } });
   const blocked = await node.next((m) => !!m.delta?.changes.some((c) => c.orgUpsert?.orgId === org.id));
@@ -279,7 +280,7 @@ test('config reload: a lower cap blocks at once, a bad file is refused and the o
       usage: [
         {
           requestId: 'r1', keyId: created.apiKey.id, orgId: org.id, projectId: project.id, model: 'demo-chat', path: '/v1/chat/completions',
-          status: 200, promptTokens: 1, completionTokens: 1, costMicros: 1_000_000, atMs: Date.now(), minute: 0,
+          status: 200, promptTokens: 1, completionTokens: 1, costMicros: 1_000_000, atMs: Date.now(), minute: 0, leaseEpoch: 0,
         },
       ],
     },

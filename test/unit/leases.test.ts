@@ -2,72 +2,124 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
-import { KeyLeaseLedger, MoneyLeaseLedger } from '../../control-plane/sync/lease-ledger.js';
+import { KeyLeaseLedger, MoneyLeaseLedger, type KeyGrantResult } from '../../control-plane/sync/lease-ledger.js';
 import { LeaseClient, type LeaseRequestOut } from '../../data-plane/limits/lease-client.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
+import type { KeyLease, KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 
-test('cold share: a lone node holds the whole budget, n nodes a quarter-to-half share each', () => {
+test('cold share: a lone node holds the whole budget, several nodes hold nothing unasked', () => {
   const rows: Array<[number, number, number]> = [
     [20, 1, 20],
     [20, 0, 20],
-    [20, 2, 5],
-    [20, 3, 3],
-    [300, 3, 50],
-    [1, 2, 0],
-    [0, 3, 0],
+    [20, 2, 0],
+    [300, 3, 0],
+    [0, 1, 0],
   ];
   for (const [limit, n, want] of rows) assert.equal(coldShare(limit, n), want, `coldShare(${limit}, ${n})`);
-  assert.equal(leaseChunk(20, 3), 2);
-  assert.equal(leaseChunk(1, 5), 1);
+  const chunks: Array<[number, number, number]> = [
+    [300, 3, 25],
+    [20, 3, 2],
+    [1, 5, 1],
+    [60_000, 2, 7500],
+  ];
+  for (const [limit, n, want] of chunks) assert.equal(leaseChunk(limit, n), want, `leaseChunk(${limit}, ${n})`);
 });
 
-test('key pools never grant past the limit, reserving unregistered nodes\' cold shares', () => {
-  const ledger = new KeyLeaseLedger();
+function want(w: Partial<KeyLeaseWant>): KeyLeaseWant {
+  return { keyId: 'k', minute: 5, heldRequests: 0, heldTokens: 0, requests: 0, tokens: 0, needRequests: 0, needTokens: 0, ...w };
+}
+
+function granted(r: KeyGrantResult) {
+  assert.equal(r.kind, 'grant', JSON.stringify(r));
+  return (r as Extract<KeyGrantResult, { kind: 'grant' }>).grant;
+}
+
+test('key ledger: grants never pass the limit; a need that does not fit reclaims first, then is final', () => {
+  const l = new KeyLeaseLedger();
   const limits = { rpm: 20, tpm: 60_000 };
-  const cold = coldShare(20, 3);
-  // Node a registers its cold share and asks for 100: it gets 20 - 3 (its own) - 2*3 (b and c reserved).
-  const a = ledger.grant('a', { keyId: 'k', minute: 5, heldRequests: cold, heldTokens: 0, requests: 100, tokens: 0 }, limits, 3);
-  assert.equal(a.requests, 20 - cold - 2 * cold);
-  // b registers its cold share: nothing more is left.
-  const b = ledger.grant('b', { keyId: 'k', minute: 5, heldRequests: cold, heldTokens: 0, requests: 5, tokens: 0 }, limits, 3);
-  assert.equal(b.requests, 0);
-  // c too; the total held is exactly the limit.
-  const c = ledger.grant('c', { keyId: 'k', minute: 5, heldRequests: cold, heldTokens: 0, requests: 5, tokens: 0 }, limits, 3);
-  assert.equal(c.requests, 0);
-  assert.equal(cold * 3 + a.requests + b.requests + c.requests, 20);
-  // Another minute is another pool.
-  const next = ledger.grant('a', { keyId: 'k', minute: 6, heldRequests: cold, heldTokens: 0, requests: 2, tokens: 0 }, limits, 3);
-  assert.equal(next.requests, 2);
-  // Old minutes are pruned as time moves on.
-  ledger.grant('a', { keyId: 'k', minute: 9, heldRequests: 0, heldTokens: 0, requests: 1, tokens: 0 }, limits, 3);
-  assert.equal(ledger.size, 1);
+  // Rows: [conn, want, expected result]
+  const g1 = granted(l.grant('a', want({ requests: 8 }), limits));
+  assert.deepEqual([g1.requests, g1.freeRequests, g1.finalRequests], [8, 12, false]);
+  const g2 = granted(l.grant('b', want({ requests: 8 }), limits));
+  assert.deepEqual([g2.requests, g2.freeRequests], [8, 4]);
+  // c asks 8 and needs 1: 4 are free, so it gets 4 without a reclaim.
+  const g3 = granted(l.grant('c', want({ requests: 8, needRequests: 1 }), limits));
+  assert.deepEqual([g3.requests, g3.freeRequests], [4, 0]);
+  // c needs 1 more: nothing free, a and b hold some: reclaim from them.
+  assert.deepEqual(l.grant('c', want({ requests: 8, needRequests: 1 }), limits), { kind: 'reclaim', from: ['a', 'b'] });
+  // a had used 6 of its 8 and gives 2 back; b used all 8 and gives 0.
+  l.applyReturn('a', { keyId: 'k', minute: 5, requests: 2, tokens: 0, heldRequests: 6, heldTokens: 0 });
+  l.applyReturn('b', { keyId: 'k', minute: 5, requests: 0, tokens: 0, heldRequests: 8, heldTokens: 0 });
+  const g4 = granted(l.grant('c', want({ requests: 8, needRequests: 1 }), limits, [], true));
+  assert.deepEqual([g4.requests, g4.finalRequests, g4.freeRequests], [2, false, 0]);
+  // Now everything is used or held by c: the next need is final.
+  const g5 = granted(l.grant('c', want({ requests: 8, needRequests: 1 }), limits, [], true));
+  assert.deepEqual([g5.requests, g5.finalRequests], [0, true]);
+  assert.equal(6 + 8 + 4 + 2, 20, 'held in total: exactly the limit');
 });
 
-test('after a control-plane restart the pools are rebuilt from what nodes say they hold', () => {
-  const ledger = new KeyLeaseLedger();
-  const limits = { rpm: 20, tpm: 60_000 };
-  const g = ledger.grant('a2', { keyId: 'k', minute: 1, heldRequests: 15, heldTokens: 0, requests: 10, tokens: 0 }, limits, 1);
+test('key ledger: a 50,000-token need on a 60,000 tpm key is served whole once others give back', () => {
+  const l = new KeyLeaseLedger();
+  const limits = { rpm: 300, tpm: 60_000 };
+  granted(l.grant('a', want({ tokens: 7500 }), limits));
+  granted(l.grant('b', want({ tokens: 7500 }), limits));
+  // 45,000 free: b needs 50,000 more. a holds 7,500 it has not used.
+  assert.deepEqual(l.grant('b', want({ tokens: 7500, needTokens: 50_000 }), limits), { kind: 'reclaim', from: ['a'] });
+  l.applyReturn('a', { keyId: 'k', minute: 5, requests: 0, tokens: 7400, heldRequests: 0, heldTokens: 100 });
+  const g = granted(l.grant('b', want({ tokens: 7500, needTokens: 50_000 }), limits, [], true));
+  assert.deepEqual([g.tokens, g.finalTokens, g.freeTokens], [50_000, false, 2400]);
+  // A need that the key's limit could never hold is final without a reclaim when nobody else holds any.
+  const l2 = new KeyLeaseLedger();
+  const big = granted(l2.grant('a', want({ needTokens: 70_000 }), limits));
+  assert.deepEqual([big.tokens, big.finalTokens], [0, true]);
+});
+
+test('key ledger: a former lone node is asked what it holds before its key minutes are leased to others', () => {
+  const l = new KeyLeaseLedger();
+  const limits = { rpm: 300, tpm: 1_000_000 };
+  // b joins while a (which was alone and holds whole budgets unasked) has not answered its reclaim.
+  assert.deepEqual(l.grant('b', want({ requests: 25, needRequests: 1 }), limits, ['a']), { kind: 'reclaim', from: ['a'] });
+  // a answers: it used 200 of the 300 it held and gives 100 back. Unregistered, so it registers at 200.
+  l.applyReturn('a', { keyId: 'k', minute: 5, requests: 100, tokens: 0, heldRequests: 200, heldTokens: 0 });
+  const g = granted(l.grant('b', want({ requests: 25, needRequests: 1 }), limits, ['a']));
+  assert.deepEqual([g.requests, g.freeRequests], [25, 75]);
+  // Pools of other minutes are separate and pruned as time moves on.
+  granted(l.grant('a', want({ minute: 9, requests: 1 }), limits));
+  assert.equal(l.size, 1);
+});
+
+test('key ledger: after a control-plane restart the pools are rebuilt from what nodes say they hold', () => {
+  const l = new KeyLeaseLedger();
+  const g = granted(l.grant('a2', want({ minute: 1, heldRequests: 15, requests: 10 }), { rpm: 20, tpm: 60_000 }));
   assert.equal(g.requests, 5);
 });
 
-test('money slices: never more than what is spendable minus outstanding slices; usage and disconnects release', () => {
+test('money ledger: slices never pass what is spendable; debts count once; nothing left reclaims first', () => {
   const m = new MoneyLeaseLedger();
-  assert.equal(new MoneyLeaseLedger().grant('x', 'org', 5_000_000, 1), 5_000_000, 'a lone node gets everything');
-  const first = m.grant('a', 'org', 5_000_000, 2);
-  assert.equal(first, 1_250_000);
-  const second = m.grant('b', 'org', 5_000_000, 2);
-  assert.equal(second, Math.floor((5_000_000 - 1_250_000) / 4));
-  assert.equal(m.outstandingFor('org'), first + second);
-  // a reports 1.0 USD of usage; the ledger's spend goes up by the same amount at the same time.
-  m.consume('a', 'org', 1_000_000);
-  assert.equal(m.outstandingFor('org'), first + second - 1_000_000);
-  // Nothing left: 0.
-  assert.equal(m.grant('a', 'org', first + second - 1_000_000, 2), 0);
-  // Small remainders go whole.
-  m.dropConnection('a');
-  m.dropConnection('b');
-  assert.equal(m.outstandingFor('org'), 0);
-  assert.equal(m.grant('c', 'org', 8_000, 3), 8_000);
+  const grant = (conn: string, spendable: number, n: number, wantMicros = 0, after = false) => m.grant(conn, 'org', spendable, n, wantMicros, after);
+  assert.deepEqual(new MoneyLeaseLedger().grant('x', 'org', 5_000_000, 1), { kind: 'grant', micros: 5_000_000 }, 'a lone node gets everything');
+  assert.deepEqual(grant('a', 5_000_000, 2), { kind: 'grant', micros: 1_250_000 });
+  assert.deepEqual(grant('b', 5_000_000, 2), { kind: 'grant', micros: Math.floor(3_750_000 / 4) });
+  // a reports 1.5 USD: 0.25 past its slice (requests in flight cost more than their estimate).
+  m.consume('a', 'org', 1_500_000);
+  assert.equal(m.balanceOf('a', 'org'), -250_000);
+  assert.equal(m.outstandingFor('org'), 937_500, 'a debt is already in the spend: only positive balances are outstanding');
+  // The next grant to a covers its debt first, exactly as the node's slice does.
+  const g = grant('a', 3_500_000, 2, 250_000);
+  assert.equal(g.kind, 'grant');
+  assert.equal(m.balanceOf('a', 'org'), (g as { micros: number }).micros - 250_000);
+  // When nothing is leasable but another node holds an unused slice, it is reclaimed first.
+  const m2 = new MoneyLeaseLedger();
+  m2.grant('lone', 'org', 1_000_000, 1);
+  assert.deepEqual(m2.grant('joiner', 'org', 1_000_000, 2), { kind: 'reclaim', from: ['lone'] });
+  m2.giveBack('lone', 'org', 900_000);
+  assert.deepEqual(m2.grant('joiner', 'org', 1_000_000, 2, 0, true), { kind: 'grant', micros: 225_000 });
+  // Nothing spendable at all: 0, no reclaim.
+  assert.deepEqual(m2.grant('joiner', 'org', 0, 2), { kind: 'grant', micros: 0 });
+  // A closed connection's balances are released.
+  m2.dropConnection('lone');
+  m2.dropConnection('joiner');
+  assert.equal(m2.outstandingFor('org'), 0);
 });
 
 function client(nodes: number) {
@@ -80,60 +132,201 @@ function client(nodes: number) {
 
 const limits = { keyId: 'k', rpmLimit: 20, tpmLimit: 60_000, maxParallel: 100 };
 
-test('lease client: a lone node holds the whole minute and asks nothing', () => {
+function lease(g: Partial<KeyLease>): KeyLease {
+  return { keyId: 'k', minute: 100, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0, ...g };
+}
+
+test('lease client: a lone node holds whole minutes from the minute after it became alone, and asks nothing', () => {
   const { lc, sent } = client(1);
-  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 20, tokens: 60_000, requestsFinal: false, tokensFinal: false });
-  lc.noteUsage('k', 100, 19, 100);
+  const a = lc.allowanceFor('k', 101, limits);
+  assert.deepEqual([a.requests, a.tokens], [20, 60_000]);
+  lc.noteUsage('k', 101, 19, 100);
   assert.equal(sent.length, 0);
 });
 
-test('lease client: with three nodes it starts on its cold share, asks at once, and tops up when low', () => {
+test('lease client: a node left alone mid-minute leases that minute (others may have used it)', () => {
+  // Before: a survivor of a killed node took the whole budget of the current minute unasked and
+  // admitted past the limit what the dead node had already used.
   const { lc, sent } = client(3);
-  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 3, tokens: 10_000, requestsFinal: false, tokensFinal: false });
+  lc.setConnectedNodes(1);
+  const a = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([a.requests, a.tokens], [0, 0]);
+  assert.equal(sent.length, 1, 'it asks the control plane, which knows what the others held');
+  assert.equal(lc.allowanceFor('other', 101, { ...limits, keyId: 'other' }).requests, 20, 'the next minute is whole');
+  // Alone with nobody else connected lately (the control plane says so): the current minute is whole.
+  const quiet = client(2).lc;
+  quiet.setConnected(false);
+  quiet.setConnected(true);
+  quiet.setConnectedNodes(1, true);
+  assert.equal(quiet.allowanceFor('k', 100, limits).requests, 20);
+});
+
+test('lease client: with several nodes it holds nothing unasked, prefetches chunks, and wakes waiters on a grant', () => {
+  const { lc, sent } = client(3);
+  const a = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([a.requests, a.tokens], [0, 0]);
+  assert.equal(sent.length, 1, 'the first touch of a minute asks for a chunk');
+  assert.deepEqual(sent[0].keys[0], { keyId: 'k', minute: 100, heldRequests: 0, heldTokens: 0, requests: 2, tokens: 5000, needRequests: 0, needTokens: 0 });
+  // A request waits while the chunk is on its way; asking again is not needed.
+  let woken = 0;
+  assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => woken++), true);
   assert.equal(sent.length, 1);
-  assert.deepEqual(sent[0].keys[0], { keyId: 'k', minute: 100, heldRequests: 3, heldTokens: 10_000, requests: 2, tokens: 5000 });
-  lc.applyKeyGrant('k', 100, 2, 5000);
-  assert.deepEqual(lc.allowanceFor('k', 100, limits), { requests: 5, tokens: 15_000, requestsFinal: false, tokensFinal: false });
-  lc.noteUsage('k', 100, 4, 100);
-  assert.equal(sent.length, 2, 'one request left of 5: ask for the next chunk');
-  lc.applyKeyGrant('k', 100, 0, 0);
-  lc.noteUsage('k', 100, 5, 100);
-  assert.equal(sent.length, 2, 'an exhausted pool is not asked again this minute');
-  assert.equal(lc.allowanceFor('k', 100, limits).requestsFinal, true, 'refusals now wait for the top of the minute');
+  lc.applyKeyGrant(lease({ requests: 2, tokens: 5000, freeRequests: 18, freeTokens: 55_000 }));
+  assert.equal(woken, 1);
+  const b = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([b.requests, b.tokens, b.freeRequests], [2, 5000, 18]);
+  lc.noteUsage('k', 100, 2, 100);
+  assert.equal(sent.length, 2, 'nothing left of the chunk: the next one is asked for');
+  // The pool is spent after reclaiming: waiting is pointless, refusals count to the top of the minute.
+  lc.applyKeyGrant(lease({ finalRequests: true }));
+  assert.equal(lc.allowanceFor('k', 100, limits).requestsFinal, true);
+  assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => woken++), false);
   // Disconnected: the key's own limits apply locally.
   lc.setConnected(false);
   assert.equal(lc.allowanceFor('k', 100, limits).requests, Infinity);
 });
 
-test('lease client: money is admitted on slices, reserved while in flight, refused when nothing is left', () => {
+test('lease client: a reclaim is answered at once with what is held unused; stopping gives everything back', () => {
+  const { lc, sent } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 5, tokens: 15_000 }));
+  lc.noteUsage('k', 100, 3, 1000);
+  const before = sent.length;
+  lc.onReclaim({ id: 7, keys: [{ keyId: 'k', minute: 100 }, { keyId: 'other', minute: 100 }], allKeys: false, orgIds: [] });
+  const answer = sent[before];
+  assert.equal(answer.reclaimId, 7);
+  assert.deepEqual(answer.keyReturns, [
+    { keyId: 'k', minute: 100, requests: 2, tokens: 14_000, heldRequests: 3, heldTokens: 1000 },
+    { keyId: 'other', minute: 100, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 },
+  ]);
+  const a = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([a.requests, a.tokens], [3, 1000]);
+});
+
+test('lease client: a former lone node answers the all-keys reclaim with what it used of whole budgets', () => {
+  const { lc, sent } = client(1);
+  lc.allowanceFor('k', 101, limits);
+  lc.noteUsage('k', 101, 4, 400);
+  lc.setConnectedNodes(2);
+  lc.onReclaim({ id: 3, keys: [], allKeys: true, orgIds: [] });
+  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 101, requests: 16, tokens: 59_600, heldRequests: 4, heldTokens: 400 }]);
+});
+
+test('lease client: money waits for its first slice, reserves while in flight, refuses only when nothing is left', () => {
   const { lc, sent, clock } = client(2);
-  assert.equal(lc.canSpend('org'), true, 'the first request goes while the first slice is on its way');
+  assert.equal(lc.canSpend('org'), 'wait', 'no slice yet: the request waits for one');
   assert.deepEqual(sent.at(-1)!.orgs, [{ orgId: 'org', micros: 0 }]);
-  const first = lc.reserveSpend('org');
   lc.applyOrgGrant('org', 1000, false);
+  assert.equal(lc.canSpend('org'), 'yes');
+  const first = lc.reserveSpend('org');
   lc.settleSpend('org', first, 300);
-  assert.equal(sent.length, 1, '700 left of 1000: more than half the grant and twice the costliest request');
-  // The next request reserves the costliest seen (300): 400 left, at most 2 x 300: ask now, while it runs.
   const second = lc.reserveSpend('org');
   assert.deepEqual(second, { epoch: 1, micros: 300 });
-  assert.equal(sent.length, 2);
-  assert.deepEqual(sent.at(-1)!.orgs, [{ orgId: 'org', micros: 1200 }], 'asks for a few of its costliest requests');
+  assert.deepEqual(sent.at(-1)!.orgs, [{ orgId: 'org', micros: 1200 }], '400 left, at most twice the costliest: ask now');
   lc.applyOrgGrant('org', 0, true);
   lc.settleSpend('org', second, 500);
-  assert.equal(lc.canSpend('org'), true, '200 left');
+  assert.equal(lc.canSpend('org'), 'yes', '200 left');
   lc.settleSpend('org', lc.reserveSpend('org'), 500);
-  assert.equal(lc.canSpend('org'), false, 'spent and the control plane has nothing left');
+  assert.equal(lc.canSpend('org'), 'no', 'spent, and the control plane has nothing left');
   clock.advance(1000);
-  assert.equal(lc.canSpend('org'), false, 'asks again after the back-off, still refusing until a slice arrives');
-  assert.equal(sent.length, 3);
+  assert.equal(lc.canSpend('org'), 'wait', 'after the back-off it asks again');
   lc.applyOrgGrant('org', 5000, false);
-  assert.equal(lc.canSpend('org'), true);
-  // A reservation made on an earlier connection is not given back to the new slice.
-  const old = lc.reserveSpend('org');
-  lc.setConnected(false);
-  lc.setConnected(true, 2);
-  assert.equal(lc.canSpend('org'), true);
-  lc.applyOrgGrant('org', 1000, false);
-  lc.settleSpend('org', old, 400);
-  assert.equal(lc.canSpend('org'), true, '600 left of the new slice');
+  assert.equal(lc.sliceOf('org'), 4700, 'the debt of 300 is paid from the new slice, as the ledger does');
+});
+
+test('lease client: a funds change gives the slice back and asks afresh, even with a grant on its way', () => {
+  // Before: a node told "nothing left" kept its `pending` flag and old slice across a cap change, so
+  // a lowered cap did not bind and a raised one did not unblock it.
+  const { lc, sent } = client(2);
+  lc.canSpend('org');
+  lc.applyOrgGrant('org', 2_000_000, false);
+  lc.canSpend('org');
+  lc.orgChanged('org');
+  const out = sent.at(-1)!;
+  assert.deepEqual(out.orgReturns, [{ orgId: 'org', micros: 2_000_000 }]);
+  assert.deepEqual(out.orgs, [{ orgId: 'org', micros: 0 }]);
+  assert.equal(lc.canSpend('org'), 'wait');
+  // A reclaim of money returns the unused slice.
+  lc.applyOrgGrant('org', 100_000, false);
+  lc.onReclaim({ id: 9, keys: [], allKeys: false, orgIds: ['org'] });
+  assert.deepEqual(sent.at(-1)!.orgReturns, [{ orgId: 'org', micros: 100_000 }]);
+});
+
+test('lease client: a want the control plane never answered is asked again instead of blocking every later ask', () => {
+  // Before: a `pending` flag whose grant never came stayed true, and the node never asked again.
+  const { lc, sent, clock } = client(2);
+  lc.canSpend('org');
+  assert.equal(sent.length, 1);
+  assert.equal(lc.canSpend('org'), 'wait');
+  assert.equal(sent.length, 1, 'one want in flight at a time');
+  clock.advance(2000);
+  assert.equal(lc.canSpend('org'), 'wait');
+  assert.equal(sent.length, 2, 'unanswered for 2 s: asked again');
+  lc.allowanceFor('k', 100, limits);
+  const asked = sent.length;
+  assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => undefined), true);
+  assert.equal(sent.length, asked);
+  clock.advance(2000);
+  lc.waitForKey('k', 100, limits, 1, 0, () => undefined);
+  assert.equal(sent.length, asked + 1);
+  // A failed answer (nothing granted, not exhausted) is no refusal.
+  lc.applyOrgGrant('org', 0, false);
+  assert.equal(lc.canSpend('org'), 'wait');
+});
+
+test('lease client: shortly before the top of a minute it leases the next minute\'s first chunk for keys it used', () => {
+  const { lc, sent, clock } = client(3);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 2, tokens: 5000, freeRequests: 18, freeTokens: 55_000 }));
+  lc.noteUsage('k', 100, 1, 10);
+  lc.allowanceFor('idle', 100, { ...limits, keyId: 'idle' });
+  const before = sent.length;
+  clock.advance(58_000);
+  lc.prefetchNextMinute();
+  assert.equal(sent.length, before + 1);
+  assert.deepEqual(sent.at(-1)!.keys.map((w) => [w.keyId, w.minute, w.requests]), [['k', 101, 2]], 'only keys used this minute');
+  lc.applyKeyGrant(lease({ minute: 101, requests: 2, tokens: 5000, freeRequests: 16, freeTokens: 50_000 }));
+  clock.advance(2_000);
+  const a = lc.allowanceFor('k', 101, limits);
+  assert.deepEqual([a.requests, a.tokens], [2, 5000], 'the new minute starts with the prefetched chunk');
+});
+
+test('lease client: a stopping node gives everything back, says so, asks for nothing more and returns late grants', () => {
+  // Before: a prefetch granted after the node gave its leases back was lost with its connection.
+  const { lc, sent } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 3, tokens: 5000, freeRequests: 17, freeTokens: 55_000 }));
+  lc.noteUsage('k', 100, 1, 10);
+  lc.giveBackAll();
+  const bye = sent.at(-1)!;
+  assert.equal(bye.leaving, true);
+  assert.deepEqual(bye.keyReturns, [{ keyId: 'k', minute: 100, requests: 2, tokens: 4990, heldRequests: 1, heldTokens: 10 }]);
+  const count = sent.length;
+  lc.noteUsage('k', 100, 1, 10);
+  lc.applyKeyGrant(lease({ requests: 2, tokens: 0 }));
+  assert.equal(sent.length, count + 1);
+  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 100, requests: 2, tokens: 0, heldRequests: 0, heldTokens: 0 }]);
+  assert.deepEqual(sent.at(-1)!.keys, [], 'asks for nothing');
+});
+
+test('lease client: budget given back to a spent pool lifts "spent" and the headers\' view of what is free', () => {
+  const { lc } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ finalRequests: true, freeRequests: 0, freeTokens: 0 }));
+  assert.equal(lc.allowanceFor('k', 100, limits).requestsFinal, true);
+  lc.applyPoolFree('k', 100, 4, 1000);
+  const a = lc.allowanceFor('k', 100, limits);
+  assert.deepEqual([a.requestsFinal, a.freeRequests, a.freeTokens], [false, 4, 1000]);
+  assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => undefined), true, 'a request may wait for it again');
+});
+
+test('key ledger: what a pool has left, and who is in it', () => {
+  const l = new KeyLeaseLedger();
+  const limits = { rpm: 20, tpm: 60_000 };
+  granted(l.grant('a', want({ requests: 5, tokens: 100 }), limits));
+  granted(l.grant('b', want({ needRequests: 1 }), limits));
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 14, tokens: 59_900 });
+  assert.deepEqual(l.members('k', 5, 'a'), ['b']);
+  l.applyReturn('a', { keyId: 'k', minute: 5, requests: 3, tokens: 100, heldRequests: 2, heldTokens: 0 });
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 17, tokens: 60_000 });
 });

@@ -138,10 +138,11 @@ test('the 101st parallel request is refused and settle releases the slot', () =>
   clock.advance(5_000);
   const r = refused(kb.admit(key, 10));
   assert.equal(r.dimension, 'max_parallel_requests');
-  assert.equal(r.retryAfterSec, 1);
+  // Every gateway 429 counts to the top of the next clock minute (spec, Response headers).
+  assert.equal(r.retryAfterSec, 55);
   assert.equal(
     r.message,
-    'Rate limit reached for max parallel requests: 100/100 in flight; requests per minute (rpm): 100/300; tokens per minute (tpm): 1000/1000000. Retry after 1 s.',
+    'Rate limit reached for max parallel requests: 100/100 in flight; requests per minute (rpm): 100/300; tokens per minute (tpm): 1000/1000000. Retry after 55 s.',
   );
   assert.equal(kb.usage(key.keyId).inFlight, 100);
   tickets[0].settle(10);
@@ -281,12 +282,20 @@ test('an allowance source caps what this node admits per key and minute (lease s
   for (let i = 0; i < 5; i++) admitted(kb.admit(FREE, 10)).settle(20);
   const r = refused(kb.admit(FREE, 10));
   assert.equal(r.dimension, 'requests');
-  assert.equal(r.retryAfterSec, 1);
+  assert.equal(r.retryAfterSec, 60);
+  // Within the key's limits but out of this node's slice: what to lease before it fits.
+  assert.deepEqual(r.leaseShort, { requests: 1, tokens: 0 });
   assert.deepEqual(notes.at(-1), ['key_free', 0, 5, 100]);
   slices.set('key_free', { requests: 10, tokens: 120 });
   const t = refused(kb.admit(FREE, 21));
   assert.equal(t.dimension, 'tokens');
+  assert.deepEqual(t.leaseShort, { requests: 0, tokens: 1 });
   admitted(kb.admit(FREE, 20));
+  // The pool said it is spent across the cluster: nothing to wait for.
+  slices.set('key_free', { requests: 6, tokens: 1000, requestsFinal: true } as never);
+  const spent = refused(kb.admit(FREE, 1));
+  assert.equal(spent.leaseShort, undefined);
+  assert.equal(spent.headers.remainingRequests, 0, 'the headers say the minute is spent');
   // Without a slice the node admits nothing for that key.
   refused(kb.admit({ ...FREE, keyId: 'unleased' }, 1));
 });

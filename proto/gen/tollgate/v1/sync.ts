@@ -36,6 +36,7 @@ export interface ControlMessage {
   reportAck?: ReportAck | undefined;
   leaseGrant?: LeaseGrant | undefined;
   roster?: Roster | undefined;
+  leaseReclaim?: LeaseReclaim | undefined;
 }
 
 /**
@@ -44,6 +45,12 @@ export interface ControlMessage {
  */
 export interface Roster {
   connectedNodes: number;
+  /**
+   * With one node: true when no other node was connected in the last minute and a half, so the lone
+   * node may hold whole key budgets of the current minute at once; false when another node left
+   * recently (it may have used this minute's budgets): the lone node leases this minute as usual.
+   */
+  wholeNow: boolean;
 }
 
 export interface Hello {
@@ -190,6 +197,12 @@ export interface UsageRecord {
   atMs: number;
   /** The minute (ms since epoch / 60000) the request was admitted in. */
   minute: number;
+  /**
+   * The node's lease epoch (one per connection) whose money slice this cost was reserved from; 0:
+   * none. The control plane takes the cost from that connection's slice only if it is the current
+   * one, exactly as the node does, so both keep the same account of what the node holds.
+   */
+  leaseEpoch: number;
 }
 
 export interface LastUsed {
@@ -205,6 +218,51 @@ export interface ReportAck {
 export interface LeaseRequest {
   keys: KeyLeaseWant[];
   orgs: OrgLeaseWant[];
+  /** Non-zero: this request answers the LeaseReclaim with that id (its returns may be empty). */
+  reclaimId: number;
+  /** Unused allowance given back (answering a reclaim, or unasked, e.g. after a cap change). */
+  keyReturns: KeyLeaseReturn[];
+  orgReturns: OrgLeaseReturn[];
+  /** The node's current lease epoch (see UsageRecord.lease_epoch). */
+  leaseEpoch: number;
+  /**
+   * The node is stopping: it gave back everything unused and asks for nothing more; the control
+   * plane grants it nothing from now on (a grant already on its way is given back on arrival).
+   */
+  leaving: boolean;
+}
+
+/**
+ * The control plane asks a node to give back what it holds unused, so the pool can serve a node
+ * that is short (or so a node that joins gets a share of money a lone node leased).
+ */
+export interface LeaseReclaim {
+  id: number;
+  keys: KeyMinuteRef[];
+  /** Every key minute the node holds (it was the lone node and held whole budgets unasked). */
+  allKeys: boolean;
+  orgIds: string[];
+}
+
+export interface KeyMinuteRef {
+  keyId: string;
+  minute: number;
+}
+
+export interface KeyLeaseReturn {
+  keyId: string;
+  minute: number;
+  /** Given back. */
+  requests: number;
+  tokens: number;
+  /** What the node still holds after giving back (= what it used or reserved this minute). */
+  heldRequests: number;
+  heldTokens: number;
+}
+
+export interface OrgLeaseReturn {
+  orgId: string;
+  micros: number;
 }
 
 export interface KeyLeaseWant {
@@ -219,6 +277,12 @@ export interface KeyLeaseWant {
    */
   heldRequests: number;
   heldTokens: number;
+  /**
+   * The least that lets a waiting request in: when the pool has less free, the control plane
+   * reclaims unused allowance from the other nodes before it answers.
+   */
+  needRequests: number;
+  needTokens: number;
 }
 
 export interface OrgLeaseWant {
@@ -229,6 +293,19 @@ export interface OrgLeaseWant {
 export interface LeaseGrant {
   keys: KeyLease[];
   orgs: OrgLease[];
+  /**
+   * What key minute pools this node holds part of have left unleased, after a grant to another node
+   * (for the rate headers: what this node holds unused plus the pool's free is never more than the
+   * key really has left).
+   */
+  pools: KeyPoolFree[];
+}
+
+export interface KeyPoolFree {
+  keyId: string;
+  minute: number;
+  freeRequests: number;
+  freeTokens: number;
 }
 
 export interface KeyLease {
@@ -236,6 +313,15 @@ export interface KeyLease {
   minute: number;
   requests: number;
   tokens: number;
+  /**
+   * True when the key's minute pool cannot cover what was needed even after reclaiming: the key's
+   * budget is really spent across the cluster for this minute.
+   */
+  finalRequests: boolean;
+  finalTokens: boolean;
+  /** What the pool has left unleased after this grant (for the rate headers). */
+  freeRequests: number;
+  freeTokens: number;
 }
 
 export interface OrgLease {
@@ -390,7 +476,14 @@ export const NodeMessage: MessageFns<NodeMessage> = {
 };
 
 function createBaseControlMessage(): ControlMessage {
-  return { snapshot: undefined, delta: undefined, reportAck: undefined, leaseGrant: undefined, roster: undefined };
+  return {
+    snapshot: undefined,
+    delta: undefined,
+    reportAck: undefined,
+    leaseGrant: undefined,
+    roster: undefined,
+    leaseReclaim: undefined,
+  };
 }
 
 export const ControlMessage: MessageFns<ControlMessage> = {
@@ -409,6 +502,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.roster !== undefined) {
       Roster.encode(message.roster, writer.uint32(42).fork()).join();
+    }
+    if (message.leaseReclaim !== undefined) {
+      LeaseReclaim.encode(message.leaseReclaim, writer.uint32(50).fork()).join();
     }
     return writer;
   },
@@ -466,6 +562,14 @@ export const ControlMessage: MessageFns<ControlMessage> = {
             message.roster = Roster.decode(reader, reader.uint32());
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.leaseReclaim = LeaseReclaim.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -493,6 +597,11 @@ export const ControlMessage: MessageFns<ControlMessage> = {
         ? LeaseGrant.fromJSON(object.lease_grant)
         : undefined,
       roster: isSet(object.roster) ? Roster.fromJSON(object.roster) : undefined,
+      leaseReclaim: isSet(object.leaseReclaim)
+        ? LeaseReclaim.fromJSON(object.leaseReclaim)
+        : isSet(object.lease_reclaim)
+        ? LeaseReclaim.fromJSON(object.lease_reclaim)
+        : undefined,
     };
   },
 
@@ -512,6 +621,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.roster !== undefined) {
       obj.roster = Roster.toJSON(message.roster);
+    }
+    if (message.leaseReclaim !== undefined) {
+      obj.leaseReclaim = LeaseReclaim.toJSON(message.leaseReclaim);
     }
     return obj;
   },
@@ -534,18 +646,24 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     message.roster = (object.roster !== undefined && object.roster !== null)
       ? Roster.fromPartial(object.roster)
       : undefined;
+    message.leaseReclaim = (object.leaseReclaim !== undefined && object.leaseReclaim !== null)
+      ? LeaseReclaim.fromPartial(object.leaseReclaim)
+      : undefined;
     return message;
   },
 };
 
 function createBaseRoster(): Roster {
-  return { connectedNodes: 0 };
+  return { connectedNodes: 0, wholeNow: false };
 }
 
 export const Roster: MessageFns<Roster> = {
   encode(message: Roster, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.connectedNodes !== 0) {
       writer.uint32(8).int32(message.connectedNodes);
+    }
+    if (message.wholeNow !== false) {
+      writer.uint32(16).bool(message.wholeNow);
     }
     return writer;
   },
@@ -571,6 +689,14 @@ export const Roster: MessageFns<Roster> = {
             message.connectedNodes = reader.int32();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.wholeNow = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -590,6 +716,11 @@ export const Roster: MessageFns<Roster> = {
         : isSet(object.connected_nodes)
         ? globalThis.Number(object.connected_nodes)
         : 0,
+      wholeNow: isSet(object.wholeNow)
+        ? globalThis.Boolean(object.wholeNow)
+        : isSet(object.whole_now)
+        ? globalThis.Boolean(object.whole_now)
+        : false,
     };
   },
 
@@ -597,6 +728,9 @@ export const Roster: MessageFns<Roster> = {
     const obj: any = {};
     if (message.connectedNodes !== 0) {
       obj.connectedNodes = Math.round(message.connectedNodes);
+    }
+    if (message.wholeNow !== false) {
+      obj.wholeNow = message.wholeNow;
     }
     return obj;
   },
@@ -607,6 +741,7 @@ export const Roster: MessageFns<Roster> = {
   fromPartial<I extends Exact<DeepPartial<Roster>, I>>(object: I): Roster {
     const message = createBaseRoster();
     message.connectedNodes = object.connectedNodes ?? 0;
+    message.wholeNow = object.wholeNow ?? false;
     return message;
   },
 };
@@ -2616,6 +2751,7 @@ function createBaseUsageRecord(): UsageRecord {
     costMicros: 0,
     atMs: 0,
     minute: 0,
+    leaseEpoch: 0,
   };
 }
 
@@ -2656,6 +2792,9 @@ export const UsageRecord: MessageFns<UsageRecord> = {
     }
     if (message.minute !== 0) {
       writer.uint32(96).int64(message.minute);
+    }
+    if (message.leaseEpoch !== 0) {
+      writer.uint32(104).int64(message.leaseEpoch);
     }
     return writer;
   },
@@ -2769,6 +2908,14 @@ export const UsageRecord: MessageFns<UsageRecord> = {
             message.minute = longToNumber(reader.int64());
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.leaseEpoch = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2827,6 +2974,11 @@ export const UsageRecord: MessageFns<UsageRecord> = {
         ? globalThis.Number(object.at_ms)
         : 0,
       minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      leaseEpoch: isSet(object.leaseEpoch)
+        ? globalThis.Number(object.leaseEpoch)
+        : isSet(object.lease_epoch)
+        ? globalThis.Number(object.lease_epoch)
+        : 0,
     };
   },
 
@@ -2868,6 +3020,9 @@ export const UsageRecord: MessageFns<UsageRecord> = {
     if (message.minute !== 0) {
       obj.minute = Math.round(message.minute);
     }
+    if (message.leaseEpoch !== 0) {
+      obj.leaseEpoch = Math.round(message.leaseEpoch);
+    }
     return obj;
   },
 
@@ -2888,6 +3043,7 @@ export const UsageRecord: MessageFns<UsageRecord> = {
     message.costMicros = object.costMicros ?? 0;
     message.atMs = object.atMs ?? 0;
     message.minute = object.minute ?? 0;
+    message.leaseEpoch = object.leaseEpoch ?? 0;
     return message;
   },
 };
@@ -3053,7 +3209,7 @@ export const ReportAck: MessageFns<ReportAck> = {
 };
 
 function createBaseLeaseRequest(): LeaseRequest {
-  return { keys: [], orgs: [] };
+  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 0, leaving: false };
 }
 
 export const LeaseRequest: MessageFns<LeaseRequest> = {
@@ -3063,6 +3219,21 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     for (const v of message.orgs) {
       OrgLeaseWant.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.reclaimId !== 0) {
+      writer.uint32(24).int64(message.reclaimId);
+    }
+    for (const v of message.keyReturns) {
+      KeyLeaseReturn.encode(v!, writer.uint32(34).fork()).join();
+    }
+    for (const v of message.orgReturns) {
+      OrgLeaseReturn.encode(v!, writer.uint32(42).fork()).join();
+    }
+    if (message.leaseEpoch !== 0) {
+      writer.uint32(48).int64(message.leaseEpoch);
+    }
+    if (message.leaving !== false) {
+      writer.uint32(56).bool(message.leaving);
     }
     return writer;
   },
@@ -3096,6 +3267,46 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.orgs.push(OrgLeaseWant.decode(reader, reader.uint32()));
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.reclaimId = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.keyReturns.push(KeyLeaseReturn.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.orgReturns.push(OrgLeaseReturn.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.leaseEpoch = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.leaving = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3112,6 +3323,27 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     return {
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyLeaseWant.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgLeaseWant.fromJSON(e)) : [],
+      reclaimId: isSet(object.reclaimId)
+        ? globalThis.Number(object.reclaimId)
+        : isSet(object.reclaim_id)
+        ? globalThis.Number(object.reclaim_id)
+        : 0,
+      keyReturns: globalThis.Array.isArray(object?.keyReturns)
+        ? object.keyReturns.map((e: any) => KeyLeaseReturn.fromJSON(e))
+        : globalThis.Array.isArray(object?.key_returns)
+        ? object.key_returns.map((e: any) => KeyLeaseReturn.fromJSON(e))
+        : [],
+      orgReturns: globalThis.Array.isArray(object?.orgReturns)
+        ? object.orgReturns.map((e: any) => OrgLeaseReturn.fromJSON(e))
+        : globalThis.Array.isArray(object?.org_returns)
+        ? object.org_returns.map((e: any) => OrgLeaseReturn.fromJSON(e))
+        : [],
+      leaseEpoch: isSet(object.leaseEpoch)
+        ? globalThis.Number(object.leaseEpoch)
+        : isSet(object.lease_epoch)
+        ? globalThis.Number(object.lease_epoch)
+        : 0,
+      leaving: isSet(object.leaving) ? globalThis.Boolean(object.leaving) : false,
     };
   },
 
@@ -3123,6 +3355,21 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.orgs?.length) {
       obj.orgs = message.orgs.map((e) => OrgLeaseWant.toJSON(e));
     }
+    if (message.reclaimId !== 0) {
+      obj.reclaimId = Math.round(message.reclaimId);
+    }
+    if (message.keyReturns?.length) {
+      obj.keyReturns = message.keyReturns.map((e) => KeyLeaseReturn.toJSON(e));
+    }
+    if (message.orgReturns?.length) {
+      obj.orgReturns = message.orgReturns.map((e) => OrgLeaseReturn.toJSON(e));
+    }
+    if (message.leaseEpoch !== 0) {
+      obj.leaseEpoch = Math.round(message.leaseEpoch);
+    }
+    if (message.leaving !== false) {
+      obj.leaving = message.leaving;
+    }
     return obj;
   },
 
@@ -3133,12 +3380,490 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     const message = createBaseLeaseRequest();
     message.keys = object.keys?.map((e) => KeyLeaseWant.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgLeaseWant.fromPartial(e)) || [];
+    message.reclaimId = object.reclaimId ?? 0;
+    message.keyReturns = object.keyReturns?.map((e) => KeyLeaseReturn.fromPartial(e)) || [];
+    message.orgReturns = object.orgReturns?.map((e) => OrgLeaseReturn.fromPartial(e)) || [];
+    message.leaseEpoch = object.leaseEpoch ?? 0;
+    message.leaving = object.leaving ?? false;
+    return message;
+  },
+};
+
+function createBaseLeaseReclaim(): LeaseReclaim {
+  return { id: 0, keys: [], allKeys: false, orgIds: [] };
+}
+
+export const LeaseReclaim: MessageFns<LeaseReclaim> = {
+  encode(message: LeaseReclaim, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== 0) {
+      writer.uint32(8).int64(message.id);
+    }
+    for (const v of message.keys) {
+      KeyMinuteRef.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.allKeys !== false) {
+      writer.uint32(24).bool(message.allKeys);
+    }
+    for (const v of message.orgIds) {
+      writer.uint32(34).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LeaseReclaim {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLeaseReclaim();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.id = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.keys.push(KeyMinuteRef.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.allKeys = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.orgIds.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): LeaseReclaim {
+    return {
+      id: isSet(object.id) ? globalThis.Number(object.id) : 0,
+      keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyMinuteRef.fromJSON(e)) : [],
+      allKeys: isSet(object.allKeys)
+        ? globalThis.Boolean(object.allKeys)
+        : isSet(object.all_keys)
+        ? globalThis.Boolean(object.all_keys)
+        : false,
+      orgIds: globalThis.Array.isArray(object?.orgIds)
+        ? object.orgIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.org_ids)
+        ? object.org_ids.map((e: any) => globalThis.String(e))
+        : [],
+    };
+  },
+
+  toJSON(message: LeaseReclaim): unknown {
+    const obj: any = {};
+    if (message.id !== 0) {
+      obj.id = Math.round(message.id);
+    }
+    if (message.keys?.length) {
+      obj.keys = message.keys.map((e) => KeyMinuteRef.toJSON(e));
+    }
+    if (message.allKeys !== false) {
+      obj.allKeys = message.allKeys;
+    }
+    if (message.orgIds?.length) {
+      obj.orgIds = message.orgIds;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<LeaseReclaim>, I>>(base?: I): LeaseReclaim {
+    return LeaseReclaim.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<LeaseReclaim>, I>>(object: I): LeaseReclaim {
+    const message = createBaseLeaseReclaim();
+    message.id = object.id ?? 0;
+    message.keys = object.keys?.map((e) => KeyMinuteRef.fromPartial(e)) || [];
+    message.allKeys = object.allKeys ?? false;
+    message.orgIds = object.orgIds?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseKeyMinuteRef(): KeyMinuteRef {
+  return { keyId: "", minute: 0 };
+}
+
+export const KeyMinuteRef: MessageFns<KeyMinuteRef> = {
+  encode(message: KeyMinuteRef, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyMinuteRef {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyMinuteRef();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyMinuteRef {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+    };
+  },
+
+  toJSON(message: KeyMinuteRef): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyMinuteRef>, I>>(base?: I): KeyMinuteRef {
+    return KeyMinuteRef.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyMinuteRef>, I>>(object: I): KeyMinuteRef {
+    const message = createBaseKeyMinuteRef();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    return message;
+  },
+};
+
+function createBaseKeyLeaseReturn(): KeyLeaseReturn {
+  return { keyId: "", minute: 0, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 };
+}
+
+export const KeyLeaseReturn: MessageFns<KeyLeaseReturn> = {
+  encode(message: KeyLeaseReturn, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(24).int64(message.requests);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(32).int64(message.tokens);
+    }
+    if (message.heldRequests !== 0) {
+      writer.uint32(40).int64(message.heldRequests);
+    }
+    if (message.heldTokens !== 0) {
+      writer.uint32(48).int64(message.heldTokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyLeaseReturn {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyLeaseReturn();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.tokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.heldRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.heldTokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyLeaseReturn {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+      heldRequests: isSet(object.heldRequests)
+        ? globalThis.Number(object.heldRequests)
+        : isSet(object.held_requests)
+        ? globalThis.Number(object.held_requests)
+        : 0,
+      heldTokens: isSet(object.heldTokens)
+        ? globalThis.Number(object.heldTokens)
+        : isSet(object.held_tokens)
+        ? globalThis.Number(object.held_tokens)
+        : 0,
+    };
+  },
+
+  toJSON(message: KeyLeaseReturn): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    if (message.heldRequests !== 0) {
+      obj.heldRequests = Math.round(message.heldRequests);
+    }
+    if (message.heldTokens !== 0) {
+      obj.heldTokens = Math.round(message.heldTokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyLeaseReturn>, I>>(base?: I): KeyLeaseReturn {
+    return KeyLeaseReturn.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyLeaseReturn>, I>>(object: I): KeyLeaseReturn {
+    const message = createBaseKeyLeaseReturn();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    message.requests = object.requests ?? 0;
+    message.tokens = object.tokens ?? 0;
+    message.heldRequests = object.heldRequests ?? 0;
+    message.heldTokens = object.heldTokens ?? 0;
+    return message;
+  },
+};
+
+function createBaseOrgLeaseReturn(): OrgLeaseReturn {
+  return { orgId: "", micros: 0 };
+}
+
+export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
+  encode(message: OrgLeaseReturn, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.orgId !== "") {
+      writer.uint32(10).string(message.orgId);
+    }
+    if (message.micros !== 0) {
+      writer.uint32(16).int64(message.micros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): OrgLeaseReturn {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseOrgLeaseReturn();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.micros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): OrgLeaseReturn {
+    return {
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      micros: isSet(object.micros) ? globalThis.Number(object.micros) : 0,
+    };
+  },
+
+  toJSON(message: OrgLeaseReturn): unknown {
+    const obj: any = {};
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.micros !== 0) {
+      obj.micros = Math.round(message.micros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<OrgLeaseReturn>, I>>(base?: I): OrgLeaseReturn {
+    return OrgLeaseReturn.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<OrgLeaseReturn>, I>>(object: I): OrgLeaseReturn {
+    const message = createBaseOrgLeaseReturn();
+    message.orgId = object.orgId ?? "";
+    message.micros = object.micros ?? 0;
     return message;
   },
 };
 
 function createBaseKeyLeaseWant(): KeyLeaseWant {
-  return { keyId: "", minute: 0, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 };
+  return {
+    keyId: "",
+    minute: 0,
+    requests: 0,
+    tokens: 0,
+    heldRequests: 0,
+    heldTokens: 0,
+    needRequests: 0,
+    needTokens: 0,
+  };
 }
 
 export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
@@ -3160,6 +3885,12 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
     }
     if (message.heldTokens !== 0) {
       writer.uint32(48).int64(message.heldTokens);
+    }
+    if (message.needRequests !== 0) {
+      writer.uint32(56).int64(message.needRequests);
+    }
+    if (message.needTokens !== 0) {
+      writer.uint32(64).int64(message.needTokens);
     }
     return writer;
   },
@@ -3225,6 +3956,22 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
             message.heldTokens = longToNumber(reader.int64());
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.needRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.needTokens = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3257,6 +4004,16 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
         : isSet(object.held_tokens)
         ? globalThis.Number(object.held_tokens)
         : 0,
+      needRequests: isSet(object.needRequests)
+        ? globalThis.Number(object.needRequests)
+        : isSet(object.need_requests)
+        ? globalThis.Number(object.need_requests)
+        : 0,
+      needTokens: isSet(object.needTokens)
+        ? globalThis.Number(object.needTokens)
+        : isSet(object.need_tokens)
+        ? globalThis.Number(object.need_tokens)
+        : 0,
     };
   },
 
@@ -3280,6 +4037,12 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
     if (message.heldTokens !== 0) {
       obj.heldTokens = Math.round(message.heldTokens);
     }
+    if (message.needRequests !== 0) {
+      obj.needRequests = Math.round(message.needRequests);
+    }
+    if (message.needTokens !== 0) {
+      obj.needTokens = Math.round(message.needTokens);
+    }
     return obj;
   },
 
@@ -3294,6 +4057,8 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
     message.tokens = object.tokens ?? 0;
     message.heldRequests = object.heldRequests ?? 0;
     message.heldTokens = object.heldTokens ?? 0;
+    message.needRequests = object.needRequests ?? 0;
+    message.needTokens = object.needTokens ?? 0;
     return message;
   },
 };
@@ -3388,7 +4153,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [] };
+  return { keys: [], orgs: [], pools: [] };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -3398,6 +4163,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     for (const v of message.orgs) {
       OrgLease.encode(v!, writer.uint32(18).fork()).join();
+    }
+    for (const v of message.pools) {
+      KeyPoolFree.encode(v!, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -3431,6 +4199,14 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.orgs.push(OrgLease.decode(reader, reader.uint32()));
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pools.push(KeyPoolFree.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3447,6 +4223,7 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     return {
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyLease.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgLease.fromJSON(e)) : [],
+      pools: globalThis.Array.isArray(object?.pools) ? object.pools.map((e: any) => KeyPoolFree.fromJSON(e)) : [],
     };
   },
 
@@ -3458,6 +4235,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.orgs?.length) {
       obj.orgs = message.orgs.map((e) => OrgLease.toJSON(e));
     }
+    if (message.pools?.length) {
+      obj.pools = message.pools.map((e) => KeyPoolFree.toJSON(e));
+    }
     return obj;
   },
 
@@ -3468,12 +4248,151 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     const message = createBaseLeaseGrant();
     message.keys = object.keys?.map((e) => KeyLease.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgLease.fromPartial(e)) || [];
+    message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseKeyPoolFree(): KeyPoolFree {
+  return { keyId: "", minute: 0, freeRequests: 0, freeTokens: 0 };
+}
+
+export const KeyPoolFree: MessageFns<KeyPoolFree> = {
+  encode(message: KeyPoolFree, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    if (message.freeRequests !== 0) {
+      writer.uint32(24).int64(message.freeRequests);
+    }
+    if (message.freeTokens !== 0) {
+      writer.uint32(32).int64(message.freeTokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyPoolFree {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyPoolFree();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.freeRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.freeTokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyPoolFree {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      freeRequests: isSet(object.freeRequests)
+        ? globalThis.Number(object.freeRequests)
+        : isSet(object.free_requests)
+        ? globalThis.Number(object.free_requests)
+        : 0,
+      freeTokens: isSet(object.freeTokens)
+        ? globalThis.Number(object.freeTokens)
+        : isSet(object.free_tokens)
+        ? globalThis.Number(object.free_tokens)
+        : 0,
+    };
+  },
+
+  toJSON(message: KeyPoolFree): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.freeRequests !== 0) {
+      obj.freeRequests = Math.round(message.freeRequests);
+    }
+    if (message.freeTokens !== 0) {
+      obj.freeTokens = Math.round(message.freeTokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyPoolFree>, I>>(base?: I): KeyPoolFree {
+    return KeyPoolFree.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyPoolFree>, I>>(object: I): KeyPoolFree {
+    const message = createBaseKeyPoolFree();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    message.freeRequests = object.freeRequests ?? 0;
+    message.freeTokens = object.freeTokens ?? 0;
     return message;
   },
 };
 
 function createBaseKeyLease(): KeyLease {
-  return { keyId: "", minute: 0, requests: 0, tokens: 0 };
+  return {
+    keyId: "",
+    minute: 0,
+    requests: 0,
+    tokens: 0,
+    finalRequests: false,
+    finalTokens: false,
+    freeRequests: 0,
+    freeTokens: 0,
+  };
 }
 
 export const KeyLease: MessageFns<KeyLease> = {
@@ -3489,6 +4408,18 @@ export const KeyLease: MessageFns<KeyLease> = {
     }
     if (message.tokens !== 0) {
       writer.uint32(32).int64(message.tokens);
+    }
+    if (message.finalRequests !== false) {
+      writer.uint32(40).bool(message.finalRequests);
+    }
+    if (message.finalTokens !== false) {
+      writer.uint32(48).bool(message.finalTokens);
+    }
+    if (message.freeRequests !== 0) {
+      writer.uint32(56).int64(message.freeRequests);
+    }
+    if (message.freeTokens !== 0) {
+      writer.uint32(64).int64(message.freeTokens);
     }
     return writer;
   },
@@ -3538,6 +4469,38 @@ export const KeyLease: MessageFns<KeyLease> = {
             message.tokens = longToNumber(reader.int64());
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.finalRequests = reader.bool();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.finalTokens = reader.bool();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.freeRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.freeTokens = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3560,6 +4523,26 @@ export const KeyLease: MessageFns<KeyLease> = {
       minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
       requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
       tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+      finalRequests: isSet(object.finalRequests)
+        ? globalThis.Boolean(object.finalRequests)
+        : isSet(object.final_requests)
+        ? globalThis.Boolean(object.final_requests)
+        : false,
+      finalTokens: isSet(object.finalTokens)
+        ? globalThis.Boolean(object.finalTokens)
+        : isSet(object.final_tokens)
+        ? globalThis.Boolean(object.final_tokens)
+        : false,
+      freeRequests: isSet(object.freeRequests)
+        ? globalThis.Number(object.freeRequests)
+        : isSet(object.free_requests)
+        ? globalThis.Number(object.free_requests)
+        : 0,
+      freeTokens: isSet(object.freeTokens)
+        ? globalThis.Number(object.freeTokens)
+        : isSet(object.free_tokens)
+        ? globalThis.Number(object.free_tokens)
+        : 0,
     };
   },
 
@@ -3577,6 +4560,18 @@ export const KeyLease: MessageFns<KeyLease> = {
     if (message.tokens !== 0) {
       obj.tokens = Math.round(message.tokens);
     }
+    if (message.finalRequests !== false) {
+      obj.finalRequests = message.finalRequests;
+    }
+    if (message.finalTokens !== false) {
+      obj.finalTokens = message.finalTokens;
+    }
+    if (message.freeRequests !== 0) {
+      obj.freeRequests = Math.round(message.freeRequests);
+    }
+    if (message.freeTokens !== 0) {
+      obj.freeTokens = Math.round(message.freeTokens);
+    }
     return obj;
   },
 
@@ -3589,6 +4584,10 @@ export const KeyLease: MessageFns<KeyLease> = {
     message.minute = object.minute ?? 0;
     message.requests = object.requests ?? 0;
     message.tokens = object.tokens ?? 0;
+    message.finalRequests = object.finalRequests ?? false;
+    message.finalTokens = object.finalTokens ?? false;
+    message.freeRequests = object.freeRequests ?? 0;
+    message.freeTokens = object.freeTokens ?? 0;
     return message;
   },
 };

@@ -1,0 +1,185 @@
+// Admission of a request of a known key (design.md, "Money and limits across nodes"): the
+// organisation's money slice and the key budgets. When the request is within the key's limits but this
+// node's lease is short, or the organisation's money slice is on its way, the request waits (at most
+// LEASE_WAIT_MS) while the node asks the control plane (which reclaims unused allowance from the other
+// nodes before it says a minute or the money is spent), then is admitted or refused. The common case
+// is synchronous. A waiting request never touches its response once the client went away (Reply.done).
+import { GatewayError } from '../errors.js';
+import type { KeyRecord } from '../auth/key-table.js';
+import { minuteOf, type Clock } from '../limits/clock.js';
+import { rateHeaderPairs, type KeyBudgets, type Ticket } from '../limits/key-budgets.js';
+import type { LeaseClient } from '../limits/lease-client.js';
+import type { ErrorShape } from './error-shapes.js';
+import { logBug, type Reply } from './reply.js';
+import type { RequestContext } from './request-context.js';
+
+/**
+ * The longest a request short of this node's lease waits for the control plane's answer (which
+ * includes reclaiming unused allowance from other nodes) before it is refused.
+ */
+export const LEASE_WAIT_MS = 250;
+
+export interface AdmissionDeps {
+  clock: Clock;
+  keyBudgets: KeyBudgets;
+  leases?: LeaseClient;
+}
+
+export class Admission {
+  /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
+  readonly waits = new WaitStats();
+
+  constructor(
+    private readonly deps: AdmissionDeps,
+    private readonly newContext: (key: KeyRecord, path: string, ticket: Ticket, minute: number) => RequestContext,
+  ) {}
+
+  /**
+   * Admission that may wait (design.md, "Money and limits across nodes"): when the request is within
+   * the key's limits but this node's lease is short, or the organisation's money slice is on its way,
+   * the request waits (at most LEASE_WAIT_MS) while the node asks the control plane, then is admitted
+   * or refused. The common case is synchronous: `then` runs before this returns. `then(null)`: the
+   * request was refused (answered) or the client went away; nothing was consumed.
+   */
+  admitOrWait(
+    reply: Reply,
+    key: KeyRecord,
+    path: string,
+    estimatedTokens: number,
+    then: (ctx: RequestContext | null) => void,
+    closeIfRefused: () => boolean = () => false,
+    familyShape: ErrorShape = 'A',
+  ): void {
+    const deps = this.deps;
+    const leases = deps.leases;
+    const started = performance.now();
+    let finished = false;
+    let waited = false;
+    let timer: NodeJS.Timeout | null = null;
+    const finish = (ctx: RequestContext | null) => {
+      finished = true;
+      if (timer) clearTimeout(timer);
+      leases?.cancelKeyWait(key.keyId, wake);
+      leases?.cancelOrgWait(key.orgId, wake);
+      if (waited) this.waits.note(performance.now() - started, ctx !== null);
+      then(ctx);
+    };
+    const attempt = (lastTry: boolean) => {
+      if (finished) return;
+      try {
+        // The client went away while the request waited: nothing was taken, nothing to answer.
+        if (reply.done) return finish(null);
+        const spend = leases?.canSpend(key.orgId) ?? 'yes';
+        if (spend === 'no') {
+          reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape, closeIfRefused());
+          return finish(null);
+        }
+        // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
+        if (spend === 'wait' && !lastTry && leases!.waitForOrg(key.orgId, wake)) return park();
+        const now = deps.clock.now();
+        const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
+        reply.extraHeaders = rateHeaderPairs(a.headers);
+        if (a.ok) {
+          const ctx = this.newContext(key, path, a.ticket, minuteOf(now));
+          ctx.spend = leases?.reserveSpend(key.orgId);
+          ctx.attach(reply);
+          return finish(ctx);
+        }
+        if (a.leaseShort && !lastTry && leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, wake)) return park();
+        reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A', closeIfRefused());
+        finish(null);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e, 'A');
+        if (!finished) finish(null);
+      }
+    };
+    function wake(): void {
+      // Woken from inside the sync client's message handler: continue on a fresh tick.
+      setImmediate(() => attempt(false));
+    }
+    const park = () => {
+      waited = true;
+      timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+    };
+    attempt(false);
+  }
+
+  /** The token estimate of an admitted request, waiting (bounded) for a lease like admitOrWait. */
+  reserveOrWait(ctx: RequestContext, reply: Reply, key: KeyRecord, estimate: number, then: (ok: boolean) => void): void {
+    const deps = this.deps;
+    const started = performance.now();
+    let timer: NodeJS.Timeout | null = null;
+    let finished = false;
+    let waited = false;
+    const finish = (ok: boolean) => {
+      finished = true;
+      if (timer) clearTimeout(timer);
+      deps.leases?.cancelKeyWait(key.keyId, wake);
+      if (waited) this.waits.note(performance.now() - started, ok);
+      then(ok);
+    };
+    const attempt = (lastTry: boolean) => {
+      if (finished) return;
+      try {
+        if (reply.done) return finish(false);
+        const refusal = ctx.ticket.reserveTokens(estimate);
+        if (!refusal) return finish(true);
+        if (refusal.leaseShort && !lastTry && deps.leases?.waitForKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, wake)) {
+          waited = true;
+          timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+          return;
+        }
+        ctx.refuse();
+        reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
+        finish(false);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e, 'A');
+        if (!finished) finish(false);
+      }
+    };
+    function wake(): void {
+      setImmediate(() => attempt(false));
+    }
+    attempt(false);
+  }
+}
+
+export function blockedMessage(reason: string): string {
+  if (reason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; requests are refused until next month or until the cap is raised.";
+  if (reason === 'balance_exhausted') return "The organisation's balance is exhausted; add credits to continue.";
+  return "The organisation's balance is exhausted or its monthly spend cap was reached.";
+}
+
+/** Latency added to requests that waited for a lease: count, admitted, and percentiles of a sample. */
+export class WaitStats {
+  private count = 0;
+  private admitted = 0;
+  private maxMs = 0;
+  private totalMs = 0;
+  private readonly sample: number[] = [];
+
+  note(ms: number, admitted: boolean): void {
+    this.count++;
+    if (admitted) this.admitted++;
+    this.totalMs += ms;
+    if (ms > this.maxMs) this.maxMs = ms;
+    // Keep the first 10,000: enough for a benchmark's percentiles, bounded in memory.
+    if (this.sample.length < 10_000) this.sample.push(ms);
+  }
+
+  /** The figures so far; `reset` starts afresh after reading. */
+  snapshot(reset = false): { waited: number; admitted: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
+    const sorted = [...this.sample].sort((a, b) => a - b);
+    const at = (q: number) => (sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]);
+    const r = (n: number) => Math.round(n * 100) / 100;
+    const out = { waited: this.count, admitted: this.admitted, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
+    if (reset) {
+      this.count = this.admitted = this.maxMs = this.totalMs = 0;
+      this.sample.length = 0;
+    }
+    return out;
+  }
+}

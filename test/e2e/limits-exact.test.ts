@@ -1,0 +1,147 @@
+// Exactness across nodes, both ways (issue 8; design.md, "Money and limits across nodes"): a gateway
+// 429 only when the key's minute budget is really spent across the cluster, a 401 insufficient_quota
+// only when the organisation has no money left, spend past a cap by at most the requests in flight,
+// rate headers that never report more than is left, and leases that come back when a node leaves.
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { bearer, chatBody, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { configYaml, type GatewayYaml } from '../helpers/config.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+
+after(stopAll);
+
+async function startNodes(cp: ControlPlane, n: number, clockMs: number, first = 0): Promise<DataPlane[]> {
+  const nodes: DataPlane[] = [];
+  for (let i = 0; i < n; i++) {
+    const node = await startDataPlane(cp, { nodeId: `node-${first + i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
+    await setClock(node.adminUrl!, { now_ms: clockMs });
+    nodes.push(node);
+  }
+  return nodes;
+}
+
+async function waitConnected(cp: ControlPlane, n: number): Promise<void> {
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  try {
+    await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === n, `${n} nodes connected`);
+  } finally {
+    admin.close();
+  }
+}
+
+const chat = (node: DataPlane, key: string, content = 'Hello', model = 'demo-chat'): Promise<HttpResult> =>
+  request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(content, model) });
+
+const remaining = (r: HttpResult, what: 'requests' | 'tokens') => Number(r.headers.get(`x-ratelimit-remaining-${what}`));
+
+test('sticky traffic over three nodes: all 20 requests of a free key\'s minute are admitted; then every node refuses until the top of the minute', async () => {
+  // Before: each idle node sat on a cold share; 18 + 2 requests over two of three nodes got 429s at 15.
+  const cp = await startControlPlane();
+  const clock = minuteStart() + 2_000;
+  const nodes = await startNodes(cp, 3, clock);
+  await waitConnected(cp, 3);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  admin.close();
+  for (const n of nodes) await waitUntilKnown(n.url, key);
+  let admitted = 0;
+  for (let i = 0; i < 20; i++) {
+    const r = await chat(i % 10 === 9 ? nodes[1] : nodes[0], key, `sticky ${i}`);
+    assert.equal(r.status, 200, `request ${i}: ${r.text}`);
+    admitted++;
+    // The headers never report more than the key really has left across the cluster.
+    assert.ok(remaining(r, 'requests') <= 20 - admitted, `request ${i}: remaining ${remaining(r, 'requests')} > ${20 - admitted}`);
+  }
+  for (const node of nodes) {
+    const r = await chat(node, key, 'one too many');
+    assert.equal(r.status, 429, r.text);
+    assert.equal(r.body.error.type, 'requests');
+    assert.equal(r.headers.get('retry-after'), '58', 'a gateway 429 counts to the top of the next clock minute');
+    assert.equal(remaining(r, 'requests'), 0);
+    assert.match(r.body.error.message, /requests per minute \(rpm\): 20\/20 used/);
+  }
+});
+
+test('a 50,000-token request on a 60,000 tpm key is admitted with two nodes holding token leases', async () => {
+  // Before: no node's slice could hold it: "tpm: 0/60000 used … retry after 1 s", minute after minute.
+  const cp = await startControlPlane();
+  const clock = minuteStart() + 2_000;
+  const nodes = await startNodes(cp, 2, clock);
+  await waitConnected(cp, 2);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  admin.close();
+  for (const n of nodes) {
+    await waitUntilKnown(n.url, key);
+    assert.equal((await chat(n, key, 'small first')).status, 200);
+  }
+  // About 4 characters per token: 199,960 characters estimate 49,997 tokens with the message overhead.
+  const big = await chat(nodes[1], key, 'x'.repeat(199_960));
+  assert.equal(big.status, 200, big.text);
+  assert.ok(remaining(big, 'tokens') <= 60_000 - 49_997, `remaining tokens ${remaining(big, 'tokens')}`);
+});
+
+test('a node killed mid-minute: the survivor serves the rest of the key\'s minute, never past the limit; a node stopped gives its lease back whole', async () => {
+  const cp = await startControlPlane();
+  const clock = minuteStart() + 2_000;
+  const [a, b, c] = await startNodes(cp, 3, clock);
+  await waitConnected(cp, 3);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  const other = await createKey(admin, { tier: 'free' });
+  admin.close();
+  for (const n of [a, b, c]) {
+    await waitUntilKnown(n.url, key);
+    await waitUntilKnown(n.url, other.key);
+  }
+  // SIGTERM: the stopping node gives back what it holds unused, so the others can use all the rest.
+  for (let i = 0; i < 5; i++) assert.equal((await chat(c, other.key)).status, 200);
+  await c.proc.kill('SIGTERM');
+  await waitConnected(cp, 2);
+  let rest = 0;
+  for (let i = 0; i < 16; i++) if ((await chat(a, other.key)).status === 200) rest++;
+  assert.equal(rest, 15, 'exactly the 15 requests the stopped node did not use');
+  // SIGKILL: the control plane cannot know what the dead node used of what it held, so that stays
+  // spent for the minute; what it never leased is not lost.
+  for (let i = 0; i < 5; i++) assert.equal((await chat(b, key)).status, 200);
+  await b.proc.kill('SIGKILL');
+  await waitConnected(cp, 1);
+  let survivor = 0;
+  for (let i = 0; i < 16; i++) if ((await chat(a, key)).status === 200) survivor++;
+  assert.ok(survivor <= 15, `admitted ${survivor} after the kill: past the limit`);
+  // Two nodes when b leased: chunks of 3, and b held at most one and a half chunks beyond what it used
+  // (it asks for the next chunk while half of one is left).
+  assert.ok(survivor >= 11, `admitted only ${survivor} of the 15 left: more than the dead node's unused lease was lost`);
+});
+
+test('a request waits for a lease at most 250 ms; a client that leaves while it waits costs nothing and the node keeps serving', async () => {
+  const cp = await startControlPlane();
+  const clock = minuteStart() + 2_000;
+  const [a] = await startNodes(cp, 2, clock);
+  await waitConnected(cp, 2);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  admin.close();
+  await waitUntilKnown(a.url, key);
+  // The control plane stops answering (still connected): leases cannot come.
+  cp.proc.child.kill('SIGSTOP');
+  try {
+    const gone = new AbortController();
+    const abandoned = request(`${a.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('abandoned'), signal: gone.signal }).catch((e: Error) => e);
+    const t0 = Date.now();
+    // The client leaves while its request waits (no lease can come while the control plane is stopped).
+    setTimeout(() => gone.abort(), 50);
+    const waited = await chat(a, key, 'waits');
+    assert.equal(waited.status, 429, waited.text);
+    assert.ok(Date.now() - t0 < 1000, `waited ${Date.now() - t0} ms`);
+    assert.ok((await abandoned) instanceof Error, 'the abandoned request got no answer');
+  } finally {
+    cp.proc.child.kill('SIGCONT');
+  }
+  // Nothing was consumed by the request that waited nor by the one whose client left.
+  let ok: HttpResult | undefined;
+  await eventually(async () => (ok = await chat(a, key, 'after')).status === 200, 'the node serves again');
+  assert.equal(remaining(ok!, 'requests'), 19, ok!.text);
+});
