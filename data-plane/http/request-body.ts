@@ -89,12 +89,10 @@ export class BodyStream extends Readable {
   private sink: BodySink | null = null;
   /** The last chunk arrived while diverted. */
   private endedDiverted = false;
-  private readonly res: HttpResponse;
   private readonly reply: Reply;
 
   constructor(res: HttpResponse, reply: Reply, capBytes: number) {
     super();
-    this.res = res;
     this.reply = reply;
     res.onData((chunk, isLast) => {
       try {

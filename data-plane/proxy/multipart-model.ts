@@ -127,10 +127,6 @@ export class ModelFieldScanner {
     return i === -1 ? -1 : i + this.base;
   }
 
-  private byteAt(offset: number): number {
-    return this.store[offset - this.base];
-  }
-
   /** Runs the phases as far as the bytes received allow. */
   private scan(): ScanStep {
     for (;;) {

@@ -7,7 +7,6 @@ import assert from 'node:assert/strict';
 import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { bearer, chatBody, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
 import { consoleClient, createKey } from '../helpers/console.js';
-import { configYaml, type GatewayYaml } from '../helpers/config.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 
 after(stopAll);
