@@ -89,6 +89,8 @@ export class BodyStream extends Readable {
   private sink: BodySink | null = null;
   /** The last chunk arrived while diverted. */
   private endedDiverted = false;
+  /** The last chunk arrived while not diverted (the Readable was ended). */
+  private endedBuffered = false;
   private readonly reply: Reply;
 
   constructor(res: HttpResponse, reply: Reply, capBytes: number) {
@@ -111,8 +113,10 @@ export class BodyStream extends Readable {
         }
         // Buffer.from(Uint8Array) copies (rule 5).
         const more = n > 0 ? this.push(Buffer.from(new Uint8Array(chunk))) : true;
-        if (isLast) this.push(null);
-        else if (!more && !this.paused) {
+        if (isLast) {
+          this.endedBuffered = true;
+          this.push(null);
+        } else if (!more && !this.paused) {
           this.paused = true;
           reply.pause();
         }
@@ -125,9 +129,19 @@ export class BodyStream extends Readable {
     });
   }
 
-  /** Until `undivert()`, chunks go to `sink` as they arrive; it stops the socket with `hold()`. */
+  /**
+   * Until `undivert()`, chunks go to `sink` as they arrive; it stops the socket with `hold()`. Chunks
+   * already buffered (they arrived while admission waited for a lease) go first, and the socket that
+   * buffer paused is read again.
+   */
   divert(sink: BodySink): void {
     this.sink = sink;
+    const buffered: Buffer[] = [];
+    for (let c = this.read() as Buffer | null; c !== null; c = this.read() as Buffer | null) buffered.push(c);
+    if (this.endedBuffered) this.endedDiverted = true;
+    for (let i = 0; i < buffered.length; i++) sink(buffered[i], this.endedBuffered && i === buffered.length - 1);
+    if (this.endedBuffered && buffered.length === 0) sink(Buffer.alloc(0), true);
+    this.release();
   }
 
   /**
@@ -138,7 +152,8 @@ export class BodyStream extends Readable {
   undivert(): void {
     if (!this.sink) return;
     this.sink = null;
-    if (this.endedDiverted) this.push(null);
+    // Ended while diverted: the Readable ends too (unless it had already ended before).
+    if (this.endedDiverted && !this.endedBuffered) this.push(null);
     this.release();
   }
 

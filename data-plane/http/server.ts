@@ -7,7 +7,7 @@ import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWe
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
-import { minuteOf, type Clock } from '../limits/clock.js';
+import type { Clock } from '../limits/clock.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import { bodyCapBytes, presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
 import { estimateTokens, rateHeaderPairs, type KeyBudgets } from '../limits/key-budgets.js';
@@ -208,28 +208,6 @@ export class ApiServer {
     return key ? rateHeaderPairs(this.deps.keyBudgets.headers(key.limits)) : null;
   }
 
-  /**
-   * Key budgets, without waiting: for the transcription path, which takes its body as a stream before
-   * admission. A request short of this node's lease is refused here (admitOrWait would wait for it).
-   * On success the ticket is settled on every way the response ends.
-   */
-  private admit(reply: Reply, key: KeyRecord, path: string, estimatedTokens: number): RequestContext | null {
-    const deps = this.deps;
-    const now = deps.clock.now();
-    const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
-    reply.extraHeaders = rateHeaderPairs(a.headers);
-    if (!a.ok) {
-      // This path cannot wait (see admitOrWait): at least ask for what was short, so the next try fits.
-      if (a.leaseShort) deps.leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, () => undefined);
-      reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A');
-      return null;
-    }
-    const ctx = new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, a.ticket, minuteOf(now));
-    ctx.spend = deps.leases?.reserveSpend(key.orgId);
-    ctx.attach(reply);
-    return ctx;
-  }
-
   private jsonEndpoint(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number): void {
     const deps = this.deps;
     // A JSON body that cannot be valid for the endpoint is refused before a byte is read.
@@ -324,10 +302,21 @@ export class ApiServer {
     // onData must be attached before returning (rule 2), so the stream exists before any check answers.
     const stream = streamBody(res, reply, capBytes);
     stream.on('error', () => {});
-    const ctx = this.admit(reply, key, head.path, 0);
-    if (!ctx) return;
+    // While admission waits for a lease, the upload waits in the stream (its buffer pauses the socket).
+    // Refused: the rest of the body is dropped and the socket unpaused before the answer goes out.
+    const dropBody = () => {
+      stream.discard();
+      return false;
+    };
+    this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+      if (ctx) this.transcribe(ctx, reply, head, key, stream);
+    }, dropBody);
+  }
+
+  private transcribe(ctx: RequestContext, reply: Reply, head: RequestHead, key: KeyRecord, stream: ReturnType<typeof streamBody>): void {
     const boundary = boundaryOf(head.contentType);
     if (!boundary) {
+      stream.discard();
       return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'A');
     }
     // The parts before `model` may go to a temporary file: deleted however the request ends.

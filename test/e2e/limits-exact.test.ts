@@ -144,3 +144,23 @@ test('a request waits for a lease at most 250 ms; a client that leaves while it 
   await eventually(async () => (ok = await chat(a, key, 'after')).status === 200, 'the node serves again');
   assert.equal(remaining(ok!, 'requests'), 19, ok!.text);
 });
+
+test('the first transcription of a key\'s minute on a node of three waits for a lease instead of being refused', async () => {
+  // Before: transcriptions took the non-waiting admission, so with several nodes (no cold shares) the
+  // first upload of a key-minute on a node got a false 429.
+  const cp = await startControlPlane();
+  const clock = minuteStart() + 2_000;
+  const nodes = await startNodes(cp, 3, clock);
+  await waitConnected(cp, 3);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  admin.close();
+  for (const n of nodes) await waitUntilKnown(n.url, key);
+  for (const node of nodes) {
+    const form = new FormData();
+    form.append('file', new Blob([Buffer.alloc(64 * 1024, 1)], { type: 'audio/wav' }), 'a.wav');
+    form.append('model', 'demo-transcribe');
+    const r = await fetch(`${node.url}/v1/audio/transcriptions`, { method: 'POST', headers: bearer(key), body: form });
+    assert.equal(r.status, 200, await r.text());
+  }
+});
