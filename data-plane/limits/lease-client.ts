@@ -187,22 +187,7 @@ export class LeaseClient implements AllowanceSource {
       const tpm = finiteLimit(limits.tpmLimit);
       const old = k;
       const n = minute >= this.loneFromMinute ? 1 : Math.max(2, this.nodes);
-      k = {
-        minute,
-        rpm,
-        tpm,
-        allowRequests: rpm === Infinity ? Infinity : coldShare(rpm, n),
-        allowTokens: tpm === Infinity ? Infinity : coldShare(tpm, n),
-        usedRequests: 0,
-        usedTokens: 0,
-        pending: false,
-        askedAtMs: 0,
-        finalRequests: false,
-        finalTokensNeed: Infinity,
-        freeRequests: n <= 1 ? 0 : rpm,
-        freeTokens: n <= 1 ? 0 : tpm,
-        waiters: [],
-      };
+      k = newKeyMinute(minute, rpm, tpm, coldShare(rpm, n), coldShare(tpm, n), n <= 1 ? 0 : rpm, n <= 1 ? 0 : tpm);
       this.keys.set(keyId, k);
       // Requests parked on the old minute try again in the new one.
       if (old) wake(old);
@@ -275,22 +260,7 @@ export class LeaseClient implements AllowanceSource {
     if (next >= this.loneFromMinute) return;
     for (const [keyId, k] of this.keys) {
       if (k.minute !== next - 1 || k.usedRequests === 0 || this.nextKeys.get(keyId)?.minute === next) continue;
-      const nk: KeyMinute = {
-        minute: next,
-        rpm: k.rpm,
-        tpm: k.tpm,
-        allowRequests: k.rpm === Infinity ? Infinity : 0,
-        allowTokens: k.tpm === Infinity ? Infinity : 0,
-        usedRequests: 0,
-        usedTokens: 0,
-        pending: false,
-        askedAtMs: 0,
-        finalRequests: false,
-        finalTokensNeed: Infinity,
-        freeRequests: k.rpm,
-        freeTokens: k.tpm,
-        waiters: [],
-      };
+      const nk = newKeyMinute(next, k.rpm, k.tpm, 0, 0, k.rpm, k.tpm);
       this.nextKeys.set(keyId, nk);
       this.askKey(keyId, nk, 0, 0);
     }
@@ -600,4 +570,24 @@ function finiteLimit(limit: number): number {
 
 function finiteOrZero(n: number): number {
   return Number.isFinite(n) ? n : 0;
+}
+
+/** A key's minute as a node starts it: `allow*` leased so far (unlimited stays unlimited), nothing used. */
+function newKeyMinute(minute: number, rpm: number, tpm: number, allowRequests: number, allowTokens: number, freeRequests: number, freeTokens: number): KeyMinute {
+  return {
+    minute,
+    rpm,
+    tpm,
+    allowRequests: rpm === Infinity ? Infinity : allowRequests,
+    allowTokens: tpm === Infinity ? Infinity : allowTokens,
+    usedRequests: 0,
+    usedTokens: 0,
+    pending: false,
+    askedAtMs: 0,
+    finalRequests: false,
+    finalTokensNeed: Infinity,
+    freeRequests,
+    freeTokens,
+    waiters: [],
+  };
 }

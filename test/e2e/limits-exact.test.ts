@@ -30,6 +30,18 @@ async function waitConnected(cp: ControlPlane, n: number): Promise<void> {
   }
 }
 
+/** A control plane, `n` connected nodes on one injected minute, and a free key every node knows. */
+async function clusterWithFreeKey(n: number): Promise<{ cp: ControlPlane; nodes: DataPlane[]; key: string }> {
+  const cp = await startControlPlane();
+  const nodes = await startNodes(cp, n, minuteStart() + 2_000);
+  await waitConnected(cp, n);
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'free' });
+  admin.close();
+  for (const node of nodes) await waitUntilKnown(node.url, key);
+  return { cp, nodes, key };
+}
+
 const chat = (node: DataPlane, key: string, content = 'Hello', model = 'demo-chat'): Promise<HttpResult> =>
   request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(content, model) });
 
@@ -37,14 +49,7 @@ const remaining = (r: HttpResult, what: 'requests' | 'tokens') => Number(r.heade
 
 test('sticky traffic over three nodes: all 20 requests of a free key\'s minute are admitted; then every node refuses until the top of the minute', async () => {
   // Before: each idle node sat on a cold share; 18 + 2 requests over two of three nodes got 429s at 15.
-  const cp = await startControlPlane();
-  const clock = minuteStart() + 2_000;
-  const nodes = await startNodes(cp, 3, clock);
-  await waitConnected(cp, 3);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'free' });
-  admin.close();
-  for (const n of nodes) await waitUntilKnown(n.url, key);
+  const { nodes, key } = await clusterWithFreeKey(3);
   let admitted = 0;
   for (let i = 0; i < 20; i++) {
     const r = await chat(i % 10 === 9 ? nodes[1] : nodes[0], key, `sticky ${i}`);
@@ -65,15 +70,8 @@ test('sticky traffic over three nodes: all 20 requests of a free key\'s minute a
 
 test('a 50,000-token request on a 60,000 tpm key is admitted with two nodes holding token leases', async () => {
   // Before: no node's slice could hold it: "tpm: 0/60000 used … retry after 1 s", minute after minute.
-  const cp = await startControlPlane();
-  const clock = minuteStart() + 2_000;
-  const nodes = await startNodes(cp, 2, clock);
-  await waitConnected(cp, 2);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'free' });
-  admin.close();
+  const { nodes, key } = await clusterWithFreeKey(2);
   for (const n of nodes) {
-    await waitUntilKnown(n.url, key);
     assert.equal((await chat(n, key, 'small first')).status, 200);
   }
   // About 4 characters per token: 199,960 characters estimate 49,997 tokens with the message overhead.
@@ -148,14 +146,7 @@ test('a request waits for a lease at most 250 ms; a client that leaves while it 
 test('the first transcription of a key\'s minute on a node of three waits for a lease instead of being refused', async () => {
   // Before: transcriptions took the non-waiting admission, so with several nodes (no cold shares) the
   // first upload of a key-minute on a node got a false 429.
-  const cp = await startControlPlane();
-  const clock = minuteStart() + 2_000;
-  const nodes = await startNodes(cp, 3, clock);
-  await waitConnected(cp, 3);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'free' });
-  admin.close();
-  for (const n of nodes) await waitUntilKnown(n.url, key);
+  const { nodes, key } = await clusterWithFreeKey(3);
   for (const node of nodes) {
     const form = new FormData();
     form.append('file', new Blob([Buffer.alloc(64 * 1024, 1)], { type: 'audio/wav' }), 'a.wav');
