@@ -6,28 +6,45 @@
 import { Readable } from 'node:stream';
 import type { HttpResponse } from 'uWebSockets.js';
 import { GatewayError } from '../errors.js';
-import type { BodyBudget } from '../limits/body-budget.js';
+import type { BodyBudget, BodyBudgetRefusal } from '../limits/body-budget.js';
 import { logBug, type Reply } from './reply.js';
 
 export type BodyCallback = (err: GatewayError | null, body: Buffer) => void;
 
 const EMPTY = Buffer.alloc(0);
 
+/** The node-wide body budget and whose bytes these are (an organisation). */
+export interface BodyBudgetShare {
+  budget: BodyBudget;
+  owner: string;
+}
+
+function budgetRefused(why: BodyBudgetRefusal, budget: BodyBudget): GatewayError {
+  const message =
+    why === 'owner'
+      ? `This organisation's requests are holding their share of this node's memory for request bodies (${Math.floor(budget.maxOwnerBytes / 1048576)} MiB); retry after the time in the retry-after header.`
+      : undefined;
+  return new GatewayError('NODE_BUSY', message, { retryAfterSec: 1 });
+}
+
 /**
  * Collects the whole body, at most `capBytes`. `cb` is called once, unless the client aborts first
- * (then cleanup belongs to the Reply's finish path). With a `budget`, the bytes held count against
- * the node-wide budget until `cb` has returned or the request ended; a body that does not fit gets
- * NODE_BUSY (a known length is refused before anything is read).
+ * (then cleanup belongs to the Reply's finish path). With a budget share, the bytes held count against
+ * the node-wide budget and the owner's share of it until `cb` has returned or the request ended; a body
+ * that does not fit gets NODE_BUSY (a known length is refused before anything is read).
  */
-export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback, budget?: BodyBudget): void {
+export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback, share?: BodyBudgetShare): void {
+  const budget = share?.budget;
+  const owner = share?.owner ?? '';
   let heldBytes = 0;
   const release = () => {
-    if (budget && heldBytes > 0) budget.give(heldBytes);
+    if (budget && heldBytes > 0) budget.give(heldBytes, owner);
     heldBytes = 0;
   };
   if (budget && contentLength > 0 && contentLength <= capBytes) {
-    if (!budget.tryTake(contentLength)) {
-      cb(new GatewayError('NODE_BUSY', undefined, { retryAfterSec: 1 }), EMPTY);
+    const refused = budget.tryTake(contentLength, owner);
+    if (refused) {
+      cb(budgetRefused(refused, budget), EMPTY);
       return;
     }
     heldBytes = contentLength;
@@ -54,7 +71,8 @@ export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, c
       const n = chunk.byteLength;
       if (received + n > capBytes || (buf && received + n > buf.length)) return settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
       if (budget && !buf && n > 0) {
-        if (!budget.tryTake(n)) return settle(new GatewayError('NODE_BUSY', undefined, { retryAfterSec: 1 }), EMPTY);
+        const refused = budget.tryTake(n, owner);
+        if (refused) return settle(budgetRefused(refused, budget), EMPTY);
         heldBytes += n;
       }
       // Copy: uWS detaches the ArrayBuffer when this callback returns (rule 5).

@@ -248,7 +248,7 @@ export class ApiServer {
         body = { err, raw };
         proceed();
       },
-      deps.bodyBudget,
+      deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId },
     );
   }
 

@@ -184,47 +184,84 @@ test('20 concurrent 150 MiB speech bodies: node memory stays bounded and other r
   assert.equal(ok.status, 200);
 });
 
-test('the node-wide body budget refuses a body that does not fit with 503 and retry-after, and frees on completion', async (t) => {
-  const small = await startDataPlane(cp, { extraArgs: ['--max-buffered-body-mib', '4'] });
-  t.after(() => small.proc.kill('SIGKILL'));
-  // Its own organisation: money slices of the first node's organisation stay with that node.
-  const own = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId: own.orgId, amountMicros: 10_000_000, note: 'test' });
-  const paidKey = own.key;
-  await waitUntilKnown(small.url, paidKey);
-  const port = Number(small.address.split(':')[1]);
-  const bodyBytes = 2 * 1024 * 1024;
-  // Large in bytes, small in tokens (the bulk is a field that is not prompt), so tpm slices play no part.
-  const body = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'hi' }], user: 'y'.repeat(bodyBytes - 100) });
-  // Two slow clients declare 2 MiB each and send half: the budget (4 MiB) is now all held.
-  const slow = [0, 1].map(() => {
-    const sock = connect(port, '127.0.0.1');
-    sock.on('error', () => {});
-    let answer = '';
-    sock.on('data', (c: Buffer) => (answer += c.toString()));
-    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${paidKey}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
-    sock.write(body.slice(0, 1000));
-    return { sock, answer: () => answer };
-  });
-  // Wait until both are being read (the node took their budget), by probing with a third.
-  let refused: Awaited<ReturnType<typeof request>> | undefined;
-  for (let i = 0; i < 200 && !refused; i++) {
-    const r = await request(`${small.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(paidKey), 'content-type': 'application/json' }, body });
-    if (r.status === 503) refused = r;
-    else await new Promise((res) => setTimeout(res, 10));
+/** A paid key of its own organisation, with credit, known to `node`. */
+async function fundedKey(node: DataPlane): Promise<string> {
+  const k = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId: k.orgId, amountMicros: 10_000_000, note: 'test' });
+  await waitUntilKnown(node.url, k.key);
+  return k.key;
+}
+
+// Large in bytes, small in tokens (the bulk is a field that is not prompt), so tpm slices play no part.
+const BIG_BODY = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'hi' }], user: 'y'.repeat(2 * 1024 * 1024 - 100) });
+
+/** A client that declares BIG_BODY's length, sends its first 1,000 bytes and waits. */
+function slowClient(node: DataPlane, key: string) {
+  const sock = connect(Number(node.address.split(':')[1]), '127.0.0.1');
+  sock.on('error', () => {});
+  let answer = '';
+  sock.on('data', (c: Buffer) => (answer += c.toString()));
+  sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(BIG_BODY)}\r\n\r\n`);
+  sock.write(BIG_BODY.slice(0, 1000));
+  return {
+    sock,
+    answer: () => answer,
+    /** Sends the rest and resolves with the whole answer. */
+    finish: () => {
+      sock.write(BIG_BODY.slice(1000));
+      return new Promise<string>((resolve) => {
+        const check = () => (/\r\n\r\n\{/.test(answer) ? resolve(answer) : setTimeout(check, 10));
+        check();
+      });
+    },
+  };
+}
+
+const postBig = (node: DataPlane, key: string) =>
+  request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(key), 'content-type': 'application/json' }, body: BIG_BODY });
+
+/** Posts BIG_BODY until the node answers 503 (the slow clients' budget is taken once they are read). */
+async function until503(node: DataPlane, key: string) {
+  for (let i = 0; i < 200; i++) {
+    const r = await postBig(node, key);
+    if (r.status === 503) return r;
+    await new Promise((res) => setTimeout(res, 10));
   }
+  return undefined;
+}
+
+test('the node-wide body budget refuses a body that does not fit with 503 and retry-after, and frees on completion', async (t) => {
+  // 8 MiB: each organisation may hold a quarter, so four organisations' slow 2 MiB bodies fill it.
+  const small = await startDataPlane(cp, { extraArgs: ['--max-buffered-body-mib', '8'] });
+  t.after(() => small.proc.kill('SIGKILL'));
+  const keys = [];
+  for (let i = 0; i < 5; i++) keys.push(await fundedKey(small));
+  const slow = keys.slice(0, 4).map((k) => slowClient(small, k));
+  const refused = await until503(small, keys[4]);
   assert.ok(refused, 'a body that does not fit the node-wide budget is refused');
   assert.equal(refused.headers.get('retry-after'), '1');
   assert.equal(refused.body.error.type, 'api_error');
   assert.equal(refused.body.error.code, '503');
   // The slow bodies finish: they are served, and the budget is free again.
-  for (const s of slow) s.sock.write(body.slice(1000));
-  const done = await Promise.all(slow.map((s) => new Promise<string>((resolve) => {
-    const check = () => (/\r\n\r\n\{/.test(s.answer()) ? resolve(s.answer()) : setTimeout(check, 10));
-    check();
-  })));
-  for (const a of done) assert.match(a, /^HTTP\/1\.1 200/);
+  for (const a of await Promise.all(slow.map((s) => s.finish()))) assert.match(a, /^HTTP\/1\.1 200/);
   for (const s of slow) s.sock.destroy();
-  const after = await request(`${small.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(paidKey), 'content-type': 'application/json' }, body });
+  const after = await postBig(small, keys[4]);
   assert.equal(after.status, 200, after.text);
+});
+
+test('one organisation holding slow bodies cannot take the node-wide budget from the others', async (t) => {
+  // Before the fix, one organisation's slow clients (a key may run 100 in parallel) could hold the
+  // whole budget, and every other organisation's JSON requests were refused with 503.
+  const small = await startDataPlane(cp, { extraArgs: ['--max-buffered-body-mib', '8'] });
+  t.after(() => small.proc.kill('SIGKILL'));
+  const hog = await fundedKey(small);
+  const other = await fundedKey(small);
+  const slow = [0, 1, 2, 3].map(() => slowClient(small, hog));
+  // The first slow body fits the hog's share (a quarter of the budget); its next ones are refused.
+  const refused = await until503(small, hog);
+  assert.ok(refused, "the organisation's own share is spent");
+  assert.match(refused.body.error.message, /organisation/);
+  const served = await postBig(small, other);
+  assert.equal(served.status, 200, served.text);
+  for (const s of slow) s.sock.destroy();
 });
