@@ -493,7 +493,7 @@ export class ConsoleService {
         if (row.status === 'revoked') return { row, version: null };
         const keyHash = await credentialHashOf(tx, keyId);
         if (keyHash === undefined) return { row, version: null };
-        await deleteCredential(tx, keyHash);
+        await deleteCredential(tx, keyHash, this.state.nowIso());
         const version = await this.state.emit(tx, { keyRemoved: keyHash });
         return { row, version };
       });

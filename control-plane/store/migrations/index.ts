@@ -2,6 +2,7 @@
 // Never edit a shipped migration: add the next one.
 import { sql as initial } from './001-initial.js';
 import { sql as fundsVersion } from './002-funds-version.js';
+import { sql as keyTombstones } from './003-key-tombstones.js';
 
 export interface Migration {
   version: number;
@@ -12,4 +13,5 @@ export interface Migration {
 export const MIGRATIONS: readonly Migration[] = [
   { version: 1, name: 'initial', sql: initial },
   { version: 2, name: 'funds-version', sql: fundsVersion },
+  { version: 3, name: 'key-tombstones', sql: keyTombstones },
 ];
