@@ -32,6 +32,8 @@ import {
   type SetOrgCapRequest,
   type SetOrgTierRequest,
   type WhoAmIResponse,
+  ListRequestLogsRequest,
+  ListRequestLogsResponse,
 } from '../proto/gen/tollgate/v1/console.js';
 
 export const DEFAULT_CONTROL_PLANE = '127.0.0.1:50051';
@@ -124,5 +126,8 @@ export class ConsoleClient {
   }
   reloadConfig(): Promise<ReloadConfigResponse> {
     return this.call(this.client.reloadConfig, {});
+  }
+  listRequestLogs(req: ListRequestLogsRequest): Promise<ListRequestLogsResponse> {
+    return this.call(this.client.listRequestLogs, req);
   }
 }

@@ -5,6 +5,7 @@ import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { accountCommands } from './commands/account.js';
 import { commandUsage, GLOBAL_FLAGS_SYNOPSIS, type Args, type Command, type OptionSpec } from './commands/command.js';
 import { keyCommands } from './commands/key.js';
+import { logsCommands } from './commands/logs.js';
 import { memberCommands } from './commands/member.js';
 import { miscCommands } from './commands/misc.js';
 import { orgCommands } from './commands/org.js';
@@ -19,6 +20,7 @@ const COMMANDS: Command[] = [
   ...projectCommands,
   ...keyCommands,
   ...miscCommands,
+  ...logsCommands,
 ];
 
 const GLOBAL_OPTIONS: Record<string, OptionSpec> = {

@@ -26,12 +26,16 @@ export interface ControlPlaneConfig {
   operatorTokenCreatedAt: string | null;
   nodeToken: string;
   revokeAckTimeoutMs: number;
+  /** Request logs: their own SQLite file (`--logs-db`, default logs.db beside the state database). */
+  logsDbPath: string;
+  /** `--log-retention-days` (default 30): older daily partitions of the request logs are dropped. */
+  logRetentionDays: number;
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen']);
+const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--logs-db', '--log-retention-days']);
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -108,8 +112,15 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   const configPath = resolve(flags.get('--config') ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
 
+  const logsDbPath = resolve(flags.get('--logs-db') ?? join(dirname(dbPath), 'logs.db'));
+  if (logsDbPath === dbPath) throw new ConfigError('--logs-db must be another file than --db');
+  const rawRetention = flags.get('--log-retention-days') ?? '30';
+  if (!/^\d{1,5}$/.test(rawRetention) || Number(rawRetention) < 1) throw new ConfigError(`--log-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawRetention)}`);
+
   return Object.freeze({
     dbPath,
+    logsDbPath,
+    logRetentionDays: Number(rawRetention),
     listen,
     adminListen,
     configPath,

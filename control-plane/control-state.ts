@@ -7,7 +7,7 @@ import type { Org } from '../proto/gen/tollgate/v1/console.js';
 import { ConfigError, readGatewayConfig, redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from './config.js';
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from './store/db.js';
-import { credentialedKeys, repairOrphanedKeys, type ApiKeyRow } from './store/keys-repo.js';
+import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from './store/keys-repo.js';
 import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow } from './store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
 import { SnapshotStore } from './sync/snapshot-store.js';
@@ -74,7 +74,8 @@ export class ControlState {
           fundsVersion: o.funds_version,
         }),
       );
-      return { version, changes, keys, orgs };
+      const tombstones = (await tombstonedKeys(q)).map((t) => ({ keyHash: t.key_hash, keyId: t.key_id, projectId: t.project_id, orgId: t.org_id }));
+      return { version, changes, keys, orgs, tombstones };
     });
     const snapshots = new SnapshotStore({ ...init, config: gateway.proto, maxRetained: RETAINED_CHANGES });
     const state = new ControlState(db, gateway, snapshots, opts);

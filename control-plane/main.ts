@@ -8,6 +8,7 @@ import { ConsoleService } from './console/console-service.js';
 import { ControlState } from './control-state.js';
 import { Db } from './store/db.js';
 import { runMigrations } from './store/migrate.js';
+import { SqliteLogStore } from './store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 
@@ -19,8 +20,11 @@ async function main(): Promise<void> {
   const db = await Db.open(cfg.dbPath);
   await runMigrations(db);
   const state = await ControlState.open(db, gateway, { configPath: cfg.configPath, log });
-  const sync = new SyncService(state, new ReportIngest(state), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
-  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs });
+  // Request logs: their own file, one table per UTC day, older days dropped whole.
+  const logs = await SqliteLogStore.open(cfg.logsDbPath, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
+  await logs.applyRetention();
+  const sync = new SyncService(state, new ReportIngest(state, logs), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
+  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, logs });
 
   const server = new Server({
     // Notice dead nodes: ping idle streams, drop them when pings go unanswered.
@@ -49,6 +53,10 @@ async function main(): Promise<void> {
     state.checkMonthRollover().catch((err: Error) => log(`month rollover failed: ${err.message}`));
   }, 30_000);
   monthTimer.unref();
+  const retentionTimer = setInterval(() => {
+    logs.applyRetention().catch((err: Error) => log(`request-log retention failed: ${err.message}`));
+  }, 3_600_000);
+  retentionTimer.unref();
 
   process.on('SIGHUP', () => {
     state.reloadConfig().then(
@@ -62,11 +70,12 @@ async function main(): Promise<void> {
     if (stopping) return;
     stopping = true;
     clearInterval(monthTimer);
+    clearInterval(retentionTimer);
     sync.closeAll();
     const force = setTimeout(() => server.forceShutdown(), 3000);
     server.tryShutdown(() => {
       clearTimeout(force);
-      db.close().then(
+      Promise.all([db.close(), logs.close()]).then(
         () => process.exit(0),
         () => process.exit(0),
       );

@@ -28,11 +28,18 @@ export interface NodeConfig {
   maxBufferedBodyBytes: number;
   /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
   spillDir: string;
+  /**
+   * `--data-dir`: the node's own folder; unacknowledged reports are journaled under `journal/` there
+   * and replayed after a restart. null: the journal is kept in memory (lost if the process dies).
+   */
+  dataDir: string | null;
+  /** `--journal-max-mib` (default 1024; 64 without a data dir): past it, request-log rows are dropped. */
+  journalMaxBytes: number;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--data-dir DIR] [--journal-max-mib N]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--data-dir', '--journal-max-mib']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -80,6 +87,11 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   const bufferedMib = flags.get('--max-buffered-body-mib') ?? '256';
   if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);
 
+  const dataDir = flags.get('--data-dir') ?? null;
+  if (dataDir !== null && dataDir.trim() === '') throw new ConfigError('--data-dir must not be empty');
+  const journalMib = flags.get('--journal-max-mib') ?? (dataDir === null ? '64' : '1024');
+  if (!/^\d{1,7}$/.test(journalMib) || Number(journalMib) < 1) throw new ConfigError(`--journal-max-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(journalMib)}`);
+
   return Object.freeze({
     controlPlane: cpValue,
     listenHost: listen.host,
@@ -93,5 +105,7 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
     spillDir: tmpdir(),
+    dataDir,
+    journalMaxBytes: Number(journalMib) * 1024 * 1024,
   });
 }

@@ -1,4 +1,5 @@
 // The data-plane node: load config, construct, listen, sync, handle signals. Nothing else lives here.
+import { join } from 'node:path';
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
 import { StateHolder } from './auth/key-table.js';
@@ -12,6 +13,7 @@ import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './limits/lease-client.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
+import { Journal } from './sync/journal.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 
@@ -44,7 +46,14 @@ async function main(): Promise<void> {
   const manualClock = config.testClock ? new ManualClock(Date.now()) : null;
   const clock: Clock = manualClock ?? systemClock;
   const holder = new StateHolder();
-  const reporter = new Reporter(clock);
+  const log = (line: string) => console.log(`data plane: ${line}`);
+  let journal: Journal;
+  try {
+    journal = new Journal({ dir: config.dataDir === null ? null : join(config.dataDir, 'journal'), maxBytes: config.journalMaxBytes, log });
+  } catch (err) {
+    fail(`data plane: --data-dir ${config.dataDir}: ${(err as Error).message}`);
+  }
+  const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log });
   const pools = new PoolRegistry();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);

@@ -83,6 +83,9 @@ export const miscCommands: Command[] = [
         acked_version: n.ackedVersion,
         last_seen_at: n.lastSeenAt || null,
         connected_at: n.connectedAt || null,
+        journal_batches: n.journalBatches,
+        journal_bytes: n.journalBytes,
+        dropped_log_rows: n.droppedLogRows,
       }));
       if (ctx.out.json) {
         printJson(ctx.out, { nodes, current_version: res.currentVersion });
@@ -90,8 +93,8 @@ export const miscCommands: Command[] = [
       }
       ctx.out.write(`current version: ${res.currentVersion}\n`);
       ctx.out.write(formatTable(
-        ['id', 'address', 'connected', 'acked_version', 'last_seen_at'],
-        nodes.map((n) => [n.id, n.address, n.connected ? 'yes' : 'no', n.acked_version, n.last_seen_at]),
+        ['id', 'address', 'connected', 'acked_version', 'last_seen_at', 'journal_batches', 'journal_bytes'],
+        nodes.map((n) => [n.id, n.address, n.connected ? 'yes' : 'no', n.acked_version, n.last_seen_at, n.journal_batches, n.journal_bytes]),
       ));
     },
   },

@@ -47,6 +47,7 @@ import {
 import { credentialHashOf, deleteCredential, getKey, insertKey, listKeys, markRevoked, type ApiKeyRow } from '../store/keys-repo.js';
 import { listNodes as listNodeRows } from '../store/sync-repo.js';
 import { usageSummary } from '../store/usage-repo.js';
+import type { LogFilter, LogStore } from '../store/log-store.js';
 
 export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountRow };
 
@@ -55,7 +56,7 @@ export interface NodeFleet {
   connectedCount(): number;
   /** Waits (at most timeoutMs) until every node connected now acks `version`. */
   awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number }>;
-  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string }[];
+  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string; journal?: { journalBatches: number; journalBytes: number; droppedLogRows: number } }[];
 }
 
 export interface ConsoleServiceOptions {
@@ -63,7 +64,11 @@ export interface ConsoleServiceOptions {
   pepper: Buffer;
   revokeAckTimeoutMs: number;
   log?: (line: string) => void;
+  /** Where request logs are read from (ListRequestLogs). */
+  logs?: LogStore;
 }
+
+const MAX_LOG_PAGE = 1000;
 
 const MAX_NAME = 200;
 const MAX_NOTE = 500;
@@ -455,14 +460,73 @@ export class ConsoleService {
             ackedVersion: Math.max(l?.ackedVersion ?? 0, r.acked_version),
             lastSeenAt: l?.lastSeenAt ?? r.last_seen_at,
             connectedAt: l?.connectedAt ?? r.connected_at,
+            journalBatches: l?.journal?.journalBatches ?? 0,
+            journalBytes: l?.journal?.journalBytes ?? 0,
+            droppedLogRows: l?.journal?.droppedLogRows ?? 0,
           };
         });
         for (const [id, l] of live) {
           if (!rows.some((r) => r.id === id)) {
-            nodes.push({ id, address: l.address, connected: true, ackedVersion: l.ackedVersion, lastSeenAt: l.lastSeenAt, connectedAt: l.connectedAt });
+            nodes.push({
+              id,
+              address: l.address,
+              connected: true,
+              ackedVersion: l.ackedVersion,
+              lastSeenAt: l.lastSeenAt,
+              connectedAt: l.connectedAt,
+              journalBatches: l.journal?.journalBatches ?? 0,
+              journalBytes: l.journal?.journalBytes ?? 0,
+              droppedLogRows: l.journal?.droppedLogRows ?? 0,
+            });
           }
         }
         return { nodes, currentVersion: this.state.snapshots.version };
+      }),
+
+      listRequestLogs: this.unary(async (req, caller) => {
+        const logs = this.opts.logs;
+        if (!logs) throw new CpError('FAILED_PRECONDITION', 'this control plane keeps no request logs');
+        const filter: LogFilter = {};
+        const keyId = req.keyId.trim();
+        const projectId = req.projectId.trim();
+        const orgId = req.orgId.trim();
+        if (req.unknownKeys) {
+          this.requireOperator(caller);
+          if (keyId) throw invalidArgument('unknown_keys lists 401s of keys that do not exist: give no key_id with it');
+          filter.unknownKeys = true;
+        }
+        if (!keyId && !projectId && !orgId && caller.kind !== 'operator') throw invalidArgument('give a key, a project or an organisation');
+        if (!Number.isSafeInteger(req.sinceMs) || req.sinceMs < 0 || !Number.isSafeInteger(req.untilMs) || req.untilMs < 0) throw invalidArgument('since and until must be times after 1970');
+        if (req.sinceMs > 0 && req.untilMs > 0 && req.sinceMs >= req.untilMs) throw invalidArgument('since must be before until');
+        if (req.status !== 0 && (req.status < 100 || req.status > 599)) throw invalidArgument(`status must be an HTTP status (100-599), got ${req.status}`);
+        if (req.limit < 0) throw invalidArgument('limit must not be negative');
+        if (req.pageToken && !/^\d{8}:\d+:\d+$/.test(req.pageToken)) throw invalidArgument('page_token is not one this server gave');
+        await this.state.db.read(async (q) => {
+          if (keyId) {
+            const hidden = notFound(`key ${keyId} not found`);
+            const key = await getKey(q, keyId);
+            if (!key) throw hidden;
+            await this.requireRole(q, caller, key.org_id, 'member', hidden);
+            filter.keyId = key.id;
+          }
+          if (projectId) {
+            const { project } = await this.projectFor(q, caller, projectId, 'member');
+            filter.projectId = project.id;
+            filter.orgId = project.org_id;
+          }
+          if (orgId) {
+            const { org } = await this.orgFor(q, caller, orgId, 'member');
+            if (filter.orgId !== undefined && filter.orgId !== org.id) throw invalidArgument(`project ${projectId} is not in organisation ${org.id}`);
+            filter.orgId = org.id;
+          }
+        });
+        if (req.sinceMs > 0) filter.sinceMs = req.sinceMs;
+        if (req.untilMs > 0) filter.untilMs = req.untilMs;
+        if (req.clientIp.trim()) filter.clientIp = req.clientIp.trim();
+        if (req.status) filter.status = req.status;
+        const limit = Math.min(MAX_LOG_PAGE, req.limit || 100);
+        const page = await logs.query(filter, limit, req.pageToken);
+        return { logs: page.logs, nextPageToken: page.next };
       }),
 
       reloadConfig: this.unary(async (_req, caller) => {

@@ -15,6 +15,8 @@ export interface Queryable {
   get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined>;
   all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]>;
   exec(sql: string): Promise<void>;
+  /** Like run, through a statement prepared once per SQL text and kept (multi-row inserts on hot paths). */
+  runPrepared(sql: string, params: Param[]): Promise<RunResult>;
 }
 
 export interface Tx extends Queryable {
@@ -25,6 +27,7 @@ export interface Tx extends Queryable {
 export class Db implements Queryable {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
+  private readonly statements = new Map<string, sqlite3.Statement>();
 
   private constructor(private readonly raw: sqlite3.Database) {}
 
@@ -59,7 +62,31 @@ export class Db implements Queryable {
         this.raw.all(sql, params, (err: Error | null, rows: T[]) => (err ? reject(err) : resolve(rows)));
       }),
     exec: (sql) => new Promise((resolve, reject) => this.raw.exec(sql, (err) => (err ? reject(err) : resolve()))),
+    runPrepared: (sql, params) =>
+      new Promise((resolve, reject) => {
+        let stmt = this.statements.get(sql);
+        if (!stmt) {
+          stmt = this.raw.prepare(sql);
+          this.statements.set(sql, stmt);
+        }
+        const st = stmt;
+        st.run(params, function (this: sqlite3.RunResult, err: Error | null) {
+          if (err) reject(err);
+          else resolve({ changes: this.changes, lastID: this.lastID });
+        });
+      }),
   };
+
+  /** Finalizes the kept statements whose SQL contains `needle` (before the table they use is dropped). */
+  forgetStatements(needle: string): Promise<void> {
+    return this.enqueue(async () => {
+      for (const [sql, st] of [...this.statements]) {
+        if (!sql.includes(needle)) continue;
+        this.statements.delete(sql);
+        await new Promise<void>((resolve) => st.finalize(() => resolve()));
+      }
+    });
+  }
 
   private enqueue<T>(work: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new Error('database is closed'));
@@ -79,6 +106,9 @@ export class Db implements Queryable {
   }
   exec(sql: string): Promise<void> {
     return this.enqueue(() => this.direct.exec(sql));
+  }
+  runPrepared(sql: string, params: Param[]): Promise<RunResult> {
+    return this.enqueue(() => this.direct.runPrepared(sql, params));
   }
 
   /** Several reads with nothing written in between. */
@@ -108,6 +138,8 @@ export class Db implements Queryable {
   async close(): Promise<void> {
     await this.queue;
     this.closed = true;
+    for (const st of this.statements.values()) await new Promise<void>((resolve) => st.finalize(() => resolve()));
+    this.statements.clear();
     await new Promise<void>((resolve, reject) => this.raw.close((err) => (err ? reject(err) : resolve())));
   }
 }

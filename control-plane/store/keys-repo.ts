@@ -64,3 +64,8 @@ export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash:
 export async function touchLastUsed(q: Queryable, keyId: string, at: string): Promise<void> {
   await q.run('UPDATE api_keys SET last_used_at = ? WHERE id = ? AND last_used_at < ?', [at, keyId, at]);
 }
+
+/** Revoked keys' hashes with the key they belonged to (nodes log attempts made with them). */
+export function tombstonedKeys(q: Queryable): Promise<{ key_hash: string; key_id: string; project_id: string; org_id: string }[]> {
+  return q.all('SELECT t.key_hash, k.id AS key_id, k.project_id, k.org_id FROM key_tombstones t JOIN api_keys k ON k.id = t.key_id');
+}

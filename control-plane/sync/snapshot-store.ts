@@ -2,7 +2,7 @@
 // current version, the state at that version, the retained changes, and subscribers. Plain class, no
 // I/O. The caller applies each change right after the SQLite transaction that wrote it commits, in
 // version order, so memory and database never disagree.
-import type { Change, Delta, GatewayConfig, KeyEntry, OrgEntry, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
+import type { Change, Delta, GatewayConfig, KeyEntry, KeyTombstone, OrgEntry, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
 
 export interface VersionedChange {
   version: number;
@@ -14,6 +14,8 @@ export interface SnapshotStoreInit {
   config: GatewayConfig;
   keys: KeyEntry[];
   orgs: OrgEntry[];
+  /** Revoked keys, so nodes log attempts made with them against the key. */
+  tombstones?: KeyTombstone[];
   /** Retained changes, contiguous, ending at `version` (may be empty). */
   changes?: VersionedChange[];
   /** How many changes to keep for deltas; older nodes get a snapshot. */
@@ -28,6 +30,7 @@ export class SnapshotStore {
   private readonly keys = new Map<string, KeyEntry>();
   private readonly keysById = new Map<string, KeyEntry>();
   private readonly orgs = new Map<string, OrgEntry>();
+  private readonly tombstones = new Map<string, KeyTombstone>();
   private retained: VersionedChange[];
   private readonly maxRetained: number;
   private readonly listeners = new Set<DeltaListener>();
@@ -37,6 +40,7 @@ export class SnapshotStore {
     this.currentConfig = init.config;
     for (const k of init.keys) this.putKey(k);
     for (const o of init.orgs) this.orgs.set(o.orgId, o);
+    for (const t of init.tombstones ?? []) this.tombstones.set(t.keyHash, t);
     this.maxRetained = init.maxRetained ?? 10_000;
     const changes = (init.changes ?? []).slice(-this.maxRetained);
     for (let i = 1; i < changes.length; i++) {
@@ -77,7 +81,10 @@ export class SnapshotStore {
   private removeKey(keyHash: string): void {
     const k = this.keys.get(keyHash);
     this.keys.delete(keyHash);
-    if (k) this.keysById.delete(k.keyId);
+    if (k) {
+      this.keysById.delete(k.keyId);
+      this.tombstones.set(keyHash, { keyHash, keyId: k.keyId, projectId: k.projectId, orgId: k.orgId });
+    }
   }
 
   /** Applies the change written as `version`; it MUST be the next version. Notifies subscribers with a one-change delta. */
@@ -103,6 +110,7 @@ export class SnapshotStore {
       config: this.currentConfig,
       keys: [...this.keys.values()],
       orgs: [...this.orgs.values()],
+      tombstones: [...this.tombstones.values()],
     };
   }
 

@@ -5,7 +5,7 @@
 // node that falls far behind gets one fresh snapshot instead of an unbounded queue of deltas.
 import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
-import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, NodeStatus, OrgLease, OrgLeaseWant, Report, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
@@ -13,6 +13,14 @@ import type { ReportIngest } from './report-ingest.js';
 import { KeyLeaseLedger, MoneyLeaseLedger } from './lease-ledger.js';
 
 const MAX_QUEUED = 1000;
+/**
+ * Ingest backpressure: a node's stream is paused (no more messages read from it, so HTTP/2 flow
+ * control holds the node back) while this many of its reports wait, or while all nodes together have
+ * MAX_PENDING_REPORTS waiting; it is resumed as they are written. Memory for reports is bounded by
+ * these counts (and by each node's window of unacknowledged reports), not by how much nodes replay.
+ */
+const MAX_QUEUED_REPORTS_PER_NODE = 2;
+const MAX_PENDING_REPORTS = 64;
 /** How long a lease answer waits for the nodes asked to give back unused allowance. */
 const RECLAIM_TIMEOUT_MS = 150;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
@@ -38,7 +46,13 @@ class NodeSession {
   closed = false;
   unsubscribe: () => void = () => undefined;
   readonly waiters = new Set<AckWaiter>();
-  reports: Promise<void> = Promise.resolve();
+  /** Reports read from the stream and not yet written, oldest first (written one at a time, in order). */
+  readonly reports: Report[] = [];
+  ingesting = false;
+  /** The stream is paused for ingest backpressure. */
+  paused = false;
+  /** The node's journal depth, as it last said. */
+  status: NodeStatus = { journalBatches: 0, journalBytes: 0, droppedLogRows: 0 };
   /** Identifies this connection in the lease ledgers (slices belong to a connection). */
   readonly connId: string;
   /** Reclaims sent to this node and not yet answered, by id. */
@@ -84,6 +98,8 @@ export class SyncService implements NodeFleet {
   private readonly log: (line: string) => void;
   /** When several nodes were last connected (wall clock). */
   private lastSeveralAtMs = -Infinity;
+  /** Reports waiting to be written, over all nodes. */
+  private pendingReports = 0;
 
   constructor(
     private readonly state: ControlState,
@@ -108,7 +124,13 @@ export class SyncService implements NodeFleet {
       ackedVersion: s.ackedVersion,
       connectedAt: s.connectedAt,
       lastSeenAt: s.lastSeenAt,
+      journal: s.status,
     }));
+  }
+
+  /** Reports read from node streams and not yet written (for benchmarks and monitoring). */
+  get ingestBacklog(): number {
+    return this.pendingReports;
   }
 
   awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number }> {
@@ -228,10 +250,32 @@ export class SyncService implements NodeFleet {
       this.log(`sync: node ${s.nodeId} asked for a resync at ${msg.resync.haveVersion}: ${msg.resync.reason || 'no reason given'}`);
       this.enqueue(s, 'snapshot');
     } else if (msg.report) {
-      const report = msg.report;
-      // In order per session: a cursor must never pass a report that failed.
-      s.reports = s.reports.then(async () => {
-        if (s.closed) return;
+      this.queueReport(s, msg.report);
+    } else if (msg.nodeStatus) {
+      s.status = msg.nodeStatus;
+    } else if (msg.leaseRequest) {
+      this.onLeaseRequest(s, msg.leaseRequest);
+    }
+  }
+
+  /** Queues a report for writing; pauses the node's stream while its ingest is behind. */
+  private queueReport(s: NodeSession, report: Report): void {
+    s.reports.push(report);
+    this.pendingReports++;
+    if (!s.paused && (s.reports.length >= MAX_QUEUED_REPORTS_PER_NODE || this.pendingReports >= MAX_PENDING_REPORTS)) {
+      s.paused = true;
+      s.call.pause();
+    }
+    void this.ingestNext(s);
+  }
+
+  /** Writes a node's queued reports one at a time, in order (a cursor must never pass a report that failed). */
+  private async ingestNext(s: NodeSession): Promise<void> {
+    if (s.ingesting) return;
+    s.ingesting = true;
+    try {
+      while (s.reports.length > 0 && !s.closed) {
+        const report = s.reports[0];
         try {
           // A cost counts against this connection's slice only if it was reserved from it.
           await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
@@ -243,10 +287,25 @@ export class SyncService implements NodeFleet {
           this.fail(s.call, status.UNAVAILABLE, 'report not written; reconnect and resend');
           return;
         }
-        this.enqueue(s, { reportAck: { seq: report.seq } });
-      });
-    } else if (msg.leaseRequest) {
-      this.onLeaseRequest(s, msg.leaseRequest);
+        if (s.closed) return;
+        s.reports.shift();
+        this.pendingReports--;
+        this.enqueue(s, { reportAck: { seq: report.seq, instanceId: report.instanceId } });
+        this.resumeReaders();
+      }
+    } finally {
+      s.ingesting = false;
+    }
+  }
+
+  /** Resumes paused streams whose node has room again, while the total has room. */
+  private resumeReaders(): void {
+    for (const x of this.sessions) {
+      if (this.pendingReports >= MAX_PENDING_REPORTS) return;
+      if (x.paused && x.reports.length < MAX_QUEUED_REPORTS_PER_NODE) {
+        x.paused = false;
+        x.call.resume();
+      }
     }
   }
 
@@ -489,6 +548,9 @@ export class SyncService implements NodeFleet {
     for (const done of [...s.reclaims.values()]) done();
     s.reclaims.clear();
     s.queue.length = 0;
+    this.pendingReports -= s.reports.length;
+    s.reports.length = 0;
+    this.resumeReaders();
     for (const w of [...s.waiters]) w.resolve(false);
     this.broadcastRoster();
     // The last node left is alone again: it holds whole key budgets of the minutes it starts.

@@ -4,7 +4,7 @@
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
 import { IpRangeSet } from '../../proto/lib/ip.js';
 import { hashKey, secretsEqual } from '../../proto/lib/keys.js';
-import type { Delta, GatewayConfig, KeyEntry, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
 import { RouteTable } from '../http/routes.js';
 
@@ -76,6 +76,8 @@ export class GatewayState {
   readonly keysByHash = new Map<string, KeyRecord>();
   readonly hashByKeyId = new Map<string, string>();
   readonly orgs = new Map<string, OrgState>();
+  /** Revoked keys by hash: they never authenticate; they only name the key in the request log. */
+  readonly tombstones = new Map<string, { keyId: string; projectId: string; orgId: string }>();
   /** Cached `/v1/models` bodies per key id; dropped whenever anything they depend on changes. */
   modelListCache = new Map<string, string>();
 
@@ -88,6 +90,7 @@ export class GatewayState {
     st.version = s.version;
     for (const o of s.orgs) st.upsertOrg(o);
     for (const k of s.keys) st.upsertKey(k);
+    for (const t of s.tombstones ?? []) st.addTombstone(t);
     return st;
   }
 
@@ -142,10 +145,15 @@ export class GatewayState {
     this.hashByKeyId.set(k.keyId, k.keyHash);
   }
 
+  addTombstone(t: KeyTombstone): void {
+    if (!this.keysByHash.has(t.keyHash)) this.tombstones.set(t.keyHash, { keyId: t.keyId, projectId: t.projectId, orgId: t.orgId });
+  }
+
   removeKey(keyHash: string): void {
     const rec = this.keysByHash.get(keyHash);
     if (!rec) return;
     this.keysByHash.delete(keyHash);
+    this.tombstones.set(keyHash, { keyId: rec.keyId, projectId: rec.projectId, orgId: rec.orgId });
     if (this.hashByKeyId.get(rec.keyId) === keyHash) this.hashByKeyId.delete(rec.keyId);
   }
 
@@ -155,6 +163,11 @@ export class GatewayState {
     const rec = this.keysByHash.get(hash);
     // The Map finds the candidate; the stored hash is still compared in constant time.
     return rec && secretsEqual(rec.keyHash, hash) ? rec : undefined;
+  }
+
+  /** The revoked key a presented value belongs to (only on the 401 path: one more HMAC there). */
+  tombstone(pepper: Buffer, key: string): { keyId: string; projectId: string; orgId: string } | undefined {
+    return this.tombstones.get(hashKey(pepper, key));
   }
 
   /** The models a key may call: the plan ∩ allowed_models (empty allowed_models: the whole plan). */

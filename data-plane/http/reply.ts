@@ -13,6 +13,7 @@
 // a finished tryEnd) call it, and it runs the registered cleanups exactly once.
 import type { HttpResponse, RecognizedString } from 'uWebSockets.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
+import { refusalReason, type LogDraft } from './request-log.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
 
@@ -23,6 +24,12 @@ export class Reply {
   aborted = false;
   /** Headers added to every response (the key's rate-limit headers once it is known). */
   extraHeaders: HeaderList | null = null;
+  /** For the request log: the status sent (0 until one is), body bytes written, why it was refused. */
+  status = 0;
+  bytesOut = 0;
+  reason = '';
+  /** The request-log entry of a request of a known key (its admitted context adds the usage). */
+  logDraft: LogDraft | null = null;
 
   private readonly res: HttpResponse;
   private cleanups: Array<(aborted: boolean) => void> = [];
@@ -60,6 +67,8 @@ export class Reply {
   /** Sends a whole response in one cork. */
   send(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection = false): void {
     if (this.done) return;
+    this.status = status;
+    this.bytesOut += byteLength(body);
     this.res.cork(() => {
       this.res.writeStatus(statusLine(status));
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
@@ -73,12 +82,14 @@ export class Reply {
   sendError(err: unknown, shape: ErrorShape, closeConnection = false): void {
     if (this.done) return;
     const r = renderError(err, shape);
+    this.reason = refusalReason(err);
     this.send(r.status, r.headers, r.body, closeConnection);
   }
 
   /** Starts a streamed response; status and headers go out with the first chunk (one cork). */
   startStream(status: number, headers: HeaderList, totalSize = -1): void {
     this.head = { statusLine: statusLine(status), headers };
+    this.status = status;
     this.totalSize = totalSize;
   }
 
@@ -96,6 +107,7 @@ export class Reply {
    */
   write(chunk: Uint8Array | string): boolean {
     if (this.done) return false;
+    this.bytesOut += byteLength(chunk);
     let ok = true;
     if (this.totalSize >= 0) {
       const data = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
@@ -167,8 +179,12 @@ export class Reply {
   /** Ends a streamed response (chunked mode), optionally with a last chunk. */
   end(chunk?: Uint8Array | string): void {
     if (this.done) return;
+    if (chunk !== undefined) this.bytesOut += byteLength(chunk);
     this.res.cork(() => {
-      if (!this.headWritten && !this.head) this.head = { statusLine: statusLine(200), headers: [] };
+      if (!this.headWritten && !this.head) {
+        this.head = { statusLine: statusLine(200), headers: [] };
+        this.status = 200;
+      }
       this.writeHead();
       this.res.end(chunk ?? '');
     });
@@ -200,6 +216,11 @@ export class Reply {
     this.cleanups = [];
     for (const fn of fns) runSafely(fn, this.aborted);
   }
+}
+
+function byteLength(body: RecognizedString): number {
+  if (typeof body === 'string') return body.length;
+  return (body as ArrayBufferView | ArrayBuffer).byteLength ?? 0;
 }
 
 function runSafely(fn: (aborted: boolean) => void, aborted: boolean): void {

@@ -9,6 +9,7 @@ import type { Ticket } from '../limits/key-budgets.js';
 import type { SpendReservation } from '../limits/lease-client.js';
 import type { CallResult } from '../proxy/providers/provider.js';
 import { logBug } from './reply.js';
+import type { LogDraft } from './request-log.js';
 
 export interface ContextDeps {
   clock: Clock;
@@ -19,6 +20,30 @@ export interface ContextDeps {
 /** The part of Reply a context needs: one callback when the response ends, however it ends. */
 export interface FinishSource {
   onFinish(fn: (aborted: boolean) => void): void;
+  /** The request's log entry, if it is logged: it waits for this context to settle. */
+  logDraft?: LogDraft | null;
+}
+
+/** The most tokens one request may report (far above any context window); more is clamped. */
+export const MAX_TOKENS_PER_REQUEST = 100_000_000;
+let badCountsLogged = 0;
+
+/**
+ * A count an upstream reported (usage tokens, audio units), made a safe integer at the boundary: a
+ * fraction is rounded up, a numeric string read, anything else (NaN, negative, an object) is 0, and a
+ * huge value is clamped. Whatever is changed is logged (bounded), so nothing an upstream sends can
+ * make a report unencodable.
+ */
+export function cleanCount(v: unknown, what: string, requestId: string): number {
+  if (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= MAX_TOKENS_PER_REQUEST) return v;
+  let n = typeof v === 'number' ? v : typeof v === 'string' && /^\s*\d+(\.\d+)?\s*$/.test(v) ? Number(v) : NaN;
+  if (Number.isNaN(n) || n < 0) n = 0;
+  const clean = Math.min(MAX_TOKENS_PER_REQUEST, Math.ceil(n));
+  if (badCountsLogged++ < 100) {
+    const shown = typeof v === 'string' ? JSON.stringify(v.slice(0, 40)) : typeof v === 'number' ? String(v) : typeof v;
+    console.error(`data plane: request ${requestId}: upstream reported ${what} as ${shown}; recorded as ${clean}`);
+  }
+  return clean;
 }
 
 /**
@@ -44,6 +69,7 @@ export class RequestContext {
   readonly abortFns: Array<() => void> = [];
   /** The estimated cost reserved from the node's money slice while this request runs. */
   spend: SpendReservation | undefined;
+  private logDraft: LogDraft | null = null;
   private graceTimer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -57,6 +83,8 @@ export class RequestContext {
 
   /** Ties the context to its response: the single cleanup path of reply.ts rule 8. */
   attach(reply: FinishSource): void {
+    this.logDraft = reply.logDraft ?? null;
+    this.logDraft?.adoptContext(this.requestId);
     reply.onFinish((aborted) => this.onResponseEnd(aborted));
   }
 
@@ -92,13 +120,20 @@ export class RequestContext {
     this.completed = true;
     this.ticket.refund();
     this.deps.leases?.settleSpend(this.key.orgId, this.spend, 0);
+    this.logDraft?.settle();
   }
 
   /** The request ran: tokens settle the ticket, a model call is recorded and paid for. */
-  complete(r: CallResult): void {
+  complete(reported: CallResult): void {
     if (this.completed) return;
     this.completed = true;
     if (this.graceTimer) clearTimeout(this.graceTimer);
+    const r: CallResult = {
+      status: reported.status,
+      promptTokens: cleanCount(reported.promptTokens, 'usage.prompt_tokens', this.requestId),
+      completionTokens: cleanCount(reported.completionTokens, 'usage.completion_tokens', this.requestId),
+      audioUnits: reported.audioUnits === undefined ? undefined : cleanCount(reported.audioUnits, 'audio units', this.requestId),
+    };
     this.ticket.settle(r.promptTokens + r.completionTokens);
     const m = this.model;
     let cost = 0;
@@ -122,5 +157,6 @@ export class RequestContext {
     }
     // Every reservation is settled, with or without a model (a tool call costs nothing but held one).
     this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
+    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined);
   }
 }

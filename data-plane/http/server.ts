@@ -26,6 +26,7 @@ import { RequestContext } from './request-context.js';
 import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
+import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 
 export interface ServerDeps {
@@ -66,11 +67,16 @@ interface RequestHead {
   contentType: string;
   contentLength: number;
   ip: string;
+  userAgent: string;
+  /** performance.now() on arrival, for the request log's latency. */
+  startedAt: number;
 }
 
 export class ApiServer {
   readonly app: TemplatedApp;
   private seq = 0;
+  /** 401s of unknown keys are logged only as far as this allows. */
+  private readonly unknownKeys = new UnknownKeySampler();
   /** Key budgets and money, waiting (bounded) for a lease when this node's is short. */
   private readonly admission: Admission;
   /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
@@ -79,7 +85,7 @@ export class ApiServer {
   }
 
   constructor(private readonly deps: ServerDeps) {
-    this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, ticket, minute));
+    this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
     this.app = uWS.App();
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }
@@ -96,6 +102,8 @@ export class ApiServer {
         contentType: req.getHeader('content-type'),
         contentLength: parseContentLength(req.getHeader('content-length')),
         ip: '',
+        userAgent: req.getHeader('user-agent'),
+        startedAt: performance.now(),
       };
       const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
       // Tool pass-through needs every header; copied only on tool paths.
@@ -144,7 +152,14 @@ export class ApiServer {
     if (!m) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), familyShape);
     const state = deps.holder.current;
     const key = state.lookup(deps.pepper, m[1]);
-    if (!key) return reply.sendError(new GatewayError('KEY_INVALID'), familyShape);
+    if (!key) {
+      reply.sendError(new GatewayError('KEY_INVALID'), familyShape);
+      return this.logRefusedKey(reply, head, m[1]);
+    }
+    // Every request of a known key is logged once it has ended (request-log.ts).
+    const draft = new LogDraft(deps.reporter, head, key, () => deps.clock.now(), () => this.nextRequestId());
+    reply.logDraft = draft;
+    reply.onFinish((aborted) => draft.endReply(reply, aborted));
     // From here every answer carries the key's rate headers (admission refreshes them).
     reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
@@ -185,6 +200,26 @@ export class ApiServer {
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }
+  }
+
+  private nextRequestId(): string {
+    return `${this.deps.instanceId}-${(++this.seq).toString(36)}`;
+  }
+
+  /**
+   * A 401 for a key that matched no credential: logged against the key when it is a revoked key's
+   * tombstone, else (sampled) with the client's IP and the first characters of what was presented.
+   */
+  private logRefusedKey(reply: Reply, head: RequestHead, presented: string): void {
+    const deps = this.deps;
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.reason };
+    const dead = deps.holder.current.tombstone(deps.pepper, presented);
+    if (dead) {
+      deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), head, dead, outcome, null));
+      return;
+    }
+    if (!this.unknownKeys.take(deps.clock.now())) return;
+    deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), head, { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
   }
 
   /** GET /v1/models/{id}. */

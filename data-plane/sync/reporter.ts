@@ -1,8 +1,12 @@
-// Usage records and last_used_at, batched off the request path and sent to the control plane as
-// numbered reports. A report is kept until its ReportAck arrives; on reconnect every unacked report is
-// sent again, in order (the control plane deduplicates by node, instance and seq).
-import type { LastUsed, NodeMessage, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+// Usage records, last_used_at and request logs, batched off the request path into numbered reports.
+// Each report is encoded once, appended to the node's journal (journal.ts) and sent; it is forgotten
+// when its ReportAck arrives. On reconnect every unacknowledged report goes again, in order, at most
+// WINDOW at a time (the control plane deduplicates by node, instance and seq), so neither side holds
+// more than a window of reports in memory however long the control plane was away.
+import { Report, type LastUsed, type NodeMessage, type UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+import { clampCount, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 import type { Clock } from '../limits/clock.js';
+import type { Journal, JournalEntry } from './journal.js';
 
 /** The part of the gRPC duplex stream the reporter writes to. */
 export interface ReportStream {
@@ -10,38 +14,66 @@ export interface ReportStream {
   once(event: 'drain', fn: () => void): unknown;
 }
 
-interface PendingReport {
-  seq: number;
-  usage: UsageRecord[];
-  lastUsed: LastUsed[];
+export interface ReporterOptions {
+  /** This process's instance id: the numbering space of its reports. */
+  instanceId: string;
+  journal: Journal;
+  log(line: string): void;
+  flushEveryMs?: number;
 }
 
-const MAX_RECORDS_PER_REPORT = 1000;
+/** Rows (usage plus logs) per report; a full one is flushed at once. */
+const MAX_ROWS_PER_REPORT = 4000;
+/** Reports sent on a stream and not yet acknowledged. */
+const WINDOW = 16;
+/** Past the journal's cap times this, whole reports (usage too) are dropped rather than kept. */
+const HARD_CAP_FACTOR = 1.5;
+const STATUS_EVERY_MS = 1000;
+
+export interface ReporterStatus {
+  journalBatches: number;
+  journalBytes: number;
+  droppedLogRows: number;
+}
 
 export class Reporter {
   private seq = 0;
   private usage: UsageRecord[] = [];
   private lastUsed: LastUsed[] = [];
+  private logs = new LogColumnsBuilder();
   /** key id → the second its last_used_at was last queued (at most once per key per second). */
-  private readonly touchedSec = new Map<string, number>();
-  private readonly unacked: PendingReport[] = [];
-  /** How many of `unacked` were written on the current stream. */
-  private sent = 0;
+  private touchedSec = new Map<string, number>();
   private stream: ReportStream | null = null;
+  private readonly inFlight = new Set<JournalEntry>();
   private waitingDrain = false;
+  private pumping = false;
+  private pumpAgain = false;
+  private flushScheduled = false;
+  private droppedLogRows = 0;
+  private droppedReports = 0;
+  private capEpisode = false;
+  private lastStatusKey = '';
+  private lastStatusAt = 0;
   private readonly timer: NodeJS.Timeout;
 
   constructor(
     private readonly clock: Clock,
-    flushEveryMs = 250,
+    private readonly opts: ReporterOptions,
   ) {
-    this.timer = setInterval(() => this.flush(), flushEveryMs);
+    this.timer = setInterval(() => this.flush(), opts.flushEveryMs ?? 250);
     this.timer.unref();
   }
 
   /** Queues one usage record (in memory only: no I/O on the request path). */
   record(u: UsageRecord): void {
     this.usage.push(u);
+    this.checkFull();
+  }
+
+  /** Queues one request-log row. */
+  log(row: LogRow): void {
+    this.logs.add(row);
+    this.checkFull();
   }
 
   /** Notes that a key authenticated a request now. */
@@ -49,72 +81,194 @@ export class Reporter {
     const nowMs = this.clock.now();
     const sec = Math.floor(nowMs / 1000);
     if (this.touchedSec.get(keyId) === sec) return;
+    if (this.touchedSec.size > 100_000) this.touchedSec = new Map();
     this.touchedSec.set(keyId, sec);
     this.lastUsed.push({ keyId, atMs: nowMs });
   }
 
-  /** Turns what is queued into numbered reports and sends them if connected. */
-  flush(): void {
-    while (this.usage.length > 0 || this.lastUsed.length > 0) {
-      const usage = this.usage.splice(0, MAX_RECORDS_PER_REPORT);
-      const lastUsed = this.lastUsed.splice(0, MAX_RECORDS_PER_REPORT);
-      this.unacked.push({ seq: ++this.seq, usage, lastUsed });
-    }
-    this.send();
+  private checkFull(): void {
+    if (this.flushScheduled || this.usage.length + this.logs.rows < MAX_ROWS_PER_REPORT) return;
+    this.flushScheduled = true;
+    setImmediate(() => this.flush());
   }
 
-  /** A new stream: everything unacked goes again, in order. */
+  /** How far behind the journal is, for `tollgate nodes list` and monitoring. */
+  get status(): ReporterStatus {
+    const d = this.opts.journal.depth;
+    return { journalBatches: d.batches, journalBytes: d.bytes, droppedLogRows: this.droppedLogRows };
+  }
+
+  get unackedCount(): number {
+    return this.opts.journal.depth.batches + (this.usage.length > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 ? 1 : 0);
+  }
+
+  /** Turns what is queued into a numbered report, journals it and sends what the window allows. */
+  flush(): void {
+    this.flushScheduled = false;
+    try {
+      if (this.usage.length > 0 || this.lastUsed.length > 0 || this.logs.rows > 0) this.seal();
+    } catch (err) {
+      this.opts.log(`reporter: a report could not be made and was dropped: ${(err as Error).message}`);
+    }
+    void this.opts.journal.sync();
+    this.pump();
+    this.sendStatus(false);
+  }
+
+  private seal(): void {
+    const journal = this.opts.journal;
+    const usage = this.usage.map(cleanUsage);
+    const lastUsed = this.lastUsed.map((l) => ({ keyId: l.keyId, atMs: clampCount(l.atMs) }));
+    let logs = this.logs;
+    this.usage = [];
+    this.lastUsed = [];
+    this.logs = new LogColumnsBuilder();
+    const depth = journal.depth.bytes;
+    if (journal.overCap) {
+      if (!this.capEpisode) {
+        this.capEpisode = true;
+        this.opts.log(
+          `journal full: ${depth} bytes of reports unacknowledged, at or over the cap (--journal-max-mib); request-log rows are dropped until the control plane catches up (usage is still kept)`,
+        );
+      }
+      this.droppedLogRows += logs.rows;
+      logs = new LogColumnsBuilder();
+      if (depth >= this.hardCap()) {
+        this.droppedReports++;
+        if (this.droppedReports === 1 || this.droppedReports % 1000 === 0) {
+          this.opts.log(`journal full: ${depth} bytes unacknowledged, over ${HARD_CAP_FACTOR}x the cap: ${this.droppedReports} whole reports (usage too) dropped so far`);
+        }
+        return;
+      }
+      if (usage.length === 0 && lastUsed.length === 0) return;
+    } else if (this.capEpisode) {
+      this.capEpisode = false;
+      this.opts.log(`journal below its cap again (${depth} bytes unacknowledged): request logs are kept again; ${this.droppedLogRows} rows were dropped`);
+    }
+    const seq = ++this.seq;
+    const report: Report = { seq, usage, lastUsed, logs: logs.rows > 0 ? logs.cols : undefined, instanceId: this.opts.instanceId };
+    journal.append(this.opts.instanceId, seq, Buffer.from(Report.encode(report).finish()));
+  }
+
+  private hardCap(): number {
+    return this.opts.journal.maxBytes * HARD_CAP_FACTOR;
+  }
+
+  /** A new stream: everything unacknowledged goes again, in order. */
   attach(stream: ReportStream): void {
     this.stream = stream;
-    this.sent = 0;
+    this.inFlight.clear();
     this.waitingDrain = false;
-    this.send();
+    this.lastStatusKey = '';
+    this.pump();
   }
 
   detach(): void {
     this.stream = null;
-    this.sent = 0;
+    this.inFlight.clear();
     this.waitingDrain = false;
   }
 
-  ack(seq: number): void {
-    const i = this.unacked.findIndex((r) => r.seq === seq);
-    if (i === -1) return;
-    this.unacked.splice(i, 1);
-    if (i < this.sent) this.sent--;
+  /** The control plane wrote a report; `instanceId` '' means this process's own. */
+  ack(seq: number, instanceId = ''): void {
+    const journal = this.opts.journal;
+    const inst = instanceId || this.opts.instanceId;
+    const e = journal.unacked.find((x) => x.seq === seq && x.instanceId === inst);
+    if (e) this.inFlight.delete(e);
+    journal.ack(inst, seq);
+    this.pump();
   }
 
-  get unackedCount(): number {
-    return this.unacked.length + (this.usage.length > 0 || this.lastUsed.length > 0 ? 1 : 0);
-  }
-
-  /** Flushes and waits (bounded) until every report is acknowledged. For shutdown. */
+  /** Flushes and waits (bounded) until every report is acknowledged; then the journal is closed. For shutdown. */
   async drain(timeoutMs: number): Promise<boolean> {
     this.flush();
     const deadline = Date.now() + timeoutMs;
-    while (this.unacked.length > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-    return this.unacked.length === 0;
+    while (this.opts.journal.depth.batches > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    const done = this.opts.journal.depth.batches === 0;
+    await this.opts.journal.close();
+    return done;
   }
 
   stop(): void {
     clearInterval(this.timer);
   }
 
-  private send(): void {
-    const stream = this.stream;
-    if (!stream || this.waitingDrain) return;
-    while (this.sent < this.unacked.length) {
-      const r = this.unacked[this.sent++];
+  private pump(): void {
+    if (this.pumping) {
+      this.pumpAgain = true;
+      return;
+    }
+    this.pumping = true;
+    void this.sendSome().finally(() => {
+      this.pumping = false;
+      if (this.pumpAgain) {
+        this.pumpAgain = false;
+        this.pump();
+      }
+    });
+  }
+
+  private async sendSome(): Promise<void> {
+    const journal = this.opts.journal;
+    for (;;) {
+      const stream = this.stream;
+      if (!stream || this.waitingDrain || this.inFlight.size >= WINDOW) return;
+      const e = journal.unacked.find((x) => !this.inFlight.has(x));
+      if (!e) return;
+      let report: Report;
+      try {
+        const bytes = e.payload ?? (await journal.read(e));
+        report = Report.decode(bytes);
+      } catch (err) {
+        this.opts.log(`reporter: report ${e.seq} of instance ${e.instanceId} cannot be read from the journal (${(err as Error).message}); dropped`);
+        journal.ack(e.instanceId, e.seq);
+        continue;
+      }
+      if (this.stream !== stream || !journal.unacked.includes(e) || this.inFlight.has(e)) continue;
+      report.instanceId = e.instanceId;
+      this.inFlight.add(e);
       // Respect the stream's backpressure: wait for 'drain' before writing more.
-      if (!stream.write({ report: { seq: r.seq, usage: r.usage, lastUsed: r.lastUsed } })) {
+      if (!stream.write({ report })) {
         this.waitingDrain = true;
         stream.once('drain', () => {
           if (this.stream !== stream) return;
           this.waitingDrain = false;
-          this.send();
+          this.pump();
         });
         return;
       }
     }
   }
+
+  /** Tells the control plane the journal's depth when it changed (at most once a second). */
+  private sendStatus(force: boolean): void {
+    const stream = this.stream;
+    if (!stream || this.waitingDrain) return;
+    const s = this.status;
+    const key = `${s.journalBatches}/${s.journalBytes}/${s.droppedLogRows}`;
+    const now = Date.now();
+    if (!force && (key === this.lastStatusKey || now - this.lastStatusAt < STATUS_EVERY_MS)) return;
+    this.lastStatusKey = key;
+    this.lastStatusAt = now;
+    stream.write({ nodeStatus: s });
+  }
+}
+
+/** Every number of a usage record made a safe integer, so the report always encodes. */
+function cleanUsage(u: UsageRecord): UsageRecord {
+  return {
+    requestId: typeof u.requestId === 'string' ? u.requestId : '',
+    keyId: u.keyId,
+    orgId: u.orgId,
+    projectId: u.projectId,
+    model: u.model,
+    path: u.path,
+    status: clampCount(u.status, 999),
+    promptTokens: clampCount(u.promptTokens),
+    completionTokens: clampCount(u.completionTokens),
+    costMicros: clampCount(u.costMicros),
+    atMs: clampCount(u.atMs),
+    minute: clampCount(u.minute),
+    leaseEpoch: clampCount(u.leaseEpoch),
+  };
 }

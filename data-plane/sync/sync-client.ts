@@ -149,7 +149,7 @@ export class SyncClient {
         call.write({ resync: { haveVersion: holder.current.version, reason: `gap: have ${holder.current.version}, delta from ${msg.delta.fromVersion}` } });
       }
     } else if (msg.reportAck) {
-      this.opts.reporter.ack(msg.reportAck.seq);
+      this.opts.reporter.ack(msg.reportAck.seq, msg.reportAck.instanceId);
     } else if (msg.leaseGrant && leases) {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);

@@ -174,13 +174,13 @@ test('console and sync over gRPC: hierarchy, snapshot, revoke with acks, reports
     minute: Math.floor(Date.now() / 60000),
     leaseEpoch: 0,
   };
-  node.send({ report: { seq: 1, usage: [usage], lastUsed: [] } });
+  node.send({ report: { seq: 1, usage: [usage], lastUsed: [], logs: undefined, instanceId: '' } });
   const blocked = await node.next((m) => !!m.delta?.changes.some((c) => c.orgUpsert?.orgId === org.id));
   assert.equal(blocked.delta!.changes[0].orgUpsert!.blockedReason, 'balance_exhausted');
   node.send({ ack: { version: blocked.delta!.toVersion } });
   assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, 1);
-  node.send({ report: { seq: 1, usage: [usage], lastUsed: [] } });
-  node.send({ report: { seq: 2, usage: [usage], lastUsed: [] } });
+  node.send({ report: { seq: 1, usage: [usage], lastUsed: [], logs: undefined, instanceId: '' } });
+  node.send({ report: { seq: 2, usage: [usage], lastUsed: [], logs: undefined, instanceId: '' } });
   assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, 1);
   assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, 2);
   const spent = await call<any>(client, 'getOrg', op, { orgId: org.id });
@@ -277,6 +277,8 @@ test('config reload: a lower cap blocks at once, a bad file is refused and the o
     report: {
       seq: 1,
       lastUsed: [],
+      logs: undefined,
+      instanceId: '',
       usage: [
         {
           requestId: 'r1', keyId: created.apiKey.id, orgId: org.id, projectId: project.id, model: 'demo-chat', path: '/v1/chat/completions',

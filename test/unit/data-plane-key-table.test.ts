@@ -37,7 +37,7 @@ function keyEntry(id: string, value: string, allowed: string[] = [], org = 'org_
 }
 
 function snapshot(version: number, keys: KeyEntry[]): Snapshot {
-  return { version, config, keys, orgs: [{ orgId: 'org_1', tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0 } as never] };
+  return { version, config, keys, orgs: [{ orgId: 'org_1', tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0 } as never], tombstones: [] };
 }
 
 test('lookup finds a key by its peppered hash only', () => {

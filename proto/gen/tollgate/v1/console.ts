@@ -254,6 +254,10 @@ export interface NodeInfo {
   ackedVersion: number;
   lastSeenAt: string;
   connectedAt: string;
+  /** Reports in the node's journal not yet acknowledged (as last told by the node while connected). */
+  journalBatches: number;
+  journalBytes: number;
+  droppedLogRows: number;
 }
 
 export interface ListNodesRequest {
@@ -270,6 +274,55 @@ export interface ReloadConfigRequest {
 export interface ReloadConfigResponse {
   version: number;
   nodesTotal: number;
+}
+
+export interface ListRequestLogsRequest {
+  /** At least one of key_id, project_id, org_id (the operator may give none, or unknown_keys). */
+  keyId: string;
+  projectId: string;
+  orgId: string;
+  /** Window as ms since epoch; 0 means open. since is inclusive, until exclusive. */
+  sinceMs: number;
+  untilMs: number;
+  clientIp: string;
+  /** 0: any status. */
+  status: number;
+  /** Operator only: the sampled 401s of unknown keys. */
+  unknownKeys: boolean;
+  /** At most this many rows (default 100, at most 1000). */
+  limit: number;
+  /** From a previous response's next_page_token. */
+  pageToken: string;
+}
+
+export interface RequestLog {
+  requestId: string;
+  atMs: number;
+  nodeId: string;
+  keyId: string;
+  projectId: string;
+  orgId: string;
+  clientIp: string;
+  userAgent: string;
+  method: string;
+  path: string;
+  status: number;
+  latencyUs: number;
+  bytesIn: number;
+  bytesOut: number;
+  model: string;
+  promptTokens: number;
+  completionTokens: number;
+  costMicros: number;
+  reason: string;
+  /** Unknown-key 401s only: the first characters of the value presented. */
+  keyPrefix: string;
+}
+
+export interface ListRequestLogsResponse {
+  logs: RequestLog[];
+  /** Empty when there are no more rows. */
+  nextPageToken: string;
 }
 
 function createBaseAccount(): Account {
@@ -3888,7 +3941,17 @@ export const ListModelsResponse: MessageFns<ListModelsResponse> = {
 };
 
 function createBaseNodeInfo(): NodeInfo {
-  return { id: "", address: "", connected: false, ackedVersion: 0, lastSeenAt: "", connectedAt: "" };
+  return {
+    id: "",
+    address: "",
+    connected: false,
+    ackedVersion: 0,
+    lastSeenAt: "",
+    connectedAt: "",
+    journalBatches: 0,
+    journalBytes: 0,
+    droppedLogRows: 0,
+  };
 }
 
 export const NodeInfo: MessageFns<NodeInfo> = {
@@ -3910,6 +3973,15 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     }
     if (message.connectedAt !== "") {
       writer.uint32(50).string(message.connectedAt);
+    }
+    if (message.journalBatches !== 0) {
+      writer.uint32(56).int64(message.journalBatches);
+    }
+    if (message.journalBytes !== 0) {
+      writer.uint32(64).int64(message.journalBytes);
+    }
+    if (message.droppedLogRows !== 0) {
+      writer.uint32(72).int64(message.droppedLogRows);
     }
     return writer;
   },
@@ -3975,6 +4047,30 @@ export const NodeInfo: MessageFns<NodeInfo> = {
             message.connectedAt = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.journalBatches = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.journalBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.droppedLogRows = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4007,6 +4103,21 @@ export const NodeInfo: MessageFns<NodeInfo> = {
         : isSet(object.connected_at)
         ? globalThis.String(object.connected_at)
         : "",
+      journalBatches: isSet(object.journalBatches)
+        ? globalThis.Number(object.journalBatches)
+        : isSet(object.journal_batches)
+        ? globalThis.Number(object.journal_batches)
+        : 0,
+      journalBytes: isSet(object.journalBytes)
+        ? globalThis.Number(object.journalBytes)
+        : isSet(object.journal_bytes)
+        ? globalThis.Number(object.journal_bytes)
+        : 0,
+      droppedLogRows: isSet(object.droppedLogRows)
+        ? globalThis.Number(object.droppedLogRows)
+        : isSet(object.dropped_log_rows)
+        ? globalThis.Number(object.dropped_log_rows)
+        : 0,
     };
   },
 
@@ -4030,6 +4141,15 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     if (message.connectedAt !== "") {
       obj.connectedAt = message.connectedAt;
     }
+    if (message.journalBatches !== 0) {
+      obj.journalBatches = Math.round(message.journalBatches);
+    }
+    if (message.journalBytes !== 0) {
+      obj.journalBytes = Math.round(message.journalBytes);
+    }
+    if (message.droppedLogRows !== 0) {
+      obj.droppedLogRows = Math.round(message.droppedLogRows);
+    }
     return obj;
   },
 
@@ -4044,6 +4164,9 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     message.ackedVersion = object.ackedVersion ?? 0;
     message.lastSeenAt = object.lastSeenAt ?? "";
     message.connectedAt = object.connectedAt ?? "";
+    message.journalBatches = object.journalBatches ?? 0;
+    message.journalBytes = object.journalBytes ?? 0;
+    message.droppedLogRows = object.droppedLogRows ?? 0;
     return message;
   },
 };
@@ -4330,6 +4453,805 @@ export const ReloadConfigResponse: MessageFns<ReloadConfigResponse> = {
   },
 };
 
+function createBaseListRequestLogsRequest(): ListRequestLogsRequest {
+  return {
+    keyId: "",
+    projectId: "",
+    orgId: "",
+    sinceMs: 0,
+    untilMs: 0,
+    clientIp: "",
+    status: 0,
+    unknownKeys: false,
+    limit: 0,
+    pageToken: "",
+  };
+}
+
+export const ListRequestLogsRequest: MessageFns<ListRequestLogsRequest> = {
+  encode(message: ListRequestLogsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(18).string(message.projectId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(26).string(message.orgId);
+    }
+    if (message.sinceMs !== 0) {
+      writer.uint32(32).int64(message.sinceMs);
+    }
+    if (message.untilMs !== 0) {
+      writer.uint32(40).int64(message.untilMs);
+    }
+    if (message.clientIp !== "") {
+      writer.uint32(50).string(message.clientIp);
+    }
+    if (message.status !== 0) {
+      writer.uint32(56).int32(message.status);
+    }
+    if (message.unknownKeys !== false) {
+      writer.uint32(64).bool(message.unknownKeys);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(72).int32(message.limit);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(82).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRequestLogsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListRequestLogsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.sinceMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.untilMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.clientIp = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.status = reader.int32();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.unknownKeys = reader.bool();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.limit = reader.int32();
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListRequestLogsRequest {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      sinceMs: isSet(object.sinceMs)
+        ? globalThis.Number(object.sinceMs)
+        : isSet(object.since_ms)
+        ? globalThis.Number(object.since_ms)
+        : 0,
+      untilMs: isSet(object.untilMs)
+        ? globalThis.Number(object.untilMs)
+        : isSet(object.until_ms)
+        ? globalThis.Number(object.until_ms)
+        : 0,
+      clientIp: isSet(object.clientIp)
+        ? globalThis.String(object.clientIp)
+        : isSet(object.client_ip)
+        ? globalThis.String(object.client_ip)
+        : "",
+      status: isSet(object.status) ? globalThis.Number(object.status) : 0,
+      unknownKeys: isSet(object.unknownKeys)
+        ? globalThis.Boolean(object.unknownKeys)
+        : isSet(object.unknown_keys)
+        ? globalThis.Boolean(object.unknown_keys)
+        : false,
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListRequestLogsRequest): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.sinceMs !== 0) {
+      obj.sinceMs = Math.round(message.sinceMs);
+    }
+    if (message.untilMs !== 0) {
+      obj.untilMs = Math.round(message.untilMs);
+    }
+    if (message.clientIp !== "") {
+      obj.clientIp = message.clientIp;
+    }
+    if (message.status !== 0) {
+      obj.status = Math.round(message.status);
+    }
+    if (message.unknownKeys !== false) {
+      obj.unknownKeys = message.unknownKeys;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListRequestLogsRequest>, I>>(base?: I): ListRequestLogsRequest {
+    return ListRequestLogsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListRequestLogsRequest>, I>>(object: I): ListRequestLogsRequest {
+    const message = createBaseListRequestLogsRequest();
+    message.keyId = object.keyId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.orgId = object.orgId ?? "";
+    message.sinceMs = object.sinceMs ?? 0;
+    message.untilMs = object.untilMs ?? 0;
+    message.clientIp = object.clientIp ?? "";
+    message.status = object.status ?? 0;
+    message.unknownKeys = object.unknownKeys ?? false;
+    message.limit = object.limit ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseRequestLog(): RequestLog {
+  return {
+    requestId: "",
+    atMs: 0,
+    nodeId: "",
+    keyId: "",
+    projectId: "",
+    orgId: "",
+    clientIp: "",
+    userAgent: "",
+    method: "",
+    path: "",
+    status: 0,
+    latencyUs: 0,
+    bytesIn: 0,
+    bytesOut: 0,
+    model: "",
+    promptTokens: 0,
+    completionTokens: 0,
+    costMicros: 0,
+    reason: "",
+    keyPrefix: "",
+  };
+}
+
+export const RequestLog: MessageFns<RequestLog> = {
+  encode(message: RequestLog, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.requestId !== "") {
+      writer.uint32(10).string(message.requestId);
+    }
+    if (message.atMs !== 0) {
+      writer.uint32(16).int64(message.atMs);
+    }
+    if (message.nodeId !== "") {
+      writer.uint32(26).string(message.nodeId);
+    }
+    if (message.keyId !== "") {
+      writer.uint32(34).string(message.keyId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(42).string(message.projectId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(50).string(message.orgId);
+    }
+    if (message.clientIp !== "") {
+      writer.uint32(58).string(message.clientIp);
+    }
+    if (message.userAgent !== "") {
+      writer.uint32(66).string(message.userAgent);
+    }
+    if (message.method !== "") {
+      writer.uint32(74).string(message.method);
+    }
+    if (message.path !== "") {
+      writer.uint32(82).string(message.path);
+    }
+    if (message.status !== 0) {
+      writer.uint32(88).int32(message.status);
+    }
+    if (message.latencyUs !== 0) {
+      writer.uint32(96).int64(message.latencyUs);
+    }
+    if (message.bytesIn !== 0) {
+      writer.uint32(104).int64(message.bytesIn);
+    }
+    if (message.bytesOut !== 0) {
+      writer.uint32(112).int64(message.bytesOut);
+    }
+    if (message.model !== "") {
+      writer.uint32(122).string(message.model);
+    }
+    if (message.promptTokens !== 0) {
+      writer.uint32(128).int64(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      writer.uint32(136).int64(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      writer.uint32(144).int64(message.costMicros);
+    }
+    if (message.reason !== "") {
+      writer.uint32(154).string(message.reason);
+    }
+    if (message.keyPrefix !== "") {
+      writer.uint32(162).string(message.keyPrefix);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RequestLog {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRequestLog();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.atMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.clientIp = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.userAgent = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.method = reader.string();
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.path = reader.string();
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.status = reader.int32();
+            continue;
+          }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.latencyUs = longToNumber(reader.int64());
+            continue;
+          }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.bytesIn = longToNumber(reader.int64());
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.bytesOut = longToNumber(reader.int64());
+            continue;
+          }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 16: {
+            if (tag !== 128) {
+              break;
+            }
+
+            message.promptTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 17: {
+            if (tag !== 136) {
+              break;
+            }
+
+            message.completionTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 18: {
+            if (tag !== 144) {
+              break;
+            }
+
+            message.costMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 19: {
+            if (tag !== 154) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 20: {
+            if (tag !== 162) {
+              break;
+            }
+
+            message.keyPrefix = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RequestLog {
+    return {
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+      atMs: isSet(object.atMs)
+        ? globalThis.Number(object.atMs)
+        : isSet(object.at_ms)
+        ? globalThis.Number(object.at_ms)
+        : 0,
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      clientIp: isSet(object.clientIp)
+        ? globalThis.String(object.clientIp)
+        : isSet(object.client_ip)
+        ? globalThis.String(object.client_ip)
+        : "",
+      userAgent: isSet(object.userAgent)
+        ? globalThis.String(object.userAgent)
+        : isSet(object.user_agent)
+        ? globalThis.String(object.user_agent)
+        : "",
+      method: isSet(object.method) ? globalThis.String(object.method) : "",
+      path: isSet(object.path) ? globalThis.String(object.path) : "",
+      status: isSet(object.status) ? globalThis.Number(object.status) : 0,
+      latencyUs: isSet(object.latencyUs)
+        ? globalThis.Number(object.latencyUs)
+        : isSet(object.latency_us)
+        ? globalThis.Number(object.latency_us)
+        : 0,
+      bytesIn: isSet(object.bytesIn)
+        ? globalThis.Number(object.bytesIn)
+        : isSet(object.bytes_in)
+        ? globalThis.Number(object.bytes_in)
+        : 0,
+      bytesOut: isSet(object.bytesOut)
+        ? globalThis.Number(object.bytesOut)
+        : isSet(object.bytes_out)
+        ? globalThis.Number(object.bytes_out)
+        : 0,
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      promptTokens: isSet(object.promptTokens)
+        ? globalThis.Number(object.promptTokens)
+        : isSet(object.prompt_tokens)
+        ? globalThis.Number(object.prompt_tokens)
+        : 0,
+      completionTokens: isSet(object.completionTokens)
+        ? globalThis.Number(object.completionTokens)
+        : isSet(object.completion_tokens)
+        ? globalThis.Number(object.completion_tokens)
+        : 0,
+      costMicros: isSet(object.costMicros)
+        ? globalThis.Number(object.costMicros)
+        : isSet(object.cost_micros)
+        ? globalThis.Number(object.cost_micros)
+        : 0,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      keyPrefix: isSet(object.keyPrefix)
+        ? globalThis.String(object.keyPrefix)
+        : isSet(object.key_prefix)
+        ? globalThis.String(object.key_prefix)
+        : "",
+    };
+  },
+
+  toJSON(message: RequestLog): unknown {
+    const obj: any = {};
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    if (message.atMs !== 0) {
+      obj.atMs = Math.round(message.atMs);
+    }
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.clientIp !== "") {
+      obj.clientIp = message.clientIp;
+    }
+    if (message.userAgent !== "") {
+      obj.userAgent = message.userAgent;
+    }
+    if (message.method !== "") {
+      obj.method = message.method;
+    }
+    if (message.path !== "") {
+      obj.path = message.path;
+    }
+    if (message.status !== 0) {
+      obj.status = Math.round(message.status);
+    }
+    if (message.latencyUs !== 0) {
+      obj.latencyUs = Math.round(message.latencyUs);
+    }
+    if (message.bytesIn !== 0) {
+      obj.bytesIn = Math.round(message.bytesIn);
+    }
+    if (message.bytesOut !== 0) {
+      obj.bytesOut = Math.round(message.bytesOut);
+    }
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.promptTokens !== 0) {
+      obj.promptTokens = Math.round(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      obj.completionTokens = Math.round(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      obj.costMicros = Math.round(message.costMicros);
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.keyPrefix !== "") {
+      obj.keyPrefix = message.keyPrefix;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RequestLog>, I>>(base?: I): RequestLog {
+    return RequestLog.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RequestLog>, I>>(object: I): RequestLog {
+    const message = createBaseRequestLog();
+    message.requestId = object.requestId ?? "";
+    message.atMs = object.atMs ?? 0;
+    message.nodeId = object.nodeId ?? "";
+    message.keyId = object.keyId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.orgId = object.orgId ?? "";
+    message.clientIp = object.clientIp ?? "";
+    message.userAgent = object.userAgent ?? "";
+    message.method = object.method ?? "";
+    message.path = object.path ?? "";
+    message.status = object.status ?? 0;
+    message.latencyUs = object.latencyUs ?? 0;
+    message.bytesIn = object.bytesIn ?? 0;
+    message.bytesOut = object.bytesOut ?? 0;
+    message.model = object.model ?? "";
+    message.promptTokens = object.promptTokens ?? 0;
+    message.completionTokens = object.completionTokens ?? 0;
+    message.costMicros = object.costMicros ?? 0;
+    message.reason = object.reason ?? "";
+    message.keyPrefix = object.keyPrefix ?? "";
+    return message;
+  },
+};
+
+function createBaseListRequestLogsResponse(): ListRequestLogsResponse {
+  return { logs: [], nextPageToken: "" };
+}
+
+export const ListRequestLogsResponse: MessageFns<ListRequestLogsResponse> = {
+  encode(message: ListRequestLogsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.logs) {
+      RequestLog.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListRequestLogsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListRequestLogsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.logs.push(RequestLog.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListRequestLogsResponse {
+    return {
+      logs: globalThis.Array.isArray(object?.logs) ? object.logs.map((e: any) => RequestLog.fromJSON(e)) : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListRequestLogsResponse): unknown {
+    const obj: any = {};
+    if (message.logs?.length) {
+      obj.logs = message.logs.map((e) => RequestLog.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListRequestLogsResponse>, I>>(base?: I): ListRequestLogsResponse {
+    return ListRequestLogsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListRequestLogsResponse>, I>>(object: I): ListRequestLogsResponse {
+    const message = createBaseListRequestLogsResponse();
+    message.logs = object.logs?.map((e) => RequestLog.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
+    return message;
+  },
+};
+
 /**
  * The console API: everything the `tollgate` CLI (and any other admin tool) needs.
  * Authentication: metadata `authorization: Bearer <token>`, either the operator token or an
@@ -4528,6 +5450,21 @@ export const ConsoleServiceService = {
       Buffer.from(ReloadConfigResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ReloadConfigResponse => ReloadConfigResponse.decode(value),
   },
+  /**
+   * Request logs, newest first, paged. Members of the organisation of the key, project or
+   * organisation asked for; the operator everywhere (and only the operator sees unknown-key 401s).
+   */
+  listRequestLogs: {
+    path: "/tollgate.v1.ConsoleService/ListRequestLogs" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListRequestLogsRequest): Buffer =>
+      Buffer.from(ListRequestLogsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListRequestLogsRequest => ListRequestLogsRequest.decode(value),
+    responseSerialize: (value: ListRequestLogsResponse): Buffer =>
+      Buffer.from(ListRequestLogsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListRequestLogsResponse => ListRequestLogsResponse.decode(value),
+  },
 } as const;
 
 export interface ConsoleServiceServer extends UntypedServiceImplementation {
@@ -4565,6 +5502,11 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
   listNodes: handleUnaryCall<ListNodesRequest, ListNodesResponse>;
   /** Operator only. Re-reads the gateway config file and pushes it to every node. */
   reloadConfig: handleUnaryCall<ReloadConfigRequest, ReloadConfigResponse>;
+  /**
+   * Request logs, newest first, paged. Members of the organisation of the key, project or
+   * organisation asked for; the operator everywhere (and only the operator sees unknown-key 401s).
+   */
+  listRequestLogs: handleUnaryCall<ListRequestLogsRequest, ListRequestLogsResponse>;
 }
 
 export interface ConsoleServiceClient extends Client {
@@ -4855,6 +5797,25 @@ export interface ConsoleServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ReloadConfigResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Request logs, newest first, paged. Members of the organisation of the key, project or
+   * organisation asked for; the operator everywhere (and only the operator sees unknown-key 401s).
+   */
+  listRequestLogs(
+    request: ListRequestLogsRequest,
+    callback: (error: ServiceError | null, response: ListRequestLogsResponse) => void,
+  ): ClientUnaryCall;
+  listRequestLogs(
+    request: ListRequestLogsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListRequestLogsResponse) => void,
+  ): ClientUnaryCall;
+  listRequestLogs(
+    request: ListRequestLogsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListRequestLogsResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -28,6 +28,7 @@ export interface NodeMessage {
   report?: Report | undefined;
   leaseRequest?: LeaseRequest | undefined;
   resync?: Resync | undefined;
+  nodeStatus?: NodeStatus | undefined;
 }
 
 export interface ControlMessage {
@@ -79,6 +80,8 @@ export interface Snapshot {
   config: GatewayConfig | undefined;
   keys: KeyEntry[];
   orgs: OrgEntry[];
+  /** Revoked keys: they never authenticate; a node logs attempts made with them against the key. */
+  tombstones: KeyTombstone[];
 }
 
 export interface Delta {
@@ -181,6 +184,15 @@ export interface Report {
   seq: number;
   usage: UsageRecord[];
   lastUsed: LastUsed[];
+  /** Request logs of this batch, column by column. */
+  logs:
+    | LogColumns
+    | undefined;
+  /**
+   * The node instance that numbered this report when it is not the connection's own (a restarted
+   * node replaying its journal): the control plane deduplicates by (node_id, instance_id, seq).
+   */
+  instanceId: string;
 }
 
 export interface UsageRecord {
@@ -212,6 +224,8 @@ export interface LastUsed {
 
 export interface ReportAck {
   seq: number;
+  /** The report's instance_id, echoed (empty for the connection's own instance). */
+  instanceId: string;
 }
 
 /** Leases: a node admits only against slices it holds (see design.md, "Money and limits across nodes"). */
@@ -332,8 +346,72 @@ export interface OrgLease {
   exhausted: boolean;
 }
 
+/**
+ * A revoked key's hash (hex HMAC-SHA256(pepper, key value)) with the key it belonged to. It never
+ * authenticates; it only names the key in the request log of an attempt made with it.
+ */
+export interface KeyTombstone {
+  keyHash: string;
+  keyId: string;
+  projectId: string;
+  orgId: string;
+}
+
+/**
+ * Request logs of one report, stored column by column (every column has one entry per row; numbers
+ * are packed). Repeated text (key, project, organisation, path, model, user agent, IP, reason) is an
+ * index into `strings`, so a batch of a few keys costs a few bytes per row. Never a key value,
+ * prompt or completion.
+ */
+export interface LogColumns {
+  strings: string[];
+  /** The request id of each row (unique per node instance). */
+  requestId: string[];
+  /** ms since epoch, each the difference from the previous row's (the first from 0). */
+  atMsDelta: number[];
+  keyId: number[];
+  projectId: number[];
+  orgId: number[];
+  clientIp: number[];
+  userAgent: number[];
+  method: number[];
+  path: number[];
+  status: number[];
+  latencyUs: number[];
+  bytesIn: number[];
+  bytesOut: number[];
+  model: number[];
+  promptTokens: number[];
+  completionTokens: number[];
+  costMicros: number[];
+  /**
+   * Why the request was refused: the 429 dimension (requests, tokens, max_parallel_requests, edge), the
+   * 401 type (authentication_error for a revoked or unknown key, insufficient_quota,
+   * model_not_allowed), another error code, or "" when it was not refused.
+   */
+  reason: number[];
+  /** For a sampled 401 of an unknown key (key_id ""): the first characters of the presented value. */
+  keyPrefix: number[];
+}
+
+/** How far behind the node's report journal is, sent when it changes (at most once a second). */
+export interface NodeStatus {
+  /** Reports written to the node's journal and not yet acknowledged. */
+  journalBatches: number;
+  journalBytes: number;
+  /** Request-log rows the node dropped because its journal was full (since it started). */
+  droppedLogRows: number;
+}
+
 function createBaseNodeMessage(): NodeMessage {
-  return { hello: undefined, ack: undefined, report: undefined, leaseRequest: undefined, resync: undefined };
+  return {
+    hello: undefined,
+    ack: undefined,
+    report: undefined,
+    leaseRequest: undefined,
+    resync: undefined,
+    nodeStatus: undefined,
+  };
 }
 
 export const NodeMessage: MessageFns<NodeMessage> = {
@@ -352,6 +430,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     }
     if (message.resync !== undefined) {
       Resync.encode(message.resync, writer.uint32(42).fork()).join();
+    }
+    if (message.nodeStatus !== undefined) {
+      NodeStatus.encode(message.nodeStatus, writer.uint32(50).fork()).join();
     }
     return writer;
   },
@@ -409,6 +490,14 @@ export const NodeMessage: MessageFns<NodeMessage> = {
             message.resync = Resync.decode(reader, reader.uint32());
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.nodeStatus = NodeStatus.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -432,6 +521,11 @@ export const NodeMessage: MessageFns<NodeMessage> = {
         ? LeaseRequest.fromJSON(object.lease_request)
         : undefined,
       resync: isSet(object.resync) ? Resync.fromJSON(object.resync) : undefined,
+      nodeStatus: isSet(object.nodeStatus)
+        ? NodeStatus.fromJSON(object.nodeStatus)
+        : isSet(object.node_status)
+        ? NodeStatus.fromJSON(object.node_status)
+        : undefined,
     };
   },
 
@@ -452,6 +546,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     if (message.resync !== undefined) {
       obj.resync = Resync.toJSON(message.resync);
     }
+    if (message.nodeStatus !== undefined) {
+      obj.nodeStatus = NodeStatus.toJSON(message.nodeStatus);
+    }
     return obj;
   },
 
@@ -470,6 +567,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
       : undefined;
     message.resync = (object.resync !== undefined && object.resync !== null)
       ? Resync.fromPartial(object.resync)
+      : undefined;
+    message.nodeStatus = (object.nodeStatus !== undefined && object.nodeStatus !== null)
+      ? NodeStatus.fromPartial(object.nodeStatus)
       : undefined;
     return message;
   },
@@ -1056,7 +1156,7 @@ export const Resync: MessageFns<Resync> = {
 };
 
 function createBaseSnapshot(): Snapshot {
-  return { version: 0, config: undefined, keys: [], orgs: [] };
+  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [] };
 }
 
 export const Snapshot: MessageFns<Snapshot> = {
@@ -1072,6 +1172,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     }
     for (const v of message.orgs) {
       OrgEntry.encode(v!, writer.uint32(34).fork()).join();
+    }
+    for (const v of message.tombstones) {
+      KeyTombstone.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -1121,6 +1224,14 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.orgs.push(OrgEntry.decode(reader, reader.uint32()));
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.tombstones.push(KeyTombstone.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1139,6 +1250,9 @@ export const Snapshot: MessageFns<Snapshot> = {
       config: isSet(object.config) ? GatewayConfig.fromJSON(object.config) : undefined,
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyEntry.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgEntry.fromJSON(e)) : [],
+      tombstones: globalThis.Array.isArray(object?.tombstones)
+        ? object.tombstones.map((e: any) => KeyTombstone.fromJSON(e))
+        : [],
     };
   },
 
@@ -1156,6 +1270,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.orgs?.length) {
       obj.orgs = message.orgs.map((e) => OrgEntry.toJSON(e));
     }
+    if (message.tombstones?.length) {
+      obj.tombstones = message.tombstones.map((e) => KeyTombstone.toJSON(e));
+    }
     return obj;
   },
 
@@ -1170,6 +1287,7 @@ export const Snapshot: MessageFns<Snapshot> = {
       : undefined;
     message.keys = object.keys?.map((e) => KeyEntry.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgEntry.fromPartial(e)) || [];
+    message.tombstones = object.tombstones?.map((e) => KeyTombstone.fromPartial(e)) || [];
     return message;
   },
 };
@@ -2633,7 +2751,7 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
 };
 
 function createBaseReport(): Report {
-  return { seq: 0, usage: [], lastUsed: [] };
+  return { seq: 0, usage: [], lastUsed: [], logs: undefined, instanceId: "" };
 }
 
 export const Report: MessageFns<Report> = {
@@ -2646,6 +2764,12 @@ export const Report: MessageFns<Report> = {
     }
     for (const v of message.lastUsed) {
       LastUsed.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.logs !== undefined) {
+      LogColumns.encode(message.logs, writer.uint32(34).fork()).join();
+    }
+    if (message.instanceId !== "") {
+      writer.uint32(42).string(message.instanceId);
     }
     return writer;
   },
@@ -2687,6 +2811,22 @@ export const Report: MessageFns<Report> = {
             message.lastUsed.push(LastUsed.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.logs = LogColumns.decode(reader, reader.uint32());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.instanceId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2708,6 +2848,12 @@ export const Report: MessageFns<Report> = {
         : globalThis.Array.isArray(object?.last_used)
         ? object.last_used.map((e: any) => LastUsed.fromJSON(e))
         : [],
+      logs: isSet(object.logs) ? LogColumns.fromJSON(object.logs) : undefined,
+      instanceId: isSet(object.instanceId)
+        ? globalThis.String(object.instanceId)
+        : isSet(object.instance_id)
+        ? globalThis.String(object.instance_id)
+        : "",
     };
   },
 
@@ -2722,6 +2868,12 @@ export const Report: MessageFns<Report> = {
     if (message.lastUsed?.length) {
       obj.lastUsed = message.lastUsed.map((e) => LastUsed.toJSON(e));
     }
+    if (message.logs !== undefined) {
+      obj.logs = LogColumns.toJSON(message.logs);
+    }
+    if (message.instanceId !== "") {
+      obj.instanceId = message.instanceId;
+    }
     return obj;
   },
 
@@ -2733,6 +2885,10 @@ export const Report: MessageFns<Report> = {
     message.seq = object.seq ?? 0;
     message.usage = object.usage?.map((e) => UsageRecord.fromPartial(e)) || [];
     message.lastUsed = object.lastUsed?.map((e) => LastUsed.fromPartial(e)) || [];
+    message.logs = (object.logs !== undefined && object.logs !== null)
+      ? LogColumns.fromPartial(object.logs)
+      : undefined;
+    message.instanceId = object.instanceId ?? "";
     return message;
   },
 };
@@ -3142,13 +3298,16 @@ export const LastUsed: MessageFns<LastUsed> = {
 };
 
 function createBaseReportAck(): ReportAck {
-  return { seq: 0 };
+  return { seq: 0, instanceId: "" };
 }
 
 export const ReportAck: MessageFns<ReportAck> = {
   encode(message: ReportAck, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.seq !== 0) {
       writer.uint32(8).int64(message.seq);
+    }
+    if (message.instanceId !== "") {
+      writer.uint32(18).string(message.instanceId);
     }
     return writer;
   },
@@ -3174,6 +3333,14 @@ export const ReportAck: MessageFns<ReportAck> = {
             message.seq = longToNumber(reader.int64());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.instanceId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3187,13 +3354,23 @@ export const ReportAck: MessageFns<ReportAck> = {
   },
 
   fromJSON(object: any): ReportAck {
-    return { seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0 };
+    return {
+      seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
+      instanceId: isSet(object.instanceId)
+        ? globalThis.String(object.instanceId)
+        : isSet(object.instance_id)
+        ? globalThis.String(object.instance_id)
+        : "",
+    };
   },
 
   toJSON(message: ReportAck): unknown {
     const obj: any = {};
     if (message.seq !== 0) {
       obj.seq = Math.round(message.seq);
+    }
+    if (message.instanceId !== "") {
+      obj.instanceId = message.instanceId;
     }
     return obj;
   },
@@ -3204,6 +3381,7 @@ export const ReportAck: MessageFns<ReportAck> = {
   fromPartial<I extends Exact<DeepPartial<ReportAck>, I>>(object: I): ReportAck {
     const message = createBaseReportAck();
     message.seq = object.seq ?? 0;
+    message.instanceId = object.instanceId ?? "";
     return message;
   },
 };
@@ -4693,6 +4871,960 @@ export const OrgLease: MessageFns<OrgLease> = {
     message.orgId = object.orgId ?? "";
     message.micros = object.micros ?? 0;
     message.exhausted = object.exhausted ?? false;
+    return message;
+  },
+};
+
+function createBaseKeyTombstone(): KeyTombstone {
+  return { keyHash: "", keyId: "", projectId: "", orgId: "" };
+}
+
+export const KeyTombstone: MessageFns<KeyTombstone> = {
+  encode(message: KeyTombstone, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyHash !== "") {
+      writer.uint32(10).string(message.keyHash);
+    }
+    if (message.keyId !== "") {
+      writer.uint32(18).string(message.keyId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(26).string(message.projectId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(34).string(message.orgId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyTombstone {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyTombstone();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyHash = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyTombstone {
+    return {
+      keyHash: isSet(object.keyHash)
+        ? globalThis.String(object.keyHash)
+        : isSet(object.key_hash)
+        ? globalThis.String(object.key_hash)
+        : "",
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+    };
+  },
+
+  toJSON(message: KeyTombstone): unknown {
+    const obj: any = {};
+    if (message.keyHash !== "") {
+      obj.keyHash = message.keyHash;
+    }
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyTombstone>, I>>(base?: I): KeyTombstone {
+    return KeyTombstone.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyTombstone>, I>>(object: I): KeyTombstone {
+    const message = createBaseKeyTombstone();
+    message.keyHash = object.keyHash ?? "";
+    message.keyId = object.keyId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.orgId = object.orgId ?? "";
+    return message;
+  },
+};
+
+function createBaseLogColumns(): LogColumns {
+  return {
+    strings: [],
+    requestId: [],
+    atMsDelta: [],
+    keyId: [],
+    projectId: [],
+    orgId: [],
+    clientIp: [],
+    userAgent: [],
+    method: [],
+    path: [],
+    status: [],
+    latencyUs: [],
+    bytesIn: [],
+    bytesOut: [],
+    model: [],
+    promptTokens: [],
+    completionTokens: [],
+    costMicros: [],
+    reason: [],
+    keyPrefix: [],
+  };
+}
+
+export const LogColumns: MessageFns<LogColumns> = {
+  encode(message: LogColumns, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.strings) {
+      writer.uint32(10).string(v!);
+    }
+    for (const v of message.requestId) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.atMsDelta.length !== 0) {
+      writer.uint32(26).fork();
+      for (const v of message.atMsDelta) {
+        writer.sint64(v);
+      }
+      writer.join();
+    }
+    if (message.keyId.length !== 0) {
+      writer.uint32(34).fork();
+      for (const v of message.keyId) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.projectId.length !== 0) {
+      writer.uint32(42).fork();
+      for (const v of message.projectId) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.orgId.length !== 0) {
+      writer.uint32(50).fork();
+      for (const v of message.orgId) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.clientIp.length !== 0) {
+      writer.uint32(58).fork();
+      for (const v of message.clientIp) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.userAgent.length !== 0) {
+      writer.uint32(66).fork();
+      for (const v of message.userAgent) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.method.length !== 0) {
+      writer.uint32(74).fork();
+      for (const v of message.method) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.path.length !== 0) {
+      writer.uint32(82).fork();
+      for (const v of message.path) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.status.length !== 0) {
+      writer.uint32(90).fork();
+      for (const v of message.status) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.latencyUs.length !== 0) {
+      writer.uint32(98).fork();
+      for (const v of message.latencyUs) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.bytesIn.length !== 0) {
+      writer.uint32(106).fork();
+      for (const v of message.bytesIn) {
+        writer.uint64(v);
+      }
+      writer.join();
+    }
+    if (message.bytesOut.length !== 0) {
+      writer.uint32(114).fork();
+      for (const v of message.bytesOut) {
+        writer.uint64(v);
+      }
+      writer.join();
+    }
+    if (message.model.length !== 0) {
+      writer.uint32(122).fork();
+      for (const v of message.model) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.promptTokens.length !== 0) {
+      writer.uint32(130).fork();
+      for (const v of message.promptTokens) {
+        writer.uint64(v);
+      }
+      writer.join();
+    }
+    if (message.completionTokens.length !== 0) {
+      writer.uint32(138).fork();
+      for (const v of message.completionTokens) {
+        writer.uint64(v);
+      }
+      writer.join();
+    }
+    if (message.costMicros.length !== 0) {
+      writer.uint32(146).fork();
+      for (const v of message.costMicros) {
+        writer.uint64(v);
+      }
+      writer.join();
+    }
+    if (message.reason.length !== 0) {
+      writer.uint32(154).fork();
+      for (const v of message.reason) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.keyPrefix.length !== 0) {
+      writer.uint32(162).fork();
+      for (const v of message.keyPrefix) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LogColumns {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLogColumns();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.strings.push(reader.string());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.requestId.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag === 24) {
+              message.atMsDelta.push(longToNumber(reader.sint64()));
+
+              continue;
+            }
+
+            if (tag === 26) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.atMsDelta.push(longToNumber(reader.sint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 4: {
+            if (tag === 32) {
+              message.keyId.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 34) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.keyId.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 5: {
+            if (tag === 40) {
+              message.projectId.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 42) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.projectId.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 6: {
+            if (tag === 48) {
+              message.orgId.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 50) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.orgId.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 7: {
+            if (tag === 56) {
+              message.clientIp.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 58) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.clientIp.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 8: {
+            if (tag === 64) {
+              message.userAgent.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 66) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.userAgent.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 9: {
+            if (tag === 72) {
+              message.method.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 74) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.method.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 10: {
+            if (tag === 80) {
+              message.path.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 82) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.path.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 11: {
+            if (tag === 88) {
+              message.status.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 90) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.status.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 12: {
+            if (tag === 96) {
+              message.latencyUs.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 98) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.latencyUs.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 13: {
+            if (tag === 104) {
+              message.bytesIn.push(longToNumber(reader.uint64()));
+
+              continue;
+            }
+
+            if (tag === 106) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.bytesIn.push(longToNumber(reader.uint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 14: {
+            if (tag === 112) {
+              message.bytesOut.push(longToNumber(reader.uint64()));
+
+              continue;
+            }
+
+            if (tag === 114) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.bytesOut.push(longToNumber(reader.uint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 15: {
+            if (tag === 120) {
+              message.model.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 122) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.model.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 16: {
+            if (tag === 128) {
+              message.promptTokens.push(longToNumber(reader.uint64()));
+
+              continue;
+            }
+
+            if (tag === 130) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.promptTokens.push(longToNumber(reader.uint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 17: {
+            if (tag === 136) {
+              message.completionTokens.push(longToNumber(reader.uint64()));
+
+              continue;
+            }
+
+            if (tag === 138) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.completionTokens.push(longToNumber(reader.uint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 18: {
+            if (tag === 144) {
+              message.costMicros.push(longToNumber(reader.uint64()));
+
+              continue;
+            }
+
+            if (tag === 146) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.costMicros.push(longToNumber(reader.uint64()));
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 19: {
+            if (tag === 152) {
+              message.reason.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 154) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.reason.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 20: {
+            if (tag === 160) {
+              message.keyPrefix.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 162) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.keyPrefix.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): LogColumns {
+    return {
+      strings: globalThis.Array.isArray(object?.strings) ? object.strings.map((e: any) => globalThis.String(e)) : [],
+      requestId: globalThis.Array.isArray(object?.requestId)
+        ? object.requestId.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.request_id)
+        ? object.request_id.map((e: any) => globalThis.String(e))
+        : [],
+      atMsDelta: globalThis.Array.isArray(object?.atMsDelta)
+        ? object.atMsDelta.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.at_ms_delta)
+        ? object.at_ms_delta.map((e: any) => globalThis.Number(e))
+        : [],
+      keyId: globalThis.Array.isArray(object?.keyId)
+        ? object.keyId.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.key_id)
+        ? object.key_id.map((e: any) => globalThis.Number(e))
+        : [],
+      projectId: globalThis.Array.isArray(object?.projectId)
+        ? object.projectId.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.project_id)
+        ? object.project_id.map((e: any) => globalThis.Number(e))
+        : [],
+      orgId: globalThis.Array.isArray(object?.orgId)
+        ? object.orgId.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.org_id)
+        ? object.org_id.map((e: any) => globalThis.Number(e))
+        : [],
+      clientIp: globalThis.Array.isArray(object?.clientIp)
+        ? object.clientIp.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.client_ip)
+        ? object.client_ip.map((e: any) => globalThis.Number(e))
+        : [],
+      userAgent: globalThis.Array.isArray(object?.userAgent)
+        ? object.userAgent.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.user_agent)
+        ? object.user_agent.map((e: any) => globalThis.Number(e))
+        : [],
+      method: globalThis.Array.isArray(object?.method)
+        ? object.method.map((e: any) => globalThis.Number(e))
+        : [],
+      path: globalThis.Array.isArray(object?.path) ? object.path.map((e: any) => globalThis.Number(e)) : [],
+      status: globalThis.Array.isArray(object?.status) ? object.status.map((e: any) => globalThis.Number(e)) : [],
+      latencyUs: globalThis.Array.isArray(object?.latencyUs)
+        ? object.latencyUs.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.latency_us)
+        ? object.latency_us.map((e: any) => globalThis.Number(e))
+        : [],
+      bytesIn: globalThis.Array.isArray(object?.bytesIn)
+        ? object.bytesIn.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.bytes_in)
+        ? object.bytes_in.map((e: any) => globalThis.Number(e))
+        : [],
+      bytesOut: globalThis.Array.isArray(object?.bytesOut)
+        ? object.bytesOut.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.bytes_out)
+        ? object.bytes_out.map((e: any) => globalThis.Number(e))
+        : [],
+      model: globalThis.Array.isArray(object?.model)
+        ? object.model.map((e: any) => globalThis.Number(e))
+        : [],
+      promptTokens: globalThis.Array.isArray(object?.promptTokens)
+        ? object.promptTokens.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.prompt_tokens)
+        ? object.prompt_tokens.map((e: any) => globalThis.Number(e))
+        : [],
+      completionTokens: globalThis.Array.isArray(object?.completionTokens)
+        ? object.completionTokens.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.completion_tokens)
+        ? object.completion_tokens.map((e: any) => globalThis.Number(e))
+        : [],
+      costMicros: globalThis.Array.isArray(object?.costMicros)
+        ? object.costMicros.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.cost_micros)
+        ? object.cost_micros.map((e: any) => globalThis.Number(e))
+        : [],
+      reason: globalThis.Array.isArray(object?.reason)
+        ? object.reason.map((e: any) => globalThis.Number(e))
+        : [],
+      keyPrefix: globalThis.Array.isArray(object?.keyPrefix)
+        ? object.keyPrefix.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.key_prefix)
+        ? object.key_prefix.map((e: any) => globalThis.Number(e))
+        : [],
+    };
+  },
+
+  toJSON(message: LogColumns): unknown {
+    const obj: any = {};
+    if (message.strings?.length) {
+      obj.strings = message.strings;
+    }
+    if (message.requestId?.length) {
+      obj.requestId = message.requestId;
+    }
+    if (message.atMsDelta?.length) {
+      obj.atMsDelta = message.atMsDelta.map((e) => Math.round(e));
+    }
+    if (message.keyId?.length) {
+      obj.keyId = message.keyId.map((e) => Math.round(e));
+    }
+    if (message.projectId?.length) {
+      obj.projectId = message.projectId.map((e) => Math.round(e));
+    }
+    if (message.orgId?.length) {
+      obj.orgId = message.orgId.map((e) => Math.round(e));
+    }
+    if (message.clientIp?.length) {
+      obj.clientIp = message.clientIp.map((e) => Math.round(e));
+    }
+    if (message.userAgent?.length) {
+      obj.userAgent = message.userAgent.map((e) => Math.round(e));
+    }
+    if (message.method?.length) {
+      obj.method = message.method.map((e) => Math.round(e));
+    }
+    if (message.path?.length) {
+      obj.path = message.path.map((e) => Math.round(e));
+    }
+    if (message.status?.length) {
+      obj.status = message.status.map((e) => Math.round(e));
+    }
+    if (message.latencyUs?.length) {
+      obj.latencyUs = message.latencyUs.map((e) => Math.round(e));
+    }
+    if (message.bytesIn?.length) {
+      obj.bytesIn = message.bytesIn.map((e) => Math.round(e));
+    }
+    if (message.bytesOut?.length) {
+      obj.bytesOut = message.bytesOut.map((e) => Math.round(e));
+    }
+    if (message.model?.length) {
+      obj.model = message.model.map((e) => Math.round(e));
+    }
+    if (message.promptTokens?.length) {
+      obj.promptTokens = message.promptTokens.map((e) => Math.round(e));
+    }
+    if (message.completionTokens?.length) {
+      obj.completionTokens = message.completionTokens.map((e) => Math.round(e));
+    }
+    if (message.costMicros?.length) {
+      obj.costMicros = message.costMicros.map((e) => Math.round(e));
+    }
+    if (message.reason?.length) {
+      obj.reason = message.reason.map((e) => Math.round(e));
+    }
+    if (message.keyPrefix?.length) {
+      obj.keyPrefix = message.keyPrefix.map((e) => Math.round(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<LogColumns>, I>>(base?: I): LogColumns {
+    return LogColumns.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<LogColumns>, I>>(object: I): LogColumns {
+    const message = createBaseLogColumns();
+    message.strings = object.strings?.map((e) => e) || [];
+    message.requestId = object.requestId?.map((e) => e) || [];
+    message.atMsDelta = object.atMsDelta?.map((e) => e) || [];
+    message.keyId = object.keyId?.map((e) => e) || [];
+    message.projectId = object.projectId?.map((e) => e) || [];
+    message.orgId = object.orgId?.map((e) => e) || [];
+    message.clientIp = object.clientIp?.map((e) => e) || [];
+    message.userAgent = object.userAgent?.map((e) => e) || [];
+    message.method = object.method?.map((e) => e) || [];
+    message.path = object.path?.map((e) => e) || [];
+    message.status = object.status?.map((e) => e) || [];
+    message.latencyUs = object.latencyUs?.map((e) => e) || [];
+    message.bytesIn = object.bytesIn?.map((e) => e) || [];
+    message.bytesOut = object.bytesOut?.map((e) => e) || [];
+    message.model = object.model?.map((e) => e) || [];
+    message.promptTokens = object.promptTokens?.map((e) => e) || [];
+    message.completionTokens = object.completionTokens?.map((e) => e) || [];
+    message.costMicros = object.costMicros?.map((e) => e) || [];
+    message.reason = object.reason?.map((e) => e) || [];
+    message.keyPrefix = object.keyPrefix?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseNodeStatus(): NodeStatus {
+  return { journalBatches: 0, journalBytes: 0, droppedLogRows: 0 };
+}
+
+export const NodeStatus: MessageFns<NodeStatus> = {
+  encode(message: NodeStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.journalBatches !== 0) {
+      writer.uint32(8).int64(message.journalBatches);
+    }
+    if (message.journalBytes !== 0) {
+      writer.uint32(16).int64(message.journalBytes);
+    }
+    if (message.droppedLogRows !== 0) {
+      writer.uint32(24).int64(message.droppedLogRows);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): NodeStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseNodeStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.journalBatches = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.journalBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.droppedLogRows = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): NodeStatus {
+    return {
+      journalBatches: isSet(object.journalBatches)
+        ? globalThis.Number(object.journalBatches)
+        : isSet(object.journal_batches)
+        ? globalThis.Number(object.journal_batches)
+        : 0,
+      journalBytes: isSet(object.journalBytes)
+        ? globalThis.Number(object.journalBytes)
+        : isSet(object.journal_bytes)
+        ? globalThis.Number(object.journal_bytes)
+        : 0,
+      droppedLogRows: isSet(object.droppedLogRows)
+        ? globalThis.Number(object.droppedLogRows)
+        : isSet(object.dropped_log_rows)
+        ? globalThis.Number(object.dropped_log_rows)
+        : 0,
+    };
+  },
+
+  toJSON(message: NodeStatus): unknown {
+    const obj: any = {};
+    if (message.journalBatches !== 0) {
+      obj.journalBatches = Math.round(message.journalBatches);
+    }
+    if (message.journalBytes !== 0) {
+      obj.journalBytes = Math.round(message.journalBytes);
+    }
+    if (message.droppedLogRows !== 0) {
+      obj.droppedLogRows = Math.round(message.droppedLogRows);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<NodeStatus>, I>>(base?: I): NodeStatus {
+    return NodeStatus.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<NodeStatus>, I>>(object: I): NodeStatus {
+    const message = createBaseNodeStatus();
+    message.journalBatches = object.journalBatches ?? 0;
+    message.journalBytes = object.journalBytes ?? 0;
+    message.droppedLogRows = object.droppedLogRows ?? 0;
     return message;
   },
 };
