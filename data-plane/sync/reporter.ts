@@ -23,9 +23,9 @@ export interface ReporterOptions {
 }
 
 /** Rows (usage plus logs) per report; a full one is flushed at once. */
-const MAX_ROWS_PER_REPORT = 4000;
+const MAX_ROWS_PER_REPORT = 2000;
 /** Reports sent on a stream and not yet acknowledged. */
-const WINDOW = 16;
+const WINDOW = 4;
 /** Past the journal's cap times this, whole reports (usage too) are dropped rather than kept. */
 const HARD_CAP_FACTOR = 1.5;
 const STATUS_EVERY_MS = 1000;

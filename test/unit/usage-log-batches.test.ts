@@ -1,0 +1,74 @@
+// Request-log batches: rows survive the columnar encoding exactly, values no report could carry
+// (1.5 tokens, "12", NaN, 1e30, negatives) are made safe integers so a report always encodes, and
+// the upstream boundary (cleanCount) turns what an upstream reports into a safe count.
+import assert from 'node:assert/strict';
+import test from 'node:test';
+import { Report } from '../../proto/gen/tollgate/v1/sync.js';
+import { clampCount, decodeLogColumns, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import { cleanCount, MAX_TOKENS_PER_REQUEST } from '../../data-plane/http/request-context.js';
+
+function row(i: number, over: Partial<LogRow> = {}): LogRow {
+  return {
+    requestId: `inst-${i}`, atMs: 1_700_000_000_000 + i * 7, keyId: `key_${i % 3}`, projectId: 'proj_1', orgId: 'org_1', clientIp: `10.0.0.${i % 5}`,
+    userAgent: 'openai-node/6', method: 'POST', path: '/v1/chat/completions', status: i % 4 === 0 ? 429 : 200, latencyUs: 1234 + i, bytesIn: 120, bytesOut: 900 + i,
+    model: 'demo-chat', promptTokens: 10 + i, completionTokens: 5, costMicros: 17, reason: i % 4 === 0 ? 'requests' : '', keyPrefix: '', ...over,
+  };
+}
+
+test('rows survive encode → protobuf → decode unchanged, in order', () => {
+  const b = new LogColumnsBuilder();
+  const rows = Array.from({ length: 500 }, (_, i) => row(i));
+  for (const r of rows) b.add(r);
+  const bytes = Report.encode({ seq: 1, usage: [], lastUsed: [], logs: b.cols, instanceId: 'inst' }).finish();
+  const back = decodeLogColumns(Report.decode(bytes).logs);
+  assert.equal(back.malformed, 0);
+  assert.deepEqual(back.rows, rows);
+  // Repeated text is stored once: a few keys, IPs and one path for 500 rows.
+  assert.ok(b.cols.strings.length < 20, `string table of ${b.cols.strings.length}`);
+  assert.ok(bytes.length / rows.length < 60, `${(bytes.length / rows.length).toFixed(1)} bytes per row`);
+});
+
+const POISON: Array<[unknown, number]> = [
+  [1.5, 2],
+  ['12', 0],
+  [NaN, 0],
+  [1e30, Number.MAX_SAFE_INTEGER],
+  [-3, 0],
+  [Infinity, Number.MAX_SAFE_INTEGER],
+  [undefined, 0],
+  [{}, 0],
+  [7, 7],
+];
+
+test('clampCount: every value becomes a safe non-negative integer', () => {
+  for (const [v, want] of POISON) assert.equal(clampCount(v), want, `clampCount(${String(v)})`);
+});
+
+test('a batch whose rows carry poison values still encodes and decodes', () => {
+  const b = new LogColumnsBuilder();
+  for (const [v] of POISON) {
+    b.add(row(1, { promptTokens: v as number, completionTokens: v as number, costMicros: v as number, latencyUs: v as number, status: v as number, atMs: v as number, userAgent: v as string }));
+  }
+  const bytes = Report.encode({ seq: 2, usage: [], lastUsed: [], logs: b.cols, instanceId: 'inst' }).finish();
+  const back = decodeLogColumns(Report.decode(bytes).logs);
+  assert.equal(back.rows.length, POISON.length);
+  for (const r of back.rows) for (const n of [r.promptTokens, r.completionTokens, r.costMicros, r.latencyUs, r.status, r.atMs]) assert.ok(Number.isSafeInteger(n) && n >= 0);
+});
+
+test('a malformed LogColumns (short column, index out of the table) yields only whole rows', () => {
+  const b = new LogColumnsBuilder();
+  for (let i = 0; i < 3; i++) b.add(row(i));
+  const cols = structuredClone(b.cols);
+  cols.status.pop();
+  assert.equal(decodeLogColumns(cols).rows.length, 2);
+  const cols2 = structuredClone(b.cols);
+  cols2.keyId[1] = 999;
+  const d = decodeLogColumns(cols2);
+  assert.equal(d.rows.length, 2);
+  assert.equal(d.malformed, 1);
+});
+
+test('cleanCount at the upstream boundary: fractions round up, numeric strings are read, the rest is 0, huge values are clamped', () => {
+  const cases: Array<[unknown, number]> = [[1.5, 2], ['12', 12], [NaN, 0], [1e30, MAX_TOKENS_PER_REQUEST], [-4, 0], ['abc', 0], [null, 0], [42, 42]];
+  for (const [v, want] of cases) assert.equal(cleanCount(v, 'usage.prompt_tokens', 'test'), want, `cleanCount(${String(v)})`);
+});
