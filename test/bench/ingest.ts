@@ -1,0 +1,235 @@
+// `npm run bench:ingest [-- PART...]`: the usage pipeline's figures (issue 9). A script that prints
+// figures, not a test; the machine is shared, so read them as orders of magnitude. Parts (all by default):
+//   cpu      control-plane CPU µs per proxied request while a node is under load (/proc/PID/stat)
+//   ingest   request-log rows/s into logs.db (decode + one transaction per 2,000-row batch), bytes per million
+//   query    `tollgate logs --key --since --until` latency on a logs.db of BENCH_QUERY_ROWS rows (10M)
+//   journal  node RSS while the control plane is away and the node journals under load
+// Env: BENCH_DURATION_MS (cpu, default 10000), BENCH_INGEST_ROWS (1000000), BENCH_QUERY_ROWS (10000000),
+// BENCH_JOURNAL_MS (60000), BENCH_CONNECTIONS (32).
+import { readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { Report } from '../../proto/gen/tollgate/v1/sync.js';
+import { decodeLogColumns, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import { SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
+import { ConsoleClient } from '../../cli/console-client.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { runCli, startControlPlane, startDataPlane, startProcess, stopAll, tempDir } from '../helpers/processes.js';
+import { load } from './load.js';
+
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
+const DAY = 86_400_000;
+const body = JSON.stringify({ model: 'bench-chat', messages: [{ role: 'user', content: 'Hello there, how are you?' }] });
+
+/** utime + stime of a process, in µs. */
+function cpuMicros(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // Fields 14 and 15 of stat (1-based), i.e. 11 and 12 after the command name; in clock ticks (100 Hz).
+  return (Number(fields[11]) + Number(fields[12])) * 10_000;
+}
+
+function rssMiB(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) / 1024 : 0;
+}
+
+function fileBytes(path: string): number {
+  let n = 0;
+  for (const f of [path, `${path}-wal`]) {
+    try {
+      n += statSync(f).size;
+    } catch {
+      // absent
+    }
+  }
+  return n;
+}
+
+async function benchCluster(): Promise<{ cp: Awaited<ReturnType<typeof startControlPlane>>; auth: Record<string, string>; upstreamUrl: string }> {
+  const upstream = startProcess(['test/bench/fake-upstream-server.ts']);
+  const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
+  const cp = await startControlPlane({
+    configYaml: configYaml((cfg) => {
+      cfg.trusted_proxies = ['127.0.0.1'];
+      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
+      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
+    }),
+    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
+  });
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'bench' });
+  admin.close();
+  return { cp, auth: { authorization: `Bearer ${key}` }, upstreamUrl };
+}
+
+async function partCpu(): Promise<void> {
+  const durationMs = Number(process.env.BENCH_DURATION_MS ?? 10_000);
+  const { cp, auth } = await benchCluster();
+  const node = await startDataPlane(cp);
+  await load(node.url, auth, body, 2000, CONNECTIONS);
+  // Let the warm-up's reports land before measuring.
+  await new Promise((r) => setTimeout(r, 1500));
+  const cpPid = cp.proc.child.pid!;
+  const nodePid = node.proc.child.pid!;
+  const dbBefore = fileBytes(cp.dbPath) + fileBytes(join(cp.dir, 'logs.db'));
+  const cpBefore = cpuMicros(cpPid);
+  const nodeBefore = cpuMicros(nodePid);
+  const r = await load(node.url, auth, body, durationMs, CONNECTIONS);
+  // Reports of the last quarter second are still on their way: count their ingest too.
+  await new Promise((res) => setTimeout(res, 1500));
+  const cpUsed = cpuMicros(cpPid) - cpBefore;
+  const nodeUsed = cpuMicros(nodePid) - nodeBefore;
+  const requests = r.ok + r.other;
+  const dbGrowth = fileBytes(cp.dbPath) + fileBytes(join(cp.dir, 'logs.db')) - dbBefore;
+  console.log(`cpu: ${requests} requests in ${durationMs} ms (${r.rps.toFixed(0)} req/s of 200s, ${r.other} other) through one node, ${CONNECTIONS} connections`);
+  console.log(`  control plane: ${(cpUsed / requests).toFixed(2)} µs CPU per proxied request (target ≤ 3; 10 ms tick resolution)`);
+  console.log(`  node:          ${(nodeUsed / requests).toFixed(2)} µs CPU per request`);
+  console.log(`  state + logs database growth: ${((dbGrowth / requests) * 1e6 / 2 ** 20).toFixed(0)} MiB per million requests (WAL included, before checkpoint)`);
+  await stopAll();
+}
+
+function syntheticRows(n: number, startMs: number, spanMs: number, keys: string[], seed = 1): LogRow[] {
+  const rows: LogRow[] = [];
+  let x = seed;
+  for (let i = 0; i < n; i++) {
+    x = (x * 1103515245 + 12345) & 0x7fffffff;
+    const key = keys[x % keys.length];
+    rows.push({
+      requestId: `inst${seed}-${i.toString(36)}`,
+      atMs: startMs + Math.floor((i / n) * spanMs),
+      keyId: key,
+      projectId: `proj_${key.slice(-3)}`,
+      orgId: `org_${key.slice(-2)}`,
+      clientIp: `10.${(x >> 8) & 255}.${x & 255}.${(x >> 16) & 255}`,
+      userAgent: 'OpenAI/JS 6.1.0',
+      method: 'POST',
+      path: '/v1/chat/completions',
+      status: x % 50 === 0 ? 429 : 200,
+      latencyUs: 800 + (x % 5000),
+      bytesIn: 120 + (x % 400),
+      bytesOut: 600 + (x % 2000),
+      model: 'gpt-4o-mini',
+      promptTokens: 10 + (x % 500),
+      completionTokens: 20 + (x % 300),
+      costMicros: 30 + (x % 900),
+      reason: x % 50 === 0 ? 'requests' : '',
+      keyPrefix: '',
+    });
+  }
+  return rows;
+}
+
+/** Writes `total` rows in 2,000-row reports (each encoded and decoded as on the wire); returns rows/s. */
+async function fill(store: SqliteLogStore, total: number, startMs: number, spanMs: number, keys: string[], onProgress?: (n: number) => void): Promise<number> {
+  const BATCH = 2000;
+  let written = 0;
+  let seq = 0;
+  let busyMs = 0;
+  while (written < total) {
+    const n = Math.min(BATCH, total - written);
+    const rows = syntheticRows(n, startMs + Math.floor((written / total) * spanMs), Math.floor((n / total) * spanMs), keys, ++seq);
+    const b = new LogColumnsBuilder();
+    for (const r of rows) b.add(r);
+    const bytes = Report.encode({ seq, usage: [], lastUsed: [], logs: b.cols, instanceId: 'bench' }).finish();
+    const t0 = performance.now();
+    // What the control plane does per report: decode, then one transaction.
+    const decoded = decodeLogColumns(Report.decode(bytes).logs).rows;
+    await store.writeBatch({ nodeId: 'bench-node', instanceId: 'bench' }, seq, decoded);
+    busyMs += performance.now() - t0;
+    written += n;
+    onProgress?.(written);
+  }
+  return written / (busyMs / 1000);
+}
+
+async function partIngest(): Promise<void> {
+  const total = Number(process.env.BENCH_INGEST_ROWS ?? 1_000_000);
+  const dir = tempDir('tollgate-bench-ingest-');
+  const now = Date.UTC(2025, 5, 1, 12);
+  const store = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => now });
+  const keys = Array.from({ length: 1000 }, (_, i) => `key_bench${String(i).padStart(4, '0')}`);
+  const rps = await fill(store, total, now - 3_600_000, 3_600_000, keys);
+  await store.close();
+  const bytes = fileBytes(join(dir, 'logs.db'));
+  console.log(`ingest: ${total} request-log rows in 2,000-row reports: ${rps.toFixed(0)} rows/s (target ≥ 150,000; decode + transaction, single writer)`);
+  console.log(`  logs.db: ${(bytes / 2 ** 20).toFixed(1)} MiB, ${((bytes / total) * 1e6 / 2 ** 20).toFixed(0)} MiB per million rows (two indexes)`);
+}
+
+async function partQuery(): Promise<void> {
+  const total = Number(process.env.BENCH_QUERY_ROWS ?? 10_000_000);
+  const days = 10;
+  let cp = await startControlPlane();
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const k = await createKey(admin);
+  admin.close();
+  await cp.proc.kill('SIGTERM');
+  const logsPath = join(cp.dir, 'logs.db');
+  const now = Date.now();
+  const store = await SqliteLogStore.open(logsPath, { retentionDays: 30, now: () => now });
+  // 1,000 keys plus the one asked about, over ten days.
+  const keys = [...Array.from({ length: 1000 }, (_, i) => `key_other${String(i).padStart(4, '0')}`), k.keyId];
+  const t0 = Date.now();
+  let last = 0;
+  const rps = await fill(store, total, now - days * DAY, days * DAY, keys, (n) => {
+    if (n - last >= 1_000_000) {
+      last = n;
+      console.log(`  query: ${n} rows written (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+    }
+  });
+  await store.close();
+  console.log(`query: ${total} rows over ${days} days written at ${rps.toFixed(0)} rows/s; logs.db ${(fileBytes(logsPath) / 2 ** 30).toFixed(2)} GiB`);
+  cp = await startControlPlane({ dir: cp.dir, secrets: cp.secrets });
+  const client = new ConsoleClient(cp.address, cp.secrets.operatorToken);
+  const since = now - 3 * DAY;
+  const until = now - 2 * DAY;
+  const times: number[] = [];
+  let rows = 0;
+  for (let i = 0; i < 10; i++) {
+    const t = performance.now();
+    const res = await client.listRequestLogs({ keyId: k.keyId, projectId: '', orgId: '', sinceMs: since, untilMs: until, clientIp: '', status: 0, unknownKeys: false, limit: 0, pageToken: '' });
+    times.push(performance.now() - t);
+    rows = res.logs.length;
+  }
+  times.sort((a, b) => a - b);
+  console.log(`  ListRequestLogs --key --since --until (one day, first page of ${rows}): median ${times[5].toFixed(1)} ms, max ${times[9].toFixed(1)} ms (target ≤ 200)`);
+  const t = performance.now();
+  const cli = runCli(cp, cp.secrets.operatorToken, ['--json', 'logs', '--key', k.keyId, '--since', new Date(since).toISOString(), '--until', new Date(until).toISOString()]);
+  console.log(`  the CLI process end to end (node and tsx start included): ${(performance.now() - t).toFixed(0)} ms, exit ${cli.code}`);
+  client.close();
+  await stopAll();
+}
+
+async function partJournal(): Promise<void> {
+  const durationMs = Number(process.env.BENCH_JOURNAL_MS ?? 60_000);
+  const { cp, auth } = await benchCluster();
+  const node = await startDataPlane(cp, { extraArgs: ['--data-dir', tempDir('tollgate-bench-node-')] });
+  await load(node.url, auth, body, 2000, CONNECTIONS);
+  await cp.proc.kill('SIGKILL');
+  const pid = node.proc.child.pid!;
+  const samples: number[] = [];
+  let ok = 0;
+  const t0 = Date.now();
+  while (Date.now() - t0 < durationMs) {
+    const r = await load(node.url, auth, body, 5000, CONNECTIONS);
+    ok += r.ok;
+    samples.push(rssMiB(pid));
+  }
+  const first = samples[0];
+  console.log(`journal: ${durationMs / 1000} s of control-plane outage, ${ok} requests journaled by one node (shorter than the issue's 5 minutes)`);
+  console.log(`  node RSS every 5 s (MiB): ${samples.map((s) => s.toFixed(0)).join(' ')}; range ${(Math.max(...samples) - Math.min(...samples)).toFixed(0)} MiB, last − first ${(samples[samples.length - 1] - first).toFixed(0)} MiB (target ±30)`);
+  await stopAll();
+}
+
+const PARTS: Record<string, () => Promise<void>> = { cpu: partCpu, ingest: partIngest, query: partQuery, journal: partJournal };
+
+async function main(): Promise<void> {
+  const wanted = process.argv.slice(2).filter((a) => a in PARTS);
+  for (const p of wanted.length > 0 ? wanted : Object.keys(PARTS)) await PARTS[p]();
+}
+
+main().catch(async (err) => {
+  console.error(err);
+  await stopAll();
+  process.exit(1);
+});
