@@ -10,7 +10,9 @@ import { readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { decodeLogColumns, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
-import { SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
+import { Db } from '../../control-plane/store/db.js';
+import { dayOf, SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
+import { cpus } from 'node:os';
 import { ConsoleClient } from '../../cli/console-client.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
@@ -120,12 +122,17 @@ function syntheticRows(n: number, startMs: number, spanMs: number, keys: string[
   return rows;
 }
 
-/** Writes `total` rows in 2,000-row reports (each encoded and decoded as on the wire); returns rows/s. */
-async function fill(store: SqliteLogStore, total: number, startMs: number, spanMs: number, keys: string[], onProgress?: (n: number) => void): Promise<number> {
+/**
+ * Writes `total` rows in 2,000-row reports (each encoded and decoded as on the wire). Returns rows per
+ * second of wall time, and rows per second of this process's CPU time (all threads: the SQLite work
+ * runs on libuv's pool), which is the figure that means something on a shared, overloaded machine.
+ */
+async function fill(store: SqliteLogStore, total: number, startMs: number, spanMs: number, keys: string[]): Promise<{ wall: number; perCpuSec: number }> {
   const BATCH = 2000;
   let written = 0;
   let seq = 0;
   let busyMs = 0;
+  let cpuUs = 0;
   while (written < total) {
     const n = Math.min(BATCH, total - written);
     const rows = syntheticRows(n, startMs + Math.floor((written / total) * spanMs), Math.floor((n / total) * spanMs), keys, ++seq);
@@ -133,14 +140,16 @@ async function fill(store: SqliteLogStore, total: number, startMs: number, spanM
     for (const r of rows) b.add(r);
     const bytes = Report.encode({ seq, usage: [], lastUsed: [], logs: b.cols, instanceId: 'bench' }).finish();
     const t0 = performance.now();
+    const c0 = process.cpuUsage();
     // What the control plane does per report: decode, then one transaction.
     const decoded = decodeLogColumns(Report.decode(bytes).logs).rows;
     await store.writeBatch({ nodeId: 'bench-node', instanceId: 'bench' }, seq, decoded);
+    const c = process.cpuUsage(c0);
+    cpuUs += c.user + c.system;
     busyMs += performance.now() - t0;
     written += n;
-    onProgress?.(written);
   }
-  return written / (busyMs / 1000);
+  return { wall: written / (busyMs / 1000), perCpuSec: written / (cpuUs / 1e6) };
 }
 
 async function partIngest(): Promise<void> {
@@ -152,7 +161,9 @@ async function partIngest(): Promise<void> {
   const rps = await fill(store, total, now - 3_600_000, 3_600_000, keys);
   await store.close();
   const bytes = fileBytes(join(dir, 'logs.db'));
-  console.log(`ingest: ${total} request-log rows in 2,000-row reports: ${rps.toFixed(0)} rows/s (target ≥ 150,000; decode + transaction, single writer)`);
+  console.log(`ingest: ${total} request-log rows in 2,000-row reports (decode + one transaction each, single writer; target ≥ 150,000 rows/s)`);
+  console.log(`  ${rps.wall.toFixed(0)} rows/s of wall time on this shared machine (load average ${readFileSync('/proc/loadavg', 'utf8').split(' ')[0]} on ${cpus().length} cores)`);
+  console.log(`  ${rps.perCpuSec.toFixed(0)} rows per second of CPU time (${(1e6 / rps.perCpuSec).toFixed(2)} µs CPU per row): the rate one free core would sustain`);
   console.log(`  logs.db: ${(bytes / 2 ** 20).toFixed(1)} MiB, ${((bytes / total) * 1e6 / 2 ** 20).toFixed(0)} MiB per million rows (two indexes)`);
 }
 
@@ -167,18 +178,28 @@ async function partQuery(): Promise<void> {
   const logsPath = join(cp.dir, 'logs.db');
   const now = Date.now();
   const store = await SqliteLogStore.open(logsPath, { retentionDays: 30, now: () => now });
-  // 1,000 keys plus the one asked about, over ten days.
-  const keys = [...Array.from({ length: 1000 }, (_, i) => `key_other${String(i).padStart(4, '0')}`), k.keyId];
+  // Day tables made by the store (one real row each), then filled straight in SQL: 1,000 other keys
+  // and the key asked about, spread evenly over ten days.
+  const perDay = Math.floor(total / days);
   const t0 = Date.now();
-  let last = 0;
-  const rps = await fill(store, total, now - days * DAY, days * DAY, keys, (n) => {
-    if (n - last >= 1_000_000) {
-      last = n;
-      console.log(`  query: ${n} rows written (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
-    }
-  });
+  for (let d = 0; d < days; d++) {
+    const start = now - (days - d) * DAY;
+    await store.writeBatch({ nodeId: 'seed', instanceId: 'seed' }, d + 1, syntheticRows(1, start, 1, [k.keyId], d + 1));
+  }
   await store.close();
-  console.log(`query: ${total} rows over ${days} days written at ${rps.toFixed(0)} rows/s; logs.db ${(fileBytes(logsPath) / 2 ** 30).toFixed(2)} GiB`);
+  const raw = await Db.open(logsPath);
+  for (let d = 0; d < days; d++) {
+    const start = now - (days - d) * DAY;
+    const table = `logs_${dayOf(start)}`;
+    await raw.exec(`WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ${perDay - 1})
+      INSERT INTO ${table} SELECT 'gen-' || ${d} || '-' || i, ${start} + i * ${Math.floor(DAY / perDay)}, 'bench-node',
+        CASE WHEN i % 1001 = 0 THEN '${k.keyId}' ELSE 'key_other' || (i * 7919 % 1000) END, 'proj_x', 'org_' || (i * 7919 % 100),
+        '10.0.' || (i % 256) || '.' || (i % 253), 'OpenAI/JS 6.1.0', 'POST', '/v1/chat/completions', CASE WHEN i % 50 = 0 THEN 429 ELSE 200 END,
+        1000 + i % 5000, 120, 700, 'gpt-4o-mini', 10, 20, 30, '', '' FROM c`);
+    console.log(`  query: day ${d + 1} of ${days} filled (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+  }
+  await raw.close();
+  console.log(`query: ${perDay * days + days} rows over ${days} days; logs.db ${(fileBytes(logsPath) / 2 ** 30).toFixed(2)} GiB`);
   cp = await startControlPlane({ dir: cp.dir, secrets: cp.secrets });
   const client = new ConsoleClient(cp.address, cp.secrets.operatorToken);
   const since = now - 3 * DAY;
