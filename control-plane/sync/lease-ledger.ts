@@ -18,7 +18,7 @@
 // it used (KeyMinuteUsed, sent at most every 100 ms) as a ghost in each pool and frees the rest, so
 // the other nodes can serve the rest of the minute. The ghost is replaced when the same node instance
 // reconnects and says what it holds. What the node admitted after it last said is the only error.
-import type { KeyLeaseReturn, KeyLeaseWant, KeyMinuteUsed } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLeaseReturn, KeyLeaseWant, KeyMinuteUsed, SlotHeld, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 export interface KeyLimitsForLease {
   rpm: number;
@@ -217,6 +217,78 @@ export class KeyLeaseLedger {
     pool.held.set(connId, h);
     pool.totalRequests += h.requests;
     pool.totalTokens += h.tokens;
+  }
+}
+
+export type SlotGrantResult = { kind: 'grant'; slots: number; final: boolean } | { kind: 'reclaim'; from: string[] };
+
+/**
+ * Parallel-request slots: per key a pool of its max_parallel_requests, held by node connections (a
+ * slot is held while the node keeps it, not per minute). A node admits a request only into a slot it
+ * holds; when it has none free it asks, and the ledger takes idle slots back from the other nodes
+ * before it says every slot is in use. A node's statement of what it holds (a want's `held` on its
+ * first want, a return) is authoritative. A closed connection's slots are freed: its requests died
+ * with it (a node cut off but alive counts locally, fail-static).
+ */
+export class SlotLedger {
+  private pools = new Map<string, { total: number; held: Map<string, number> }>();
+
+  grant(connId: string, w: SlotWant, limit: number, suspects: readonly string[] = [], afterReclaim = false): SlotGrantResult {
+    const max = limitOf(limit);
+    let pool = this.pools.get(w.keyId);
+    if (!pool) {
+      pool = { total: 0, held: new Map() };
+      this.pools.set(w.keyId, pool);
+    }
+    if (!pool.held.has(connId)) this.setHeld(w.keyId, pool, connId, w.held);
+    if (!afterReclaim) {
+      const unknown = suspects.filter((c) => c !== connId && !pool.held.has(c));
+      if (unknown.length > 0) return { kind: 'reclaim', from: unknown };
+    }
+    const mine = pool.held.get(connId) ?? 0;
+    const free = max - pool.total;
+    // Wants are totals: what the connection already holds (granted while this want was on its way) counts.
+    const short = w.need > mine && w.need - mine > free;
+    if (short && !afterReclaim) {
+      const from = [...pool.held].filter(([c, h]) => c !== connId && h > 0).map(([c]) => c);
+      if (from.length > 0) return { kind: 'reclaim', from };
+    }
+    const slots = short ? 0 : clamp(Math.max(w.want, w.need) - mine, free);
+    this.setHeld(w.keyId, pool, connId, (pool.held.get(connId) ?? 0) + slots);
+    return { kind: 'grant', slots, final: short };
+  }
+
+  /** The node says what it holds now (after giving back idle slots). */
+  applyHeld(connId: string, r: SlotHeld): void {
+    let pool = this.pools.get(r.keyId);
+    if (!pool) {
+      if (r.held <= 0) return;
+      pool = { total: 0, held: new Map() };
+      this.pools.set(r.keyId, pool);
+    }
+    this.setHeld(r.keyId, pool, connId, r.held);
+  }
+
+  heldBy(connId: string, keyId: string): number {
+    return this.pools.get(keyId)?.held.get(connId) ?? 0;
+  }
+
+  dropConnection(connId: string): void {
+    for (const [keyId, pool] of this.pools) if (pool.held.has(connId)) this.setHeld(keyId, pool, connId, 0, false);
+  }
+
+  get size(): number {
+    return this.pools.size;
+  }
+
+  /** A connection holding 0 is kept in the pool (it has said what it holds); an empty pool is dropped. */
+  private setHeld(keyId: string, pool: { total: number; held: Map<string, number> }, connId: string, held: number, keep = true): void {
+    const before = pool.held.get(connId) ?? 0;
+    const after = Number.isFinite(held) ? Math.max(0, held) : 0;
+    pool.total += after - before;
+    if (keep) pool.held.set(connId, after);
+    else pool.held.delete(connId);
+    if (pool.total === 0 && !keep && pool.held.size === 0) this.pools.delete(keyId);
   }
 }
 

@@ -160,6 +160,7 @@ export class SyncClient {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
+      for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);
       if (msg.leaseGrant.usedAck) leases.applyUsedAck(msg.leaseGrant.usedAck);
     } else if (msg.roster && leases) {
       leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);

@@ -237,6 +237,41 @@ export interface LeaseRequest {
   used: KeyMinuteUsed[];
   /** Non-zero: answer with LeaseGrant.used_ack = this, once `used` is recorded. */
   usedSeq: number;
+  /**
+   * Parallel-request slots of keys: wanted, and what the node now holds (answering a reclaim, or
+   * giving back idle slots). Slots are not per minute: a slot is held while the node keeps it.
+   */
+  slotWants: SlotWant[];
+  slotReturns: SlotHeld[];
+}
+
+export interface SlotWant {
+  keyId: string;
+  /** What the node holds now (registered on a connection's first want). */
+  held: number;
+  /**
+   * How many slots the node would like to hold in all (not in addition: wants on their way at the same
+   * time ask for the same total, so none is counted twice).
+   */
+  want: number;
+  /**
+   * How many it must hold in all to let its waiting requests in (reclaimed from other nodes before a
+   * refusal); 0 for a prefetch.
+   */
+  need: number;
+}
+
+export interface SlotHeld {
+  keyId: string;
+  /** What the node holds after giving back: its requests in flight. */
+  held: number;
+}
+
+export interface SlotLease {
+  keyId: string;
+  slots: number;
+  /** Every slot of the key is held across the cluster, after reclaiming idle ones: refuse. */
+  final: boolean;
 }
 
 export interface KeyMinuteUsed {
@@ -256,6 +291,8 @@ export interface LeaseReclaim {
   /** Every key minute the node holds (it was the lone node and held whole budgets unasked). */
   allKeys: boolean;
   orgIds: string[];
+  /** Keys whose idle parallel-request slots are wanted back (all_keys: every key's). */
+  slotKeyIds: string[];
 }
 
 export interface KeyMinuteRef {
@@ -315,6 +352,7 @@ export interface LeaseGrant {
   pools: KeyPoolFree[];
   /** Non-zero: the LeaseRequest.used_seq whose `used` the control plane has recorded. */
   usedAck: number;
+  slots: SlotLease[];
 }
 
 export interface KeyPoolFree {
@@ -3235,6 +3273,8 @@ function createBaseLeaseRequest(): LeaseRequest {
     leaving: false,
     used: [],
     usedSeq: 0,
+    slotWants: [],
+    slotReturns: [],
   };
 }
 
@@ -3266,6 +3306,12 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     if (message.usedSeq !== 0) {
       writer.uint32(72).int64(message.usedSeq);
+    }
+    for (const v of message.slotWants) {
+      SlotWant.encode(v!, writer.uint32(82).fork()).join();
+    }
+    for (const v of message.slotReturns) {
+      SlotHeld.encode(v!, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -3355,6 +3401,22 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.usedSeq = longToNumber(reader.int64());
             continue;
           }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.slotWants.push(SlotWant.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.slotReturns.push(SlotHeld.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3400,6 +3462,16 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         : isSet(object.used_seq)
         ? globalThis.Number(object.used_seq)
         : 0,
+      slotWants: globalThis.Array.isArray(object?.slotWants)
+        ? object.slotWants.map((e: any) => SlotWant.fromJSON(e))
+        : globalThis.Array.isArray(object?.slot_wants)
+        ? object.slot_wants.map((e: any) => SlotWant.fromJSON(e))
+        : [],
+      slotReturns: globalThis.Array.isArray(object?.slotReturns)
+        ? object.slotReturns.map((e: any) => SlotHeld.fromJSON(e))
+        : globalThis.Array.isArray(object?.slot_returns)
+        ? object.slot_returns.map((e: any) => SlotHeld.fromJSON(e))
+        : [],
     };
   },
 
@@ -3432,6 +3504,12 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.usedSeq !== 0) {
       obj.usedSeq = Math.round(message.usedSeq);
     }
+    if (message.slotWants?.length) {
+      obj.slotWants = message.slotWants.map((e) => SlotWant.toJSON(e));
+    }
+    if (message.slotReturns?.length) {
+      obj.slotReturns = message.slotReturns.map((e) => SlotHeld.toJSON(e));
+    }
     return obj;
   },
 
@@ -3449,6 +3527,323 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.leaving = object.leaving ?? false;
     message.used = object.used?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
     message.usedSeq = object.usedSeq ?? 0;
+    message.slotWants = object.slotWants?.map((e) => SlotWant.fromPartial(e)) || [];
+    message.slotReturns = object.slotReturns?.map((e) => SlotHeld.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseSlotWant(): SlotWant {
+  return { keyId: "", held: 0, want: 0, need: 0 };
+}
+
+export const SlotWant: MessageFns<SlotWant> = {
+  encode(message: SlotWant, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.held !== 0) {
+      writer.uint32(16).int64(message.held);
+    }
+    if (message.want !== 0) {
+      writer.uint32(24).int64(message.want);
+    }
+    if (message.need !== 0) {
+      writer.uint32(32).int64(message.need);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotWant {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotWant();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.held = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.want = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.need = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotWant {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+      want: isSet(object.want) ? globalThis.Number(object.want) : 0,
+      need: isSet(object.need) ? globalThis.Number(object.need) : 0,
+    };
+  },
+
+  toJSON(message: SlotWant): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    if (message.want !== 0) {
+      obj.want = Math.round(message.want);
+    }
+    if (message.need !== 0) {
+      obj.need = Math.round(message.need);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotWant>, I>>(base?: I): SlotWant {
+    return SlotWant.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotWant>, I>>(object: I): SlotWant {
+    const message = createBaseSlotWant();
+    message.keyId = object.keyId ?? "";
+    message.held = object.held ?? 0;
+    message.want = object.want ?? 0;
+    message.need = object.need ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotHeld(): SlotHeld {
+  return { keyId: "", held: 0 };
+}
+
+export const SlotHeld: MessageFns<SlotHeld> = {
+  encode(message: SlotHeld, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.held !== 0) {
+      writer.uint32(16).int64(message.held);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotHeld {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotHeld();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.held = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotHeld {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+    };
+  },
+
+  toJSON(message: SlotHeld): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotHeld>, I>>(base?: I): SlotHeld {
+    return SlotHeld.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotHeld>, I>>(object: I): SlotHeld {
+    const message = createBaseSlotHeld();
+    message.keyId = object.keyId ?? "";
+    message.held = object.held ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotLease(): SlotLease {
+  return { keyId: "", slots: 0, final: false };
+}
+
+export const SlotLease: MessageFns<SlotLease> = {
+  encode(message: SlotLease, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.slots !== 0) {
+      writer.uint32(16).int64(message.slots);
+    }
+    if (message.final !== false) {
+      writer.uint32(24).bool(message.final);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotLease {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotLease();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.slots = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.final = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotLease {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      slots: isSet(object.slots) ? globalThis.Number(object.slots) : 0,
+      final: isSet(object.final) ? globalThis.Boolean(object.final) : false,
+    };
+  },
+
+  toJSON(message: SlotLease): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.slots !== 0) {
+      obj.slots = Math.round(message.slots);
+    }
+    if (message.final !== false) {
+      obj.final = message.final;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotLease>, I>>(base?: I): SlotLease {
+    return SlotLease.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotLease>, I>>(object: I): SlotLease {
+    const message = createBaseSlotLease();
+    message.keyId = object.keyId ?? "";
+    message.slots = object.slots ?? 0;
+    message.final = object.final ?? false;
     return message;
   },
 };
@@ -3575,7 +3970,7 @@ export const KeyMinuteUsed: MessageFns<KeyMinuteUsed> = {
 };
 
 function createBaseLeaseReclaim(): LeaseReclaim {
-  return { id: 0, keys: [], allKeys: false, orgIds: [] };
+  return { id: 0, keys: [], allKeys: false, orgIds: [], slotKeyIds: [] };
 }
 
 export const LeaseReclaim: MessageFns<LeaseReclaim> = {
@@ -3591,6 +3986,9 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     }
     for (const v of message.orgIds) {
       writer.uint32(34).string(v!);
+    }
+    for (const v of message.slotKeyIds) {
+      writer.uint32(42).string(v!);
     }
     return writer;
   },
@@ -3640,6 +4038,14 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
             message.orgIds.push(reader.string());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.slotKeyIds.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3666,6 +4072,11 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
         : globalThis.Array.isArray(object?.org_ids)
         ? object.org_ids.map((e: any) => globalThis.String(e))
         : [],
+      slotKeyIds: globalThis.Array.isArray(object?.slotKeyIds)
+        ? object.slotKeyIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.slot_key_ids)
+        ? object.slot_key_ids.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -3683,6 +4094,9 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     if (message.orgIds?.length) {
       obj.orgIds = message.orgIds;
     }
+    if (message.slotKeyIds?.length) {
+      obj.slotKeyIds = message.slotKeyIds;
+    }
     return obj;
   },
 
@@ -3695,6 +4109,7 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     message.keys = object.keys?.map((e) => KeyMinuteRef.fromPartial(e)) || [];
     message.allKeys = object.allKeys ?? false;
     message.orgIds = object.orgIds?.map((e) => e) || [];
+    message.slotKeyIds = object.slotKeyIds?.map((e) => e) || [];
     return message;
   },
 };
@@ -4338,7 +4753,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [], pools: [], usedAck: 0 };
+  return { keys: [], orgs: [], pools: [], usedAck: 0, slots: [] };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -4354,6 +4769,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     if (message.usedAck !== 0) {
       writer.uint32(32).int64(message.usedAck);
+    }
+    for (const v of message.slots) {
+      SlotLease.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -4403,6 +4821,14 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.usedAck = longToNumber(reader.int64());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.slots.push(SlotLease.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4425,6 +4851,7 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
         : isSet(object.used_ack)
         ? globalThis.Number(object.used_ack)
         : 0,
+      slots: globalThis.Array.isArray(object?.slots) ? object.slots.map((e: any) => SlotLease.fromJSON(e)) : [],
     };
   },
 
@@ -4442,6 +4869,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.usedAck !== 0) {
       obj.usedAck = Math.round(message.usedAck);
     }
+    if (message.slots?.length) {
+      obj.slots = message.slots.map((e) => SlotLease.toJSON(e));
+    }
     return obj;
   },
 
@@ -4454,6 +4884,7 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     message.orgs = object.orgs?.map((e) => OrgLease.fromPartial(e)) || [];
     message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
     message.usedAck = object.usedAck ?? 0;
+    message.slots = object.slots?.map((e) => SlotLease.fromPartial(e)) || [];
     return message;
   },
 };
