@@ -538,8 +538,8 @@ export class ConsoleService {
         if (value === '') throw invalidArgument('key is required');
         if (value.length > MAX_KEY_VALUE_CHARS || /[\s\x00-\x1f]/.test(value)) throw invalidArgument('that is not a key value: one line of at most 512 characters, no spaces');
         this.findLimiter.take(caller.kind === 'operator' ? 'operator' : caller.account.id, this.state.now());
-        // Values are 256-bit random: guessing is hopeless, and a non-member learns nothing (same answer as
-        // for an unknown value, after the same work).
+        // Values are 256-bit random: guessing is hopeless, and a non-member learns nothing (the same answer
+        // as for an unknown value, after the same work).
         const unknown = notFound(
           keyPattern(this.state.gateway.settings.serviceName).test(value)
             ? 'no key you can see matches this value'
@@ -548,10 +548,12 @@ export class ConsoleService {
         const keyHash = hashKey(this.opts.pepper, value);
         return this.state.db.read(async (q) => {
           const hit = await keyIdOfHash(q, keyHash);
-          if (!hit || !secretsEqual(hit.key_hash, keyHash)) throw unknown;
-          const row = await getKey(q, hit.key_id);
-          if (!row) throw unknown;
-          await this.requireRole(q, caller, row.org_id, 'member', unknown);
+          const matched = hit !== undefined && secretsEqual(hit.key_hash, keyHash);
+          // The same three lookups whether or not the value matched, so that timing does not tell a
+          // non-member "a key of some other organisation" from "no key".
+          const row = await getKey(q, matched ? hit.key_id : '');
+          const role = caller.kind === 'operator' ? 'operator' : await getRole(q, row?.org_id ?? '', caller.account.id);
+          if (!matched || !row || !role) throw unknown;
           return apiKeyOf(row);
         });
       }),
