@@ -340,6 +340,12 @@ test('console: members of the organisation read usage, key show and key find; no
   assertUsageError(asArg, 'key find with the value as an argument', /standard input/);
   assert.ok(!`${asArg.stdout}${asArg.stderr}`.includes(a.key.slice(13)), 'the value is not echoed');
   assertUsageError(cliWithStdin(memberToken, ['key', 'find'], '\n\n'), 'key find with nothing on stdin', /no key value/);
+  // A terminal on standard input (util-linux `script` gives the CLI a pseudo-terminal): refused at once,
+  // rather than waiting for a value that would echo on screen.
+  const command = [process.execPath, '--import', TSX_LOADER, 'cli/main.ts', '--control-plane', cp.address, '--token', memberToken, 'key', 'find'].join(' ');
+  const tty = spawnSync('script', ['-qec', command, '/dev/null'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8', timeout: 60_000 });
+  assert.equal(tty.status, 2, `${tty.stdout}${tty.stderr}`);
+  assert.match(tty.stdout, /^400 key find reads the key value from standard input, and standard input is a terminal/);
   assertUsageError(cliWithStdin(memberToken, ['key', 'find'], 'x'.repeat(5000)), 'key find with a huge stdin', /not one key value/);
   // Bad flags of usage.
   assertUsageError(runCli(cp, memberToken, ['usage', '--project', a.projectId, '--by', 'project']), 'usage --by project', /--by/);
