@@ -8,8 +8,9 @@ import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
-import { status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
+import { credentials, Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import OpenAI from 'openai';
+import { QueryUsageRequest, SyncServiceClient, type QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import { tokenCostMicros } from '../../proto/lib/money.js';
 import { assertFails, assertNoStackTrace, assertUsageError } from '../helpers/console-cli.js';
 import { consoleClient, createKey, type Console, type DemoKey } from '../helpers/console.js';
@@ -382,6 +383,33 @@ test('no key value appears in the output of the control plane or the node', () =
     assert.ok(!node.proc.output().includes(secret), 'node output');
   }
   assertNoStackTrace({ code: 0, stdout: node.proc.output(), stderr: '' }, 'node output');
+});
+
+test('SyncService.QueryUsage: node token required, project from the key record, revoked key not found, bad bounds refused', async () => {
+  const client = new SyncServiceClient(cp.address, credentials.createInsecure());
+  const ask = (token: string, req: Partial<QueryUsageRequest>) =>
+    new Promise<{ code: string; res?: QueryUsageResponse }>((resolve) => {
+      const md = new Metadata();
+      md.set('authorization', `Bearer ${token}`);
+      const full = QueryUsageRequest.fromPartial({ sinceMs: RANGE_START * 1000, untilMs: RANGE_END * 1000, groupBy: 'model', ...req });
+      client.queryUsage(full, md, { deadline: Date.now() + 10_000 }, (err, res) => resolve(err ? { code: GrpcStatus[err.code] } : { code: 'OK', res }));
+    });
+  try {
+    const okB = await ask(cp.secrets.nodeToken, { keyId: b.keyId });
+    assert.equal(okB.code, 'OK');
+    assert.equal(okB.res!.projectId, b.projectId);
+    assert.deepEqual(okB.res!.buckets.map((x) => [x.group, x.requests]), expectedBuckets(b.projectId, 'model').map((x: any) => [x.model, x.requests]));
+    assert.equal((await ask(cp.secrets.operatorToken, { keyId: b.keyId })).code, 'UNAUTHENTICATED', 'the operator token is not a node token');
+    assert.equal((await ask('', { keyId: b.keyId })).code, 'UNAUTHENTICATED');
+    // a2 was revoked in the console test: a node that has not applied the revocation yet still gets nothing.
+    assert.equal((await ask(cp.secrets.nodeToken, { keyId: a2.keyId })).code, 'NOT_FOUND');
+    assert.equal((await ask(cp.secrets.nodeToken, { keyId: 'key_nope' })).code, 'NOT_FOUND');
+    assert.equal((await ask(cp.secrets.nodeToken, { keyId: b.keyId, groupBy: 'project' })).code, 'INVALID_ARGUMENT');
+    assert.equal((await ask(cp.secrets.nodeToken, { keyId: b.keyId, sinceMs: 5000, untilMs: 5000 })).code, 'INVALID_ARGUMENT');
+    assert.equal((await ask(cp.secrets.nodeToken, { keyId: b.keyId, sinceMs: -1 })).code, 'INVALID_ARGUMENT');
+  } finally {
+    client.close();
+  }
 });
 
 test('with the control plane unreachable, a usage read answers 503 in Shape A with retry-after and costs nothing', async () => {
