@@ -84,7 +84,7 @@ async function main(): Promise<void> {
   console.log(`data plane listening on ${listenAddress}`);
 
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset));
+    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);

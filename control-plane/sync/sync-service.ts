@@ -261,6 +261,8 @@ export class SyncService implements NodeFleet {
     const grown = req.keyReturns.filter((r) => r.requests > 0 || r.tokens > 0).map((r) => ({ keyId: r.keyId, minute: r.minute }));
     if (grown.length > 0) this.announceFree(grown, s.connId);
     for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
+    for (const u of req.used) this.keyLeases.recordUsed(s.connId, u);
+    if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq } });
     if (req.reclaimId) {
       if (req.reclaimId === s.wholeReclaimId) s.mayHoldWhole = false;
       const done = s.reclaims.get(req.reclaimId);
@@ -273,7 +275,7 @@ export class SyncService implements NodeFleet {
         // Every want is answered, so no node waits on a want that will never be granted.
         const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
         const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
-        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0 } });
       });
     }
   }
@@ -358,7 +360,7 @@ export class SyncService implements NodeFleet {
       }
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
-    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0 } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
   }
@@ -378,7 +380,7 @@ export class SyncService implements NodeFleet {
         updates.set(target, list);
       }
     }
-    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list } });
+    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0 } });
   }
 
   private sessionByConn(connId: string): NodeSession | undefined {
@@ -487,6 +489,9 @@ export class SyncService implements NodeFleet {
     if (this.sessions.size > 1) this.lastSeveralAtMs = this.state.now();
     this.sessions.delete(s);
     this.moneyLeases.dropConnection(s.connId);
+    // What the node did not say it used is free again (before any waiting grant goes on).
+    const freed = this.keyLeases.release(s.connId);
+    if (freed.length > 0) this.announceFree(freed, s.connId);
     for (const done of [...s.reclaims.values()]) done();
     s.reclaims.clear();
     s.queue.length = 0;

@@ -17,6 +17,10 @@
 // request waits for one; the organisation is refused only when the control plane says nothing is
 // left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
 // asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
+//
+// The node also says what it has used of the key minutes it leased (sendUsed, called every 100 ms
+// by the sync client, only for those that changed): if it dies, the control plane frees the rest of
+// what it held instead of losing it for the minute.
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
@@ -98,6 +102,10 @@ export class LeaseClient implements AllowanceSource {
   /** The node is stopping: it gave everything back and asks for nothing more. */
   private leaving = false;
   private leavingSent = false;
+  /** Leased key minutes whose use changed since the node last said. */
+  private usedDirty = new Set<string>();
+  private usedSeq = 0;
+  private usedAcked = 0;
 
   constructor(
     private readonly clock: Clock,
@@ -128,6 +136,7 @@ export class LeaseClient implements AllowanceSource {
       }
       const orgs = [...this.orgs.values()];
       this.orgs.clear();
+      this.usedDirty.clear();
       this.connected = connected;
       // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
       for (const k of this.keys.values()) wake(k);
@@ -201,7 +210,30 @@ export class LeaseClient implements AllowanceSource {
     if (!k || k.minute !== minute || !this.connected) return;
     k.usedRequests = requests;
     k.usedTokens = tokens;
+    if (minute < this.loneFromMinute) this.usedDirty.add(keyId);
     this.maybeTopUp(keyId, k, 0, 0);
+  }
+
+  /** Says what the node used of leased key minutes that changed since it last said. */
+  sendUsed(): void {
+    if (!this.connected || this.leaving || this.usedDirty.size === 0) return;
+    const used = [];
+    for (const keyId of this.usedDirty) {
+      const k = this.keys.get(keyId);
+      if (k) used.push({ keyId, minute: k.minute, requests: k.usedRequests, tokens: k.usedTokens });
+    }
+    this.usedDirty.clear();
+    if (used.length === 0) return;
+    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq });
+  }
+
+  applyUsedAck(seq: number): void {
+    if (seq > this.usedAcked) this.usedAcked = seq;
+  }
+
+  /** For tests and benchmarks: whether the control plane knows all this node used. */
+  usedState(): { pending: number; sent: number; acked: number } {
+    return { pending: this.usedDirty.size, sent: this.usedSeq, acked: this.usedAcked };
   }
 
   /**
@@ -520,6 +552,8 @@ export class LeaseClient implements AllowanceSource {
       orgReturns,
       leaseEpoch: this.epoch,
       leaving: this.leaving,
+      used: [],
+      usedSeq: 0,
     };
     this.wantKeys = new Map();
     this.wantOrgs = new Map();

@@ -330,3 +330,52 @@ test('key ledger: what a pool has left, and who is in it', () => {
   l.applyReturn('a', { keyId: 'k', minute: 5, requests: 3, tokens: 100, heldRequests: 2, heldTokens: 0 });
   assert.deepEqual(l.freeOf('k', 5, limits), { requests: 17, tokens: 60_000 });
 });
+
+test('key ledger: a connection that closes frees what it did not say it used; its instance coming back replaces the ghost', () => {
+  const l = new KeyLeaseLedger();
+  const limits = { rpm: 20, tpm: 60_000 };
+  granted(l.grant('n1#1', want({ requests: 10, tokens: 1000 }), limits));
+  granted(l.grant('n2#2', want({ requests: 6 }), limits));
+  granted(l.grant('n3#3', want({ requests: 4 }), limits));
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 0, tokens: 59_000 });
+  // Rows: [what the closing connection said it used, what is freed]. Never said: nothing is freed.
+  l.recordUsed('n1#1', { keyId: 'k', minute: 5, requests: 7, tokens: 300 });
+  assert.deepEqual(l.release('n1#1'), [{ keyId: 'k', minute: 5 }]);
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 3, tokens: 59_700 });
+  assert.deepEqual(l.release('n2#2'), [], 'n2 never said what it used: all it held stays counted');
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 3, tokens: 59_700 });
+  // A return says what is still held, which is what was used: newer than the last KeyMinuteUsed.
+  l.recordUsed('n3#3', { keyId: 'k', minute: 5, requests: 1, tokens: 0 });
+  l.applyReturn('n3#3', { keyId: 'k', minute: 5, requests: 1, tokens: 0, heldRequests: 3, heldTokens: 0 });
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 4, tokens: 59_700 });
+  assert.deepEqual(l.release('n3#3'), [], 'nothing more to free: it used all it still held');
+  // Node 1's instance reconnects and says it holds 8 (it used one more after it last said).
+  granted(l.grant('n1#4', want({ heldRequests: 8, heldTokens: 300, requests: 1 }), limits));
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 2, tokens: 59_700 }, 'the ghost of 7 was replaced by the 8 it holds, plus 1 granted');
+  // KeyMinuteUsed for a pool the connection is not in is ignored (a lone node holds whole budgets).
+  l.recordUsed('n9#9', { keyId: 'k', minute: 5, requests: 1, tokens: 1 });
+  assert.deepEqual(l.release('n9#9'), []);
+});
+
+test('lease client: it says what it used of leased key minutes (only those that changed), and not as a lone node', () => {
+  const { lc, sent } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 4, tokens: 5000, freeRequests: 16, freeTokens: 55_000 }));
+  const before = sent.length;
+  lc.sendUsed();
+  assert.equal(sent.length, before, 'nothing used yet: nothing to say');
+  lc.noteUsage('k', 100, 1, 40);
+  lc.noteUsage('k', 100, 2, 90);
+  assert.deepEqual(lc.usedState(), { pending: 1, sent: 0, acked: 0 });
+  lc.sendUsed();
+  const last = sent[sent.length - 1];
+  assert.deepEqual([last.used, last.usedSeq], [[{ keyId: 'k', minute: 100, requests: 2, tokens: 90 }], 1]);
+  lc.sendUsed();
+  assert.equal(sent[sent.length - 1], last, 'unchanged: not said again');
+  lc.applyUsedAck(1);
+  assert.deepEqual(lc.usedState(), { pending: 0, sent: 1, acked: 1 });
+  const lone = client(1).lc;
+  lone.allowanceFor('k', 101, limits);
+  lone.noteUsage('k', 101, 1, 40);
+  assert.equal(lone.usedState().pending, 0, 'a lone node holds whole minutes: nothing to say');
+});

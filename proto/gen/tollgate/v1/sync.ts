@@ -233,6 +233,20 @@ export interface LeaseRequest {
    * plane grants it nothing from now on (a grant already on its way is given back on arrival).
    */
   leaving: boolean;
+  /**
+   * What the node has used (admitted or reserved) of key minutes it leased, for those that changed
+   * since it last said. If the node dies, the control plane frees the rest of what it held.
+   */
+  used: KeyMinuteUsed[];
+  /** Non-zero: answer with LeaseGrant.used_ack = this, once `used` is recorded. */
+  usedSeq: number;
+}
+
+export interface KeyMinuteUsed {
+  keyId: string;
+  minute: number;
+  requests: number;
+  tokens: number;
 }
 
 /**
@@ -302,6 +316,8 @@ export interface LeaseGrant {
    * key really has left).
    */
   pools: KeyPoolFree[];
+  /** Non-zero: the LeaseRequest.used_seq whose `used` the control plane has recorded. */
+  usedAck: number;
 }
 
 export interface KeyPoolFree {
@@ -3235,7 +3251,17 @@ export const ReportAck: MessageFns<ReportAck> = {
 };
 
 function createBaseLeaseRequest(): LeaseRequest {
-  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 0, leaving: false };
+  return {
+    keys: [],
+    orgs: [],
+    reclaimId: 0,
+    keyReturns: [],
+    orgReturns: [],
+    leaseEpoch: 0,
+    leaving: false,
+    used: [],
+    usedSeq: 0,
+  };
 }
 
 export const LeaseRequest: MessageFns<LeaseRequest> = {
@@ -3260,6 +3286,12 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     if (message.leaving !== false) {
       writer.uint32(56).bool(message.leaving);
+    }
+    for (const v of message.used) {
+      KeyMinuteUsed.encode(v!, writer.uint32(66).fork()).join();
+    }
+    if (message.usedSeq !== 0) {
+      writer.uint32(72).int64(message.usedSeq);
     }
     return writer;
   },
@@ -3333,6 +3365,22 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.leaving = reader.bool();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.used.push(KeyMinuteUsed.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.usedSeq = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3370,6 +3418,14 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         ? globalThis.Number(object.lease_epoch)
         : 0,
       leaving: isSet(object.leaving) ? globalThis.Boolean(object.leaving) : false,
+      used: globalThis.Array.isArray(object?.used)
+        ? object.used.map((e: any) => KeyMinuteUsed.fromJSON(e))
+        : [],
+      usedSeq: isSet(object.usedSeq)
+        ? globalThis.Number(object.usedSeq)
+        : isSet(object.used_seq)
+        ? globalThis.Number(object.used_seq)
+        : 0,
     };
   },
 
@@ -3396,6 +3452,12 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.leaving !== false) {
       obj.leaving = message.leaving;
     }
+    if (message.used?.length) {
+      obj.used = message.used.map((e) => KeyMinuteUsed.toJSON(e));
+    }
+    if (message.usedSeq !== 0) {
+      obj.usedSeq = Math.round(message.usedSeq);
+    }
     return obj;
   },
 
@@ -3411,6 +3473,129 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.orgReturns = object.orgReturns?.map((e) => OrgLeaseReturn.fromPartial(e)) || [];
     message.leaseEpoch = object.leaseEpoch ?? 0;
     message.leaving = object.leaving ?? false;
+    message.used = object.used?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
+    message.usedSeq = object.usedSeq ?? 0;
+    return message;
+  },
+};
+
+function createBaseKeyMinuteUsed(): KeyMinuteUsed {
+  return { keyId: "", minute: 0, requests: 0, tokens: 0 };
+}
+
+export const KeyMinuteUsed: MessageFns<KeyMinuteUsed> = {
+  encode(message: KeyMinuteUsed, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(24).int64(message.requests);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(32).int64(message.tokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyMinuteUsed {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyMinuteUsed();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.tokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyMinuteUsed {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+    };
+  },
+
+  toJSON(message: KeyMinuteUsed): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyMinuteUsed>, I>>(base?: I): KeyMinuteUsed {
+    return KeyMinuteUsed.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyMinuteUsed>, I>>(object: I): KeyMinuteUsed {
+    const message = createBaseKeyMinuteUsed();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    message.requests = object.requests ?? 0;
+    message.tokens = object.tokens ?? 0;
     return message;
   },
 };
@@ -4179,7 +4364,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [], pools: [] };
+  return { keys: [], orgs: [], pools: [], usedAck: 0 };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -4192,6 +4377,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     for (const v of message.pools) {
       KeyPoolFree.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.usedAck !== 0) {
+      writer.uint32(32).int64(message.usedAck);
     }
     return writer;
   },
@@ -4233,6 +4421,14 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.pools.push(KeyPoolFree.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.usedAck = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4250,6 +4446,11 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyLease.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgLease.fromJSON(e)) : [],
       pools: globalThis.Array.isArray(object?.pools) ? object.pools.map((e: any) => KeyPoolFree.fromJSON(e)) : [],
+      usedAck: isSet(object.usedAck)
+        ? globalThis.Number(object.usedAck)
+        : isSet(object.used_ack)
+        ? globalThis.Number(object.used_ack)
+        : 0,
     };
   },
 
@@ -4264,6 +4465,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.pools?.length) {
       obj.pools = message.pools.map((e) => KeyPoolFree.toJSON(e));
     }
+    if (message.usedAck !== 0) {
+      obj.usedAck = Math.round(message.usedAck);
+    }
     return obj;
   },
 
@@ -4275,6 +4479,7 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     message.keys = object.keys?.map((e) => KeyLease.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgLease.fromPartial(e)) || [];
     message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
+    message.usedAck = object.usedAck ?? 0;
     return message;
   },
 };
