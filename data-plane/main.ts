@@ -14,6 +14,7 @@ import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
+import { UsageClient } from './sync/usage-client.js';
 
 function fail(line: string, code = 2): never {
   console.error(line);
@@ -48,6 +49,7 @@ async function main(): Promise<void> {
   const pools = new PoolRegistry();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
+  const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const api = new ApiServer({
     holder,
@@ -67,6 +69,7 @@ async function main(): Promise<void> {
       const since = sync?.disconnectedSince ?? null;
       return max > 0 && since !== null && clock.now() - since > max;
     },
+    usage,
   });
 
   const sockets: uWS.us_listen_socket[] = [];
@@ -120,6 +123,7 @@ async function main(): Promise<void> {
     leases.giveBackAll();
     await reporter.drain(1000).catch(() => false);
     sync?.stop();
+    usage.close();
     reporter.stop();
     await pools.close().catch(() => {});
     process.exit(0);

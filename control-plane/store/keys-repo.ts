@@ -64,3 +64,14 @@ export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash:
 export async function touchLastUsed(q: Queryable, keyId: string, at: string): Promise<void> {
   await q.run('UPDATE api_keys SET last_used_at = ? WHERE id = ? AND last_used_at < ?', [at, keyId, at]);
 }
+
+/**
+ * The key whose hash is `keyHash`, live (a credential) or revoked (a tombstone). The lookup is by the
+ * primary key of an HMAC under the secret pepper, so its timing tells a caller nothing about values.
+ */
+export async function keyIdOfHash(q: Queryable, keyHash: string): Promise<{ key_id: string; key_hash: string } | undefined> {
+  return q.get<{ key_id: string; key_hash: string }>(
+    'SELECT key_id, key_hash FROM credentials WHERE key_hash = ? UNION ALL SELECT key_id, key_hash FROM key_tombstones WHERE key_hash = ? LIMIT 1',
+    [keyHash, keyHash],
+  );
+}

@@ -11,6 +11,7 @@ import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
 import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
+import { queryUsageHandler } from './usage-query.js';
 
 const MAX_QUEUED = 1000;
 /** How long a lease answer waits for the nodes asked to give back unused allowance. */
@@ -95,7 +96,7 @@ export class SyncService implements NodeFleet {
   }
 
   handlers(): SyncServiceServer {
-    return { connect: (call) => this.connect(call) };
+    return { connect: (call) => this.connect(call), queryUsage: queryUsageHandler(this.state, this.opts.nodeToken, this.log) };
   }
 
   connectedCount(): number {

@@ -12,9 +12,12 @@ import {
   Client,
   type ClientDuplexStream,
   type ClientOptions,
+  type ClientUnaryCall,
   type handleBidiStreamingCall,
+  type handleUnaryCall,
   makeGenericClientConstructor,
   type Metadata,
+  type ServiceError,
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 
@@ -384,6 +387,29 @@ export interface OrgLease {
   micros: number;
   /** True when the organisation has nothing left to lease. */
   exhausted: boolean;
+}
+
+export interface QueryUsageRequest {
+  keyId: string;
+  /** Milliseconds since the epoch; since inclusive, until exclusive (0 = no upper bound). */
+  sinceMs: number;
+  untilMs: number;
+  /** "model", "day" (UTC) or "key". */
+  groupBy: string;
+}
+
+export interface UsageBucket {
+  /** The group's value: a model id, a "YYYY-MM-DD" day or a key id, after group_by. */
+  group: string;
+  requests: number;
+  promptTokens: number;
+  completionTokens: number;
+  costMicros: number;
+}
+
+export interface QueryUsageResponse {
+  projectId: string;
+  buckets: UsageBucket[];
 }
 
 function createBaseNodeMessage(): NodeMessage {
@@ -5333,6 +5359,373 @@ export const OrgLease: MessageFns<OrgLease> = {
   },
 };
 
+function createBaseQueryUsageRequest(): QueryUsageRequest {
+  return { keyId: "", sinceMs: 0, untilMs: 0, groupBy: "" };
+}
+
+export const QueryUsageRequest: MessageFns<QueryUsageRequest> = {
+  encode(message: QueryUsageRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.sinceMs !== 0) {
+      writer.uint32(16).int64(message.sinceMs);
+    }
+    if (message.untilMs !== 0) {
+      writer.uint32(24).int64(message.untilMs);
+    }
+    if (message.groupBy !== "") {
+      writer.uint32(34).string(message.groupBy);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueryUsageRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueryUsageRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.sinceMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.untilMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.groupBy = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueryUsageRequest {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      sinceMs: isSet(object.sinceMs)
+        ? globalThis.Number(object.sinceMs)
+        : isSet(object.since_ms)
+        ? globalThis.Number(object.since_ms)
+        : 0,
+      untilMs: isSet(object.untilMs)
+        ? globalThis.Number(object.untilMs)
+        : isSet(object.until_ms)
+        ? globalThis.Number(object.until_ms)
+        : 0,
+      groupBy: isSet(object.groupBy)
+        ? globalThis.String(object.groupBy)
+        : isSet(object.group_by)
+        ? globalThis.String(object.group_by)
+        : "",
+    };
+  },
+
+  toJSON(message: QueryUsageRequest): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.sinceMs !== 0) {
+      obj.sinceMs = Math.round(message.sinceMs);
+    }
+    if (message.untilMs !== 0) {
+      obj.untilMs = Math.round(message.untilMs);
+    }
+    if (message.groupBy !== "") {
+      obj.groupBy = message.groupBy;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueryUsageRequest>, I>>(base?: I): QueryUsageRequest {
+    return QueryUsageRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueryUsageRequest>, I>>(object: I): QueryUsageRequest {
+    const message = createBaseQueryUsageRequest();
+    message.keyId = object.keyId ?? "";
+    message.sinceMs = object.sinceMs ?? 0;
+    message.untilMs = object.untilMs ?? 0;
+    message.groupBy = object.groupBy ?? "";
+    return message;
+  },
+};
+
+function createBaseUsageBucket(): UsageBucket {
+  return { group: "", requests: 0, promptTokens: 0, completionTokens: 0, costMicros: 0 };
+}
+
+export const UsageBucket: MessageFns<UsageBucket> = {
+  encode(message: UsageBucket, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.group !== "") {
+      writer.uint32(10).string(message.group);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(16).int64(message.requests);
+    }
+    if (message.promptTokens !== 0) {
+      writer.uint32(24).int64(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      writer.uint32(32).int64(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      writer.uint32(40).int64(message.costMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): UsageBucket {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseUsageBucket();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.group = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.promptTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.completionTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.costMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): UsageBucket {
+    return {
+      group: isSet(object.group) ? globalThis.String(object.group) : "",
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      promptTokens: isSet(object.promptTokens)
+        ? globalThis.Number(object.promptTokens)
+        : isSet(object.prompt_tokens)
+        ? globalThis.Number(object.prompt_tokens)
+        : 0,
+      completionTokens: isSet(object.completionTokens)
+        ? globalThis.Number(object.completionTokens)
+        : isSet(object.completion_tokens)
+        ? globalThis.Number(object.completion_tokens)
+        : 0,
+      costMicros: isSet(object.costMicros)
+        ? globalThis.Number(object.costMicros)
+        : isSet(object.cost_micros)
+        ? globalThis.Number(object.cost_micros)
+        : 0,
+    };
+  },
+
+  toJSON(message: UsageBucket): unknown {
+    const obj: any = {};
+    if (message.group !== "") {
+      obj.group = message.group;
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.promptTokens !== 0) {
+      obj.promptTokens = Math.round(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      obj.completionTokens = Math.round(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      obj.costMicros = Math.round(message.costMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<UsageBucket>, I>>(base?: I): UsageBucket {
+    return UsageBucket.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<UsageBucket>, I>>(object: I): UsageBucket {
+    const message = createBaseUsageBucket();
+    message.group = object.group ?? "";
+    message.requests = object.requests ?? 0;
+    message.promptTokens = object.promptTokens ?? 0;
+    message.completionTokens = object.completionTokens ?? 0;
+    message.costMicros = object.costMicros ?? 0;
+    return message;
+  },
+};
+
+function createBaseQueryUsageResponse(): QueryUsageResponse {
+  return { projectId: "", buckets: [] };
+}
+
+export const QueryUsageResponse: MessageFns<QueryUsageResponse> = {
+  encode(message: QueryUsageResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    for (const v of message.buckets) {
+      UsageBucket.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueryUsageResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueryUsageResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.buckets.push(UsageBucket.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueryUsageResponse {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      buckets: globalThis.Array.isArray(object?.buckets) ? object.buckets.map((e: any) => UsageBucket.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: QueryUsageResponse): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.buckets?.length) {
+      obj.buckets = message.buckets.map((e) => UsageBucket.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueryUsageResponse>, I>>(base?: I): QueryUsageResponse {
+    return QueryUsageResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueryUsageResponse>, I>>(object: I): QueryUsageResponse {
+    const message = createBaseQueryUsageResponse();
+    message.projectId = object.projectId ?? "";
+    message.buckets = object.buckets?.map((e) => UsageBucket.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 /**
  * The sync API between the control plane and data-plane nodes.
  * A node authenticates with metadata `authorization: Bearer <TOLLGATE_NODE_TOKEN>`.
@@ -5356,16 +5749,56 @@ export const SyncServiceService = {
     responseSerialize: (value: ControlMessage): Buffer => Buffer.from(ControlMessage.encode(value).finish()),
     responseDeserialize: (value: Buffer): ControlMessage => ControlMessage.decode(value),
   },
+  /**
+   * `GET /v1/usage` on a node: the usage of the project of `key_id` (the key the node authenticated),
+   * read from the control plane's durable usage table. Same node token as Connect. The control plane
+   * takes the project from its own record of the key; a key without a live credential is NOT_FOUND.
+   */
+  queryUsage: {
+    path: "/tollgate.v1.SyncService/QueryUsage" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: QueryUsageRequest): Buffer => Buffer.from(QueryUsageRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): QueryUsageRequest => QueryUsageRequest.decode(value),
+    responseSerialize: (value: QueryUsageResponse): Buffer => Buffer.from(QueryUsageResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): QueryUsageResponse => QueryUsageResponse.decode(value),
+  },
 } as const;
 
 export interface SyncServiceServer extends UntypedServiceImplementation {
   connect: handleBidiStreamingCall<NodeMessage, ControlMessage>;
+  /**
+   * `GET /v1/usage` on a node: the usage of the project of `key_id` (the key the node authenticated),
+   * read from the control plane's durable usage table. Same node token as Connect. The control plane
+   * takes the project from its own record of the key; a key without a live credential is NOT_FOUND.
+   */
+  queryUsage: handleUnaryCall<QueryUsageRequest, QueryUsageResponse>;
 }
 
 export interface SyncServiceClient extends Client {
   connect(): ClientDuplexStream<NodeMessage, ControlMessage>;
   connect(options: Partial<CallOptions>): ClientDuplexStream<NodeMessage, ControlMessage>;
   connect(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<NodeMessage, ControlMessage>;
+  /**
+   * `GET /v1/usage` on a node: the usage of the project of `key_id` (the key the node authenticated),
+   * read from the control plane's durable usage table. Same node token as Connect. The control plane
+   * takes the project from its own record of the key; a key without a live credential is NOT_FOUND.
+   */
+  queryUsage(
+    request: QueryUsageRequest,
+    callback: (error: ServiceError | null, response: QueryUsageResponse) => void,
+  ): ClientUnaryCall;
+  queryUsage(
+    request: QueryUsageRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: QueryUsageResponse) => void,
+  ): ClientUnaryCall;
+  queryUsage(
+    request: QueryUsageRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: QueryUsageResponse) => void,
+  ): ClientUnaryCall;
 }
 
 export const SyncServiceClient = makeGenericClientConstructor(
