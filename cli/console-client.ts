@@ -4,6 +4,7 @@ import { credentials, Metadata, type CallOptions, type ClientUnaryCall, type Ser
 import {
   ConsoleServiceClient,
   type AddMemberRequest,
+  type ApiKey,
   type CreateAccountRequest,
   type CreateAccountResponse,
   type CreateKeyRequest,
@@ -11,8 +12,10 @@ import {
   type CreateOrgRequest,
   type CreateProjectRequest,
   type CreditOrgRequest,
+  type FindKeyRequest,
+  type GetKeyRequest,
   type GetOrgRequest,
-  type GetUsageRequest,
+  GetUsageRequest,
   type GetUsageResponse,
   type ListKeysRequest,
   type ListKeysResponse,
@@ -115,8 +118,15 @@ export class ConsoleClient {
   revokeKey(req: RevokeKeyRequest): Promise<RevokeKeyResponse> {
     return this.call(this.client.revokeKey, req, REVOKE_TIMEOUT_MS);
   }
-  getUsage(req: GetUsageRequest): Promise<GetUsageResponse> {
-    return this.call(this.client.getUsage, req);
+  /** Fields left out are empty (the current month, one row per key and model). */
+  getUsage(req: Partial<GetUsageRequest>): Promise<GetUsageResponse> {
+    return this.call(this.client.getUsage, GetUsageRequest.fromPartial(req));
+  }
+  getKey(req: GetKeyRequest): Promise<ApiKey> {
+    return this.call(this.client.getKey, req);
+  }
+  findKey(req: FindKeyRequest): Promise<ApiKey> {
+    return this.call(this.client.findKey, req);
   }
   listModels(): Promise<ListModelsResponse> {
     return this.call(this.client.listModels, {});

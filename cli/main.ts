@@ -176,6 +176,7 @@ async function runCli(argv: string[]): Promise<number> {
     }
     const wanted = command.positionals ?? [];
     if (parsed.positionals.length < wanted.length) throw usageError(`missing ${wanted[parsed.positionals.length]}`, usage);
+    if (parsed.positionals.length > wanted.length && command.noArgumentsReason) throw usageError(command.noArgumentsReason, usage);
     if (parsed.positionals.length > wanted.length) throw usageError(`unexpected argument ${JSON.stringify(parsed.positionals[wanted.length])}`, usage);
     if (parsed.positionals.some((p) => p.trim() === '')) throw usageError(`${wanted[parsed.positionals.findIndex((p) => p.trim() === '')]} must not be empty`, usage);
 

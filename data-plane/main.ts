@@ -16,6 +16,7 @@ import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
+import { UsageClient } from './sync/usage-client.js';
 
 function fail(line: string, code = 2): never {
   console.error(line);
@@ -57,6 +58,7 @@ async function main(): Promise<void> {
   const pools = new PoolRegistry();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
+  const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const api = new ApiServer({
     holder,
@@ -76,6 +78,7 @@ async function main(): Promise<void> {
       const since = sync?.disconnectedSince ?? null;
       return max > 0 && since !== null && clock.now() - since > max;
     },
+    usage,
   });
 
   const sockets: uWS.us_listen_socket[] = [];
@@ -90,7 +93,7 @@ async function main(): Promise<void> {
   console.log(`data plane listening on ${listenAddress}`);
 
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset));
+    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);
@@ -129,6 +132,7 @@ async function main(): Promise<void> {
     leases.giveBackAll();
     await reporter.drain(1000).catch(() => false);
     sync?.stop();
+    usage.close();
     reporter.stop();
     await pools.close().catch(() => {});
     process.exit(0);

@@ -32,6 +32,8 @@ export interface Command {
   /** The arguments part of the synopsis: `ORG --tier TIER`. */
   synopsis: string;
   positionals?: string[];
+  /** Set when arguments are refused outright (a secret must not be typed on the command line): the error line, which never echoes them. */
+  noArgumentsReason?: string;
   options?: Record<string, OptionSpec>;
   /** Extra lines printed under the usage (constraints, examples). */
   notes?: string[];

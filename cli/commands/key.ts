@@ -1,5 +1,6 @@
-// `key create|list|revoke`. The full key value is printed by `key create` only, once.
+// `key create|list|show|find|revoke`. The full key value is printed by `key create` only, once.
 import type { ApiKey } from '../../proto/gen/tollgate/v1/console.js';
+import { readKeyFromStdin } from '../stdin-secret.js';
 import { formatFields, formatTable, nullIfEmpty, printJson } from '../output.js';
 import { listFlag, optionalString, requireString, type Command } from './command.js';
 
@@ -24,6 +25,23 @@ export function keyJson(k: ApiKey): Record<string, unknown> {
 
 function modelsText(models: string[]): string {
   return models.length === 0 ? 'all in plan' : models.join(',');
+}
+
+/** One key's record as `key: value` lines (prefix only, never the value). */
+function keyFields(k: ApiKey): string {
+  return formatFields([
+    ['id', k.id],
+    ['name', k.name],
+    ['key_prefix', k.keyPrefix],
+    ['project', k.projectId],
+    ['org', k.orgId],
+    ['status', k.status],
+    ['revoked_at', k.revokedAt || 'never'],
+    ['last_used_at', k.lastUsedAt || 'never'],
+    ['created_at', k.createdAt],
+    ['models', modelsText(k.allowedModels)],
+    ['limits', `${k.rpmLimit} rpm, ${k.tpmLimit} tpm, ${k.maxParallelRequests} parallel`],
+  ]);
 }
 
 export const keyCommands: Command[] = [
@@ -73,6 +91,40 @@ export const keyCommands: Command[] = [
         ['id', 'name', 'key_prefix', 'status', 'models', 'rpm', 'tpm', 'parallel', 'last_used_at', 'created_at'],
         res.keys.map((k) => [k.id, k.name, k.keyPrefix, k.status, modelsText(k.allowedModels), k.rpmLimit, k.tpmLimit, k.maxParallelRequests, k.lastUsedAt || 'never', k.createdAt]),
       ));
+    },
+  },
+  {
+    name: 'key show',
+    summary: "Show one key's record, revoked_at included (members of its organisation; prefix only, never the value).",
+    synopsis: 'KEY_ID',
+    positionals: ['KEY_ID'],
+    async run(ctx, args) {
+      const k = await ctx.client().getKey({ keyId: args.positionals[0] });
+      if (ctx.out.json) printJson(ctx.out, keyJson(k));
+      else ctx.out.write(keyFields(k));
+    },
+  },
+  {
+    name: 'key find',
+    summary: 'Name the key a leaked value belongs to: reads the value on standard input (members of its organisation).',
+    synopsis: '< FILE_WITH_THE_KEY',
+    noArgumentsReason: 'key find takes the key value on standard input, never as an argument (arguments stay in shell history and process lists): tollgate key find < leaked.txt',
+    notes: [
+      'Reads the first line of standard input, e.g. `tollgate key find < leaked.txt` or `pbpaste | tollgate key find`.',
+      'Answers the key id, project, organisation and status, for an active or a revoked key; a key of an',
+      'organisation you are not a member of is "not found", like a value that is no key at all.',
+      'Leaked key: revoke it first (`tollgate key revoke KEY_ID`), create and deploy a replacement, then read',
+      'the request logs of the key for the window between the leak and the revocation.',
+    ],
+    async run(ctx) {
+      const value = await readKeyFromStdin(ctx.usage);
+      const k = await ctx.client().findKey({ key: value });
+      if (ctx.out.json) {
+        printJson(ctx.out, keyJson(k));
+        return;
+      }
+      ctx.out.write(keyFields(k));
+      if (k.status === 'active') ctx.out.write(`\nThis key is active. If it leaked, revoke it now: tollgate key revoke ${k.id}\n`);
     },
   },
   {

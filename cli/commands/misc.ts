@@ -1,17 +1,21 @@
 // `usage`, `models list`, `nodes list`, `config reload`.
 import { formatUsd } from '../../proto/lib/money.js';
 import { formatTable, printJson, usageError } from '../output.js';
+import { parseTimeArg, TIME_ARG_HELP } from '../time-arg.js';
 import { optionalString, type Command } from './command.js';
 
 export const miscCommands: Command[] = [
   {
     name: 'usage',
-    summary: "Show a project's or an organisation's usage for a month, by key and model.",
-    synopsis: '--project PROJECT | --org ORG [--month YYYY-MM]',
+    summary: "Show a project's or an organisation's usage (members of the organisation): requests, tokens, cost.",
+    synopsis: '--project PROJECT | --org ORG [--month YYYY-MM | --since T [--until T]] [--by model|day|key]',
     options: {
       project: { type: 'string', value: 'PROJECT', help: 'the project' },
       org: { type: 'string', value: 'ORG', help: 'the organisation (all its projects)' },
-      month: { type: 'string', value: 'YYYY-MM', help: 'the month, UTC (default: the current month)' },
+      month: { type: 'string', value: 'YYYY-MM', help: 'a calendar month, UTC (default: the current month)' },
+      since: { type: 'string', value: 'T', help: `from T, inclusive (default: the start of the current month); ${TIME_ARG_HELP}` },
+      until: { type: 'string', value: 'T', help: 'up to T, exclusive (default: no bound)' },
+      by: { type: 'string', value: 'model|day|key', help: 'one row per model, per UTC day or per key (default: per key and model)' },
     },
     async run(ctx, args) {
       const projectId = optionalString(args, 'project');
@@ -19,30 +23,54 @@ export const miscCommands: Command[] = [
       if ((projectId === undefined) === (orgId === undefined)) throw usageError('give exactly one of --project or --org', ctx.usage);
       const month = optionalString(args, 'month') ?? '';
       if (month !== '' && !/^\d{4}-(0[1-9]|1[0-2])$/.test(month)) throw usageError(`--month must look like 2025-01, got ${JSON.stringify(month)}`, ctx.usage);
-      const res = await ctx.client().getUsage({ projectId: projectId ?? '', orgId: orgId ?? '', month });
+      const now = Date.now();
+      const timeFlag = (name: string): string => {
+        const raw = optionalString(args, name);
+        if (raw === undefined) return '';
+        const iso = parseTimeArg(raw, now);
+        if (iso === null) throw usageError(`--${name} must be ${TIME_ARG_HELP}; got ${JSON.stringify(raw)}`, ctx.usage);
+        return iso;
+      };
+      const since = timeFlag('since');
+      const until = timeFlag('until');
+      if (month !== '' && (since !== '' || until !== '')) throw usageError('give either --month or --since/--until, not both', ctx.usage);
+      const by = optionalString(args, 'by') ?? '';
+      if (!['', 'model', 'day', 'key'].includes(by)) throw usageError(`--by must be model, day or key, got ${JSON.stringify(by)}`, ctx.usage);
+      const res = await ctx.client().getUsage({ projectId: projectId ?? '', orgId: orgId ?? '', month, since, until, groupBy: by });
+      const rows = res.rows.map((r) => ({
+        ...(by === '' || by === 'key' ? { key_id: r.keyId } : {}),
+        ...(by === '' || by === 'model' ? { model: r.model } : {}),
+        ...(by === 'day' ? { day: r.day } : {}),
+        requests: r.requests,
+        input_tokens: r.promptTokens,
+        output_tokens: r.completionTokens,
+        cost_usd: formatUsd(r.costMicros),
+      }));
+      const totals = {
+        requests: res.totalRequests,
+        input_tokens: res.totalPromptTokens,
+        output_tokens: res.totalCompletionTokens,
+        cost_usd: formatUsd(res.totalCostMicros),
+      };
       if (ctx.out.json) {
         printJson(ctx.out, {
-          month: res.month,
           ...(projectId !== undefined ? { project_id: projectId } : { org_id: orgId }),
-          rows: res.rows.map((r) => ({
-            key_id: r.keyId,
-            model: r.model,
-            requests: r.requests,
-            prompt_tokens: r.promptTokens,
-            completion_tokens: r.completionTokens,
-            cost_usd: formatUsd(r.costMicros),
-          })),
+          month: res.month || null,
+          since: res.since,
+          until: res.until || null,
+          group_by: by || 'key,model',
+          rows,
+          totals,
+          // Kept from the first version of this output.
           total_requests: res.totalRequests,
           total_cost_usd: formatUsd(res.totalCostMicros),
         });
         return;
       }
-      ctx.out.write(`month: ${res.month}\n`);
-      ctx.out.write(formatTable(
-        ['key', 'model', 'requests', 'prompt_tokens', 'completion_tokens', 'cost_usd'],
-        res.rows.map((r) => [r.keyId, r.model, r.requests, r.promptTokens, r.completionTokens, formatUsd(r.costMicros)]),
-      ));
-      ctx.out.write(`total: ${res.totalRequests} requests, ${formatUsd(res.totalCostMicros)} USD\n`);
+      ctx.out.write(res.month ? `month: ${res.month}\n` : `from ${res.since} to ${res.until || 'now'}\n`);
+      const headers = Object.keys(rows[0] ?? { [by || 'key_id']: '', requests: 0, input_tokens: 0, output_tokens: 0, cost_usd: '' });
+      ctx.out.write(formatTable(headers, rows.map((r) => Object.values(r))));
+      ctx.out.write(`total: ${totals.requests} requests, ${totals.input_tokens} input tokens, ${totals.output_tokens} output tokens, ${totals.cost_usd} USD\n`);
     },
   },
   {

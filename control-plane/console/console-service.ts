@@ -3,7 +3,7 @@
 // keys, members, projects and caps; the operator for tiers, credits, accounts, organisations, nodes
 // and config. A caller who is not a member of an organisation sees nothing of it (NOT_FOUND).
 import type { handleUnaryCall, Metadata, sendUnaryData, ServerUnaryCall } from '@grpc/grpc-js';
-import { generateKey, generateToken, hashKey, hashToken, maskKey, newId, secretsEqual } from '../../proto/lib/keys.js';
+import { generateKey, generateToken, hashKey, hashToken, keyPattern, maskKey, newId, secretsEqual } from '../../proto/lib/keys.js';
 import { monthOf } from '../../proto/lib/money.js';
 import type {
   Account,
@@ -44,10 +44,11 @@ import {
   type OrgRow,
   type ProjectRow,
 } from '../store/orgs-repo.js';
-import { credentialHashOf, deleteCredential, getKey, insertKey, listKeys, markRevoked, type ApiKeyRow } from '../store/keys-repo.js';
+import { credentialHashOf, deleteCredential, getKey, insertKey, keyIdOfHash, listKeys, markRevoked, type ApiKeyRow } from '../store/keys-repo.js';
 import { listNodes as listNodeRows } from '../store/sync-repo.js';
-import { usageSummary } from '../store/usage-repo.js';
+import { usageInRange, type UsageGroupBy } from '../store/usage-repo.js';
 import type { LogFilter, LogStore } from '../store/log-store.js';
+import { FindKeyLimiter } from './find-key-limiter.js';
 
 export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountRow };
 
@@ -71,6 +72,27 @@ export interface ConsoleServiceOptions {
 const MAX_LOG_PAGE = 1000;
 
 const MAX_NAME = 200;
+/** Longer than any key value; a bigger "value" is refused before it is hashed. */
+const MAX_KEY_VALUE_CHARS = 512;
+const GROUP_BY: Record<string, UsageGroupBy> = { '': 'key_model', model: 'model', day: 'day', key: 'key' };
+const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$/i;
+
+/** An RFC 3339 timestamp as ms since the epoch, or INVALID_ARGUMENT naming the field. */
+function parseInstant(field: string, raw: string): number {
+  const text = raw.trim();
+  const ms = RFC3339.test(text) ? Date.parse(text) : NaN;
+  if (!Number.isFinite(ms)) throw invalidArgument(`${field} must be an RFC 3339 timestamp such as 2025-01-31T00:00:00Z, got ${JSON.stringify(raw.slice(0, 64))}`);
+  return ms;
+}
+
+function monthStartMs(month: string): number {
+  return Date.parse(`${month}-01T00:00:00Z`);
+}
+
+function nextMonthStartMs(month: string): number {
+  const d = new Date(monthStartMs(month));
+  return Date.UTC(d.getUTCFullYear(), d.getUTCMonth() + 1, 1);
+}
 const MAX_NOTE = 500;
 const RANK: Record<Role, number> = { member: 0, admin: 1, owner: 2 };
 
@@ -121,6 +143,7 @@ export class ConsoleService {
   private readonly log: (line: string) => void;
   /** Revocations waiting for node acks: a second revoke of the same key joins the first. */
   private readonly revoking = new Map<string, Promise<{ apiKey: ApiKey; nodesTotal: number; nodesConfirmed: number }>>();
+  private readonly findLimiter = new FindKeyLimiter();
 
   constructor(
     private readonly state: ControlState,
@@ -405,15 +428,31 @@ export class ConsoleService {
         const projectId = req.projectId.trim();
         const orgId = req.orgId.trim();
         if ((projectId === '') === (orgId === '')) throw invalidArgument('give exactly one of project_id or org_id');
-        const month = req.month.trim() || monthOf(this.state.now());
-        if (!/^\d{4}-(0[1-9]|1[0-2])$/.test(month)) throw invalidArgument(`month must be YYYY-MM, got ${JSON.stringify(req.month)}`);
+        const groupBy = GROUP_BY[req.groupBy.trim()];
+        if (groupBy === undefined) throw invalidArgument(`group_by must be one of model, day or key (or empty), got ${JSON.stringify(req.groupBy.slice(0, 64))}`);
+        const ranged = req.since.trim() !== '' || req.until.trim() !== '';
+        if (ranged && req.month.trim() !== '') throw invalidArgument('give either month or since/until, not both');
+        let month = '';
+        let sinceMs: number;
+        let untilMs: number | null;
+        if (ranged) {
+          sinceMs = req.since.trim() !== '' ? parseInstant('since', req.since) : monthStartMs(monthOf(this.state.now()));
+          untilMs = req.until.trim() !== '' ? parseInstant('until', req.until) : null;
+          if (untilMs !== null && untilMs <= sinceMs) throw invalidArgument('until must be later than since');
+        } else {
+          month = req.month.trim() || monthOf(this.state.now());
+          if (!/^\d{4}-(0[1-9]|1[0-2])$/.test(month)) throw invalidArgument(`month must be YYYY-MM, got ${JSON.stringify(req.month)}`);
+          sinceMs = monthStartMs(month);
+          untilMs = nextMonthStartMs(month);
+        }
         return this.state.db.read(async (q): Promise<GetUsageResponse> => {
           let scope: { projectId: string } | { orgId: string };
           if (projectId) scope = { projectId: (await this.projectFor(q, caller, projectId, 'member')).project.id };
           else scope = { orgId: (await this.orgFor(q, caller, orgId, 'member')).org.id };
-          const rows = (await usageSummary(q, scope, month)).map((r) => ({
+          const rows = (await usageInRange(q, scope, { sinceMs, untilMs }, groupBy)).map((r) => ({
             keyId: r.key_id,
             model: r.model,
+            day: r.day,
             requests: r.requests,
             promptTokens: r.prompt_tokens ?? 0,
             completionTokens: r.completion_tokens ?? 0,
@@ -424,6 +463,11 @@ export class ConsoleService {
             rows,
             totalCostMicros: rows.reduce((s, r) => s + r.costMicros, 0),
             totalRequests: rows.reduce((s, r) => s + r.requests, 0),
+            totalPromptTokens: rows.reduce((s, r) => s + r.promptTokens, 0),
+            totalCompletionTokens: rows.reduce((s, r) => s + r.completionTokens, 0),
+            since: new Date(sinceMs).toISOString(),
+            until: untilMs === null ? '' : new Date(untilMs).toISOString(),
+            groupBy: req.groupBy.trim(),
           };
         });
       }),
@@ -539,6 +583,43 @@ export class ConsoleService {
           if (err instanceof ConfigError) throw new CpError('CONFIG_INVALID', `config not reloaded, old config kept: ${err.message}`);
           throw err;
         }
+      }),
+
+      getKey: this.unary(async (req, caller) => {
+        const keyId = requireId('key_id', req.keyId);
+        const hidden = notFound(`key ${keyId} not found`);
+        return this.state.db.read(async (q) => {
+          const row = await getKey(q, keyId);
+          if (!row) throw hidden;
+          await this.requireRole(q, caller, row.org_id, 'member', hidden);
+          return apiKeyOf(row);
+        });
+      }),
+
+      findKey: this.unary(async (req, caller) => {
+        // Never echo the value: every message below is fixed text.
+        const value = (req.key ?? '').trim();
+        if (value === '') throw invalidArgument('key is required');
+        if (value.length > MAX_KEY_VALUE_CHARS || /[\s\x00-\x1f]/.test(value)) throw invalidArgument('that is not a key value: one line of at most 512 characters, no spaces');
+        this.findLimiter.take(caller.kind === 'operator' ? 'operator' : caller.account.id, this.state.now());
+        // Values are 256-bit random: guessing is hopeless, and a non-member learns nothing (the same answer
+        // as for an unknown value, after the same work).
+        const unknown = notFound(
+          keyPattern(this.state.gateway.settings.serviceName).test(value)
+            ? 'no key you can see matches this value'
+            : `no key you can see matches this value (keys of this gateway look like sk-${this.state.gateway.settings.serviceName}-…)`,
+        );
+        const keyHash = hashKey(this.opts.pepper, value);
+        return this.state.db.read(async (q) => {
+          const hit = await keyIdOfHash(q, keyHash);
+          const matched = hit !== undefined && secretsEqual(hit.key_hash, keyHash);
+          // The same three lookups whether or not the value matched, so that timing does not tell a
+          // non-member "a key of some other organisation" from "no key".
+          const row = await getKey(q, matched ? hit.key_id : '');
+          const role = caller.kind === 'operator' ? 'operator' : await getRole(q, row?.org_id ?? '', caller.account.id);
+          if (!matched || !row || !role) throw unknown;
+          return apiKeyOf(row);
+        });
       }),
     };
   }

@@ -69,3 +69,14 @@ export async function touchLastUsed(q: Queryable, keyId: string, at: string): Pr
 export function tombstonedKeys(q: Queryable): Promise<{ key_hash: string; key_id: string; project_id: string; org_id: string }[]> {
   return q.all('SELECT t.key_hash, k.id AS key_id, k.project_id, k.org_id FROM key_tombstones t JOIN api_keys k ON k.id = t.key_id');
 }
+
+/**
+ * The key whose hash is `keyHash`, live (a credential) or revoked (a tombstone). The lookup is by the
+ * primary key of an HMAC under the secret pepper, so its timing tells a caller nothing about values.
+ */
+export async function keyIdOfHash(q: Queryable, keyHash: string): Promise<{ key_id: string; key_hash: string } | undefined> {
+  return q.get<{ key_id: string; key_hash: string }>(
+    'SELECT key_id, key_hash FROM credentials WHERE key_hash = ? UNION ALL SELECT key_id, key_hash FROM key_tombstones WHERE key_hash = ? LIMIT 1',
+    [keyHash, keyHash],
+  );
+}

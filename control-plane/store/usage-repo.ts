@@ -65,3 +65,50 @@ export function usageSummary(q: Queryable, scope: { projectId: string } | { orgI
     [id, month],
   );
 }
+
+/** How usage is grouped when read: per key and model (the console's default), or by one column. */
+export type UsageGroupBy = 'key_model' | 'model' | 'day' | 'key';
+
+export interface UsageGroupRow {
+  /** Empty unless grouped by key (or key and model). */
+  key_id: string;
+  /** Empty unless grouped by model (or key and model). */
+  model: string;
+  /** "YYYY-MM-DD" (UTC) when grouped by day, else empty. */
+  day: string;
+  requests: number;
+  prompt_tokens: number;
+  completion_tokens: number;
+  cost_micros: number;
+}
+
+const GROUP_COLUMNS: Record<UsageGroupBy, { select: string; group: string }> = {
+  key_model: { select: "key_id, model, '' AS day", group: 'key_id, model' },
+  model: { select: "'' AS key_id, model, '' AS day", group: 'model' },
+  key: { select: "key_id, '' AS model, '' AS day", group: 'key_id' },
+  day: { select: "'' AS key_id, '' AS model, strftime('%Y-%m-%d', at_ms / 1000, 'unixepoch') AS day", group: 'day' },
+};
+
+/**
+ * Usage of one project or organisation with `at_ms` in [sinceMs, untilMs), grouped. The month bounds
+ * repeat the time bounds so the (project_id, month) and (org_id, month) indexes narrow the scan.
+ */
+export function usageInRange(
+  q: Queryable,
+  scope: { projectId: string } | { orgId: string },
+  range: { sinceMs: number; untilMs: number | null },
+  groupBy: UsageGroupBy,
+): Promise<UsageGroupRow[]> {
+  const [col, id] = 'projectId' in scope ? ['project_id', scope.projectId] : ['org_id', scope.orgId];
+  const untilMs = range.untilMs ?? Number.MAX_SAFE_INTEGER;
+  const fromMonth = new Date(Math.max(0, range.sinceMs)).toISOString().slice(0, 7);
+  const toMonth = range.untilMs === null ? '9999-12' : new Date(Math.max(0, untilMs - 1)).toISOString().slice(0, 7);
+  const g = GROUP_COLUMNS[groupBy];
+  return q.all<UsageGroupRow>(
+    `SELECT ${g.select}, COUNT(*) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
+       SUM(cost_micros) AS cost_micros
+     FROM usage WHERE ${col} = ? AND month >= ? AND month <= ? AND at_ms >= ? AND at_ms < ?
+     GROUP BY ${g.group} ORDER BY ${g.group}`,
+    [id, fromMonth, toMonth, range.sinceMs, untilMs],
+  );
+}

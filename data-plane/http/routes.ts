@@ -6,7 +6,7 @@ import { GatewayError } from '../errors.js';
 import { familyOf } from '../routing/path-families.js';
 import type { ErrorShape } from './error-shapes.js';
 
-export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'tool' | 'realtime';
+export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime';
 
 /** How the request body is read: not at all, collected whole (JSON), or streamed. */
 export type BodyMode = 'none' | 'json' | 'stream';
@@ -54,6 +54,7 @@ export class RouteTable {
     this.exact.set('/v1/audio/transcriptions', modelRoute('transcriptions', 'POST', 'stream'));
     this.exact.set('/v1/audio/speech', modelRoute('speech', 'POST', 'json'));
     this.exact.set('/v1/audio/voices', modelRoute('voices', 'GET', 'none'));
+    this.exact.set('/v1/usage', modelRoute('usage', 'GET', 'none'));
     this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
     // One Route object per backend (and one for "no backend"), so matching allocates nothing.
     this.toolRoutes.set('', { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: null });

@@ -19,6 +19,7 @@ import type { CallResult, ModelCall, Provider } from '../proxy/providers/provide
 import { countMessageTokens } from '../proxy/tokens.js';
 import { forwardTool } from '../proxy/tool-router.js';
 import type { Reporter } from '../sync/reporter.js';
+import type { UsageSource } from '../sync/usage-client.js';
 import { deriveClientIp, headerLines } from './client-ip.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, Reply } from './reply.js';
@@ -28,6 +29,7 @@ import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
 import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
+import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -47,6 +49,8 @@ export interface ServerDeps {
   spillDir: string;
   /** True when the node was cut off from the control plane longer than the configured maximum. */
   isStale(): boolean;
+  /** GET /v1/usage reads the control plane's durable usage through this; absent: 503. */
+  usage?: UsageSource;
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -195,6 +199,11 @@ export class ApiServer {
           ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
           reply.send(200, JSON_HEADERS, route.kind === 'models' ? modelList(state, key) : voiceList(state, key));
         });
+      case 'usage':
+        // One rpm, like the listings.
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (ctx) this.usage(ctx, reply, head, key);
+        });
       case 'realtime':
         return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', 'Realtime connections are not available on this gateway yet.'), 'B');
       case 'tool':
@@ -234,6 +243,39 @@ export class ApiServer {
     ctx.providerStarted = true;
     ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
     reply.send(200, JSON_HEADERS, JSON.stringify(modelObject(model)));
+  }
+
+  /**
+   * GET /v1/usage: the key's own project only (the control plane takes the project from its record of
+   * the key). Only this request waits for the control plane, bounded by the usage client's deadline.
+   */
+  private usage(ctx: RequestContext, reply: Reply, head: RequestHead, key: KeyRecord): void {
+    // Refused or not served: the request is given back, and the rate headers say so.
+    const refuse = (err: unknown) => {
+      ctx.refuse();
+      reply.extraHeaders = rateHeaderPairs(this.deps.keyBudgets.headers(key.limits));
+      reply.sendError(err, 'A');
+    };
+    const q = parseUsageQuery(head.query, this.deps.clock.now());
+    if (q instanceof GatewayError) return refuse(q);
+    const source = this.deps.usage;
+    if (!source) {
+      return refuse(new GatewayError('CONTROL_PLANE_UNAVAILABLE', undefined, { param: null, retryAfterSec: 5 }));
+    }
+    ctx.providerStarted = true;
+    const request = { keyId: key.keyId, sinceMs: q.startTime * 1000, untilMs: q.endTime === null ? 0 : q.endTime * 1000, groupBy: q.groupBy };
+    const cancel = source.query(request, (err, res) => {
+      try {
+        if (reply.done) return;
+        if (err || !res) return refuse(err);
+        ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+        reply.send(200, JSON_HEADERS, renderUsage(q, res));
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e, 'A');
+      }
+    });
+    ctx.abortFns.push(cancel);
   }
 
   /** The rate headers of the key a bearer credential names, if it names a known key. */

@@ -8,7 +8,8 @@
 //   (`/v1/files*`, `/v1/pdf*`, `/v1/skills*`, `/v1/mcp*`, `/v1/vector_stores*`, `/v1/realtime*`), and
 //   where it writes `/*` (`/v1/audio/*`, `/v1/sandbox/*`: the slash is part of `base`).
 // - 'under': `base` itself or a sub-path of it (`base/…`). Used for paths the spec names without a
-//   wildcard: `/v1/models` (and `/v1/models/{id}`), `/v1/route`, `/v1/audio/voices`, `/v1/embeddings`.
+//   wildcard: `/v1/models` (and `/v1/models/{id}`), `/v1/route`, `/v1/audio/voices`, `/v1/embeddings`,
+//   and Tollgate's own `/v1/usage`.
 // Matching is on the raw path as sent, case-sensitive; the first family that matches wins, so
 // `/v1/audio/voices` comes before `/v1/audio/`. Paths that fail path sanity never get past the edge
 // budgets and body cap counted here (they answer 400 `bad_path` right after).
@@ -54,6 +55,8 @@ export const PATH_FAMILIES: readonly PathFamily[] = Object.freeze([
   family('voices', 'under', '/v1/audio/voices', 'voices', BODY_CAP_GENERAL_BYTES, 'A', 'model'),
   family('audio', 'prefix', '/v1/audio/', 'audio', BODY_CAP_AUDIO_BYTES, 'A', 'model'),
   family('models', 'under', '/v1/models', 'group120', BODY_CAP_GROUP120_BYTES, 'A', 'model'),
+  // GET /v1/usage: the caller's own project's usage. Not in the spec's edge table: the general budget only.
+  family('usage', 'under', '/v1/usage', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
   family('files', 'prefix', '/v1/files', 'files', BODY_CAP_FILES_BYTES, 'B', 'tool'),
   family('pdf', 'prefix', '/v1/pdf', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
   family('skills', 'prefix', '/v1/skills', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),

@@ -186,7 +186,7 @@ test('console and sync over gRPC: hierarchy, snapshot, revoke with acks, reports
   const spent = await call<any>(client, 'getOrg', op, { orgId: org.id });
   assert.equal(spent.spendTotalMicros, 5_000_000);
   assert.equal(spent.blockedReason, 'balance_exhausted');
-  const usageRes = await call<any>(client, 'getUsage', acct.token, { projectId: project.id, orgId: '', month: '' });
+  const usageRes = await call<any>(client, 'getUsage', acct.token, { projectId: project.id, orgId: '', month: '', since: '', until: '', groupBy: '' });
   assert.equal(usageRes.totalRequests, 1);
   const keyAfter = (await call<any>(client, 'listKeys', acct.token, { projectId: project.id })).keys[0];
   assert.notEqual(keyAfter.lastUsedAt, '');

@@ -41,6 +41,10 @@ const rows: Row[] = [
   ['/v1/models/demo-chat/x', 'group120', 64, 'A', '404'],
   ['/v1/models/', 'group120', 64, 'A', '404'],
   ['/v1/modelsx', null, 32, 'B', '404'],
+  // `/v1/usage` (Tollgate's own): the general budget only, Shape A; only the exact path is a route.
+  ['/v1/usage', null, 32, 'A', 'usage'],
+  ['/v1/usage/proj_x', null, 32, 'A', '404'],
+  ['/v1/usagex', null, 32, 'B', '404'],
   // `/v1/audio/voices` (and below it) before `/v1/audio/*`; `/v1/audio` itself is neither.
   ['/v1/audio/voices', 'voices', 32, 'A', 'voices'],
   ['/v1/audio/voices/alloy', 'voices', 32, 'A', '404'],

@@ -208,8 +208,16 @@ export interface GetUsageRequest {
   /** Exactly one of project_id or org_id. */
   projectId: string;
   orgId: string;
-  /** "YYYY-MM"; empty means the current month (UTC). */
+  /** "YYYY-MM"; empty means the current month (UTC), unless since or until is given. */
   month: string;
+  /**
+   * A time range instead of a month (RFC 3339; month must then be empty). since is inclusive and
+   * defaults to the start of the current month (UTC); until is exclusive and defaults to no bound.
+   */
+  since: string;
+  until: string;
+  /** "" (one row per key and model), "model", "day" (UTC) or "key". */
+  groupBy: string;
 }
 
 export interface UsageRow {
@@ -219,13 +227,22 @@ export interface UsageRow {
   promptTokens: number;
   completionTokens: number;
   costMicros: number;
+  /** "YYYY-MM-DD" (UTC) when grouped by day. */
+  day: string;
 }
 
 export interface GetUsageResponse {
+  /** The month asked for; empty when a time range was asked for. */
   month: string;
   rows: UsageRow[];
   totalCostMicros: number;
   totalRequests: number;
+  totalPromptTokens: number;
+  totalCompletionTokens: number;
+  /** The range answered (RFC 3339; until is empty when unbounded) and the grouping. */
+  since: string;
+  until: string;
+  groupBy: string;
 }
 
 export interface ModelInfo {
@@ -323,6 +340,15 @@ export interface ListRequestLogsResponse {
   logs: RequestLog[];
   /** Empty when there are no more rows. */
   nextPageToken: string;
+}
+
+export interface GetKeyRequest {
+  keyId: string;
+}
+
+export interface FindKeyRequest {
+  /** The full key value. Only hashed; never stored, logged or echoed. */
+  key: string;
 }
 
 function createBaseAccount(): Account {
@@ -3236,7 +3262,7 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
 };
 
 function createBaseGetUsageRequest(): GetUsageRequest {
-  return { projectId: "", orgId: "", month: "" };
+  return { projectId: "", orgId: "", month: "", since: "", until: "", groupBy: "" };
 }
 
 export const GetUsageRequest: MessageFns<GetUsageRequest> = {
@@ -3249,6 +3275,15 @@ export const GetUsageRequest: MessageFns<GetUsageRequest> = {
     }
     if (message.month !== "") {
       writer.uint32(26).string(message.month);
+    }
+    if (message.since !== "") {
+      writer.uint32(34).string(message.since);
+    }
+    if (message.until !== "") {
+      writer.uint32(42).string(message.until);
+    }
+    if (message.groupBy !== "") {
+      writer.uint32(50).string(message.groupBy);
     }
     return writer;
   },
@@ -3290,6 +3325,30 @@ export const GetUsageRequest: MessageFns<GetUsageRequest> = {
             message.month = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.since = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.until = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.groupBy = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3315,6 +3374,13 @@ export const GetUsageRequest: MessageFns<GetUsageRequest> = {
         ? globalThis.String(object.org_id)
         : "",
       month: isSet(object.month) ? globalThis.String(object.month) : "",
+      since: isSet(object.since) ? globalThis.String(object.since) : "",
+      until: isSet(object.until) ? globalThis.String(object.until) : "",
+      groupBy: isSet(object.groupBy)
+        ? globalThis.String(object.groupBy)
+        : isSet(object.group_by)
+        ? globalThis.String(object.group_by)
+        : "",
     };
   },
 
@@ -3329,6 +3395,15 @@ export const GetUsageRequest: MessageFns<GetUsageRequest> = {
     if (message.month !== "") {
       obj.month = message.month;
     }
+    if (message.since !== "") {
+      obj.since = message.since;
+    }
+    if (message.until !== "") {
+      obj.until = message.until;
+    }
+    if (message.groupBy !== "") {
+      obj.groupBy = message.groupBy;
+    }
     return obj;
   },
 
@@ -3340,12 +3415,15 @@ export const GetUsageRequest: MessageFns<GetUsageRequest> = {
     message.projectId = object.projectId ?? "";
     message.orgId = object.orgId ?? "";
     message.month = object.month ?? "";
+    message.since = object.since ?? "";
+    message.until = object.until ?? "";
+    message.groupBy = object.groupBy ?? "";
     return message;
   },
 };
 
 function createBaseUsageRow(): UsageRow {
-  return { keyId: "", model: "", requests: 0, promptTokens: 0, completionTokens: 0, costMicros: 0 };
+  return { keyId: "", model: "", requests: 0, promptTokens: 0, completionTokens: 0, costMicros: 0, day: "" };
 }
 
 export const UsageRow: MessageFns<UsageRow> = {
@@ -3367,6 +3445,9 @@ export const UsageRow: MessageFns<UsageRow> = {
     }
     if (message.costMicros !== 0) {
       writer.uint32(48).int64(message.costMicros);
+    }
+    if (message.day !== "") {
+      writer.uint32(58).string(message.day);
     }
     return writer;
   },
@@ -3432,6 +3513,14 @@ export const UsageRow: MessageFns<UsageRow> = {
             message.costMicros = longToNumber(reader.int64());
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.day = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3468,6 +3557,7 @@ export const UsageRow: MessageFns<UsageRow> = {
         : isSet(object.cost_micros)
         ? globalThis.Number(object.cost_micros)
         : 0,
+      day: isSet(object.day) ? globalThis.String(object.day) : "",
     };
   },
 
@@ -3491,6 +3581,9 @@ export const UsageRow: MessageFns<UsageRow> = {
     if (message.costMicros !== 0) {
       obj.costMicros = Math.round(message.costMicros);
     }
+    if (message.day !== "") {
+      obj.day = message.day;
+    }
     return obj;
   },
 
@@ -3505,12 +3598,23 @@ export const UsageRow: MessageFns<UsageRow> = {
     message.promptTokens = object.promptTokens ?? 0;
     message.completionTokens = object.completionTokens ?? 0;
     message.costMicros = object.costMicros ?? 0;
+    message.day = object.day ?? "";
     return message;
   },
 };
 
 function createBaseGetUsageResponse(): GetUsageResponse {
-  return { month: "", rows: [], totalCostMicros: 0, totalRequests: 0 };
+  return {
+    month: "",
+    rows: [],
+    totalCostMicros: 0,
+    totalRequests: 0,
+    totalPromptTokens: 0,
+    totalCompletionTokens: 0,
+    since: "",
+    until: "",
+    groupBy: "",
+  };
 }
 
 export const GetUsageResponse: MessageFns<GetUsageResponse> = {
@@ -3526,6 +3630,21 @@ export const GetUsageResponse: MessageFns<GetUsageResponse> = {
     }
     if (message.totalRequests !== 0) {
       writer.uint32(32).int64(message.totalRequests);
+    }
+    if (message.totalPromptTokens !== 0) {
+      writer.uint32(40).int64(message.totalPromptTokens);
+    }
+    if (message.totalCompletionTokens !== 0) {
+      writer.uint32(48).int64(message.totalCompletionTokens);
+    }
+    if (message.since !== "") {
+      writer.uint32(58).string(message.since);
+    }
+    if (message.until !== "") {
+      writer.uint32(66).string(message.until);
+    }
+    if (message.groupBy !== "") {
+      writer.uint32(74).string(message.groupBy);
     }
     return writer;
   },
@@ -3575,6 +3694,46 @@ export const GetUsageResponse: MessageFns<GetUsageResponse> = {
             message.totalRequests = longToNumber(reader.int64());
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.totalPromptTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.totalCompletionTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.since = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.until = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.groupBy = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3601,6 +3760,23 @@ export const GetUsageResponse: MessageFns<GetUsageResponse> = {
         : isSet(object.total_requests)
         ? globalThis.Number(object.total_requests)
         : 0,
+      totalPromptTokens: isSet(object.totalPromptTokens)
+        ? globalThis.Number(object.totalPromptTokens)
+        : isSet(object.total_prompt_tokens)
+        ? globalThis.Number(object.total_prompt_tokens)
+        : 0,
+      totalCompletionTokens: isSet(object.totalCompletionTokens)
+        ? globalThis.Number(object.totalCompletionTokens)
+        : isSet(object.total_completion_tokens)
+        ? globalThis.Number(object.total_completion_tokens)
+        : 0,
+      since: isSet(object.since) ? globalThis.String(object.since) : "",
+      until: isSet(object.until) ? globalThis.String(object.until) : "",
+      groupBy: isSet(object.groupBy)
+        ? globalThis.String(object.groupBy)
+        : isSet(object.group_by)
+        ? globalThis.String(object.group_by)
+        : "",
     };
   },
 
@@ -3618,6 +3794,21 @@ export const GetUsageResponse: MessageFns<GetUsageResponse> = {
     if (message.totalRequests !== 0) {
       obj.totalRequests = Math.round(message.totalRequests);
     }
+    if (message.totalPromptTokens !== 0) {
+      obj.totalPromptTokens = Math.round(message.totalPromptTokens);
+    }
+    if (message.totalCompletionTokens !== 0) {
+      obj.totalCompletionTokens = Math.round(message.totalCompletionTokens);
+    }
+    if (message.since !== "") {
+      obj.since = message.since;
+    }
+    if (message.until !== "") {
+      obj.until = message.until;
+    }
+    if (message.groupBy !== "") {
+      obj.groupBy = message.groupBy;
+    }
     return obj;
   },
 
@@ -3630,6 +3821,11 @@ export const GetUsageResponse: MessageFns<GetUsageResponse> = {
     message.rows = object.rows?.map((e) => UsageRow.fromPartial(e)) || [];
     message.totalCostMicros = object.totalCostMicros ?? 0;
     message.totalRequests = object.totalRequests ?? 0;
+    message.totalPromptTokens = object.totalPromptTokens ?? 0;
+    message.totalCompletionTokens = object.totalCompletionTokens ?? 0;
+    message.since = object.since ?? "";
+    message.until = object.until ?? "";
+    message.groupBy = object.groupBy ?? "";
     return message;
   },
 };
@@ -5252,6 +5448,146 @@ export const ListRequestLogsResponse: MessageFns<ListRequestLogsResponse> = {
   },
 };
 
+function createBaseGetKeyRequest(): GetKeyRequest {
+  return { keyId: "" };
+}
+
+export const GetKeyRequest: MessageFns<GetKeyRequest> = {
+  encode(message: GetKeyRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetKeyRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetKeyRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetKeyRequest {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+    };
+  },
+
+  toJSON(message: GetKeyRequest): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetKeyRequest>, I>>(base?: I): GetKeyRequest {
+    return GetKeyRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetKeyRequest>, I>>(object: I): GetKeyRequest {
+    const message = createBaseGetKeyRequest();
+    message.keyId = object.keyId ?? "";
+    return message;
+  },
+};
+
+function createBaseFindKeyRequest(): FindKeyRequest {
+  return { key: "" };
+}
+
+export const FindKeyRequest: MessageFns<FindKeyRequest> = {
+  encode(message: FindKeyRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FindKeyRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFindKeyRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FindKeyRequest {
+    return { key: isSet(object.key) ? globalThis.String(object.key) : "" };
+  },
+
+  toJSON(message: FindKeyRequest): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FindKeyRequest>, I>>(base?: I): FindKeyRequest {
+    return FindKeyRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FindKeyRequest>, I>>(object: I): FindKeyRequest {
+    const message = createBaseFindKeyRequest();
+    message.key = object.key ?? "";
+    return message;
+  },
+};
+
 /**
  * The console API: everything the `tollgate` CLI (and any other admin tool) needs.
  * Authentication: metadata `authorization: Bearer <token>`, either the operator token or an
@@ -5465,6 +5801,34 @@ export const ConsoleServiceService = {
       Buffer.from(ListRequestLogsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListRequestLogsResponse => ListRequestLogsResponse.decode(value),
   },
+  /**
+   * One key's record (never its value). Members of the key's organisation (any role) and the operator;
+   * anyone else gets NOT_FOUND, as for a key that does not exist.
+   */
+  getKey: {
+    path: "/tollgate.v1.ConsoleService/GetKey" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetKeyRequest): Buffer => Buffer.from(GetKeyRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetKeyRequest => GetKeyRequest.decode(value),
+    responseSerialize: (value: ApiKey): Buffer => Buffer.from(ApiKey.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ApiKey => ApiKey.decode(value),
+  },
+  /**
+   * Maps a leaked key value to its record: the control plane hashes the value with the pepper and looks
+   * it up among live credentials and revocation tombstones. Members of the key's organisation (any role)
+   * and the operator; for anyone else the answer is the same NOT_FOUND as for an unknown value.
+   * Rate-limited per caller (RESOURCE_EXHAUSTED). The value is never logged or echoed.
+   */
+  findKey: {
+    path: "/tollgate.v1.ConsoleService/FindKey" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: FindKeyRequest): Buffer => Buffer.from(FindKeyRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): FindKeyRequest => FindKeyRequest.decode(value),
+    responseSerialize: (value: ApiKey): Buffer => Buffer.from(ApiKey.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ApiKey => ApiKey.decode(value),
+  },
 } as const;
 
 export interface ConsoleServiceServer extends UntypedServiceImplementation {
@@ -5507,6 +5871,18 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
    * organisation asked for; the operator everywhere (and only the operator sees unknown-key 401s).
    */
   listRequestLogs: handleUnaryCall<ListRequestLogsRequest, ListRequestLogsResponse>;
+  /**
+   * One key's record (never its value). Members of the key's organisation (any role) and the operator;
+   * anyone else gets NOT_FOUND, as for a key that does not exist.
+   */
+  getKey: handleUnaryCall<GetKeyRequest, ApiKey>;
+  /**
+   * Maps a leaked key value to its record: the control plane hashes the value with the pepper and looks
+   * it up among live credentials and revocation tombstones. Members of the key's organisation (any role)
+   * and the operator; for anyone else the answer is the same NOT_FOUND as for an unknown value.
+   * Rate-limited per caller (RESOURCE_EXHAUSTED). The value is never logged or echoed.
+   */
+  findKey: handleUnaryCall<FindKeyRequest, ApiKey>;
 }
 
 export interface ConsoleServiceClient extends Client {
@@ -5816,6 +6192,40 @@ export interface ConsoleServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListRequestLogsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * One key's record (never its value). Members of the key's organisation (any role) and the operator;
+   * anyone else gets NOT_FOUND, as for a key that does not exist.
+   */
+  getKey(request: GetKeyRequest, callback: (error: ServiceError | null, response: ApiKey) => void): ClientUnaryCall;
+  getKey(
+    request: GetKeyRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ApiKey) => void,
+  ): ClientUnaryCall;
+  getKey(
+    request: GetKeyRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ApiKey) => void,
+  ): ClientUnaryCall;
+  /**
+   * Maps a leaked key value to its record: the control plane hashes the value with the pepper and looks
+   * it up among live credentials and revocation tombstones. Members of the key's organisation (any role)
+   * and the operator; for anyone else the answer is the same NOT_FOUND as for an unknown value.
+   * Rate-limited per caller (RESOURCE_EXHAUSTED). The value is never logged or echoed.
+   */
+  findKey(request: FindKeyRequest, callback: (error: ServiceError | null, response: ApiKey) => void): ClientUnaryCall;
+  findKey(
+    request: FindKeyRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ApiKey) => void,
+  ): ClientUnaryCall;
+  findKey(
+    request: FindKeyRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ApiKey) => void,
   ): ClientUnaryCall;
 }
 

@@ -12,9 +12,12 @@ import {
   Client,
   type ClientDuplexStream,
   type ClientOptions,
+  type ClientUnaryCall,
   type handleBidiStreamingCall,
+  type handleUnaryCall,
   makeGenericClientConstructor,
   type Metadata,
+  type ServiceError,
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
 
@@ -244,6 +247,55 @@ export interface LeaseRequest {
    * plane grants it nothing from now on (a grant already on its way is given back on arrival).
    */
   leaving: boolean;
+  /**
+   * What the node has used (admitted or reserved) of key minutes it leased, for those that changed
+   * since it last said. If the node dies, the control plane frees the rest of what it held.
+   */
+  used: KeyMinuteUsed[];
+  /** Non-zero: answer with LeaseGrant.used_ack = this, once `used` is recorded. */
+  usedSeq: number;
+  /**
+   * Parallel-request slots of keys: wanted, and what the node now holds (answering a reclaim, or
+   * giving back idle slots). Slots are not per minute: a slot is held while the node keeps it.
+   */
+  slotWants: SlotWant[];
+  slotReturns: SlotHeld[];
+}
+
+export interface SlotWant {
+  keyId: string;
+  /** What the node holds now (registered on a connection's first want). */
+  held: number;
+  /**
+   * How many slots the node would like to hold in all (not in addition: wants on their way at the same
+   * time ask for the same total, so none is counted twice).
+   */
+  want: number;
+  /**
+   * How many it must hold in all to let its waiting requests in (reclaimed from other nodes before a
+   * refusal); 0 for a prefetch.
+   */
+  need: number;
+}
+
+export interface SlotHeld {
+  keyId: string;
+  /** What the node holds after giving back: its requests in flight. */
+  held: number;
+}
+
+export interface SlotLease {
+  keyId: string;
+  slots: number;
+  /** Every slot of the key is held across the cluster, after reclaiming idle ones: refuse. */
+  final: boolean;
+}
+
+export interface KeyMinuteUsed {
+  keyId: string;
+  minute: number;
+  requests: number;
+  tokens: number;
 }
 
 /**
@@ -256,6 +308,8 @@ export interface LeaseReclaim {
   /** Every key minute the node holds (it was the lone node and held whole budgets unasked). */
   allKeys: boolean;
   orgIds: string[];
+  /** Keys whose idle parallel-request slots are wanted back (all_keys: every key's). */
+  slotKeyIds: string[];
 }
 
 export interface KeyMinuteRef {
@@ -313,6 +367,9 @@ export interface LeaseGrant {
    * key really has left).
    */
   pools: KeyPoolFree[];
+  /** Non-zero: the LeaseRequest.used_seq whose `used` the control plane has recorded. */
+  usedAck: number;
+  slots: SlotLease[];
 }
 
 export interface KeyPoolFree {
@@ -401,6 +458,29 @@ export interface NodeStatus {
   journalBytes: number;
   /** Request-log rows the node dropped because its journal was full (since it started). */
   droppedLogRows: number;
+}
+
+export interface QueryUsageRequest {
+  keyId: string;
+  /** Milliseconds since the epoch; since inclusive, until exclusive (0 = no upper bound). */
+  sinceMs: number;
+  untilMs: number;
+  /** "model", "day" (UTC) or "key". */
+  groupBy: string;
+}
+
+export interface UsageBucket {
+  /** The group's value: a model id, a "YYYY-MM-DD" day or a key id, after group_by. */
+  group: string;
+  requests: number;
+  promptTokens: number;
+  completionTokens: number;
+  costMicros: number;
+}
+
+export interface QueryUsageResponse {
+  projectId: string;
+  buckets: UsageBucket[];
 }
 
 function createBaseNodeMessage(): NodeMessage {
@@ -3387,7 +3467,19 @@ export const ReportAck: MessageFns<ReportAck> = {
 };
 
 function createBaseLeaseRequest(): LeaseRequest {
-  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 0, leaving: false };
+  return {
+    keys: [],
+    orgs: [],
+    reclaimId: 0,
+    keyReturns: [],
+    orgReturns: [],
+    leaseEpoch: 0,
+    leaving: false,
+    used: [],
+    usedSeq: 0,
+    slotWants: [],
+    slotReturns: [],
+  };
 }
 
 export const LeaseRequest: MessageFns<LeaseRequest> = {
@@ -3412,6 +3504,18 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     if (message.leaving !== false) {
       writer.uint32(56).bool(message.leaving);
+    }
+    for (const v of message.used) {
+      KeyMinuteUsed.encode(v!, writer.uint32(66).fork()).join();
+    }
+    if (message.usedSeq !== 0) {
+      writer.uint32(72).int64(message.usedSeq);
+    }
+    for (const v of message.slotWants) {
+      SlotWant.encode(v!, writer.uint32(82).fork()).join();
+    }
+    for (const v of message.slotReturns) {
+      SlotHeld.encode(v!, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -3485,6 +3589,38 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.leaving = reader.bool();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.used.push(KeyMinuteUsed.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.usedSeq = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.slotWants.push(SlotWant.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.slotReturns.push(SlotHeld.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3522,6 +3658,24 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         ? globalThis.Number(object.lease_epoch)
         : 0,
       leaving: isSet(object.leaving) ? globalThis.Boolean(object.leaving) : false,
+      used: globalThis.Array.isArray(object?.used)
+        ? object.used.map((e: any) => KeyMinuteUsed.fromJSON(e))
+        : [],
+      usedSeq: isSet(object.usedSeq)
+        ? globalThis.Number(object.usedSeq)
+        : isSet(object.used_seq)
+        ? globalThis.Number(object.used_seq)
+        : 0,
+      slotWants: globalThis.Array.isArray(object?.slotWants)
+        ? object.slotWants.map((e: any) => SlotWant.fromJSON(e))
+        : globalThis.Array.isArray(object?.slot_wants)
+        ? object.slot_wants.map((e: any) => SlotWant.fromJSON(e))
+        : [],
+      slotReturns: globalThis.Array.isArray(object?.slotReturns)
+        ? object.slotReturns.map((e: any) => SlotHeld.fromJSON(e))
+        : globalThis.Array.isArray(object?.slot_returns)
+        ? object.slot_returns.map((e: any) => SlotHeld.fromJSON(e))
+        : [],
     };
   },
 
@@ -3548,6 +3702,18 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.leaving !== false) {
       obj.leaving = message.leaving;
     }
+    if (message.used?.length) {
+      obj.used = message.used.map((e) => KeyMinuteUsed.toJSON(e));
+    }
+    if (message.usedSeq !== 0) {
+      obj.usedSeq = Math.round(message.usedSeq);
+    }
+    if (message.slotWants?.length) {
+      obj.slotWants = message.slotWants.map((e) => SlotWant.toJSON(e));
+    }
+    if (message.slotReturns?.length) {
+      obj.slotReturns = message.slotReturns.map((e) => SlotHeld.toJSON(e));
+    }
     return obj;
   },
 
@@ -3563,12 +3729,452 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.orgReturns = object.orgReturns?.map((e) => OrgLeaseReturn.fromPartial(e)) || [];
     message.leaseEpoch = object.leaseEpoch ?? 0;
     message.leaving = object.leaving ?? false;
+    message.used = object.used?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
+    message.usedSeq = object.usedSeq ?? 0;
+    message.slotWants = object.slotWants?.map((e) => SlotWant.fromPartial(e)) || [];
+    message.slotReturns = object.slotReturns?.map((e) => SlotHeld.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseSlotWant(): SlotWant {
+  return { keyId: "", held: 0, want: 0, need: 0 };
+}
+
+export const SlotWant: MessageFns<SlotWant> = {
+  encode(message: SlotWant, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.held !== 0) {
+      writer.uint32(16).int64(message.held);
+    }
+    if (message.want !== 0) {
+      writer.uint32(24).int64(message.want);
+    }
+    if (message.need !== 0) {
+      writer.uint32(32).int64(message.need);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotWant {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotWant();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.held = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.want = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.need = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotWant {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+      want: isSet(object.want) ? globalThis.Number(object.want) : 0,
+      need: isSet(object.need) ? globalThis.Number(object.need) : 0,
+    };
+  },
+
+  toJSON(message: SlotWant): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    if (message.want !== 0) {
+      obj.want = Math.round(message.want);
+    }
+    if (message.need !== 0) {
+      obj.need = Math.round(message.need);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotWant>, I>>(base?: I): SlotWant {
+    return SlotWant.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotWant>, I>>(object: I): SlotWant {
+    const message = createBaseSlotWant();
+    message.keyId = object.keyId ?? "";
+    message.held = object.held ?? 0;
+    message.want = object.want ?? 0;
+    message.need = object.need ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotHeld(): SlotHeld {
+  return { keyId: "", held: 0 };
+}
+
+export const SlotHeld: MessageFns<SlotHeld> = {
+  encode(message: SlotHeld, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.held !== 0) {
+      writer.uint32(16).int64(message.held);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotHeld {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotHeld();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.held = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotHeld {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+    };
+  },
+
+  toJSON(message: SlotHeld): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotHeld>, I>>(base?: I): SlotHeld {
+    return SlotHeld.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotHeld>, I>>(object: I): SlotHeld {
+    const message = createBaseSlotHeld();
+    message.keyId = object.keyId ?? "";
+    message.held = object.held ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotLease(): SlotLease {
+  return { keyId: "", slots: 0, final: false };
+}
+
+export const SlotLease: MessageFns<SlotLease> = {
+  encode(message: SlotLease, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.slots !== 0) {
+      writer.uint32(16).int64(message.slots);
+    }
+    if (message.final !== false) {
+      writer.uint32(24).bool(message.final);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotLease {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotLease();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.slots = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.final = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotLease {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      slots: isSet(object.slots) ? globalThis.Number(object.slots) : 0,
+      final: isSet(object.final) ? globalThis.Boolean(object.final) : false,
+    };
+  },
+
+  toJSON(message: SlotLease): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.slots !== 0) {
+      obj.slots = Math.round(message.slots);
+    }
+    if (message.final !== false) {
+      obj.final = message.final;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotLease>, I>>(base?: I): SlotLease {
+    return SlotLease.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotLease>, I>>(object: I): SlotLease {
+    const message = createBaseSlotLease();
+    message.keyId = object.keyId ?? "";
+    message.slots = object.slots ?? 0;
+    message.final = object.final ?? false;
+    return message;
+  },
+};
+
+function createBaseKeyMinuteUsed(): KeyMinuteUsed {
+  return { keyId: "", minute: 0, requests: 0, tokens: 0 };
+}
+
+export const KeyMinuteUsed: MessageFns<KeyMinuteUsed> = {
+  encode(message: KeyMinuteUsed, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(24).int64(message.requests);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(32).int64(message.tokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyMinuteUsed {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyMinuteUsed();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.tokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyMinuteUsed {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+    };
+  },
+
+  toJSON(message: KeyMinuteUsed): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyMinuteUsed>, I>>(base?: I): KeyMinuteUsed {
+    return KeyMinuteUsed.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyMinuteUsed>, I>>(object: I): KeyMinuteUsed {
+    const message = createBaseKeyMinuteUsed();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    message.requests = object.requests ?? 0;
+    message.tokens = object.tokens ?? 0;
     return message;
   },
 };
 
 function createBaseLeaseReclaim(): LeaseReclaim {
-  return { id: 0, keys: [], allKeys: false, orgIds: [] };
+  return { id: 0, keys: [], allKeys: false, orgIds: [], slotKeyIds: [] };
 }
 
 export const LeaseReclaim: MessageFns<LeaseReclaim> = {
@@ -3584,6 +4190,9 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     }
     for (const v of message.orgIds) {
       writer.uint32(34).string(v!);
+    }
+    for (const v of message.slotKeyIds) {
+      writer.uint32(42).string(v!);
     }
     return writer;
   },
@@ -3633,6 +4242,14 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
             message.orgIds.push(reader.string());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.slotKeyIds.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3659,6 +4276,11 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
         : globalThis.Array.isArray(object?.org_ids)
         ? object.org_ids.map((e: any) => globalThis.String(e))
         : [],
+      slotKeyIds: globalThis.Array.isArray(object?.slotKeyIds)
+        ? object.slotKeyIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.slot_key_ids)
+        ? object.slot_key_ids.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -3676,6 +4298,9 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     if (message.orgIds?.length) {
       obj.orgIds = message.orgIds;
     }
+    if (message.slotKeyIds?.length) {
+      obj.slotKeyIds = message.slotKeyIds;
+    }
     return obj;
   },
 
@@ -3688,6 +4313,7 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     message.keys = object.keys?.map((e) => KeyMinuteRef.fromPartial(e)) || [];
     message.allKeys = object.allKeys ?? false;
     message.orgIds = object.orgIds?.map((e) => e) || [];
+    message.slotKeyIds = object.slotKeyIds?.map((e) => e) || [];
     return message;
   },
 };
@@ -4331,7 +4957,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [], pools: [] };
+  return { keys: [], orgs: [], pools: [], usedAck: 0, slots: [] };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -4344,6 +4970,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     for (const v of message.pools) {
       KeyPoolFree.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.usedAck !== 0) {
+      writer.uint32(32).int64(message.usedAck);
+    }
+    for (const v of message.slots) {
+      SlotLease.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -4385,6 +5017,22 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.pools.push(KeyPoolFree.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.usedAck = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.slots.push(SlotLease.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4402,6 +5050,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyLease.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgLease.fromJSON(e)) : [],
       pools: globalThis.Array.isArray(object?.pools) ? object.pools.map((e: any) => KeyPoolFree.fromJSON(e)) : [],
+      usedAck: isSet(object.usedAck)
+        ? globalThis.Number(object.usedAck)
+        : isSet(object.used_ack)
+        ? globalThis.Number(object.used_ack)
+        : 0,
+      slots: globalThis.Array.isArray(object?.slots) ? object.slots.map((e: any) => SlotLease.fromJSON(e)) : [],
     };
   },
 
@@ -4416,6 +5070,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.pools?.length) {
       obj.pools = message.pools.map((e) => KeyPoolFree.toJSON(e));
     }
+    if (message.usedAck !== 0) {
+      obj.usedAck = Math.round(message.usedAck);
+    }
+    if (message.slots?.length) {
+      obj.slots = message.slots.map((e) => SlotLease.toJSON(e));
+    }
     return obj;
   },
 
@@ -4427,6 +5087,8 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     message.keys = object.keys?.map((e) => KeyLease.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgLease.fromPartial(e)) || [];
     message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
+    message.usedAck = object.usedAck ?? 0;
+    message.slots = object.slots?.map((e) => SlotLease.fromPartial(e)) || [];
     return message;
   },
 };
@@ -5829,6 +6491,373 @@ export const NodeStatus: MessageFns<NodeStatus> = {
   },
 };
 
+function createBaseQueryUsageRequest(): QueryUsageRequest {
+  return { keyId: "", sinceMs: 0, untilMs: 0, groupBy: "" };
+}
+
+export const QueryUsageRequest: MessageFns<QueryUsageRequest> = {
+  encode(message: QueryUsageRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.sinceMs !== 0) {
+      writer.uint32(16).int64(message.sinceMs);
+    }
+    if (message.untilMs !== 0) {
+      writer.uint32(24).int64(message.untilMs);
+    }
+    if (message.groupBy !== "") {
+      writer.uint32(34).string(message.groupBy);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueryUsageRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueryUsageRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.sinceMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.untilMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.groupBy = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueryUsageRequest {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      sinceMs: isSet(object.sinceMs)
+        ? globalThis.Number(object.sinceMs)
+        : isSet(object.since_ms)
+        ? globalThis.Number(object.since_ms)
+        : 0,
+      untilMs: isSet(object.untilMs)
+        ? globalThis.Number(object.untilMs)
+        : isSet(object.until_ms)
+        ? globalThis.Number(object.until_ms)
+        : 0,
+      groupBy: isSet(object.groupBy)
+        ? globalThis.String(object.groupBy)
+        : isSet(object.group_by)
+        ? globalThis.String(object.group_by)
+        : "",
+    };
+  },
+
+  toJSON(message: QueryUsageRequest): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.sinceMs !== 0) {
+      obj.sinceMs = Math.round(message.sinceMs);
+    }
+    if (message.untilMs !== 0) {
+      obj.untilMs = Math.round(message.untilMs);
+    }
+    if (message.groupBy !== "") {
+      obj.groupBy = message.groupBy;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueryUsageRequest>, I>>(base?: I): QueryUsageRequest {
+    return QueryUsageRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueryUsageRequest>, I>>(object: I): QueryUsageRequest {
+    const message = createBaseQueryUsageRequest();
+    message.keyId = object.keyId ?? "";
+    message.sinceMs = object.sinceMs ?? 0;
+    message.untilMs = object.untilMs ?? 0;
+    message.groupBy = object.groupBy ?? "";
+    return message;
+  },
+};
+
+function createBaseUsageBucket(): UsageBucket {
+  return { group: "", requests: 0, promptTokens: 0, completionTokens: 0, costMicros: 0 };
+}
+
+export const UsageBucket: MessageFns<UsageBucket> = {
+  encode(message: UsageBucket, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.group !== "") {
+      writer.uint32(10).string(message.group);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(16).int64(message.requests);
+    }
+    if (message.promptTokens !== 0) {
+      writer.uint32(24).int64(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      writer.uint32(32).int64(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      writer.uint32(40).int64(message.costMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): UsageBucket {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseUsageBucket();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.group = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.promptTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.completionTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.costMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): UsageBucket {
+    return {
+      group: isSet(object.group) ? globalThis.String(object.group) : "",
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      promptTokens: isSet(object.promptTokens)
+        ? globalThis.Number(object.promptTokens)
+        : isSet(object.prompt_tokens)
+        ? globalThis.Number(object.prompt_tokens)
+        : 0,
+      completionTokens: isSet(object.completionTokens)
+        ? globalThis.Number(object.completionTokens)
+        : isSet(object.completion_tokens)
+        ? globalThis.Number(object.completion_tokens)
+        : 0,
+      costMicros: isSet(object.costMicros)
+        ? globalThis.Number(object.costMicros)
+        : isSet(object.cost_micros)
+        ? globalThis.Number(object.cost_micros)
+        : 0,
+    };
+  },
+
+  toJSON(message: UsageBucket): unknown {
+    const obj: any = {};
+    if (message.group !== "") {
+      obj.group = message.group;
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.promptTokens !== 0) {
+      obj.promptTokens = Math.round(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      obj.completionTokens = Math.round(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      obj.costMicros = Math.round(message.costMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<UsageBucket>, I>>(base?: I): UsageBucket {
+    return UsageBucket.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<UsageBucket>, I>>(object: I): UsageBucket {
+    const message = createBaseUsageBucket();
+    message.group = object.group ?? "";
+    message.requests = object.requests ?? 0;
+    message.promptTokens = object.promptTokens ?? 0;
+    message.completionTokens = object.completionTokens ?? 0;
+    message.costMicros = object.costMicros ?? 0;
+    return message;
+  },
+};
+
+function createBaseQueryUsageResponse(): QueryUsageResponse {
+  return { projectId: "", buckets: [] };
+}
+
+export const QueryUsageResponse: MessageFns<QueryUsageResponse> = {
+  encode(message: QueryUsageResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    for (const v of message.buckets) {
+      UsageBucket.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueryUsageResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueryUsageResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.buckets.push(UsageBucket.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueryUsageResponse {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      buckets: globalThis.Array.isArray(object?.buckets) ? object.buckets.map((e: any) => UsageBucket.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: QueryUsageResponse): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.buckets?.length) {
+      obj.buckets = message.buckets.map((e) => UsageBucket.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueryUsageResponse>, I>>(base?: I): QueryUsageResponse {
+    return QueryUsageResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueryUsageResponse>, I>>(object: I): QueryUsageResponse {
+    const message = createBaseQueryUsageResponse();
+    message.projectId = object.projectId ?? "";
+    message.buckets = object.buckets?.map((e) => UsageBucket.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 /**
  * The sync API between the control plane and data-plane nodes.
  * A node authenticates with metadata `authorization: Bearer <TOLLGATE_NODE_TOKEN>`.
@@ -5852,16 +6881,56 @@ export const SyncServiceService = {
     responseSerialize: (value: ControlMessage): Buffer => Buffer.from(ControlMessage.encode(value).finish()),
     responseDeserialize: (value: Buffer): ControlMessage => ControlMessage.decode(value),
   },
+  /**
+   * `GET /v1/usage` on a node: the usage of the project of `key_id` (the key the node authenticated),
+   * read from the control plane's durable usage table. Same node token as Connect. The control plane
+   * takes the project from its own record of the key; a key without a live credential is NOT_FOUND.
+   */
+  queryUsage: {
+    path: "/tollgate.v1.SyncService/QueryUsage" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: QueryUsageRequest): Buffer => Buffer.from(QueryUsageRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): QueryUsageRequest => QueryUsageRequest.decode(value),
+    responseSerialize: (value: QueryUsageResponse): Buffer => Buffer.from(QueryUsageResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): QueryUsageResponse => QueryUsageResponse.decode(value),
+  },
 } as const;
 
 export interface SyncServiceServer extends UntypedServiceImplementation {
   connect: handleBidiStreamingCall<NodeMessage, ControlMessage>;
+  /**
+   * `GET /v1/usage` on a node: the usage of the project of `key_id` (the key the node authenticated),
+   * read from the control plane's durable usage table. Same node token as Connect. The control plane
+   * takes the project from its own record of the key; a key without a live credential is NOT_FOUND.
+   */
+  queryUsage: handleUnaryCall<QueryUsageRequest, QueryUsageResponse>;
 }
 
 export interface SyncServiceClient extends Client {
   connect(): ClientDuplexStream<NodeMessage, ControlMessage>;
   connect(options: Partial<CallOptions>): ClientDuplexStream<NodeMessage, ControlMessage>;
   connect(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<NodeMessage, ControlMessage>;
+  /**
+   * `GET /v1/usage` on a node: the usage of the project of `key_id` (the key the node authenticated),
+   * read from the control plane's durable usage table. Same node token as Connect. The control plane
+   * takes the project from its own record of the key; a key without a live credential is NOT_FOUND.
+   */
+  queryUsage(
+    request: QueryUsageRequest,
+    callback: (error: ServiceError | null, response: QueryUsageResponse) => void,
+  ): ClientUnaryCall;
+  queryUsage(
+    request: QueryUsageRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: QueryUsageResponse) => void,
+  ): ClientUnaryCall;
+  queryUsage(
+    request: QueryUsageRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: QueryUsageResponse) => void,
+  ): ClientUnaryCall;
 }
 
 export const SyncServiceClient = makeGenericClientConstructor(
