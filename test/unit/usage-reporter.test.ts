@@ -1,0 +1,110 @@
+// The node's reporter: usage and log rows become numbered reports in the journal; at most a window of
+// them is on the wire; an ack forgets one; a new stream gets every unacknowledged report again in
+// order; a usage record carrying values no report could encode (1.5, NaN, 1e30) is still sent.
+import assert from 'node:assert/strict';
+import test from 'node:test';
+import type { NodeMessage, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+import { decodeLogColumns, type LogRow } from '../../proto/lib/log-columns.js';
+import { Journal } from '../../data-plane/sync/journal.js';
+import { Reporter, type ReportStream } from '../../data-plane/sync/reporter.js';
+import { ManualClock } from '../../data-plane/limits/clock.js';
+
+class FakeStream implements ReportStream {
+  readonly sent: NodeMessage[] = [];
+  write(msg: NodeMessage): boolean {
+    this.sent.push(msg);
+    return true;
+  }
+  once(): void {}
+  reports() {
+    return this.sent.filter((m) => m.report).map((m) => m.report!);
+  }
+}
+
+const tick = () => new Promise((r) => setImmediate(r));
+
+function usage(i: number, over: Partial<UsageRecord> = {}): UsageRecord {
+  return { requestId: `r${i}`, keyId: 'k', orgId: 'o', projectId: 'p', model: 'm', path: '/v1/chat/completions', status: 200, promptTokens: 1, completionTokens: 2, costMicros: 3, atMs: 1_700_000_000_000, minute: 1, leaseEpoch: 1, ...over };
+}
+
+function logRow(i: number): LogRow {
+  return { requestId: `r${i}`, atMs: 1_700_000_000_000 + i, keyId: 'k', projectId: 'p', orgId: 'o', clientIp: '10.0.0.1', userAgent: 'ua', method: 'POST', path: '/v1/chat/completions', status: 200, latencyUs: 5, bytesIn: 1, bytesOut: 2, model: 'm', promptTokens: 1, completionTokens: 2, costMicros: 3, reason: '', keyPrefix: '' };
+}
+
+function reporter(journal = new Journal({ dir: null, maxBytes: 1 << 30, log: () => {} }), lines: string[] = []) {
+  const r = new Reporter(new ManualClock(), { instanceId: 'inst', journal, log: (l) => lines.push(l), flushEveryMs: 3_600_000 });
+  test.after(() => r.stop());
+  return { r, journal, lines };
+}
+
+test('rows become one numbered report carrying usage and request logs; an ack forgets it', async () => {
+  const { r, journal } = reporter();
+  const s = new FakeStream();
+  r.attach(s);
+  r.record(usage(1));
+  r.log(logRow(1));
+  r.log(logRow(2));
+  r.flush();
+  await tick();
+  const [rep] = s.reports();
+  assert.equal(rep.seq, 1);
+  assert.equal(rep.instanceId, 'inst');
+  assert.equal(rep.usage.length, 1);
+  assert.deepEqual(decodeLogColumns(rep.logs).rows, [logRow(1), logRow(2)]);
+  assert.equal(r.status.journalBatches, 1);
+  r.ack(1, 'inst');
+  assert.equal(journal.depth.batches, 0);
+});
+
+test('at most four reports are on the wire; acks let the next go; a new stream gets the unacknowledged again, in order', async () => {
+  const { r } = reporter();
+  for (let i = 1; i <= 6; i++) {
+    r.record(usage(i));
+    r.flush();
+  }
+  const s1 = new FakeStream();
+  r.attach(s1);
+  await tick();
+  assert.deepEqual(s1.reports().map((x) => x.seq), [1, 2, 3, 4]);
+  r.ack(2, 'inst');
+  await tick();
+  assert.deepEqual(s1.reports().map((x) => x.seq), [1, 2, 3, 4, 5]);
+  r.detach();
+  const s2 = new FakeStream();
+  r.attach(s2);
+  await tick();
+  assert.deepEqual(s2.reports().map((x) => x.seq), [1, 3, 4, 5]);
+});
+
+test('a usage record with 1.5, NaN and 1e30 in it is sent with safe integers (the stream is never poisoned)', async () => {
+  const { r } = reporter();
+  const s = new FakeStream();
+  r.attach(s);
+  r.record(usage(1, { promptTokens: 1.5, completionTokens: NaN, costMicros: 1e30, atMs: -5 }));
+  r.flush();
+  await tick();
+  const u = s.reports()[0].usage[0];
+  assert.equal(u.promptTokens, 2);
+  assert.equal(u.completionTokens, 0);
+  assert.equal(u.costMicros, Number.MAX_SAFE_INTEGER);
+  assert.equal(u.atMs, 0);
+});
+
+test('past the journal cap request-log rows are dropped (said once, counted) while usage is kept; past 1.5 times it whole reports are', async () => {
+  const lines: string[] = [];
+  const { r } = reporter(new Journal({ dir: null, maxBytes: 200, log: () => {} }), lines);
+  for (let i = 0; i < 20; i++) {
+    r.record(usage(i));
+    r.log(logRow(i));
+    r.flush();
+  }
+  assert.ok(r.status.droppedLogRows > 0);
+  assert.equal(lines.filter((l) => /request-log rows are dropped/.test(l)).length, 1, lines.join('\n'));
+  // Past 1.5 times the cap whole reports go too, and that is said as well.
+  assert.ok(lines.some((l) => /whole reports \(usage too\) dropped/.test(l)), lines.join('\n'));
+  const s = new FakeStream();
+  r.attach(s);
+  await tick();
+  // The reports kept after the cap still carry usage.
+  assert.ok(s.reports().every((x) => x.usage.length === 1));
+});
