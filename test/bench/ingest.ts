@@ -237,8 +237,12 @@ async function partJournal(): Promise<void> {
     samples.push(rssMiB(pid));
   }
   const first = samples[0];
-  console.log(`journal: ${durationMs / 1000} s of control-plane outage, ${ok} requests journaled by one node (shorter than the issue's 5 minutes)`);
-  console.log(`  node RSS every 5 s (MiB): ${samples.map((s) => s.toFixed(0)).join(' ')}; range ${(Math.max(...samples) - Math.min(...samples)).toFixed(0)} MiB, last − first ${(samples[samples.length - 1] - first).toFixed(0)} MiB (target ±30)`);
+  // The load sends each request from a new X-Forwarded-For address, and the edge keeps each address's
+  // 60 s window: that state fills during the first minute whatever the journal does.
+  const settled = samples.slice(12);
+  console.log(`journal: ${durationMs / 1000} s of control-plane outage, ${ok} requests journaled by one node (the issue asks for 5 minutes: BENCH_JOURNAL_MS=300000)`);
+  console.log(`  node RSS every 5 s (MiB): ${samples.map((s) => s.toFixed(0)).join(' ')}; range ${(Math.max(...samples) - Math.min(...samples)).toFixed(0)} MiB, last − first ${(samples[samples.length - 1] - first).toFixed(0)} MiB`);
+  if (settled.length > 1) console.log(`  after the first minute (edge windows of the per-request client addresses filled): range ${(Math.max(...settled) - Math.min(...settled)).toFixed(0)} MiB (target ±30)`);
   await stopAll();
 }
 

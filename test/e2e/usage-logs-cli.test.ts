@@ -1,0 +1,29 @@
+// `tollgate logs` refuses bad input with one clear line: malformed times, statuses and limits are
+// usage errors (400, exit 2), a window that ends before it starts and an account asking for no key,
+// project or organisation are refused by the control plane (400), an unknown key is 404.
+import { test } from 'node:test';
+import { assertFails, assertUsageError, createOrgWithProject, runMany } from '../helpers/console-cli.js';
+import { startControlPlane, stopAll } from '../helpers/processes.js';
+
+test('tollgate logs: bad input gets one clear line', async (t) => {
+  t.after(stopAll);
+  const cp = await startControlPlane();
+  const op = cp.secrets.operatorToken;
+  const { owner, orgId } = createOrgWithProject(cp, op, 'logs-input');
+  const [since, status, limit, order, noScope, unknownKey, page] = await runMany(cp, [
+    [op, ['logs', '--key', 'key_x', '--since', 'yesterday']],
+    [op, ['logs', '--org', orgId, '--status', '999']],
+    [op, ['logs', '--org', orgId, '--limit', '0']],
+    [op, ['logs', '--org', orgId, '--since', '2025-03-02T00:00:00Z', '--until', '2025-03-01T00:00:00Z']],
+    [owner.token, ['logs']],
+    [owner.token, ['logs', '--key', 'key_doesnotexist']],
+    [op, ['logs', '--org', orgId, '--page', 'not-a-token']],
+  ]);
+  assertUsageError(since, 'a time that is not one', /--since must be a time/);
+  assertUsageError(status, 'a status that is not one', /--status must be an HTTP status/);
+  assertUsageError(limit, 'a limit of 0', /--limit must be 1 to 1000/);
+  assertUsageError(order, 'a window that ends before it starts', /--since must be before --until/);
+  assertFails(noScope, 400, 'an account asking for every log', { message: /give a key, a project or an organisation/ });
+  assertFails(unknownKey, 404, 'an unknown key', { message: /key key_doesnotexist not found/ });
+  assertFails(page, 400, 'a page token the server never gave', { message: /page_token/ });
+});
