@@ -125,7 +125,8 @@ async function main(): Promise<void> {
   if (operator.created) console.log(`Operator token (saved to data/operator-token): ${operator.value}`);
   const cp = launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress], () => {});
   await waitForLine(cp, /control plane listening on /);
-  const dp = launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded'], () => {});
+  // The node journals its unacknowledged usage and request logs under data/node (replayed after a crash).
+  const dp = launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded', '--data-dir', join(dataDir, 'node')], () => {});
   await waitForLine(dp, /data plane ready/);
   await bootstrapDemo();
   console.log(`Tollgate is running: API on http://${dpAddress}/v1, control plane on ${cpAddress}. Ctrl-C stops both.`);
