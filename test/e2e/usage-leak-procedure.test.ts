@@ -149,3 +149,26 @@ test('leak procedure: revoke, then the logs of the key for the window show every
     for (const text of everything) assert.ok(!text.includes(secret), 'a key value was found in a database file or process output');
   }
 });
+
+test('a key revoked before a node started (and before the control plane restarted) is still logged against its key', async () => {
+  const first = await startControlPlane();
+  const c = consoleClient(first.address, first.secrets.operatorToken);
+  const k = await createKey(c);
+  await c.revokeKey({ keyId: k.keyId });
+  c.close();
+  // Tombstones come back from the database on restart and go to nodes in their first snapshot.
+  await first.proc.kill('SIGTERM');
+  const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets });
+  const dp = await startDataPlane(cp, { nodeId: 'late-node' });
+  const r = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: bearer(k.key), json: chatBody('still trying') });
+  assert.equal(r.status, 401);
+  assert.equal(r.body.error.type, 'authentication_error');
+  let logs: any[] = [];
+  await eventually(async () => (logs = cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs).length >= 1, 'the attempt in the logs', 20_000);
+  assert.equal(logs.length, 1);
+  assert.equal(logs[0].status, 401);
+  assert.equal(logs[0].reason, 'authentication_error');
+  assert.equal(logs[0].node_id, 'late-node');
+  assert.equal(logs[0].project_id, k.projectId);
+  assert.equal(logs[0].key_prefix, undefined, 'a known (revoked) key is never recorded by prefix');
+});
