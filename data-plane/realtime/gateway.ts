@@ -181,26 +181,30 @@ export class RealtimeGateway {
   }
 
   private admitted(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, context: us_socket_context_t): void {
+    // Refused by a later check: the attempt costs nothing, and its rate headers say so.
+    const refuse = (err: GatewayError) => {
+      ctx.refuse();
+      reply.extraHeaders = rateHeaderPairs(this.deps.keyBudgets.headers(key.limits));
+      reply.sendError(err, 'A');
+    };
     try {
       const state = this.deps.holder.current;
       const modelId = new URLSearchParams(head.query).get('model') ?? '';
-      if (!modelId) return reply.sendError(new GatewayError('INVALID_REQUEST', 'Missing required query parameter: model (connect to /v1/realtime?model=MODEL).', { param: 'model' }), 'A');
+      if (!modelId) return refuse(new GatewayError('INVALID_REQUEST', 'Missing required query parameter: model (connect to /v1/realtime?model=MODEL).', { param: 'model' }));
       const model = state.view.models.get(modelId);
-      if (!model) return reply.sendError(new GatewayError('UNKNOWN_MODEL', `The model \`${modelId}\` does not exist.`, { param: 'model' }), 'A');
+      if (!model) return refuse(new GatewayError('UNKNOWN_MODEL', `The model \`${modelId}\` does not exist.`, { param: 'model' }));
       if (model.kind !== 'realtime') {
-        return reply.sendError(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a realtime model; /v1/realtime needs a model of kind realtime.`, { param: 'model' }), 'A');
+        return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a realtime model; /v1/realtime needs a model of kind realtime.`, { param: 'model' }));
       }
       if (!state.mayUseModel(key, model.id)) {
         const tier = state.view.tiers.get(key.org.tier);
         const why = tier?.plan.has(model.id) ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
-        return reply.sendError(new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' }), 'A');
+        return refuse(new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' }));
       }
       // ctx.model stays null: the session bills each response.done itself, never the context.
       if (model.provider === 'demo') return this.accept(ctx, res, reply, head, key, model, new DemoRealtimeLink(model), context);
       const upstream = state.view.config.realtimeUpstreams.find((u) => u.model === model.id);
-      if (model.provider !== 'openai' || !upstream) {
-        return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No realtime upstream is configured for \`${model.id}\`.`), 'A');
-      }
+      if (model.provider !== 'openai' || !upstream) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No realtime upstream is configured for \`${model.id}\`.`));
       const pending = connectWsUpstream(
         upstream,
         model.upstreamModel || model.id,
