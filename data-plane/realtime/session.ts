@@ -353,7 +353,8 @@ function isSendableCode(code: number): boolean {
 
 /** A close reason is at most 123 bytes of UTF-8. */
 export function truncateReason(reason: string): string {
-  let r = reason;
-  while (Buffer.byteLength(r) > 123) r = r.slice(0, -1);
-  return r;
+  if (Buffer.byteLength(reason) <= 123) return reason;
+  const chars = [...reason];
+  while (Buffer.byteLength(chars.join('')) > 123) chars.pop();
+  return chars.join('');
 }
