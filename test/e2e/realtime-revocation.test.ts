@@ -9,7 +9,7 @@ import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { openRealtime } from '../helpers/realtime.js';
+import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 
 let cp: ControlPlane;
 let nodes: DataPlane[];
@@ -86,4 +86,23 @@ test('fail-static: a node that loses the control plane keeps its open sockets an
   assert.equal(s.session.closeCode, null);
   s.ws.close(1000);
   assert.equal(await s.session.waitClosed(), 1000);
+});
+
+test('fail-static with a maximum staleness: once a cut-off node passes it, its sockets close (1008) and attempts are refused', async (t) => {
+  const strict = await startControlPlane({ configYaml: configYaml((cfg) => (cfg.max_staleness_ms = 1500)) });
+  const n = await startDataPlane(strict, { nodeId: 'rt-strict' });
+  const c = consoleClient(strict.address, strict.secrets.operatorToken);
+  t.after(() => c.close());
+  const k = await createKey(c, { tier: 'free' });
+  await waitUntilKnown(n.url, k.key);
+  const s = await openRealtime(n.address, { key: k.key });
+  await s.session.waitFor('session.created');
+  await strict.proc.kill('SIGKILL');
+  const lostAt = Date.now();
+  assert.equal(await s.session.waitClosed(10_000), 1008);
+  assert.match(s.session.closeReason, /^invalid_api_key: this gateway node cannot currently verify API keys/);
+  assert.ok(s.session.closedAt - lostAt >= 1000, 'kept open while within the staleness allowed');
+  const r = await attemptRealtime(n.address, { key: k.key });
+  assert.ok(isRefusal(r));
+  assert.equal(r.status, 401);
 });
