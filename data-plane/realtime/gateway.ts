@@ -210,12 +210,13 @@ export class RealtimeGateway {
         model.upstreamModel || model.id,
         { maxMessageBytes: this.maxMessageBytes },
         (link) => this.accept(ctx, res, reply, head, key, model, link, context),
-        (err) => {
-          // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
-          ctx.providerStarted = true;
-          ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
-          reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
-        },
+        (err) =>
+          guard(() => {
+            // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
+            ctx.providerStarted = true;
+            ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
+            reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
+          }),
       );
       ctx.abortFns.push(() => pending.cancel());
     } catch (e) {
@@ -231,6 +232,18 @@ export class RealtimeGateway {
       link.close(CLOSE.GOING_AWAY, 'client went away');
       return;
     }
+    try {
+      this.upgradeClient(ctx, res, reply, head, key, model, link, context);
+    } catch (e) {
+      // Called from a ws event too: nothing may escape. The session never opened: release its slot.
+      logBug(e);
+      link.close(CLOSE.INTERNAL, 'gateway error');
+      ctx.complete({ status: 500, promptTokens: 0, completionTokens: 0 });
+      if (!reply.done) reply.sendError(e, 'A');
+    }
+  }
+
+  private upgradeClient(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, link: UpstreamLink, context: us_socket_context_t): void {
     ctx.providerStarted = true;
     const session = new RealtimeSession(
       {

@@ -107,9 +107,23 @@ export class RealtimeSession implements OpenSocket {
     this.deps.sockets.add(this);
     this.deps.stats.open++;
     this.deps.stats.opened++;
+    // Called from the upstream's event emitter: nothing may escape.
     this.link.events = {
-      message: (data, isBinary) => this.fromUpstream(data, isBinary),
-      closed: (code, reason) => this.upstreamClosed(code, reason),
+      message: (data, isBinary) => {
+        try {
+          this.fromUpstream(data, isBinary);
+        } catch (e) {
+          logBug(e);
+          this.close(CLOSE.INTERNAL, 'gateway error');
+        }
+      },
+      closed: (code, reason) => {
+        try {
+          this.upstreamClosed(code, reason);
+        } catch (e) {
+          logBug(e);
+        }
+      },
     };
     this.link.resume();
   }

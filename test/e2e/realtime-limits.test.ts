@@ -27,6 +27,7 @@ before(async () => {
       cfg.models.push({ id: 'demo-realtime-pricey', provider: 'demo', kind: 'realtime', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
       cfg.realtime_upstreams = [{ model: 'rt-upstream', url: upstream.url }];
       cfg.tiers.free.models.push('rt-upstream', 'demo-realtime-pricey');
+      cfg.tiers['roomy'] = { rpm: 300, tpm: 1000000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000.00', models: ['demo-realtime'] };
       cfg.tiers['tiny-tpm'] = { rpm: 300, tpm: 20, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
     }),
   });
@@ -124,4 +125,21 @@ test("tpm: a session whose response spends the key's tokens per minute is closed
   const r = await attemptRealtime(node.address, { key: k.key });
   assert.ok(isRefusal(r));
   assert.equal(r.headers['x-ratelimit-remaining-tokens'], '0');
+});
+
+test('a client that keeps asking for responses without reading them is closed (1008) instead of being buffered for without bound', async () => {
+  // A key and organisation with room for thousands of responses: only the buffering can stop it.
+  const k = await createKey(admin, { tier: 'roomy' });
+  await waitUntilKnown(node.url, k.key);
+  const { ws, session } = await openRealtime(node.address, { key: k.key });
+  await session.waitFor('session.created');
+  ws.pause();
+  // About 3 KB of events per demo response: 6,000 of them is more than the node's 256 KiB for the
+  // client plus one 8 MiB message of what the model has produced and the client has not taken.
+  session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'again' }] } });
+  for (let i = 0; i < 6000; i++) session.send({ type: 'response.create' });
+  ws.resume();
+  assert.equal(await session.waitClosed(60_000), 1008);
+  assert.match(session.closeReason, /the client sends faster than the upstream accepts/);
+  assert.ok(session.count('response.done') < 6000, `${session.count('response.done')} responses were produced before the close`);
 });

@@ -6,10 +6,14 @@
 // input tokens (one per 100 bytes); the demo answers in text only.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { UpstreamEvents, UpstreamLink } from '../../realtime/upstream-link.js';
+import { Fifo } from '../../limits/fifo.js';
 import { countTokens, contentText, truncateTokens } from '../tokens.js';
 import { demoReplyText } from './demo.js';
 
 type Obj = Record<string, any>;
+
+/** The conversation the demo keeps: older items are dropped, so a response costs bounded work. */
+const MAX_ITEMS = 64;
 
 /** Audio bytes billed as one input token (the demo has no audio model; a round, visible rate). */
 const AUDIO_BYTES_PER_TOKEN = 100;
@@ -19,7 +23,8 @@ const newId = (prefix: string) => `${prefix}_demo${(++seq).toString(36).padStart
 
 export class DemoRealtimeLink implements UpstreamLink {
   events: UpstreamEvents | null = null;
-  private readonly queue: Buffer[] = [];
+  private queue = new Fifo<Buffer>();
+  private queuedBytes = 0;
   private paused = false;
   private closed = false;
   private flushing = false;
@@ -32,8 +37,9 @@ export class DemoRealtimeLink implements UpstreamLink {
     this.emit({ type: 'session.created', session: this.session() });
   }
 
+  /** Events produced and not yet taken (a client that asks for responses but does not read them). */
   get bufferedAmount(): number {
-    return 0;
+    return this.queuedBytes;
   }
 
   send(data: Buffer, isBinary: boolean): void {
@@ -58,7 +64,7 @@ export class DemoRealtimeLink implements UpstreamLink {
           return this.error('invalid_request_error', 'invalid_value', 'The demo model accepts message items only.', eventId);
         }
         const stored = { id: typeof item.id === 'string' ? item.id : newId('item'), role: item.role, text: contentText(item.content) };
-        this.items.push(stored);
+        this.remember(stored);
         const out = { id: stored.id, object: 'realtime.item', type: 'message', status: 'completed', role: stored.role, content: item.content ?? [] };
         this.emit({ type: 'conversation.item.added', previous_item_id: null, item: out });
         return this.emit({ type: 'conversation.item.done', previous_item_id: null, item: out });
@@ -92,7 +98,8 @@ export class DemoRealtimeLink implements UpstreamLink {
 
   close(): void {
     this.closed = true;
-    this.queue.length = 0;
+    this.queue = new Fifo<Buffer>();
+    this.queuedBytes = 0;
   }
 
   private session(): Obj {
@@ -136,7 +143,7 @@ export class DemoRealtimeLink implements UpstreamLink {
     this.emit({ type: 'response.content_part.done', response_id: responseId, item_id: itemId, output_index: 0, content_index: 0, part: donePart });
     const doneItem = { ...item, status: 'completed', content: [donePart] };
     this.emit({ type: 'response.output_item.done', response_id: responseId, output_index: 0, item: doneItem });
-    this.items.push({ id: itemId, role: 'assistant', text });
+    this.remember({ id: itemId, role: 'assistant', text });
     const inputTokens = inputText + inputAudio;
     const usage = {
       total_tokens: inputTokens + outputTokens,
@@ -151,13 +158,20 @@ export class DemoRealtimeLink implements UpstreamLink {
     });
   }
 
+  private remember(item: { id: string; role: string; text: string }): void {
+    this.items.push(item);
+    if (this.items.length > MAX_ITEMS) this.items.shift();
+  }
+
   private error(type: string, code: string, message: string, eventId: string | null): void {
     this.emit({ type: 'error', error: { type, code, message, param: null, event_id: eventId } });
   }
 
   private emit(ev: Obj): void {
     if (this.closed) return;
-    this.queue.push(Buffer.from(JSON.stringify({ event_id: newId('event'), ...ev })));
+    const data = Buffer.from(JSON.stringify({ event_id: newId('event'), ...ev }));
+    this.queue.push(data);
+    this.queuedBytes += data.length;
     // Delivered on a later tick, as a network upstream would: never from inside the caller's send.
     if (!this.flushing) {
       this.flushing = true;
@@ -169,8 +183,10 @@ export class DemoRealtimeLink implements UpstreamLink {
   }
 
   private flush(): void {
-    while (!this.paused && !this.closed && this.events && this.queue.length > 0) {
-      this.events.message(this.queue.shift()!, false);
+    while (!this.paused && !this.closed && this.events && this.queue.size > 0) {
+      const data = this.queue.shift()!;
+      this.queuedBytes -= data.length;
+      this.events.message(data, false);
     }
   }
 }
