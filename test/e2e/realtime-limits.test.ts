@@ -9,6 +9,7 @@ import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
+import { minuteStart, setClock } from '../helpers/http.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
 
 const LIMIT_KIB = 256;
@@ -31,7 +32,9 @@ before(async () => {
       cfg.tiers['tiny-tpm'] = { rpm: 300, tpm: 20, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
     }),
   });
-  node = await startDataPlane(cp, { adminListen: true, extraArgs: ['--realtime-max-buffered-kib', String(LIMIT_KIB)] });
+  node = await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--realtime-max-buffered-kib', String(LIMIT_KIB)] });
+  // Inside one minute for the whole file: the tpm test reads the minute it spent.
+  await setClock(node.adminUrl!, { now_ms: minuteStart() + 5_000 });
   admin = consoleClient(cp.address, cp.secrets.operatorToken);
 });
 after(async () => {

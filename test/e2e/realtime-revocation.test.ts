@@ -8,7 +8,7 @@ import { startControlPlane, startDataPlane, stopAll, runCliAsync, type ControlPl
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
-import { bearer, chatBody, request } from '../helpers/http.js';
+import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 
 let cp: ControlPlane;
@@ -22,7 +22,10 @@ before(async () => {
       cfg.tiers.free.models.push('demo-pricey');
     }),
   });
-  nodes = [await startDataPlane(cp, { nodeId: 'rt-a' }), await startDataPlane(cp, { nodeId: 'rt-b' })];
+  // Injected clocks, set inside one minute: the rpm test must not straddle the top of a minute.
+  const clocked = { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } };
+  nodes = [await startDataPlane(cp, { nodeId: 'rt-a', ...clocked }), await startDataPlane(cp, { nodeId: 'rt-b', ...clocked })];
+  for (const n of nodes) await setClock(n.adminUrl!, { now_ms: minuteStart() + 5_000 });
   admin = consoleClient(cp.address, cp.secrets.operatorToken);
 });
 after(async () => {
@@ -71,6 +74,21 @@ test("an organisation that becomes blocked has its keys' open sockets closed on 
     assert.equal(await s.session.waitClosed(5000), 1008);
     assert.match(s.session.closeReason, /^insufficient_quota: /);
   }
+});
+
+test("connection attempts are requests: a free key's 20 per minute hold across two nodes (waiting for leases), the 21st gets 429 requests", async () => {
+  const k = await createKey(admin, { tier: 'free' });
+  for (const n of nodes) await waitUntilKnown(n.url, k.key);
+  const opened = [];
+  for (let i = 0; i < 20; i++) opened.push(await openRealtime(nodes[i % 2].address, { key: k.key }));
+  for (const o of opened) o.ws.close(1000);
+  const r = await attemptRealtime(nodes[0].address, { key: k.key });
+  assert.ok(isRefusal(r), 'the 21st attempt is refused');
+  assert.equal(r.status, 429);
+  assert.equal(r.body.error.type, 'requests');
+  assert.match(r.body.error.message, /requests per minute \(rpm\): 20\/20 used/);
+  assert.equal(r.headers['x-ratelimit-remaining-requests'], '0');
+  assert.ok(Number(r.headers['retry-after']) >= 1);
 });
 
 test('fail-static: a node that loses the control plane keeps its open sockets and keeps serving them', async () => {

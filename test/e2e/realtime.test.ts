@@ -125,6 +125,23 @@ test('a fake upstream: the gateway dials it with the configured credential and m
   await eventually(async () => conn.closed, 'the upstream connection closed with the client');
 });
 
+test('the openai realtime client through the gateway to a fake upstream: events both ways, usage billed', async () => {
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  upstream.usage = { input_tokens: 40, output_tokens: 60 };
+  const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
+  const [host, port] = [node.address.slice(0, node.address.lastIndexOf(':')), Number(node.address.slice(node.address.lastIndexOf(':') + 1))];
+  const rt = new OpenAIRealtimeWS({ model: 'rt-upstream', options: { createConnection: () => connect({ host, port }) } as any }, client);
+  rt.on('error', () => {});
+  await new Promise((resolve) => rt.on('session.created', resolve));
+  const done = new Promise<any>((resolve) => rt.on('response.done', resolve));
+  rt.send({ type: 'response.create' });
+  assert.equal((await done).response.usage.total_tokens, 100);
+  rt.close({ code: 1000, reason: 'done' });
+  const [row] = await waitForUsageRows(cp.dbPath, k.keyId, 1);
+  assert.deepEqual([row.model, row.prompt_tokens, row.completion_tokens, row.cost_micros], ['rt-upstream', 40, 60, Math.ceil((40 * 10_000_000 + 60 * 40_000_000) / 1_000_000)]);
+});
+
 test('an upstream that refuses the handshake: the client gets 502 in the model shape before any upgrade, and nothing is billed', async () => {
   const k = await createKey(admin, { tier: 'free' });
   await waitUntilKnown(node.url, k.key);
