@@ -78,6 +78,8 @@ class WsUpstreamLink implements UpstreamLink {
   private readonly pinger: NodeJS.Timeout;
   /** Messages that arrived before `events` was set (normally none: the link is paused until then). */
   private early: Array<[Buffer, boolean]> = [];
+  /** How the upstream ended before anyone listened (delivered by `resume`). */
+  private endedEarly: { code: number; reason: string } | null = null;
 
   constructor(private readonly socket: WebSocket) {
     socket.pause();
@@ -121,7 +123,13 @@ class WsUpstreamLink implements UpstreamLink {
   }
 
   resume(): void {
-    if (this.ended) return;
+    if (this.ended) {
+      // Lost between the handshake and the client's upgrade: the session learns it now.
+      const early = this.endedEarly;
+      this.endedEarly = null;
+      if (early && this.events) this.events.closed(early.code, early.reason);
+      return;
+    }
     if (this.events && this.early.length > 0) {
       const early = this.early;
       this.early = [];
@@ -147,7 +155,8 @@ class WsUpstreamLink implements UpstreamLink {
     if (this.ended) return;
     this.ended = true;
     clearInterval(this.pinger);
-    this.events?.closed(code, reason);
+    if (this.events) this.events.closed(code, reason);
+    else this.endedEarly = { code, reason };
   }
 }
 
