@@ -91,8 +91,14 @@ class WsUpstreamLink implements UpstreamLink {
     socket.on('pong', () => {
       this.waitingPong = false;
     });
-    socket.on('error', () => {});
-    socket.on('close', (code: number, reason: Buffer) => this.end(code, reason.toString('utf8')));
+    // An error (a message over the size limit, a bad frame) is followed by 'close': its message is the reason.
+    let lastError = '';
+    socket.on('error', (err: Error) => (lastError = err.message));
+    socket.on('close', (code: number, reason: Buffer) => {
+      // ws reports its own refusal of an oversized message as 1006: it is a 1009 (message too big).
+      if (code === 1006 && /max payload/i.test(lastError)) code = 1009;
+      this.end(code, reason.toString('utf8') || lastError);
+    });
     this.pinger = setInterval(() => {
       if (this.waitingPong) {
         this.end(1006, 'upstream stopped answering pings');

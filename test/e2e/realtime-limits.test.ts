@@ -146,3 +146,15 @@ test('a client that keeps asking for responses without reading them is closed (1
   assert.match(session.closeReason, /the client sends faster than the upstream accepts/);
   assert.ok(session.count('response.done') < 6000, `${session.count('response.done')} responses were produced before the close`);
 });
+
+test('a client message over the 8 MiB limit drops the connection at once and releases the session', async () => {
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  const { session } = await openRealtime(node.address, { key: k.key });
+  await session.waitFor('session.created');
+  session.send({ type: 'input_audio_buffer.append', audio: 'A'.repeat(8 * 1024 * 1024 + 1) });
+  // uWebSockets.js drops the connection without a close frame when a message is too big: 1006 here.
+  const code = await session.waitClosed();
+  assert.equal(code, 1006);
+  await eventually(async () => (await stats()).open === 0, 'the session was released');
+});

@@ -175,3 +175,13 @@ test('an upstream lost mid-session closes the client with 1014 and a reason', as
   again.ws.close(1000);
   assert.equal(await again.session.waitClosed(), 1000);
 });
+
+test('an upstream message over the 8 MiB limit ends the session with 1009 and says so', async () => {
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
+  await session.waitFor('session.created');
+  session.send({ type: 'test.big', bytes: 9 * 1024 * 1024 });
+  assert.equal(await session.waitClosed(), 1009);
+  assert.match(session.closeReason, /^upstream: .*payload/i);
+});

@@ -94,6 +94,8 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
           }
         };
         pump();
+      } else if (ev.type === 'test.big') {
+        socket.send(JSON.stringify({ type: 'test.big', pad: 'x'.repeat(ev.bytes) }));
       } else if (ev.type === 'test.drop') {
         socket.terminate();
       }
