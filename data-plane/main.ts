@@ -82,7 +82,7 @@ async function main(): Promise<void> {
   console.log(`data plane listening on ${listenAddress}`);
 
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset));
+    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
     // Open realtime sessions, paused upstreams and the most bytes held for one client (`?reset=1`).
     admin.get('/stats/realtime', (res, req) => {
       res.writeHeader('content-type', 'application/json').end(JSON.stringify(api.realtime.stats.snapshot(req.getQuery('reset') === '1')));

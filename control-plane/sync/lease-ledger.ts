@@ -13,7 +13,12 @@
 // flight cost more than their estimate); that debt is already in the organisation's spend, so only
 // positive balances are outstanding. The node keeps the same arithmetic, so both sides agree on what
 // it holds (design.md).
-import type { KeyLeaseReturn, KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
+//
+// A connection that closes without giving back (its node was killed, or cut off) leaves what it said
+// it used (KeyMinuteUsed, sent at most every 100 ms) as a ghost in each pool and frees the rest, so
+// the other nodes can serve the rest of the minute. The ghost is replaced when the same node instance
+// reconnects and says what it holds. What the node admitted after it last said is the only error.
+import type { KeyLeaseReturn, KeyLeaseWant, KeyMinuteUsed, SlotHeld, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 export interface KeyLimitsForLease {
   rpm: number;
@@ -23,6 +28,9 @@ export interface KeyLimitsForLease {
 interface Held {
   requests: number;
   tokens: number;
+  /** What the node last said it used of this pool (-1: it never said, so all it holds may be used). */
+  usedRequests: number;
+  usedTokens: number;
 }
 
 interface Pool {
@@ -30,6 +38,8 @@ interface Pool {
   totalRequests: number;
   totalTokens: number;
   held: Map<string, Held>;
+  /** Closed connections' last known use, by node instance (still counted in the totals). */
+  gone: Map<string, Held>;
 }
 
 export interface KeyGrant {
@@ -113,6 +123,44 @@ export class KeyLeaseLedger {
     mine.tokens -= tok;
     pool.totalRequests -= req;
     pool.totalTokens -= tok;
+    // What it still holds is what it used or reserved (KeyLeaseReturn): newer than its last KeyMinuteUsed.
+    mine.usedRequests = mine.requests;
+    mine.usedTokens = mine.tokens;
+  }
+
+  /** A node says what it used of pools it holds (ignored for pools it is not registered in). */
+  recordUsed(connId: string, u: KeyMinuteUsed): void {
+    const h = this.pools.get(`${u.keyId}:${u.minute}`)?.held.get(connId);
+    if (!h) return;
+    h.usedRequests = Math.max(0, u.requests);
+    h.usedTokens = Math.max(0, u.tokens);
+  }
+
+  /**
+   * A connection closed without giving back: in each pool it held, what it said it used stays
+   * counted (as a ghost of its instance) and the rest is freed. Answers the pools that grew.
+   */
+  release(connId: string): Array<{ keyId: string; minute: number }> {
+    const grown: Array<{ keyId: string; minute: number }> = [];
+    const instance = instanceOf(connId);
+    for (const [id, pool] of this.pools) {
+      const h = pool.held.get(connId);
+      if (!h) continue;
+      pool.held.delete(connId);
+      const freeReq = h.usedRequests < 0 ? 0 : Math.max(0, h.requests - h.usedRequests);
+      const freeTok = h.usedTokens < 0 ? 0 : Math.max(0, h.tokens - h.usedTokens);
+      h.requests -= freeReq;
+      h.tokens -= freeTok;
+      pool.totalRequests -= freeReq;
+      pool.totalTokens -= freeTok;
+      const ghost = pool.gone.get(instance);
+      if (ghost) {
+        ghost.requests += h.requests;
+        ghost.tokens += h.tokens;
+      } else pool.gone.set(instance, h);
+      if (freeReq > 0 || freeTok > 0) grown.push({ keyId: id.slice(0, id.lastIndexOf(':')), minute: pool.minute });
+    }
+    return grown;
   }
 
   /** What a connection holds of a pool (for tests). */
@@ -146,7 +194,7 @@ export class KeyLeaseLedger {
     const id = `${keyId}:${minute}`;
     let pool = this.pools.get(id);
     if (!pool) {
-      pool = { minute, totalRequests: 0, totalTokens: 0, held: new Map() };
+      pool = { minute, totalRequests: 0, totalTokens: 0, held: new Map(), gone: new Map() };
       this.pools.set(id, pool);
       if (minute > this.newestMinute) {
         this.newestMinute = minute;
@@ -157,10 +205,90 @@ export class KeyLeaseLedger {
   }
 
   private register(pool: Pool, connId: string, requests: number, tokens: number): void {
-    const h = { requests: Math.max(0, requests), tokens: Math.max(0, tokens) };
+    // The same node instance back on a new connection says all it holds: its ghost is replaced.
+    const instance = instanceOf(connId);
+    const ghost = pool.gone.get(instance);
+    if (ghost) {
+      pool.gone.delete(instance);
+      pool.totalRequests -= ghost.requests;
+      pool.totalTokens -= ghost.tokens;
+    }
+    const h = { requests: Math.max(0, requests), tokens: Math.max(0, tokens), usedRequests: -1, usedTokens: -1 };
     pool.held.set(connId, h);
     pool.totalRequests += h.requests;
     pool.totalTokens += h.tokens;
+  }
+}
+
+export type SlotGrantResult = { kind: 'grant'; slots: number; final: boolean } | { kind: 'reclaim'; from: string[] };
+
+/**
+ * Parallel-request slots: per key a pool of its max_parallel_requests, held by node connections (a
+ * slot is held while the node keeps it, not per minute). A node admits a request only into a slot it
+ * holds; when it has none free it asks, and the ledger takes idle slots back from the other nodes
+ * before it says every slot is in use. A node's statement of what it holds (a want's `held` on its
+ * first want, a return) is authoritative. A closed connection's slots are freed: its requests died
+ * with it (a node cut off but alive counts locally, fail-static).
+ */
+export class SlotLedger {
+  private pools = new Map<string, { total: number; held: Map<string, number> }>();
+
+  grant(connId: string, w: SlotWant, limit: number, suspects: readonly string[] = [], afterReclaim = false): SlotGrantResult {
+    const max = limitOf(limit);
+    let pool = this.pools.get(w.keyId);
+    if (!pool) {
+      pool = { total: 0, held: new Map() };
+      this.pools.set(w.keyId, pool);
+    }
+    if (!pool.held.has(connId)) this.setHeld(w.keyId, pool, connId, w.held);
+    if (!afterReclaim) {
+      const unknown = suspects.filter((c) => c !== connId && !pool.held.has(c));
+      if (unknown.length > 0) return { kind: 'reclaim', from: unknown };
+    }
+    const mine = pool.held.get(connId) ?? 0;
+    const free = max - pool.total;
+    // Wants are totals: what the connection already holds (granted while this want was on its way) counts.
+    const short = w.need > mine && w.need - mine > free;
+    if (short && !afterReclaim) {
+      const from = [...pool.held].filter(([c, h]) => c !== connId && h > 0).map(([c]) => c);
+      if (from.length > 0) return { kind: 'reclaim', from };
+    }
+    const slots = short ? 0 : clamp(Math.max(w.want, w.need) - mine, free);
+    this.setHeld(w.keyId, pool, connId, (pool.held.get(connId) ?? 0) + slots);
+    return { kind: 'grant', slots, final: short };
+  }
+
+  /** The node says what it holds now (after giving back idle slots). */
+  applyHeld(connId: string, r: SlotHeld): void {
+    let pool = this.pools.get(r.keyId);
+    if (!pool) {
+      if (r.held <= 0) return;
+      pool = { total: 0, held: new Map() };
+      this.pools.set(r.keyId, pool);
+    }
+    this.setHeld(r.keyId, pool, connId, r.held);
+  }
+
+  heldBy(connId: string, keyId: string): number {
+    return this.pools.get(keyId)?.held.get(connId) ?? 0;
+  }
+
+  dropConnection(connId: string): void {
+    for (const [keyId, pool] of this.pools) if (pool.held.has(connId)) this.setHeld(keyId, pool, connId, 0, false);
+  }
+
+  get size(): number {
+    return this.pools.size;
+  }
+
+  /** A connection holding 0 is kept in the pool (it has said what it holds); an empty pool is dropped. */
+  private setHeld(keyId: string, pool: { total: number; held: Map<string, number> }, connId: string, held: number, keep = true): void {
+    const before = pool.held.get(connId) ?? 0;
+    const after = Number.isFinite(held) ? Math.max(0, held) : 0;
+    pool.total += after - before;
+    if (keep) pool.held.set(connId, after);
+    else pool.held.delete(connId);
+    if (pool.total === 0 && !keep && pool.held.size === 0) this.pools.delete(keyId);
   }
 }
 
@@ -230,6 +358,12 @@ export class MoneyLeaseLedger {
     }
     byConn.set(connId, (byConn.get(connId) ?? 0) + delta);
   }
+}
+
+/** Connection ids are `instanceId#n` (sync-service.ts). */
+function instanceOf(connId: string): string {
+  const i = connId.lastIndexOf('#');
+  return i < 0 ? connId : connId.slice(0, i);
 }
 
 function limitOf(n: number): number {

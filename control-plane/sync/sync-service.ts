@@ -5,12 +5,12 @@
 // node that falls far behind gets one fresh snapshot instead of an unbounded queue of deltas.
 import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
-import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, SlotLease, SlotWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
-import { KeyLeaseLedger, MoneyLeaseLedger } from './lease-ledger.js';
+import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
 
 const MAX_QUEUED = 1000;
 /** How long a lease answer waits for the nodes asked to give back unused allowance. */
@@ -80,6 +80,7 @@ export interface SyncServiceOptions {
 export class SyncService implements NodeFleet {
   private readonly sessions = new Set<NodeSession>();
   private readonly keyLeases = new KeyLeaseLedger();
+  private readonly slotLeases = new SlotLedger();
   private readonly moneyLeases = new MoneyLeaseLedger();
   private readonly log: (line: string) => void;
   /** When several nodes were last connected (wall clock). */
@@ -260,25 +261,29 @@ export class SyncService implements NodeFleet {
     const grown = req.keyReturns.filter((r) => r.requests > 0 || r.tokens > 0).map((r) => ({ keyId: r.keyId, minute: r.minute }));
     if (grown.length > 0) this.announceFree(grown, s.connId);
     for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
+    for (const u of req.used) this.keyLeases.recordUsed(s.connId, u);
+    for (const r of req.slotReturns) this.slotLeases.applyHeld(s.connId, r);
+    if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq, slots: [] } });
     if (req.reclaimId) {
       if (req.reclaimId === s.wholeReclaimId) s.mayHoldWhole = false;
       const done = s.reclaims.get(req.reclaimId);
       s.reclaims.delete(req.reclaimId);
       done?.();
     }
-    if (req.keys.length > 0 || req.orgs.length > 0) {
+    if (req.keys.length > 0 || req.orgs.length > 0 || req.slotWants.length > 0) {
       this.grantLeases(s, req).catch((err: Error) => {
         this.log(`sync: lease request of node ${s.nodeId} failed: ${err.message}`);
         // Every want is answered, so no node waits on a want that will never be granted.
         const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
         const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
-        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+        const slots = req.slotWants.map((w) => ({ keyId: w.keyId, slots: 0, final: false }));
+        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots } });
       });
     }
   }
 
   /** Asks a node to give back unused allowance; resolves when it answered, left, or after `timeoutMs`. */
-  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number): { id: number; done: Promise<void> } {
+  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<void> } {
     const id = ++reclaimIds;
     const done = new Promise<void>((resolve) => {
       const timer = setTimeout(() => {
@@ -290,7 +295,7 @@ export class SyncService implements NodeFleet {
         resolve();
       });
     });
-    this.enqueue(target, { leaseReclaim: { id, keys, allKeys, orgIds } });
+    this.enqueue(target, { leaseReclaim: { id, keys, allKeys, orgIds, slotKeyIds } });
     if (target.closed) target.reclaims.get(id)?.();
     return { id, done };
   }
@@ -331,6 +336,19 @@ export class SyncService implements NodeFleet {
         }
       } else keys.push(r);
     }
+    const slots: SlotLease[] = [];
+    const slotReclaims = new Map<string, string[]>();
+    const laterSlots: SlotWant[] = [];
+    for (const w of req.slotWants) {
+      const r = this.grantSlots(s, w, suspects, false);
+      if ('from' in r) {
+        laterSlots.push(w);
+        for (const c of r.from) {
+          if (suspects.includes(c)) waitWhole = true;
+          else push(slotReclaims, c, w.keyId);
+        }
+      } else slots.push(r);
+    }
     const laterOrgs: OrgLeaseWant[] = [];
     if (req.orgs.length > 0) {
       const first = await this.grantOrgs(s, req.orgs, false);
@@ -341,23 +359,28 @@ export class SyncService implements NodeFleet {
         } else orgs.push(r);
       }
     }
-    if (laterKeys.length > 0 || laterOrgs.length > 0) {
+    if (laterKeys.length > 0 || laterOrgs.length > 0 || laterSlots.length > 0) {
       const waits: Promise<void>[] = [];
       if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
       for (const target of this.sessions) {
         if (target === s) continue;
         const k = keyReclaims.get(target.connId) ?? [];
         const o = orgReclaims.get(target.connId) ?? [];
-        if (k.length > 0 || o.length > 0) waits.push(this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS).done);
+        const sl = slotReclaims.get(target.connId) ?? [];
+        if (k.length > 0 || o.length > 0 || sl.length > 0) waits.push(this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS, sl).done);
       }
       await Promise.all(waits);
+      for (const w of laterSlots) {
+        const r = this.grantSlots(s, w, [], true);
+        if (!('from' in r)) slots.push(r);
+      }
       for (const w of laterKeys) {
         const r = this.grantKey(s, w, [], true);
         if (r && !('from' in r)) keys.push(r);
       }
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
-    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [] } });
+    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
   }
@@ -377,7 +400,7 @@ export class SyncService implements NodeFleet {
         updates.set(target, list);
       }
     }
-    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list } });
+    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0, slots: [] } });
   }
 
   private sessionByConn(connId: string): NodeSession | undefined {
@@ -392,6 +415,14 @@ export class SyncService implements NodeFleet {
     const r = this.keyLeases.grant(s.connId, w, { rpm: entry.rpmLimit, tpm: entry.tpmLimit }, suspects, afterReclaim);
     if (r.kind === 'reclaim') return { from: r.from };
     return { keyId: w.keyId, minute: w.minute, ...r.grant };
+  }
+
+  private grantSlots(s: NodeSession, w: SlotWant, suspects: string[], afterReclaim: boolean): SlotLease | { from: string[] } {
+    const entry = this.state.snapshots.keyById(w.keyId);
+    if (!entry || s.closed || s.leaving) return { keyId: w.keyId, slots: 0, final: false };
+    const r = this.slotLeases.grant(s.connId, w, entry.maxParallelRequests, suspects, afterReclaim);
+    if (r.kind === 'reclaim') return { from: r.from };
+    return { keyId: w.keyId, slots: r.slots, final: r.final };
   }
 
   private async grantOrgs(s: NodeSession, wants: OrgLeaseWant[], afterReclaim: boolean): Promise<Array<[OrgLeaseWant, OrgLease | { from: string[] }]>> {
@@ -486,6 +517,10 @@ export class SyncService implements NodeFleet {
     if (this.sessions.size > 1) this.lastSeveralAtMs = this.state.now();
     this.sessions.delete(s);
     this.moneyLeases.dropConnection(s.connId);
+    this.slotLeases.dropConnection(s.connId);
+    // What the node did not say it used is free again (before any waiting grant goes on).
+    const freed = this.keyLeases.release(s.connId);
+    if (freed.length > 0) this.announceFree(freed, s.connId);
     for (const done of [...s.reclaims.values()]) done();
     s.reclaims.clear();
     s.queue.length = 0;

@@ -1,5 +1,5 @@
 // The admin listener: a second tiny uWS app. GET /healthz (process up), GET /readyz (200 once the first
-// snapshot is applied, else 503), GET /stats/lease-waits (latency added by waiting for leases). TEST-ONLY: when the node runs with TOLLGATE_TEST_CLOCK=1, POST
+// snapshot is applied, else 503), GET /stats/lease-waits (latency added by waiting for leases), GET /stats/leases (whether the control plane knows what this node used of its leases). TEST-ONLY: when the node runs with TOLLGATE_TEST_CLOCK=1, POST
 // /test/clock with {"now_ms": N} or {"advance_ms": N} sets or advances the node's manual clock, so
 // tests can cross minute windows without waiting. Without that switch the route does not exist.
 import uWS, { type TemplatedApp } from 'uWebSockets.js';
@@ -10,13 +10,16 @@ import { collectBody } from './request-body.js';
 const TEXT = [['content-type', 'text/plain; charset=utf-8']] as const;
 const JSON_TYPE = [['content-type', 'application/json']] as const;
 
-export function createAdminApp(isReady: () => boolean, testClock: ManualClock | null, leaseWaits?: (reset: boolean) => unknown): TemplatedApp {
+export function createAdminApp(isReady: () => boolean, testClock: ManualClock | null, leaseWaits?: (reset: boolean) => unknown, leaseState?: () => unknown): TemplatedApp {
   const app = uWS.App();
   // What waiting for leases added to the requests that waited (count, percentiles): for benchmarks.
   // `?reset=1` starts a fresh measurement after answering.
   app.get('/stats/lease-waits', (res, req) => {
     const reset = req.getQuery('reset') === '1';
     res.writeHeader('content-type', 'application/json').end(JSON.stringify(leaseWaits?.(reset) ?? {}));
+  });
+  app.get('/stats/leases', (res) => {
+    res.writeHeader('content-type', 'application/json').end(JSON.stringify(leaseState?.() ?? {}));
   });
   app.get('/healthz', (res) => {
     res.end('ok\n');

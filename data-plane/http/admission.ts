@@ -61,6 +61,7 @@ export class Admission {
       if (timer) clearTimeout(timer);
       leases?.cancelKeyWait(key.keyId, wake);
       leases?.cancelOrgWait(key.orgId, wake);
+      leases?.cancelSlotWait(key.keyId, wake);
       if (waited) this.waits.note(performance.now() - started, ctx !== null);
       then(ctx);
     };
@@ -77,7 +78,7 @@ export class Admission {
         // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
         if (spend === 'wait' && !lastTry && leases!.waitForOrg(key.orgId, wake)) return park();
         const now = deps.clock.now();
-        const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
+        const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
         reply.extraHeaders = rateHeaderPairs(a.headers);
         if (a.ok) {
           const ctx = this.newContext(key, path, a.ticket, minuteOf(now));
@@ -85,7 +86,8 @@ export class Admission {
           ctx.attach(reply);
           return finish(ctx);
         }
-        if (a.leaseShort && !lastTry && leases?.waitForKey(key.keyId, minuteOf(now), key.limits, a.leaseShort.requests, a.leaseShort.tokens, wake)) return park();
+        const short = a.leaseShort;
+        if (short && !lastTry && leases && (short.slot ? leases.waitForSlot(key.keyId, key.limits, wake, started) : leases.waitForKey(key.keyId, minuteOf(now), key.limits, short.requests, short.tokens, wake))) return park();
         reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A', closeIfRefused());
         finish(null);
       } catch (e) {

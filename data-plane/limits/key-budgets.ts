@@ -60,10 +60,12 @@ export interface TokenRefusal {
   leaseShort?: LeaseShort;
 }
 
-/** How much more of the key's minute this node must lease before the request fits. */
+/** How much more of the key's minute (or of its parallel slots) this node must lease before the request fits. */
 export interface LeaseShort {
   requests: number;
   tokens: number;
+  /** A parallel-request slot is what is short. */
+  slot?: boolean;
 }
 
 export type KeyDimension = 'requests' | 'tokens' | 'max_parallel_requests';
@@ -91,6 +93,13 @@ export interface AllowanceSource {
   noteUsage?(keyId: string, minute: number, requests: number, tokens: number): void;
   /** What `allowanceFor` would say, without starting anything (undefined: nothing known yet). */
   peekAllowance?(keyId: string, minute: number): MinuteAllowance | undefined;
+  /**
+   * The most requests of the key this node may have in flight (leased parallel slots; undefined: the
+   * key's own limit). `final`: every slot of the key is in use across the cluster.
+   */
+  slotsFor?(keyId: string, limits: KeyLimits, startedAt?: number): { slots: number; final: boolean } | undefined;
+  /** Told the key's requests in flight on this node after every admission and every end. */
+  noteInFlight?(keyId: string, inFlight: number, maxParallel: number): void;
 }
 
 export interface MinuteAllowance {
@@ -142,8 +151,11 @@ export class KeyBudgets {
     this.idleMinutes = Math.max(1, Math.floor(opts.idleMinutes ?? 2));
   }
 
-  /** Admits one request of the key reserving `estimatedTokens`, or refuses it without consuming anything. */
-  admit(limits: KeyLimits, estimatedTokens: number): Admission {
+  /**
+   * Admits one request of the key reserving `estimatedTokens`, or refuses it without consuming
+   * anything. `startedAt` (performance.now()): when the request first asked, for leased slots.
+   */
+  admit(limits: KeyLimits, estimatedTokens: number, startedAt?: number): Admission {
     const now = this.clock.now();
     const minute = minuteOf(now);
     this.sweep(minute);
@@ -157,6 +169,7 @@ export class KeyBudgets {
 
     let dimension: KeyDimension | undefined;
     let leaseShort: LeaseShort | undefined;
+    let clusterFull = false;
     const retryAfterSec = secondsToNextMinute(now);
     if (state.requests + 1 > rpm) {
       dimension = 'requests';
@@ -172,6 +185,15 @@ export class KeyBudgets {
       if (!final) leaseShort = { requests: needRequests, tokens: needTokens };
     } else if (state.inFlight + 1 > parallel) {
       dimension = 'max_parallel_requests';
+    } else {
+      const slots = this.allowance?.slotsFor?.(limits.keyId, limits, startedAt);
+      if (slots !== undefined && state.inFlight + 1 > slots.slots) {
+        // Under the key's parallel limit but out of this node's slots: wait for one unless every slot
+        // of the key is in use across the cluster.
+        dimension = 'max_parallel_requests';
+        if (slots.final) clusterFull = true;
+        else leaseShort = { requests: 0, tokens: 0, slot: true };
+      }
     }
     if (dimension !== undefined) {
       const headers = headersOf(state, limits, now, lease, leaseShort === undefined && dimension !== 'max_parallel_requests');
@@ -180,7 +202,7 @@ export class KeyBudgets {
       const shown = {
         requests: rpm === Infinity ? state.requests : Math.max(state.requests, rpm - headers.remainingRequests),
         tokens: tpm === Infinity ? state.tokens : Math.max(state.tokens, tpm - headers.remainingTokens),
-        inFlight: state.inFlight,
+        inFlight: clusterFull ? parallel : state.inFlight,
       };
       return { ok: false, dimension, message: formatLimitMessage(dimension, shown, limits, estimate, retryAfterSec), retryAfterSec, headers, leaseShort };
     }
@@ -190,6 +212,7 @@ export class KeyBudgets {
     state.inFlight += 1;
     this.touch(state, minute);
     this.allowance?.noteUsage?.(state.keyId, state.minute, state.requests, state.tokens);
+    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
     return { ok: true, ticket: this.ticketFor(state, limits, minute, estimate), headers: headersOf(state, limits, now, lease) };
   }
 
@@ -311,6 +334,7 @@ export class KeyBudgets {
         if (settled) return;
         settled = true;
         state.inFlight = Math.max(0, state.inFlight - 1);
+        this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
         const actual = sanitizeTokens(actualTokens) ?? estimate;
         if (state.minute === minute && actual !== estimate) {
           state.tokens = Math.max(0, state.tokens + actual - estimate);
@@ -321,6 +345,7 @@ export class KeyBudgets {
         if (settled) return;
         settled = true;
         state.inFlight = Math.max(0, state.inFlight - 1);
+        this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
         if (state.minute === minute) {
           state.requests = Math.max(0, state.requests - 1);
           state.tokens = Math.max(0, state.tokens - estimate);

@@ -17,11 +17,22 @@
 // request waits for one; the organisation is refused only when the control plane says nothing is
 // left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
 // asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
+//
+// The node also says what it has used of the key minutes it leased (sendUsed, called every 100 ms
+// by the sync client, only for those that changed): if it dies, the control plane frees the rest of
+// what it held instead of losing it for the minute.
+//
+// Parallel-request slots: with several nodes a node admits a request only into a slot of the key it
+// holds. It asks for slots in chunks (while half a chunk is still free), keeps them while it uses
+// them, gives idle ones back when the control plane reclaims them for a node that has none free, and
+// gives back a key's slots once the key has been idle for a minute. A request that finds no free slot
+// waits (bounded) while the node asks; it is refused only when every slot of the key is in use across
+// the cluster. A lone node, or one cut off, counts the key's limit locally.
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 
-import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** What the node sends: the generated LeaseRequest message. */
 export type LeaseRequestOut = LeaseRequest;
@@ -59,6 +70,30 @@ interface OrgSlice {
   exhaustedAtMs: number;
   waiters: Array<() => void>;
 }
+
+interface KeySlots {
+  limit: number;
+  /** Slots leased (meaningful once `leased`). */
+  held: number;
+  /** Requests of the key in flight on this node. */
+  inUse: number;
+  /** False while the node was alone (it counted the key's limit locally and held nothing leased). */
+  leased: boolean;
+  pending: boolean;
+  askedAtMs: number;
+  /** The least the pending want asked for (0: a prefetch). */
+  askedNeed: number;
+  /**
+   * When the control plane last said every slot is in use (performance.now(); 0: it did not). It
+   * refuses the requests that were waiting then; a request that starts later asks again.
+   */
+  finalAtMs: number;
+  idleSinceMs: number;
+  waiters: Array<() => void>;
+}
+
+/** A key idle this long gives its slots back. */
+const SLOTS_IDLE_MS = 60_000;
 
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
@@ -98,6 +133,13 @@ export class LeaseClient implements AllowanceSource {
   /** The node is stopping: it gave everything back and asks for nothing more. */
   private leaving = false;
   private leavingSent = false;
+  /** Leased key minutes whose use changed since the node last said. */
+  private usedDirty = new Set<string>();
+  private usedSeq = 0;
+  private usedAcked = 0;
+  private readonly slots = new Map<string, KeySlots>();
+  private slotWants = new Map<string, SlotWant>();
+  private slotReturns: SlotHeld[] = [];
 
   constructor(
     private readonly clock: Clock,
@@ -128,10 +170,20 @@ export class LeaseClient implements AllowanceSource {
       }
       const orgs = [...this.orgs.values()];
       this.orgs.clear();
+      this.usedDirty.clear();
+      this.slotWants.clear();
+      this.slotReturns = [];
+      // Slots held on the old connection were freed with it; the node holds what it uses.
+      for (const sl of this.slots.values()) {
+        sl.held = sl.inUse;
+        sl.pending = false;
+        sl.finalAtMs = 0;
+      }
       this.connected = connected;
       // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
       for (const k of this.keys.values()) wake(k);
       for (const o of orgs) wake(o);
+      for (const sl of this.slots.values()) wake(sl);
     }
     this.connected = connected;
     if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
@@ -201,7 +253,30 @@ export class LeaseClient implements AllowanceSource {
     if (!k || k.minute !== minute || !this.connected) return;
     k.usedRequests = requests;
     k.usedTokens = tokens;
+    if (minute < this.loneFromMinute) this.usedDirty.add(keyId);
     this.maybeTopUp(keyId, k, 0, 0);
+  }
+
+  /** Says what the node used of leased key minutes that changed since it last said. */
+  sendUsed(): void {
+    if (!this.connected || this.leaving || this.usedDirty.size === 0) return;
+    const used = [];
+    for (const keyId of this.usedDirty) {
+      const k = this.keys.get(keyId);
+      if (k) used.push({ keyId, minute: k.minute, requests: k.usedRequests, tokens: k.usedTokens });
+    }
+    this.usedDirty.clear();
+    if (used.length === 0) return;
+    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [] });
+  }
+
+  applyUsedAck(seq: number): void {
+    if (seq > this.usedAcked) this.usedAcked = seq;
+  }
+
+  /** For tests and benchmarks: whether the control plane knows all this node used. */
+  usedState(): { pending: number; sent: number; acked: number } {
+    return { pending: this.usedDirty.size, sent: this.usedSeq, acked: this.usedAcked };
   }
 
   /**
@@ -338,6 +413,15 @@ export class LeaseClient implements AllowanceSource {
       k.allowTokens -= tok;
       keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: req, tokens: tok, heldRequests: finiteOrZero(k.allowRequests), heldTokens: finiteOrZero(k.allowTokens) });
     }
+    const slotKeys = r.allKeys ? [...this.slots.keys()] : r.slotKeyIds;
+    for (const keyId of slotKeys) {
+      const sl = this.slots.get(keyId);
+      if (sl) {
+        sl.leased = true;
+        sl.held = sl.inUse;
+      }
+      this.slotReturns.push({ keyId, held: sl ? sl.held : 0 });
+    }
     const orgReturns: OrgLeaseReturn[] = [];
     for (const orgId of r.orgIds) {
       const o = this.orgs.get(orgId);
@@ -362,6 +446,12 @@ export class LeaseClient implements AllowanceSource {
       k.allowTokens -= tok;
       keyReturns.push({ keyId, minute: k.minute, requests: req, tokens: tok, heldRequests: finiteOrZero(k.allowRequests), heldTokens: finiteOrZero(k.allowTokens) });
     }
+    for (const [keyId, sl] of this.slots) {
+      if (sl.leased && sl.held > sl.inUse) {
+        sl.held = sl.inUse;
+        this.slotReturns.push({ keyId, held: sl.held });
+      }
+    }
     const orgReturns: OrgLeaseReturn[] = [];
     for (const [orgId, o] of this.orgs) {
       const micros = Math.max(0, o.sliceMicros);
@@ -369,6 +459,114 @@ export class LeaseClient implements AllowanceSource {
       if (micros > 0) orgReturns.push({ orgId, micros });
     }
     this.flush({ reclaimId: 0, keyReturns, orgReturns });
+  }
+
+  // ── parallel-request slots ────────────────────────────────────────────────
+
+  /**
+   * The most requests of the key this node may have in flight (undefined: the key's own limit
+   * applies). `final`: the control plane said every slot is in use after the request started at
+   * `startedAt` (performance.now()); a request that started later asks again.
+   */
+  slotsFor(keyId: string, limits: KeyLimits, startedAt = performance.now()): { slots: number; final: boolean } | undefined {
+    if (!this.connected || this.nodes <= 1 || !Number.isFinite(limits.maxParallel) || limits.maxParallel <= 0) return undefined;
+    const sl = this.slotsOf(keyId, limits.maxParallel);
+    if (!sl.leased) {
+      sl.leased = true;
+      sl.held = sl.inUse;
+    }
+    return { slots: sl.held, final: sl.finalAtMs >= startedAt };
+  }
+
+  /** Told the key's requests in flight on this node after every admission and every end. */
+  noteInFlight(keyId: string, inFlight: number, maxParallel: number): void {
+    let sl = this.slots.get(keyId);
+    if (!sl) {
+      if (inFlight === 0) return;
+      sl = this.slotsOf(keyId, maxParallel);
+    }
+    const freed = inFlight < sl.inUse;
+    sl.inUse = inFlight;
+    if (inFlight === 0) sl.idleSinceMs = performance.now();
+    if (freed) {
+      sl.finalAtMs = 0;
+      wake(sl);
+    }
+    // (A slot freed here lets the requests waiting here in at once.)
+    if (sl.leased && this.connected && this.nodes > 1 && !sl.pending) {
+      const chunk = leaseChunk(sl.limit, this.nodes);
+      if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2) this.askSlots(keyId, sl, 0);
+    }
+  }
+
+  /** A request found no free slot here: asks for one and calls `wake` once the answer came. */
+  waitForSlot(keyId: string, limits: KeyLimits, wake: () => void, startedAt = performance.now()): boolean {
+    if (!this.connected || this.nodes <= 1) return false;
+    const sl = this.slotsOf(keyId, limits.maxParallel);
+    if (sl.finalAtMs >= startedAt) return false;
+    sl.waiters.push(wake);
+    // Enough for every request waiting here (a total), asked again when more wait than the pending want covers.
+    const need = sl.inUse + sl.waiters.length;
+    if (!sl.pending || need > sl.askedNeed || performance.now() - sl.askedAtMs >= PENDING_STALE_MS) this.askSlots(keyId, sl, need);
+    return true;
+  }
+
+  cancelSlotWait(keyId: string, wake: () => void): void {
+    const sl = this.slots.get(keyId);
+    if (sl) sl.waiters = sl.waiters.filter((w) => w !== wake);
+  }
+
+  applySlotGrant(g: SlotLease): void {
+    const sl = this.slots.get(g.keyId);
+    if (this.leaving || !sl || !sl.leased) {
+      // Not wanted any more (or the node is stopping): straight back.
+      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0 });
+      if (g.slots > 0) this.queueFlush();
+      return;
+    }
+    sl.pending = false;
+    sl.askedNeed = 0;
+    sl.held += g.slots;
+    if (g.final) sl.finalAtMs = performance.now();
+    wake(sl);
+  }
+
+  /** For tests: what the node holds and uses of a key's slots. */
+  slotState(keyId: string): { held: number; inUse: number; leased: boolean } | undefined {
+    const sl = this.slots.get(keyId);
+    return sl && { held: sl.held, inUse: sl.inUse, leased: sl.leased };
+  }
+
+  private slotsOf(keyId: string, maxParallel: number): KeySlots {
+    let sl = this.slots.get(keyId);
+    if (!sl) {
+      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, idleSinceMs: performance.now(), waiters: [] };
+      this.slots.set(keyId, sl);
+    }
+    return sl;
+  }
+
+  /** `need`: the total the node must hold for its waiting requests (0: a prefetch). Wants are totals. */
+  private askSlots(keyId: string, sl: KeySlots, need: number): void {
+    if (this.leaving) return;
+    const want = Math.min(sl.limit, Math.max(need, sl.held + leaseChunk(sl.limit, this.nodes)));
+    if (want <= sl.held && need <= sl.held) return;
+    sl.pending = true;
+    sl.askedAtMs = performance.now();
+    sl.askedNeed = need;
+    this.slotWants.set(keyId, { keyId, held: sl.held, want, need });
+    this.queueFlush();
+  }
+
+  /** Keys idle for a minute give their slots back and are forgotten. */
+  private pruneSlots(): void {
+    const now = performance.now();
+    for (const [keyId, sl] of this.slots) {
+      if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
+      if (sl.leased && sl.held > 0 && this.connected) this.slotReturns.push({ keyId, held: 0 });
+      this.slots.delete(keyId);
+    }
+    if (this.slotReturns.length > 0) this.queueFlush();
   }
 
   // ── money ─────────────────────────────────────────────────────────────────
@@ -510,7 +708,7 @@ export class LeaseClient implements AllowanceSource {
     const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
     const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
     const announceLeaving = this.leaving && !this.leavingSent;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
+    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
     this.leavingSent = this.leaving;
     const req: LeaseRequestOut = {
       keys: [...this.wantKeys.values()],
@@ -520,7 +718,13 @@ export class LeaseClient implements AllowanceSource {
       orgReturns,
       leaseEpoch: this.epoch,
       leaving: this.leaving,
+      used: [],
+      usedSeq: 0,
+      slotWants: [...this.slotWants.values()],
+      slotReturns: this.slotReturns,
     };
+    this.slotWants = new Map();
+    this.slotReturns = [];
     this.wantKeys = new Map();
     this.wantOrgs = new Map();
     this.keyReturns = [];
@@ -541,11 +745,19 @@ export class LeaseClient implements AllowanceSource {
           wake(o);
         }
       }
+      for (const w of req.slotWants) {
+        const sl = this.slots.get(w.keyId);
+        if (sl) {
+          sl.pending = false;
+          wake(sl);
+        }
+      }
     }
   }
 
   /** Drops key minutes older than `minMinute` (called now and then by the node). */
   prune(minMinute: number): void {
+    this.pruneSlots();
     for (const [id, k] of this.nextKeys) if (k.minute < minMinute) this.nextKeys.delete(id);
     for (const [id, k] of this.keys) {
       if (k.minute < minMinute) {

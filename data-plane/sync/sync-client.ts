@@ -12,6 +12,7 @@ import type { Reporter } from './reporter.js';
 
 /** How long before the top of a minute the next minute's first lease chunks are asked for. */
 const PREFETCH_BEFORE_TOP_MS = 3000;
+const USED_EVERY_MS = 100;
 
 export interface SyncClientOptions {
   address: string;
@@ -52,6 +53,7 @@ export class SyncClient {
   private lostLogged = false;
   private readonly pruneTimer: NodeJS.Timeout;
   private readonly prefetchTimer: NodeJS.Timeout;
+  private readonly usedTimer: NodeJS.Timeout;
 
   constructor(private readonly opts: SyncClientOptions) {
     this.client = new SyncServiceClient(opts.address, credentials.createInsecure(), {
@@ -68,6 +70,9 @@ export class SyncClient {
       if (MINUTE_MS - (opts.now() % MINUTE_MS) <= PREFETCH_BEFORE_TOP_MS) opts.leases?.prefetchNextMinute();
     }, 1000);
     this.prefetchTimer.unref();
+    // What the node used of its leases, at most ten times a second (freed if the node dies).
+    this.usedTimer = setInterval(() => opts.leases?.sendUsed(), USED_EVERY_MS);
+    this.usedTimer.unref();
   }
 
   /** Sends a LeaseRequest on the current stream; false when there is none. */
@@ -87,6 +92,7 @@ export class SyncClient {
     this.stopped = true;
     clearInterval(this.pruneTimer);
     clearInterval(this.prefetchTimer);
+    clearInterval(this.usedTimer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.opts.reporter.detach();
     if (this.call) this.call.cancel();
@@ -162,6 +168,8 @@ export class SyncClient {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
+      for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);
+      if (msg.leaseGrant.usedAck) leases.applyUsedAck(msg.leaseGrant.usedAck);
     } else if (msg.roster && leases) {
       leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
     } else if (msg.leaseReclaim && leases) {

@@ -4,7 +4,8 @@
 // by at most the cost of the requests in flight.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { writeFileSync } from 'node:fs';
+import { startControlPlane, startDataPlane, stopAll, runCli, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { bearer, chatBody, request, type HttpResult } from '../helpers/http.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
@@ -129,5 +130,72 @@ test('a cap lowered to 10 cents above the month\'s spend: of five sequential req
     while (!ok && Date.now() - t0 < 1000) ok = (await chat(n, key, 'raised')).status === 200;
     assert.ok(ok, `node ${i} still refuses ${Date.now() - t0} ms after the cap was raised`);
   }
+  admin.close();
+});
+
+/** Within `ms`, every node answers the key's chat request with `status`. */
+async function everyNodeAnswers(nodes: DataPlane[], key: string, status: number, ms: number, what: string): Promise<void> {
+  const t0 = Date.now();
+  for (const [i, n] of nodes.entries()) {
+    let seen = 0;
+    while (Date.now() - t0 < ms && (seen = (await chat(n, key, what)).status) !== status);
+    assert.equal(seen, status, `node ${i}: ${what} after ${Date.now() - t0} ms`);
+  }
+}
+
+test('a config reload that lowers the tier\'s cap blocks both nodes within a second; raising it unblocks both', async () => {
+  const { cp, nodes, admin } = await cluster(2);
+  const { key, orgId } = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId, amountMicros: 100_000_000, note: 'plenty' });
+  await allNodesCurrent(admin, 2);
+  for (const n of nodes) {
+    await waitUntilKnown(n.url, key);
+    assert.equal((await chat(n, key)).status, 200);
+  }
+  await eventually(async () => (await admin.getOrg({ orgId })).monthSpendMicros > 1_000_000, 'the spend reported');
+  writeFileSync(cp.configPath!, configYaml((cfg) => {
+    pricey(cfg);
+    cfg.tiers.paid.monthly_cap_usd = '1.00';
+  }));
+  const reload = runCli(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']);
+  assert.equal(reload.code, 0, reload.stderr);
+  await everyNodeAnswers(nodes, key, 401, 1000, 'the lowered cap');
+  writeFileSync(cp.configPath!, configYaml(pricey));
+  assert.equal(runCli(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']).code, 0);
+  await everyNodeAnswers(nodes, key, 200, 1000, 'the cap raised again');
+  admin.close();
+});
+
+test('a node killed while holding an organisation\'s money slice: the survivor can spend all that is left', async () => {
+  const { nodes, admin } = await cluster(2);
+  const [a, b] = nodes;
+  const { key, orgId } = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId, amountMicros: 20_000_000, note: 'twenty dollars' });
+  await allNodesCurrent(admin, 2);
+  await waitUntilKnown(a.url, key);
+  await waitUntilKnown(b.url, key);
+  // Node a spends a little and holds a slice of what is left.
+  let spent = 0;
+  for (let i = 0; i < 3; i++) {
+    const r = await chat(a, key);
+    assert.equal(r.status, 200, r.text);
+    spent += costOf(r);
+  }
+  await eventually(async () => (await admin.getOrg({ orgId })).monthSpendMicros === spent, 'the spend reported');
+  await a.proc.kill('SIGKILL');
+  await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === 1, 'one node left');
+  // Node b spends the rest of the twenty dollars: nothing stays stuck in the dead node's slice.
+  for (let i = 0; i < 40; i++) {
+    const r = await chat(b, key);
+    if (r.status !== 200) {
+      assert.equal(r.status, 401, r.text);
+      assert.equal(r.body.error.type, 'insufficient_quota');
+      break;
+    }
+    spent += costOf(r);
+  }
+  await eventually(async () => (await admin.getOrg({ orgId })).blocked, 'the organisation blocked');
+  const org = await admin.getOrg({ orgId });
+  assert.ok(org.monthSpendMicros >= 20_000_000, `refused at ${org.monthSpendMicros} spent of 20,000,000: money was lost with the dead node`);
   admin.close();
 });

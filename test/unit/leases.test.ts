@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
-import { KeyLeaseLedger, MoneyLeaseLedger, type KeyGrantResult } from '../../control-plane/sync/lease-ledger.js';
+import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger, type KeyGrantResult } from '../../control-plane/sync/lease-ledger.js';
 import { LeaseClient, type LeaseRequestOut } from '../../data-plane/limits/lease-client.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import type { KeyLease, KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
@@ -192,7 +192,7 @@ test('lease client: a reclaim is answered at once with what is held unused; stop
   lc.applyKeyGrant(lease({ requests: 5, tokens: 15_000 }));
   lc.noteUsage('k', 100, 3, 1000);
   const before = sent.length;
-  lc.onReclaim({ id: 7, keys: [{ keyId: 'k', minute: 100 }, { keyId: 'other', minute: 100 }], allKeys: false, orgIds: [] });
+  lc.onReclaim({ id: 7, keys: [{ keyId: 'k', minute: 100 }, { keyId: 'other', minute: 100 }], allKeys: false, orgIds: [], slotKeyIds: [] });
   const answer = sent[before];
   assert.equal(answer.reclaimId, 7);
   assert.deepEqual(answer.keyReturns, [
@@ -208,7 +208,7 @@ test('lease client: a former lone node answers the all-keys reclaim with what it
   lc.allowanceFor('k', 101, limits);
   lc.noteUsage('k', 101, 4, 400);
   lc.setConnectedNodes(2);
-  lc.onReclaim({ id: 3, keys: [], allKeys: true, orgIds: [] });
+  lc.onReclaim({ id: 3, keys: [], allKeys: true, orgIds: [], slotKeyIds: [] });
   assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 101, requests: 16, tokens: 59_600, heldRequests: 4, heldTokens: 400 }]);
 });
 
@@ -248,7 +248,7 @@ test('lease client: a funds change gives the slice back and asks afresh, even wi
   assert.equal(lc.canSpend('org'), 'wait');
   // A reclaim of money returns the unused slice.
   lc.applyOrgGrant('org', 100_000, false);
-  lc.onReclaim({ id: 9, keys: [], allKeys: false, orgIds: ['org'] });
+  lc.onReclaim({ id: 9, keys: [], allKeys: false, orgIds: ['org'], slotKeyIds: [] });
   assert.deepEqual(sent.at(-1)!.orgReturns, [{ orgId: 'org', micros: 100_000 }]);
 });
 
@@ -329,4 +329,108 @@ test('key ledger: what a pool has left, and who is in it', () => {
   assert.deepEqual(l.members('k', 5, 'a'), ['b']);
   l.applyReturn('a', { keyId: 'k', minute: 5, requests: 3, tokens: 100, heldRequests: 2, heldTokens: 0 });
   assert.deepEqual(l.freeOf('k', 5, limits), { requests: 17, tokens: 60_000 });
+});
+
+test('key ledger: a connection that closes frees what it did not say it used; its instance coming back replaces the ghost', () => {
+  const l = new KeyLeaseLedger();
+  const limits = { rpm: 20, tpm: 60_000 };
+  granted(l.grant('n1#1', want({ requests: 10, tokens: 1000 }), limits));
+  granted(l.grant('n2#2', want({ requests: 6 }), limits));
+  granted(l.grant('n3#3', want({ requests: 4 }), limits));
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 0, tokens: 59_000 });
+  // Rows: [what the closing connection said it used, what is freed]. Never said: nothing is freed.
+  l.recordUsed('n1#1', { keyId: 'k', minute: 5, requests: 7, tokens: 300 });
+  assert.deepEqual(l.release('n1#1'), [{ keyId: 'k', minute: 5 }]);
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 3, tokens: 59_700 });
+  assert.deepEqual(l.release('n2#2'), [], 'n2 never said what it used: all it held stays counted');
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 3, tokens: 59_700 });
+  // A return says what is still held, which is what was used: newer than the last KeyMinuteUsed.
+  l.recordUsed('n3#3', { keyId: 'k', minute: 5, requests: 1, tokens: 0 });
+  l.applyReturn('n3#3', { keyId: 'k', minute: 5, requests: 1, tokens: 0, heldRequests: 3, heldTokens: 0 });
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 4, tokens: 59_700 });
+  assert.deepEqual(l.release('n3#3'), [], 'nothing more to free: it used all it still held');
+  // Node 1's instance reconnects and says it holds 8 (it used one more after it last said).
+  granted(l.grant('n1#4', want({ heldRequests: 8, heldTokens: 300, requests: 1 }), limits));
+  assert.deepEqual(l.freeOf('k', 5, limits), { requests: 2, tokens: 59_700 }, 'the ghost of 7 was replaced by the 8 it holds, plus 1 granted');
+  // KeyMinuteUsed for a pool the connection is not in is ignored (a lone node holds whole budgets).
+  l.recordUsed('n9#9', { keyId: 'k', minute: 5, requests: 1, tokens: 1 });
+  assert.deepEqual(l.release('n9#9'), []);
+});
+
+test('lease client: it says what it used of leased key minutes (only those that changed), and not as a lone node', () => {
+  const { lc, sent } = client(2);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 4, tokens: 5000, freeRequests: 16, freeTokens: 55_000 }));
+  const before = sent.length;
+  lc.sendUsed();
+  assert.equal(sent.length, before, 'nothing used yet: nothing to say');
+  lc.noteUsage('k', 100, 1, 40);
+  lc.noteUsage('k', 100, 2, 90);
+  assert.deepEqual(lc.usedState(), { pending: 1, sent: 0, acked: 0 });
+  lc.sendUsed();
+  const last = sent[sent.length - 1];
+  assert.deepEqual([last.used, last.usedSeq], [[{ keyId: 'k', minute: 100, requests: 2, tokens: 90 }], 1]);
+  lc.sendUsed();
+  assert.equal(sent[sent.length - 1], last, 'unchanged: not said again');
+  lc.applyUsedAck(1);
+  assert.deepEqual(lc.usedState(), { pending: 0, sent: 1, acked: 1 });
+  const lone = client(1).lc;
+  lone.allowanceFor('k', 101, limits);
+  lone.noteUsage('k', 101, 1, 40);
+  assert.equal(lone.usedState().pending, 0, 'a lone node holds whole minutes: nothing to say');
+});
+
+test('slot ledger: wants are totals; slots never pass the limit; a need that does not fit takes idle slots back first', () => {
+  const l = new SlotLedger();
+  const w = (held: number, want: number, need: number) => ({ keyId: 'k', held, want, need });
+  // Rows: [conn, want, result]
+  assert.deepEqual(l.grant('a', w(0, 4, 4), 10), { kind: 'grant', slots: 4, final: false });
+  // The same total asked twice (a second want sent before the first grant came back) adds nothing.
+  assert.deepEqual(l.grant('a', w(0, 4, 4), 10), { kind: 'grant', slots: 0, final: false });
+  assert.deepEqual(l.grant('b', w(0, 5, 5), 10), { kind: 'grant', slots: 5, final: false });
+  assert.deepEqual(l.grant('c', w(0, 3, 0), 10), { kind: 'grant', slots: 1, final: false }, 'a prefetch gets what is free');
+  assert.deepEqual(l.grant('c', w(1, 3, 2), 10), { kind: 'reclaim', from: ['a', 'b'] });
+  // a uses 2 of its 4 and gives 2 back; b uses all 5.
+  l.applyHeld('a', { keyId: 'k', held: 2 });
+  l.applyHeld('b', { keyId: 'k', held: 5 });
+  assert.deepEqual(l.grant('c', w(1, 3, 2), 10, [], true), { kind: 'grant', slots: 2, final: false });
+  assert.equal(l.heldBy('c', 'k'), 3);
+  assert.deepEqual(l.grant('c', w(3, 4, 4), 10, [], true), { kind: 'grant', slots: 0, final: true }, 'all 10 held: final');
+  // A closed connection's slots are free again.
+  l.dropConnection('b');
+  assert.deepEqual(l.grant('c', w(3, 4, 4), 10), { kind: 'grant', slots: 1, final: false });
+  // A node that was alone is asked what it holds before anything is granted.
+  assert.deepEqual(l.grant('d', w(0, 1, 1), 10, ['lone']), { kind: 'reclaim', from: ['lone'] });
+});
+
+test('lease client: with several nodes a key\'s requests in flight need leased slots; waiting requests ask for a total; a slot freed here lets a waiter in', () => {
+  const { lc, sent } = client(2);
+  const lim = { ...limits, maxParallel: 4 };
+  const t0 = performance.now();
+  assert.deepEqual(lc.slotsFor('k', lim, t0), { slots: 0, final: false });
+  let woken = 0;
+  assert.equal(lc.waitForSlot('k', lim, () => woken++, t0), true);
+  assert.equal(lc.waitForSlot('k', lim, () => woken++, t0), true);
+  const wants = sent.flatMap((r) => r.slotWants);
+  assert.deepEqual(wants[wants.length - 1], { keyId: 'k', held: 0, want: 2, need: 2 }, 'two requests wait: a total of two');
+  lc.applySlotGrant({ keyId: 'k', slots: 2, final: false });
+  assert.equal(woken, 2);
+  lc.noteInFlight('k', 1, 4);
+  lc.noteInFlight('k', 2, 4);
+  assert.deepEqual(lc.slotState('k'), { held: 2, inUse: 2, leased: true });
+  // Every slot in use across the cluster: the requests waiting then are refused; a later one asks again.
+  const t1 = performance.now();
+  assert.equal(lc.waitForSlot('k', lim, () => woken++, t1), true);
+  lc.applySlotGrant({ keyId: 'k', slots: 0, final: true });
+  assert.equal(lc.slotsFor('k', lim, t1)!.final, true);
+  assert.equal(lc.waitForSlot('k', lim, () => woken++, t1), false);
+  assert.equal(lc.slotsFor('k', lim, performance.now() + 1)!.final, false);
+  // A reclaim is answered with what is in use; idle slots go back.
+  lc.noteInFlight('k', 1, 4);
+  lc.onReclaim({ id: 5, keys: [], allKeys: false, orgIds: [], slotKeyIds: ['k'] });
+  assert.deepEqual(sent[sent.length - 1].slotReturns, [{ keyId: 'k', held: 1 }]);
+  assert.equal(sent[sent.length - 1].reclaimId, 5);
+  // A lone node counts the key's own limit.
+  const lone = client(1).lc;
+  assert.equal(lone.slotsFor('k', lim), undefined);
 });

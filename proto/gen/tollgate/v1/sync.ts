@@ -242,6 +242,55 @@ export interface LeaseRequest {
    * plane grants it nothing from now on (a grant already on its way is given back on arrival).
    */
   leaving: boolean;
+  /**
+   * What the node has used (admitted or reserved) of key minutes it leased, for those that changed
+   * since it last said. If the node dies, the control plane frees the rest of what it held.
+   */
+  used: KeyMinuteUsed[];
+  /** Non-zero: answer with LeaseGrant.used_ack = this, once `used` is recorded. */
+  usedSeq: number;
+  /**
+   * Parallel-request slots of keys: wanted, and what the node now holds (answering a reclaim, or
+   * giving back idle slots). Slots are not per minute: a slot is held while the node keeps it.
+   */
+  slotWants: SlotWant[];
+  slotReturns: SlotHeld[];
+}
+
+export interface SlotWant {
+  keyId: string;
+  /** What the node holds now (registered on a connection's first want). */
+  held: number;
+  /**
+   * How many slots the node would like to hold in all (not in addition: wants on their way at the same
+   * time ask for the same total, so none is counted twice).
+   */
+  want: number;
+  /**
+   * How many it must hold in all to let its waiting requests in (reclaimed from other nodes before a
+   * refusal); 0 for a prefetch.
+   */
+  need: number;
+}
+
+export interface SlotHeld {
+  keyId: string;
+  /** What the node holds after giving back: its requests in flight. */
+  held: number;
+}
+
+export interface SlotLease {
+  keyId: string;
+  slots: number;
+  /** Every slot of the key is held across the cluster, after reclaiming idle ones: refuse. */
+  final: boolean;
+}
+
+export interface KeyMinuteUsed {
+  keyId: string;
+  minute: number;
+  requests: number;
+  tokens: number;
 }
 
 /**
@@ -254,6 +303,8 @@ export interface LeaseReclaim {
   /** Every key minute the node holds (it was the lone node and held whole budgets unasked). */
   allKeys: boolean;
   orgIds: string[];
+  /** Keys whose idle parallel-request slots are wanted back (all_keys: every key's). */
+  slotKeyIds: string[];
 }
 
 export interface KeyMinuteRef {
@@ -311,6 +362,9 @@ export interface LeaseGrant {
    * key really has left).
    */
   pools: KeyPoolFree[];
+  /** Non-zero: the LeaseRequest.used_seq whose `used` the control plane has recorded. */
+  usedAck: number;
+  slots: SlotLease[];
 }
 
 export interface KeyPoolFree {
@@ -3281,7 +3335,19 @@ export const ReportAck: MessageFns<ReportAck> = {
 };
 
 function createBaseLeaseRequest(): LeaseRequest {
-  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 0, leaving: false };
+  return {
+    keys: [],
+    orgs: [],
+    reclaimId: 0,
+    keyReturns: [],
+    orgReturns: [],
+    leaseEpoch: 0,
+    leaving: false,
+    used: [],
+    usedSeq: 0,
+    slotWants: [],
+    slotReturns: [],
+  };
 }
 
 export const LeaseRequest: MessageFns<LeaseRequest> = {
@@ -3306,6 +3372,18 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     if (message.leaving !== false) {
       writer.uint32(56).bool(message.leaving);
+    }
+    for (const v of message.used) {
+      KeyMinuteUsed.encode(v!, writer.uint32(66).fork()).join();
+    }
+    if (message.usedSeq !== 0) {
+      writer.uint32(72).int64(message.usedSeq);
+    }
+    for (const v of message.slotWants) {
+      SlotWant.encode(v!, writer.uint32(82).fork()).join();
+    }
+    for (const v of message.slotReturns) {
+      SlotHeld.encode(v!, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -3379,6 +3457,38 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.leaving = reader.bool();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.used.push(KeyMinuteUsed.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.usedSeq = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.slotWants.push(SlotWant.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.slotReturns.push(SlotHeld.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3416,6 +3526,24 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         ? globalThis.Number(object.lease_epoch)
         : 0,
       leaving: isSet(object.leaving) ? globalThis.Boolean(object.leaving) : false,
+      used: globalThis.Array.isArray(object?.used)
+        ? object.used.map((e: any) => KeyMinuteUsed.fromJSON(e))
+        : [],
+      usedSeq: isSet(object.usedSeq)
+        ? globalThis.Number(object.usedSeq)
+        : isSet(object.used_seq)
+        ? globalThis.Number(object.used_seq)
+        : 0,
+      slotWants: globalThis.Array.isArray(object?.slotWants)
+        ? object.slotWants.map((e: any) => SlotWant.fromJSON(e))
+        : globalThis.Array.isArray(object?.slot_wants)
+        ? object.slot_wants.map((e: any) => SlotWant.fromJSON(e))
+        : [],
+      slotReturns: globalThis.Array.isArray(object?.slotReturns)
+        ? object.slotReturns.map((e: any) => SlotHeld.fromJSON(e))
+        : globalThis.Array.isArray(object?.slot_returns)
+        ? object.slot_returns.map((e: any) => SlotHeld.fromJSON(e))
+        : [],
     };
   },
 
@@ -3442,6 +3570,18 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.leaving !== false) {
       obj.leaving = message.leaving;
     }
+    if (message.used?.length) {
+      obj.used = message.used.map((e) => KeyMinuteUsed.toJSON(e));
+    }
+    if (message.usedSeq !== 0) {
+      obj.usedSeq = Math.round(message.usedSeq);
+    }
+    if (message.slotWants?.length) {
+      obj.slotWants = message.slotWants.map((e) => SlotWant.toJSON(e));
+    }
+    if (message.slotReturns?.length) {
+      obj.slotReturns = message.slotReturns.map((e) => SlotHeld.toJSON(e));
+    }
     return obj;
   },
 
@@ -3457,12 +3597,452 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.orgReturns = object.orgReturns?.map((e) => OrgLeaseReturn.fromPartial(e)) || [];
     message.leaseEpoch = object.leaseEpoch ?? 0;
     message.leaving = object.leaving ?? false;
+    message.used = object.used?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
+    message.usedSeq = object.usedSeq ?? 0;
+    message.slotWants = object.slotWants?.map((e) => SlotWant.fromPartial(e)) || [];
+    message.slotReturns = object.slotReturns?.map((e) => SlotHeld.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseSlotWant(): SlotWant {
+  return { keyId: "", held: 0, want: 0, need: 0 };
+}
+
+export const SlotWant: MessageFns<SlotWant> = {
+  encode(message: SlotWant, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.held !== 0) {
+      writer.uint32(16).int64(message.held);
+    }
+    if (message.want !== 0) {
+      writer.uint32(24).int64(message.want);
+    }
+    if (message.need !== 0) {
+      writer.uint32(32).int64(message.need);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotWant {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotWant();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.held = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.want = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.need = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotWant {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+      want: isSet(object.want) ? globalThis.Number(object.want) : 0,
+      need: isSet(object.need) ? globalThis.Number(object.need) : 0,
+    };
+  },
+
+  toJSON(message: SlotWant): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    if (message.want !== 0) {
+      obj.want = Math.round(message.want);
+    }
+    if (message.need !== 0) {
+      obj.need = Math.round(message.need);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotWant>, I>>(base?: I): SlotWant {
+    return SlotWant.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotWant>, I>>(object: I): SlotWant {
+    const message = createBaseSlotWant();
+    message.keyId = object.keyId ?? "";
+    message.held = object.held ?? 0;
+    message.want = object.want ?? 0;
+    message.need = object.need ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotHeld(): SlotHeld {
+  return { keyId: "", held: 0 };
+}
+
+export const SlotHeld: MessageFns<SlotHeld> = {
+  encode(message: SlotHeld, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.held !== 0) {
+      writer.uint32(16).int64(message.held);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotHeld {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotHeld();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.held = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotHeld {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+    };
+  },
+
+  toJSON(message: SlotHeld): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.held !== 0) {
+      obj.held = Math.round(message.held);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotHeld>, I>>(base?: I): SlotHeld {
+    return SlotHeld.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotHeld>, I>>(object: I): SlotHeld {
+    const message = createBaseSlotHeld();
+    message.keyId = object.keyId ?? "";
+    message.held = object.held ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotLease(): SlotLease {
+  return { keyId: "", slots: 0, final: false };
+}
+
+export const SlotLease: MessageFns<SlotLease> = {
+  encode(message: SlotLease, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.slots !== 0) {
+      writer.uint32(16).int64(message.slots);
+    }
+    if (message.final !== false) {
+      writer.uint32(24).bool(message.final);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotLease {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotLease();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.slots = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.final = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotLease {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      slots: isSet(object.slots) ? globalThis.Number(object.slots) : 0,
+      final: isSet(object.final) ? globalThis.Boolean(object.final) : false,
+    };
+  },
+
+  toJSON(message: SlotLease): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.slots !== 0) {
+      obj.slots = Math.round(message.slots);
+    }
+    if (message.final !== false) {
+      obj.final = message.final;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotLease>, I>>(base?: I): SlotLease {
+    return SlotLease.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotLease>, I>>(object: I): SlotLease {
+    const message = createBaseSlotLease();
+    message.keyId = object.keyId ?? "";
+    message.slots = object.slots ?? 0;
+    message.final = object.final ?? false;
+    return message;
+  },
+};
+
+function createBaseKeyMinuteUsed(): KeyMinuteUsed {
+  return { keyId: "", minute: 0, requests: 0, tokens: 0 };
+}
+
+export const KeyMinuteUsed: MessageFns<KeyMinuteUsed> = {
+  encode(message: KeyMinuteUsed, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(16).int64(message.minute);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(24).int64(message.requests);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(32).int64(message.tokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyMinuteUsed {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyMinuteUsed();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.tokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyMinuteUsed {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+    };
+  },
+
+  toJSON(message: KeyMinuteUsed): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyMinuteUsed>, I>>(base?: I): KeyMinuteUsed {
+    return KeyMinuteUsed.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyMinuteUsed>, I>>(object: I): KeyMinuteUsed {
+    const message = createBaseKeyMinuteUsed();
+    message.keyId = object.keyId ?? "";
+    message.minute = object.minute ?? 0;
+    message.requests = object.requests ?? 0;
+    message.tokens = object.tokens ?? 0;
     return message;
   },
 };
 
 function createBaseLeaseReclaim(): LeaseReclaim {
-  return { id: 0, keys: [], allKeys: false, orgIds: [] };
+  return { id: 0, keys: [], allKeys: false, orgIds: [], slotKeyIds: [] };
 }
 
 export const LeaseReclaim: MessageFns<LeaseReclaim> = {
@@ -3478,6 +4058,9 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     }
     for (const v of message.orgIds) {
       writer.uint32(34).string(v!);
+    }
+    for (const v of message.slotKeyIds) {
+      writer.uint32(42).string(v!);
     }
     return writer;
   },
@@ -3527,6 +4110,14 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
             message.orgIds.push(reader.string());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.slotKeyIds.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3553,6 +4144,11 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
         : globalThis.Array.isArray(object?.org_ids)
         ? object.org_ids.map((e: any) => globalThis.String(e))
         : [],
+      slotKeyIds: globalThis.Array.isArray(object?.slotKeyIds)
+        ? object.slotKeyIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.slot_key_ids)
+        ? object.slot_key_ids.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -3570,6 +4166,9 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     if (message.orgIds?.length) {
       obj.orgIds = message.orgIds;
     }
+    if (message.slotKeyIds?.length) {
+      obj.slotKeyIds = message.slotKeyIds;
+    }
     return obj;
   },
 
@@ -3582,6 +4181,7 @@ export const LeaseReclaim: MessageFns<LeaseReclaim> = {
     message.keys = object.keys?.map((e) => KeyMinuteRef.fromPartial(e)) || [];
     message.allKeys = object.allKeys ?? false;
     message.orgIds = object.orgIds?.map((e) => e) || [];
+    message.slotKeyIds = object.slotKeyIds?.map((e) => e) || [];
     return message;
   },
 };
@@ -4225,7 +4825,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [], pools: [] };
+  return { keys: [], orgs: [], pools: [], usedAck: 0, slots: [] };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -4238,6 +4838,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     for (const v of message.pools) {
       KeyPoolFree.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.usedAck !== 0) {
+      writer.uint32(32).int64(message.usedAck);
+    }
+    for (const v of message.slots) {
+      SlotLease.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -4279,6 +4885,22 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.pools.push(KeyPoolFree.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.usedAck = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.slots.push(SlotLease.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4296,6 +4918,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
       keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => KeyLease.fromJSON(e)) : [],
       orgs: globalThis.Array.isArray(object?.orgs) ? object.orgs.map((e: any) => OrgLease.fromJSON(e)) : [],
       pools: globalThis.Array.isArray(object?.pools) ? object.pools.map((e: any) => KeyPoolFree.fromJSON(e)) : [],
+      usedAck: isSet(object.usedAck)
+        ? globalThis.Number(object.usedAck)
+        : isSet(object.used_ack)
+        ? globalThis.Number(object.used_ack)
+        : 0,
+      slots: globalThis.Array.isArray(object?.slots) ? object.slots.map((e: any) => SlotLease.fromJSON(e)) : [],
     };
   },
 
@@ -4310,6 +4938,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.pools?.length) {
       obj.pools = message.pools.map((e) => KeyPoolFree.toJSON(e));
     }
+    if (message.usedAck !== 0) {
+      obj.usedAck = Math.round(message.usedAck);
+    }
+    if (message.slots?.length) {
+      obj.slots = message.slots.map((e) => SlotLease.toJSON(e));
+    }
     return obj;
   },
 
@@ -4321,6 +4955,8 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     message.keys = object.keys?.map((e) => KeyLease.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgLease.fromPartial(e)) || [];
     message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
+    message.usedAck = object.usedAck ?? 0;
+    message.slots = object.slots?.map((e) => SlotLease.fromPartial(e)) || [];
     return message;
   },
 };
