@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { startControlPlane, startDataPlane, stopAll, runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 
@@ -20,6 +20,7 @@ before(async () => {
     configYaml: configYaml((cfg) => {
       cfg.models.push({ id: 'demo-pricey', provider: 'demo', kind: 'chat', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
       cfg.tiers.free.models.push('demo-pricey');
+      cfg.tiers['rt-one'] = { rpm: 300, tpm: 1000000, max_parallel_requests: 1, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
     }),
   });
   // Injected clocks, set inside one minute: the rpm test must not straddle the top of a minute.
@@ -89,6 +90,21 @@ test("connection attempts are requests: a free key's 20 per minute hold across t
   assert.match(r.body.error.message, /requests per minute \(rpm\): 20\/20 used/);
   assert.equal(r.headers['x-ratelimit-remaining-requests'], '0');
   assert.ok(Number(r.headers['retry-after']) >= 1);
+});
+
+test("the parallel limit holds across nodes: a one-at-a-time key's open socket on one node refuses a second on the other until it closes", async () => {
+  const k = await createKey(admin, { tier: 'rt-one' });
+  for (const n of nodes) await waitUntilKnown(n.url, k.key);
+  const first = await openRealtime(nodes[0].address, { key: k.key });
+  const r = await attemptRealtime(nodes[1].address, { key: k.key });
+  assert.ok(isRefusal(r), 'the second session is refused');
+  assert.equal(r.status, 429);
+  assert.equal(r.body.error.type, 'max_parallel_requests');
+  first.ws.close(1000);
+  await first.session.waitClosed();
+  let again: Awaited<ReturnType<typeof attemptRealtime>> | undefined;
+  await eventually(async () => !isRefusal((again = await attemptRealtime(nodes[1].address, { key: k.key }))), 'a session on the other node once the first closed', 5000);
+  if (again && !isRefusal(again)) again.ws.close(1000);
 });
 
 test('fail-static: a node that loses the control plane keeps its open sockets and keeps serving them', async () => {
