@@ -115,6 +115,7 @@ async function bootstrapDemo(): Promise<void> {
       `  curl -s http://${dpAddress}/v1/chat/completions -H "Authorization: Bearer ${created.key}" ` +
         `-H "Content-Type: application/json" -d '{"model":"demo-chat","messages":[{"role":"user","content":"Hello"}]}'`,
     );
+    console.log(`Realtime sessions (WebSocket, the same key as "Authorization: Bearer"): ws://${dpAddress}/v1/realtime?model=demo-realtime (README, "Realtime")`);
     console.log('');
   } finally {
     client.close();

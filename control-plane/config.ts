@@ -124,7 +124,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
 // ---------------------------------------------------------------------------------------------
 // The gateway config file (YAML, format of control-plane/demo-config.yaml).
 
-export type ModelKind = 'chat' | 'embeddings' | 'transcription' | 'speech';
+export type ModelKind = 'chat' | 'embeddings' | 'transcription' | 'speech' | 'realtime';
 
 export interface TierSettings {
   name: string;
@@ -150,13 +150,21 @@ export interface ModelSettings {
   voices: string[];
 }
 
+export interface RealtimeUpstreamSettings {
+  model: string;
+  url: string;
+  apiKeyEnv: string | null;
+  upstreamModel: string;
+  connectTimeoutMs: number;
+}
+
 export interface GatewaySettings {
   serviceName: string;
   defaultTier: string;
   tiers: Map<string, TierSettings>;
   models: Map<string, ModelSettings>;
   toolBackends: { prefix: string; baseUrl: string; timeoutMs: number }[];
-  realtimeUpstreams: { model: string; url: string }[];
+  realtimeUpstreams: RealtimeUpstreamSettings[];
   trustedProxies: string[];
   maxStalenessMs: number;
 }
@@ -192,7 +200,9 @@ const MODEL_KEYS = new Set([
   'timeout_ms',
   'voices',
 ]);
-const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech']);
+const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech', 'realtime']);
+const REALTIME_UPSTREAM_KEYS = new Set(['model', 'url', 'api_key_env', 'upstream_model', 'connect_timeout_ms']);
+const DEFAULT_REALTIME_CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_UPSTREAM_TIMEOUT_MS = 60_000;
 
 type Obj = Record<string, unknown>;
@@ -266,7 +276,8 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     const kind = str(`${where}.kind`, raw.kind, 'chat') as ModelKind;
     if (!KINDS.has(kind)) fail(`${where}.kind`, `must be one of ${[...KINDS].join(', ')}, got ${JSON.stringify(kind)}`);
     const baseUrl = raw.base_url === undefined ? '' : httpUrl(`${where}.base_url`, raw.base_url);
-    if (provider === 'openai' && !baseUrl) fail(`${where}.base_url`, 'is required for provider openai');
+    // A realtime model's upstream is its realtime_upstreams entry, not a base URL.
+    if (provider === 'openai' && !baseUrl && kind !== 'realtime') fail(`${where}.base_url`, 'is required for provider openai');
     const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
     if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
     models.set(id, {
@@ -328,10 +339,28 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     return list.map((raw, i) => {
       const where = `realtime_upstreams[${i}]`;
       if (!isObj(raw)) fail(where, 'must be a mapping');
-      checkKeys(where, raw, new Set(['model', 'url']));
-      return { model: str(`${where}.model`, raw.model), url: httpUrl(`${where}.url`, raw.url) };
+      checkKeys(where, raw, REALTIME_UPSTREAM_KEYS);
+      const model = str(`${where}.model`, raw.model);
+      const m = models.get(model);
+      if (!m) fail(`${where}.model`, `names unknown model ${JSON.stringify(model)}`);
+      if (m.kind !== 'realtime' || m.provider !== 'openai') fail(`${where}.model`, `${JSON.stringify(model)} must be a model of kind realtime with provider openai`);
+      const url = httpUrl(`${where}.url`, raw.url);
+      if (!/^wss?:/i.test(url)) fail(`${where}.url`, `must be a ws:// or wss:// URL, got ${JSON.stringify(url)}`);
+      const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
+      if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
+      return {
+        model,
+        url,
+        apiKeyEnv,
+        upstreamModel: str(`${where}.upstream_model`, raw.upstream_model, m.upstreamModel),
+        connectTimeoutMs: raw.connect_timeout_ms === undefined ? DEFAULT_REALTIME_CONNECT_TIMEOUT_MS : posInt(`${where}.connect_timeout_ms`, raw.connect_timeout_ms),
+      };
     });
   })();
+  for (const m of models.values()) {
+    const n = realtimeUpstreams.filter((u) => u.model === m.id).length;
+    if (m.kind === 'realtime' && m.provider === 'openai' && n !== 1) fail(`model ${m.id}`, `a realtime model with provider openai needs exactly one realtime_upstreams entry, found ${n}`);
+  }
   const trustedProxies = strList('trusted_proxies', doc.trusted_proxies);
   // Parsed here only to refuse what a node could never match; nodes parse the list once per config version.
   trustedProxies.forEach((entry, i) => {
@@ -368,7 +397,13 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       voices: m.voices,
     })),
     toolBackends,
-    realtimeUpstreams,
+    realtimeUpstreams: realtimeUpstreams.map((u) => ({
+      model: u.model,
+      url: u.url,
+      upstreamApiKey: u.apiKeyEnv ? (env[u.apiKeyEnv] ?? '') : '',
+      upstreamModel: u.upstreamModel,
+      connectTimeoutMs: u.connectTimeoutMs,
+    })),
     trustedProxies,
     maxStalenessMs,
   };
@@ -399,6 +434,6 @@ export function readGatewayConfig(path: string): LoadedGatewayConfig {
 
 /** A copy of the proto config safe to persist: upstream credentials removed. */
 export function redactGatewayConfig(cfg: GatewayConfig): GatewayConfig {
-  return { ...cfg, models: cfg.models.map((m) => ({ ...m, upstreamApiKey: '' })) };
+  return { ...cfg, models: cfg.models.map((m) => ({ ...m, upstreamApiKey: '' })), realtimeUpstreams: cfg.realtimeUpstreams.map((u) => ({ ...u, upstreamApiKey: '' })) };
 }
 

@@ -28,11 +28,13 @@ export interface NodeConfig {
   maxBufferedBodyBytes: number;
   /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
   spillDir: string;
+  /** Bytes held for one realtime client before its upstream is paused (`--realtime-max-buffered-kib`, default 1024). */
+  realtimeMaxBufferedBytes: number;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--realtime-max-buffered-kib N]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--realtime-max-buffered-kib']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -80,6 +82,9 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   const bufferedMib = flags.get('--max-buffered-body-mib') ?? '256';
   if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);
 
+  const realtimeKib = flags.get('--realtime-max-buffered-kib') ?? '1024';
+  if (!/^\d{1,7}$/.test(realtimeKib) || Number(realtimeKib) < 16) throw new ConfigError(`--realtime-max-buffered-kib must be a whole number of KiB, at least 16, got ${JSON.stringify(realtimeKib)}`);
+
   return Object.freeze({
     controlPlane: cpValue,
     listenHost: listen.host,
@@ -93,5 +98,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
     spillDir: tmpdir(),
+    realtimeMaxBufferedBytes: Number(realtimeKib) * 1024,
   });
 }

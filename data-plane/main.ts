@@ -70,6 +70,7 @@ async function main(): Promise<void> {
       return max > 0 && since !== null && clock.now() - since > max;
     },
     usage,
+    realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes },
   });
 
   const sockets: uWS.us_listen_socket[] = [];
@@ -85,6 +86,10 @@ async function main(): Promise<void> {
 
   if (config.adminHost !== null) {
     const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
+    // Open realtime sessions, paused upstreams and the most bytes held for one client (`?reset=1`).
+    admin.get('/stats/realtime', (res, req) => {
+      res.writeHeader('content-type', 'application/json').end(JSON.stringify(api.realtime.stats.snapshot(req.getQuery('reset') === '1')));
+    });
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);
@@ -106,6 +111,7 @@ async function main(): Promise<void> {
     reporter,
     leases,
     now: () => clock.now(),
+    onApplied: () => api.realtime.enforce(),
     onFirstSnapshot: () => console.log('data plane ready'),
     onFatal: (line) => fail(line),
     log: (line) => console.log(`data plane: ${line}`),
@@ -118,6 +124,7 @@ async function main(): Promise<void> {
     stopping = true;
     for (const s of sockets) uWS.us_listen_socket_close(s);
     sockets.length = 0;
+    api.realtime.closeAll('the gateway node is shutting down; reconnect');
     // Unused leases go back at once so other nodes can use them this minute; give queued usage a
     // moment to reach the control plane; then go.
     leases.giveBackAll();

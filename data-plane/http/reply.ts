@@ -184,6 +184,15 @@ export class Reply {
     this.finish();
   }
 
+  /**
+   * The connection became a WebSocket (call right before uWS `upgrade`): `res` may no longer be
+   * touched, and the cleanups are dropped, as the socket's close handler owns the request from here.
+   */
+  markUpgraded(): void {
+    this.done = true;
+    this.cleanups = [];
+  }
+
   pause(): void {
     if (!this.done) this.res.pause();
   }

@@ -29,6 +29,7 @@ import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
+import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -50,6 +51,8 @@ export interface ServerDeps {
   isStale(): boolean;
   /** GET /v1/usage reads the control plane's durable usage through this; absent: 503. */
   usage?: UsageSource;
+  /** Realtime sessions: buffer and message limits, the request-log seam. */
+  realtime?: RealtimeOptions;
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -82,9 +85,14 @@ export class ApiServer {
     return this.admission.waits;
   }
 
+  /** The `/v1/realtime` WebSocket gateway (data-plane/realtime/). */
+  readonly realtime: RealtimeGateway;
+
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, `${deps.instanceId}-${(++this.seq).toString(36)}`, key, path, ticket, minute));
     this.app = uWS.App();
+    this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
+    this.realtime.register(this.app);
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }
 
@@ -190,7 +198,9 @@ export class ApiServer {
           if (ctx) this.usage(ctx, reply, head, key);
         });
       case 'realtime':
-        return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', 'Realtime connections are not available on this gateway yet.'), 'B');
+        // WebSocket upgrades are taken by the realtime gateway; a plain request here is not one.
+        if (head.path !== REALTIME_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No route for ${head.path}.`), 'B');
+        return reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'A');
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }

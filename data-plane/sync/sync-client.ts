@@ -26,6 +26,12 @@ export interface SyncClientOptions {
   /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
   leases?: LeaseClient;
   now(): number;
+  /**
+   * After a snapshot or delta is applied and before it is acked: closes what the new state no longer
+   * allows (open realtime sockets of removed keys, blocked organisations), so a revocation the
+   * control plane sees acked has reached them.
+   */
+  onApplied?(): void;
   onFirstSnapshot(): void;
   /** A refusal that retrying cannot fix: print the line, exit 2. */
   onFatal(line: string): void;
@@ -137,6 +143,7 @@ export class SyncClient {
       holder.applySnapshot(msg.snapshot);
       if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
       this.awaitingSnapshot = false;
+      this.opts.onApplied?.();
       call.write({ ack: { version: msg.snapshot.version } });
       if (!this.gotFirstSnapshot) {
         this.gotFirstSnapshot = true;
@@ -146,6 +153,7 @@ export class SyncClient {
       if (this.awaitingSnapshot || !holder.ready) return;
       const r = holder.current.applyDelta(msg.delta);
       if (r === 'applied') {
+        this.opts.onApplied?.();
         call.write({ ack: { version: msg.delta.toVersion } });
         // Credit, cap, tier or config changes: a node told "nothing left" asks again.
         if (leases) for (const c of msg.delta.changes) if (c.orgUpsert) leases.orgChanged(c.orgUpsert.orgId);

@@ -158,7 +158,7 @@ export interface ModelConfig {
    * config names. Never logged.
    */
   upstreamApiKey: string;
-  /** "chat", "embeddings", "transcription", "speech". */
+  /** "chat", "embeddings", "transcription", "speech", "realtime" (a WebSocket session on /v1/realtime). */
   kind: string;
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
@@ -175,9 +175,21 @@ export interface ToolBackend {
   timeoutMs: number;
 }
 
+/** Where a realtime model's sessions are relayed: an OpenAI-compatible realtime WebSocket URL. */
 export interface RealtimeUpstream {
+  /** The gateway's model id (a model of kind "realtime"). */
   model: string;
+  /** ws:// or wss:// URL; `?model=<upstream_model>` is added unless the URL names a model itself. */
   url: string;
+  /**
+   * The upstream credential, resolved by the control plane from the environment variable the
+   * config names (sent as "Authorization: Bearer"). Never logged.
+   */
+  upstreamApiKey: string;
+  /** The model id the upstream knows (default: the gateway's model id). */
+  upstreamModel: string;
+  /** How long the upstream may take to accept the WebSocket handshake. */
+  connectTimeoutMs: number;
 }
 
 export interface Report {
@@ -2628,7 +2640,7 @@ export const ToolBackend: MessageFns<ToolBackend> = {
 };
 
 function createBaseRealtimeUpstream(): RealtimeUpstream {
-  return { model: "", url: "" };
+  return { model: "", url: "", upstreamApiKey: "", upstreamModel: "", connectTimeoutMs: 0 };
 }
 
 export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
@@ -2638,6 +2650,15 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     }
     if (message.url !== "") {
       writer.uint32(18).string(message.url);
+    }
+    if (message.upstreamApiKey !== "") {
+      writer.uint32(26).string(message.upstreamApiKey);
+    }
+    if (message.upstreamModel !== "") {
+      writer.uint32(34).string(message.upstreamModel);
+    }
+    if (message.connectTimeoutMs !== 0) {
+      writer.uint32(40).int64(message.connectTimeoutMs);
     }
     return writer;
   },
@@ -2671,6 +2692,30 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
             message.url = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.upstreamApiKey = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.upstreamModel = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.connectTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2687,6 +2732,21 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     return {
       model: isSet(object.model) ? globalThis.String(object.model) : "",
       url: isSet(object.url) ? globalThis.String(object.url) : "",
+      upstreamApiKey: isSet(object.upstreamApiKey)
+        ? globalThis.String(object.upstreamApiKey)
+        : isSet(object.upstream_api_key)
+        ? globalThis.String(object.upstream_api_key)
+        : "",
+      upstreamModel: isSet(object.upstreamModel)
+        ? globalThis.String(object.upstreamModel)
+        : isSet(object.upstream_model)
+        ? globalThis.String(object.upstream_model)
+        : "",
+      connectTimeoutMs: isSet(object.connectTimeoutMs)
+        ? globalThis.Number(object.connectTimeoutMs)
+        : isSet(object.connect_timeout_ms)
+        ? globalThis.Number(object.connect_timeout_ms)
+        : 0,
     };
   },
 
@@ -2698,6 +2758,15 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     if (message.url !== "") {
       obj.url = message.url;
     }
+    if (message.upstreamApiKey !== "") {
+      obj.upstreamApiKey = message.upstreamApiKey;
+    }
+    if (message.upstreamModel !== "") {
+      obj.upstreamModel = message.upstreamModel;
+    }
+    if (message.connectTimeoutMs !== 0) {
+      obj.connectTimeoutMs = Math.round(message.connectTimeoutMs);
+    }
     return obj;
   },
 
@@ -2708,6 +2777,9 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     const message = createBaseRealtimeUpstream();
     message.model = object.model ?? "";
     message.url = object.url ?? "";
+    message.upstreamApiKey = object.upstreamApiKey ?? "";
+    message.upstreamModel = object.upstreamModel ?? "";
+    message.connectTimeoutMs = object.connectTimeoutMs ?? 0;
     return message;
   },
 };
