@@ -5,6 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
+import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 
 export { ConfigError };
 
@@ -28,11 +29,15 @@ export interface NodeConfig {
   maxBufferedBodyBytes: number;
   /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
   spillDir: string;
+  /** `--log-level` (default info). */
+  logLevel: LogLevel;
+  /** `--drain-seconds` (default 30): how long SIGTERM waits for in-flight requests and streams. */
+  drainSeconds: number;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--drain-seconds N] [--log-level LEVEL]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--drain-seconds', '--log-level']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -80,6 +85,12 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   const bufferedMib = flags.get('--max-buffered-body-mib') ?? '256';
   if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);
 
+  const logLevel = flags.get('--log-level') ?? 'info';
+  const levelError = checkLogLevel(logLevel);
+  if (levelError) throw new ConfigError(levelError);
+  const drainSeconds = flags.get('--drain-seconds') ?? '30';
+  if (!/^\d{1,5}$/.test(drainSeconds)) throw new ConfigError(`--drain-seconds must be a whole number of seconds, got ${JSON.stringify(drainSeconds)}`);
+
   return Object.freeze({
     controlPlane: cpValue,
     listenHost: listen.host,
@@ -93,5 +104,7 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
     spillDir: tmpdir(),
+    logLevel: logLevel as LogLevel,
+    drainSeconds: Number(drainSeconds),
   });
 }

@@ -27,6 +27,8 @@ import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { collectBody, streamBody } from './request-body.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
+import { requestStarted } from '../metrics.js';
+import { familyOf } from '../routing/path-families.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -105,6 +107,8 @@ export class ApiServer {
         req.forEach((k, v) => allHeaders!.push([k, v]));
       }
       reply = new Reply(res);
+      reply.family = familyOf(head.path);
+      requestStarted();
       // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
       head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () =>
         headerLines(req, 'x-forwarded-for'),
@@ -376,6 +380,7 @@ export class ApiServer {
     if (!route.backend) return;
     // From here the request counts against rpm whatever the backend answers.
     ctx.providerStarted = true;
+    reply.upstreamAt = performance.now();
     forwardTool(this.deps.pools, {
       backend: route.backend,
       method: head.method,
@@ -390,6 +395,7 @@ export class ApiServer {
   }
 
   private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape) {
+    reply.upstreamAt = performance.now();
     return {
       requestId: ctx.requestId,
       reply,
