@@ -202,8 +202,10 @@ export class Reply implements ReplyMeter {
         this.status = 200;
         this.headAt = performance.now();
       }
+      // uWS writes `Connection: close` as a header line: only possible before the head went out.
+      const closeConnection = draining && !this.headWritten;
       this.writeHead();
-      this.res.end(chunk ?? '', draining);
+      this.res.end(chunk ?? '', closeConnection);
     });
     this.finish();
   }
