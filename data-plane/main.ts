@@ -4,6 +4,7 @@ import { pepperCheck } from '../proto/lib/keys.js';
 import { StateHolder } from './auth/key-table.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
+import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
 import { closeConnectionsAfterResponses, closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
 import { BodyBudget } from './limits/body-budget.js';
@@ -12,7 +13,7 @@ import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './limits/lease-client.js';
 import { log } from './log.js';
-import { markDraining, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
+import { setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Reporter } from './sync/reporter.js';
@@ -96,9 +97,9 @@ async function main(): Promise<void> {
     return { connected: since === null, appliedVersion: holder.ready ? holder.current.version : 0, lagSeconds: since === null ? 0 : Math.max(0, (clock.now() - since) / 1000) };
   });
 
-  let draining = false;
+  registerDrainable({ open: openReplies, closeAll: closeOpenReplies });
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready && !draining, manualClock, (reset) => api.leaseWaits.snapshot(reset));
+    const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset));
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);
@@ -140,12 +141,12 @@ async function main(): Promise<void> {
   const signalsSeen = new Set<string>();
   const onSignal = (signal: NodeJS.Signals) => {
     if (signalsSeen.has(signal)) {
-      log.warn({ signal, open: openReplies() }, `second ${signal}: exiting at once`);
+      log.warn({ signal, open: openWork() }, `second ${signal}: exiting at once`);
       process.exit(1);
     }
     signalsSeen.add(signal);
-    if (draining) return;
-    draining = true;
+    if (isDraining()) return;
+    markDrainStarted();
     void drain(signal).catch((err: Error) => {
       log.error({ err }, 'drain failed');
       process.exit(1);
@@ -154,13 +155,12 @@ async function main(): Promise<void> {
   const drain = async (signal: string) => {
     const startedAt = Date.now();
     const deadline = startedAt + config.drainSeconds * 1000;
-    markDraining();
     closeConnectionsAfterResponses();
     // Only the API listener closes: the admin listener keeps answering /readyz (503 now) and /metrics.
     uWS.us_listen_socket_close(sockets[0]);
-    log.info({ signal, open: openReplies(), drainSeconds: config.drainSeconds }, 'draining: no new connections, waiting for requests in flight');
-    while (openReplies() > 0 && Date.now() < deadline) await sleep(50);
-    const cut = closeOpenReplies();
+    log.info({ signal, open: openWork(), drainSeconds: config.drainSeconds }, 'draining: no new connections, waiting for requests in flight');
+    while (openWork() > 0 && Date.now() < deadline) await sleep(50);
+    const cut = closeAllWork();
     if (cut > 0) log.warn({ cut }, `drain deadline passed: ${cut} responses closed`);
     leases.giveBackAll();
     reporter.flush();

@@ -1,37 +1,123 @@
 // The node's Prometheus metrics (prom-client), served on the admin listener only (GET /metrics).
 //
-// Hot path: a finished response costs one Map lookup chain to a pre-bound counter child and two
-// histogram observations on pre-bound children (resolved once per family, status and reason, then
-// cached), plus two performance.now() readings taken by Reply. Everything that is a state rather than
-// an event (sync, journal depth, edge windows, open streams) is read only when scraped, through a
-// source registered once at start.
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+// Hot path: prom-client's own label handling costs microseconds per observation (it validates and
+// hashes the labels every time), so per-request events are counted in plain numbers held by cells
+// resolved once per family, status and reason and then cached; prom-client takes them when scraped
+// (counters through `collect`, latency histograms as registry metrics whose values are read from
+// those cells). A response costs a few Map lookups, increments and two bucket searches. States (sync,
+// journal depth, edge windows, open streams) are read only when scraped, through sources registered
+// once at start.
+import { Counter, Gauge, Registry, type Metric } from 'prom-client';
+import { isDraining } from './drain.js';
 import type { PathFamily } from './routing/path-families.js';
 
 export const registry = new Registry();
+
+
+/**
+ * A histogram with one label whose observations are plain array increments; prom-client's registry
+ * renders it (its `get()` returns what prom-client's own Histogram returns).
+ */
+class FastHistogram {
+  readonly type = 'histogram';
+  readonly aggregator = 'sum';
+  private readonly series = new Map<string, HistogramSeries>();
+
+  constructor(
+    readonly name: string,
+    readonly help: string,
+    private readonly labelName: string,
+    private readonly bounds: readonly number[],
+  ) {
+    registry.registerMetric(this as unknown as Metric);
+  }
+
+  child(labelValue: string): HistogramSeries {
+    let s = this.series.get(labelValue);
+    if (!s) {
+      s = new HistogramSeries(this.bounds);
+      this.series.set(labelValue, s);
+    }
+    return s;
+  }
+
+  get(): { name: string; help: string; type: string; aggregator: string; values: Array<{ metricName: string; labels: Record<string, string | number>; value: number }> } {
+    const values: Array<{ metricName: string; labels: Record<string, string | number>; value: number }> = [];
+    for (const [labelValue, s] of this.series) {
+      let acc = 0;
+      for (let i = 0; i < this.bounds.length; i++) {
+        acc += s.counts[i];
+        values.push({ metricName: `${this.name}_bucket`, labels: { [this.labelName]: labelValue, le: this.bounds[i] }, value: acc });
+      }
+      values.push({ metricName: `${this.name}_bucket`, labels: { [this.labelName]: labelValue, le: '+Inf' }, value: s.count });
+      values.push({ metricName: `${this.name}_sum`, labels: { [this.labelName]: labelValue }, value: s.sum });
+      values.push({ metricName: `${this.name}_count`, labels: { [this.labelName]: labelValue }, value: s.count });
+    }
+    return { name: this.name, help: this.help, type: this.type, aggregator: this.aggregator, values };
+  }
+}
+
+class HistogramSeries {
+  /** Per bucket (not cumulative); the last slot counts what is above every bound. */
+  readonly counts: Float64Array;
+  sum = 0;
+  count = 0;
+
+  constructor(private readonly bounds: readonly number[]) {
+    this.counts = new Float64Array(bounds.length + 1);
+  }
+
+  observe(v: number): void {
+    const b = this.bounds;
+    let i = 0;
+    while (i < b.length && v > b[i]) i++;
+    this.counts[i]++;
+    this.sum += v;
+    this.count++;
+  }
+}
+
+// Buckets from 0.5 ms: the gateway's own work is sub-millisecond; upstream times reach minutes.
+const addedLatency = new FastHistogram(
+  'tollgate_node_added_latency_seconds',
+  "Time the gateway itself added before the response started: from the request's arrival to the upstream call (or to its own answer when no upstream was called), including reading a JSON body.",
+  'family',
+  [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+);
+
+const upstreamTime = new FastHistogram(
+  'tollgate_node_upstream_seconds',
+  'Time from the upstream call to its response headers (time to first byte of the provider or tool backend), for calls that did not fail.',
+  'family',
+  [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+);
+
+/** A counter child and the plain count behind it, pushed into prom-client when scraped. */
+interface CountCell {
+  child: { inc(value?: number): void };
+  n: number;
+  pushed: number;
+}
+const requestCells: CountCell[] = [];
+const upstreamErrorCells: CountCell[] = [];
+
+function pushCells(cells: readonly CountCell[]): void {
+  for (const c of cells) {
+    if (c.n > c.pushed) {
+      c.child.inc(c.n - c.pushed);
+      c.pushed = c.n;
+    }
+  }
+}
 
 const requests = new Counter({
   name: 'tollgate_node_requests_total',
   help: 'Responses by route family, HTTP status and refusal reason (the error code; "none" when the gateway refused nothing).',
   labelNames: ['family', 'status', 'reason'] as const,
   registers: [registry],
-});
-
-// Buckets from 0.5 ms: the gateway's own work is sub-millisecond; upstream times reach minutes.
-const addedLatency = new Histogram({
-  name: 'tollgate_node_added_latency_seconds',
-  help: "Time the gateway itself added before the response started: from the request's arrival to the upstream call (or to its own answer when no upstream was called), including reading a JSON body.",
-  labelNames: ['family'] as const,
-  buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
-  registers: [registry],
-});
-
-const upstreamTime = new Histogram({
-  name: 'tollgate_node_upstream_seconds',
-  help: 'Time from the upstream call to its response headers (time to first byte of the provider or tool backend), for calls that did not fail.',
-  labelNames: ['family'] as const,
-  buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
-  registers: [registry],
+  collect() {
+    pushCells(requestCells);
+  },
 });
 
 const upstreamErrors = new Counter({
@@ -39,6 +125,9 @@ const upstreamErrors = new Counter({
   help: 'Upstream calls that failed: unreachable, reset, timed out, or broke off in the middle of a response.',
   labelNames: ['family'] as const,
   registers: [registry],
+  collect() {
+    pushCells(upstreamErrorCells);
+  },
 });
 
 let inflight = 0;
@@ -148,18 +237,14 @@ new Gauge({
   },
 });
 
-let draining = false;
 new Gauge({
   name: 'tollgate_node_draining',
   help: '1 once the node received SIGTERM and drains its in-flight requests, else 0.',
   registers: [registry],
   collect() {
-    this.set(draining ? 1 : 0);
+    this.set(isDraining() ? 1 : 0);
   },
 });
-export function markDraining(): void {
-  draining = true;
-}
 
 // ---- the hot path ----------------------------------------------------------------------------
 
@@ -175,44 +260,39 @@ export interface ReplyMeter {
   aborted: boolean;
 }
 
-type CounterChild = ReturnType<typeof requests.labels>;
-type HistogramChild = ReturnType<typeof addedLatency.labels>;
-
-interface FamilyChildren {
-  byStatus: Map<number, Map<string, CounterChild>>;
-  added: HistogramChild;
-  upstream: HistogramChild;
-  upstreamErrors: ReturnType<typeof upstreamErrors.labels>;
+interface FamilyCells {
+  byStatus: Map<number, Map<string, CountCell>>;
+  added: HistogramSeries;
+  upstream: HistogramSeries;
+  upstreamErrors: CountCell;
 }
 
-const families = new Map<PathFamily, FamilyChildren>();
+const families = new Map<PathFamily, FamilyCells>();
 
-function childrenOf(family: PathFamily): FamilyChildren {
+function cellsOf(family: PathFamily): FamilyCells {
   let c = families.get(family);
   if (!c) {
-    c = {
-      byStatus: new Map(),
-      added: addedLatency.labels(family.name),
-      upstream: upstreamTime.labels(family.name),
-      upstreamErrors: upstreamErrors.labels(family.name),
-    };
+    const upstreamErrorsCell = { child: upstreamErrors.labels(family.name), n: 0, pushed: 0 };
+    upstreamErrorCells.push(upstreamErrorsCell);
+    c = { byStatus: new Map(), added: addedLatency.child(family.name), upstream: upstreamTime.child(family.name), upstreamErrors: upstreamErrorsCell };
     families.set(family, c);
   }
   return c;
 }
 
-function requestChild(c: FamilyChildren, family: PathFamily, status: number, reason: string): CounterChild {
+function requestCell(c: FamilyCells, family: PathFamily, status: number, reason: string): CountCell {
   let byReason = c.byStatus.get(status);
   if (!byReason) {
     byReason = new Map();
     c.byStatus.set(status, byReason);
   }
-  let child = byReason.get(reason);
-  if (!child) {
-    child = requests.labels(family.name, String(status), reason);
-    byReason.set(reason, child);
+  let cell = byReason.get(reason);
+  if (!cell) {
+    cell = { child: requests.labels(family.name, String(status), reason), n: 0, pushed: 0 };
+    requestCells.push(cell);
+    byReason.set(reason, cell);
   }
-  return child;
+  return cell;
 }
 
 /** A request arrived (its Reply will call `recordReply` when it ends). */
@@ -233,11 +313,11 @@ export function streamEnded(): void {
 export function recordReply(r: ReplyMeter): void {
   inflight--;
   const family = r.family!;
-  const c = childrenOf(family);
+  const c = cellsOf(family);
   // The client went away before anything was sent: 499, as nginx logs it.
   const status = r.status === 0 ? 499 : r.status;
-  requestChild(c, family, status, r.reason || 'none').inc();
-  if (r.upstreamError) c.upstreamErrors.inc();
+  requestCell(c, family, status, r.reason || 'none').n++;
+  if (r.upstreamError) c.upstreamErrors.n++;
   if (r.headAt === 0) return;
   if (r.upstreamAt > 0) {
     c.added.observe((r.upstreamAt - r.startedAt) / 1000);
