@@ -129,7 +129,7 @@ async function main(): Promise<void> {
       log.fatal(line);
       process.exit(2);
     },
-    log: (line) => log.info({ sync: true }, line),
+    log: (line) => (/\b(lost|failed)\b/.test(line) ? log.warn({ sync: true }, line) : log.info({ sync: true }, line)),
   });
   sync.start();
 
