@@ -51,16 +51,20 @@ async function main(): Promise<void> {
     log(`operator token saved to ${cfg.operatorTokenCreatedAt} (mode 0600); it is not printed again`);
   }
   let admin: ReturnType<typeof createAdminServer> | null = null;
+  let adminAddress: string | null = null;
   if (cfg.adminListen) {
     admin = createAdminServer((err) => logger.error({ err }, 'metrics failed'));
-    const bound = await listenAdmin(admin, cfg.adminListen);
-    console.log(`control plane admin listening on ${bound.host}:${bound.port}`);
+    const bound = await listenAdmin(admin, cfg.adminListen).catch((err: NodeJS.ErrnoException) => {
+      throw new ConfigError(`--admin-listen: cannot listen on ${cfg.adminListen}: ${err.code ?? err.message}`);
+    });
+    adminAddress = `${bound.host}:${bound.port}`;
+    console.log(`control plane admin listening on ${adminAddress}`);
   }
   // SIGHUP must reach this process itself (tsx's launcher relays only SIGINT and SIGTERM).
   log(`control plane pid ${process.pid}: SIGHUP re-reads ${cfg.configPath}`);
   const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
   setReady(true);
-  logger.info({ listen: `${host}:${port}`, admin: cfg.adminListen, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
+  logger.info({ listen: `${host}:${port}`, admin: adminAddress, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
   // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
   console.log(`control plane listening on ${host}:${port}`);
 
