@@ -6,6 +6,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseYaml } from 'yaml';
 import { checkPepper, generateToken } from '../proto/lib/keys.js';
+import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { parseIpRange } from '../proto/lib/ip.js';
 import { parseUsd } from '../proto/lib/money.js';
 import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
@@ -26,12 +27,14 @@ export interface ControlPlaneConfig {
   operatorTokenCreatedAt: string | null;
   nodeToken: string;
   revokeAckTimeoutMs: number;
+  /** `--log-level` (default info). */
+  logLevel: LogLevel;
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--log-level LEVEL]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen']);
+const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--log-level']);
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -105,6 +108,10 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   if (!nodeToken && nodeTokenFile) nodeToken = readSecretFile('--node-token-file', nodeTokenFile).trim();
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
 
+  const logLevel = flags.get('--log-level') ?? 'info';
+  const levelError = checkLogLevel(logLevel);
+  if (levelError) throw new ConfigError(levelError);
+
   const configPath = resolve(flags.get('--config') ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
 
@@ -118,6 +125,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorTokenCreatedAt,
     nodeToken,
     revokeAckTimeoutMs,
+    logLevel,
   } as ControlPlaneConfig);
 }
 

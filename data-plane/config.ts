@@ -5,6 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
+import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 
 export { ConfigError };
 
@@ -30,11 +31,15 @@ export interface NodeConfig {
   spillDir: string;
   /** Bytes held for one realtime client before its upstream is paused (`--realtime-max-buffered-kib`, default 1024). */
   realtimeMaxBufferedBytes: number;
+  /** `--log-level` (default info). */
+  logLevel: LogLevel;
+  /** `--drain-seconds` (default 30): how long SIGTERM waits for in-flight requests and streams. */
+  drainSeconds: number;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--realtime-max-buffered-kib N]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--realtime-max-buffered-kib']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--realtime-max-buffered-kib N] [--drain-seconds N] [--log-level LEVEL]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--realtime-max-buffered-kib', '--drain-seconds', '--log-level']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -84,6 +89,11 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
 
   const realtimeKib = flags.get('--realtime-max-buffered-kib') ?? '1024';
   if (!/^\d{1,7}$/.test(realtimeKib) || Number(realtimeKib) < 16) throw new ConfigError(`--realtime-max-buffered-kib must be a whole number of KiB, at least 16, got ${JSON.stringify(realtimeKib)}`);
+  const logLevel = flags.get('--log-level') ?? 'info';
+  const levelError = checkLogLevel(logLevel);
+  if (levelError) throw new ConfigError(levelError);
+  const drainSeconds = flags.get('--drain-seconds') ?? '30';
+  if (!/^\d{1,5}$/.test(drainSeconds)) throw new ConfigError(`--drain-seconds must be a whole number of seconds, got ${JSON.stringify(drainSeconds)}`);
 
   return Object.freeze({
     controlPlane: cpValue,
@@ -99,5 +109,7 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
     spillDir: tmpdir(),
     realtimeMaxBufferedBytes: Number(realtimeKib) * 1024,
+    logLevel: logLevel as LogLevel,
+    drainSeconds: Number(drainSeconds),
   });
 }

@@ -63,7 +63,7 @@ export interface ConsoleServiceOptions {
   operatorToken: string;
   pepper: Buffer;
   revokeAckTimeoutMs: number;
-  log?: (line: string) => void;
+  log?: (line: string, fields?: Record<string, unknown>) => void;
 }
 
 const MAX_NAME = 200;
@@ -135,7 +135,7 @@ export function apiKeyOf(k: ApiKeyRow): ApiKey {
 }
 
 export class ConsoleService {
-  private readonly log: (line: string) => void;
+  private readonly log: (line: string, fields?: Record<string, unknown>) => void;
   /** Revocations waiting for node acks: a second revoke of the same key joins the first. */
   private readonly revoking = new Map<string, Promise<{ apiKey: ApiKey; nodesTotal: number; nodesConfirmed: number }>>();
   private readonly findLimiter = new FindKeyLimiter();
@@ -580,6 +580,7 @@ export class ConsoleService {
       });
       if (step1.row.status === 'revoked') return { apiKey: apiKeyOf(step1.row), nodesTotal: 0, nodesConfirmed: 0 };
       const acks = step1.version === null ? { total: 0, confirmed: 0 } : await this.fleet.awaitAcks(step1.version, this.opts.revokeAckTimeoutMs);
+      if (step1.version !== null) this.log(`key ${keyId} revoked at version ${step1.version}: ${acks.confirmed} of ${acks.total} connected nodes confirmed`, { event: 'key_revoked', keyId, version: step1.version, nodesTotal: acks.total, nodesConfirmed: acks.confirmed });
       const row = await this.state.db.tx(async (tx) => {
         await markRevoked(tx, keyId, this.state.nowIso());
         return (await getKey(tx, keyId))!;

@@ -25,6 +25,8 @@ export interface Tx extends Queryable {
 export class Db implements Queryable {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
+  /** Told how long each write transaction took (BEGIN to COMMIT or ROLLBACK): for metrics. */
+  txObserver: ((seconds: number, committed: boolean) => void) | null = null;
 
   private constructor(private readonly raw: sqlite3.Database) {}
 
@@ -91,6 +93,7 @@ export class Db implements Queryable {
     return this.enqueue(async () => {
       const hooks: (() => void)[] = [];
       const tx: Tx = { ...this.direct, afterCommit: (h) => void hooks.push(h) };
+      const began = performance.now();
       await this.direct.exec('BEGIN IMMEDIATE');
       let result: T;
       try {
@@ -98,16 +101,19 @@ export class Db implements Queryable {
         await this.direct.exec('COMMIT');
       } catch (err) {
         await this.direct.exec('ROLLBACK').catch(() => undefined);
+        this.txObserver?.((performance.now() - began) / 1000, false);
         throw err;
       }
+      this.txObserver?.((performance.now() - began) / 1000, true);
       for (const h of hooks) h();
       return result;
     });
   }
 
+  /** Refuses new work at once, lets every queued statement and transaction finish, then closes. */
   async close(): Promise<void> {
-    await this.queue;
     this.closed = true;
+    await this.queue;
     await new Promise<void>((resolve, reject) => this.raw.close((err) => (err ? reject(err) : resolve())));
   }
 }

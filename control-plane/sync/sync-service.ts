@@ -12,6 +12,7 @@ import { touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
 import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
 import { queryUsageHandler } from './usage-query.js';
+import { countIngest, countLeaseAnswers } from '../metrics.js';
 
 const MAX_QUEUED = 1000;
 /** How long a lease answer waits for the nodes asked to give back unused allowance. */
@@ -236,9 +237,10 @@ export class SyncService implements NodeFleet {
         if (s.closed) return;
         try {
           // A cost counts against this connection's slice only if it was reserved from it.
-          await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
+          const written = await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
             if (epoch !== 0 && epoch === s.leaseEpoch) this.moneyLeases.consume(s.connId, orgId, cost);
           });
+          countIngest(written);
         } catch (err) {
           this.log(`sync: report ${report.seq} from node ${s.nodeId} not written: ${(err as Error).message}`);
           this.drop(s);
@@ -381,6 +383,7 @@ export class SyncService implements NodeFleet {
       }
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
+    countLeaseAnswers(keys, orgs);
     this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);

@@ -8,6 +8,7 @@ import type { Clock } from '../limits/clock.js';
 import type { Ticket } from '../limits/key-budgets.js';
 import type { SpendReservation } from '../limits/lease-client.js';
 import type { CallResult } from '../proxy/providers/provider.js';
+import { logRequestError } from '../log.js';
 import { logBug } from './reply.js';
 
 export interface ContextDeps {
@@ -100,6 +101,7 @@ export class RequestContext {
     this.completed = true;
     if (this.graceTimer) clearTimeout(this.graceTimer);
     this.ticket.settle(r.promptTokens + r.completionTokens);
+    if (r.status >= 500) logRequestError({ requestId: this.requestId, keyId: this.key.keyId, path: this.path, status: r.status, model: this.model?.id }, `request ${this.requestId} ended with status ${r.status}`);
     const m = this.model;
     let cost = 0;
     if (m && this.providerStarted) {

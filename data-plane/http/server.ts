@@ -30,6 +30,8 @@ import { collectBody, streamBody } from './request-body.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
+import { requestStarted } from '../metrics.js';
+import { familyOf } from '../routing/path-families.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -117,6 +119,8 @@ export class ApiServer {
         req.forEach((k, v) => allHeaders!.push([k, v]));
       }
       reply = new Reply(res);
+      reply.family = familyOf(head.path);
+      requestStarted();
       // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
       head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () =>
         headerLines(req, 'x-forwarded-for'),
@@ -428,6 +432,7 @@ export class ApiServer {
     if (!route.backend) return;
     // From here the request counts against rpm whatever the backend answers.
     ctx.providerStarted = true;
+    reply.upstreamAt = performance.now();
     forwardTool(this.deps.pools, {
       backend: route.backend,
       method: head.method,
@@ -442,6 +447,7 @@ export class ApiServer {
   }
 
   private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape) {
+    reply.upstreamAt = performance.now();
     return {
       requestId: ctx.requestId,
       reply,

@@ -11,6 +11,7 @@ import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import { deriveClientIp, headerLines } from '../http/client-ip.js';
+import { isDraining } from '../drain.js';
 import { logBug, Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { Admission } from '../http/admission.js';
@@ -117,9 +118,16 @@ export class RealtimeGateway {
     this.sockets.enforce(this.deps.holder.current);
   }
 
-  /** A stopping node ends every session with 1001. */
-  closeAll(reason: string): void {
-    for (const s of this.sockets.list()) (s as RealtimeSession).close(CLOSE.GOING_AWAY, reason);
+  /** Open sessions (the drain waits for them). */
+  get open(): number {
+    return this.sockets.size;
+  }
+
+  /** A stopping node ends every session with 1001; answers how many it closed. */
+  closeAll(reason: string): number {
+    const open = this.sockets.list();
+    for (const s of open) (s as RealtimeSession).close(CLOSE.GOING_AWAY, reason);
+    return open.length;
   }
 
   private upgrade(res: HttpResponse, req: HttpRequest, context: us_socket_context_t): void {
@@ -153,6 +161,8 @@ export class RealtimeGateway {
   private check(res: HttpResponse, reply: Reply, head: UpgradeHead, hasCredential: boolean, context: us_socket_context_t): void {
     const deps = this.deps;
     if (!deps.holder.ready) return reply.sendError(new GatewayError('NOT_READY'), 'A');
+    // A draining node opens no new long-lived session (it would only be cut at the deadline).
+    if (isDraining()) return reply.sendError(new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), 'A', true);
     const edge = deps.edge.take(head.ip, head.path, hasCredential);
     if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
     if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'B');

@@ -4,6 +4,9 @@
 // before it acknowledges it, so a control plane that waits for acks knows the sockets are closed.
 // No I/O of its own: each socket closes itself through `closeForPolicy`.
 import type { GatewayState } from '../auth/key-table.js';
+import { openStreamGauge } from '../metrics.js';
+
+const gauge = openStreamGauge('realtime');
 
 /** A socket the registry can close: what it was opened for and how to end it. */
 export interface OpenSocket {
@@ -26,6 +29,7 @@ export class OpenSockets {
     if (!set.has(s)) {
       set.add(s);
       this.count++;
+      gauge.opened();
     }
   }
 
@@ -33,6 +37,7 @@ export class OpenSockets {
     const set = this.byKey.get(s.keyHash);
     if (!set || !set.delete(s)) return;
     this.count--;
+    gauge.closed();
     if (set.size === 0) this.byKey.delete(s.keyHash);
   }
 
