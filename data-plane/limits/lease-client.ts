@@ -416,11 +416,13 @@ export class LeaseClient implements AllowanceSource {
     const slotKeys = r.allKeys ? [...this.slots.keys()] : r.slotKeyIds;
     for (const keyId of slotKeys) {
       const sl = this.slots.get(keyId);
+      // What it gives back, not only what it keeps: a grant on its way here stays counted.
+      const returned = sl?.leased ? Math.max(0, sl.held - sl.inUse) : 0;
       if (sl) {
         sl.leased = true;
         sl.held = sl.inUse;
       }
-      this.slotReturns.push({ keyId, held: sl ? sl.held : 0 });
+      this.slotReturns.push({ keyId, held: sl ? sl.held : 0, returned });
     }
     const orgReturns: OrgLeaseReturn[] = [];
     for (const orgId of r.orgIds) {
@@ -448,8 +450,9 @@ export class LeaseClient implements AllowanceSource {
     }
     for (const [keyId, sl] of this.slots) {
       if (sl.leased && sl.held > sl.inUse) {
+        const returned = sl.held - sl.inUse;
         sl.held = sl.inUse;
-        this.slotReturns.push({ keyId, held: sl.held });
+        this.slotReturns.push({ keyId, held: sl.held, returned });
       }
     }
     const orgReturns: OrgLeaseReturn[] = [];
@@ -520,7 +523,7 @@ export class LeaseClient implements AllowanceSource {
     const sl = this.slots.get(g.keyId);
     if (this.leaving || !sl || !sl.leased) {
       // Not wanted any more (or the node is stopping): straight back.
-      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0 });
+      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0, returned: g.slots });
       if (g.slots > 0) this.queueFlush();
       return;
     }
@@ -563,7 +566,7 @@ export class LeaseClient implements AllowanceSource {
     const now = performance.now();
     for (const [keyId, sl] of this.slots) {
       if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
-      if (sl.leased && sl.held > 0 && this.connected) this.slotReturns.push({ keyId, held: 0 });
+      if (sl.leased && sl.held > 0 && this.connected) this.slotReturns.push({ keyId, held: 0, returned: sl.held });
       this.slots.delete(keyId);
     }
     if (this.slotReturns.length > 0) this.queueFlush();
