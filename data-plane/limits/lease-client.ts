@@ -180,6 +180,7 @@ export class LeaseClient implements AllowanceSource {
         sl.finalAtMs = 0;
       }
       this.connected = connected;
+      if (connected) this.sayHeld();
       // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
       for (const k of this.keys.values()) wake(k);
       for (const o of orgs) wake(o);
@@ -187,6 +188,27 @@ export class LeaseClient implements AllowanceSource {
     }
     this.connected = connected;
     if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
+  }
+
+  /**
+   * On a new connection the node says at once what it holds (registered in the control plane's pools):
+   * a control plane that restarted, or has not yet seen the old connection close, would otherwise not
+   * count the slots in use here or the key minutes used until this node next asks, and a node whose
+   * slots are all in use does not ask.
+   */
+  private sayHeld(): void {
+    const minute = minuteOf(this.clock.now());
+    for (const [keyId, k] of this.keys) {
+      const heldRequests = finiteOrZero(k.allowRequests);
+      const heldTokens = finiteOrZero(k.allowTokens);
+      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) this.keyReturns.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
+    }
+    for (const [keyId, sl] of this.slots) {
+      if (sl.inUse === 0) continue;
+      sl.leased = true;
+      this.slotReturns.push({ keyId, held: sl.held, returned: 0 });
+    }
+    if (this.keyReturns.length > 0 || this.slotReturns.length > 0) this.queueFlush();
   }
 
   /**

@@ -524,3 +524,26 @@ test('key ledger: an instance back on a new connection before its old one was se
   l.release('n1#2');
   assert.deepEqual(l.freeOf('k', 5, limits), { requests: 13, tokens: 59_500 });
 });
+
+test('lease client: on a new connection it says at once what it holds (slots in use, key minutes used), so a restarted control plane counts them', () => {
+  // Before: a node whose slots were all in use never asked again, so after a control-plane restart
+  // nobody counted them and the other nodes were leased the key's whole limit again.
+  const { lc, sent } = client(3);
+  const lim = { ...limits, maxParallel: 10 };
+  lc.slotsFor('k', lim);
+  lc.applySlotGrant({ keyId: 'k', slots: 5, final: false });
+  for (let i = 1; i <= 5; i++) lc.noteInFlight('k', i, 10);
+  lc.allowanceFor('k', 100, limits);
+  lc.applyKeyGrant(lease({ requests: 4, tokens: 5000, freeRequests: 16, freeTokens: 55_000 }));
+  lc.noteUsage('k', 100, 3, 900);
+  lc.setConnected(false);
+  const before = sent.length;
+  lc.setConnected(true);
+  assert.equal(sent.length, before + 1);
+  assert.deepEqual(sent.at(-1)!.slotReturns, [{ keyId: 'k', held: 5, returned: 0 }]);
+  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 100, requests: 0, tokens: 0, heldRequests: 3, heldTokens: 900 }]);
+  // The fresh ledger registers them: another node gets only what is left.
+  const l = new SlotLedger();
+  for (const r of sent.at(-1)!.slotReturns) l.applyHeld('n1#1', r);
+  assert.deepEqual(l.grant('n2#2', { keyId: 'k', held: 0, want: 10, need: 10 }, 10, [], true), { kind: 'grant', slots: 5, final: true });
+});
