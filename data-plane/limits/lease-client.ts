@@ -88,12 +88,16 @@ interface KeySlots {
    * refuses the requests that were waiting then; a request that starts later asks again.
    */
   finalAtMs: number;
+  /** When an answer last brought no slot (performance.now()): prefetching waits a while (every slot is leased). */
+  dryAtMs: number;
   idleSinceMs: number;
   waiters: Array<() => void>;
 }
 
 /** A key idle this long gives its slots back. */
 const SLOTS_IDLE_MS = 60_000;
+/** After an answer without a slot, no prefetch for this long (a request with no free slot still asks). */
+const SLOTS_DRY_MS = 1000;
 
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
@@ -178,6 +182,7 @@ export class LeaseClient implements AllowanceSource {
         sl.held = sl.inUse;
         sl.pending = false;
         sl.finalAtMs = 0;
+        sl.dryAtMs = -Infinity;
       }
       this.connected = connected;
       if (connected) this.sayHeld();
@@ -520,7 +525,7 @@ export class LeaseClient implements AllowanceSource {
     // (A slot freed here lets the requests waiting here in at once.)
     if (sl.leased && this.connected && this.nodes > 1 && !sl.pending) {
       const chunk = leaseChunk(sl.limit, this.nodes);
-      if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2) this.askSlots(keyId, sl, 0);
+      if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2 && performance.now() - sl.dryAtMs >= SLOTS_DRY_MS) this.askSlots(keyId, sl, 0);
     }
   }
 
@@ -553,6 +558,7 @@ export class LeaseClient implements AllowanceSource {
     sl.askedNeed = 0;
     sl.held += g.slots;
     if (g.final) sl.finalAtMs = performance.now();
+    sl.dryAtMs = g.slots > 0 ? -Infinity : performance.now();
     wake(sl);
   }
 
@@ -565,7 +571,7 @@ export class LeaseClient implements AllowanceSource {
   private slotsOf(keyId: string, maxParallel: number): KeySlots {
     let sl = this.slots.get(keyId);
     if (!sl) {
-      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, idleSinceMs: performance.now(), waiters: [] };
+      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [] };
       this.slots.set(keyId, sl);
     }
     return sl;

@@ -547,3 +547,25 @@ test('lease client: on a new connection it says at once what it holds (slots in 
   for (const r of sent.at(-1)!.slotReturns) l.applyHeld('n1#1', r);
   assert.deepEqual(l.grant('n2#2', { keyId: 'k', held: 0, want: 10, need: 10 }, 10, [], true), { kind: 'grant', slots: 5, final: true });
 });
+
+test('lease client: a slot prefetch that came back empty is not sent again on every request (waiting requests still ask)', () => {
+  // Before: with every slot of the key leased somewhere, each admission and each end sent a want
+  // that came back empty: a control-plane round trip per request.
+  const { lc, sent } = client(3);
+  const lim = { ...limits, maxParallel: 100 };
+  lc.slotsFor('k', lim);
+  lc.applySlotGrant({ keyId: 'k', slots: 10, final: false });
+  const wants = () => sent.flatMap((r) => r.slotWants).length;
+  const before = wants();
+  for (let i = 0; i < 50; i++) {
+    lc.noteInFlight('k', 7, 100);
+    lc.applySlotGrant({ keyId: 'k', slots: 0, final: false });
+    lc.noteInFlight('k', 6, 100);
+  }
+  assert.ok(wants() - before <= 1, `${wants() - before} prefetches for 100 request events`);
+  // A request that finds no free slot still asks at once.
+  lc.noteInFlight('k', 10, 100);
+  const asked = wants();
+  assert.equal(lc.waitForSlot('k', lim, () => undefined), true);
+  assert.equal(wants(), asked + 1);
+});
