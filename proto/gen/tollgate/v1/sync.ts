@@ -280,6 +280,12 @@ export interface SlotHeld {
   keyId: string;
   /** What the node holds after giving back: its requests in flight. */
   held: number;
+  /**
+   * How many slots it gave back. The control plane takes these off what it counts for the node (a
+   * grant on its way to the node when it answered stays counted); `held` registers a node not yet
+   * counted in the key's pool, and raises the count of one that admitted more while alone.
+   */
+  returned: number;
 }
 
 export interface SlotLease {
@@ -3753,7 +3759,7 @@ export const SlotWant: MessageFns<SlotWant> = {
 };
 
 function createBaseSlotHeld(): SlotHeld {
-  return { keyId: "", held: 0 };
+  return { keyId: "", held: 0, returned: 0 };
 }
 
 export const SlotHeld: MessageFns<SlotHeld> = {
@@ -3763,6 +3769,9 @@ export const SlotHeld: MessageFns<SlotHeld> = {
     }
     if (message.held !== 0) {
       writer.uint32(16).int64(message.held);
+    }
+    if (message.returned !== 0) {
+      writer.uint32(24).int64(message.returned);
     }
     return writer;
   },
@@ -3796,6 +3805,14 @@ export const SlotHeld: MessageFns<SlotHeld> = {
             message.held = longToNumber(reader.int64());
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.returned = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3816,6 +3833,7 @@ export const SlotHeld: MessageFns<SlotHeld> = {
         ? globalThis.String(object.key_id)
         : "",
       held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+      returned: isSet(object.returned) ? globalThis.Number(object.returned) : 0,
     };
   },
 
@@ -3827,6 +3845,9 @@ export const SlotHeld: MessageFns<SlotHeld> = {
     if (message.held !== 0) {
       obj.held = Math.round(message.held);
     }
+    if (message.returned !== 0) {
+      obj.returned = Math.round(message.returned);
+    }
     return obj;
   },
 
@@ -3837,6 +3858,7 @@ export const SlotHeld: MessageFns<SlotHeld> = {
     const message = createBaseSlotHeld();
     message.keyId = object.keyId ?? "";
     message.held = object.held ?? 0;
+    message.returned = object.returned ?? 0;
     return message;
   },
 };
