@@ -8,6 +8,7 @@ import { parse as parseYaml } from 'yaml';
 import { checkPepper, generateToken } from '../proto/lib/keys.js';
 import { parseIpRange } from '../proto/lib/ip.js';
 import { parseUsd } from '../proto/lib/money.js';
+import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('./demo-config.yaml', import.meta.url));
@@ -26,12 +27,14 @@ export interface ControlPlaneConfig {
   operatorTokenCreatedAt: string | null;
   nodeToken: string;
   revokeAckTimeoutMs: number;
+  /** Server certificate and key; with `ca`, every client must present a certificate it signed. */
+  tls: TlsFiles | null;
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen']);
+const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--tls-cert', '--tls-key', '--tls-ca']);
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -105,6 +108,9 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   if (!nodeToken && nodeTokenFile) nodeToken = readSecretFile('--node-token-file', nodeTokenFile).trim();
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
 
+  const tls = readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') });
+  if (tls && !tls.cert) throw new ConfigError('--tls-ca needs --tls-cert and --tls-key (the control plane serves TLS to check client certificates)');
+
   const configPath = resolve(flags.get('--config') ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
 
@@ -118,6 +124,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorTokenCreatedAt,
     nodeToken,
     revokeAckTimeoutMs,
+    tls,
   } as ControlPlaneConfig);
 }
 

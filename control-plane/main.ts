@@ -33,8 +33,11 @@ async function main(): Promise<void> {
   });
   server.addService(ConsoleServiceService, consoleService.handlers());
   server.addService(SyncServiceService, sync.handlers());
+  const serverCredentials = cfg.tls
+    ? ServerCredentials.createSsl(cfg.tls.ca, [{ cert_chain: cfg.tls.cert!, private_key: cfg.tls.key! }], cfg.tls.ca !== null)
+    : ServerCredentials.createInsecure();
   const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(cfg.listen, ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(cfg.listen, serverCredentials, (err, p) => (err ? reject(err) : resolve(p))),
   );
   if (cfg.operatorTokenCreatedAt) {
     log(`operator token: ${cfg.operatorToken}`);
@@ -43,7 +46,8 @@ async function main(): Promise<void> {
   // SIGHUP must reach this process itself (tsx's launcher relays only SIGINT and SIGTERM).
   log(`control plane pid ${process.pid}: SIGHUP re-reads ${cfg.configPath}`);
   const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
-  log(`control plane listening on ${host}:${port}`);
+  const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
+  log(`control plane listening on ${host}:${port} (${transport})`);
 
   const monthTimer = setInterval(() => {
     state.checkMonthRollover().catch((err: Error) => log(`month rollover failed: ${err.message}`));

@@ -5,6 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
+import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 
 export { ConfigError };
 
@@ -28,11 +29,13 @@ export interface NodeConfig {
   maxBufferedBodyBytes: number;
   /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
   spillDir: string;
+  /** TLS to the control plane: `ca` to trust (else the system's), `cert`/`key` for mutual TLS. Null: plaintext. */
+  tls: TlsFiles | null;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--tls-ca', '--tls-cert', '--tls-key']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -93,5 +96,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
     spillDir: tmpdir(),
+    tls: readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') }),
   });
 }

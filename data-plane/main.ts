@@ -1,6 +1,7 @@
 // The data-plane node: load config, construct, listen, sync, handle signals. Nothing else lives here.
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
+import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './auth/key-table.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
@@ -92,8 +93,13 @@ async function main(): Promise<void> {
     if (manualClock) console.log('data plane: TEST-ONLY manual clock enabled (TOLLGATE_TEST_CLOCK=1)');
   }
 
+  if (!config.tls && !isLoopbackAddress(config.controlPlane)) {
+    console.log(`data plane: warning: the node token goes in plaintext to ${config.controlPlane}; use --tls-ca (and --tls-cert/--tls-key) unless the network is private`);
+  }
   sync = new SyncClient({
     address: config.controlPlane,
+    tls: config.tls,
+    journalDepth: () => reporter.unackedCount,
     nodeToken: config.nodeToken,
     nodeId: config.nodeId,
     instanceId: config.instanceId,
