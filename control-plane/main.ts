@@ -37,7 +37,11 @@ async function main(): Promise<void> {
     ? ServerCredentials.createSsl(cfg.tls.ca, [{ cert_chain: cfg.tls.cert!, private_key: cfg.tls.key! }], cfg.tls.ca !== null)
     : ServerCredentials.createInsecure();
   const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(cfg.listen, serverCredentials, (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(cfg.listen, serverCredentials, (err, p) => {
+      if (!err) resolve(p);
+      else if (/EADDRINUSE/.test(err.message)) reject(new ConfigError(`--listen ${cfg.listen}: address already in use; choose another with --listen`));
+      else reject(new ConfigError(`--listen ${cfg.listen}: cannot listen (${err.message})`));
+    }),
   );
   if (cfg.operatorTokenCreatedAt) {
     log(`operator token: ${cfg.operatorToken}`);

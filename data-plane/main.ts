@@ -77,7 +77,7 @@ async function main(): Promise<void> {
     sockets.push(bound.socket);
     listenAddress = `${config.listenHost}:${bound.port}`;
   } catch (err) {
-    fail(`data plane: ${(err as Error).message}`);
+    fail(`data plane: ${(err as Error).message} (in use, or not an address of this machine); choose another with --listen`);
   }
   console.log(`data plane listening on ${listenAddress}`);
 
@@ -88,7 +88,7 @@ async function main(): Promise<void> {
       sockets.push(bound.socket);
       console.log(`data plane admin listening on ${config.adminHost}:${bound.port}`);
     } catch (err) {
-      fail(`data plane admin: ${(err as Error).message}`);
+      fail(`data plane admin: ${(err as Error).message} (in use, or not an address of this machine); choose another with --admin-listen`);
     }
     if (manualClock) console.log('data plane: TEST-ONLY manual clock enabled (TOLLGATE_TEST_CLOCK=1)');
   }
