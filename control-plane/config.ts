@@ -150,6 +150,8 @@ export interface ModelSettings {
   upstreamModel: string;
   baseUrl: string;
   apiKeyEnv: string | null;
+  /** The upstream key read from `api_key_file` (re-read on every reload); null when not configured. */
+  apiKeyFromFile: string | null;
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
   audioMicrosPerUnit: number;
@@ -193,6 +195,7 @@ const MODEL_KEYS = new Set([
   'upstream_model',
   'base_url',
   'api_key_env',
+  'api_key_file',
   'input_usd_per_mtok',
   'output_usd_per_mtok',
   'audio_usd_per_unit',
@@ -252,8 +255,25 @@ function httpUrl(where: string, v: unknown): string {
   return s.replace(/\/+$/, '');
 }
 
-/** Validates the parsed YAML document. `env` resolves `api_key_env`. Throws ConfigError with one line. */
-export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): LoadedGatewayConfig {
+/** Reads an `api_key_file`; throws a one-line message (never the file's contents) when it cannot. */
+export type SecretFileReader = (path: string) => string;
+
+function readSecretFromDir(dir: string): SecretFileReader {
+  return (path) => {
+    const full = resolve(dir, path);
+    try {
+      return readFileSync(full, 'utf8').trim();
+    } catch (err) {
+      throw new Error(`cannot read ${full} (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    }
+  };
+}
+
+/**
+ * Validates the parsed YAML document. `env` resolves `api_key_env`, `readSecret` reads `api_key_file`
+ * (relative to the config file). Throws ConfigError with one line.
+ */
+export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, readSecret: SecretFileReader = readSecretFromDir(process.cwd())): LoadedGatewayConfig {
   if (!isObj(doc)) throw new ConfigError('gateway config: must be a YAML mapping');
   checkKeys('gateway config', doc, TOP_KEYS);
   const serviceName = str('service_name', doc.service_name, 'tollgate');
@@ -276,6 +296,17 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     if (provider === 'openai' && !baseUrl) fail(`${where}.base_url`, 'is required for provider openai');
     const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
     if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
+    const apiKeyFile = raw.api_key_file === undefined || raw.api_key_file === null ? null : str(`${where}.api_key_file`, raw.api_key_file);
+    if (apiKeyFile && apiKeyEnv) fail(where, 'give api_key_env or api_key_file, not both');
+    let apiKeyFromFile: string | null = null;
+    if (apiKeyFile) {
+      try {
+        apiKeyFromFile = readSecret(apiKeyFile);
+      } catch (err) {
+        fail(`${where}.api_key_file`, (err as Error).message);
+      }
+      if (!apiKeyFromFile) fail(`${where}.api_key_file`, `${apiKeyFile} is empty`);
+    }
     models.set(id, {
       id,
       provider,
@@ -283,6 +314,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       upstreamModel: str(`${where}.upstream_model`, raw.upstream_model, id),
       baseUrl,
       apiKeyEnv,
+      apiKeyFromFile,
       inputMicrosPerMtok: usd(`${where}.input_usd_per_mtok`, raw.input_usd_per_mtok, 0),
       outputMicrosPerMtok: usd(`${where}.output_usd_per_mtok`, raw.output_usd_per_mtok, 0),
       audioMicrosPerUnit: usd(`${where}.audio_usd_per_unit`, raw.audio_usd_per_unit, 0),
@@ -366,7 +398,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       provider: m.provider,
       upstreamModel: m.upstreamModel,
       baseUrl: m.baseUrl,
-      upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : '',
+      upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : (m.apiKeyFromFile ?? ''),
       kind: m.kind,
       inputMicrosPerMtok: m.inputMicrosPerMtok,
       outputMicrosPerMtok: m.outputMicrosPerMtok,
@@ -397,7 +429,7 @@ export function readGatewayConfig(path: string): LoadedGatewayConfig {
     throw new ConfigError(`gateway config ${path}: invalid YAML: ${(err as Error).message.split('\n')[0]}`);
   }
   try {
-    return parseGatewayConfig(doc, process.env);
+    return parseGatewayConfig(doc, process.env, readSecretFromDir(dirname(path)));
   } catch (err) {
     if (err instanceof ConfigError) throw new ConfigError(`gateway config ${path}: ${err.message}`);
     throw err;
