@@ -100,8 +100,8 @@ test('the secret files win over a differing environment, with a warning naming t
   const second = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], env, { cwd: dir });
   await second.waitFor(/Tollgate is running/, 60_000);
   const out = second.output();
-  assert.match(out, /warning: TOLLGATE_PEPPER is set but differs from \S*secrets\/pepper; npm start uses the file/);
-  assert.match(out, /warning: TOLLGATE_OPERATOR_TOKEN is set but differs from \S*data\/operator-token; npm start uses the file/);
+  assert.match(out, /warning: TOLLGATE_PEPPER is set but differs from \S*secrets\/pepper; the file is used/);
+  assert.match(out, /warning: TOLLGATE_OPERATOR_TOKEN is set but differs from \S*data\/operator-token; the file is used/);
   assert.doesNotMatch(out, /TOLLGATE_NODE_TOKEN is set/);
   // The key made on the first start still authenticates: the file's pepper was used.
   const r = await request(`http://127.0.0.1:${dpPort}/v1/models`, { headers: bearer(key) });
