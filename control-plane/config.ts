@@ -81,9 +81,9 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     throw new ConfigError(`--db: cannot create the folder of ${dbPath}`);
   }
 
-  let pepperText: string | undefined = env.TOLLGATE_PEPPER || undefined;
+  // An explicit flag wins over the environment, as on the nodes.
   const pepperFile = flags.get('--pepper-file');
-  if (!pepperText && pepperFile) pepperText = readSecretFile('--pepper-file', pepperFile);
+  const pepperText = pepperFile ? readSecretFile('--pepper-file', pepperFile) : env.TOLLGATE_PEPPER || undefined;
   // The bytes of the string are the pepper (hex or raw alike); never decoded, never stored.
   const pepper = pepperText ? Buffer.from(pepperText, 'utf8') : undefined;
   const pepperProblem = checkPepper(pepper);
@@ -103,9 +103,8 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorToken = t.token;
     if (t.created) operatorTokenCreatedAt = t.path;
   }
-  let nodeToken = env.TOLLGATE_NODE_TOKEN || '';
   const nodeTokenFile = flags.get('--node-token-file');
-  if (!nodeToken && nodeTokenFile) nodeToken = readSecretFile('--node-token-file', nodeTokenFile).trim();
+  let nodeToken = nodeTokenFile ? readSecretFile('--node-token-file', nodeTokenFile).trim() : env.TOLLGATE_NODE_TOKEN || '';
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
 
   const tls = readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') });
