@@ -85,6 +85,12 @@ test('a node token sent in plaintext to a non-loopback address is warned about; 
   );
   await node.proc.waitFor(/warning: the node token goes in plaintext to 192\.0\.2\.1:50051; use --tls-ca/);
   await node.proc.kill('SIGKILL');
+  // The CLI warns the same about its token (0.0.0.0 is not loopback by name; port 1 refuses at once).
+  const cli = runCli({ address: '0.0.0.0:1' }, 'op_some_token', ['whoami']);
+  assert.match(cli.stderr, /^warning: the token goes in plaintext to 0\.0\.0\.0:1; pass --tls-ca/);
+  assert.match(cli.stderr, /503 control plane unreachable at 0\.0\.0\.0:1/);
+  const local = runCli({ address: '127.0.0.1:1' }, 'op_some_token', ['whoami']);
+  assert.doesNotMatch(local.stderr, /plaintext/);
 
   await assert.rejects(startControlPlane({ extraArgs: ['--tls-ca', file('ca.crt')] }), /--tls-ca needs --tls-cert and --tls-key/);
   await assert.rejects(startControlPlane({ extraArgs: ['--tls-cert', file('server.crt')] }), /--tls-cert and --tls-key must be given together/);
