@@ -68,13 +68,7 @@ for (const [flag, value] of [['--listen', lbAddress], ['--control-plane-listen',
 const dataDir = resolve(args['data-dir'] ?? 'data-cluster');
 const secretsDir = resolve(args['secrets-dir'] ?? 'secrets');
 
-const secrets = localSecrets(dataDir, secretsDir);
-const launcher = new Launcher({
-  ...process.env,
-  TOLLGATE_PEPPER: secrets.pepper,
-  TOLLGATE_NODE_TOKEN: secrets.nodeToken,
-  TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
-});
+let launcher: Launcher | undefined;
 
 /** The demo config, with the load balancer (loopback) as the one trusted proxy. */
 function clusterConfig(): string {
@@ -88,6 +82,14 @@ function clusterConfig(): string {
 async function main(): Promise<void> {
   await checkFree(cpListen, '--control-plane-listen', "the control plane's gRPC port");
   await checkFree(lbAddress, '--listen', "the load balancer's port");
+  // Secret files are created or read only once the ports are known to be free.
+  const secrets = localSecrets(dataDir, secretsDir);
+  launcher = new Launcher({
+    ...process.env,
+    TOLLGATE_PEPPER: secrets.pepper,
+    TOLLGATE_NODE_TOKEN: secrets.nodeToken,
+    TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
+  });
   const configPath = args.config ? resolve(args.config) : clusterConfig();
   if (secrets.operatorTokenCreated) console.log(`Operator token (saved to ${shown(secrets.operatorTokenPath)}): ${secrets.operatorToken}`);
 
@@ -98,7 +100,7 @@ async function main(): Promise<void> {
   const nodes = await Promise.all(
     Array.from({ length: nodeCount }, async (_, i) => {
       const id = `edge-${i + 1}`;
-      const child = launcher.launch(id, ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--node-id', id], { critical: false });
+      const child = launcher!.launch(id, ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--node-id', id], { critical: false });
       const [api, admin] = await Promise.all([waitForLine(child, /data plane listening on (\S+)/), waitForLine(child, /data plane admin listening on (\S+)/)]);
       await waitForLine(child, /data plane ready/);
       console.log(`cluster: node ${id} on ${api[1]}, admin ${admin[1]} (pid ${child.pid})`);
@@ -115,5 +117,6 @@ async function main(): Promise<void> {
 
 main().catch((err: Error) => {
   console.error(`npm run cluster failed: ${err.message}`);
-  launcher.stop(1);
+  if (launcher) launcher.stop(1);
+  else process.exit(1);
 });

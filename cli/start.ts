@@ -59,17 +59,19 @@ for (const [flag, value] of [['--listen', dpAddress], ['--control-plane-listen',
   if (!splitHostPort(value)) usageExit(`${flag} must be HOST:PORT, got ${JSON.stringify(value)}`);
 }
 
-const secrets = localSecrets(dataDir, secretsDir);
-const launcher = new Launcher({
-  ...process.env,
-  TOLLGATE_PEPPER: secrets.pepper,
-  TOLLGATE_NODE_TOKEN: secrets.nodeToken,
-  TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
-});
+let launcher: Launcher | undefined;
 
 async function main(): Promise<void> {
   await checkFree(cpAddress, '--control-plane-listen', "the control plane's gRPC port");
   await checkFree(dpAddress, '--listen', "the node's API port");
+  // Secret files are created or read only once the ports are known to be free.
+  const secrets = localSecrets(dataDir, secretsDir);
+  launcher = new Launcher({
+    ...process.env,
+    TOLLGATE_PEPPER: secrets.pepper,
+    TOLLGATE_NODE_TOKEN: secrets.nodeToken,
+    TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
+  });
   if (secrets.operatorTokenCreated) console.log(`Operator token (saved to ${shown(secrets.operatorTokenPath)}): ${secrets.operatorToken}`);
   const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress]);
   await waitForLine(cp, /control plane listening on /);
@@ -82,5 +84,6 @@ async function main(): Promise<void> {
 
 main().catch((err: Error) => {
   console.error(`npm start failed: ${err.message}`);
-  launcher.stop(1);
+  if (launcher) launcher.stop(1);
+  else process.exit(1);
 });

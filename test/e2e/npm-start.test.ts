@@ -11,7 +11,7 @@ import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { bearer, request } from '../helpers/http.js';
-import { ROOT, startProcess, stopAll, tempDir } from '../helpers/processes.js';
+import { ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
 
 after(stopAll);
 
@@ -54,6 +54,21 @@ function startArgs(dir: string, cpPort: number, dpPort: number): string[] {
   return ['--data-dir', join(dir, 'data'), '--secrets-dir', join(dir, 'secrets'), '--control-plane-listen', `127.0.0.1:${cpPort}`, '--listen', `127.0.0.1:${dpPort}`];
 }
 
+/**
+ * Starts the launcher on ports the OS just handed out. Another test may take such a port before the
+ * launcher binds it; the launcher then says so (that is tested above), and we try fresh ports.
+ */
+async function startLauncher(dir: string, env: Record<string, string> = NO_SECRET_ENV): Promise<{ proc: Proc; cpPort: number; dpPort: number }> {
+  for (let attempt = 1; ; attempt++) {
+    const [cpPort, dpPort] = [await freePort(), await freePort()];
+    const proc = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], env, { cwd: dir });
+    const m = await proc.waitFor(/Tollgate is running|is already in use/, 60_000);
+    if (m[0] !== 'is already in use') return { proc, cpPort, dpPort };
+    await proc.kill('SIGKILL');
+    if (attempt === 3) throw new Error(`no free ports after 3 tries:\n${proc.output()}`);
+  }
+}
+
 test('npm start -- --help prints the usage and starts nothing', () => {
   const dir = tempDir('tollgate-start-help-');
   const r = spawnSync('npm', ['start', '--silent', '--', '--data-dir', join(dir, 'data'), '--help'], { cwd: ROOT, env: { ...process.env, ...NO_SECRET_ENV }, encoding: 'utf8', timeout: 60_000 });
@@ -79,7 +94,8 @@ test('a port in use is named with the flag that changes it', async (t) => {
 
   const api = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, free, busyPort)], NO_SECRET_ENV, { cwd: dir });
   await api.waitFor(new RegExp(`npm start failed: 127\\.0\\.0\\.1:${busyPort} \\(the node's API port\\) is already in use; choose another with --listen HOST:PORT`));
-  assert.equal(await api.kill('SIGTERM').then(() => api.child.exitCode), 1);
+  const code = api.child.exitCode ?? (await new Promise<number | null>((resolve) => api.child.once('exit', (c) => resolve(c))));
+  assert.equal(code, 1);
 
   const cp = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, busyPort, free)], NO_SECRET_ENV, { cwd: dir });
   await cp.waitFor(/is already in use; choose another with --control-plane-listen HOST:PORT/);
@@ -88,9 +104,7 @@ test('a port in use is named with the flag that changes it', async (t) => {
 
 test('the secret files win over a differing environment, with a warning naming the variable', async () => {
   const dir = tempDir('tollgate-start-env-');
-  const [cpPort, dpPort] = [await freePort(), await freePort()];
-  const first = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], NO_SECRET_ENV, { cwd: dir });
-  await first.waitFor(/Tollgate is running/, 60_000);
+  const { proc: first, cpPort, dpPort } = await startLauncher(dir);
   const key = /sk-tollgate-[0-9A-Za-z]{43}/.exec(first.output())![0];
   first.child.kill('SIGINT');
   await new Promise((resolve) => first.child.once('exit', resolve));
@@ -115,9 +129,7 @@ test('a pepper left in ./data by an older npm start is moved out of it', async (
   const dir = tempDir('tollgate-start-move-');
   mkdirSync(join(dir, 'data'));
   writeFileSync(join(dir, 'data', 'pepper'), `${'a'.repeat(64)}\n`, { mode: 0o600 });
-  const [cpPort, dpPort] = [await freePort(), await freePort()];
-  const p = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], NO_SECRET_ENV, { cwd: dir });
-  await p.waitFor(/Tollgate is running/, 60_000);
+  const { proc: p } = await startLauncher(dir);
   assert.match(p.output(), /moved the key pepper from \S*data\/pepper to \S*secrets\/pepper/);
   assert.equal(existsSync(join(dir, 'data', 'pepper')), false);
   assert.equal(readFileSync(join(dir, 'secrets', 'pepper'), 'utf8').trim(), 'a'.repeat(64));
@@ -147,9 +159,7 @@ test('SIGTERM to the npm process alone stops the control plane and the node', as
 
 test('a launcher killed with SIGKILL takes its children with it', async () => {
   const dir = tempDir('tollgate-start-kill-');
-  const [cpPort, dpPort] = [await freePort(), await freePort()];
-  const p = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], NO_SECRET_ENV, { cwd: dir });
-  await p.waitFor(/Tollgate is running/, 60_000);
+  const { proc: p, cpPort, dpPort } = await startLauncher(dir);
   await p.kill('SIGKILL');
   await waitClosed([cpPort, dpPort], 'after SIGKILL of the launcher');
 });
