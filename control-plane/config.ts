@@ -9,6 +9,7 @@ import { checkPepper, generateToken } from '../proto/lib/keys.js';
 import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { parseIpRange } from '../proto/lib/ip.js';
 import { parseUsd } from '../proto/lib/money.js';
+import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('./demo-config.yaml', import.meta.url));
@@ -29,12 +30,14 @@ export interface ControlPlaneConfig {
   revokeAckTimeoutMs: number;
   /** `--log-level` (default info). */
   logLevel: LogLevel;
+  /** Server certificate and key; with `ca`, every client must present a certificate it signed. */
+  tls: TlsFiles | null;
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--log-level LEVEL]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--log-level']);
+const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--log-level', '--tls-cert', '--tls-key', '--tls-ca']);
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -81,9 +84,9 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     throw new ConfigError(`--db: cannot create the folder of ${dbPath}`);
   }
 
-  let pepperText: string | undefined = env.TOLLGATE_PEPPER || undefined;
+  // An explicit flag wins over the environment, as on the nodes.
   const pepperFile = flags.get('--pepper-file');
-  if (!pepperText && pepperFile) pepperText = readSecretFile('--pepper-file', pepperFile);
+  const pepperText = pepperFile ? readSecretFile('--pepper-file', pepperFile) : env.TOLLGATE_PEPPER || undefined;
   // The bytes of the string are the pepper (hex or raw alike); never decoded, never stored.
   const pepper = pepperText ? Buffer.from(pepperText, 'utf8') : undefined;
   const pepperProblem = checkPepper(pepper);
@@ -103,14 +106,15 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorToken = t.token;
     if (t.created) operatorTokenCreatedAt = t.path;
   }
-  let nodeToken = env.TOLLGATE_NODE_TOKEN || '';
   const nodeTokenFile = flags.get('--node-token-file');
-  if (!nodeToken && nodeTokenFile) nodeToken = readSecretFile('--node-token-file', nodeTokenFile).trim();
+  let nodeToken = nodeTokenFile ? readSecretFile('--node-token-file', nodeTokenFile).trim() : env.TOLLGATE_NODE_TOKEN || '';
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
 
   const logLevel = flags.get('--log-level') ?? 'info';
   const levelError = checkLogLevel(logLevel);
   if (levelError) throw new ConfigError(levelError);
+  const tls = readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') });
+  if (tls && !tls.cert) throw new ConfigError('--tls-ca needs --tls-cert and --tls-key (the control plane serves TLS to check client certificates)');
 
   const configPath = resolve(flags.get('--config') ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
@@ -126,6 +130,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     nodeToken,
     revokeAckTimeoutMs,
     logLevel,
+    tls,
   } as ControlPlaneConfig);
 }
 
@@ -151,6 +156,8 @@ export interface ModelSettings {
   upstreamModel: string;
   baseUrl: string;
   apiKeyEnv: string | null;
+  /** The upstream key read from `api_key_file` (re-read on every reload); null when not configured. */
+  apiKeyFromFile: string | null;
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
   audioMicrosPerUnit: number;
@@ -202,6 +209,7 @@ const MODEL_KEYS = new Set([
   'upstream_model',
   'base_url',
   'api_key_env',
+  'api_key_file',
   'input_usd_per_mtok',
   'output_usd_per_mtok',
   'audio_usd_per_unit',
@@ -263,8 +271,25 @@ function httpUrl(where: string, v: unknown): string {
   return s.replace(/\/+$/, '');
 }
 
-/** Validates the parsed YAML document. `env` resolves `api_key_env`. Throws ConfigError with one line. */
-export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): LoadedGatewayConfig {
+/** Reads an `api_key_file`; throws a one-line message (never the file's contents) when it cannot. */
+export type SecretFileReader = (path: string) => string;
+
+function readSecretFromDir(dir: string): SecretFileReader {
+  return (path) => {
+    const full = resolve(dir, path);
+    try {
+      return readFileSync(full, 'utf8').trim();
+    } catch (err) {
+      throw new Error(`cannot read ${full} (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    }
+  };
+}
+
+/**
+ * Validates the parsed YAML document. `env` resolves `api_key_env`, `readSecret` reads `api_key_file`
+ * (relative to the config file). Throws ConfigError with one line.
+ */
+export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, readSecret: SecretFileReader = readSecretFromDir(process.cwd())): LoadedGatewayConfig {
   if (!isObj(doc)) throw new ConfigError('gateway config: must be a YAML mapping');
   checkKeys('gateway config', doc, TOP_KEYS);
   const serviceName = str('service_name', doc.service_name, 'tollgate');
@@ -288,6 +313,17 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     if (provider === 'openai' && !baseUrl && kind !== 'realtime') fail(`${where}.base_url`, 'is required for provider openai');
     const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
     if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
+    const apiKeyFile = raw.api_key_file === undefined || raw.api_key_file === null ? null : str(`${where}.api_key_file`, raw.api_key_file);
+    if (apiKeyFile && apiKeyEnv) fail(where, 'give api_key_env or api_key_file, not both');
+    let apiKeyFromFile: string | null = null;
+    if (apiKeyFile) {
+      try {
+        apiKeyFromFile = readSecret(apiKeyFile);
+      } catch (err) {
+        fail(`${where}.api_key_file`, (err as Error).message);
+      }
+      if (!apiKeyFromFile) fail(`${where}.api_key_file`, `${apiKeyFile} is empty`);
+    }
     models.set(id, {
       id,
       provider,
@@ -295,6 +331,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       upstreamModel: str(`${where}.upstream_model`, raw.upstream_model, id),
       baseUrl,
       apiKeyEnv,
+      apiKeyFromFile,
       inputMicrosPerMtok: usd(`${where}.input_usd_per_mtok`, raw.input_usd_per_mtok, 0),
       outputMicrosPerMtok: usd(`${where}.output_usd_per_mtok`, raw.output_usd_per_mtok, 0),
       audioMicrosPerUnit: usd(`${where}.audio_usd_per_unit`, raw.audio_usd_per_unit, 0),
@@ -396,7 +433,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       provider: m.provider,
       upstreamModel: m.upstreamModel,
       baseUrl: m.baseUrl,
-      upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : '',
+      upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : (m.apiKeyFromFile ?? ''),
       kind: m.kind,
       inputMicrosPerMtok: m.inputMicrosPerMtok,
       outputMicrosPerMtok: m.outputMicrosPerMtok,
@@ -433,7 +470,7 @@ export function readGatewayConfig(path: string): LoadedGatewayConfig {
     throw new ConfigError(`gateway config ${path}: invalid YAML: ${(err as Error).message.split('\n')[0]}`);
   }
   try {
-    return parseGatewayConfig(doc, process.env);
+    return parseGatewayConfig(doc, process.env, readSecretFromDir(dirname(path)));
   } catch (err) {
     if (err instanceof ConfigError) throw new ConfigError(`gateway config ${path}: ${err.message}`);
     throw err;

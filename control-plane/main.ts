@@ -42,8 +42,15 @@ async function main(): Promise<void> {
   server.addService(ConsoleServiceService, countUnaryCalls(consoleService.handlers()));
   server.addService(SyncServiceService, sync.handlers());
   addOpsServices(server, health);
+  const serverCredentials = cfg.tls
+    ? ServerCredentials.createSsl(cfg.tls.ca, [{ cert_chain: cfg.tls.cert!, private_key: cfg.tls.key! }], cfg.tls.ca !== null)
+    : ServerCredentials.createInsecure();
   const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(cfg.listen, ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(cfg.listen, serverCredentials, (err, p) => {
+      if (!err) resolve(p);
+      else if (/EADDRINUSE/.test(err.message)) reject(new ConfigError(`--listen ${cfg.listen}: address already in use; choose another with --listen`));
+      else reject(new ConfigError(`--listen ${cfg.listen}: cannot listen (${err.message})`));
+    }),
   );
   if (cfg.operatorTokenCreatedAt) {
     // Shown once, to the operator who started it: a plain line on the terminal, never a log event.
@@ -64,9 +71,10 @@ async function main(): Promise<void> {
   log(`control plane pid ${process.pid}: SIGHUP re-reads ${cfg.configPath}`);
   const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
   setReady(true);
-  logger.info({ listen: `${host}:${port}`, admin: adminAddress, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
+  const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
+  logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
   // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
-  console.log(`control plane listening on ${host}:${port}`);
+  console.log(`control plane listening on ${host}:${port} (${transport})`);
 
   const monthTimer = setInterval(() => {
     state.checkMonthRollover().catch((err: Error) => log(`month rollover failed: ${err.message}`));

@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
 import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
+import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 
 export { ConfigError };
 
@@ -35,11 +36,13 @@ export interface NodeConfig {
   logLevel: LogLevel;
   /** `--drain-seconds` (default 30): how long SIGTERM waits for in-flight requests and streams. */
   drainSeconds: number;
+  /** TLS to the control plane: `ca` to trust (else the system's), `cert`/`key` for mutual TLS. Null: plaintext. */
+  tls: TlsFiles | null;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--realtime-max-buffered-kib N] [--drain-seconds N] [--log-level LEVEL]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--realtime-max-buffered-kib', '--drain-seconds', '--log-level']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--realtime-max-buffered-kib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--realtime-max-buffered-kib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -111,5 +114,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     realtimeMaxBufferedBytes: Number(realtimeKib) * 1024,
     logLevel: logLevel as LogLevel,
     drainSeconds: Number(drainSeconds),
+    tls: readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') }),
   });
 }

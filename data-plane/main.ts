@@ -1,6 +1,7 @@
 // The data-plane node: load config, construct, listen, sync, handle signals. Nothing else lives here.
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
+import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './auth/key-table.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
@@ -86,7 +87,7 @@ async function main(): Promise<void> {
     sockets.push(bound.socket);
     listenAddress = `${config.listenHost}:${bound.port}`;
   } catch (err) {
-    fail(`data plane: ${(err as Error).message}`);
+    fail(`data plane: ${(err as Error).message} (in use, or not an address of this machine); choose another with --listen`);
   }
   // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
   console.log(`data plane listening on ${listenAddress}`);
@@ -114,13 +115,18 @@ async function main(): Promise<void> {
       sockets.push(bound.socket);
       console.log(`data plane admin listening on ${config.adminHost}:${bound.port}`);
     } catch (err) {
-      fail(`data plane admin: ${(err as Error).message}`);
+      fail(`data plane admin: ${(err as Error).message} (in use, or not an address of this machine); choose another with --admin-listen`);
     }
     if (manualClock) console.log('data plane: TEST-ONLY manual clock enabled (TOLLGATE_TEST_CLOCK=1)');
   }
 
+  if (!config.tls && !isLoopbackAddress(config.controlPlane)) {
+    console.log(`data plane: warning: the node token goes in plaintext to ${config.controlPlane}; use --tls-ca (and --tls-cert/--tls-key) unless the network is private`);
+  }
   sync = new SyncClient({
     address: config.controlPlane,
+    tls: config.tls,
+    journalDepth: () => reporter.unackedCount,
     nodeToken: config.nodeToken,
     nodeId: config.nodeId,
     instanceId: config.instanceId,

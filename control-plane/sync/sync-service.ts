@@ -56,6 +56,10 @@ class NodeSession {
   leaving = false;
   wholeReclaimId = 0;
   wholeReclaim: Promise<void> = Promise.resolve();
+  /** When the node's last usage report arrived on this connection. */
+  lastReportAt = '';
+  /** Usage the node holds unacknowledged, as its last NodeStatus said; null before it said. */
+  journalDepth: number | null = null;
 
   constructor(
     readonly call: Call,
@@ -111,14 +115,17 @@ export class SyncService implements NodeFleet {
       ackedVersion: s.ackedVersion,
       connectedAt: s.connectedAt,
       lastSeenAt: s.lastSeenAt,
+      lastReportAt: s.lastReportAt,
+      journalDepth: s.journalDepth,
     }));
   }
 
-  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number }> {
+  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number; unconfirmed: string[] }> {
     const sessions = [...this.sessions];
     return Promise.all(sessions.map((s) => this.waitAck(s, version, timeoutMs))).then((r) => ({
       total: sessions.length,
       confirmed: r.filter(Boolean).length,
+      unconfirmed: sessions.filter((_, i) => !r[i]).map((s) => s.nodeId),
     }));
   }
 
@@ -200,6 +207,19 @@ export class SyncService implements NodeFleet {
       return null;
     }
     const nodeId = hello.nodeId.trim() || `node-${hello.instanceId.slice(0, 8) || 'unnamed'}`;
+    // Two processes under one node id would share a row in `nodes list` and hide each other's acks.
+    // The same process reconnecting (same instance id) replaces its old stream.
+    for (const other of this.sessions) {
+      if (other.nodeId !== nodeId) continue;
+      if (other.instanceId === hello.instanceId) {
+        this.drop(other);
+        other.call.end();
+        continue;
+      }
+      this.log(`sync: refused node ${JSON.stringify(nodeId)} from ${hello.listenAddress || 'an unknown address'}: that node id is already connected from ${other.address}`);
+      this.fail(call, status.ALREADY_EXISTS, `node id ${JSON.stringify(nodeId)} is already connected from ${other.address}; give every node its own --node-id`);
+      return null;
+    }
     const now = this.state.nowIso();
     const s = new NodeSession(call, nodeId, hello.instanceId, hello.listenAddress, now);
     const store = this.state.snapshots;
@@ -232,6 +252,7 @@ export class SyncService implements NodeFleet {
       this.enqueue(s, 'snapshot');
     } else if (msg.report) {
       const report = msg.report;
+      s.lastReportAt = s.lastSeenAt;
       // In order per session: a cursor must never pass a report that failed.
       s.reports = s.reports.then(async () => {
         if (s.closed) return;
@@ -251,6 +272,8 @@ export class SyncService implements NodeFleet {
       });
     } else if (msg.leaseRequest) {
       this.onLeaseRequest(s, msg.leaseRequest);
+    } else if (msg.status) {
+      s.journalDepth = Math.max(0, msg.status.journalDepth);
     }
   }
 

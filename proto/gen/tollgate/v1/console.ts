@@ -202,6 +202,15 @@ export interface RevokeKeyResponse {
   /** Nodes connected when the revocation was pushed, and how many acknowledged it in time. */
   nodesTotal: number;
   nodesConfirmed: number;
+  /** Ids of the connected nodes that did not acknowledge in time. */
+  nodesUnconfirmed: string[];
+  /** Nodes known to the control plane but not connected: they may still be serving on their last state. */
+  nodesDisconnected: KnownNode[];
+}
+
+export interface KnownNode {
+  id: string;
+  lastSeenAt: string;
 }
 
 export interface GetUsageRequest {
@@ -255,6 +264,8 @@ export interface ModelInfo {
   outputMicrosPerMtok: number;
   /** Tiers whose plan includes this model. */
   tiers: string[];
+  /** Models billed per unit of audio (seconds for transcription, 1,000 characters for speech). */
+  audioMicrosPerUnit: number;
 }
 
 export interface ListModelsRequest {
@@ -271,6 +282,15 @@ export interface NodeInfo {
   ackedVersion: number;
   lastSeenAt: string;
   connectedAt: string;
+  /** current_version minus acked_version. */
+  lag: number;
+  /** When the node's last usage report arrived on its current connection; empty if none. */
+  lastReportAt: string;
+  /**
+   * Usage the node holds that the control plane has not acknowledged yet, as the node last said
+   * (today: unacknowledged reports; with the usage journal: its depth). Unset when not connected.
+   */
+  journalDepth?: number | undefined;
 }
 
 export interface ListNodesRequest {
@@ -3094,7 +3114,7 @@ export const RevokeKeyRequest: MessageFns<RevokeKeyRequest> = {
 };
 
 function createBaseRevokeKeyResponse(): RevokeKeyResponse {
-  return { apiKey: undefined, nodesTotal: 0, nodesConfirmed: 0 };
+  return { apiKey: undefined, nodesTotal: 0, nodesConfirmed: 0, nodesUnconfirmed: [], nodesDisconnected: [] };
 }
 
 export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
@@ -3107,6 +3127,12 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
     }
     if (message.nodesConfirmed !== 0) {
       writer.uint32(24).int32(message.nodesConfirmed);
+    }
+    for (const v of message.nodesUnconfirmed) {
+      writer.uint32(34).string(v!);
+    }
+    for (const v of message.nodesDisconnected) {
+      KnownNode.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -3148,6 +3174,22 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
             message.nodesConfirmed = reader.int32();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.nodesUnconfirmed.push(reader.string());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.nodesDisconnected.push(KnownNode.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3177,6 +3219,16 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
         : isSet(object.nodes_confirmed)
         ? globalThis.Number(object.nodes_confirmed)
         : 0,
+      nodesUnconfirmed: globalThis.Array.isArray(object?.nodesUnconfirmed)
+        ? object.nodesUnconfirmed.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.nodes_unconfirmed)
+        ? object.nodes_unconfirmed.map((e: any) => globalThis.String(e))
+        : [],
+      nodesDisconnected: globalThis.Array.isArray(object?.nodesDisconnected)
+        ? object.nodesDisconnected.map((e: any) => KnownNode.fromJSON(e))
+        : globalThis.Array.isArray(object?.nodes_disconnected)
+        ? object.nodes_disconnected.map((e: any) => KnownNode.fromJSON(e))
+        : [],
     };
   },
 
@@ -3191,6 +3243,12 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
     if (message.nodesConfirmed !== 0) {
       obj.nodesConfirmed = Math.round(message.nodesConfirmed);
     }
+    if (message.nodesUnconfirmed?.length) {
+      obj.nodesUnconfirmed = message.nodesUnconfirmed;
+    }
+    if (message.nodesDisconnected?.length) {
+      obj.nodesDisconnected = message.nodesDisconnected.map((e) => KnownNode.toJSON(e));
+    }
     return obj;
   },
 
@@ -3204,6 +3262,97 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
       : undefined;
     message.nodesTotal = object.nodesTotal ?? 0;
     message.nodesConfirmed = object.nodesConfirmed ?? 0;
+    message.nodesUnconfirmed = object.nodesUnconfirmed?.map((e) => e) || [];
+    message.nodesDisconnected = object.nodesDisconnected?.map((e) => KnownNode.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseKnownNode(): KnownNode {
+  return { id: "", lastSeenAt: "" };
+}
+
+export const KnownNode: MessageFns<KnownNode> = {
+  encode(message: KnownNode, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.lastSeenAt !== "") {
+      writer.uint32(18).string(message.lastSeenAt);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KnownNode {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKnownNode();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.lastSeenAt = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KnownNode {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      lastSeenAt: isSet(object.lastSeenAt)
+        ? globalThis.String(object.lastSeenAt)
+        : isSet(object.last_seen_at)
+        ? globalThis.String(object.last_seen_at)
+        : "",
+    };
+  },
+
+  toJSON(message: KnownNode): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.lastSeenAt !== "") {
+      obj.lastSeenAt = message.lastSeenAt;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KnownNode>, I>>(base?: I): KnownNode {
+    return KnownNode.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KnownNode>, I>>(object: I): KnownNode {
+    const message = createBaseKnownNode();
+    message.id = object.id ?? "";
+    message.lastSeenAt = object.lastSeenAt ?? "";
     return message;
   },
 };
@@ -3786,6 +3935,7 @@ function createBaseModelInfo(): ModelInfo {
     inputMicrosPerMtok: 0,
     outputMicrosPerMtok: 0,
     tiers: [],
+    audioMicrosPerUnit: 0,
   };
 }
 
@@ -3811,6 +3961,9 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     }
     for (const v of message.tiers) {
       writer.uint32(58).string(v!);
+    }
+    if (message.audioMicrosPerUnit !== 0) {
+      writer.uint32(64).int64(message.audioMicrosPerUnit);
     }
     return writer;
   },
@@ -3884,6 +4037,14 @@ export const ModelInfo: MessageFns<ModelInfo> = {
             message.tiers.push(reader.string());
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.audioMicrosPerUnit = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3917,6 +4078,11 @@ export const ModelInfo: MessageFns<ModelInfo> = {
         ? globalThis.Number(object.output_micros_per_mtok)
         : 0,
       tiers: globalThis.Array.isArray(object?.tiers) ? object.tiers.map((e: any) => globalThis.String(e)) : [],
+      audioMicrosPerUnit: isSet(object.audioMicrosPerUnit)
+        ? globalThis.Number(object.audioMicrosPerUnit)
+        : isSet(object.audio_micros_per_unit)
+        ? globalThis.Number(object.audio_micros_per_unit)
+        : 0,
     };
   },
 
@@ -3943,6 +4109,9 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     if (message.tiers?.length) {
       obj.tiers = message.tiers;
     }
+    if (message.audioMicrosPerUnit !== 0) {
+      obj.audioMicrosPerUnit = Math.round(message.audioMicrosPerUnit);
+    }
     return obj;
   },
 
@@ -3958,6 +4127,7 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     message.inputMicrosPerMtok = object.inputMicrosPerMtok ?? 0;
     message.outputMicrosPerMtok = object.outputMicrosPerMtok ?? 0;
     message.tiers = object.tiers?.map((e) => e) || [];
+    message.audioMicrosPerUnit = object.audioMicrosPerUnit ?? 0;
     return message;
   },
 };
@@ -4084,7 +4254,17 @@ export const ListModelsResponse: MessageFns<ListModelsResponse> = {
 };
 
 function createBaseNodeInfo(): NodeInfo {
-  return { id: "", address: "", connected: false, ackedVersion: 0, lastSeenAt: "", connectedAt: "" };
+  return {
+    id: "",
+    address: "",
+    connected: false,
+    ackedVersion: 0,
+    lastSeenAt: "",
+    connectedAt: "",
+    lag: 0,
+    lastReportAt: "",
+    journalDepth: undefined,
+  };
 }
 
 export const NodeInfo: MessageFns<NodeInfo> = {
@@ -4106,6 +4286,15 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     }
     if (message.connectedAt !== "") {
       writer.uint32(50).string(message.connectedAt);
+    }
+    if (message.lag !== 0) {
+      writer.uint32(56).int64(message.lag);
+    }
+    if (message.lastReportAt !== "") {
+      writer.uint32(66).string(message.lastReportAt);
+    }
+    if (message.journalDepth !== undefined) {
+      writer.uint32(72).int64(message.journalDepth);
     }
     return writer;
   },
@@ -4171,6 +4360,30 @@ export const NodeInfo: MessageFns<NodeInfo> = {
             message.connectedAt = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.lag = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.lastReportAt = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.journalDepth = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4203,6 +4416,17 @@ export const NodeInfo: MessageFns<NodeInfo> = {
         : isSet(object.connected_at)
         ? globalThis.String(object.connected_at)
         : "",
+      lag: isSet(object.lag) ? globalThis.Number(object.lag) : 0,
+      lastReportAt: isSet(object.lastReportAt)
+        ? globalThis.String(object.lastReportAt)
+        : isSet(object.last_report_at)
+        ? globalThis.String(object.last_report_at)
+        : "",
+      journalDepth: isSet(object.journalDepth)
+        ? globalThis.Number(object.journalDepth)
+        : isSet(object.journal_depth)
+        ? globalThis.Number(object.journal_depth)
+        : undefined,
     };
   },
 
@@ -4226,6 +4450,15 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     if (message.connectedAt !== "") {
       obj.connectedAt = message.connectedAt;
     }
+    if (message.lag !== 0) {
+      obj.lag = Math.round(message.lag);
+    }
+    if (message.lastReportAt !== "") {
+      obj.lastReportAt = message.lastReportAt;
+    }
+    if (message.journalDepth !== undefined) {
+      obj.journalDepth = Math.round(message.journalDepth);
+    }
     return obj;
   },
 
@@ -4240,6 +4473,9 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     message.ackedVersion = object.ackedVersion ?? 0;
     message.lastSeenAt = object.lastSeenAt ?? "";
     message.connectedAt = object.connectedAt ?? "";
+    message.lag = object.lag ?? 0;
+    message.lastReportAt = object.lastReportAt ?? "";
+    message.journalDepth = object.journalDepth ?? undefined;
     return message;
   },
 };

@@ -31,6 +31,13 @@ export interface NodeMessage {
   report?: Report | undefined;
   leaseRequest?: LeaseRequest | undefined;
   resync?: Resync | undefined;
+  status?: NodeStatus | undefined;
+}
+
+/** Sent by a node on connect and every few seconds, for `tollgate nodes list`. */
+export interface NodeStatus {
+  /** Usage the node holds unacknowledged (reports today; the usage journal's depth once it lands). */
+  journalDepth: number;
 }
 
 export interface ControlMessage {
@@ -431,7 +438,14 @@ export interface QueryUsageResponse {
 }
 
 function createBaseNodeMessage(): NodeMessage {
-  return { hello: undefined, ack: undefined, report: undefined, leaseRequest: undefined, resync: undefined };
+  return {
+    hello: undefined,
+    ack: undefined,
+    report: undefined,
+    leaseRequest: undefined,
+    resync: undefined,
+    status: undefined,
+  };
 }
 
 export const NodeMessage: MessageFns<NodeMessage> = {
@@ -450,6 +464,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     }
     if (message.resync !== undefined) {
       Resync.encode(message.resync, writer.uint32(42).fork()).join();
+    }
+    if (message.status !== undefined) {
+      NodeStatus.encode(message.status, writer.uint32(82).fork()).join();
     }
     return writer;
   },
@@ -507,6 +524,14 @@ export const NodeMessage: MessageFns<NodeMessage> = {
             message.resync = Resync.decode(reader, reader.uint32());
             continue;
           }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.status = NodeStatus.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -530,6 +555,7 @@ export const NodeMessage: MessageFns<NodeMessage> = {
         ? LeaseRequest.fromJSON(object.lease_request)
         : undefined,
       resync: isSet(object.resync) ? Resync.fromJSON(object.resync) : undefined,
+      status: isSet(object.status) ? NodeStatus.fromJSON(object.status) : undefined,
     };
   },
 
@@ -550,6 +576,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     if (message.resync !== undefined) {
       obj.resync = Resync.toJSON(message.resync);
     }
+    if (message.status !== undefined) {
+      obj.status = NodeStatus.toJSON(message.status);
+    }
     return obj;
   },
 
@@ -569,6 +598,82 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     message.resync = (object.resync !== undefined && object.resync !== null)
       ? Resync.fromPartial(object.resync)
       : undefined;
+    message.status = (object.status !== undefined && object.status !== null)
+      ? NodeStatus.fromPartial(object.status)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseNodeStatus(): NodeStatus {
+  return { journalDepth: 0 };
+}
+
+export const NodeStatus: MessageFns<NodeStatus> = {
+  encode(message: NodeStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.journalDepth !== 0) {
+      writer.uint32(8).int64(message.journalDepth);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): NodeStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseNodeStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.journalDepth = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): NodeStatus {
+    return {
+      journalDepth: isSet(object.journalDepth)
+        ? globalThis.Number(object.journalDepth)
+        : isSet(object.journal_depth)
+        ? globalThis.Number(object.journal_depth)
+        : 0,
+    };
+  },
+
+  toJSON(message: NodeStatus): unknown {
+    const obj: any = {};
+    if (message.journalDepth !== 0) {
+      obj.journalDepth = Math.round(message.journalDepth);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<NodeStatus>, I>>(base?: I): NodeStatus {
+    return NodeStatus.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<NodeStatus>, I>>(object: I): NodeStatus {
+    const message = createBaseNodeStatus();
+    message.journalDepth = object.journalDepth ?? 0;
     return message;
   },
 };
