@@ -1,6 +1,7 @@
 // A promise-based client of the console API (proto/tollgate/v1/console.proto): the bearer token in
 // metadata and a deadline on every call.
-import { credentials, Metadata, type CallOptions, type ClientUnaryCall, type ServiceError } from '@grpc/grpc-js';
+import { Metadata, type CallOptions, type ClientUnaryCall, type ServiceError } from '@grpc/grpc-js';
+import { clientChannel, type TlsFiles } from '../proto/lib/tls.js';
 import {
   ConsoleServiceClient,
   type AddMemberRequest,
@@ -57,8 +58,11 @@ export class ConsoleClient {
   constructor(
     readonly address: string,
     private readonly token: string | undefined,
+    /** TLS to the control plane (default: plaintext). */
+    tls: TlsFiles | null = null,
   ) {
-    this.client = new ConsoleServiceClient(address, credentials.createInsecure());
+    const channel = clientChannel(tls, address);
+    this.client = new ConsoleServiceClient(address, channel.credentials, channel.options);
   }
 
   close(): void {

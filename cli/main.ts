@@ -2,6 +2,7 @@
 // of the control plane's console API. Exit codes: 0 ok, 1 the call failed, 2 bad arguments. A failure
 // is one line on stderr starting with an HTTP-style status (`403 …`); never a stack trace.
 import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { isLoopbackAddress, readTlsFiles } from '../proto/lib/tls.js';
 import { accountCommands } from './commands/account.js';
 import { commandUsage, GLOBAL_FLAGS_SYNOPSIS, type Args, type Command, type OptionSpec } from './commands/command.js';
 import { keyCommands } from './commands/key.js';
@@ -27,7 +28,11 @@ const GLOBAL_OPTIONS: Record<string, OptionSpec> = {
   'control-plane': { type: 'string', value: 'ADDR', help: `control plane address (env TOLLGATE_CONTROL_PLANE; default ${DEFAULT_CONTROL_PLANE})` },
   token: { type: 'string', value: 'TOKEN', help: 'the operator token or an account console token (env TOLLGATE_TOKEN)' },
   json: { type: 'boolean', help: 'print exactly one JSON object (snake_case fields) instead of tables' },
+  'tls-ca': { type: 'string', value: 'FILE', help: "CA that signed the control plane's certificate: connect with TLS (env TOLLGATE_TLS_CA)" },
+  'tls-cert': { type: 'string', value: 'FILE', help: 'client certificate, when the control plane requires one (env TOLLGATE_TLS_CERT)' },
+  'tls-key': { type: 'string', value: 'FILE', help: 'key of the client certificate (env TOLLGATE_TLS_KEY)' },
 };
+const TLS_FLAGS = ['tls-ca', 'tls-cert', 'tls-key'] as const;
 
 function generalHelp(): string {
   const rows = COMMANDS.map((c) => [`${c.name}${c.synopsis ? ` ${c.synopsis}` : ''}`, c.summary]);
@@ -100,10 +105,11 @@ interface Globals {
   json?: boolean;
   controlPlane?: string;
   token?: string;
+  tls: Partial<Record<(typeof TLS_FLAGS)[number], string>>;
 }
 
 async function runCli(argv: string[]): Promise<number> {
-  const globals: Globals = {};
+  const globals: Globals = { tls: {} };
   let address = process.env.TOLLGATE_CONTROL_PLANE || DEFAULT_CONTROL_PLANE;
   let usage: string | undefined = generalHelp();
   let client: ConsoleClient | undefined;
@@ -117,11 +123,12 @@ async function runCli(argv: string[]): Promise<number> {
         return 0;
       }
       if (flag === '--json' && inline === undefined) globals.json = true;
-      else if (flag === '--control-plane' || flag === '--token') {
+      else if (flag === '--control-plane' || flag === '--token' || TLS_FLAGS.some((f) => flag === `--${f}`)) {
         const value = inline ?? argv[++i];
         if (value === undefined) throw usageError(`flag ${flag} needs a value`);
         if (flag === '--token') globals.token = value;
-        else globals.controlPlane = value;
+        else if (flag === '--control-plane') globals.controlPlane = value;
+        else globals.tls[flag.slice(2) as (typeof TLS_FLAGS)[number]] = value;
       } else throw usageError(argv[i] === '--' ? 'missing command' : `unknown flag ${flag}`);
     }
     const rest = argv.slice(i);
@@ -187,12 +194,22 @@ async function runCli(argv: string[]): Promise<number> {
     const token = (parsed.values.token as string | undefined) ?? globals.token ?? (process.env.TOLLGATE_TOKEN || undefined);
     if (address.trim() === '') throw usageError('--control-plane must not be empty', usage);
 
+    const tlsPath = (f: (typeof TLS_FLAGS)[number]) =>
+      (parsed.values[f] as string | undefined) ?? globals.tls[f] ?? (process.env[`TOLLGATE_${f.replace('-', '_').toUpperCase()}`] || undefined);
+    let tls;
+    try {
+      tls = readTlsFiles({ ca: tlsPath('tls-ca'), cert: tlsPath('tls-cert'), key: tlsPath('tls-key') });
+    } catch (err) {
+      throw usageError((err as Error).message, usage);
+    }
+    if (!tls && token && !isLoopbackAddress(address)) process.stderr.write(`warning: the token goes in plaintext to ${address}; pass --tls-ca (or set TOLLGATE_TLS_CA)\n`);
+
     const commandUsageText = usage;
     await command.run(
       {
         out: stdOut(json),
         usage: commandUsageText,
-        client: () => (client ??= new ConsoleClient(address, token)),
+        client: () => (client ??= new ConsoleClient(address, token, tls)),
       },
       parsed,
     );

@@ -45,6 +45,9 @@ export function describeError(err: unknown, address: string): { line: string; ex
     }
     const http = HTTP_OF_GRPC[err.code] ?? 500;
     const details = oneLine(err.details || GrpcStatus[err.code] || 'error');
+    if (err.code === GrpcStatus.UNAUTHENTICATED) {
+      return { line: `401 ${details}: pass --token or set TOLLGATE_TOKEN (npm start keeps the operator token in data/operator-token)`, exitCode: 1 };
+    }
     return { line: `${http} ${details}`, exitCode: 1 };
   }
   const message = err instanceof Error ? err.message : String(err);

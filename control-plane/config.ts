@@ -6,8 +6,10 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseYaml } from 'yaml';
 import { checkPepper, generateToken } from '../proto/lib/keys.js';
+import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { parseIpRange } from '../proto/lib/ip.js';
 import { parseUsd } from '../proto/lib/money.js';
+import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('./demo-config.yaml', import.meta.url));
@@ -26,6 +28,10 @@ export interface ControlPlaneConfig {
   operatorTokenCreatedAt: string | null;
   nodeToken: string;
   revokeAckTimeoutMs: number;
+  /** `--log-level` (default info). */
+  logLevel: LogLevel;
+  /** Server certificate and key; with `ca`, every client must present a certificate it signed. */
+  tls: TlsFiles | null;
   /** Request logs: their own SQLite file (`--logs-db`, default logs.db beside the state database). */
   logsDbPath: string;
   /** `--log-retention-days` (default 30): older daily partitions of the request logs are dropped. */
@@ -33,9 +39,9 @@ export interface ControlPlaneConfig {
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--logs-db', '--log-retention-days']);
+const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--logs-db', '--log-retention-days', '--log-level', '--tls-cert', '--tls-key', '--tls-ca']);
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -82,9 +88,9 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     throw new ConfigError(`--db: cannot create the folder of ${dbPath}`);
   }
 
-  let pepperText: string | undefined = env.TOLLGATE_PEPPER || undefined;
+  // An explicit flag wins over the environment, as on the nodes.
   const pepperFile = flags.get('--pepper-file');
-  if (!pepperText && pepperFile) pepperText = readSecretFile('--pepper-file', pepperFile);
+  const pepperText = pepperFile ? readSecretFile('--pepper-file', pepperFile) : env.TOLLGATE_PEPPER || undefined;
   // The bytes of the string are the pepper (hex or raw alike); never decoded, never stored.
   const pepper = pepperText ? Buffer.from(pepperText, 'utf8') : undefined;
   const pepperProblem = checkPepper(pepper);
@@ -104,10 +110,15 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorToken = t.token;
     if (t.created) operatorTokenCreatedAt = t.path;
   }
-  let nodeToken = env.TOLLGATE_NODE_TOKEN || '';
   const nodeTokenFile = flags.get('--node-token-file');
-  if (!nodeToken && nodeTokenFile) nodeToken = readSecretFile('--node-token-file', nodeTokenFile).trim();
+  let nodeToken = nodeTokenFile ? readSecretFile('--node-token-file', nodeTokenFile).trim() : env.TOLLGATE_NODE_TOKEN || '';
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
+
+  const logLevel = flags.get('--log-level') ?? 'info';
+  const levelError = checkLogLevel(logLevel);
+  if (levelError) throw new ConfigError(levelError);
+  const tls = readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') });
+  if (tls && !tls.cert) throw new ConfigError('--tls-ca needs --tls-cert and --tls-key (the control plane serves TLS to check client certificates)');
 
   const configPath = resolve(flags.get('--config') ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
@@ -129,13 +140,15 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorTokenCreatedAt,
     nodeToken,
     revokeAckTimeoutMs,
+    logLevel,
+    tls,
   } as ControlPlaneConfig);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The gateway config file (YAML, format of control-plane/demo-config.yaml).
 
-export type ModelKind = 'chat' | 'embeddings' | 'transcription' | 'speech';
+export type ModelKind = 'chat' | 'embeddings' | 'transcription' | 'speech' | 'realtime';
 
 export interface TierSettings {
   name: string;
@@ -154,11 +167,21 @@ export interface ModelSettings {
   upstreamModel: string;
   baseUrl: string;
   apiKeyEnv: string | null;
+  /** The upstream key read from `api_key_file` (re-read on every reload); null when not configured. */
+  apiKeyFromFile: string | null;
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
   audioMicrosPerUnit: number;
   timeoutMs: number;
   voices: string[];
+}
+
+export interface RealtimeUpstreamSettings {
+  model: string;
+  url: string;
+  apiKeyEnv: string | null;
+  upstreamModel: string;
+  connectTimeoutMs: number;
 }
 
 export interface GatewaySettings {
@@ -167,7 +190,7 @@ export interface GatewaySettings {
   tiers: Map<string, TierSettings>;
   models: Map<string, ModelSettings>;
   toolBackends: { prefix: string; baseUrl: string; timeoutMs: number }[];
-  realtimeUpstreams: { model: string; url: string }[];
+  realtimeUpstreams: RealtimeUpstreamSettings[];
   trustedProxies: string[];
   maxStalenessMs: number;
 }
@@ -197,13 +220,16 @@ const MODEL_KEYS = new Set([
   'upstream_model',
   'base_url',
   'api_key_env',
+  'api_key_file',
   'input_usd_per_mtok',
   'output_usd_per_mtok',
   'audio_usd_per_unit',
   'timeout_ms',
   'voices',
 ]);
-const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech']);
+const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech', 'realtime']);
+const REALTIME_UPSTREAM_KEYS = new Set(['model', 'url', 'api_key_env', 'upstream_model', 'connect_timeout_ms']);
+const DEFAULT_REALTIME_CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_UPSTREAM_TIMEOUT_MS = 60_000;
 
 type Obj = Record<string, unknown>;
@@ -256,8 +282,25 @@ function httpUrl(where: string, v: unknown): string {
   return s.replace(/\/+$/, '');
 }
 
-/** Validates the parsed YAML document. `env` resolves `api_key_env`. Throws ConfigError with one line. */
-export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): LoadedGatewayConfig {
+/** Reads an `api_key_file`; throws a one-line message (never the file's contents) when it cannot. */
+export type SecretFileReader = (path: string) => string;
+
+function readSecretFromDir(dir: string): SecretFileReader {
+  return (path) => {
+    const full = resolve(dir, path);
+    try {
+      return readFileSync(full, 'utf8').trim();
+    } catch (err) {
+      throw new Error(`cannot read ${full} (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    }
+  };
+}
+
+/**
+ * Validates the parsed YAML document. `env` resolves `api_key_env`, `readSecret` reads `api_key_file`
+ * (relative to the config file). Throws ConfigError with one line.
+ */
+export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, readSecret: SecretFileReader = readSecretFromDir(process.cwd())): LoadedGatewayConfig {
   if (!isObj(doc)) throw new ConfigError('gateway config: must be a YAML mapping');
   checkKeys('gateway config', doc, TOP_KEYS);
   const serviceName = str('service_name', doc.service_name, 'tollgate');
@@ -277,9 +320,21 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     const kind = str(`${where}.kind`, raw.kind, 'chat') as ModelKind;
     if (!KINDS.has(kind)) fail(`${where}.kind`, `must be one of ${[...KINDS].join(', ')}, got ${JSON.stringify(kind)}`);
     const baseUrl = raw.base_url === undefined ? '' : httpUrl(`${where}.base_url`, raw.base_url);
-    if (provider === 'openai' && !baseUrl) fail(`${where}.base_url`, 'is required for provider openai');
+    // A realtime model's upstream is its realtime_upstreams entry, not a base URL.
+    if (provider === 'openai' && !baseUrl && kind !== 'realtime') fail(`${where}.base_url`, 'is required for provider openai');
     const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
     if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
+    const apiKeyFile = raw.api_key_file === undefined || raw.api_key_file === null ? null : str(`${where}.api_key_file`, raw.api_key_file);
+    if (apiKeyFile && apiKeyEnv) fail(where, 'give api_key_env or api_key_file, not both');
+    let apiKeyFromFile: string | null = null;
+    if (apiKeyFile) {
+      try {
+        apiKeyFromFile = readSecret(apiKeyFile);
+      } catch (err) {
+        fail(`${where}.api_key_file`, (err as Error).message);
+      }
+      if (!apiKeyFromFile) fail(`${where}.api_key_file`, `${apiKeyFile} is empty`);
+    }
     models.set(id, {
       id,
       provider,
@@ -287,6 +342,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       upstreamModel: str(`${where}.upstream_model`, raw.upstream_model, id),
       baseUrl,
       apiKeyEnv,
+      apiKeyFromFile,
       inputMicrosPerMtok: usd(`${where}.input_usd_per_mtok`, raw.input_usd_per_mtok, 0),
       outputMicrosPerMtok: usd(`${where}.output_usd_per_mtok`, raw.output_usd_per_mtok, 0),
       audioMicrosPerUnit: usd(`${where}.audio_usd_per_unit`, raw.audio_usd_per_unit, 0),
@@ -339,10 +395,28 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
     return list.map((raw, i) => {
       const where = `realtime_upstreams[${i}]`;
       if (!isObj(raw)) fail(where, 'must be a mapping');
-      checkKeys(where, raw, new Set(['model', 'url']));
-      return { model: str(`${where}.model`, raw.model), url: httpUrl(`${where}.url`, raw.url) };
+      checkKeys(where, raw, REALTIME_UPSTREAM_KEYS);
+      const model = str(`${where}.model`, raw.model);
+      const m = models.get(model);
+      if (!m) fail(`${where}.model`, `names unknown model ${JSON.stringify(model)}`);
+      if (m.kind !== 'realtime' || m.provider !== 'openai') fail(`${where}.model`, `${JSON.stringify(model)} must be a model of kind realtime with provider openai`);
+      const url = httpUrl(`${where}.url`, raw.url);
+      if (!/^wss?:/i.test(url)) fail(`${where}.url`, `must be a ws:// or wss:// URL, got ${JSON.stringify(url)}`);
+      const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
+      if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
+      return {
+        model,
+        url,
+        apiKeyEnv,
+        upstreamModel: str(`${where}.upstream_model`, raw.upstream_model, m.upstreamModel),
+        connectTimeoutMs: raw.connect_timeout_ms === undefined ? DEFAULT_REALTIME_CONNECT_TIMEOUT_MS : posInt(`${where}.connect_timeout_ms`, raw.connect_timeout_ms),
+      };
     });
   })();
+  for (const m of models.values()) {
+    const n = realtimeUpstreams.filter((u) => u.model === m.id).length;
+    if (m.kind === 'realtime' && m.provider === 'openai' && n !== 1) fail(`model ${m.id}`, `a realtime model with provider openai needs exactly one realtime_upstreams entry, found ${n}`);
+  }
   const trustedProxies = strList('trusted_proxies', doc.trusted_proxies);
   // Parsed here only to refuse what a node could never match; nodes parse the list once per config version.
   trustedProxies.forEach((entry, i) => {
@@ -370,7 +444,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       provider: m.provider,
       upstreamModel: m.upstreamModel,
       baseUrl: m.baseUrl,
-      upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : '',
+      upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : (m.apiKeyFromFile ?? ''),
       kind: m.kind,
       inputMicrosPerMtok: m.inputMicrosPerMtok,
       outputMicrosPerMtok: m.outputMicrosPerMtok,
@@ -379,7 +453,13 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}): L
       voices: m.voices,
     })),
     toolBackends,
-    realtimeUpstreams,
+    realtimeUpstreams: realtimeUpstreams.map((u) => ({
+      model: u.model,
+      url: u.url,
+      upstreamApiKey: u.apiKeyEnv ? (env[u.apiKeyEnv] ?? '') : '',
+      upstreamModel: u.upstreamModel,
+      connectTimeoutMs: u.connectTimeoutMs,
+    })),
     trustedProxies,
     maxStalenessMs,
   };
@@ -401,7 +481,7 @@ export function readGatewayConfig(path: string): LoadedGatewayConfig {
     throw new ConfigError(`gateway config ${path}: invalid YAML: ${(err as Error).message.split('\n')[0]}`);
   }
   try {
-    return parseGatewayConfig(doc, process.env);
+    return parseGatewayConfig(doc, process.env, readSecretFromDir(dirname(path)));
   } catch (err) {
     if (err instanceof ConfigError) throw new ConfigError(`gateway config ${path}: ${err.message}`);
     throw err;
@@ -410,6 +490,6 @@ export function readGatewayConfig(path: string): LoadedGatewayConfig {
 
 /** A copy of the proto config safe to persist: upstream credentials removed. */
 export function redactGatewayConfig(cfg: GatewayConfig): GatewayConfig {
-  return { ...cfg, models: cfg.models.map((m) => ({ ...m, upstreamApiKey: '' })) };
+  return { ...cfg, models: cfg.models.map((m) => ({ ...m, upstreamApiKey: '' })), realtimeUpstreams: cfg.realtimeUpstreams.map((u) => ({ ...u, upstreamApiKey: '' })) };
 }
 

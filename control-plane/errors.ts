@@ -1,6 +1,7 @@
 // The control plane's one error catalog: stable code → gRPC status. Domain code throws CpError only;
 // anything else reaching a handler is a bug, answered as INTERNAL and logged once (without secrets).
 import { status, type ServiceError, Metadata } from '@grpc/grpc-js';
+import { randomBytes } from 'node:crypto';
 
 export const ERROR_CATALOG = {
   UNAUTHENTICATED: status.UNAUTHENTICATED,
@@ -36,8 +37,10 @@ export function toServiceError(err: unknown, log: (line: string) => void = (l) =
   if (err instanceof CpError) {
     return { code: ERROR_CATALOG[err.code], details: err.message, metadata: new Metadata() };
   }
-  // Unexpected: log once, without the request (it may carry secrets), and answer a generic INTERNAL.
+  // Unexpected: log once, without the request (it may carry secrets), and answer a generic INTERNAL
+  // naming a reference the operator finds in the log.
   const e = err as { name?: string; message?: string; stack?: string };
-  log(`internal error: ${e?.name ?? 'Error'}: ${e?.message ?? String(err)}${e?.stack ? `\n${e.stack.split('\n').slice(1, 12).join('\n')}` : ''}`);
-  return { code: status.INTERNAL, details: 'internal error', metadata: new Metadata() };
+  const ref = randomBytes(6).toString('hex');
+  log(`internal error ${ref}: ${e?.name ?? 'Error'}: ${e?.message ?? String(err)}${e?.stack ? `\n${e.stack.split('\n').slice(1, 12).join('\n')}` : ''}`);
+  return { code: status.INTERNAL, details: `internal error (reference ${ref})`, metadata: new Metadata() };
 }

@@ -3,28 +3,36 @@ import { Server, ServerCredentials } from '@grpc/grpc-js';
 import { pepperCheck } from '../proto/lib/keys.js';
 import { ConsoleServiceService } from '../proto/gen/tollgate/v1/console.js';
 import { SyncServiceService } from '../proto/gen/tollgate/v1/sync.js';
+import { createAdminServer, listenAdmin } from './admin.js';
 import { ConfigError, loadControlPlaneConfig, readGatewayConfig } from './config.js';
 import { ConsoleService } from './console/console-service.js';
 import { ControlState } from './control-state.js';
+import { addOpsServices, HealthState } from './grpc/ops.js';
+import { log as logger, logLine } from './log.js';
+import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
 import { Db } from './store/db.js';
 import { runMigrations } from './store/migrate.js';
 import { SqliteLogStore } from './store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 
-const log = (line: string) => console.log(line);
+const log = logLine;
 
 async function main(): Promise<void> {
   const cfg = loadControlPlaneConfig();
+  logger.level = cfg.logLevel;
   const gateway = readGatewayConfig(cfg.configPath);
   const db = await Db.open(cfg.dbPath);
+  db.txObserver = observeTransaction;
   await runMigrations(db);
   const state = await ControlState.open(db, gateway, { configPath: cfg.configPath, log });
   // Request logs: their own file, one table per UTC day, older days dropped whole.
   const logs = await SqliteLogStore.open(cfg.logsDbPath, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
   await logs.applyRetention();
   const sync = new SyncService(state, new ReportIngest(state, logs), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
-  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, logs });
+  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs });
+  setFleetSource({ connectedCount: () => sync.connectedCount(), liveNodes: () => sync.liveNodes(), currentVersion: () => state.snapshots.version });
+  const health = new HealthState();
 
   const server = new Server({
     // Notice dead nodes: ping idle streams, drop them when pings go unanswered.
@@ -35,19 +43,42 @@ async function main(): Promise<void> {
     'grpc.max_receive_message_length': 64 * 1024 * 1024,
     'grpc.max_send_message_length': 256 * 1024 * 1024,
   });
-  server.addService(ConsoleServiceService, consoleService.handlers());
+  server.addService(ConsoleServiceService, countUnaryCalls(consoleService.handlers()));
   server.addService(SyncServiceService, sync.handlers());
+  addOpsServices(server, health);
+  const serverCredentials = cfg.tls
+    ? ServerCredentials.createSsl(cfg.tls.ca, [{ cert_chain: cfg.tls.cert!, private_key: cfg.tls.key! }], cfg.tls.ca !== null)
+    : ServerCredentials.createInsecure();
   const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(cfg.listen, ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(cfg.listen, serverCredentials, (err, p) => {
+      if (!err) resolve(p);
+      else if (/EADDRINUSE/.test(err.message)) reject(new ConfigError(`--listen ${cfg.listen}: address already in use; choose another with --listen`));
+      else reject(new ConfigError(`--listen ${cfg.listen}: cannot listen (${err.message})`));
+    }),
   );
   if (cfg.operatorTokenCreatedAt) {
-    log(`operator token: ${cfg.operatorToken}`);
+    // Shown once, to the operator who started it: a plain line on the terminal, never a log event.
+    console.log(`operator token: ${cfg.operatorToken}`);
     log(`operator token saved to ${cfg.operatorTokenCreatedAt} (mode 0600); it is not printed again`);
+  }
+  let admin: ReturnType<typeof createAdminServer> | null = null;
+  let adminAddress: string | null = null;
+  if (cfg.adminListen) {
+    admin = createAdminServer((err) => logger.error({ err }, 'metrics failed'));
+    const bound = await listenAdmin(admin, cfg.adminListen).catch((err: NodeJS.ErrnoException) => {
+      throw new ConfigError(`--admin-listen: cannot listen on ${cfg.adminListen}: ${err.code ?? err.message}`);
+    });
+    adminAddress = `${bound.host}:${bound.port}`;
+    console.log(`control plane admin listening on ${adminAddress}`);
   }
   // SIGHUP must reach this process itself (tsx's launcher relays only SIGINT and SIGTERM).
   log(`control plane pid ${process.pid}: SIGHUP re-reads ${cfg.configPath}`);
   const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
-  log(`control plane listening on ${host}:${port}`);
+  setReady(true);
+  const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
+  logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
+  // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
+  console.log(`control plane listening on ${host}:${port} (${transport})`);
 
   const monthTimer = setInterval(() => {
     state.checkMonthRollover().catch((err: Error) => log(`month rollover failed: ${err.message}`));
@@ -65,10 +96,22 @@ async function main(): Promise<void> {
     );
   });
 
+  // SIGTERM or SIGINT: stop being ready, end the node streams, let console calls in flight answer
+  // (forced after 3 s), let every queued transaction commit or roll back, close the database (which
+  // checkpoints the WAL), exit 0. The same signal a second time exits at once.
+  const signalsSeen = new Set<string>();
   let stopping = false;
-  const stop = () => {
+  const stop = (signal: NodeJS.Signals) => {
+    if (signalsSeen.has(signal)) {
+      logger.warn({ signal }, `second ${signal}: exiting at once`);
+      process.exit(1);
+    }
+    signalsSeen.add(signal);
     if (stopping) return;
     stopping = true;
+    setReady(false);
+    health.setNotServing();
+    logger.info({ signal }, 'stopping: closing node streams and finishing console calls');
     clearInterval(monthTimer);
     clearInterval(retentionTimer);
     sync.closeAll();
@@ -76,8 +119,15 @@ async function main(): Promise<void> {
     server.tryShutdown(() => {
       clearTimeout(force);
       Promise.all([db.close(), logs.close()]).then(
-        () => process.exit(0),
-        () => process.exit(0),
+        () => {
+          logger.info('stopped: database closed cleanly');
+          admin?.close();
+          process.exit(0);
+        },
+        (err: Error) => {
+          logger.error({ err }, 'database did not close cleanly');
+          process.exit(1);
+        },
       );
     });
   };
@@ -90,6 +140,6 @@ main().catch((err: unknown) => {
     console.error(err.message);
     process.exit(2);
   }
-  console.error(`control plane failed to start: ${(err as Error)?.message ?? String(err)}`);
+  logger.fatal({ err }, `control plane failed to start: ${(err as Error)?.message ?? String(err)}`);
   process.exit(1);
 });

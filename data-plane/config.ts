@@ -5,6 +5,8 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
+import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
+import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 
 export { ConfigError };
 
@@ -28,6 +30,14 @@ export interface NodeConfig {
   maxBufferedBodyBytes: number;
   /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
   spillDir: string;
+  /** Bytes held for one realtime client before its upstream is paused (`--realtime-max-buffered-kib`, default 1024). */
+  realtimeMaxBufferedBytes: number;
+  /** `--log-level` (default info). */
+  logLevel: LogLevel;
+  /** `--drain-seconds` (default 30): how long SIGTERM waits for in-flight requests and streams. */
+  drainSeconds: number;
+  /** TLS to the control plane: `ca` to trust (else the system's), `cert`/`key` for mutual TLS. Null: plaintext. */
+  tls: TlsFiles | null;
   /**
    * `--data-dir`: the node's own folder; unacknowledged reports are journaled under `journal/` there
    * and replayed after a restart. null: the journal is kept in memory (lost if the process dies).
@@ -38,8 +48,8 @@ export interface NodeConfig {
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--data-dir DIR] [--journal-max-mib N]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--data-dir', '--journal-max-mib']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--data-dir', '--journal-max-mib', '--realtime-max-buffered-kib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -91,6 +101,13 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   if (dataDir !== null && dataDir.trim() === '') throw new ConfigError('--data-dir must not be empty');
   const journalMib = flags.get('--journal-max-mib') ?? (dataDir === null ? '64' : '1024');
   if (!/^\d{1,7}$/.test(journalMib) || Number(journalMib) < 1) throw new ConfigError(`--journal-max-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(journalMib)}`);
+  const realtimeKib = flags.get('--realtime-max-buffered-kib') ?? '1024';
+  if (!/^\d{1,7}$/.test(realtimeKib) || Number(realtimeKib) < 16) throw new ConfigError(`--realtime-max-buffered-kib must be a whole number of KiB, at least 16, got ${JSON.stringify(realtimeKib)}`);
+  const logLevel = flags.get('--log-level') ?? 'info';
+  const levelError = checkLogLevel(logLevel);
+  if (levelError) throw new ConfigError(levelError);
+  const drainSeconds = flags.get('--drain-seconds') ?? '30';
+  if (!/^\d{1,5}$/.test(drainSeconds)) throw new ConfigError(`--drain-seconds must be a whole number of seconds, got ${JSON.stringify(drainSeconds)}`);
 
   return Object.freeze({
     controlPlane: cpValue,
@@ -107,5 +124,9 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     spillDir: tmpdir(),
     dataDir,
     journalMaxBytes: Number(journalMib) * 1024 * 1024,
+    realtimeMaxBufferedBytes: Number(realtimeKib) * 1024,
+    logLevel: logLevel as LogLevel,
+    drainSeconds: Number(drainSeconds),
+    tls: readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') }),
   });
 }

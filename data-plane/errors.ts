@@ -21,6 +21,7 @@ export type ErrorCode =
   | 'UPSTREAM_ERROR'
   | 'NOT_READY'
   | 'NODE_BUSY'
+  | 'NODE_DRAINING'
   | 'CONTROL_PLANE_UNAVAILABLE'
   | 'INTERNAL';
 
@@ -50,6 +51,7 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   UPSTREAM_UNREACHABLE: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream could not be reached.' },
   UPSTREAM_ERROR: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream failed before answering.' },
   NOT_READY: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: 'This gateway node has not received its configuration yet; retry shortly.' },
+  NODE_DRAINING: { status: 503, typeA: 'api_error', codeB: 'node_draining', message: 'This gateway node is shutting down; reconnect (a load balancer sends you to another node).' },
   NODE_BUSY: { status: 503, typeA: 'api_error', codeB: 'node_busy', message: 'This gateway node is holding too many request bodies right now; retry after the time in the retry-after header.' },
   CONTROL_PLANE_UNAVAILABLE: { status: 503, typeA: 'api_error', codeB: 'control_plane_unreachable', message: 'Usage cannot be read right now: this gateway node cannot reach the control plane; retry after the time in the retry-after header.' },
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },

@@ -2,15 +2,20 @@
 import { join } from 'node:path';
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
+import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './auth/key-table.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
+import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
+import { closeConnectionsAfterResponses, closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
 import { BodyBudget } from './limits/body-budget.js';
 import { ManualClock, systemClock, type Clock } from './limits/clock.js';
 import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './limits/lease-client.js';
+import { log } from './log.js';
+import { setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
@@ -43,28 +48,30 @@ async function main(): Promise<void> {
     throw err;
   }
   assertNativeUws();
+  log.level = config.logLevel;
 
   const manualClock = config.testClock ? new ManualClock(Date.now()) : null;
   const clock: Clock = manualClock ?? systemClock;
   const holder = new StateHolder();
-  const log = (line: string) => console.log(`data plane: ${line}`);
+  const journalLog = (line: string) => (/\b(full|failed|unreadable|dropped)\b/.test(line) ? log.warn({ journal: true }, line) : log.info({ journal: true }, line));
   let journal: Journal;
   try {
-    journal = new Journal({ dir: config.dataDir === null ? null : join(config.dataDir, 'journal'), maxBytes: config.journalMaxBytes, log });
+    journal = new Journal({ dir: config.dataDir === null ? null : join(config.dataDir, 'journal'), maxBytes: config.journalMaxBytes, log: journalLog });
   } catch (err) {
     fail(`data plane: --data-dir ${config.dataDir}: ${(err as Error).message}`);
   }
-  const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log });
+  const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log: journalLog });
   const pools = new PoolRegistry();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, connected: () => sync !== null && sync.disconnectedSince === null });
 
+  const edge = new EdgeBudgets(clock);
   const api = new ApiServer({
     holder,
     pepper: config.pepper,
     clock,
-    edge: new EdgeBudgets(clock),
+    edge,
     keyBudgets: new KeyBudgets(clock, { allowance: leases }),
     bodyBudget: new BodyBudget(config.maxBufferedBodyBytes),
     leases,
@@ -79,6 +86,7 @@ async function main(): Promise<void> {
       return max > 0 && since !== null && clock.now() - since > max;
     },
     usage,
+    realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes },
   });
 
   const sockets: uWS.us_listen_socket[] = [];
@@ -88,24 +96,47 @@ async function main(): Promise<void> {
     sockets.push(bound.socket);
     listenAddress = `${config.listenHost}:${bound.port}`;
   } catch (err) {
-    fail(`data plane: ${(err as Error).message}`);
+    fail(`data plane: ${(err as Error).message} (in use, or not an address of this machine); choose another with --listen`);
   }
+  // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
   console.log(`data plane listening on ${listenAddress}`);
+  log.info({ nodeId: config.nodeId, instanceId: config.instanceId, listen: listenAddress, controlPlane: config.controlPlane, drainSeconds: config.drainSeconds }, 'data plane started');
 
+  // Metrics read these states when scraped; never on the request path.
+  setEdgeWindowsSource(() => edge.trackedWindows());
+  // Unacknowledged usage: the reporter's queue of reports (the node-local journal, when it lands, feeds this).
+  setJournalDepthSource(() => reporter.unackedCount);
+  setSyncSource(() => {
+    const since = sync?.disconnectedSince ?? null;
+    return { connected: since === null, appliedVersion: holder.ready ? holder.current.version : 0, lagSeconds: since === null ? 0 : Math.max(0, (clock.now() - since) / 1000) };
+  });
+
+  registerDrainable({ open: openReplies, closeAll: closeOpenReplies });
+  registerDrainable({ open: () => api.realtime.open, closeAll: () => api.realtime.closeAll('the gateway node is shutting down; reconnect') });
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready, manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
+    const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
+    // Open realtime sessions, paused upstreams and the most bytes held for one client (`?reset=1`).
+    admin.get('/stats/realtime', (res, req) => {
+      res.writeHeader('content-type', 'application/json').end(JSON.stringify(api.realtime.stats.snapshot(req.getQuery('reset') === '1')));
+    });
     try {
       const bound = await listen(admin, config.adminHost, config.adminPort);
       sockets.push(bound.socket);
       console.log(`data plane admin listening on ${config.adminHost}:${bound.port}`);
     } catch (err) {
-      fail(`data plane admin: ${(err as Error).message}`);
+      fail(`data plane admin: ${(err as Error).message} (in use, or not an address of this machine); choose another with --admin-listen`);
     }
     if (manualClock) console.log('data plane: TEST-ONLY manual clock enabled (TOLLGATE_TEST_CLOCK=1)');
   }
 
+  if (!config.tls && !isLoopbackAddress(config.controlPlane)) {
+    console.log(`data plane: warning: the node token goes in plaintext to ${config.controlPlane}; use --tls-ca (and --tls-cert/--tls-key) unless the network is private`);
+  }
   sync = new SyncClient({
     address: config.controlPlane,
+    tls: config.tls,
+    journalDepth: () => reporter.unackedCount,
+    journalExtra: () => ({ journalBytes: reporter.status.journalBytes, droppedLogRows: reporter.status.droppedLogRows }),
     nodeToken: config.nodeToken,
     nodeId: config.nodeId,
     instanceId: config.instanceId,
@@ -115,30 +146,68 @@ async function main(): Promise<void> {
     reporter,
     leases,
     now: () => clock.now(),
-    onFirstSnapshot: () => console.log('data plane ready'),
-    onFatal: (line) => fail(line),
-    log: (line) => console.log(`data plane: ${line}`),
+    onApplied: () => api.realtime.enforce(),
+    onFirstSnapshot: () => {
+      console.log('data plane ready');
+      log.info({ version: holder.current.version }, 'first snapshot applied: ready');
+    },
+    onFatal: (line) => {
+      log.fatal(line);
+      process.exit(2);
+    },
+    log: (line) => (/\b(lost|failed)\b/.test(line) ? log.warn({ sync: true }, line) : log.info({ sync: true }, line)),
   });
   sync.start();
 
-  let stopping = false;
-  const shutdown = async () => {
-    if (stopping) return;
-    stopping = true;
-    for (const s of sockets) uWS.us_listen_socket_close(s);
-    sockets.length = 0;
-    // Unused leases go back at once so other nodes can use them this minute; give queued usage a
-    // moment to reach the control plane; then go.
+  // Graceful drain (SIGTERM or SIGINT): stop accepting connections and stop being ready; let the
+  // requests and streams in flight finish, each connection closing after its response, within
+  // --drain-seconds; then close what is left (through its abort path, so its usage is recorded),
+  // give unused leases back, wait for the control plane to acknowledge the usage, and exit 0. The
+  // same signal a second time exits at once.
+  const signalsSeen = new Set<string>();
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (signalsSeen.has(signal)) {
+      log.warn({ signal, open: openWork() }, `second ${signal}: exiting at once`);
+      process.exit(1);
+    }
+    signalsSeen.add(signal);
+    if (isDraining()) return;
+    markDrainStarted();
+    void drain(signal).catch((err: Error) => {
+      log.error({ err }, 'drain failed');
+      process.exit(1);
+    });
+  };
+  const drain = async (signal: string) => {
+    const startedAt = Date.now();
+    const deadline = startedAt + config.drainSeconds * 1000;
+    closeConnectionsAfterResponses();
+    // Only the API listener closes: the admin listener keeps answering /readyz (503 now) and /metrics.
+    uWS.us_listen_socket_close(sockets[0]);
+    log.info({ signal, open: openWork(), drainSeconds: config.drainSeconds }, 'draining: no new connections, waiting for requests in flight');
+    while (openWork() > 0 && Date.now() < deadline) await sleep(50);
+    const cut = closeAllWork();
+    if (cut > 0) log.warn({ cut }, `drain deadline passed: ${cut} responses closed`);
     leases.giveBackAll();
-    await reporter.drain(1000).catch(() => false);
+    reporter.flush();
+    // Usage goes to the control plane before the process goes (at least a few seconds, even when the
+    // requests used up the drain time).
+    const flushed = await reporter.drain(Math.max(3000, deadline - Date.now())).catch(() => false);
+    if (flushed) log.info({ ms: Date.now() - startedAt }, 'drained: usage acknowledged by the control plane');
+    else log.error({ unacknowledged: reporter.unackedCount }, 'drained, but usage reports were not acknowledged by the control plane');
     sync?.stop();
     usage.close();
     reporter.stop();
+    for (const s of sockets.slice(1)) uWS.us_listen_socket_close(s);
     await pools.close().catch(() => {});
     process.exit(0);
   };
-  process.on('SIGINT', () => void shutdown());
-  process.on('SIGTERM', () => void shutdown());
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 main().catch((err: Error) => fail(`data plane failed: ${err.stack ?? err.message}`, 1));

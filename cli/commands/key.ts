@@ -136,18 +136,31 @@ export const keyCommands: Command[] = [
     async run(ctx, args) {
       const res = await ctx.client().revokeKey({ keyId: args.positionals[0] });
       const k = res.apiKey!;
+      const disconnected = res.nodesDisconnected.map((n) => ({ id: n.id, last_seen_at: nullIfEmpty(n.lastSeenAt) }));
       if (ctx.out.json) {
-        printJson(ctx.out, { id: k.id, status: k.status, key_prefix: k.keyPrefix, nodes_confirmed: res.nodesConfirmed, nodes_total: res.nodesTotal });
+        printJson(ctx.out, {
+          id: k.id,
+          status: k.status,
+          key_prefix: k.keyPrefix,
+          nodes_confirmed: res.nodesConfirmed,
+          nodes_total: res.nodesTotal,
+          nodes_unconfirmed: res.nodesUnconfirmed,
+          nodes_disconnected: disconnected,
+        });
         return;
       }
       ctx.out.write(formatFields([
         ['id', k.id],
         ['key_prefix', k.keyPrefix],
         ['status', k.status],
-        ['nodes', `${res.nodesConfirmed} of ${res.nodesTotal} confirmed`],
+        ['nodes', `${res.nodesConfirmed} of ${res.nodesTotal} connected confirmed${disconnected.length > 0 ? `, ${disconnected.length} known node(s) not connected` : ''}`],
       ]));
-      if (res.nodesConfirmed < res.nodesTotal) {
-        ctx.out.warn(`warning: ${res.nodesTotal - res.nodesConfirmed} node(s) did not confirm in time; they refuse the key once they resync.`);
+      if (res.nodesUnconfirmed.length > 0) {
+        ctx.out.warn(`warning: connected node(s) that did not confirm in time: ${res.nodesUnconfirmed.join(', ')}; they refuse the key once they resync.`);
+      }
+      if (disconnected.length > 0) {
+        const list = disconnected.map((n) => `${n.id} (last seen ${n.last_seen_at ?? 'never'})`).join(', ');
+        ctx.out.warn(`warning: node(s) known but not connected, which may still accept the key from their last state until they reconnect: ${list}`);
       }
     },
   },

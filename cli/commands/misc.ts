@@ -86,21 +86,28 @@ export const miscCommands: Command[] = [
         kind: m.kind,
         input_usd_per_mtok: formatUsd(m.inputMicrosPerMtok),
         output_usd_per_mtok: formatUsd(m.outputMicrosPerMtok),
+        audio_usd_per_unit: formatUsd(m.audioMicrosPerUnit),
         tiers: m.tiers,
       }));
       if (ctx.out.json) {
         printJson(ctx.out, { models });
         return;
       }
+      // Models billed per unit of audio show that price; the per-token columns would only say 0.00.
+      const perUnit = (kind: string) => kind === 'transcription' || kind === 'speech';
       ctx.out.write(formatTable(
-        ['id', 'kind', 'provider', 'input_usd_per_mtok', 'output_usd_per_mtok', 'tiers'],
-        models.map((m) => [m.id, m.kind, m.provider, m.input_usd_per_mtok, m.output_usd_per_mtok, m.tiers.join(',')]),
+        ['id', 'kind', 'provider', 'input_usd_per_mtok', 'output_usd_per_mtok', 'audio_usd_per_unit', 'tiers'],
+        models.map((m) =>
+          perUnit(m.kind)
+            ? [m.id, m.kind, m.provider, null, null, `${m.audio_usd_per_unit} ${m.kind === 'speech' ? '/1k chars' : '/second'}`, m.tiers.join(',')]
+            : [m.id, m.kind, m.provider, m.input_usd_per_mtok, m.output_usd_per_mtok, null, m.tiers.join(',')],
+        ),
       ));
     },
   },
   {
     name: 'nodes list',
-    summary: 'List the data-plane nodes and the config version each has acknowledged (operator only).',
+    summary: 'List the data-plane nodes: address, applied version, lag, last report, journal depth (operator only).',
     synopsis: '',
     async run(ctx) {
       const res = await ctx.client().listNodes();
@@ -109,9 +116,11 @@ export const miscCommands: Command[] = [
         address: n.address,
         connected: n.connected,
         acked_version: n.ackedVersion,
+        lag: n.lag,
         last_seen_at: n.lastSeenAt || null,
+        last_report_at: n.lastReportAt || null,
+        journal_depth: n.journalDepth ?? null,
         connected_at: n.connectedAt || null,
-        journal_batches: n.journalBatches,
         journal_bytes: n.journalBytes,
         dropped_log_rows: n.droppedLogRows,
       }));
@@ -121,8 +130,8 @@ export const miscCommands: Command[] = [
       }
       ctx.out.write(`current version: ${res.currentVersion}\n`);
       ctx.out.write(formatTable(
-        ['id', 'address', 'connected', 'acked_version', 'last_seen_at', 'journal_batches', 'journal_bytes'],
-        nodes.map((n) => [n.id, n.address, n.connected ? 'yes' : 'no', n.acked_version, n.last_seen_at, n.journal_batches, n.journal_bytes]),
+        ['id', 'address', 'connected', 'applied_version', 'lag', 'last_report_at', 'journal_depth', 'last_seen_at'],
+        nodes.map((n) => [n.id, n.address, n.connected ? 'yes' : 'no', n.acked_version, n.lag, n.last_report_at, n.journal_depth, n.last_seen_at]),
       ));
     },
   },

@@ -12,6 +12,7 @@ import type {
   GetUsageResponse,
   Member,
   NodeInfo,
+  RevokeKeyResponse,
   Org,
   Project,
 } from '../../proto/gen/tollgate/v1/console.js';
@@ -56,15 +57,15 @@ export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountR
 export interface NodeFleet {
   connectedCount(): number;
   /** Waits (at most timeoutMs) until every node connected now acks `version`. */
-  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number }>;
-  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string; journal?: { journalBatches: number; journalBytes: number; droppedLogRows: number } }[];
+  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number; unconfirmed: string[] }>;
+  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string; lastReportAt: string; journalDepth: number | null; journalBytes?: number; droppedLogRows?: number }[];
 }
 
 export interface ConsoleServiceOptions {
   operatorToken: string;
   pepper: Buffer;
   revokeAckTimeoutMs: number;
-  log?: (line: string) => void;
+  log?: (line: string, fields?: Record<string, unknown>) => void;
   /** Where request logs are read from (ListRequestLogs). */
   logs?: LogStore;
 }
@@ -140,9 +141,9 @@ export function apiKeyOf(k: ApiKeyRow): ApiKey {
 }
 
 export class ConsoleService {
-  private readonly log: (line: string) => void;
+  private readonly log: (line: string, fields?: Record<string, unknown>) => void;
   /** Revocations waiting for node acks: a second revoke of the same key joins the first. */
-  private readonly revoking = new Map<string, Promise<{ apiKey: ApiKey; nodesTotal: number; nodesConfirmed: number }>>();
+  private readonly revoking = new Map<string, Promise<RevokeKeyResponse>>();
   private readonly findLimiter = new FindKeyLimiter();
 
   constructor(
@@ -482,6 +483,7 @@ export class ConsoleService {
             kind: m.kind,
             inputMicrosPerMtok: m.inputMicrosPerMtok,
             outputMicrosPerMtok: m.outputMicrosPerMtok,
+            audioMicrosPerUnit: m.audioMicrosPerUnit,
             tiers: [...tiers.values()].filter((t) => t.models.includes(m.id)).map((t) => t.name),
           })),
         };
@@ -495,36 +497,26 @@ export class ConsoleService {
           const seen = live.get(n.id);
           if (!seen || n.ackedVersion > seen.ackedVersion) live.set(n.id, n);
         }
-        const nodes: NodeInfo[] = rows.map((r) => {
-          const l = live.get(r.id);
+        const current = this.state.snapshots.version;
+        const info = (id: string, r: (typeof rows)[number] | undefined, l: ReturnType<NodeFleet['liveNodes']>[number] | undefined): NodeInfo => {
+          const ackedVersion = Math.max(l?.ackedVersion ?? 0, r?.acked_version ?? 0);
           return {
-            id: r.id,
-            address: l?.address ?? r.address,
+            id,
+            address: l?.address ?? r?.address ?? '',
             connected: l !== undefined,
-            ackedVersion: Math.max(l?.ackedVersion ?? 0, r.acked_version),
-            lastSeenAt: l?.lastSeenAt ?? r.last_seen_at,
-            connectedAt: l?.connectedAt ?? r.connected_at,
-            journalBatches: l?.journal?.journalBatches ?? 0,
-            journalBytes: l?.journal?.journalBytes ?? 0,
-            droppedLogRows: l?.journal?.droppedLogRows ?? 0,
+            ackedVersion,
+            lastSeenAt: l?.lastSeenAt ?? r?.last_seen_at ?? '',
+            connectedAt: l?.connectedAt ?? r?.connected_at ?? '',
+            lag: Math.max(0, current - ackedVersion),
+            lastReportAt: l?.lastReportAt ?? '',
+            journalDepth: l?.journalDepth ?? undefined,
+            journalBytes: l?.journalBytes ?? 0,
+            droppedLogRows: l?.droppedLogRows ?? 0,
           };
-        });
-        for (const [id, l] of live) {
-          if (!rows.some((r) => r.id === id)) {
-            nodes.push({
-              id,
-              address: l.address,
-              connected: true,
-              ackedVersion: l.ackedVersion,
-              lastSeenAt: l.lastSeenAt,
-              connectedAt: l.connectedAt,
-              journalBatches: l.journal?.journalBatches ?? 0,
-              journalBytes: l.journal?.journalBytes ?? 0,
-              droppedLogRows: l.journal?.droppedLogRows ?? 0,
-            });
-          }
-        }
-        return { nodes, currentVersion: this.state.snapshots.version };
+        };
+        const nodes: NodeInfo[] = rows.map((r) => info(r.id, r, live.get(r.id)));
+        for (const [id, l] of live) if (!rows.some((r) => r.id === id)) nodes.push(info(id, undefined, l));
+        return { nodes, currentVersion: current };
       }),
 
       listRequestLogs: this.unary(async (req, caller) => {
@@ -629,7 +621,7 @@ export class ConsoleService {
    * transaction, (2) the change is pushed to every connected node, (3) wait (bounded) for their acks,
    * (4) only then set the console record to revoked. Never moves a key out of revoked.
    */
-  revoke(keyId: string): Promise<{ apiKey: ApiKey; nodesTotal: number; nodesConfirmed: number }> {
+  revoke(keyId: string): Promise<RevokeKeyResponse> {
     const running = this.revoking.get(keyId);
     if (running) return running;
     const work = (async () => {
@@ -642,13 +634,17 @@ export class ConsoleService {
         const version = await this.state.emit(tx, { keyRemoved: keyHash });
         return { row, version };
       });
-      if (step1.row.status === 'revoked') return { apiKey: apiKeyOf(step1.row), nodesTotal: 0, nodesConfirmed: 0 };
-      const acks = step1.version === null ? { total: 0, confirmed: 0 } : await this.fleet.awaitAcks(step1.version, this.opts.revokeAckTimeoutMs);
+      if (step1.row.status === 'revoked') return { apiKey: apiKeyOf(step1.row), nodesTotal: 0, nodesConfirmed: 0, nodesUnconfirmed: [], nodesDisconnected: [] };
+      const acks = step1.version === null ? { total: 0, confirmed: 0, unconfirmed: [] } : await this.fleet.awaitAcks(step1.version, this.opts.revokeAckTimeoutMs);
+      if (step1.version !== null) this.log(`key ${keyId} revoked at version ${step1.version}: ${acks.confirmed} of ${acks.total} connected nodes confirmed`, { event: 'key_revoked', keyId, version: step1.version, nodesTotal: acks.total, nodesConfirmed: acks.confirmed, nodesUnconfirmed: acks.unconfirmed });
       const row = await this.state.db.tx(async (tx) => {
         await markRevoked(tx, keyId, this.state.nowIso());
         return (await getKey(tx, keyId))!;
       });
-      return { apiKey: apiKeyOf(row), nodesTotal: acks.total, nodesConfirmed: acks.confirmed };
+      // Nodes seen before but not connected now may still be serving the key from their last state.
+      const connected = new Set(this.fleet.liveNodes().map((n) => n.id));
+      const nodesDisconnected = (await listNodeRows(this.state.db)).filter((n) => !connected.has(n.id)).map((n) => ({ id: n.id, lastSeenAt: n.last_seen_at }));
+      return { apiKey: apiKeyOf(row), nodesTotal: acks.total, nodesConfirmed: acks.confirmed, nodesUnconfirmed: acks.unconfirmed, nodesDisconnected };
     })();
     this.revoking.set(keyId, work);
     const forget = () => void this.revoking.delete(keyId);

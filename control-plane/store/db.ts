@@ -28,6 +28,8 @@ export class Db implements Queryable {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
   private readonly statements = new Map<string, sqlite3.Statement>();
+  /** Told how long each write transaction took (BEGIN to COMMIT or ROLLBACK): for metrics. */
+  txObserver: ((seconds: number, committed: boolean) => void) | null = null;
 
   private constructor(private readonly raw: sqlite3.Database) {}
 
@@ -121,6 +123,7 @@ export class Db implements Queryable {
     return this.enqueue(async () => {
       const hooks: (() => void)[] = [];
       const tx: Tx = { ...this.direct, afterCommit: (h) => void hooks.push(h) };
+      const began = performance.now();
       await this.direct.exec('BEGIN IMMEDIATE');
       let result: T;
       try {
@@ -128,16 +131,19 @@ export class Db implements Queryable {
         await this.direct.exec('COMMIT');
       } catch (err) {
         await this.direct.exec('ROLLBACK').catch(() => undefined);
+        this.txObserver?.((performance.now() - began) / 1000, false);
         throw err;
       }
+      this.txObserver?.((performance.now() - began) / 1000, true);
       for (const h of hooks) h();
       return result;
     });
   }
 
+  /** Refuses new work at once, lets every queued statement and transaction finish, then closes. */
   async close(): Promise<void> {
-    await this.queue;
     this.closed = true;
+    await this.queue;
     for (const st of this.statements.values()) await new Promise<void>((resolve) => st.finalize(() => resolve()));
     this.statements.clear();
     await new Promise<void>((resolve, reject) => this.raw.close((err) => (err ? reject(err) : resolve())));

@@ -147,8 +147,12 @@ export class KeyLeaseLedger {
       const h = pool.held.get(connId);
       if (!h) continue;
       pool.held.delete(connId);
-      const freeReq = h.usedRequests < 0 ? 0 : Math.max(0, h.requests - h.usedRequests);
-      const freeTok = h.usedTokens < 0 ? 0 : Math.max(0, h.tokens - h.usedTokens);
+      // The same instance already back on a newer connection (it reconnected before this close was
+      // seen) said there all it holds, what it used here included: nothing stays as a ghost.
+      let back = false;
+      for (const c of pool.held.keys()) if (instanceOf(c) === instance) back = true;
+      const freeReq = back ? h.requests : h.usedRequests < 0 ? 0 : Math.max(0, h.requests - h.usedRequests);
+      const freeTok = back ? h.tokens : h.usedTokens < 0 ? 0 : Math.max(0, h.tokens - h.usedTokens);
       h.requests -= freeReq;
       h.tokens -= freeTok;
       pool.totalRequests -= freeReq;
@@ -157,7 +161,7 @@ export class KeyLeaseLedger {
       if (ghost) {
         ghost.requests += h.requests;
         ghost.tokens += h.tokens;
-      } else pool.gone.set(instance, h);
+      } else if (!back) pool.gone.set(instance, h);
       if (freeReq > 0 || freeTok > 0) grown.push({ keyId: id.slice(0, id.lastIndexOf(':')), minute: pool.minute });
     }
     return grown;
@@ -226,9 +230,12 @@ export type SlotGrantResult = { kind: 'grant'; slots: number; final: boolean } |
  * Parallel-request slots: per key a pool of its max_parallel_requests, held by node connections (a
  * slot is held while the node keeps it, not per minute). A node admits a request only into a slot it
  * holds; when it has none free it asks, and the ledger takes idle slots back from the other nodes
- * before it says every slot is in use. A node's statement of what it holds (a want's `held` on its
- * first want, a return) is authoritative. A closed connection's slots are freed: its requests died
- * with it (a node cut off but alive counts locally, fail-static).
+ * before it says every slot is in use; when fewer are free than it needs, it gets those (and `final`:
+ * the requests it cannot seat are refused). A node not yet counted in a pool is registered with what
+ * it says it holds (a want's `held`, a return's `held`); once counted, a return takes off what it gave
+ * back (a grant on its way to it stays counted), never below what it says it holds. A connection
+ * holding nothing is forgotten, and so is a pool nobody holds. A closed connection's slots are freed:
+ * its requests died with it (a node cut off but alive counts locally, fail-static).
  */
 export class SlotLedger {
   private pools = new Map<string, { total: number; held: Map<string, number> }>();
@@ -253,20 +260,22 @@ export class SlotLedger {
       const from = [...pool.held].filter(([c, h]) => c !== connId && h > 0).map(([c]) => c);
       if (from.length > 0) return { kind: 'reclaim', from };
     }
-    const slots = short ? 0 : clamp(Math.max(w.want, w.need) - mine, free);
+    // Short: the free slots still seat some of the waiting requests (each needs one, unlike a budget).
+    const slots = clamp(Math.max(w.want, w.need) - mine, free);
     this.setHeld(w.keyId, pool, connId, (pool.held.get(connId) ?? 0) + slots);
     return { kind: 'grant', slots, final: short };
   }
 
-  /** The node says what it holds now (after giving back idle slots). */
+  /** The node gave back `returned` slots and holds `held` (its requests in flight). */
   applyHeld(connId: string, r: SlotHeld): void {
     let pool = this.pools.get(r.keyId);
     if (!pool) {
       if (r.held <= 0) return;
       pool = { total: 0, held: new Map() };
-      this.pools.set(r.keyId, pool);
     }
-    this.setHeld(r.keyId, pool, connId, r.held);
+    const counted = pool.held.get(connId);
+    const held = counted === undefined ? r.held : Math.max(counted - Math.max(0, r.returned), r.held);
+    this.setHeld(r.keyId, pool, connId, held);
   }
 
   heldBy(connId: string, keyId: string): number {
@@ -274,21 +283,22 @@ export class SlotLedger {
   }
 
   dropConnection(connId: string): void {
-    for (const [keyId, pool] of this.pools) if (pool.held.has(connId)) this.setHeld(keyId, pool, connId, 0, false);
+    for (const [keyId, pool] of this.pools) if (pool.held.has(connId)) this.setHeld(keyId, pool, connId, 0);
   }
 
   get size(): number {
     return this.pools.size;
   }
 
-  /** A connection holding 0 is kept in the pool (it has said what it holds); an empty pool is dropped. */
-  private setHeld(keyId: string, pool: { total: number; held: Map<string, number> }, connId: string, held: number, keep = true): void {
+  /** A connection holding 0 is forgotten (its next want says what it holds); so is an empty pool. */
+  private setHeld(keyId: string, pool: { total: number; held: Map<string, number> }, connId: string, held: number): void {
     const before = pool.held.get(connId) ?? 0;
     const after = Number.isFinite(held) ? Math.max(0, held) : 0;
     pool.total += after - before;
-    if (keep) pool.held.set(connId, after);
+    if (after > 0) pool.held.set(connId, after);
     else pool.held.delete(connId);
-    if (pool.total === 0 && !keep && pool.held.size === 0) this.pools.delete(keyId);
+    if (pool.held.size === 0) this.pools.delete(keyId);
+    else this.pools.set(keyId, pool);
   }
 }
 

@@ -5,13 +5,14 @@
 // node that falls far behind gets one fresh snapshot instead of an unbounded queue of deltas.
 import { status, type ServerDuplexStream } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
-import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, NodeStatus, OrgLease, OrgLeaseWant, Report, SlotLease, SlotWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, Delta, Hello, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, NodeMessage, OrgLease, OrgLeaseWant, Report, SlotLease, SlotWant, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
 import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
 import { queryUsageHandler } from './usage-query.js';
+import { countIngest, countLeaseAnswers } from '../metrics.js';
 
 const MAX_QUEUED = 1000;
 /**
@@ -52,8 +53,9 @@ class NodeSession {
   ingesting = false;
   /** The stream is paused for ingest backpressure. */
   paused = false;
-  /** The node's journal depth, as it last said. */
-  status: NodeStatus = { journalBatches: 0, journalBytes: 0, droppedLogRows: 0 };
+  /** The bytes of the node's journal and the log rows it dropped, as it last said (beside journalDepth). */
+  journalBytes = 0;
+  droppedLogRows = 0;
   /** Identifies this connection in the lease ledgers (slices belong to a connection). */
   readonly connId: string;
   /** Reclaims sent to this node and not yet answered, by id. */
@@ -69,6 +71,10 @@ class NodeSession {
   leaving = false;
   wholeReclaimId = 0;
   wholeReclaim: Promise<void> = Promise.resolve();
+  /** When the node's last usage report arrived on this connection. */
+  lastReportAt = '';
+  /** Usage the node holds unacknowledged, as its last NodeStatus said; null before it said. */
+  journalDepth: number | null = null;
 
   constructor(
     readonly call: Call,
@@ -126,7 +132,10 @@ export class SyncService implements NodeFleet {
       ackedVersion: s.ackedVersion,
       connectedAt: s.connectedAt,
       lastSeenAt: s.lastSeenAt,
-      journal: s.status,
+      lastReportAt: s.lastReportAt,
+      journalDepth: s.journalDepth,
+      journalBytes: s.journalBytes,
+      droppedLogRows: s.droppedLogRows,
     }));
   }
 
@@ -135,11 +144,12 @@ export class SyncService implements NodeFleet {
     return this.pendingReports;
   }
 
-  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number }> {
+  awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number; unconfirmed: string[] }> {
     const sessions = [...this.sessions];
     return Promise.all(sessions.map((s) => this.waitAck(s, version, timeoutMs))).then((r) => ({
       total: sessions.length,
       confirmed: r.filter(Boolean).length,
+      unconfirmed: sessions.filter((_, i) => !r[i]).map((s) => s.nodeId),
     }));
   }
 
@@ -221,6 +231,19 @@ export class SyncService implements NodeFleet {
       return null;
     }
     const nodeId = hello.nodeId.trim() || `node-${hello.instanceId.slice(0, 8) || 'unnamed'}`;
+    // Two processes under one node id would share a row in `nodes list` and hide each other's acks.
+    // The same process reconnecting (same instance id) replaces its old stream.
+    for (const other of this.sessions) {
+      if (other.nodeId !== nodeId) continue;
+      if (other.instanceId === hello.instanceId) {
+        this.drop(other);
+        other.call.end();
+        continue;
+      }
+      this.log(`sync: refused node ${JSON.stringify(nodeId)} from ${hello.listenAddress || 'an unknown address'}: that node id is already connected from ${other.address}`);
+      this.fail(call, status.ALREADY_EXISTS, `node id ${JSON.stringify(nodeId)} is already connected from ${other.address}; give every node its own --node-id`);
+      return null;
+    }
     const now = this.state.nowIso();
     const s = new NodeSession(call, nodeId, hello.instanceId, hello.listenAddress, now);
     const store = this.state.snapshots;
@@ -252,11 +275,14 @@ export class SyncService implements NodeFleet {
       this.log(`sync: node ${s.nodeId} asked for a resync at ${msg.resync.haveVersion}: ${msg.resync.reason || 'no reason given'}`);
       this.enqueue(s, 'snapshot');
     } else if (msg.report) {
+      s.lastReportAt = s.lastSeenAt;
       this.queueReport(s, msg.report);
-    } else if (msg.nodeStatus) {
-      s.status = msg.nodeStatus;
     } else if (msg.leaseRequest) {
       this.onLeaseRequest(s, msg.leaseRequest);
+    } else if (msg.status) {
+      s.journalDepth = Math.max(0, msg.status.journalDepth);
+      s.journalBytes = Math.max(0, msg.status.journalBytes);
+      s.droppedLogRows = Math.max(0, msg.status.droppedLogRows);
     }
   }
 
@@ -280,9 +306,10 @@ export class SyncService implements NodeFleet {
         const report = s.reports[0];
         try {
           // A cost counts against this connection's slice only if it was reserved from it.
-          await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
+          const written = await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
             if (epoch !== 0 && epoch === s.leaseEpoch) this.moneyLeases.consume(s.connId, orgId, cost);
           });
+          countIngest(written);
         } catch (err) {
           this.log(`sync: report ${report.seq} from node ${s.nodeId} not written: ${(err as Error).message}`);
           this.drop(s);
@@ -440,6 +467,7 @@ export class SyncService implements NodeFleet {
       }
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
+    countLeaseAnswers(keys, orgs);
     this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);

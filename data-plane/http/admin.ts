@@ -1,9 +1,10 @@
 // The admin listener: a second tiny uWS app. GET /healthz (process up), GET /readyz (200 once the first
-// snapshot is applied, else 503), GET /stats/lease-waits (latency added by waiting for leases), GET /stats/leases (whether the control plane knows what this node used of its leases). TEST-ONLY: when the node runs with TOLLGATE_TEST_CLOCK=1, POST
+// snapshot is applied and while not draining, else 503), GET /metrics (Prometheus text), GET /stats/lease-waits (latency added by waiting for leases), GET /stats/leases (whether the control plane knows what this node used of its leases). TEST-ONLY: when the node runs with TOLLGATE_TEST_CLOCK=1, POST
 // /test/clock with {"now_ms": N} or {"advance_ms": N} sets or advances the node's manual clock, so
 // tests can cross minute windows without waiting. Without that switch the route does not exist.
 import uWS, { type TemplatedApp } from 'uWebSockets.js';
 import type { ManualClock } from '../limits/clock.js';
+import { METRICS_CONTENT_TYPE, scrape } from '../metrics.js';
 import { logBug, Reply } from './reply.js';
 import { collectBody } from './request-body.js';
 
@@ -20,6 +21,16 @@ export function createAdminApp(isReady: () => boolean, testClock: ManualClock | 
   });
   app.get('/stats/leases', (res) => {
     res.writeHeader('content-type', 'application/json').end(JSON.stringify(leaseState?.() ?? {}));
+  });
+  app.get('/metrics', (res) => {
+    const reply = new Reply(res);
+    scrape().then(
+      (text) => reply.send(200, [['content-type', METRICS_CONTENT_TYPE]], text),
+      (err) => {
+        logBug(err);
+        reply.send(500, TEXT, 'metrics failed\n');
+      },
+    );
   });
   app.get('/healthz', (res) => {
     res.end('ok\n');

@@ -12,22 +12,39 @@
 // Here (8) is kept by `finish()`: the onAborted handler and every way a response ends (end, close,
 // a finished tryEnd) call it, and it runs the registered cleanups exactly once.
 import type { HttpResponse, RecognizedString } from 'uWebSockets.js';
+import { isGatewayError } from '../errors.js';
+import { log } from '../log.js';
+import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
+import type { PathFamily } from '../routing/path-families.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
 
-export class Reply {
+export class Reply implements ReplyMeter {
+  // Metrics (metrics.ts): `family` is set by the API server; replies without one are not counted.
+  family: PathFamily | null = null;
+  status = 0;
+  /** The catalog code of an error the gateway answered with; empty otherwise. */
+  reason = '';
+  readonly startedAt = performance.now();
+  /** When the upstream call began (0: none); set by the server right before it calls a provider. */
+  upstreamAt = 0;
+  /** When status and headers were handed to uWS (0: never). */
+  headAt = 0;
+  /** The upstream failed (set by stream-proxy before it answers or closes). */
+  upstreamError = false;
+  private streaming = false;
+
   /** True once `res` may no longer be touched (aborted, ended, closed, fully sent). */
   done = false;
   /** True when the client went away (or we closed the connection) before the response ended. */
   aborted = false;
   /** Headers added to every response (the key's rate-limit headers once it is known). */
   extraHeaders: HeaderList | null = null;
-  /** For the request log: the status sent (0 until one is), body bytes written, why it was refused. */
-  status = 0;
+  /** For the request log: body bytes written, and why it was refused (request-log.ts, refusalReason). */
   bytesOut = 0;
-  reason = '';
+  refusal = '';
   /** The request-log entry of a request of a known key (its admitted context adds the usage). */
   logDraft: LogDraft | null = null;
 
@@ -44,6 +61,7 @@ export class Reply {
 
   constructor(res: HttpResponse) {
     this.res = res;
+    liveReplies.add(this);
     res.onAborted(() => {
       this.aborted = true;
       this.finish();
@@ -69,11 +87,12 @@ export class Reply {
     if (this.done) return;
     this.status = status;
     this.bytesOut += byteLength(body);
+    this.headAt = performance.now();
     this.res.cork(() => {
       this.res.writeStatus(statusLine(status));
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
-      this.res.end(body, closeConnection);
+      this.res.end(body, closeConnection || draining);
     });
     this.finish();
   }
@@ -81,16 +100,23 @@ export class Reply {
   /** Renders an error through error-shapes.ts and sends it. */
   sendError(err: unknown, shape: ErrorShape, closeConnection = false): void {
     if (this.done) return;
+    this.reason = isGatewayError(err) ? err.code : 'INTERNAL';
     const r = renderError(err, shape);
-    this.reason = refusalReason(err);
+    this.refusal = refusalReason(err);
     this.send(r.status, r.headers, r.body, closeConnection);
   }
 
   /** Starts a streamed response; status and headers go out with the first chunk (one cork). */
   startStream(status: number, headers: HeaderList, totalSize = -1): void {
     this.head = { statusLine: statusLine(status), headers };
-    this.status = status;
     this.totalSize = totalSize;
+    if (this.done || this.headAt !== 0) return;
+    this.status = status;
+    this.headAt = performance.now();
+    if (totalSize < 0 && this.family) {
+      this.streaming = true;
+      streamStarted();
+    }
   }
 
   private writeHead(): void {
@@ -184,9 +210,12 @@ export class Reply {
       if (!this.headWritten && !this.head) {
         this.head = { statusLine: statusLine(200), headers: [] };
         this.status = 200;
+        this.headAt = performance.now();
       }
+      // uWS writes `Connection: close` as a header line: only possible before the head went out.
+      const closeConnection = draining && !this.headWritten;
       this.writeHead();
-      this.res.end(chunk ?? '');
+      this.res.end(chunk ?? '', closeConnection);
     });
     this.finish();
   }
@@ -198,6 +227,15 @@ export class Reply {
     // uWS runs onAborted from inside close(), which calls finish().
     this.res.close();
     this.finish();
+  }
+
+  /**
+   * The connection became a WebSocket (call right before uWS `upgrade`): `res` may no longer be
+   * touched, and the cleanups are dropped, as the socket's close handler owns the request from here.
+   */
+  markUpgraded(): void {
+    this.done = true;
+    this.cleanups = [];
   }
 
   pause(): void {
@@ -212,6 +250,15 @@ export class Reply {
   private finish(): void {
     if (this.done) return;
     this.done = true;
+    liveReplies.delete(this);
+    if (this.streaming) streamEnded();
+    if (this.family) {
+      try {
+        recordReply(this);
+      } catch (err) {
+        logBug(err);
+      }
+    }
     const fns = this.cleanups;
     this.cleanups = [];
     for (const fn of fns) runSafely(fn, this.aborted);
@@ -221,6 +268,30 @@ export class Reply {
 function byteLength(body: RecognizedString): number {
   if (typeof body === 'string') return body.length;
   return (body as ArrayBufferView | ArrayBuffer).byteLength ?? 0;
+}
+
+/** Every response not yet ended, so a drain that runs out of time can close them through their abort path. */
+const liveReplies = new Set<Reply>();
+let draining = false;
+
+/** The node drains: every response from now on closes its connection when it ends (no keep-alive). */
+export function closeConnectionsAfterResponses(): void {
+  draining = true;
+}
+
+/** How many responses are still open. */
+export function openReplies(): number {
+  return liveReplies.size;
+}
+
+/**
+ * Closes every open response (the drain deadline passed). Each ends through its abort path, which
+ * aborts its upstream and records its usage (rule 8).
+ */
+export function closeOpenReplies(): number {
+  const open = [...liveReplies];
+  for (const r of open) r.close();
+  return open.length;
 }
 
 function runSafely(fn: (aborted: boolean) => void, aborted: boolean): void {
@@ -234,5 +305,5 @@ function runSafely(fn: (aborted: boolean) => void, aborted: boolean): void {
 let bugsLogged = 0;
 /** A bug (an exception that is not a catalog error): logged, never thrown into uWS. */
 export function logBug(err: unknown): void {
-  if (bugsLogged++ < 100) console.error(`data plane bug: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
+  if (bugsLogged++ < 100) log.error({ err }, `data plane bug: ${err instanceof Error ? err.message : String(err)}`);
 }

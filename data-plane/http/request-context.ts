@@ -8,6 +8,7 @@ import type { Clock } from '../limits/clock.js';
 import type { Ticket } from '../limits/key-budgets.js';
 import type { SpendReservation } from '../limits/lease-client.js';
 import type { CallResult } from '../proxy/providers/provider.js';
+import { logRequestError } from '../log.js';
 import { logBug } from './reply.js';
 import type { LogDraft } from './request-log.js';
 
@@ -135,6 +136,7 @@ export class RequestContext {
       audioUnits: reported.audioUnits === undefined ? undefined : cleanCount(reported.audioUnits, 'audio units', this.requestId),
     };
     this.ticket.settle(r.promptTokens + r.completionTokens);
+    if (r.status >= 500) logRequestError({ requestId: this.requestId, keyId: this.key.keyId, path: this.path, status: r.status, model: this.model?.id }, `request ${this.requestId} ended with status ${r.status}`);
     const m = this.model;
     let cost = 0;
     if (m && this.providerStarted) {

@@ -30,6 +30,9 @@ import { collectBody, streamBody } from './request-body.js';
 import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
+import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
+import { requestStarted } from '../metrics.js';
+import { familyOf } from '../routing/path-families.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -51,6 +54,8 @@ export interface ServerDeps {
   isStale(): boolean;
   /** GET /v1/usage reads the control plane's durable usage through this; absent: 503. */
   usage?: UsageSource;
+  /** Realtime sessions: buffer and message limits, the request-log seam. */
+  realtime?: RealtimeOptions;
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -88,9 +93,14 @@ export class ApiServer {
     return this.admission.waits;
   }
 
+  /** The `/v1/realtime` WebSocket gateway (data-plane/realtime/). */
+  readonly realtime: RealtimeGateway;
+
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
     this.app = uWS.App();
+    this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
+    this.realtime.register(this.app);
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }
 
@@ -117,6 +127,8 @@ export class ApiServer {
         req.forEach((k, v) => allHeaders!.push([k, v]));
       }
       reply = new Reply(res);
+      reply.family = familyOf(head.path);
+      requestStarted();
       // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
       head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () =>
         headerLines(req, 'x-forwarded-for'),
@@ -163,7 +175,7 @@ export class ApiServer {
     // Every request of a known key is logged once it has ended (request-log.ts).
     const draft = new LogDraft(deps.reporter, head, key, () => deps.clock.now(), () => this.nextRequestId());
     reply.logDraft = draft;
-    reply.onFinish((aborted) => draft.endReply(reply, aborted));
+    reply.onFinish((aborted) => draft.endReply({ status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal }, aborted));
     // From here every answer carries the key's rate headers (admission refreshes them).
     reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
@@ -205,7 +217,9 @@ export class ApiServer {
           if (ctx) this.usage(ctx, reply, head, key);
         });
       case 'realtime':
-        return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', 'Realtime connections are not available on this gateway yet.'), 'B');
+        // WebSocket upgrades are taken by the realtime gateway; a plain request here is not one.
+        if (head.path !== REALTIME_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No route for ${head.path}.`), 'B');
+        return reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'A');
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }
@@ -221,7 +235,7 @@ export class ApiServer {
    */
   private logRefusedKey(reply: Reply, head: RequestHead, presented: string): void {
     const deps = this.deps;
-    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.reason };
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
     if (dead) {
       deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), head, dead, outcome, null));
@@ -453,6 +467,7 @@ export class ApiServer {
     if (!route.backend) return;
     // From here the request counts against rpm whatever the backend answers.
     ctx.providerStarted = true;
+    reply.upstreamAt = performance.now();
     forwardTool(this.deps.pools, {
       backend: route.backend,
       method: head.method,
@@ -467,6 +482,7 @@ export class ApiServer {
   }
 
   private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape) {
+    reply.upstreamAt = performance.now();
     return {
       requestId: ctx.requestId,
       reply,

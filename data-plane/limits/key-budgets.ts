@@ -216,6 +216,27 @@ export class KeyBudgets {
     return { ok: true, ticket: this.ticketFor(state, limits, minute, estimate), headers: headersOf(state, limits, now, lease) };
   }
 
+  /**
+   * Tokens a long-lived session (a realtime WebSocket) used just now, counted in the current minute
+   * outside any ticket: the session's slot and request were taken on admission, its tokens arrive
+   * response by response and may span minutes. Never refused (the tokens are spent); returns the
+   * key's rate headers after counting, so the caller can tell whether the key's tpm is now spent.
+   */
+  useTokens(limits: KeyLimits, tokens: number): RateHeaders {
+    const now = this.clock.now();
+    const minute = minuteOf(now);
+    const n = sanitizeTokens(tokens) ?? 0;
+    const state = this.stateFor(limits.keyId, minute);
+    this.touch(state, minute);
+    // Asked first so a lease client starts this key minute (its cold share) and sees the usage.
+    const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
+    if (n > 0) {
+      state.tokens += n;
+      this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
+    }
+    return headersOf(state, limits, now, lease);
+  }
+
   /** The rate headers of a key for the current minute, without counting anything. */
   headers(limits: KeyLimits): RateHeaders {
     const now = this.clock.now();

@@ -88,12 +88,16 @@ interface KeySlots {
    * refuses the requests that were waiting then; a request that starts later asks again.
    */
   finalAtMs: number;
+  /** When an answer last brought no slot (performance.now()): prefetching waits a while (every slot is leased). */
+  dryAtMs: number;
   idleSinceMs: number;
   waiters: Array<() => void>;
 }
 
 /** A key idle this long gives its slots back. */
 const SLOTS_IDLE_MS = 60_000;
+/** After an answer without a slot, no prefetch for this long (a request with no free slot still asks). */
+const SLOTS_DRY_MS = 1000;
 
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
@@ -178,8 +182,10 @@ export class LeaseClient implements AllowanceSource {
         sl.held = sl.inUse;
         sl.pending = false;
         sl.finalAtMs = 0;
+        sl.dryAtMs = -Infinity;
       }
       this.connected = connected;
+      if (connected) this.sayHeld();
       // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
       for (const k of this.keys.values()) wake(k);
       for (const o of orgs) wake(o);
@@ -187,6 +193,27 @@ export class LeaseClient implements AllowanceSource {
     }
     this.connected = connected;
     if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
+  }
+
+  /**
+   * On a new connection the node says at once what it holds (registered in the control plane's pools):
+   * a control plane that restarted, or has not yet seen the old connection close, would otherwise not
+   * count the slots in use here or the key minutes used until this node next asks, and a node whose
+   * slots are all in use does not ask.
+   */
+  private sayHeld(): void {
+    const minute = minuteOf(this.clock.now());
+    for (const [keyId, k] of this.keys) {
+      const heldRequests = finiteOrZero(k.allowRequests);
+      const heldTokens = finiteOrZero(k.allowTokens);
+      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) this.keyReturns.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
+    }
+    for (const [keyId, sl] of this.slots) {
+      if (sl.inUse === 0) continue;
+      sl.leased = true;
+      this.slotReturns.push({ keyId, held: sl.held, returned: 0 });
+    }
+    if (this.keyReturns.length > 0 || this.slotReturns.length > 0) this.queueFlush();
   }
 
   /**
@@ -416,11 +443,13 @@ export class LeaseClient implements AllowanceSource {
     const slotKeys = r.allKeys ? [...this.slots.keys()] : r.slotKeyIds;
     for (const keyId of slotKeys) {
       const sl = this.slots.get(keyId);
+      // What it gives back, not only what it keeps: a grant on its way here stays counted.
+      const returned = sl?.leased ? Math.max(0, sl.held - sl.inUse) : 0;
       if (sl) {
         sl.leased = true;
         sl.held = sl.inUse;
       }
-      this.slotReturns.push({ keyId, held: sl ? sl.held : 0 });
+      this.slotReturns.push({ keyId, held: sl ? sl.held : 0, returned });
     }
     const orgReturns: OrgLeaseReturn[] = [];
     for (const orgId of r.orgIds) {
@@ -448,8 +477,9 @@ export class LeaseClient implements AllowanceSource {
     }
     for (const [keyId, sl] of this.slots) {
       if (sl.leased && sl.held > sl.inUse) {
+        const returned = sl.held - sl.inUse;
         sl.held = sl.inUse;
-        this.slotReturns.push({ keyId, held: sl.held });
+        this.slotReturns.push({ keyId, held: sl.held, returned });
       }
     }
     const orgReturns: OrgLeaseReturn[] = [];
@@ -495,7 +525,7 @@ export class LeaseClient implements AllowanceSource {
     // (A slot freed here lets the requests waiting here in at once.)
     if (sl.leased && this.connected && this.nodes > 1 && !sl.pending) {
       const chunk = leaseChunk(sl.limit, this.nodes);
-      if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2) this.askSlots(keyId, sl, 0);
+      if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2 && performance.now() - sl.dryAtMs >= SLOTS_DRY_MS) this.askSlots(keyId, sl, 0);
     }
   }
 
@@ -520,7 +550,7 @@ export class LeaseClient implements AllowanceSource {
     const sl = this.slots.get(g.keyId);
     if (this.leaving || !sl || !sl.leased) {
       // Not wanted any more (or the node is stopping): straight back.
-      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0 });
+      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0, returned: g.slots });
       if (g.slots > 0) this.queueFlush();
       return;
     }
@@ -528,6 +558,7 @@ export class LeaseClient implements AllowanceSource {
     sl.askedNeed = 0;
     sl.held += g.slots;
     if (g.final) sl.finalAtMs = performance.now();
+    sl.dryAtMs = g.slots > 0 ? -Infinity : performance.now();
     wake(sl);
   }
 
@@ -540,7 +571,7 @@ export class LeaseClient implements AllowanceSource {
   private slotsOf(keyId: string, maxParallel: number): KeySlots {
     let sl = this.slots.get(keyId);
     if (!sl) {
-      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, idleSinceMs: performance.now(), waiters: [] };
+      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [] };
       this.slots.set(keyId, sl);
     }
     return sl;
@@ -563,7 +594,7 @@ export class LeaseClient implements AllowanceSource {
     const now = performance.now();
     for (const [keyId, sl] of this.slots) {
       if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
-      if (sl.leased && sl.held > 0 && this.connected) this.slotReturns.push({ keyId, held: 0 });
+      if (sl.leased && sl.held > 0 && this.connected) this.slotReturns.push({ keyId, held: 0, returned: sl.held });
       this.slots.delete(keyId);
     }
     if (this.slotReturns.length > 0) this.queueFlush();

@@ -83,6 +83,8 @@ export function proxyRequest(req: ProxyRequest): void {
   });
 
   const fail = (err: Error) => {
+    // Before the answer below: the metrics read it when the reply ends.
+    if (!clientGone) reply.upstreamError = true;
     if (reply.done) {
       if (clientGone) done(499, 'aborted');
       else done(status || 502, 'error');

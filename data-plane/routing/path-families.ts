@@ -64,8 +64,9 @@ export const PATH_FAMILIES: readonly PathFamily[] = Object.freeze([
   family('vector_stores', 'prefix', '/v1/vector_stores', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
   family('sandbox', 'prefix', '/v1/sandbox/', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
   family('route', 'under', '/v1/route', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
-  // Connection attempts; the spec gives realtime no cap of its own.
-  family('realtime', 'prefix', '/v1/realtime', 'realtime', BODY_CAP_GENERAL_BYTES, 'B', 'realtime'),
+  // Connection attempts; the spec gives realtime no cap of its own. Shape A: its refusals are the
+  // model endpoints' (a realtime model is a model).
+  family('realtime', 'prefix', '/v1/realtime', 'realtime', BODY_CAP_GENERAL_BYTES, 'A', 'realtime'),
   // Any other `/v1` path: the general budget, 32 MiB, Shape B, 404 after authentication.
   family('v1', 'under', '/v1', null, BODY_CAP_GENERAL_BYTES, 'B', 'none'),
   family('outside', 'any', '', null, BODY_CAP_GENERAL_BYTES, 'B', 'none'),

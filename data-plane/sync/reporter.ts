@@ -28,7 +28,6 @@ const MAX_ROWS_PER_REPORT = 2000;
 const WINDOW = 4;
 /** Past the journal's cap times this, whole reports (usage too) are dropped rather than kept. */
 const HARD_CAP_FACTOR = 1.5;
-const STATUS_EVERY_MS = 1000;
 
 export interface ReporterStatus {
   journalBatches: number;
@@ -52,8 +51,6 @@ export class Reporter {
   private droppedLogRows = 0;
   private droppedReports = 0;
   private capEpisode = false;
-  private lastStatusKey = '';
-  private lastStatusAt = 0;
   private readonly timer: NodeJS.Timeout;
 
   constructor(
@@ -112,7 +109,6 @@ export class Reporter {
     }
     void this.opts.journal.sync();
     this.pump();
-    this.sendStatus(false);
   }
 
   private seal(): void {
@@ -159,7 +155,6 @@ export class Reporter {
     this.stream = stream;
     this.inFlight.clear();
     this.waitingDrain = false;
-    this.lastStatusKey = '';
     this.pump();
   }
 
@@ -238,19 +233,6 @@ export class Reporter {
         return;
       }
     }
-  }
-
-  /** Tells the control plane the journal's depth when it changed (at most once a second). */
-  private sendStatus(force: boolean): void {
-    const stream = this.stream;
-    if (!stream || this.waitingDrain) return;
-    const s = this.status;
-    const key = `${s.journalBatches}/${s.journalBytes}/${s.droppedLogRows}`;
-    const now = Date.now();
-    if (!force && (key === this.lastStatusKey || now - this.lastStatusAt < STATUS_EVERY_MS)) return;
-    this.lastStatusKey = key;
-    this.lastStatusAt = now;
-    stream.write({ nodeStatus: s });
   }
 }
 

@@ -3,7 +3,8 @@
 // Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
 // bad node token) is fatal: one line, exit 2.
-import { credentials, Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
+import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
+import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 import { SyncServiceClient, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../auth/key-table.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
@@ -13,6 +14,8 @@ import type { Reporter } from './reporter.js';
 /** How long before the top of a minute the next minute's first lease chunks are asked for. */
 const PREFETCH_BEFORE_TOP_MS = 3000;
 const USED_EVERY_MS = 100;
+/** How often the node tells the control plane its journal depth (for `tollgate nodes list`). */
+const STATUS_EVERY_MS = 5000;
 
 export interface SyncClientOptions {
   address: string;
@@ -26,10 +29,22 @@ export interface SyncClientOptions {
   /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
   leases?: LeaseClient;
   now(): number;
+  /**
+   * After a snapshot or delta is applied and before it is acked: closes what the new state no longer
+   * allows (open realtime sockets of removed keys, blocked organisations), so a revocation the
+   * control plane sees acked has reached them.
+   */
+  onApplied?(): void;
   onFirstSnapshot(): void;
   /** A refusal that retrying cannot fix: print the line, exit 2. */
   onFatal(line: string): void;
   log(line: string): void;
+  /** TLS to the control plane (default: plaintext). */
+  tls?: TlsFiles | null;
+  /** Usage held unacknowledged, sent in NodeStatus (the usage journal's depth once it lands). */
+  journalDepth?: () => number;
+  /** The journal's bytes and the request-log rows dropped because it was full, sent with the depth. */
+  journalExtra?: () => { journalBytes: number; droppedLogRows: number };
   minBackoffMs?: number;
   maxBackoffMs?: number;
 }
@@ -48,9 +63,12 @@ export class SyncClient {
   private readonly pruneTimer: NodeJS.Timeout;
   private readonly prefetchTimer: NodeJS.Timeout;
   private readonly usedTimer: NodeJS.Timeout;
+  private readonly statusTimer: NodeJS.Timeout;
 
   constructor(private readonly opts: SyncClientOptions) {
-    this.client = new SyncServiceClient(opts.address, credentials.createInsecure(), {
+    const channel = clientChannel(opts.tls ?? null, opts.address);
+    this.client = new SyncServiceClient(opts.address, channel.credentials, {
+      ...channel.options,
       'grpc.keepalive_time_ms': 10_000,
       'grpc.keepalive_timeout_ms': 5_000,
       'grpc.initial_reconnect_backoff_ms': 100,
@@ -67,6 +85,15 @@ export class SyncClient {
     // What the node used of its leases, at most ten times a second (freed if the node dies).
     this.usedTimer = setInterval(() => opts.leases?.sendUsed(), USED_EVERY_MS);
     this.usedTimer.unref();
+    this.statusTimer = setInterval(() => this.sendStatus(), STATUS_EVERY_MS);
+    this.statusTimer.unref();
+  }
+
+  private sendStatus(): void {
+    if (this.call && this.opts.journalDepth) {
+      const extra = this.opts.journalExtra?.() ?? { journalBytes: 0, droppedLogRows: 0 };
+      this.call.write({ status: { journalDepth: this.opts.journalDepth(), ...extra } });
+    }
   }
 
   /** Sends a LeaseRequest on the current stream; false when there is none. */
@@ -87,6 +114,7 @@ export class SyncClient {
     clearInterval(this.pruneTimer);
     clearInterval(this.prefetchTimer);
     clearInterval(this.usedTimer);
+    clearInterval(this.statusTimer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.opts.reporter.detach();
     if (this.call) this.call.cancel();
@@ -127,6 +155,7 @@ export class SyncClient {
       },
     });
     this.opts.reporter.attach(call);
+    this.sendStatus();
   }
 
   private onMessage(call: ClientDuplexStream<NodeMessage, ControlMessage>, msg: ControlMessage): void {
@@ -137,6 +166,7 @@ export class SyncClient {
       holder.applySnapshot(msg.snapshot);
       if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
       this.awaitingSnapshot = false;
+      this.opts.onApplied?.();
       call.write({ ack: { version: msg.snapshot.version } });
       if (!this.gotFirstSnapshot) {
         this.gotFirstSnapshot = true;
@@ -146,6 +176,7 @@ export class SyncClient {
       if (this.awaitingSnapshot || !holder.ready) return;
       const r = holder.current.applyDelta(msg.delta);
       if (r === 'applied') {
+        this.opts.onApplied?.();
         call.write({ ack: { version: msg.delta.toVersion } });
         // Credit, cap, tier or config changes: a node told "nothing left" asks again.
         if (leases) for (const c of msg.delta.changes) if (c.orgUpsert) leases.orgChanged(c.orgUpsert.orgId);
@@ -187,17 +218,23 @@ export class SyncClient {
     this.opts.leases?.setConnected(false);
     if (this.stopped) return;
     if (s.code === GrpcStatus.FAILED_PRECONDITION) {
-      this.opts.onFatal(`refused by control plane: pepper mismatch (${s.details || 'this node holds a different key pepper'}); check TOLLGATE_PEPPER or --pepper-file`);
+      // The details already say "pepper mismatch: …".
+      this.opts.onFatal(`refused by control plane: ${s.details || 'pepper mismatch'}; check TOLLGATE_PEPPER or --pepper-file`);
       return;
     }
     if (s.code === GrpcStatus.UNAUTHENTICATED) {
-      this.opts.onFatal(`refused by control plane: node token not accepted (${s.details || 'unauthenticated'}); check TOLLGATE_NODE_TOKEN or --node-token-file`);
+      this.opts.onFatal(`refused by control plane: node token not accepted; check TOLLGATE_NODE_TOKEN or --node-token-file`);
       return;
     }
     if (this.disconnectedSince === null) this.disconnectedSince = this.opts.now();
-    if (!this.lostLogged) {
+    if (s.code === GrpcStatus.ALREADY_EXISTS) {
+      // Another process holds this node id. Retried: a restarted node waits until its predecessor's
+      // stream is gone, while a true duplicate never gets in (and is never ready).
+      if (!this.lostLogged) this.opts.log(`refused by control plane: ${s.details}; retrying`);
       this.lostLogged = true;
-      this.opts.log(`control plane connection lost (${GrpcStatus[s.code] ?? s.code}: ${s.details}); serving from version ${this.opts.holder.current.version}, reconnecting`);
+    } else if (!this.lostLogged) {
+      this.lostLogged = true;
+      this.opts.log(`control plane connection lost (${describeStatus(s)}); serving from version ${this.opts.holder.current.version}, reconnecting`);
     }
     const base = Math.min(this.opts.maxBackoffMs ?? 5_000, (this.opts.minBackoffMs ?? 100) * 2 ** this.attempt);
     this.attempt = Math.min(this.attempt + 1, 20);
@@ -207,4 +244,12 @@ export class SyncClient {
       this.connect();
     }, delay);
   }
+}
+
+/** "UNAVAILABLE: No connection established", never "OK: OK" or a status name repeated. */
+function describeStatus(s: StatusObject): string {
+  if (s.code === GrpcStatus.OK) return 'the control plane ended the stream';
+  const name = GrpcStatus[s.code] ?? String(s.code);
+  const details = (s.details ?? '').trim();
+  return details && details.toUpperCase() !== name && details !== name.replace(/_/g, ' ') ? `${name}: ${details}` : name;
 }

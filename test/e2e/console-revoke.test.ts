@@ -43,7 +43,7 @@ test('a revoked key stays active in the console until the node acks, then is rev
   const r = await revoking;
   assert.equal(r.code, 0, r.stderr);
   const revoked = JSON.parse(r.stdout);
-  assert.deepEqual(revoked, { id: created.id, status: 'revoked', key_prefix: created.key_prefix, nodes_confirmed: 1, nodes_total: 1 });
+  assert.deepEqual(revoked, { id: created.id, status: 'revoked', key_prefix: created.key_prefix, nodes_confirmed: 1, nodes_total: 1, nodes_unconfirmed: [], nodes_disconnected: [] });
   const listed = cliJson(cp, owner.token, ['key', 'list', '--project', projectId]).keys.find((k: any) => k.id === created.id);
   assert.equal(listed.status, 'revoked');
   assert.equal(typeof listed.revoked_at, 'string');

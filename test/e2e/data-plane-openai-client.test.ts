@@ -24,7 +24,7 @@ after(stopAll);
 test('models.list returns the models of the plan in OpenAI list format', async () => {
   const page = await client.models.list();
   const ids = page.data.map((m) => m.id);
-  assert.deepEqual(ids, ['demo-chat', 'demo-embed', 'demo-transcribe', 'demo-speech']);
+  assert.deepEqual(ids, ['demo-chat', 'demo-embed', 'demo-transcribe', 'demo-speech', 'demo-realtime']);
   for (const m of page.data) {
     assert.equal(m.object, 'model');
     assert.equal(typeof m.created, 'number');

@@ -131,10 +131,22 @@ test('a body over the path cap is refused from its Content-Length with 413', asy
   assert.equal(body.error.code, '413');
 });
 
-test('tool paths without a configured backend: 502 Shape B upstream_unreachable; realtime too', async () => {
-  for (const path of ['/v1/pdf', '/v1/files/abc', '/v1/vector_stores', '/v1/sandbox/run', '/v1/route', '/v1/realtime']) {
+test('tool paths without a configured backend: 502 Shape B upstream_unreachable', async () => {
+  for (const path of ['/v1/pdf', '/v1/files/abc', '/v1/vector_stores', '/v1/sandbox/run', '/v1/route']) {
     const r = await request(`${dp.url}${path}`, { headers: bearer(key) });
     assert.equal(r.status, 502, path);
     assert.equal(r.body.error.code, 'upstream_unreachable');
   }
+});
+
+// Before: /v1/realtime answered 502 "not available yet"; it is a WebSocket endpoint now.
+test('a plain HTTP request to /v1/realtime is told it takes WebSocket connections only (400 Shape A); other realtime paths 404', async () => {
+  const r = await request(`${dp.url}/v1/realtime?model=demo-realtime`, { headers: bearer(key) });
+  assert.equal(r.status, 400);
+  assert.equal(r.body.error.type, 'invalid_request_error');
+  assert.equal(r.body.error.code, '400');
+  assert.match(r.body.error.message, /WebSocket/);
+  const sub = await request(`${dp.url}/v1/realtime/sessions`, { method: 'POST', headers: bearer(key) });
+  assert.equal(sub.status, 404);
+  assert.equal(sub.body.error.code, 'not_found');
 });

@@ -46,11 +46,12 @@ test('npm start prints a key once with a working curl line, and Ctrl-C stops bot
   assert.equal(res.body.object, 'chat.completion');
   assert.equal(typeof res.body.choices[0].message.content, 'string');
   assert.ok(res.body.usage.total_tokens > 0);
-  // Secrets were generated into ./data with mode 0600.
-  for (const f of ['pepper', 'node-token', 'operator-token']) {
-    const st = statSync(join(cwd, 'data', f));
+  // Secrets were generated with mode 0600: the tokens into ./data, the pepper apart from the database.
+  for (const f of ['secrets/pepper', 'data/node-token', 'data/operator-token']) {
+    const st = statSync(join(cwd, f));
     assert.equal(st.mode & 0o777, 0o600, f);
   }
+  assert.equal(existsSync(join(cwd, 'data', 'pepper')), false, 'a backup of ./data does not hold the pepper');
   assert.ok(existsSync(join(cwd, 'data', 'tollgate.db')));
   // Ctrl-C.
   proc.child.kill('SIGINT');

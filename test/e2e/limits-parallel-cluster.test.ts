@@ -112,3 +112,29 @@ test('no false refusal: all ten slots can be used on one node after the others u
   const done = await Promise.all(inflight);
   assert.ok(done.every((r) => r.status === 200), done.map((r) => r.status).join(','));
 });
+
+test('after a control-plane restart the slots in use on every node still count: the eleventh is refused', async () => {
+  const key = await paidKey();
+  const inflight: Promise<HttpResult>[] = [];
+  for (let i = 0; i < 5; i++) inflight.push(slow(nodes[0], key));
+  await heldAtUpstream(5);
+  for (let i = 0; i < 5; i++) inflight.push(slow(nodes[2], key));
+  await heldAtUpstream(10);
+  // Kill the control plane and bring it back on the same address and database: its ledger is empty.
+  // Whichever node reconnects first is asked what it holds when the next joins; before, the other's
+  // 5 slots in use were counted nowhere (it had no reason to ask) and the key got 15 in flight.
+  await cp.proc.kill('SIGKILL');
+  admin.close();
+  cp = await startControlPlane({ dir: cp.dir, secrets: cp.secrets, configPath: cp.configPath, listen: cp.address, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
+  admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === 3, 'three nodes reconnected', 20_000);
+  const extra = slow(nodes[1], key);
+  const outcome = await Promise.race([extra, eventually(async () => held.length > LIMIT, 'an eleventh at the upstream').then(() => 'admitted' as const)]);
+  assert.notEqual(outcome, 'admitted', 'an eleventh request was admitted across the cluster');
+  const refused = outcome as HttpResult;
+  assert.equal(refused.status, 429, refused.text);
+  assert.equal(refused.body.error.type, 'max_parallel_requests');
+  release();
+  const done = await Promise.all(inflight);
+  assert.ok(done.every((r) => r.status === 200), done.map((r) => r.status).join(','));
+});

@@ -114,9 +114,13 @@ export interface ControlPlane {
   dir: string;
   secrets: Secrets;
   configPath?: string;
+  /** `http://HOST:PORT` of the admin listener (with `adminListen`). */
+  adminUrl?: string;
 }
 
 export interface ControlPlaneOptions {
+  /** Start the admin listener (/healthz, /readyz, /metrics) on a free loopback port. */
+  adminListen?: boolean;
   dir?: string;
   secrets?: Secrets;
   configPath?: string;
@@ -138,6 +142,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
   }
   const args = ['control-plane/main.ts', '--db', dbPath, '--listen', opts.listen ?? '127.0.0.1:0'];
   if (configPath) args.push('--config', configPath);
+  if (opts.adminListen) args.push('--admin-listen', '127.0.0.1:0');
   args.push(...(opts.extraArgs ?? []));
   const proc = startProcess(args, {
     TOLLGATE_PEPPER: secrets.pepper,
@@ -146,7 +151,8 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     ...opts.env,
   });
   const m = await proc.waitFor(/control plane listening on (\S+)/);
-  return { proc, address: m[1], dbPath, dir, secrets, configPath };
+  const adminUrl = opts.adminListen ? `http://${(await proc.waitFor(/control plane admin listening on (\S+)/))[1]}` : undefined;
+  return { proc, address: m[1], dbPath, dir, secrets, configPath, adminUrl };
 }
 
 export interface DataPlane {

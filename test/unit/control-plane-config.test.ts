@@ -93,3 +93,40 @@ test('trusted_proxies takes addresses and CIDR ranges, IPv4 and IPv6', () => {
   assert.deepEqual(proto.trustedProxies, ['10.0.0.0/8', '192.168.1.1', 'fd00::/8', '::ffff:172.16.0.0/108', '2001:db8::1']);
   assert.deepEqual(settings.trustedProxies, proto.trustedProxies);
 });
+
+// Before: the control plane took TOLLGATE_PEPPER over --pepper-file while a node took the file, so
+// one shell with both set gave the two sides different peppers.
+test('an explicit --pepper-file or --node-token-file wins over the environment, as on the nodes', async () => {
+  const { mkdtempSync, writeFileSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-cfg-'));
+  writeFileSync(join(dir, 'pepper'), `${'f'.repeat(40)}\n`);
+  writeFileSync(join(dir, 'node-token'), 'node_from_file_0123456789\n');
+  const cfg = loadControlPlaneConfig(
+    ['--db', join(dir, 't.db'), '--listen', '127.0.0.1:0', '--pepper-file', join(dir, 'pepper'), '--node-token-file', join(dir, 'node-token')],
+    { TOLLGATE_PEPPER: 'e'.repeat(40), TOLLGATE_NODE_TOKEN: 'node_from_env_0123456789', TOLLGATE_OPERATOR_TOKEN: 'op_0123456789abcdef' },
+  );
+  assert.equal(cfg.pepper.toString('utf8'), 'f'.repeat(40));
+  assert.equal(cfg.nodeToken, 'node_from_file_0123456789');
+  const fromEnv = loadControlPlaneConfig(['--db', join(dir, 't.db'), '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: 'e'.repeat(40), TOLLGATE_NODE_TOKEN: 'node_from_env_0123456789', TOLLGATE_OPERATOR_TOKEN: 'op_0123456789abcdef' });
+  assert.equal(fromEnv.pepper.toString('utf8'), 'e'.repeat(40));
+});
+
+test('api_key_file: read through the reader, never both with api_key_env, an unreadable or empty file named', () => {
+  const withModel = (extra: Record<string, unknown>) => {
+    const doc = demo();
+    doc.models.push({ id: 'up', provider: 'openai', kind: 'chat', base_url: 'https://upstream.example/v1', ...extra });
+    return doc;
+  };
+  const read = (path: string) => {
+    if (path === 'key.txt') return 'sk-from-file';
+    if (path === 'empty.txt') return '';
+    throw new Error(`cannot read /etc/tollgate/${path} (ENOENT)`);
+  };
+  const ok = parseGatewayConfig(withModel({ api_key_file: 'key.txt' }), {}, read);
+  assert.equal(ok.proto.models.find((m) => m.id === 'up')?.upstreamApiKey, 'sk-from-file');
+  assert.throws(() => parseGatewayConfig(withModel({ api_key_file: 'key.txt', api_key_env: 'X' }), { X: 'y' }, read), /model up: give api_key_env or api_key_file, not both/);
+  assert.throws(() => parseGatewayConfig(withModel({ api_key_file: 'gone.txt' }), {}, read), /model up\.api_key_file: cannot read \/etc\/tollgate\/gone\.txt \(ENOENT\)/);
+  assert.throws(() => parseGatewayConfig(withModel({ api_key_file: 'empty.txt' }), {}, read), /model up\.api_key_file: empty\.txt is empty/);
+});

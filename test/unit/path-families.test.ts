@@ -81,10 +81,10 @@ const rows: Row[] = [
   ['/v1/route/', 'group120', 64, 'B', 'tool'],
   ['/v1/router', null, 32, 'B', '404'],
   ['/v1/routes', null, 32, 'B', '404'],
-  // `/v1/realtime*`: a plain prefix; no body cap of its own.
-  ['/v1/realtime', 'realtime', 32, 'B', 'realtime'],
-  ['/v1/realtime/sessions', 'realtime', 32, 'B', 'realtime'],
-  ['/v1/realtimex', 'realtime', 32, 'B', 'realtime'],
+  // `/v1/realtime*`: a plain prefix; no body cap of its own; refusals in the model endpoints' shape.
+  ['/v1/realtime', 'realtime', 32, 'A', 'realtime'],
+  ['/v1/realtime/sessions', 'realtime', 32, 'A', 'realtime'],
+  ['/v1/realtimex', 'realtime', 32, 'A', 'realtime'],
   // Anything else under /v1: the general budget, 32 MiB, Shape B, 404.
   ['/v1', null, 32, 'B', '404'],
   ['/v1/', null, 32, 'B', '404'],

@@ -202,6 +202,15 @@ export interface RevokeKeyResponse {
   /** Nodes connected when the revocation was pushed, and how many acknowledged it in time. */
   nodesTotal: number;
   nodesConfirmed: number;
+  /** Ids of the connected nodes that did not acknowledge in time. */
+  nodesUnconfirmed: string[];
+  /** Nodes known to the control plane but not connected: they may still be serving on their last state. */
+  nodesDisconnected: KnownNode[];
+}
+
+export interface KnownNode {
+  id: string;
+  lastSeenAt: string;
 }
 
 export interface GetUsageRequest {
@@ -255,6 +264,8 @@ export interface ModelInfo {
   outputMicrosPerMtok: number;
   /** Tiers whose plan includes this model. */
   tiers: string[];
+  /** Models billed per unit of audio (seconds for transcription, 1,000 characters for speech). */
+  audioMicrosPerUnit: number;
 }
 
 export interface ListModelsRequest {
@@ -271,9 +282,20 @@ export interface NodeInfo {
   ackedVersion: number;
   lastSeenAt: string;
   connectedAt: string;
-  /** Reports in the node's journal not yet acknowledged (as last told by the node while connected). */
-  journalBatches: number;
+  /** current_version minus acked_version. */
+  lag: number;
+  /** When the node's last usage report arrived on its current connection; empty if none. */
+  lastReportAt: string;
+  /**
+   * Usage the node holds that the control plane has not acknowledged yet, as the node last said
+   * (the reports in its journal). Unset when not connected.
+   */
+  journalDepth?:
+    | number
+    | undefined;
+  /** The bytes of those reports, and request-log rows dropped because the journal was full. */
   journalBytes: number;
+  /** Request-log rows the node dropped because its journal was full (since it started). */
   droppedLogRows: number;
 }
 
@@ -3147,7 +3169,7 @@ export const RevokeKeyRequest: MessageFns<RevokeKeyRequest> = {
 };
 
 function createBaseRevokeKeyResponse(): RevokeKeyResponse {
-  return { apiKey: undefined, nodesTotal: 0, nodesConfirmed: 0 };
+  return { apiKey: undefined, nodesTotal: 0, nodesConfirmed: 0, nodesUnconfirmed: [], nodesDisconnected: [] };
 }
 
 export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
@@ -3160,6 +3182,12 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
     }
     if (message.nodesConfirmed !== 0) {
       writer.uint32(24).int32(message.nodesConfirmed);
+    }
+    for (const v of message.nodesUnconfirmed) {
+      writer.uint32(34).string(v!);
+    }
+    for (const v of message.nodesDisconnected) {
+      KnownNode.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -3201,6 +3229,22 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
             message.nodesConfirmed = reader.int32();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.nodesUnconfirmed.push(reader.string());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.nodesDisconnected.push(KnownNode.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3230,6 +3274,16 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
         : isSet(object.nodes_confirmed)
         ? globalThis.Number(object.nodes_confirmed)
         : 0,
+      nodesUnconfirmed: globalThis.Array.isArray(object?.nodesUnconfirmed)
+        ? object.nodesUnconfirmed.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.nodes_unconfirmed)
+        ? object.nodes_unconfirmed.map((e: any) => globalThis.String(e))
+        : [],
+      nodesDisconnected: globalThis.Array.isArray(object?.nodesDisconnected)
+        ? object.nodesDisconnected.map((e: any) => KnownNode.fromJSON(e))
+        : globalThis.Array.isArray(object?.nodes_disconnected)
+        ? object.nodes_disconnected.map((e: any) => KnownNode.fromJSON(e))
+        : [],
     };
   },
 
@@ -3244,6 +3298,12 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
     if (message.nodesConfirmed !== 0) {
       obj.nodesConfirmed = Math.round(message.nodesConfirmed);
     }
+    if (message.nodesUnconfirmed?.length) {
+      obj.nodesUnconfirmed = message.nodesUnconfirmed;
+    }
+    if (message.nodesDisconnected?.length) {
+      obj.nodesDisconnected = message.nodesDisconnected.map((e) => KnownNode.toJSON(e));
+    }
     return obj;
   },
 
@@ -3257,6 +3317,97 @@ export const RevokeKeyResponse: MessageFns<RevokeKeyResponse> = {
       : undefined;
     message.nodesTotal = object.nodesTotal ?? 0;
     message.nodesConfirmed = object.nodesConfirmed ?? 0;
+    message.nodesUnconfirmed = object.nodesUnconfirmed?.map((e) => e) || [];
+    message.nodesDisconnected = object.nodesDisconnected?.map((e) => KnownNode.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseKnownNode(): KnownNode {
+  return { id: "", lastSeenAt: "" };
+}
+
+export const KnownNode: MessageFns<KnownNode> = {
+  encode(message: KnownNode, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.lastSeenAt !== "") {
+      writer.uint32(18).string(message.lastSeenAt);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KnownNode {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKnownNode();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.lastSeenAt = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KnownNode {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      lastSeenAt: isSet(object.lastSeenAt)
+        ? globalThis.String(object.lastSeenAt)
+        : isSet(object.last_seen_at)
+        ? globalThis.String(object.last_seen_at)
+        : "",
+    };
+  },
+
+  toJSON(message: KnownNode): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.lastSeenAt !== "") {
+      obj.lastSeenAt = message.lastSeenAt;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KnownNode>, I>>(base?: I): KnownNode {
+    return KnownNode.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KnownNode>, I>>(object: I): KnownNode {
+    const message = createBaseKnownNode();
+    message.id = object.id ?? "";
+    message.lastSeenAt = object.lastSeenAt ?? "";
     return message;
   },
 };
@@ -3839,6 +3990,7 @@ function createBaseModelInfo(): ModelInfo {
     inputMicrosPerMtok: 0,
     outputMicrosPerMtok: 0,
     tiers: [],
+    audioMicrosPerUnit: 0,
   };
 }
 
@@ -3864,6 +4016,9 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     }
     for (const v of message.tiers) {
       writer.uint32(58).string(v!);
+    }
+    if (message.audioMicrosPerUnit !== 0) {
+      writer.uint32(64).int64(message.audioMicrosPerUnit);
     }
     return writer;
   },
@@ -3937,6 +4092,14 @@ export const ModelInfo: MessageFns<ModelInfo> = {
             message.tiers.push(reader.string());
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.audioMicrosPerUnit = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3970,6 +4133,11 @@ export const ModelInfo: MessageFns<ModelInfo> = {
         ? globalThis.Number(object.output_micros_per_mtok)
         : 0,
       tiers: globalThis.Array.isArray(object?.tiers) ? object.tiers.map((e: any) => globalThis.String(e)) : [],
+      audioMicrosPerUnit: isSet(object.audioMicrosPerUnit)
+        ? globalThis.Number(object.audioMicrosPerUnit)
+        : isSet(object.audio_micros_per_unit)
+        ? globalThis.Number(object.audio_micros_per_unit)
+        : 0,
     };
   },
 
@@ -3996,6 +4164,9 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     if (message.tiers?.length) {
       obj.tiers = message.tiers;
     }
+    if (message.audioMicrosPerUnit !== 0) {
+      obj.audioMicrosPerUnit = Math.round(message.audioMicrosPerUnit);
+    }
     return obj;
   },
 
@@ -4011,6 +4182,7 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     message.inputMicrosPerMtok = object.inputMicrosPerMtok ?? 0;
     message.outputMicrosPerMtok = object.outputMicrosPerMtok ?? 0;
     message.tiers = object.tiers?.map((e) => e) || [];
+    message.audioMicrosPerUnit = object.audioMicrosPerUnit ?? 0;
     return message;
   },
 };
@@ -4144,7 +4316,9 @@ function createBaseNodeInfo(): NodeInfo {
     ackedVersion: 0,
     lastSeenAt: "",
     connectedAt: "",
-    journalBatches: 0,
+    lag: 0,
+    lastReportAt: "",
+    journalDepth: undefined,
     journalBytes: 0,
     droppedLogRows: 0,
   };
@@ -4170,14 +4344,20 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     if (message.connectedAt !== "") {
       writer.uint32(50).string(message.connectedAt);
     }
-    if (message.journalBatches !== 0) {
-      writer.uint32(56).int64(message.journalBatches);
+    if (message.lag !== 0) {
+      writer.uint32(56).int64(message.lag);
+    }
+    if (message.lastReportAt !== "") {
+      writer.uint32(66).string(message.lastReportAt);
+    }
+    if (message.journalDepth !== undefined) {
+      writer.uint32(72).int64(message.journalDepth);
     }
     if (message.journalBytes !== 0) {
-      writer.uint32(64).int64(message.journalBytes);
+      writer.uint32(80).int64(message.journalBytes);
     }
     if (message.droppedLogRows !== 0) {
-      writer.uint32(72).int64(message.droppedLogRows);
+      writer.uint32(88).int64(message.droppedLogRows);
     }
     return writer;
   },
@@ -4248,19 +4428,35 @@ export const NodeInfo: MessageFns<NodeInfo> = {
               break;
             }
 
-            message.journalBatches = longToNumber(reader.int64());
+            message.lag = longToNumber(reader.int64());
             continue;
           }
           case 8: {
-            if (tag !== 64) {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.lastReportAt = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.journalDepth = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
               break;
             }
 
             message.journalBytes = longToNumber(reader.int64());
             continue;
           }
-          case 9: {
-            if (tag !== 72) {
+          case 11: {
+            if (tag !== 88) {
               break;
             }
 
@@ -4299,11 +4495,17 @@ export const NodeInfo: MessageFns<NodeInfo> = {
         : isSet(object.connected_at)
         ? globalThis.String(object.connected_at)
         : "",
-      journalBatches: isSet(object.journalBatches)
-        ? globalThis.Number(object.journalBatches)
-        : isSet(object.journal_batches)
-        ? globalThis.Number(object.journal_batches)
-        : 0,
+      lag: isSet(object.lag) ? globalThis.Number(object.lag) : 0,
+      lastReportAt: isSet(object.lastReportAt)
+        ? globalThis.String(object.lastReportAt)
+        : isSet(object.last_report_at)
+        ? globalThis.String(object.last_report_at)
+        : "",
+      journalDepth: isSet(object.journalDepth)
+        ? globalThis.Number(object.journalDepth)
+        : isSet(object.journal_depth)
+        ? globalThis.Number(object.journal_depth)
+        : undefined,
       journalBytes: isSet(object.journalBytes)
         ? globalThis.Number(object.journalBytes)
         : isSet(object.journal_bytes)
@@ -4337,8 +4539,14 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     if (message.connectedAt !== "") {
       obj.connectedAt = message.connectedAt;
     }
-    if (message.journalBatches !== 0) {
-      obj.journalBatches = Math.round(message.journalBatches);
+    if (message.lag !== 0) {
+      obj.lag = Math.round(message.lag);
+    }
+    if (message.lastReportAt !== "") {
+      obj.lastReportAt = message.lastReportAt;
+    }
+    if (message.journalDepth !== undefined) {
+      obj.journalDepth = Math.round(message.journalDepth);
     }
     if (message.journalBytes !== 0) {
       obj.journalBytes = Math.round(message.journalBytes);
@@ -4360,7 +4568,9 @@ export const NodeInfo: MessageFns<NodeInfo> = {
     message.ackedVersion = object.ackedVersion ?? 0;
     message.lastSeenAt = object.lastSeenAt ?? "";
     message.connectedAt = object.connectedAt ?? "";
-    message.journalBatches = object.journalBatches ?? 0;
+    message.lag = object.lag ?? 0;
+    message.lastReportAt = object.lastReportAt ?? "";
+    message.journalDepth = object.journalDepth ?? undefined;
     message.journalBytes = object.journalBytes ?? 0;
     message.droppedLogRows = object.droppedLogRows ?? 0;
     return message;

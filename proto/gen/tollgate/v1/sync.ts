@@ -31,7 +31,17 @@ export interface NodeMessage {
   report?: Report | undefined;
   leaseRequest?: LeaseRequest | undefined;
   resync?: Resync | undefined;
-  nodeStatus?: NodeStatus | undefined;
+  status?: NodeStatus | undefined;
+}
+
+/** Sent by a node on connect and every few seconds, for `tollgate nodes list`. */
+export interface NodeStatus {
+  /** Reports in the node's journal not yet acknowledged (usage and request logs). */
+  journalDepth: number;
+  /** Their bytes. */
+  journalBytes: number;
+  /** Request-log rows the node dropped because its journal was full (since it started). */
+  droppedLogRows: number;
 }
 
 export interface ControlMessage {
@@ -161,7 +171,7 @@ export interface ModelConfig {
    * config names. Never logged.
    */
   upstreamApiKey: string;
-  /** "chat", "embeddings", "transcription", "speech". */
+  /** "chat", "embeddings", "transcription", "speech", "realtime" (a WebSocket session on /v1/realtime). */
   kind: string;
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
@@ -178,9 +188,21 @@ export interface ToolBackend {
   timeoutMs: number;
 }
 
+/** Where a realtime model's sessions are relayed: an OpenAI-compatible realtime WebSocket URL. */
 export interface RealtimeUpstream {
+  /** The gateway's model id (a model of kind "realtime"). */
   model: string;
+  /** ws:// or wss:// URL; `?model=<upstream_model>` is added unless the URL names a model itself. */
   url: string;
+  /**
+   * The upstream credential, resolved by the control plane from the environment variable the
+   * config names (sent as "Authorization: Bearer"). Never logged.
+   */
+  upstreamApiKey: string;
+  /** The model id the upstream knows (default: the gateway's model id). */
+  upstreamModel: string;
+  /** How long the upstream may take to accept the WebSocket handshake. */
+  connectTimeoutMs: number;
 }
 
 export interface Report {
@@ -282,6 +304,12 @@ export interface SlotHeld {
   keyId: string;
   /** What the node holds after giving back: its requests in flight. */
   held: number;
+  /**
+   * How many slots it gave back. The control plane takes these off what it counts for the node (a
+   * grant on its way to the node when it answered stays counted); `held` registers a node not yet
+   * counted in the key's pool, and raises the count of one that admitted more while alone.
+   */
+  returned: number;
 }
 
 export interface SlotLease {
@@ -451,15 +479,6 @@ export interface LogColumns {
   keyPrefix: number[];
 }
 
-/** How far behind the node's report journal is, sent when it changes (at most once a second). */
-export interface NodeStatus {
-  /** Reports written to the node's journal and not yet acknowledged. */
-  journalBatches: number;
-  journalBytes: number;
-  /** Request-log rows the node dropped because its journal was full (since it started). */
-  droppedLogRows: number;
-}
-
 export interface QueryUsageRequest {
   keyId: string;
   /** Milliseconds since the epoch; since inclusive, until exclusive (0 = no upper bound). */
@@ -490,7 +509,7 @@ function createBaseNodeMessage(): NodeMessage {
     report: undefined,
     leaseRequest: undefined,
     resync: undefined,
-    nodeStatus: undefined,
+    status: undefined,
   };
 }
 
@@ -511,8 +530,8 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     if (message.resync !== undefined) {
       Resync.encode(message.resync, writer.uint32(42).fork()).join();
     }
-    if (message.nodeStatus !== undefined) {
-      NodeStatus.encode(message.nodeStatus, writer.uint32(50).fork()).join();
+    if (message.status !== undefined) {
+      NodeStatus.encode(message.status, writer.uint32(82).fork()).join();
     }
     return writer;
   },
@@ -570,12 +589,12 @@ export const NodeMessage: MessageFns<NodeMessage> = {
             message.resync = Resync.decode(reader, reader.uint32());
             continue;
           }
-          case 6: {
-            if (tag !== 50) {
+          case 10: {
+            if (tag !== 82) {
               break;
             }
 
-            message.nodeStatus = NodeStatus.decode(reader, reader.uint32());
+            message.status = NodeStatus.decode(reader, reader.uint32());
             continue;
           }
         }
@@ -601,11 +620,7 @@ export const NodeMessage: MessageFns<NodeMessage> = {
         ? LeaseRequest.fromJSON(object.lease_request)
         : undefined,
       resync: isSet(object.resync) ? Resync.fromJSON(object.resync) : undefined,
-      nodeStatus: isSet(object.nodeStatus)
-        ? NodeStatus.fromJSON(object.nodeStatus)
-        : isSet(object.node_status)
-        ? NodeStatus.fromJSON(object.node_status)
-        : undefined,
+      status: isSet(object.status) ? NodeStatus.fromJSON(object.status) : undefined,
     };
   },
 
@@ -626,8 +641,8 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     if (message.resync !== undefined) {
       obj.resync = Resync.toJSON(message.resync);
     }
-    if (message.nodeStatus !== undefined) {
-      obj.nodeStatus = NodeStatus.toJSON(message.nodeStatus);
+    if (message.status !== undefined) {
+      obj.status = NodeStatus.toJSON(message.status);
     }
     return obj;
   },
@@ -648,9 +663,122 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     message.resync = (object.resync !== undefined && object.resync !== null)
       ? Resync.fromPartial(object.resync)
       : undefined;
-    message.nodeStatus = (object.nodeStatus !== undefined && object.nodeStatus !== null)
-      ? NodeStatus.fromPartial(object.nodeStatus)
+    message.status = (object.status !== undefined && object.status !== null)
+      ? NodeStatus.fromPartial(object.status)
       : undefined;
+    return message;
+  },
+};
+
+function createBaseNodeStatus(): NodeStatus {
+  return { journalDepth: 0, journalBytes: 0, droppedLogRows: 0 };
+}
+
+export const NodeStatus: MessageFns<NodeStatus> = {
+  encode(message: NodeStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.journalDepth !== 0) {
+      writer.uint32(8).int64(message.journalDepth);
+    }
+    if (message.journalBytes !== 0) {
+      writer.uint32(16).int64(message.journalBytes);
+    }
+    if (message.droppedLogRows !== 0) {
+      writer.uint32(24).int64(message.droppedLogRows);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): NodeStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseNodeStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.journalDepth = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.journalBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.droppedLogRows = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): NodeStatus {
+    return {
+      journalDepth: isSet(object.journalDepth)
+        ? globalThis.Number(object.journalDepth)
+        : isSet(object.journal_depth)
+        ? globalThis.Number(object.journal_depth)
+        : 0,
+      journalBytes: isSet(object.journalBytes)
+        ? globalThis.Number(object.journalBytes)
+        : isSet(object.journal_bytes)
+        ? globalThis.Number(object.journal_bytes)
+        : 0,
+      droppedLogRows: isSet(object.droppedLogRows)
+        ? globalThis.Number(object.droppedLogRows)
+        : isSet(object.dropped_log_rows)
+        ? globalThis.Number(object.dropped_log_rows)
+        : 0,
+    };
+  },
+
+  toJSON(message: NodeStatus): unknown {
+    const obj: any = {};
+    if (message.journalDepth !== 0) {
+      obj.journalDepth = Math.round(message.journalDepth);
+    }
+    if (message.journalBytes !== 0) {
+      obj.journalBytes = Math.round(message.journalBytes);
+    }
+    if (message.droppedLogRows !== 0) {
+      obj.droppedLogRows = Math.round(message.droppedLogRows);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<NodeStatus>, I>>(base?: I): NodeStatus {
+    return NodeStatus.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<NodeStatus>, I>>(object: I): NodeStatus {
+    const message = createBaseNodeStatus();
+    message.journalDepth = object.journalDepth ?? 0;
+    message.journalBytes = object.journalBytes ?? 0;
+    message.droppedLogRows = object.droppedLogRows ?? 0;
     return message;
   },
 };
@@ -2746,7 +2874,7 @@ export const ToolBackend: MessageFns<ToolBackend> = {
 };
 
 function createBaseRealtimeUpstream(): RealtimeUpstream {
-  return { model: "", url: "" };
+  return { model: "", url: "", upstreamApiKey: "", upstreamModel: "", connectTimeoutMs: 0 };
 }
 
 export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
@@ -2756,6 +2884,15 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     }
     if (message.url !== "") {
       writer.uint32(18).string(message.url);
+    }
+    if (message.upstreamApiKey !== "") {
+      writer.uint32(26).string(message.upstreamApiKey);
+    }
+    if (message.upstreamModel !== "") {
+      writer.uint32(34).string(message.upstreamModel);
+    }
+    if (message.connectTimeoutMs !== 0) {
+      writer.uint32(40).int64(message.connectTimeoutMs);
     }
     return writer;
   },
@@ -2789,6 +2926,30 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
             message.url = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.upstreamApiKey = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.upstreamModel = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.connectTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2805,6 +2966,21 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     return {
       model: isSet(object.model) ? globalThis.String(object.model) : "",
       url: isSet(object.url) ? globalThis.String(object.url) : "",
+      upstreamApiKey: isSet(object.upstreamApiKey)
+        ? globalThis.String(object.upstreamApiKey)
+        : isSet(object.upstream_api_key)
+        ? globalThis.String(object.upstream_api_key)
+        : "",
+      upstreamModel: isSet(object.upstreamModel)
+        ? globalThis.String(object.upstreamModel)
+        : isSet(object.upstream_model)
+        ? globalThis.String(object.upstream_model)
+        : "",
+      connectTimeoutMs: isSet(object.connectTimeoutMs)
+        ? globalThis.Number(object.connectTimeoutMs)
+        : isSet(object.connect_timeout_ms)
+        ? globalThis.Number(object.connect_timeout_ms)
+        : 0,
     };
   },
 
@@ -2816,6 +2992,15 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     if (message.url !== "") {
       obj.url = message.url;
     }
+    if (message.upstreamApiKey !== "") {
+      obj.upstreamApiKey = message.upstreamApiKey;
+    }
+    if (message.upstreamModel !== "") {
+      obj.upstreamModel = message.upstreamModel;
+    }
+    if (message.connectTimeoutMs !== 0) {
+      obj.connectTimeoutMs = Math.round(message.connectTimeoutMs);
+    }
     return obj;
   },
 
@@ -2826,6 +3011,9 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
     const message = createBaseRealtimeUpstream();
     message.model = object.model ?? "";
     message.url = object.url ?? "";
+    message.upstreamApiKey = object.upstreamApiKey ?? "";
+    message.upstreamModel = object.upstreamModel ?? "";
+    message.connectTimeoutMs = object.connectTimeoutMs ?? 0;
     return message;
   },
 };
@@ -3859,7 +4047,7 @@ export const SlotWant: MessageFns<SlotWant> = {
 };
 
 function createBaseSlotHeld(): SlotHeld {
-  return { keyId: "", held: 0 };
+  return { keyId: "", held: 0, returned: 0 };
 }
 
 export const SlotHeld: MessageFns<SlotHeld> = {
@@ -3869,6 +4057,9 @@ export const SlotHeld: MessageFns<SlotHeld> = {
     }
     if (message.held !== 0) {
       writer.uint32(16).int64(message.held);
+    }
+    if (message.returned !== 0) {
+      writer.uint32(24).int64(message.returned);
     }
     return writer;
   },
@@ -3902,6 +4093,14 @@ export const SlotHeld: MessageFns<SlotHeld> = {
             message.held = longToNumber(reader.int64());
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.returned = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3922,6 +4121,7 @@ export const SlotHeld: MessageFns<SlotHeld> = {
         ? globalThis.String(object.key_id)
         : "",
       held: isSet(object.held) ? globalThis.Number(object.held) : 0,
+      returned: isSet(object.returned) ? globalThis.Number(object.returned) : 0,
     };
   },
 
@@ -3933,6 +4133,9 @@ export const SlotHeld: MessageFns<SlotHeld> = {
     if (message.held !== 0) {
       obj.held = Math.round(message.held);
     }
+    if (message.returned !== 0) {
+      obj.returned = Math.round(message.returned);
+    }
     return obj;
   },
 
@@ -3943,6 +4146,7 @@ export const SlotHeld: MessageFns<SlotHeld> = {
     const message = createBaseSlotHeld();
     message.keyId = object.keyId ?? "";
     message.held = object.held ?? 0;
+    message.returned = object.returned ?? 0;
     return message;
   },
 };
@@ -6374,119 +6578,6 @@ export const LogColumns: MessageFns<LogColumns> = {
     message.costMicros = object.costMicros?.map((e) => e) || [];
     message.reason = object.reason?.map((e) => e) || [];
     message.keyPrefix = object.keyPrefix?.map((e) => e) || [];
-    return message;
-  },
-};
-
-function createBaseNodeStatus(): NodeStatus {
-  return { journalBatches: 0, journalBytes: 0, droppedLogRows: 0 };
-}
-
-export const NodeStatus: MessageFns<NodeStatus> = {
-  encode(message: NodeStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.journalBatches !== 0) {
-      writer.uint32(8).int64(message.journalBatches);
-    }
-    if (message.journalBytes !== 0) {
-      writer.uint32(16).int64(message.journalBytes);
-    }
-    if (message.droppedLogRows !== 0) {
-      writer.uint32(24).int64(message.droppedLogRows);
-    }
-    return writer;
-  },
-
-  decode(input: BinaryReader | Uint8Array, length?: number): NodeStatus {
-    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
-    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
-    if (previousRecursionDepth >= 100) {
-      throw new globalThis.Error("protobuf decode recursion limit exceeded");
-    }
-    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
-    try {
-      const end = length === undefined ? reader.len : reader.pos + length;
-      const message = createBaseNodeStatus();
-      while (reader.pos < end) {
-        const tag = reader.uint32();
-        switch (tag >>> 3) {
-          case 1: {
-            if (tag !== 8) {
-              break;
-            }
-
-            message.journalBatches = longToNumber(reader.int64());
-            continue;
-          }
-          case 2: {
-            if (tag !== 16) {
-              break;
-            }
-
-            message.journalBytes = longToNumber(reader.int64());
-            continue;
-          }
-          case 3: {
-            if (tag !== 24) {
-              break;
-            }
-
-            message.droppedLogRows = longToNumber(reader.int64());
-            continue;
-          }
-        }
-        if ((tag & 7) === 4 || tag === 0) {
-          break;
-        }
-        reader.skip(tag & 7);
-      }
-      return message;
-    } finally {
-      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
-    }
-  },
-
-  fromJSON(object: any): NodeStatus {
-    return {
-      journalBatches: isSet(object.journalBatches)
-        ? globalThis.Number(object.journalBatches)
-        : isSet(object.journal_batches)
-        ? globalThis.Number(object.journal_batches)
-        : 0,
-      journalBytes: isSet(object.journalBytes)
-        ? globalThis.Number(object.journalBytes)
-        : isSet(object.journal_bytes)
-        ? globalThis.Number(object.journal_bytes)
-        : 0,
-      droppedLogRows: isSet(object.droppedLogRows)
-        ? globalThis.Number(object.droppedLogRows)
-        : isSet(object.dropped_log_rows)
-        ? globalThis.Number(object.dropped_log_rows)
-        : 0,
-    };
-  },
-
-  toJSON(message: NodeStatus): unknown {
-    const obj: any = {};
-    if (message.journalBatches !== 0) {
-      obj.journalBatches = Math.round(message.journalBatches);
-    }
-    if (message.journalBytes !== 0) {
-      obj.journalBytes = Math.round(message.journalBytes);
-    }
-    if (message.droppedLogRows !== 0) {
-      obj.droppedLogRows = Math.round(message.droppedLogRows);
-    }
-    return obj;
-  },
-
-  create<I extends Exact<DeepPartial<NodeStatus>, I>>(base?: I): NodeStatus {
-    return NodeStatus.fromPartial(base ?? ({} as any));
-  },
-  fromPartial<I extends Exact<DeepPartial<NodeStatus>, I>>(object: I): NodeStatus {
-    const message = createBaseNodeStatus();
-    message.journalBatches = object.journalBatches ?? 0;
-    message.journalBytes = object.journalBytes ?? 0;
-    message.droppedLogRows = object.droppedLogRows ?? 0;
     return message;
   },
 };

@@ -1,0 +1,306 @@
+// The `/v1/realtime` WebSocket gateway. Every check of the HTTP pipeline (design.md, "order of checks")
+// runs in uWS's `upgrade` handler before the socket is accepted: edge IP budgets (60 connection
+// attempts per minute per IP, plus the general /v1 budget) → path sanity (400 bad_path) → credential
+// (Authorization: Bearer only; a key offered as a WebSocket subprotocol is refused) → route → key
+// budgets (the attempt is a request: one rpm, and a parallel slot held while the socket is open,
+// waiting for a lease across nodes like any request) → `?model=` (400) → model scope (401) → the
+// upstream (a ws handshake; refused or unreachable: 502). Refusals are plain HTTP answers in the model
+// endpoints' shape (A) with the key's rate headers. Only then is the client upgraded.
+import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type us_socket_context_t, type WebSocketBehavior } from 'uWebSockets.js';
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyRecord, StateHolder } from '../auth/key-table.js';
+import { GatewayError } from '../errors.js';
+import { deriveClientIp, headerLines } from '../http/client-ip.js';
+import { isDraining } from '../drain.js';
+import { logBug, Reply } from '../http/reply.js';
+import type { RequestContext } from '../http/request-context.js';
+import type { Admission } from '../http/admission.js';
+import { blockedMessage } from '../http/admission.js';
+import { isBadPath } from '../http/routes.js';
+import type { Clock } from '../limits/clock.js';
+import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
+import { rateHeaderPairs, type KeyBudgets } from '../limits/key-budgets.js';
+import type { LeaseClient } from '../limits/lease-client.js';
+import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
+import type { Reporter } from '../sync/reporter.js';
+import { OpenSockets } from './open-sockets.js';
+import { CLOSE, RealtimeSession, RealtimeStats, type UserData } from './session.js';
+import type { SessionLogSink } from './session-log.js';
+import type { UpstreamLink } from './upstream-link.js';
+import { connectWsUpstream } from './ws-upstream.js';
+
+/** The one path that accepts realtime sessions (OpenAI's: `wss://…/v1/realtime?model=…`). */
+export const REALTIME_PATH = '/v1/realtime';
+export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;
+export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
+/** Seconds without any frame from the client (uWS pings it automatically before that). */
+export const IDLE_TIMEOUT_SEC = 120;
+const STALE_CHECK_MS = 1000;
+const BEARER = /^Bearer +([^\s]+) *$/;
+
+export interface RealtimeDeps {
+  holder: StateHolder;
+  pepper: Buffer;
+  clock: Clock;
+  edge: EdgeBudgets;
+  keyBudgets: KeyBudgets;
+  leases?: LeaseClient;
+  reporter: Reporter;
+  isStale(): boolean;
+}
+
+export interface RealtimeOptions {
+  /** Bytes held for one client before its upstream is paused (default 1 MiB). */
+  maxBufferedBytes?: number;
+  /** Largest message either way (default 8 MiB). */
+  maxMessageBytes?: number;
+  /** THE seam for each session's request-log entry (session-log.ts). */
+  logSession?: SessionLogSink;
+}
+
+interface UpgradeHead {
+  path: string;
+  query: string;
+  authorization: string;
+  wsKey: string;
+  protocol: string;
+  extensions: string;
+  ip: string;
+}
+
+export class RealtimeGateway {
+  /** Open sockets by key: what revocation, blocking and staleness close. */
+  readonly sockets = new OpenSockets();
+  readonly stats = new RealtimeStats();
+  private readonly maxBufferedBytes: number;
+  private readonly maxMessageBytes: number;
+  private readonly logSession: SessionLogSink;
+  private staleTimer: NodeJS.Timeout | null = null;
+
+  constructor(
+    private readonly deps: RealtimeDeps,
+    private readonly admission: Admission,
+    opts: RealtimeOptions = {},
+  ) {
+    this.maxBufferedBytes = opts.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
+    this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.logSession = opts.logSession ?? (() => {});
+  }
+
+  /** Registers the WebSocket routes (before the app's catch-all HTTP route). */
+  register(app: TemplatedApp): void {
+    const behavior: WebSocketBehavior<UserData> = {
+      maxPayloadLength: this.maxMessageBytes,
+      // Above the pause threshold by a message and a socket read, so uWS itself never drops one.
+      maxBackpressure: this.maxBufferedBytes + 2 * this.maxMessageBytes + 256 * 1024,
+      closeOnBackpressureLimit: 0,
+      idleTimeout: IDLE_TIMEOUT_SEC,
+      sendPingsAutomatically: true,
+      compression: uWS.DISABLED,
+      upgrade: (res, req, context) => this.upgrade(res, req, context),
+      open: (ws) => guard(() => ws.getUserData().session.open(ws)),
+      // The message buffer dies when the handler returns: copied (Buffer.from of a view copies).
+      message: (ws, msg, isBinary) => guard(() => ws.getUserData().session.fromClient(Buffer.from(new Uint8Array(msg)), isBinary)),
+      drain: (ws) => guard(() => ws.getUserData().session.drained()),
+      close: (ws, code, msg) => guard(() => ws.getUserData().session.clientClosed(code, Buffer.from(msg).toString('utf8'))),
+    };
+    // A plain GET (no Sec-WebSocket-Key) falls through to the HTTP pipeline (uWS yields it).
+    app.ws(REALTIME_PATH, behavior);
+    app.ws(`${REALTIME_PATH}/*`, behavior);
+    this.staleTimer = setInterval(() => {
+      if (this.sockets.size > 0 && this.deps.isStale()) this.sockets.closeAll('invalid_api_key: this gateway node cannot currently verify API keys');
+    }, STALE_CHECK_MS);
+    this.staleTimer.unref();
+  }
+
+  /** After the node applied a snapshot or delta, before it acks: see OpenSockets.enforce. */
+  enforce(): void {
+    this.sockets.enforce(this.deps.holder.current);
+  }
+
+  /** Open sessions (the drain waits for them). */
+  get open(): number {
+    return this.sockets.size;
+  }
+
+  /** A stopping node ends every session with 1001; answers how many it closed. */
+  closeAll(reason: string): number {
+    const open = this.sockets.list();
+    for (const s of open) (s as RealtimeSession).close(CLOSE.GOING_AWAY, reason);
+    return open.length;
+  }
+
+  private upgrade(res: HttpResponse, req: HttpRequest, context: us_socket_context_t): void {
+    let reply: Reply | null = null;
+    try {
+      // Rule 1: everything needed from req, before any check.
+      const head: UpgradeHead = {
+        path: req.getUrl(),
+        query: req.getQuery() ?? '',
+        authorization: req.getHeader('authorization'),
+        wsKey: req.getHeader('sec-websocket-key'),
+        protocol: req.getHeader('sec-websocket-protocol'),
+        extensions: req.getHeader('sec-websocket-extensions'),
+        ip: '',
+      };
+      const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
+      reply = new Reply(res);
+      head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () => headerLines(req, 'x-forwarded-for'));
+      this.check(res, reply, head, hasCredential, context);
+    } catch (err) {
+      logBug(err);
+      try {
+        if (reply) reply.sendError(err, 'A');
+        else res.cork(() => res.writeStatus('500 Internal Server Error').end());
+      } catch (e) {
+        logBug(e);
+      }
+    }
+  }
+
+  private check(res: HttpResponse, reply: Reply, head: UpgradeHead, hasCredential: boolean, context: us_socket_context_t): void {
+    const deps = this.deps;
+    if (!deps.holder.ready) return reply.sendError(new GatewayError('NOT_READY'), 'A');
+    // A draining node opens no new long-lived session (it would only be cut at the deadline).
+    if (isDraining()) return reply.sendError(new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), 'A', true);
+    const edge = deps.edge.take(head.ip, head.path, hasCredential);
+    if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
+    if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'B');
+    // Browser-style credentials (`openai-insecure-api-key.<key>` subprotocols) are refused: keys
+    // never go in browser code (spec, Authentication 10). The value is never echoed.
+    if (offersKeyInProtocol(head.protocol)) {
+      return reply.sendError(
+        new GatewayError('KEY_MISSING', 'API keys are not accepted in Sec-WebSocket-Protocol: connect from a server with "Authorization: Bearer <API_KEY>", and revoke a key that was put in browser code.'),
+        'A',
+      );
+    }
+    if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), 'A');
+    const m = BEARER.exec(head.authorization);
+    if (!m) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
+    const key = deps.holder.current.lookup(deps.pepper, m[1]);
+    if (!key) return reply.sendError(new GatewayError('KEY_INVALID'), 'A');
+    reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+    if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
+    if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');
+    if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A');
+    deps.reporter.touch(key.keyId);
+    if (head.path !== REALTIME_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${head.path}; connect to ${REALTIME_PATH}?model=MODEL.`), 'B');
+    this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+      if (ctx) this.admitted(ctx, res, reply, head, key, context);
+    });
+  }
+
+  private admitted(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, context: us_socket_context_t): void {
+    // Refused by a later check: the attempt costs nothing, and its rate headers say so.
+    const refuse = (err: GatewayError) => {
+      ctx.refuse();
+      reply.extraHeaders = rateHeaderPairs(this.deps.keyBudgets.headers(key.limits));
+      reply.sendError(err, 'A');
+    };
+    try {
+      const state = this.deps.holder.current;
+      const modelId = new URLSearchParams(head.query).get('model') ?? '';
+      if (!modelId) return refuse(new GatewayError('INVALID_REQUEST', 'Missing required query parameter: model (connect to /v1/realtime?model=MODEL).', { param: 'model' }));
+      const model = state.view.models.get(modelId);
+      if (!model) return refuse(new GatewayError('UNKNOWN_MODEL', `The model \`${modelId}\` does not exist.`, { param: 'model' }));
+      if (model.kind !== 'realtime') {
+        return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a realtime model; /v1/realtime needs a model of kind realtime.`, { param: 'model' }));
+      }
+      if (!state.mayUseModel(key, model.id)) {
+        const tier = state.view.tiers.get(key.org.tier);
+        const why = tier?.plan.has(model.id) ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
+        return refuse(new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' }));
+      }
+      // ctx.model stays null: the session bills each response.done itself, never the context.
+      if (model.provider === 'demo') return this.accept(ctx, res, reply, head, key, model, new DemoRealtimeLink(model), context);
+      const upstream = state.view.config.realtimeUpstreams.find((u) => u.model === model.id);
+      if (model.provider !== 'openai' || !upstream) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No realtime upstream is configured for \`${model.id}\`.`));
+      const pending = connectWsUpstream(
+        upstream,
+        model.upstreamModel || model.id,
+        { maxMessageBytes: this.maxMessageBytes },
+        (link) => this.accept(ctx, res, reply, head, key, model, link, context),
+        (err) =>
+          guard(() => {
+            // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
+            ctx.providerStarted = true;
+            ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
+            reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
+          }),
+      );
+      ctx.abortFns.push(() => pending.cancel());
+    } catch (e) {
+      logBug(e);
+      reply.sendError(e, 'A');
+    }
+  }
+
+  /** Upgrades the client (inside one cork, with the rate headers on the 101) and starts the session. */
+  private accept(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, link: UpstreamLink, context: us_socket_context_t): void {
+    if (reply.done) {
+      // The client left while the upstream was being opened: the context was settled by the abort.
+      link.close(CLOSE.GOING_AWAY, 'client went away');
+      return;
+    }
+    try {
+      this.upgradeClient(ctx, res, reply, head, key, model, link, context);
+    } catch (e) {
+      // Called from a ws event too: nothing may escape. The session never opened: release its slot.
+      logBug(e);
+      link.close(CLOSE.INTERNAL, 'gateway error');
+      ctx.complete({ status: 500, promptTokens: 0, completionTokens: 0 });
+      if (!reply.done) reply.sendError(e, 'A');
+    }
+  }
+
+  private upgradeClient(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, link: UpstreamLink, context: us_socket_context_t): void {
+    ctx.providerStarted = true;
+    const session = new RealtimeSession(
+      {
+        clock: this.deps.clock,
+        keyBudgets: this.deps.keyBudgets,
+        leases: this.deps.leases,
+        reporter: this.deps.reporter,
+        sockets: this.sockets,
+        logSession: this.logSession,
+        maxBufferedBytes: this.maxBufferedBytes,
+        maxMessageBytes: this.maxMessageBytes,
+        stats: this.stats,
+      },
+      ctx,
+      key,
+      model,
+      link,
+      head.path,
+    );
+    const headers = reply.extraHeaders;
+    reply.markUpgraded();
+    res.cork(() => {
+      res.writeStatus('101 Switching Protocols');
+      if (headers) for (const [k, v] of headers) res.writeHeader(k, v);
+      res.upgrade<UserData>({ session }, head.wsKey, firstProtocol(head.protocol), head.extensions, context);
+    });
+  }
+}
+
+function guard(fn: () => void): void {
+  try {
+    fn();
+  } catch (e) {
+    logBug(e);
+  }
+}
+
+/** A subprotocol that carries a credential: OpenAI's browser style, or a bare key. */
+export function offersKeyInProtocol(protocolHeader: string): boolean {
+  if (!protocolHeader) return false;
+  return protocolHeader.split(',').some((p) => {
+    const t = p.trim().toLowerCase();
+    return t.includes('api-key') || t.includes('api_key') || t.startsWith('sk-') || t.includes('.sk-') || t.startsWith('bearer');
+  });
+}
+
+/** The subprotocol answered: the client's first offer, if it made any (ws clients insist on one then). */
+function firstProtocol(protocolHeader: string): string {
+  return protocolHeader.split(',')[0]?.trim() ?? '';
+}

@@ -1,0 +1,89 @@
+// The node's open realtime sockets by key hash, so a key removal, an organisation block or a narrowed
+// scope reaches the sockets already open (design.md, revocation: "open realtime sockets and streams of
+// the key are closed"). The sync client calls `enforce` after applying a snapshot or a delta and
+// before it acknowledges it, so a control plane that waits for acks knows the sockets are closed.
+// No I/O of its own: each socket closes itself through `closeForPolicy`.
+import type { GatewayState } from '../auth/key-table.js';
+import { openStreamGauge } from '../metrics.js';
+
+const gauge = openStreamGauge('realtime');
+
+/** A socket the registry can close: what it was opened for and how to end it. */
+export interface OpenSocket {
+  readonly keyHash: string;
+  readonly modelId: string;
+  /** Closes the client now with 1008 and `reason` (idempotent). */
+  closeForPolicy(reason: string): void;
+}
+
+export class OpenSockets {
+  private readonly byKey = new Map<string, Set<OpenSocket>>();
+  private count = 0;
+
+  add(s: OpenSocket): void {
+    let set = this.byKey.get(s.keyHash);
+    if (!set) {
+      set = new Set();
+      this.byKey.set(s.keyHash, set);
+    }
+    if (!set.has(s)) {
+      set.add(s);
+      this.count++;
+      gauge.opened();
+    }
+  }
+
+  remove(s: OpenSocket): void {
+    const set = this.byKey.get(s.keyHash);
+    if (!set || !set.delete(s)) return;
+    this.count--;
+    gauge.closed();
+    if (set.size === 0) this.byKey.delete(s.keyHash);
+  }
+
+  get size(): number {
+    return this.count;
+  }
+
+  /**
+   * Closes every socket whose key no longer authenticates (revoked), whose organisation is blocked,
+   * or whose model the key may no longer use. O(open sockets); nothing when none are open.
+   */
+  enforce(state: GatewayState): void {
+    if (this.count === 0) return;
+    const doomed: Array<[OpenSocket, string]> = [];
+    for (const [hash, set] of this.byKey) {
+      const key = state.keysByHash.get(hash);
+      for (const s of set) {
+        let why: string | null = null;
+        if (!key) why = 'invalid_api_key: this API key was revoked';
+        else if (key.org.blocked) why = `insufficient_quota: ${blockedReasonText(key.org.blockedReason)}`;
+        else if (!state.mayUseModel(key, s.modelId)) why = `model_not_allowed: this API key may no longer use ${s.modelId}`;
+        if (why) doomed.push([s, why]);
+      }
+    }
+    // Closed after the walk: closing removes from the sets being walked.
+    for (const [s, why] of doomed) s.closeForPolicy(why);
+  }
+
+  /** Closes every open socket with 1008 (a node that may no longer vouch for any key). */
+  closeAll(reason: string): void {
+    const all: OpenSocket[] = [];
+    for (const set of this.byKey.values()) for (const s of set) all.push(s);
+    for (const s of all) s.closeForPolicy(reason);
+  }
+
+  /** Every open socket (for a shutdown that ends them with another code). */
+  list(): OpenSocket[] {
+    const all: OpenSocket[] = [];
+    for (const set of this.byKey.values()) for (const s of set) all.push(s);
+    return all;
+  }
+}
+
+/** Short enough for a close reason (at most 123 bytes). */
+export function blockedReasonText(reason: string): string {
+  if (reason === 'monthly_cap_reached') return "the organisation's monthly spend cap was reached";
+  if (reason === 'balance_exhausted') return "the organisation's balance is exhausted";
+  return "the organisation's balance is exhausted or its monthly cap was reached";
+}

@@ -1,0 +1,158 @@
+// Graceful drain. SIGTERM during a streaming response: the node stops being ready and stops accepting
+// connections, the stream completes, the node exits 0, and the stream's usage reaches the control
+// plane. Past --drain-seconds what is still open is closed and billed as an abort. A second SIGTERM
+// exits at once. The control plane on SIGTERM closes its database cleanly.
+import assert from 'node:assert/strict';
+import { existsSync, statSync } from 'node:fs';
+import { connect } from 'node:net';
+import { after, before, test } from 'node:test';
+import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
+import { bearer } from '../helpers/http.js';
+import { scrapeMetrics } from '../helpers/prometheus.js';
+import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type Proc } from '../helpers/processes.js';
+import { waitForUsageRows } from '../helpers/usage-db.js';
+
+let up: FakeUpstream;
+let cp: ControlPlane;
+let c: Console;
+
+before(async () => {
+  up = await startFakeUpstream();
+  const yaml = configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free', 'paid'], { timeout_ms: 60_000 }));
+  cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
+  c = consoleClient(cp.address, cp.secrets.operatorToken);
+});
+after(async () => {
+  c.close();
+  await stopAll();
+  await up.close();
+});
+
+function connectOnce(hostPort: string): Promise<void> {
+  const i = hostPort.lastIndexOf(':');
+  return new Promise((resolve, reject) => {
+    const sock = connect({ host: hostPort.slice(0, i), port: Number(hostPort.slice(i + 1)) });
+    sock.once('connect', () => {
+      sock.destroy();
+      resolve();
+    });
+    sock.once('error', reject);
+  });
+}
+
+function exitCode(proc: Proc): Promise<number | null> {
+  const child = proc.child;
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(child.exitCode);
+  return new Promise((resolve) => child.once('exit', (code) => resolve(code)));
+}
+
+async function openHeldStream(url: string, key: string) {
+  up.setMode('hold-stream');
+  const res = await fetch(`${url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { ...bearer(key), 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'up-chat', stream: true, messages: [{ role: 'user', content: 'Say hello' }] }),
+  });
+  assert.equal(res.status, 200);
+  const reader = res.body!.getReader();
+  const dec = new TextDecoder();
+  let text = '';
+  while (!/"content":"Hello"/.test(text)) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    text += dec.decode(value, { stream: true });
+  }
+  assert.match(text, /"content":"Hello"/);
+  const rest = async () => {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return text;
+      text += dec.decode(value, { stream: true });
+    }
+  };
+  return { rest };
+}
+
+test('SIGTERM during a stream: not ready, no new connections, the stream completes, exit 0, usage arrives', async () => {
+  const dp = await startDataPlane(cp, { adminListen: true, extraArgs: ['--drain-seconds', '60'] });
+  const k = await createKey(c, { tier: 'free' });
+  await waitUntilKnown(dp.url, k.key);
+  const stream = await openHeldStream(dp.url, k.key);
+
+  dp.proc.child.kill('SIGTERM');
+  await dp.proc.waitFor(/"msg":"draining: no new connections/);
+  // Readiness flips while the stream is still open.
+  assert.equal((await fetch(`${dp.adminUrl}/readyz`)).status, 503);
+  const m = await scrapeMetrics(`${dp.adminUrl}/metrics`);
+  assert.equal(m.value('tollgate_node_draining'), 1);
+  assert.equal(m.value('tollgate_node_open_streams', { kind: 'sse' }), 1);
+  // A new connection is refused.
+  await assert.rejects(connectOnce(dp.address), /ECONNREFUSED/);
+  // A request on a connection opened before the drain is still answered, and that connection closes.
+  const late = await fetch(`${dp.url}/v1/models`, { headers: bearer(k.key) });
+  assert.equal(late.status, 200);
+  assert.equal(late.headers.get('connection'), 'close');
+  assert.equal(dp.proc.child.exitCode, null, 'the node waits for the stream');
+
+  up.release();
+  const text = await stream.rest();
+  assert.match(text, /\[DONE\]/);
+  assert.equal(await exitCode(dp.proc), 0);
+  assert.match(dp.proc.output(), /"msg":"drained: usage acknowledged by the control plane"/);
+  // The stream's usage is in the control plane's usage table, with its tokens.
+  const rows = await waitForUsageRows(cp.dbPath, k.keyId, 1);
+  assert.equal(rows.length, 1);
+  assert.equal(rows[0].status, 200);
+  assert.equal(rows[0].model, 'up-chat');
+  assert.ok(rows[0].completion_tokens > 0);
+  up.setMode('normal');
+});
+
+test('past --drain-seconds an open stream is closed, billed as an abort, and the node still exits 0', async () => {
+  const dp = await startDataPlane(cp, { extraArgs: ['--drain-seconds', '1'] });
+  const k = await createKey(c, { tier: 'free' });
+  await waitUntilKnown(dp.url, k.key);
+  const stream = await openHeldStream(dp.url, k.key);
+  dp.proc.child.kill('SIGTERM');
+  // The upstream never finishes; the node cuts the stream at the deadline.
+  const text = await stream.rest().catch(() => 'cut');
+  assert.doesNotMatch(text, /\[DONE\]/);
+  assert.equal(await exitCode(dp.proc), 0);
+  assert.match(dp.proc.output(), /drain deadline passed: 1 responses closed/);
+  const rows = await waitForUsageRows(cp.dbPath, k.keyId, 1);
+  assert.equal(rows[0].status, 499);
+  up.release();
+  up.setMode('normal');
+});
+
+test('a second SIGTERM exits at once, without waiting for the open stream', async () => {
+  const dp = await startDataPlane(cp, { extraArgs: ['--drain-seconds', '60'] });
+  const k = await createKey(c, { tier: 'free' });
+  await waitUntilKnown(dp.url, k.key);
+  const stream = await openHeldStream(dp.url, k.key);
+  dp.proc.child.kill('SIGTERM');
+  await dp.proc.waitFor(/"msg":"draining: no new connections/);
+  dp.proc.child.kill('SIGTERM');
+  // Exits while the upstream still holds the stream.
+  assert.equal(await exitCode(dp.proc), 1);
+  assert.match(dp.proc.output(), /second SIGTERM: exiting at once/);
+  await stream.rest().catch(() => '');
+  up.release();
+  up.setMode('normal');
+});
+
+test('the control plane on SIGTERM closes its database cleanly and exits 0', async () => {
+  const own = await startControlPlane();
+  const oc = consoleClient(own.address, own.secrets.operatorToken);
+  await createKey(oc, { tier: 'paid' });
+  oc.close();
+  assert.ok(existsSync(`${own.dbPath}-wal`), 'the database runs in WAL mode');
+  own.proc.child.kill('SIGTERM');
+  assert.equal(await exitCode(own.proc), 0);
+  assert.match(own.proc.output(), /"msg":"stopped: database closed cleanly"/);
+  // A clean close checkpoints the WAL into the database file and removes it.
+  await eventually(async () => !existsSync(`${own.dbPath}-wal`) || statSync(`${own.dbPath}-wal`).size === 0, 'WAL checkpointed');
+});

@@ -1,0 +1,74 @@
+// The README as an operator follows it. Before: its CLI examples called a bare `tollgate` that is not
+// on PATH after `npm install` and left out commands `--help` lists, and its config section did not
+// match the shipped file (no audio_usd_per_unit, voices or realtime_upstreams).
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, test } from 'node:test';
+import { parse } from 'yaml';
+import { accountCommands } from '../../cli/commands/account.js';
+import { keyCommands } from '../../cli/commands/key.js';
+import { memberCommands } from '../../cli/commands/member.js';
+import { miscCommands } from '../../cli/commands/misc.js';
+import { orgCommands } from '../../cli/commands/org.js';
+import { projectCommands } from '../../cli/commands/project.js';
+import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/config.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { ROOT, startControlPlane, stopAll } from '../helpers/processes.js';
+
+after(stopAll);
+
+const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
+
+/** The fenced block of `lang` that follows the heading `heading`. */
+function blockAfter(heading: string, lang: string, nth = 0): string {
+  const section = readme.slice(readme.indexOf(heading));
+  const blocks = [...section.matchAll(new RegExp('```' + lang + '\\n([\\s\\S]*?)```', 'g'))];
+  return blocks[nth][1];
+}
+
+const commandNames = [...accountCommands, ...orgCommands, ...memberCommands, ...projectCommands, ...keyCommands, ...miscCommands].map((c) => c.name);
+
+test("the README's CLI examples list every command and run as written with npx", async (t) => {
+  const block = blockAfter('## The CLI', 'sh', 1);
+  const lines = block.split('\n').filter((l) => l.startsWith('npx tollgate '));
+  const named = new Set(lines.map((l) => commandNames.find((n) => l.startsWith(`npx tollgate ${n} `) || l.trim() === `npx tollgate ${n}` || l.startsWith(`npx tollgate ${n}  `))));
+  for (const name of commandNames) assert.ok(named.has(name), `the README has no example of ${name}`);
+  assert.doesNotMatch(readme, /^tollgate /m, 'no bare tollgate command lines');
+  assert.match(block, /^export TOLLGATE_TOKEN=\$\(cat data\/operator-token\)$/m);
+
+  const cp = await startControlPlane();
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  t.after(() => c.close());
+  const key = await createKey(c, { tier: 'paid' });
+  const member = (await c.createAccount({ name: 'bob' })).account!.id;
+  const ids: Record<string, string> = { ACCOUNT_ID: key.accountId, MEMBER_ID: member, ORG_ID: key.orgId, PROJECT_ID: key.projectId, KEY_ID: key.keyId };
+  for (const line of lines) {
+    const command = line.replace(/\s+#.*$/, '').replace(/\b(ACCOUNT_ID|MEMBER_ID|ORG_ID|PROJECT_ID|KEY_ID)\b/g, (m) => ids[m]);
+    const r = spawnSync('bash', ['-c', command], {
+      cwd: ROOT,
+      env: { ...process.env, TOLLGATE_CONTROL_PLANE: cp.address, TOLLGATE_TOKEN: cp.secrets.operatorToken, LEAKED_KEY: key.key },
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+    assert.equal(r.status, 0, `${line}\n${r.stderr}`);
+  }
+});
+
+test("the README's config section matches the shipped file and validates", () => {
+  const block = blockAfter('## Configuration file', 'yaml');
+  const doc = parse(block);
+  const cfg = parseGatewayConfig(doc, { OPENAI_API_KEY: 'sk-test' }, () => 'sk-from-file');
+  assert.equal(cfg.proto.models.find((m) => m.id === 'local-llm')?.upstreamApiKey, 'sk-from-file');
+
+  const shipped = parse(readFileSync(DEMO_CONFIG_PATH, 'utf8'));
+  assert.deepEqual(Object.keys(doc).sort(), Object.keys(shipped).sort());
+  assert.deepEqual(doc.tiers, shipped.tiers);
+  const keysUsed = (models: Record<string, unknown>[]) => new Set(models.flatMap((m) => Object.keys(m)));
+  for (const k of keysUsed(shipped.models)) assert.ok(keysUsed(doc.models).has(k), `the README's models never show ${k}`);
+  for (const m of doc.models.filter((x: { provider: string }) => x.provider === 'demo')) {
+    assert.deepEqual(m, shipped.models.find((s: { id: string }) => s.id === m.id), `README model ${m.id} differs from the shipped file`);
+  }
+  for (const k of ['api_key_env', 'api_key_file', 'voices', 'audio_usd_per_unit', 'realtime_upstreams']) assert.match(block, new RegExp(`\\b${k}:`));
+});

@@ -1,0 +1,105 @@
+// A fake OpenAI-compatible realtime upstream (a `ws` WebSocketServer on loopback) for gateway tests.
+// It records each connection's URL and headers, greets with session.created, and answers
+// `response.create` with response.created, text deltas and response.done carrying the usage the test
+// set. Test-only client events drive it: `test.flood` sends `count` messages of `bytes` bytes as fast
+// as its socket takes them (recording how far it got), `test.drop` kills the connection without a
+// close frame. `refuseWith` makes the handshake answer an HTTP status instead.
+import { WebSocketServer, type WebSocket } from 'ws';
+import type { AddressInfo } from 'node:net';
+import type { IncomingMessage } from 'node:http';
+
+export interface FakeRealtimeConnection {
+  url: string;
+  headers: IncomingMessage['headers'];
+  socket: WebSocket;
+  /** Client events received (parsed). */
+  received: any[];
+  /** Flood progress: messages handed to the socket so far. */
+  floodSent: number;
+  closed: boolean;
+}
+
+export interface FakeRealtimeUpstream {
+  /** ws://127.0.0.1:PORT/v1/realtime */
+  url: string;
+  connections: FakeRealtimeConnection[];
+  /** Usage reported in each response.done. */
+  usage: { input_tokens: number; output_tokens: number };
+  /** Non-zero: refuse handshakes with this HTTP status. */
+  refuseWith: number;
+  waitForConnection(n: number): Promise<FakeRealtimeConnection>;
+  close(): Promise<void>;
+}
+
+export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream> {
+  const connections: FakeRealtimeConnection[] = [];
+  let waiters: Array<() => void> = [];
+  const fake: FakeRealtimeUpstream = {
+    url: '',
+    connections,
+    usage: { input_tokens: 10, output_tokens: 20 },
+    refuseWith: 0,
+    waitForConnection(n) {
+      return new Promise((resolve) => {
+        const check = () => {
+          if (connections.length >= n) {
+            waiters = waiters.filter((w) => w !== check);
+            resolve(connections[n - 1]);
+          }
+        };
+        waiters.push(check);
+        check();
+      });
+    },
+    close: () => new Promise((resolve) => {
+      for (const c of connections) c.socket.terminate();
+      wss.close(() => resolve());
+    }),
+  };
+  const wss = new WebSocketServer({
+    port: 0,
+    host: '127.0.0.1',
+    maxPayload: 64 * 1024 * 1024,
+    verifyClient: (_info, cb) => (fake.refuseWith ? cb(false, fake.refuseWith, 'refused by the fake upstream') : cb(true)),
+  });
+  await new Promise<void>((r) => wss.once('listening', () => r()));
+  fake.url = `ws://127.0.0.1:${(wss.address() as AddressInfo).port}/v1/realtime`;
+  let n = 0;
+  wss.on('connection', (socket, req) => {
+    const conn: FakeRealtimeConnection = { url: req.url ?? '', headers: req.headers, socket, received: [], floodSent: 0, closed: false };
+    connections.push(conn);
+    for (const w of [...waiters]) w();
+    const send = (ev: Record<string, unknown>) => socket.send(JSON.stringify({ event_id: `event_fake_${++n}`, ...ev }));
+    socket.on('close', () => (conn.closed = true));
+    socket.on('error', () => {});
+    send({ type: 'session.created', session: { type: 'realtime', object: 'realtime.session', id: `sess_fake_${n}`, model: new URL(req.url ?? '/', 'ws://x').searchParams.get('model') } });
+    socket.on('message', (data, isBinary) => {
+      if (isBinary) return;
+      const ev = JSON.parse(data.toString());
+      conn.received.push(ev);
+      if (ev.type === 'response.create') {
+        const id = `resp_fake_${++n}`;
+        send({ type: 'response.created', response: { object: 'realtime.response', id, status: 'in_progress', output: [], usage: null } });
+        for (const d of ['Hello ', 'from ', 'upstream.']) send({ type: 'response.output_text.delta', response_id: id, item_id: 'item_1', output_index: 0, content_index: 0, delta: d });
+        const usage = { ...fake.usage, total_tokens: fake.usage.input_tokens + fake.usage.output_tokens };
+        send({ type: 'response.done', response: { object: 'realtime.response', id, status: 'completed', output: [], usage } });
+      } else if (ev.type === 'test.flood') {
+        const payload = 'x'.repeat(Math.max(0, ev.bytes - 64));
+        const pump = () => {
+          // As fast as the socket takes them: stop while ws holds more than 8 MiB unsent.
+          while (conn.floodSent < ev.count && socket.readyState === socket.OPEN) {
+            if (socket.bufferedAmount > 8 * 1024 * 1024) return void setTimeout(pump, 5);
+            socket.send(JSON.stringify({ type: 'test.chunk', seq: conn.floodSent, pad: payload }));
+            conn.floodSent++;
+          }
+        };
+        pump();
+      } else if (ev.type === 'test.big') {
+        socket.send(JSON.stringify({ type: 'test.big', pad: 'x'.repeat(ev.bytes) }));
+      } else if (ev.type === 'test.drop') {
+        socket.terminate();
+      }
+    });
+  });
+  return fake;
+}

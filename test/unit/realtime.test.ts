@@ -1,0 +1,228 @@
+// The realtime gateway's pure parts: which subprotocols carry credentials, token counts from an
+// upstream, the in-band refusal of a model switch, close reasons, the open-socket registry's
+// enforcement, the realtime_upstreams config, KeyBudgets.useTokens, and the demo model's events.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { parse } from 'yaml';
+import { hashKey } from '../../proto/lib/keys.js';
+import type { GatewayConfig, ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { DEMO_CONFIG_PATH, parseGatewayConfig, redactGatewayConfig } from '../../control-plane/config.js';
+import { GatewayState } from '../../data-plane/auth/key-table.js';
+import { ManualClock } from '../../data-plane/limits/clock.js';
+import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
+import { offersKeyInProtocol } from '../../data-plane/realtime/gateway.js';
+import { OpenSockets, type OpenSocket } from '../../data-plane/realtime/open-sockets.js';
+import { modelSwitch, tokens, truncateReason } from '../../data-plane/realtime/session.js';
+import { upstreamUrl } from '../../data-plane/realtime/ws-upstream.js';
+import { DemoRealtimeLink } from '../../data-plane/proxy/providers/demo-realtime.js';
+
+const model = (id: string, kind = 'realtime', upstreamModel = ''): ModelConfig => ({
+  id,
+  provider: 'demo',
+  upstreamModel,
+  baseUrl: '',
+  upstreamApiKey: '',
+  kind,
+  inputMicrosPerMtok: 1,
+  outputMicrosPerMtok: 1,
+  audioMicrosPerUnit: 0,
+  timeoutMs: 0,
+  voices: [],
+});
+
+test('subprotocols that carry a credential are recognised; plain ones are not', () => {
+  const cases: Array<[string, boolean]> = [
+    ['', false],
+    ['realtime', false],
+    ['realtime, openai-beta.realtime-v1', false],
+    ['realtime, openai-insecure-api-key.sk-tollgate-abc', true],
+    ['sk-tollgate-abc', true],
+    ['Bearer.sk-x', true],
+    ['x-api_key-y', true],
+  ];
+  for (const [header, want] of cases) assert.equal(offersKeyInProtocol(header), want, header);
+});
+
+test('token counts from an upstream are validated: whole, non-negative, bounded; anything else is 0', () => {
+  const cases: Array<[unknown, number]> = [
+    [12, 12],
+    [12.7, 12],
+    [0, 0],
+    [-5, 0],
+    [Number.NaN, 0],
+    [Infinity, 0],
+    ['12', 0],
+    [null, 0],
+    [undefined, 0],
+    [1e15, 100_000_000],
+  ];
+  for (const [v, want] of cases) assert.equal(tokens(v), want, String(v));
+});
+
+test("a session.update naming another model is refused in-band; the session's own model or none passes", () => {
+  const m = model('rt', 'realtime', 'gpt-realtime');
+  const ev = (session: unknown) => Buffer.from(JSON.stringify({ type: 'session.update', event_id: 'e1', session }));
+  assert.equal(modelSwitch(ev({ instructions: 'hi' }), m), null);
+  assert.equal(modelSwitch(ev({ model: 'rt' }), m), null);
+  assert.equal(modelSwitch(ev({ model: 'gpt-realtime' }), m), null);
+  const refusal = modelSwitch(ev({ model: 'gpt-other' }), m)!;
+  assert.equal(refusal.type, 'error');
+  assert.equal(refusal.error.code, 'model_not_allowed');
+  assert.equal(refusal.error.event_id, 'e1');
+  assert.equal(modelSwitch(Buffer.from('{"type":"response.create","x":"\\"session.update\\""}'), m), null);
+  assert.equal(modelSwitch(Buffer.from('not json "session.update"'), m), null);
+});
+
+test('close reasons fit the 123-byte limit of a close frame, whole characters only', () => {
+  assert.equal(truncateReason('short'), 'short');
+  const long = 'é'.repeat(100);
+  const cut = truncateReason(long);
+  assert.ok(Buffer.byteLength(cut) <= 123);
+  assert.equal(cut, 'é'.repeat(61));
+  const emoji = truncateReason('🙂'.repeat(40));
+  assert.equal(emoji, '🙂'.repeat(30), 'a character is never split');
+});
+
+test('the upstream URL gets ?model= unless it names one', () => {
+  const up = { model: 'rt', url: 'wss://up.example/v1/realtime', upstreamApiKey: 'k', upstreamModel: 'gpt-rt', connectTimeoutMs: 1 };
+  assert.equal(upstreamUrl(up, 'rt'), 'wss://up.example/v1/realtime?model=gpt-rt');
+  assert.equal(upstreamUrl({ ...up, url: 'wss://up.example/v1/realtime?model=fixed' }, 'rt'), 'wss://up.example/v1/realtime?model=fixed');
+  assert.equal(upstreamUrl({ ...up, upstreamModel: '' }, 'rt'), 'wss://up.example/v1/realtime?model=rt');
+});
+
+test('open sockets: enforce closes those of removed keys, blocked organisations and narrowed scopes, and nothing else', () => {
+  const pepper = Buffer.alloc(32, 1);
+  const config: GatewayConfig = {
+    serviceName: 'tollgate',
+    tiers: [{ name: 'free', rpm: 20, tpm: 100, maxParallelRequests: 100, freeGrantMicros: 0, allowedModels: ['rt', 'rt2'] }],
+    models: [model('rt'), model('rt2')],
+    toolBackends: [],
+    realtimeUpstreams: [],
+    trustedProxies: [],
+    maxStalenessMs: 0,
+  };
+  const state = new GatewayState(config);
+  const entry = (id: string, org: string, allowed: string[] = []) => ({
+    keyId: id,
+    keyHash: hashKey(pepper, `sk-${id}`),
+    projectId: 'p',
+    orgId: org,
+    allowedModels: allowed,
+    rpmLimit: 20,
+    tpmLimit: 100,
+    maxParallelRequests: 100,
+  });
+  for (const o of ['o1', 'o2']) state.upsertOrg({ orgId: o, tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0 });
+  for (const k of [entry('a', 'o1'), entry('b', 'o1'), entry('c', 'o2'), entry('d', 'o2')]) state.upsertKey(k);
+  const closed: Array<[string, string]> = [];
+  const reg = new OpenSockets();
+  const sock = (id: string, modelId = 'rt'): OpenSocket => {
+    const s: OpenSocket = { keyHash: hashKey(pepper, `sk-${id}`), modelId, closeForPolicy: (why) => (closed.push([id, why]), reg.remove(s)) };
+    reg.add(s);
+    return s;
+  };
+  sock('a');
+  sock('a');
+  sock('b');
+  sock('c');
+  sock('d', 'rt2');
+  assert.equal(reg.size, 5);
+  reg.enforce(state);
+  assert.equal(closed.length, 0, 'nothing changed: nothing closes');
+
+  state.removeKey(hashKey(pepper, 'sk-a'));
+  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1 });
+  reg.enforce(state);
+  assert.deepEqual(closed.map(([id]) => id).sort(), ['a', 'a', 'c', 'd']);
+  assert.match(closed.find(([id]) => id === 'a')![1], /^invalid_api_key: .*revoked/);
+  assert.equal(closed.find(([id]) => id === 'c')![1], "insufficient_quota: the organisation's balance is exhausted");
+  assert.equal(reg.size, 1);
+
+  closed.length = 0;
+  state.upsertKey(entry('b', 'o1', ['rt2']));
+  reg.enforce(state);
+  assert.deepEqual(closed, [['b', 'model_not_allowed: this API key may no longer use rt']]);
+  assert.equal(reg.size, 0);
+});
+
+test('config: realtime_upstreams name a realtime openai model, take a ws(s) URL and a credential from the environment, and are redacted before storage', () => {
+  const doc = () => {
+    const d = parse(readFileSync(DEMO_CONFIG_PATH, 'utf8'));
+    d.models.push({ id: 'gpt-rt', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime' });
+    d.realtime_upstreams = [{ model: 'gpt-rt', url: 'wss://api.example/v1/realtime', api_key_env: 'RT_KEY' }];
+    return d;
+  };
+  const { proto } = parseGatewayConfig(doc(), { RT_KEY: 'secret' });
+  assert.deepEqual(proto.realtimeUpstreams, [{ model: 'gpt-rt', url: 'wss://api.example/v1/realtime', upstreamApiKey: 'secret', upstreamModel: 'gpt-realtime', connectTimeoutMs: 10_000 }]);
+  assert.equal(redactGatewayConfig(proto).realtimeUpstreams[0].upstreamApiKey, '');
+  assert.equal(proto.models.find((m) => m.id === 'demo-realtime')?.kind, 'realtime');
+  const bad: Array<[(d: any) => void, RegExp]> = [
+    [(d) => (d.realtime_upstreams[0].model = 'nope'), /realtime_upstreams\[0\]\.model: names unknown model "nope"/],
+    [(d) => (d.realtime_upstreams[0].model = 'demo-chat'), /must be a model of kind realtime with provider openai/],
+    [(d) => (d.realtime_upstreams[0].url = 'https://api.example/v1/realtime'), /must be a ws:\/\/ or wss:\/\/ URL/],
+    [(d) => (d.realtime_upstreams[0].api_key_env = 'UNSET_VAR'), /UNSET_VAR is not set/],
+    [(d) => (d.realtime_upstreams = []), /model gpt-rt: a realtime model with provider openai needs exactly one realtime_upstreams entry, found 0/],
+    [(d) => (d.realtime_upstreams[0].extra = 1), /unknown setting "extra"/],
+  ];
+  for (const [edit, re] of bad) {
+    const d = doc();
+    edit(d);
+    assert.throws(() => parseGatewayConfig(d, { RT_KEY: 'secret' }), re);
+  }
+});
+
+test("KeyBudgets.useTokens counts a session's tokens in the current minute, outside any ticket, and reports what is left", () => {
+  const clock = new ManualClock(Date.UTC(2025, 0, 1, 0, 0, 10));
+  const kb = new KeyBudgets(clock);
+  const limits = { keyId: 'k', rpmLimit: 20, tpmLimit: 100, maxParallel: 1 };
+  const a = kb.admit(limits, 0);
+  assert.ok(a.ok);
+  assert.equal(kb.useTokens(limits, 60).remainingTokens, 40);
+  assert.equal(kb.useTokens(limits, 60).remainingTokens, 0, 'spent: never negative');
+  assert.equal(kb.usage('k').tokens, 120);
+  // The next minute starts afresh; the session's slot is still held.
+  clock.advance(60_000);
+  assert.equal(kb.useTokens(limits, 30).remainingTokens, 70);
+  assert.equal(kb.usage('k').inFlight, 1);
+  assert.equal(kb.useTokens(limits, Number.NaN).remainingTokens, 70, 'a malformed count adds nothing');
+  if (a.ok) a.ticket.settle(0);
+  assert.equal(kb.usage('k').inFlight, 0);
+  assert.equal(kb.usage('k').tokens, 30, "settling the session's ticket leaves the tokens it used");
+});
+
+test('the demo realtime model answers in OpenAI realtime event style with usage', async () => {
+  const link = new DemoRealtimeLink(model('demo-realtime'));
+  const events: any[] = [];
+  link.events = { message: (d) => events.push(JSON.parse(d.toString())), closed: () => {} };
+  link.resume();
+  const send = (ev: unknown) => link.send(Buffer.from(JSON.stringify(ev)), false);
+  send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hi there' }] } });
+  send({ type: 'response.create' });
+  send({ type: 'no.such.event', event_id: 'x1' });
+  await new Promise((r) => setImmediate(r));
+  const types = events.map((e) => e.type);
+  assert.deepEqual(types.slice(0, 5), ['session.created', 'conversation.item.added', 'conversation.item.done', 'response.created', 'response.output_item.added']);
+  assert.ok(types.filter((t) => t === 'response.output_text.delta').length >= 2);
+  const done = events.find((e) => e.type === 'response.done');
+  assert.equal(done.response.status, 'completed');
+  const text = events.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+  assert.equal(text, events.find((e) => e.type === 'response.output_text.done').text);
+  assert.match(text, /You said: "Hi there"/);
+  assert.ok(done.response.usage.input_tokens > 0);
+  assert.equal(done.response.usage.output_tokens > 0, true);
+  assert.equal(done.response.usage.total_tokens, done.response.usage.input_tokens + done.response.usage.output_tokens);
+  const err = events[events.length - 1];
+  assert.equal(err.type, 'error');
+  assert.equal(err.error.event_id, 'x1');
+  assert.ok(events.every((e) => typeof e.event_id === 'string'));
+  // Paused, it holds its events until resumed.
+  link.pause();
+  send({ type: 'response.create' });
+  await new Promise((r) => setImmediate(r));
+  const before = events.length;
+  assert.equal(events.filter((e) => e.type === 'response.done').length, 1);
+  link.resume();
+  assert.ok(events.length > before);
+  assert.equal(events.filter((e) => e.type === 'response.done').length, 2);
+});
