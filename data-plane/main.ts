@@ -145,7 +145,7 @@ async function main(): Promise<void> {
       log.fatal(line);
       process.exit(2);
     },
-    log: (line) => (/\b(lost|failed)\b/.test(line) ? log.warn({ sync: true }, line) : log.info({ sync: true }, line)),
+    log: (line) => (/\b(lost|failed|refused)\b/.test(line) ? log.warn({ sync: true }, line) : log.info({ sync: true }, line)),
   });
   sync.start();
 
