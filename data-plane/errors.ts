@@ -21,6 +21,7 @@ export type ErrorCode =
   | 'UPSTREAM_ERROR'
   | 'NOT_READY'
   | 'NODE_BUSY'
+  | 'REMOTE_REFERENCE'
   | 'INTERNAL';
 
 export interface CatalogEntry {
@@ -50,6 +51,8 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   UPSTREAM_ERROR: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream failed before answering.' },
   NOT_READY: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: 'This gateway node has not received its configuration yet; retry shortly.' },
   NODE_BUSY: { status: 503, typeA: 'api_error', codeB: 'node_busy', message: 'This gateway node is holding too many request bodies right now; retry after the time in the retry-after header.' },
+  // `/v1/pdf*` HTML that references a remote resource; answered in Shape C (design.md).
+  REMOTE_REFERENCE: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'The HTML references a remote resource.' },
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },
 });
 

@@ -2,6 +2,7 @@
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
 import { StateHolder } from './auth/key-table.js';
+import { OpenStreams } from './auth/open-streams.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
 import { ApiServer, listen } from './http/server.js';
@@ -12,6 +13,7 @@ import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './limits/lease-client.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
+import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 
@@ -46,6 +48,8 @@ async function main(): Promise<void> {
   const holder = new StateHolder();
   const reporter = new Reporter(clock);
   const pools = new PoolRegistry();
+  const toolBackends = new ToolBackends();
+  const openStreams = new OpenStreams();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
 
@@ -60,6 +64,8 @@ async function main(): Promise<void> {
     reporter,
     providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
     pools,
+    toolBackends,
+    openStreams,
     instanceId: config.instanceId,
     spillDir: config.spillDir,
     isStale: () => {
@@ -101,6 +107,7 @@ async function main(): Promise<void> {
     listenAddress,
     holder,
     reporter,
+    openStreams,
     leases,
     now: () => clock.now(),
     onFirstSnapshot: () => console.log('data plane ready'),
@@ -122,6 +129,7 @@ async function main(): Promise<void> {
     sync?.stop();
     reporter.stop();
     await pools.close().catch(() => {});
+    await toolBackends.close().catch(() => {});
     process.exit(0);
   };
   process.on('SIGINT', () => void shutdown());
