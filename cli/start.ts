@@ -3,12 +3,16 @@
 // provider answers locally: no network needed). Secrets it needs and nobody gave it are generated
 // once into ./data with mode 0600. On a database with no organisation yet it creates a demo account,
 // organisation, project and key, and prints the key once with a curl line. Ctrl-C stops both.
+// It also starts the demo tool backends (cli/demo-backends/) on free loopback ports and gives the
+// control plane the demo config with those backends filled in (./data/gateway-config.yaml, rewritten
+// at every start), so every tool family answers offline.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { ConsoleClient } from './console-client.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
@@ -82,12 +86,13 @@ function stop(code: number): void {
 process.on('SIGINT', () => stop(0));
 process.on('SIGTERM', () => stop(0));
 
-function waitForLine(child: ChildProcess, re: RegExp): Promise<void> {
+function waitForLine(child: ChildProcess, re: RegExp): Promise<RegExpMatchArray> {
   return new Promise((resolve, reject) => {
     const lines = [child.stdout!, child.stderr!].map((s) => createInterface({ input: s }));
     for (const rl of lines)
       rl.on('line', (line) => {
-        if (re.test(line)) resolve();
+        const m = line.match(re);
+        if (m) resolve(m);
       });
     child.once('exit', () => reject(new Error(`process exited before printing ${re}`)));
   });
@@ -121,14 +126,34 @@ async function bootstrapDemo(): Promise<void> {
   }
 }
 
+/** The shipped demo config with the demo tool backends as every tool family's backend. */
+function writeDemoConfig(mcpUrl: string, toolsUrl: string): string {
+  const doc = parseYaml(readFileSync(join(root, 'control-plane', 'demo-config.yaml'), 'utf8')) as Record<string, unknown>;
+  const timeouts = { connect_timeout_ms: 2000, header_timeout_ms: 30000, idle_timeout_ms: 60000 };
+  doc.tool_backends = [
+    { prefix: '/v1/mcp', base_urls: [mcpUrl], ...timeouts },
+    ...['/v1/files', '/v1/pdf', '/v1/skills', '/v1/vector_stores', '/v1/sandbox', '/v1/route'].map((prefix) => ({ prefix, base_urls: [toolsUrl], ...timeouts })),
+  ];
+  const path = join(dataDir, 'gateway-config.yaml');
+  const header = '# Written by `npm start` at every start: control-plane/demo-config.yaml with the demo tool backends\n# it started on free loopback ports. Edit control-plane/demo-config.yaml instead.\n';
+  writeFileSync(path, header + stringifyYaml(doc));
+  return path;
+}
+
 async function main(): Promise<void> {
   if (operator.created) console.log(`Operator token (saved to data/operator-token): ${operator.value}`);
-  const cp = launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress], () => {});
+  const demo = launch('demo-backends', ['cli/demo-backends/main.ts'], () => {});
+  const [mcpUrl, toolsUrl] = await Promise.all([
+    waitForLine(demo, /demo backend mcp listening on (\S+)/).then((m) => m[1]),
+    waitForLine(demo, /demo backend tools listening on (\S+)/).then((m) => m[1]),
+  ]);
+  const configPath = writeDemoConfig(mcpUrl, toolsUrl);
+  const cp = launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress, '--config', configPath], () => {});
   await waitForLine(cp, /control plane listening on /);
   const dp = launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded'], () => {});
   await waitForLine(dp, /data plane ready/);
   await bootstrapDemo();
-  console.log(`Tollgate is running: API on http://${dpAddress}/v1, control plane on ${cpAddress}. Ctrl-C stops both.`);
+  console.log(`Tollgate is running: API on http://${dpAddress}/v1, control plane on ${cpAddress}, demo tool backends behind /v1/mcp, /v1/files, /v1/pdf, … Ctrl-C stops all.`);
 }
 
 main().catch((err: Error) => {
