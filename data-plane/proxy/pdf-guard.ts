@@ -25,16 +25,11 @@ const URL_ATTRS = new Set([
   'action',
   'formaction',
   'codebase',
-  'cite',
-  'longdesc',
   'lowsrc',
   'dynsrc',
   'manifest',
-  'ping',
-  'profile',
   'archive',
   'classid',
-  'itemtype',
   'code',
 ]);
 const SRCSET_ATTRS = new Set(['srcset', 'imagesrcset']);
@@ -56,7 +51,6 @@ const NAMED_ENTITIES: Record<string, string> = {
   sol: '/',
   bsol: '\\',
   period: '.',
-  sol_: '/',
   tab: '\t',
   newline: '\n',
   nbsp: '\u00a0',
@@ -296,7 +290,8 @@ export function findRemoteInBody(body: Buffer, contentType: string): RemoteRefer
 }
 
 function findInJson(v: unknown, depth: number): RemoteReference | null {
-  if (typeof v === 'string') return v.indexOf('<') === -1 && v.indexOf('url') === -1 ? null : findRemoteReference(v);
+  // Without a `<` a string holds no markup.
+  if (typeof v === 'string') return v.indexOf('<') === -1 ? null : findRemoteReference(v);
   if (depth > 64 || typeof v !== 'object' || v === null) return null;
   for (const x of Array.isArray(v) ? v : Object.values(v)) {
     const r = findInJson(x, depth + 1);

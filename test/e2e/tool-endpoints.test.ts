@@ -247,3 +247,25 @@ test('tollgate config reload changes backends without dropping a request in flig
   }
   assert.equal(rest, 'last chunk\n');
 });
+
+test('/v1/pdf HTML with a remote reference is refused with 400 and a Shape C detail naming it, before the backend sees it', async () => {
+  main.clear();
+  const refused = await call('/v1/pdf/render', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ html: '<p>Hi</p><IMG SRC = "HTTPS://tracker.example/p.gif">' }) });
+  assert.equal(refused.status, 400, refused.text);
+  assert.deepEqual(Object.keys(refused.json), ['detail']);
+  assert.equal(typeof refused.json.detail, 'string');
+  assert.match(refused.json.detail, /img src/);
+  assert.match(refused.json.detail, /HTTPS:\/\/tracker\.example\/p\.gif/);
+  const asHtml = await call('/v1/pdf', { method: 'POST', headers: { 'content-type': 'text/html' }, body: '<style>@import "//cdn.example/x.css";</style>' });
+  assert.equal(asHtml.status, 400);
+  assert.match(asHtml.json.detail, /@import/);
+  assert.equal(main.requests.length, 0, 'the backend saw neither');
+
+  // Local references pass, and the backend gets the body unchanged.
+  const html = '<img src="data:image/png;base64,AAAA"><a href="#top">top</a><img src="img/a.png">';
+  const ok = await call('/v1/pdf/render', { method: 'POST', headers: { 'content-type': 'text/html' }, body: html });
+  assert.equal(ok.status, 200, ok.text);
+  assert.equal(main.requests.length, 1);
+  assert.equal(main.requests[0].body, html);
+  assert.equal(main.requests[0].headers['content-length'], String(Buffer.byteLength(html)));
+});
