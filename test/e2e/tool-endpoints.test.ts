@@ -16,6 +16,8 @@ import { runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPl
 let main: FastApiBackend;
 let second: FastApiBackend;
 let stopped: FastApiBackend;
+/** Stopped too, and used by /v1/vector_stores only, so its first refusal happens in that test. */
+let stoppedFirst: FastApiBackend;
 let hanging: FastApiBackend;
 let cp: ControlPlane;
 let node: DataPlane;
@@ -31,7 +33,7 @@ function gatewayConfig(backends: { files: string[] }): string {
       // Old form: one base_url and one timeout.
       { prefix: '/v1/route', base_url: stopped.baseUrl, timeout_ms: 5000 },
       { prefix: '/v1/sandbox', base_urls: [hanging.baseUrl], header_timeout_ms: HEADER_TIMEOUT_MS },
-      { prefix: '/v1/vector_stores', base_urls: [stopped.baseUrl, main.baseUrl], connect_timeout_ms: 2000 },
+      { prefix: '/v1/vector_stores', base_urls: [stoppedFirst.baseUrl, main.baseUrl], connect_timeout_ms: 2000 },
     ];
     cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
     cfg.trusted_proxies = ['127.0.0.0/8'];
@@ -39,9 +41,9 @@ function gatewayConfig(backends: { files: string[] }): string {
 }
 
 before(async () => {
-  [main, second, stopped, hanging] = await Promise.all([startFastApiBackend('main'), startFastApiBackend('second'), startFastApiBackend('stopped'), startFastApiBackend('hanging')]);
+  [main, second, stopped, hanging, stoppedFirst] = await Promise.all(['main', 'second', 'stopped', 'hanging', 'stopped-first'].map((n) => startFastApiBackend(n)));
   hanging.hang = true;
-  await stopped.close();
+  await Promise.all([stopped.close(), stoppedFirst.close()]);
   cp = await startControlPlane({ configYaml: gatewayConfig({ files: [main.baseUrl] }) });
   node = await startDataPlane(cp);
   const c = consoleClient(cp.address, cp.secrets.operatorToken);
@@ -113,6 +115,15 @@ test('a backend that hangs before its headers gives 502 after the configured hea
 });
 
 test('with two backends, one stopped, every request still succeeds', async () => {
+  main.clear();
+  // The first request goes to the stopped backend first (round robin starts there): refused before a
+  // byte of its body was sent, it moves on to the live one with its body whole.
+  const body = JSON.stringify({ text: 'x'.repeat(100_000) });
+  const first = await call('/v1/vector_stores/vs_1/texts', { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+  assert.equal(first.status, 404, first.text);
+  assert.equal(first.headers.get('x-backend'), 'main');
+  assert.equal(main.requests.length, 1);
+  assert.equal(main.requests[0].body, body, 'the body reached the live backend whole');
   main.clear();
   for (let i = 0; i < 12; i++) {
     const r = await call(`/v1/vector_stores?i=${i}`);
