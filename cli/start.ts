@@ -131,7 +131,8 @@ function writeDemoConfig(mcpUrl: string, toolsUrl: string): string {
   const doc = parseYaml(readFileSync(join(root, 'control-plane', 'demo-config.yaml'), 'utf8')) as Record<string, unknown>;
   const timeouts = { connect_timeout_ms: 2000, header_timeout_ms: 30000, idle_timeout_ms: 60000 };
   doc.tool_backends = [
-    { prefix: '/v1/mcp', base_urls: [mcpUrl], ...timeouts },
+    // An MCP client keeps a GET event stream open for server messages, quiet for long stretches.
+    { prefix: '/v1/mcp', base_urls: [mcpUrl], ...timeouts, idle_timeout_ms: 600000 },
     ...['/v1/files', '/v1/pdf', '/v1/skills', '/v1/vector_stores', '/v1/sandbox', '/v1/route'].map((prefix) => ({ prefix, base_urls: [toolsUrl], ...timeouts })),
   ];
   const path = join(dataDir, 'gateway-config.yaml');

@@ -477,8 +477,8 @@ export class ApiServer {
 
 /**
  * Ends a request whose key was revoked (or whose organisation was blocked) while it ran: not yet
- * answered, a 401 in the path's shape; an event stream, one terminal error event; any other stream,
- * a reset. Every way runs the request's abort path (upstream stopped, usage recorded).
+ * answered, a 401 in the path's shape; a model event stream (SSE chat), one terminal error event;
+ * any other stream (tool downloads, tool event streams), a reset. Every way runs the request's abort path (upstream stopped, usage recorded).
  */
 function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason): void {
   if (reply.done) return;
@@ -487,7 +487,8 @@ function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason)
       ? new GatewayError('KEY_INVALID', 'This API key was revoked while the request was running.')
       : new GatewayError('ORG_BLOCKED', "The organisation was blocked while the request was running: its balance is exhausted or its monthly spend cap was reached.");
   if (!reply.headersSent) return reply.sendError(err, shape, true);
-  if (reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
+  // Tool streams (MCP, …) speak their backend's protocol: closed, never given an event of ours.
+  if (shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
   reply.close();
 }
 

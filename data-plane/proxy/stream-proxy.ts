@@ -2,7 +2,7 @@
 // Buffer or a Readable with backpressure), the response passed to the Reply chunk by chunk, the upstream
 // paused while the client's socket is full and resumed on drain. The client going away aborts the
 // upstream; the upstream failing before its headers becomes a 502; after the headers the status is
-// fixed, so an SSE stream gets one terminal error event and any other stream is closed.
+// fixed, so a model SSE stream gets one terminal error event and any other stream is closed.
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
@@ -110,7 +110,9 @@ export function proxyRequest(req: ProxyRequest): void {
       done(r.status, 'error');
       return;
     }
-    if (sse) {
+    // A model stream gets one terminal error event; a tool backend's stream is its own protocol
+    // (MCP, …), so it is only closed.
+    if (sse && req.shape === 'A') {
       const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'A');
       reply.end(`data: ${e.body}\n\n`);
     } else {

@@ -43,12 +43,12 @@ after(async () => {
 });
 
 /** Opens a held tool download and reads its first chunk; `ended` settles with how and when it ended. */
-async function openDownload(key: string): Promise<{ ended: Promise<{ how: 'done' | 'error'; at: number; rest: string }> }> {
-  const res = await fetch(`${node.url}/v1/files/held`, { headers: { authorization: `Bearer ${key}` } });
+async function openDownload(key: string, path = '/v1/files/held', firstChunk = 'first chunk\n'): Promise<{ ended: Promise<{ how: 'done' | 'error'; at: number; rest: string }> }> {
+  const res = await fetch(`${node.url}${path}`, { headers: { authorization: `Bearer ${key}` } });
   assert.equal(res.status, 200);
   const reader = res.body!.getReader();
   const first = await reader.read();
-  assert.equal(Buffer.from(first.value!).toString(), 'first chunk\n');
+  assert.equal(Buffer.from(first.value!).toString(), firstChunk);
   const ended = (async () => {
     let rest = '';
     try {
@@ -89,6 +89,8 @@ async function openChatStream(key: string): Promise<{ ended: Promise<{ how: 'don
 test("a revoked key's open SSE chat stream and open tool download end within a second of `tollgate key revoke` returning", { timeout: 60_000 }, async () => {
   const chat = await openChatStream(victim.key);
   const download = await openDownload(victim.key);
+  // A tool backend's own event stream (as MCP's) is reset too, never given an event of the gateway's.
+  const events = await openDownload(victim.key, '/v1/files/events', 'data: {"n":1}\n\n');
   const other = await openDownload(bystander.key);
 
   const upstreamLetGo = up.waitForClientClose();
@@ -103,6 +105,9 @@ test("a revoked key's open SSE chat stream and open tool download end within a s
   assert.ok(c.at - returnedAt < 1000, `the chat stream ended ${c.at - returnedAt} ms after the CLI returned`);
   assert.equal(d.how, 'error', 'the download was reset, not ended as if complete');
   assert.ok(d.at - returnedAt < 1000, `the download ended ${d.at - returnedAt} ms after the CLI returned`);
+  const e = await events.ended;
+  assert.deepEqual({ how: e.how, rest: e.rest }, { how: 'error', rest: '' });
+  assert.ok(e.at - returnedAt < 1000, `the tool event stream ended ${e.at - returnedAt} ms after the CLI returned`);
   // The upstream of the chat stream was let go too.
   await upstreamLetGo;
 

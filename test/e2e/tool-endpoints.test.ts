@@ -83,7 +83,7 @@ function assertShapeB(r: { status: number; json: any; text: string }, status: nu
   assert.doesNotMatch(r.json.error.message, /127\.0\.0\.1|localhost|http:\/\/|\bat .*\.ts:\d+/);
 }
 
-test("the backend's 404 for a mistyped sub-path, its 422 and its 500 reach the client unchanged", async () => {
+test("the backend's 404 for a mistyped sub-path, its 422 and its 500 reach the client unchanged", { timeout: 60_000 }, async () => {
   const rows: Array<[string, number, unknown]> = [
     ['/v1/files/x/nope', 404, { detail: 'Not Found' }],
     ['/v1/files/validate', 422, VALIDATION_ERROR],
@@ -98,12 +98,12 @@ test("the backend's 404 for a mistyped sub-path, its 422 and its 500 reach the c
   }
 });
 
-test('a stopped backend gives 502 upstream_unreachable', async () => {
+test('a stopped backend gives 502 upstream_unreachable', { timeout: 60_000 }, async () => {
   const r = await call('/v1/route', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"input":"hi"}' });
   assertShapeB(r, 502, 'upstream_unreachable');
 });
 
-test('a backend that hangs before its headers gives 502 after the configured header timeout', async () => {
+test('a backend that hangs before its headers gives 502 after the configured header timeout', { timeout: 60_000 }, async () => {
   const started = Date.now();
   const r = await call('/v1/sandbox/run', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"code":"1"}' });
   const took = Date.now() - started;
@@ -114,7 +114,7 @@ test('a backend that hangs before its headers gives 502 after the configured hea
   assert.ok(hanging.requests.length >= 1, 'the request reached the hanging backend');
 });
 
-test('with two backends, one stopped, every request still succeeds', async () => {
+test('with two backends, one stopped, every request still succeeds', { timeout: 60_000 }, async () => {
   main.clear();
   // The first request goes to the stopped backend first (round robin starts there): refused before a
   // byte of its body was sent, it moves on to the live one with its body whole.
@@ -135,7 +135,7 @@ test('with two backends, one stopped, every request still succeeds', async () =>
   assert.equal(main.requests.length, 12, 'every request reached the live backend');
 });
 
-test('every Shape B code over HTTP', async () => {
+test('every Shape B code over HTTP', { timeout: 60_000 }, async () => {
   assertShapeB(await call('/v1/files', { auth: false }), 401, 'invalid_api_key');
   assertShapeB(await call('/v1/files', { auth: false, headers: { authorization: 'Bearer sk-tollgate-notakey' } }), 401, 'invalid_api_key');
   assertShapeB(await call('/v1/nothing-here'), 404, 'not_found');
@@ -158,7 +158,7 @@ test('every Shape B code over HTTP', async () => {
   assert.equal(body.error.code, 'payload_too_large');
 });
 
-test('a chunked body over the cap is cut at the cap: 413 payload_too_large, and the backend gets no complete request', async () => {
+test('a chunked body over the cap is cut at the cap: 413 payload_too_large, and the backend gets no complete request', { timeout: 60_000 }, async () => {
   main.clear();
   const cap = 64 * 1024 * 1024;
   const chunk = Buffer.alloc(1024 * 1024, 0x62);
@@ -184,7 +184,7 @@ test('a chunked body over the cap is cut at the cap: 413 payload_too_large, and 
   assert.ok(main.requests.every((r) => r.path !== '/v1/vector_stores/vs_1/texts'), 'the backend never got the request whole');
 });
 
-test('what the backend sees: no credentials or hop-by-hop headers, our request id and the caller ids; client headers otherwise unchanged', async () => {
+test('what the backend sees: no credentials or hop-by-hop headers, our request id and the caller ids; client headers otherwise unchanged', { timeout: 60_000 }, async () => {
   main.clear();
   const r = await call('/v1/files?limit=2', {
     headers: {
@@ -218,7 +218,7 @@ test('what the backend sees: no credentials or hop-by-hop headers, our request i
   }
 });
 
-test('a request body streams to the backend with its method and content-length unchanged', async () => {
+test('a request body streams to the backend with its method and content-length unchanged', { timeout: 60_000 }, async () => {
   const payload = Buffer.alloc(3 * 1024 * 1024 + 7, 0x63);
   const r = await call('/v1/files/upload', { method: 'POST', headers: { 'content-type': 'application/octet-stream' }, body: payload });
   assert.equal(r.status, 200, r.text);
@@ -228,7 +228,7 @@ test('a request body streams to the backend with its method and content-length u
   assert.equal(got.headers['content-length'], String(payload.length));
 });
 
-test('tollgate config reload changes backends without dropping a request in flight', async () => {
+test('tollgate config reload changes backends without dropping a request in flight', { timeout: 60_000 }, async () => {
   main.clear();
   // A download held open by the current backend.
   const inflight = fetch(`${node.url}/v1/files/held`, { headers: { authorization: `Bearer ${caller.key}`, ...from() } });
@@ -259,7 +259,7 @@ test('tollgate config reload changes backends without dropping a request in flig
   assert.equal(rest, 'last chunk\n');
 });
 
-test('/v1/pdf HTML with a remote reference is refused with 400 and a Shape C detail naming it, before the backend sees it', async () => {
+test('/v1/pdf HTML with a remote reference is refused with 400 and a Shape C detail naming it, before the backend sees it', { timeout: 60_000 }, async () => {
   main.clear();
   const refused = await call('/v1/pdf/render', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ html: '<p>Hi</p><IMG SRC = "HTTPS://tracker.example/p.gif">' }) });
   assert.equal(refused.status, 400, refused.text);

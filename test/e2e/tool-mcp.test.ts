@@ -54,7 +54,7 @@ function mcpClient(authorization: string | null, seen: Seen[] = []): { client: C
   return { client: new Client({ name: 'tollgate-test', version: '1.0.0' }), transport };
 }
 
-test('the MCP SDK client initializes, lists tools and calls them through the gateway, with a streamed answer', async () => {
+test('the MCP SDK client initializes, lists tools and calls them through the gateway, with a streamed answer', { timeout: 60_000 }, async () => {
   const seen: Seen[] = [];
   const { client, transport } = mcpClient(`Bearer ${key}`, seen);
   await client.connect(transport);
@@ -97,7 +97,7 @@ test('the MCP SDK client initializes, lists tools and calls them through the gat
   }
 });
 
-test('an MCP client without the key, or with a wrong one, is refused with 401 before the MCP server sees it', async () => {
+test('an MCP client without the key, or with a wrong one, is refused with 401 before the MCP server sees it', { timeout: 60_000 }, async () => {
   for (const auth of [null, 'Bearer sk-tollgate-wrong']) {
     const seen: Seen[] = [];
     const { client, transport } = mcpClient(auth, seen);

@@ -97,7 +97,7 @@ function download(size: number): Promise<{ status: number; bytes: number }> {
   });
 }
 
-test('a 256 MiB upload streams to the backend whole, and the node peak memory grows far less than the body', async (t) => {
+test('a 256 MiB upload streams to the backend whole, and the node peak memory grows far less than the body', { timeout: 180_000 }, async (t) => {
   const before = peakBytes();
   const r = await upload(SIZE);
   assert.equal(r.status, 200, JSON.stringify(r.body));
@@ -108,7 +108,7 @@ test('a 256 MiB upload streams to the backend whole, and the node peak memory gr
   assert.ok(growth < MAX_GROWTH, `node peak memory grew by ${(growth / MIB).toFixed(1)} MiB for a 256 MiB upload`);
 });
 
-test('a 256 MiB download streams to the client whole, and the node peak memory grows far less than the body', async (t) => {
+test('a 256 MiB download streams to the client whole, and the node peak memory grows far less than the body', { timeout: 180_000 }, async (t) => {
   const before = peakBytes();
   const r = await download(SIZE);
   assert.equal(r.status, 200);
@@ -118,7 +118,7 @@ test('a 256 MiB download streams to the client whole, and the node peak memory g
   assert.ok(growth < MAX_GROWTH, `node peak memory grew by ${(growth / MIB).toFixed(1)} MiB for a 256 MiB download`);
 });
 
-test('a client that stops reading makes the node stop reading the backend instead of buffering the download', async (t) => {
+test('a client that stops reading makes the node stop reading the backend instead of buffering the download', { timeout: 180_000 }, async (t) => {
   const before = peakBytes();
   const res = await new Promise<IncomingMessage>((resolve, reject) => {
     const req = httpRequest({ ...target(), method: 'GET', path: `/v1/files/file-2/content?bytes=${SIZE}`, headers: { authorization: `Bearer ${key}` } }, resolve);
