@@ -10,6 +10,8 @@ const MAX_JSON_BYTES = 1024 * 1024;
 /** Uploads are stored in memory up to this size; larger ones are counted and hashed, not kept. */
 const MAX_STORED_FILE_BYTES = 8 * 1024 * 1024;
 const MAX_FILES = 200;
+/** All stored file contents together; the oldest files are forgotten to make room. */
+const MAX_STORED_TOTAL_BYTES = 64 * 1024 * 1024;
 const MAX_VECTOR_STORES = 200;
 
 type Json = Record<string, unknown>;
@@ -150,7 +152,14 @@ export async function startDemoToolBackend(host = '127.0.0.1', port = 0): Promis
       bytes += chunk.length;
       if (bytes <= MAX_STORED_FILE_BYTES) kept.push(chunk);
     }
-    if (files.size >= MAX_FILES) files.delete(files.keys().next().value as string);
+    const keep = bytes <= MAX_STORED_FILE_BYTES;
+    let stored = 0;
+    for (const x of files.values()) stored += x.content?.length ?? 0;
+    for (const [id, x] of files) {
+      if (files.size < MAX_FILES && (!keep || stored + bytes <= MAX_STORED_TOTAL_BYTES)) break;
+      stored -= x.content?.length ?? 0;
+      files.delete(id);
+    }
     const f: StoredFile = {
       id: newId('file'),
       object: 'file',
@@ -159,7 +168,7 @@ export async function startDemoToolBackend(host = '127.0.0.1', port = 0): Promis
       filename: url.searchParams.get('filename') ?? String(req.headers['x-filename'] ?? 'upload.bin'),
       purpose: url.searchParams.get('purpose') ?? 'assistants',
       sha256: hash.digest('hex'),
-      content: bytes <= MAX_STORED_FILE_BYTES ? Buffer.concat(kept, bytes) : null,
+      content: keep ? Buffer.concat(kept, bytes) : null,
     };
     files.set(f.id, f);
     return f;
