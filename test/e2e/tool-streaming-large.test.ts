@@ -16,8 +16,21 @@ import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../h
 
 const MIB = 1024 * 1024;
 const SIZE = 256 * MIB;
-/** "Well below the body size": a quarter of it, whatever the machine's socket buffers hold. */
-const MAX_GROWTH = 64 * MIB;
+/**
+ * "Well below the body size": under 3/8 of it. Copies of chunks that already went on are garbage until
+ * V8 collects them, which its external-memory pressure does after some tens of MiB, so a streaming
+ * node's peak can rise by that much on a loaded machine without holding anything.
+ */
+const MAX_GROWTH = 96 * MIB;
+
+/**
+ * What the kernel alone may hold between a backend and a client that reads nothing: the send and
+ * receive buffers of both hops, at their autotuning maxima (tcp_wmem / tcp_rmem), plus some slack.
+ */
+function kernelBufferBytes(): number {
+  const max = (f: string) => Number(readFileSync(`/proc/sys/net/ipv4/${f}`, 'utf8').trim().split(/\s+/)[2]);
+  return 2 * (max('tcp_rmem') + max('tcp_wmem')) + 16 * MIB;
+}
 
 let backend: FastApiBackend;
 let node: DataPlane;
@@ -136,7 +149,10 @@ test('a client that stops reading makes the node stop reading the backend instea
     last = backend.downloadWritten;
   }
   assert.equal(steady, 5, 'the backend stopped being read');
-  assert.ok(backend.downloadWritten < MAX_GROWTH, `the backend could write ${(backend.downloadWritten / MIB).toFixed(1)} MiB while the client read nothing`);
+  // The backend is held back: it wrote no more than the sockets' kernel buffers hold (far from all of it).
+  const kernel = Math.min(kernelBufferBytes(), SIZE / 2);
+  t.diagnostic(`the backend wrote ${(backend.downloadWritten / MIB).toFixed(1)} MiB; kernel buffers may hold ${(kernel / MIB).toFixed(0)} MiB`);
+  assert.ok(backend.downloadWritten <= kernel, `the backend could write ${(backend.downloadWritten / MIB).toFixed(1)} MiB while the client read nothing`);
   const growth = peakBytes() - before;
   t.diagnostic(`node peak memory growth: ${(growth / MIB).toFixed(1)} MiB`);
   assert.ok(growth < MAX_GROWTH, `node peak memory grew by ${(growth / MIB).toFixed(1)} MiB while the client read nothing`);
