@@ -478,7 +478,8 @@ export class ApiServer {
 /**
  * Ends a request whose key was revoked (or whose organisation was blocked) while it ran: not yet
  * answered, a 401 in the path's shape; a model event stream (SSE chat), one terminal error event;
- * any other stream (tool downloads, tool event streams), a reset. Every way runs the request's abort path (upstream stopped, usage recorded).
+ * any other stream (tool downloads, tool event streams), a reset. Every way runs the request's abort
+ * path (upstream stopped, usage recorded).
  */
 function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason): void {
   if (reply.done) return;
