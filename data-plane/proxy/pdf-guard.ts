@@ -3,15 +3,17 @@
 // Pure and I/O-free.
 //
 // What counts as a reference: URL attributes (src, href, srcset, data, poster, action, …, in any
-// namespace such as xlink:href), `<meta http-equiv=refresh content="…; url=…">`, CSS `url(…)`,
-// `@import` and `image-set(…)` in <style> elements and style attributes, `<iframe srcdoc>` (scanned as
-// a document of its own), and absolute URLs in <script> text. A reference is remote when it is
+// namespace such as xlink:href), `<meta http-equiv=refresh content="…; url=…">`, CSS in <style>
+// elements and style attributes (unquoted `url(…)` and every quoted string that is a remote URL: what
+// `@import`, `url()`, `image-set()` and `src()` take), `<iframe srcdoc>` (scanned as a document of its
+// own), and absolute URLs in <script> text. A reference is remote when it is
 // protocol-relative (`//host`, also written with backslashes) or has any scheme other than the local
 // ones (data:, about:, mailto:, tel:, and fragments / relative paths, which have none); file: and
 // javascript: are refused too, as a renderer may follow them. Attribute values are read as a browser
 // reads them: character references decoded (`&#x68;ttp`, `&colon;`), names and schemes in any case,
-// tabs and newlines inside a URL ignored. CSS is read with comments removed and escapes decoded.
-// HTML comments are not markup and are skipped.
+// tabs and newlines inside a URL ignored. CSS is read with comments skipped and escapes decoded.
+// HTML comments are not markup and are skipped. Every reader is one linear pass (bodies are up to
+// 64 MiB and come from anyone).
 
 const LOCAL_SCHEMES = new Set(['data', 'about', 'mailto', 'tel']);
 
@@ -104,10 +106,10 @@ function shorten(s: string): string {
   return t.length > 120 ? `${t.slice(0, 117)}...` : t;
 }
 
-/** Decodes CSS escapes and drops comments, so `u\72l(` and `@im/**\/port` read as what they are. */
-function normaliseCss(css: string): string {
-  const noComments = css.replace(/\/\*[\s\S]*?(?:\*\/|$)/g, '');
-  return noComments.replace(/\\([0-9a-fA-F]{1,6})[ \t\r\n\f]?|\\([^\r\n\f0-9a-fA-F])|\\\r?\n/g, (_m, hex: string | undefined, ch: string | undefined) => {
+/** Decodes CSS escapes (`\\72` → `r`, `\\"` → `"`). */
+function decodeCssEscapes(text: string): string {
+  if (text.indexOf('\\') === -1) return text;
+  return text.replace(/\\([0-9a-fA-F]{1,6})[ \t\r\n\f]?|\\([^\r\n\f0-9a-fA-F])|\\\r?\n/g, (_m, hex: string | undefined, ch: string | undefined) => {
     if (hex !== undefined) {
       const cp = parseInt(hex, 16);
       return cp > 0 && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff) ? String.fromCodePoint(cp) : '\ufffd';
@@ -116,25 +118,74 @@ function normaliseCss(css: string): string {
   });
 }
 
-/** The first remote reference in CSS text (a <style> element or a style attribute), or null. */
+const CSS_IDENT = /[A-Za-z0-9_\-\u0080-\uffff]|\\/;
+
+/** The index after a CSS escape starting at `i` (a backslash): up to 6 hex digits and one space, or one character. */
+function afterEscape(css: string, i: number): number {
+  let j = i + 1;
+  while (j < css.length && j < i + 7 && /[0-9a-fA-F]/.test(css[j])) j++;
+  if (j === i + 1) return i + 2;
+  return /[ \t\r\n\f]/.test(css[j] ?? '') ? j + 1 : j;
+}
+
+/**
+ * The first remote reference in CSS text (a <style> element or a style attribute), or null. One
+ * linear pass over the text, skipping comments: every quoted string that is a remote URL (what
+ * `@import "…"`, `image-set("…")`, `src("…")` and `url("…")` take) and every unquoted `url(…)`, with
+ * escapes decoded in identifiers and values, so `u\72l(` and `"\68ttp://…"` are read as browsers do.
+ */
 export function findRemoteInCss(cssText: string, where: string): RemoteReference | null {
-  const css = normaliseCss(cssText);
-  // url( "x" ) / url(x)
-  for (const m of css.matchAll(/url\(\s*(?:"([^"]*)"|'([^']*)'|([^)]*?))\s*\)/gi)) {
-    const u = m[1] ?? m[2] ?? m[3] ?? '';
-    if (isRemoteUrl(u)) return { where: `${where} url()`, url: shorten(u) };
-  }
-  // @import "x" (the url() form is caught above)
-  for (const m of css.matchAll(/@import\s*(?:"([^"]*)"|'([^']*)')/gi)) {
-    const u = m[1] ?? m[2] ?? '';
-    if (isRemoteUrl(u)) return { where: `${where} @import`, url: shorten(u) };
-  }
-  // image-set("x" 1x, …) and -webkit-image-set take plain strings; so do src() and @font-face's src.
-  for (const m of css.matchAll(/(?:image-set|src)\(([^)]*)\)/gi)) {
-    for (const s of m[1].matchAll(/"([^"]*)"|'([^']*)'/g)) {
-      const u = s[1] ?? s[2] ?? '';
-      if (isRemoteUrl(u)) return { where: `${where} image-set()`, url: shorten(u) };
+  const css = cssText;
+  const n = css.length;
+  // The identifier or at-keyword read last: names what a following string or parenthesis belongs to.
+  let context = '';
+  let i = 0;
+  while (i < n) {
+    const c = css[i];
+    // A comment (outside strings only: `"/*"` is text), e.g. `@im/**/port`.
+    if (c === '/' && css[i + 1] === '*') {
+      const end = css.indexOf('*/', i + 2);
+      i = end === -1 ? n : end + 2;
+      continue;
     }
+    if (c === '"' || c === "'") {
+      let j = i + 1;
+      while (j < n && css[j] !== c && css[j] !== '\n') j += css[j] === '\\' ? 2 : 1;
+      const value = decodeCssEscapes(css.slice(i + 1, Math.min(j, n)));
+      if (isRemoteUrl(value)) {
+        const kind = context === '@import' ? '@import' : context === 'url' ? 'url()' : context.endsWith('image-set') ? 'image-set()' : context === 'src' ? 'src()' : 'string';
+        return { where: `${where} ${kind}`, url: shorten(value) };
+      }
+      i = j + 1;
+      continue;
+    }
+    if (c === '@' || CSS_IDENT.test(c)) {
+      let j = c === '@' ? i + 1 : i;
+      while (j < n && CSS_IDENT.test(css[j])) j = css[j] === '\\' ? afterEscape(css, j) : j + 1;
+      const ident = decodeCssEscapes(css.slice(i, Math.min(j, n))).toLowerCase();
+      if (ident === 'url' && css[j] === '(') {
+        // url( value ): quoted values are read by the string branch; an unquoted one runs to `)`.
+        let k = j + 1;
+        while (k < n && /\s/.test(css[k])) k++;
+        if (css[k] === '"' || css[k] === "'") {
+          context = 'url';
+          i = k;
+          continue;
+        }
+        let e = k;
+        while (e < n && css[e] !== ')') e += css[e] === '\\' ? 2 : 1;
+        const value = decodeCssEscapes(css.slice(k, Math.min(e, n)));
+        if (isRemoteUrl(value)) return { where: `${where} url()`, url: shorten(value) };
+        i = e + 1;
+        continue;
+      }
+      context = ident;
+      i = Math.max(j, i + 1);
+      continue;
+    }
+    // A string or an argument list ends what the last name governs, except inside image-set(…, …).
+    if (c === ';' || c === '{' || c === '}') context = '';
+    i++;
   }
   return null;
 }
@@ -224,7 +275,9 @@ export function findRemoteReference(html: string, depth = 0): RemoteReference | 
     if (found) return found;
     i = k + 1;
     if (RAW_TEXT.has(tag)) {
-      const close = html.toLowerCase().indexOf(`</${tag}`, i);
+      const closer = new RegExp(`</${tag}`, 'ig');
+      closer.lastIndex = i;
+      const close = closer.exec(html)?.index ?? -1;
       const text = html.slice(i, close === -1 ? n : close);
       if (tag === 'style') {
         // Raw text in HTML, but entity-decoded inside SVG: both readings are checked.

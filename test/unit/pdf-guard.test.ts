@@ -34,7 +34,8 @@ const REMOTE: Array<[string, string, string]> = [
   ['<style>@import "https://evil.example/x.css";</style>', 'style @import', 'https://evil.example'],
   ["<style>@IMPORT '//evil.example/x.css';</style>", 'style @import', '//evil.example'],
   ['<style>@import url(https://evil.example/x.css);</style>', 'style url()', 'https://evil.example'],
-  ['<style>@im/**/port "https://evil.example/x.css";</style>', 'style @import', 'https://evil.example'],
+  // A comment splits the at-keyword (no longer an @import for a browser); the URL is refused anyway.
+  ['<style>@im/**/port "https://evil.example/x.css";</style>', 'style', 'https://evil.example'],
   ['<style>div { background-image: image-set("https://evil.example/a.png" 1x) }</style>', 'image-set', 'https://evil.example'],
   ['<style>@font-face { font-family: x; src: url(https://evil.example/f.woff2) }</style>', 'style url()', 'https://evil.example'],
   ['<meta http-equiv="refresh" content="0; url=https://evil.example/">', 'meta refresh', 'https://evil.example'],
@@ -53,7 +54,28 @@ const REMOTE: Array<[string, string, string]> = [
   ['<img src="ftp://evil.example/x">', 'img src', 'ftp://evil.example'],
   ['<script>fetch("https://evil.example/steal")</script>', 'script', 'https://evil.example'],
   ['<p>ok</p><img alt="x>y" src="https://evil.example/a.png">', 'img src', 'https://evil.example'],
+  // A quote or comment opener inside a CSS string must not hide what follows it.
+  ['<style>p::before { content: "\\"" } body { background: url(https://evil.example/a.png) }</style>', 'style url()', 'https://evil.example'],
+  ['<style>p::before { content: "/*" } body { background: url(https://evil.example/a.png) } /* */</style>', 'style url()', 'https://evil.example'],
+  ['<div style="background:u\\72 l(https://evil.example/bg.png)"></div>', 'style url()', 'https://evil.example'],
+  ['<style>@import "\\68ttps://evil.example/x.css";</style>', 'style @import', 'https://evil.example'],
 ];
+
+test('large hostile documents are read in linear time', () => {
+  // Many openers without their closers: a backtracking reader would take minutes here.
+  const n = 100_000;
+  const docs = [
+    `<div style="${'url('.repeat(n)}">`,
+    `<style>${'@import "'.repeat(n)}</style>`,
+    `<style>${'image-set('.repeat(n)}</style>`,
+    `${'<style>'.repeat(n)}`,
+    `<p a="${'x'.repeat(n * 10)}`,
+  ];
+  const started = performance.now();
+  for (const d of docs) findRemoteReference(d);
+  const ms = performance.now() - started;
+  assert.ok(ms < 5000, `took ${ms.toFixed(0)} ms`);
+});
 
 const LOCAL: Array<[string, string]> = [
   ['<p>Hello, world</p>', 'plain text'],
