@@ -90,15 +90,25 @@ export function decodeEntities(s: string): string {
 
 /** Whether one URL, as written in an attribute (already entity-decoded), is remote. */
 export function isRemoteUrl(raw: string): boolean {
-  // As the URL parser does: leading/trailing C0 controls and spaces dropped, tabs and newlines removed.
-  // eslint-disable-next-line no-control-regex
-  const s = raw.replace(/^[\x00-\x20\u00a0\ufeff]+|[\x00-\x20\u00a0\ufeff]+$/g, '').replace(/[\t\n\r]/g, '');
+  // As the URL parser does: leading C0 controls and spaces dropped, tabs and newlines removed. Only
+  // the start decides (a scheme or `//`), so only the start is read.
+  let start = 0;
+  while (start < raw.length && isUrlSpace(raw.charCodeAt(start))) start++;
+  let s = '';
+  for (let i = start; i < raw.length && s.length < 64; i++) {
+    const c = raw[i];
+    if (c !== '\t' && c !== '\n' && c !== '\r') s += c;
+  }
   if (s.length === 0) return false;
   // Protocol-relative, with either slash (browsers read `\` as `/` in http(s) URLs).
   if (/^[/\\]{2}/.test(s)) return true;
   const m = /^([A-Za-z][A-Za-z0-9+.-]*):/.exec(s);
   if (!m) return false;
   return !LOCAL_SCHEMES.has(m[1].toLowerCase());
+}
+
+function isUrlSpace(c: number): boolean {
+  return c <= 0x20 || c === 0xa0 || c === 0xfeff;
 }
 
 function shorten(s: string): string {

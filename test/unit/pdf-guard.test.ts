@@ -14,6 +14,7 @@ const REMOTE: Array<[string, string, string]> = [
   ['<img\nsrc\n=\n"https://evil.example/a.png"\n>', 'img src', 'https://evil.example'],
   ['<img src="  \t https://evil.example/a.png">', 'img src', 'https://evil.example'],
   ['<img src="ht\ttp://evil.example/a.png">', 'img src', 'evil.example'],
+  [`<img src="h${'\t'.repeat(10_000)}ttps://evil.example/a.png">`, 'img src', 'evil.example'],
   ['<img src="h&#116;tp://evil.example/">', 'img src', 'http://evil.example'],
   ['<img src="&#x68;&#x74;&#x74;&#x70;&#x3a;//evil.example/">', 'img src', 'http://evil.example'],
   ['<img src="https&colon;//evil.example/">', 'img src', 'https://evil.example'],
@@ -70,6 +71,7 @@ test('large hostile documents are read in linear time', () => {
     `<style>${'image-set('.repeat(n)}</style>`,
     `${'<style>'.repeat(n)}`,
     `<p a="${'x'.repeat(n * 10)}`,
+    `<img src="a${' '.repeat(n * 10)}b">`,
   ];
   const started = performance.now();
   for (const d of docs) findRemoteReference(d);
