@@ -1,7 +1,7 @@
-// Revoking a key ends what the key has open on the node, before the node acknowledges the revocation:
-// an SSE chat stream (read with the official openai client) ends with a final error event, and a tool
-// download is reset, both within a second of `tollgate key revoke` returning (in practice before it
-// returns). Another key's open download is untouched. An organisation becoming blocked (its cap set to
+// Revoking a key ends what the key has open on every node, before each node acknowledges the
+// revocation: an SSE chat stream (read with the official openai client) on one node ends with a final
+// error event, and a tool download on another node is reset, both within a second of `tollgate key
+// revoke` returning (in practice before it returns). Another key's open download is untouched. An organisation becoming blocked (its cap set to
 // 0) ends its keys' streams the same way.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -17,6 +17,8 @@ let up: FakeUpstream;
 let backend: FastApiBackend;
 let cp: ControlPlane;
 let node: DataPlane;
+/** A second node: the download runs there. */
+let node2: DataPlane;
 let victim: DemoKey;
 let bystander: DemoKey;
 let blockedOrgKey: DemoKey;
@@ -29,13 +31,13 @@ before(async () => {
     cfg.tool_backends = [{ prefix: '/v1/files', base_urls: [backend.baseUrl], idle_timeout_ms: 60_000 }];
   });
   cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
-  node = await startDataPlane(cp);
+  [node, node2] = await Promise.all([startDataPlane(cp), startDataPlane(cp)]);
   const c = consoleClient(cp.address, cp.secrets.operatorToken);
   victim = await createKey(c, { tier: 'tools' });
   bystander = await createKey(c, { tier: 'tools', orgId: victim.orgId, projectId: victim.projectId, name: 'bystander' });
   blockedOrgKey = await createKey(c, { tier: 'tools' });
   c.close();
-  await Promise.all([victim, bystander, blockedOrgKey].map((k) => waitUntilKnown(node.url, k.key)));
+  await Promise.all([victim, bystander, blockedOrgKey].flatMap((k) => [waitUntilKnown(node.url, k.key), waitUntilKnown(node2.url, k.key)]));
 });
 after(async () => {
   await stopAll();
@@ -43,8 +45,8 @@ after(async () => {
 });
 
 /** Opens a held tool download and reads its first chunk; `ended` settles with how and when it ended. */
-async function openDownload(key: string, path = '/v1/files/held', firstChunk = 'first chunk\n'): Promise<{ ended: Promise<{ how: 'done' | 'error'; at: number; rest: string }> }> {
-  const res = await fetch(`${node.url}${path}`, { headers: { authorization: `Bearer ${key}` } });
+async function openDownload(key: string, path = '/v1/files/held', firstChunk = 'first chunk\n', on: DataPlane = node): Promise<{ ended: Promise<{ how: 'done' | 'error'; at: number; rest: string }> }> {
+  const res = await fetch(`${on.url}${path}`, { headers: { authorization: `Bearer ${key}` } });
   assert.equal(res.status, 200);
   const reader = res.body!.getReader();
   const first = await reader.read();
@@ -88,7 +90,7 @@ async function openChatStream(key: string): Promise<{ ended: Promise<{ how: 'don
 
 test("a revoked key's open SSE chat stream and open tool download end within a second of `tollgate key revoke` returning", { timeout: 60_000 }, async () => {
   const chat = await openChatStream(victim.key);
-  const download = await openDownload(victim.key);
+  const download = await openDownload(victim.key, '/v1/files/held', 'first chunk\n', node2);
   // A tool backend's own event stream (as MCP's) is reset too, never given an event of the gateway's.
   const events = await openDownload(victim.key, '/v1/files/events', 'data: {"n":1}\n\n');
   const other = await openDownload(bystander.key);
@@ -97,7 +99,7 @@ test("a revoked key's open SSE chat stream and open tool download end within a s
   const revoke = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'key', 'revoke', victim.keyId]);
   const returnedAt = Date.now();
   assert.equal(revoke.code, 0, revoke.stderr);
-  assert.equal(JSON.parse(revoke.stdout).nodes_confirmed, 1);
+  assert.deepEqual([JSON.parse(revoke.stdout).nodes_confirmed, JSON.parse(revoke.stdout).nodes_total], [2, 2]);
 
   const [c, d] = await Promise.all([chat.ended, download.ended]);
   assert.equal(c.how, 'error', 'the chat stream ended with an error event, not a normal end');
