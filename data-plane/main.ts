@@ -3,6 +3,7 @@ import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
 import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './auth/key-table.js';
+import { OpenStreams } from './auth/open-streams.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
@@ -17,6 +18,7 @@ import { log } from './log.js';
 import { setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
+import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 import { UsageClient } from './sync/usage-client.js';
@@ -53,6 +55,8 @@ async function main(): Promise<void> {
   const holder = new StateHolder();
   const reporter = new Reporter(clock);
   const pools = new PoolRegistry();
+  const toolBackends = new ToolBackends();
+  const openStreams = new OpenStreams();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, connected: () => sync !== null && sync.disconnectedSince === null });
@@ -69,6 +73,8 @@ async function main(): Promise<void> {
     reporter,
     providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
     pools,
+    toolBackends,
+    openStreams,
     instanceId: config.instanceId,
     spillDir: config.spillDir,
     isStale: () => {
@@ -134,6 +140,7 @@ async function main(): Promise<void> {
     listenAddress,
     holder,
     reporter,
+    openStreams,
     leases,
     now: () => clock.now(),
     onApplied: () => api.realtime.enforce(),
@@ -190,6 +197,7 @@ async function main(): Promise<void> {
     reporter.stop();
     for (const s of sockets.slice(1)) uWS.us_listen_socket_close(s);
     await pools.close().catch(() => {});
+    await toolBackends.close().catch(() => {});
     process.exit(0);
   };
   process.on('SIGINT', onSignal);
