@@ -7,7 +7,12 @@
 // hashed with the file's pepper). On a database with no organisation yet it creates a demo account,
 // organisation, project and key, and prints the key once with a curl line. SIGINT or SIGTERM stops
 // every child; so does this process dying any other way (each child watches a pipe from it).
+// It also starts the demo tool backends (cli/demo-backends/) on free loopback ports and gives the
+// control plane the demo config with those backends filled in (<data-dir>/gateway-config.yaml,
+// rewritten at every start), so every tool family answers offline.
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { parseArgs } from 'node:util';
 import { bootstrapDemo, checkFree, Launcher, localSecrets, shown, splitHostPort, waitForLine } from './local-run.js';
 
@@ -61,6 +66,21 @@ for (const [flag, value] of [['--listen', dpAddress], ['--control-plane-listen',
 
 let launcher: Launcher | undefined;
 
+/** The shipped demo config with the demo tool backends as every tool family's backend. */
+function writeDemoConfig(mcpUrl: string, toolsUrl: string): string {
+  const doc = parseYaml(readFileSync(join(import.meta.dirname, '..', 'control-plane', 'demo-config.yaml'), 'utf8')) as Record<string, unknown>;
+  const timeouts = { connect_timeout_ms: 2000, header_timeout_ms: 30000, idle_timeout_ms: 60000 };
+  doc.tool_backends = [
+    // An MCP client keeps a GET event stream open for server messages, quiet for long stretches.
+    { prefix: '/v1/mcp', base_urls: [mcpUrl], ...timeouts, idle_timeout_ms: 600000 },
+    ...['/v1/files', '/v1/pdf', '/v1/skills', '/v1/vector_stores', '/v1/sandbox', '/v1/route'].map((prefix) => ({ prefix, base_urls: [toolsUrl], ...timeouts })),
+  ];
+  const path = join(dataDir, 'gateway-config.yaml');
+  const header = '# Written by `npm start` at every start: control-plane/demo-config.yaml with the demo tool backends\n# it started on free loopback ports. Edit control-plane/demo-config.yaml instead.\n';
+  writeFileSync(path, header + stringifyYaml(doc));
+  return path;
+}
+
 async function main(): Promise<void> {
   await checkFree(cpAddress, '--control-plane-listen', "the control plane's gRPC port");
   await checkFree(dpAddress, '--listen', "the node's API port");
@@ -73,13 +93,19 @@ async function main(): Promise<void> {
     TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
   });
   if (secrets.operatorTokenCreated) console.log(`Operator token (saved to ${shown(secrets.operatorTokenPath)}): ${secrets.operatorToken}`);
-  const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress]);
+  const demo = launcher.launch('demo-backends', ['cli/demo-backends/main.ts']);
+  const [mcpUrl, toolsUrl] = await Promise.all([
+    waitForLine(demo, /demo backend mcp listening on (\S+)/).then((m) => m[1]),
+    waitForLine(demo, /demo backend tools listening on (\S+)/).then((m) => m[1]),
+  ]);
+  const configPath = writeDemoConfig(mcpUrl, toolsUrl);
+  const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress, '--config', configPath]);
   await waitForLine(cp, /control plane listening on /);
   // The node journals its unacknowledged usage and request logs under data/node (replayed after a crash).
   const dp = launcher.launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded', '--data-dir', join(dataDir, 'node')]);
   await waitForLine(dp, /data plane ready/);
   await bootstrapDemo(cpAddress, secrets, `http://${dpAddress}`);
-  console.log(`Tollgate is running: API on http://${dpAddress}/v1, control plane on ${cpAddress}. Ctrl-C stops both.`);
+  console.log(`Tollgate is running: API on http://${dpAddress}/v1, control plane on ${cpAddress}, demo tool backends behind /v1/mcp, /v1/files, /v1/pdf, … Ctrl-C stops all.`);
   console.log(`The CLI: export TOLLGATE_TOKEN="$(cat ${shown(secrets.operatorTokenPath)})"; npx tollgate --control-plane ${cpAddress} nodes list`);
 }
 

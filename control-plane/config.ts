@@ -184,12 +184,24 @@ export interface RealtimeUpstreamSettings {
   connectTimeoutMs: number;
 }
 
+/** One tool prefix and the backends serving it (tool_backends in the config file). */
+export interface ToolBackendSettings {
+  prefix: string;
+  /** The first of baseUrls (what older nodes read). */
+  baseUrl: string;
+  baseUrls: string[];
+  timeoutMs: number;
+  connectTimeoutMs: number;
+  headerTimeoutMs: number;
+  idleTimeoutMs: number;
+}
+
 export interface GatewaySettings {
   serviceName: string;
   defaultTier: string;
   tiers: Map<string, TierSettings>;
   models: Map<string, ModelSettings>;
-  toolBackends: { prefix: string; baseUrl: string; timeoutMs: number }[];
+  toolBackends: ToolBackendSettings[];
   realtimeUpstreams: RealtimeUpstreamSettings[];
   trustedProxies: string[];
   maxStalenessMs: number;
@@ -280,6 +292,55 @@ function httpUrl(where: string, v: unknown): string {
   }
   if (!['http:', 'https:', 'ws:', 'wss:'].includes(u.protocol)) fail(where, `must be an http(s) or ws(s) URL, got ${JSON.stringify(s)}`);
   return s.replace(/\/+$/, '');
+}
+
+const TOOL_BACKEND_KEYS = new Set(['prefix', 'base_url', 'base_urls', 'timeout_ms', 'connect_timeout_ms', 'header_timeout_ms', 'idle_timeout_ms']);
+const DEFAULT_CONNECT_TIMEOUT_MS = 5_000;
+
+/**
+ * `tool_backends`: a list of { prefix, base_url | base_urls, timeout_ms, connect_timeout_ms,
+ * header_timeout_ms, idle_timeout_ms }. The older form (one base_url and one timeout_ms) stays valid:
+ * timeout_ms is the default of the header and idle timeouts.
+ */
+function parseToolBackends(list: unknown): ToolBackendSettings[] {
+  if (list === undefined || list === null) return [];
+  if (!Array.isArray(list)) fail('tool_backends', 'must be a list');
+  const seen = new Set<string>();
+  return list.map((raw, i) => {
+    const where = `tool_backends[${i}]`;
+    if (!isObj(raw)) fail(where, 'must be a mapping');
+    checkKeys(where, raw, TOOL_BACKEND_KEYS);
+    const rawPrefix = str(`${where}.prefix`, raw.prefix);
+    if (!/^\/v1\/[A-Za-z0-9_./-]+$/.test(rawPrefix)) fail(`${where}.prefix`, `must be a path under /v1/, got ${JSON.stringify(rawPrefix)}`);
+    const prefix = rawPrefix.replace(/\/+$/, '');
+    if (seen.has(prefix)) fail(`${where}.prefix`, `${prefix} is configured twice; list several URLs under one entry's base_urls instead`);
+    seen.add(prefix);
+    if (raw.base_url !== undefined && raw.base_urls !== undefined) fail(where, 'has both base_url and base_urls; use one');
+    let baseUrls: string[];
+    if (raw.base_urls !== undefined) {
+      if (!Array.isArray(raw.base_urls) || raw.base_urls.length === 0) fail(`${where}.base_urls`, 'must be a non-empty list of URLs');
+      baseUrls = raw.base_urls.map((u, j) => httpUrl(`${where}.base_urls[${j}]`, u));
+    } else {
+      baseUrls = [httpUrl(`${where}.base_url`, raw.base_url)];
+    }
+    for (const [j, u] of baseUrls.entries()) {
+      const url = new URL(u);
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') fail(`${where}.base_urls[${j}]`, 'must be an http(s) URL');
+      if (url.username || url.password || url.search || url.hash) fail(`${where}.base_urls[${j}]`, 'must not carry credentials, a query or a fragment');
+    }
+    if (new Set(baseUrls).size !== baseUrls.length) fail(`${where}.base_urls`, 'lists the same URL twice');
+    const ms = (name: string, fallback: number) => (raw[name] === undefined ? fallback : posInt(`${where}.${name}`, raw[name]));
+    const timeoutMs = ms('timeout_ms', DEFAULT_UPSTREAM_TIMEOUT_MS);
+    return {
+      prefix,
+      baseUrl: baseUrls[0],
+      baseUrls,
+      timeoutMs,
+      connectTimeoutMs: ms('connect_timeout_ms', Math.min(DEFAULT_CONNECT_TIMEOUT_MS, timeoutMs)),
+      headerTimeoutMs: ms('header_timeout_ms', timeoutMs),
+      idleTimeoutMs: ms('idle_timeout_ms', timeoutMs),
+    };
+  });
 }
 
 /** Reads an `api_key_file`; throws a one-line message (never the file's contents) when it cannot. */
@@ -373,22 +434,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
   const defaultTier = str('default_tier', doc.default_tier, tiers.has('free') ? 'free' : [...tiers.keys()][0]);
   if (!tiers.has(defaultTier)) fail('default_tier', `names unknown tier ${JSON.stringify(defaultTier)}`);
 
-  const toolBackends = (() => {
-    const list = doc.tool_backends ?? [];
-    if (!Array.isArray(list)) fail('tool_backends', 'must be a list');
-    return list.map((raw, i) => {
-      const where = `tool_backends[${i}]`;
-      if (!isObj(raw)) fail(where, 'must be a mapping');
-      checkKeys(where, raw, new Set(['prefix', 'base_url', 'timeout_ms']));
-      const prefix = str(`${where}.prefix`, raw.prefix);
-      if (!/^\/v1\/[A-Za-z0-9_./-]+$/.test(prefix)) fail(`${where}.prefix`, `must be a path under /v1/, got ${JSON.stringify(prefix)}`);
-      return {
-        prefix: prefix.replace(/\/+$/, ''),
-        baseUrl: httpUrl(`${where}.base_url`, raw.base_url),
-        timeoutMs: raw.timeout_ms === undefined ? DEFAULT_UPSTREAM_TIMEOUT_MS : posInt(`${where}.timeout_ms`, raw.timeout_ms),
-      };
-    });
-  })();
+  const toolBackends = parseToolBackends(doc.tool_backends);
   const realtimeUpstreams = (() => {
     const list = doc.realtime_upstreams ?? [];
     if (!Array.isArray(list)) fail('realtime_upstreams', 'must be a list');

@@ -4,6 +4,7 @@ import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
 import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './auth/key-table.js';
+import { OpenStreams } from './auth/open-streams.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
@@ -19,6 +20,7 @@ import { setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './me
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
+import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 import { UsageClient } from './sync/usage-client.js';
@@ -62,6 +64,8 @@ async function main(): Promise<void> {
   }
   const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log: journalLog });
   const pools = new PoolRegistry();
+  const toolBackends = new ToolBackends();
+  const openStreams = new OpenStreams();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, connected: () => sync !== null && sync.disconnectedSince === null });
@@ -78,6 +82,8 @@ async function main(): Promise<void> {
     reporter,
     providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
     pools,
+    toolBackends,
+    openStreams,
     instanceId: config.instanceId,
     spillDir: config.spillDir,
     isStale: () => {
@@ -144,6 +150,7 @@ async function main(): Promise<void> {
     listenAddress,
     holder,
     reporter,
+    openStreams,
     leases,
     now: () => clock.now(),
     onApplied: () => api.realtime.enforce(),
@@ -155,7 +162,7 @@ async function main(): Promise<void> {
       log.fatal(line);
       process.exit(2);
     },
-    log: (line) => (/\b(lost|failed)\b/.test(line) ? log.warn({ sync: true }, line) : log.info({ sync: true }, line)),
+    log: (line) => (/\b(lost|failed|refused)\b/.test(line) ? log.warn({ sync: true }, line) : log.info({ sync: true }, line)),
   });
   sync.start();
 
@@ -200,6 +207,7 @@ async function main(): Promise<void> {
     reporter.stop();
     for (const s of sockets.slice(1)) uWS.us_listen_socket_close(s);
     await pools.close().catch(() => {});
+    await toolBackends.close().catch(() => {});
     process.exit(0);
   };
   process.on('SIGINT', onSignal);

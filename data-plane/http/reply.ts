@@ -220,6 +220,23 @@ export class Reply implements ReplyMeter {
     this.finish();
   }
 
+  /** Whether the response streaming out is an event stream (SSE): it can end with an error event. */
+  get isEventStream(): boolean {
+    if (!this.head || this.totalSize >= 0) return false;
+    for (const [k, v] of this.head.headers) if (k.toLowerCase() === 'content-type') return v.startsWith('text/event-stream');
+    return false;
+  }
+
+  /**
+   * Ends a chunked stream early with a last chunk (a terminal SSE error event). Cleanups see it as
+   * aborted, so the upstream is stopped and usage recorded as for a client that went away.
+   */
+  endEarly(chunk: string): void {
+    if (this.done) return;
+    this.aborted = true;
+    this.end(chunk);
+  }
+
   /** Force-closes the connection (a stream that failed after its headers were sent). */
   close(): void {
     if (this.done) return;

@@ -18,6 +18,11 @@ import { UploadSpill } from '../proxy/upload-spill.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
 import { countMessageTokens } from '../proxy/tokens.js';
 import { forwardTool } from '../proxy/tool-router.js';
+import { ToolBackends } from '../proxy/tool-backends.js';
+import { findRemoteInBody } from '../proxy/pdf-guard.js';
+import type { OpenStreams, StreamEndReason } from '../auth/open-streams.js';
+import { familyOf } from '../routing/path-families.js';
+import { renderError } from './error-shapes.js';
 import type { Reporter } from '../sync/reporter.js';
 import type { UsageSource } from '../sync/usage-client.js';
 import { deriveClientIp, headerLines } from './client-ip.js';
@@ -32,7 +37,6 @@ import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
 import { requestStarted } from '../metrics.js';
-import { familyOf } from '../routing/path-families.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -56,6 +60,10 @@ export interface ServerDeps {
   usage?: UsageSource;
   /** Realtime sessions: buffer and message limits, the request-log seam. */
   realtime?: RealtimeOptions;
+  /** Tool backends: pools, the choice among a prefix's URLs, passive health. */
+  toolBackends?: ToolBackends;
+  /** Every request of a key from authentication to its end, so revocation can end it (open-streams.ts). */
+  openStreams?: OpenStreams;
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -86,6 +94,7 @@ export class ApiServer {
   private seq = 0;
   /** 401s of unknown keys are logged only as far as this allows. */
   private readonly unknownKeys = new UnknownKeySampler();
+  private readonly toolBackends: ToolBackends;
   /** Key budgets and money, waiting (bounded) for a lease when this node's is short. */
   private readonly admission: Admission;
   /** What waiting for leases cost the requests that waited (GET /stats/lease-waits on the admin listener). */
@@ -98,6 +107,7 @@ export class ApiServer {
 
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
+    this.toolBackends = deps.toolBackends ?? new ToolBackends();
     this.app = uWS.App();
     this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
     this.realtime.register(this.app);
@@ -185,6 +195,8 @@ export class ApiServer {
     // admission step waits for it.)
     if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
     deps.reporter.touch(key.keyId);
+    // Until it ends, revoking the key or blocking its organisation ends this request (before the node acks).
+    if (deps.openStreams) reply.onFinish(deps.openStreams.register(key.keyHash, key.orgId, (why) => endForRevocation(reply, familyShape, why)));
 
     const route = state.view.routes.match(head.path, head.method);
     if (route instanceof GatewayError) {
@@ -448,6 +460,7 @@ export class ApiServer {
       return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No backend is configured for ${head.path}.`), 'B');
     }
     const hasBody = head.method !== 'GET' && head.method !== 'HEAD';
+    if (hasBody && familyOf(head.path).name === 'pdf') return this.pdfTool(res, reply, head, key, route, capBytes, headers);
     const body = hasBody ? streamBody(res, reply, capBytes) : null;
     body?.on('error', () => {});
     this.admission.admitOrWait(
@@ -463,12 +476,57 @@ export class ApiServer {
     );
   }
 
-  private forward(ctx: RequestContext, reply: Reply, head: RequestHead, route: Route, body: ReturnType<typeof streamBody> | null, headers: Array<[string, string]>): void {
+  /**
+   * `/v1/pdf*` with a body: read whole (within the path's cap and the node's body budget), refused
+   * with 400 Shape C naming the first remote reference before the backend sees a byte, else forwarded.
+   */
+  private pdfTool(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number, headers: Array<[string, string]>): void {
+    let ctx: RequestContext | null | undefined;
+    let body: { err: GatewayError | null; raw: Buffer } | undefined;
+    let bodyDone = false;
+    const proceed = () => {
+      if (!ctx || body === undefined || reply.done) return;
+      if (body.err) return reply.sendError(body.err, 'B', body.err.code === 'BODY_TOO_LARGE' || body.err.code === 'NODE_BUSY');
+      const found = findRemoteInBody(body.raw, head.contentType);
+      if (found) {
+        const message = `The HTML references a remote resource (${found.where}: ${JSON.stringify(found.url)}); only local references (data: URIs, fragments, relative paths) are allowed.`;
+        return reply.sendError(new GatewayError('REMOTE_REFERENCE', message), 'C');
+      }
+      this.forward(ctx, reply, head, route, body.raw, headers);
+    };
+    this.admission.admitOrWait(
+      reply,
+      key,
+      head.path,
+      0,
+      (c) => {
+        ctx = c;
+        proceed();
+      },
+      () => !bodyDone,
+      'B',
+    );
+    if (ctx === null) return;
+    collectBody(
+      res,
+      reply,
+      capBytes,
+      head.contentLength,
+      (err, raw) => {
+        bodyDone = true;
+        body = { err, raw };
+        proceed();
+      },
+      this.deps.bodyBudget && { budget: this.deps.bodyBudget, owner: key.orgId },
+    );
+  }
+
+  private forward(ctx: RequestContext, reply: Reply, head: RequestHead, route: Route, body: ReturnType<typeof streamBody> | Buffer | null, headers: Array<[string, string]>): void {
     if (!route.backend) return;
     // From here the request counts against rpm whatever the backend answers.
     ctx.providerStarted = true;
     reply.upstreamAt = performance.now();
-    forwardTool(this.deps.pools, {
+    forwardTool(this.toolBackends, {
       backend: route.backend,
       method: head.method,
       pathAndQuery: head.query ? `${head.path}?${head.query}` : head.path,
@@ -476,6 +534,7 @@ export class ApiServer {
       body,
       reply,
       clientIp: head.ip,
+      caller: { requestId: ctx.requestId, keyId: ctx.key.keyId, projectId: ctx.key.projectId, orgId: ctx.key.orgId },
       onAbort: (fn) => ctx.abortFns.push(fn),
       onDone: (status) => ctx.complete({ status, promptTokens: 0, completionTokens: 0 }),
     });
@@ -506,6 +565,24 @@ export class ApiServer {
     const why = inPlan ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
     return new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' });
   }
+}
+
+/**
+ * Ends a request whose key was revoked (or whose organisation was blocked) while it ran: not yet
+ * answered, a 401 in the path's shape; a model event stream (SSE chat), one terminal error event;
+ * any other stream (tool downloads, tool event streams), a reset. Every way runs the request's abort
+ * path (upstream stopped, usage recorded).
+ */
+function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason): void {
+  if (reply.done) return;
+  const err =
+    why === 'key_revoked'
+      ? new GatewayError('KEY_INVALID', 'This API key was revoked while the request was running.')
+      : new GatewayError('ORG_BLOCKED', "The organisation was blocked while the request was running: its balance is exhausted or its monthly spend cap was reached.");
+  if (!reply.headersSent) return reply.sendError(err, shape, true);
+  // Tool streams (MCP, …) speak their backend's protocol: closed, never given an event of ours.
+  if (shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
+  reply.close();
 }
 
 function isTooLarge(err: unknown): boolean {

@@ -2,7 +2,7 @@
 // Buffer or a Readable with backpressure), the response passed to the Reply chunk by chunk, the upstream
 // paused while the client's socket is full and resumed on drain. The client going away aborts the
 // upstream; the upstream failing before its headers becomes a 502; after the headers the status is
-// fixed, so an SSE stream gets one terminal error event and any other stream is closed.
+// fixed, so a model SSE stream gets one terminal error event and any other stream is closed.
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
@@ -25,7 +25,10 @@ export interface ProxyRequest {
   headers: string[];
   /** An async iterable is pulled a chunk at a time, once the socket took the last (undici). */
   body: Buffer | string | Readable | AsyncGenerator<Buffer> | null;
+  /** Time allowed until the response head (and, unless idleTimeoutMs is set, between body chunks). */
   timeoutMs: number;
+  /** Longest silence allowed between two chunks of the response body. */
+  idleTimeoutMs?: number;
   reply: Reply;
   shape: ErrorShape;
   /** Pass every end-to-end response header (tools) or only content-type (model endpoints). */
@@ -36,6 +39,13 @@ export interface ProxyRequest {
   onDone(status: number, outcome: 'ok' | 'error' | 'aborted'): void;
   /** Registers the abort of this exchange on the client going away. */
   onAbort(fn: () => void): void;
+  /**
+   * The upstream failed before its response head, and the client is still there: return true to take
+   * the failure over (e.g. try another backend). Then nothing is answered and onDone is not called.
+   */
+  retry?(err: Error): boolean;
+  /** The upstream's response head arrived. */
+  onResponseHead?(status: number): void;
 }
 
 const HOP_BY_HOP = new Set([
@@ -90,6 +100,11 @@ export function proxyRequest(req: ProxyRequest): void {
       else done(status || 502, 'error');
       return;
     }
+    if (!reply.headersSent && status === 0 && req.retry?.(err)) {
+      // Handed over: this attempt reports nothing more, even if the client goes away later.
+      finished = true;
+      return;
+    }
     if (!reply.headersSent) {
       const e = isGatewayError(err) ? err : new GatewayError('UPSTREAM_UNREACHABLE', upstreamMessage(err));
       const r = renderError(e, req.shape);
@@ -97,7 +112,9 @@ export function proxyRequest(req: ProxyRequest): void {
       done(r.status, 'error');
       return;
     }
-    if (sse) {
+    // A model stream gets one terminal error event; a tool backend's stream is its own protocol
+    // (MCP, …), so it is only closed.
+    if (sse && req.shape === 'A') {
       const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'A');
       reply.end(`data: ${e.body}\n\n`);
     } else {
@@ -118,6 +135,7 @@ export function proxyRequest(req: ProxyRequest): void {
           return;
         }
         status = statusCode;
+        req.onResponseHead?.(statusCode);
         const contentType = headerValue(headers['content-type']) ?? '';
         sse = contentType.startsWith('text/event-stream');
         inspector = req.inspect ? req.inspect(statusCode, contentType) : null;
@@ -188,7 +206,7 @@ export function proxyRequest(req: ProxyRequest): void {
         // undici takes async iterables as bodies; its types list only Readable.
         body: req.body as Buffer | string | Readable | null,
         headersTimeout: req.timeoutMs,
-        bodyTimeout: req.timeoutMs,
+        bodyTimeout: req.idleTimeoutMs ?? req.timeoutMs,
       },
       handler,
     );

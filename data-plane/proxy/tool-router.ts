@@ -1,14 +1,17 @@
-// Tool endpoints, kept minimal for now: a request under a tool prefix with a configured backend is
-// passed through unchanged (method, path, query, body streamed; the gateway's own credential headers
-// and every client-sent forwarding header removed, one X-Forwarded-For with the client's address
-// added), and the backend's answer is passed back unchanged (Shape C). No backend configured, or one
-// that cannot be reached: 502 Shape B `upstream_unreachable`.
+// Tool endpoints: a request under a tool prefix goes to one of the prefix's backends, unchanged
+// (method, path, query, body streamed as it arrives), minus hop-by-hop headers, the client's
+// credentials and every client-sent forwarding header, plus one X-Forwarded-For with the client's
+// address, a request id and the caller's key, project and organisation ids. The backend's answer, any
+// status, is passed back unchanged and streamed with backpressure (Shape C). A backend that refuses
+// the connection or cannot be connected in time is skipped for a while (tool-backends.ts); while no
+// byte of the body has been sent, the request moves on to the prefix's next backend. Failing all:
+// 502 Shape B `upstream_unreachable`, never naming a backend.
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Reply } from '../http/reply.js';
-import type { PoolRegistry } from './providers/openai.js';
 import { proxyRequest } from './stream-proxy.js';
+import type { ToolBackends, Upstream } from './tool-backends.js';
 
 const DROP_REQUEST_HEADERS = new Set([
   'authorization',
@@ -18,11 +21,11 @@ const DROP_REQUEST_HEADERS = new Set([
   'connection',
   'keep-alive',
   'transfer-encoding',
-  'content-length',
   'te',
   'trailer',
   'upgrade',
   'proxy-authorization',
+  'proxy-connection',
   'expect',
   // What a client says about its own address; the backend gets one X-Forwarded-For from us instead.
   'x-forwarded-for',
@@ -30,7 +33,23 @@ const DROP_REQUEST_HEADERS = new Set([
   'x-real-ip',
   'x-client-ip',
   'true-client-ip',
+  // Ours: a client must not be able to claim another caller's identity or request id.
+  'x-request-id',
 ]);
+/** Headers the gateway adds; any client-sent header with this prefix is dropped. */
+const GATEWAY_HEADER_PREFIX = 'x-tollgate-';
+
+/** Failures where nothing reached the backend: safe to try the next one. */
+const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
+/** Failures that say the backend is unwell (skipped for a while), though the request may have reached it. */
+const UNHEALTHY_ERRORS = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+
+export interface ToolCaller {
+  requestId: string;
+  keyId: string;
+  projectId: string;
+  orgId: string;
+}
 
 export interface ToolRequest {
   backend: ToolBackend;
@@ -39,31 +58,119 @@ export interface ToolRequest {
   pathAndQuery: string;
   /** Request headers as [name, value] pairs, copied in the handler. */
   headers: Array<[string, string]>;
-  body: Readable | null;
+  /** A stream (read as it arrives), a body already read whole (the PDF guard read it), or none. */
+  body: Readable | Buffer | null;
   reply: Reply;
   /** The client's address as the node determined it (http/client-ip.ts): the one X-Forwarded-For sent. */
   clientIp: string;
+  caller: ToolCaller;
   onAbort(fn: () => void): void;
   onDone(status: number): void;
 }
 
-export function forwardTool(pools: PoolRegistry, req: ToolRequest): void {
-  const url = new URL(req.backend.baseUrl);
+export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
   const headers: string[] = [];
-  for (const [k, v] of req.headers) if (!DROP_REQUEST_HEADERS.has(k)) headers.push(k, v);
-  headers.push('x-forwarded-for', req.clientIp);
-  const basePath = url.pathname.replace(/\/+$/, '');
+  for (const [k, v] of req.headers) {
+    if (DROP_REQUEST_HEADERS.has(k) || k.startsWith(GATEWAY_HEADER_PREFIX)) continue;
+    // A body read whole goes with its real length; a streamed one keeps the client's.
+    if (k === 'content-length' && (req.body === null || Buffer.isBuffer(req.body))) continue;
+    headers.push(k, v);
+  }
+  headers.push(
+    'x-forwarded-for',
+    req.clientIp,
+    'x-request-id',
+    req.caller.requestId,
+    'x-tollgate-key-id',
+    req.caller.keyId,
+    'x-tollgate-project-id',
+    req.caller.projectId,
+    'x-tollgate-org-id',
+    req.caller.orgId,
+  );
+  if (Buffer.isBuffer(req.body)) headers.push('content-length', String(req.body.length));
+  const candidates = backends.order(req.backend);
+  attempt(backends, req, headers, candidates, 0);
+}
+
+function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], candidates: Upstream[], index: number): void {
+  const upstream = candidates[index];
+  const b = req.backend;
+  // A stream is pulled through a generator, so an attempt that never connected leaves it unread for the next.
+  const pull = req.body && !Buffer.isBuffer(req.body) ? pullOnce(req.body) : null;
+  upstream.inFlight++;
+  let counted = true;
+  const release = () => {
+    if (counted) upstream.inFlight--;
+    counted = false;
+  };
+  const headerTimeoutMs = b.headerTimeoutMs > 0 ? b.headerTimeoutMs : b.timeoutMs > 0 ? b.timeoutMs : 30_000;
   proxyRequest({
-    pool: pools.get(url.origin),
+    pool: upstream.pool,
     method: req.method as Dispatcher.HttpMethod,
-    path: basePath + req.pathAndQuery,
+    path: upstream.basePath + req.pathAndQuery,
     headers,
-    body: req.body,
-    timeoutMs: req.backend.timeoutMs > 0 ? req.backend.timeoutMs : 30_000,
+    body: pull ? pull.body : (req.body as Buffer | null),
+    timeoutMs: headerTimeoutMs,
+    idleTimeoutMs: b.idleTimeoutMs > 0 ? b.idleTimeoutMs : headerTimeoutMs,
     reply: req.reply,
     shape: 'B',
     passAllHeaders: true,
     onAbort: req.onAbort,
-    onDone: (status) => req.onDone(status),
+    onResponseHead: () => backends.markUp(upstream),
+    retry: (err) => {
+      const code = (err as { code?: string }).code ?? '';
+      if (CONNECT_ERRORS.has(code) || UNHEALTHY_ERRORS.has(code)) backends.markDown(upstream);
+      release();
+      if (!CONNECT_ERRORS.has(code) || index + 1 >= candidates.length || (pull && pull.started)) return false;
+      attempt(backends, req, headers, candidates, index + 1);
+      return true;
+    },
+    onDone: (status) => {
+      release();
+      req.onDone(status);
+    },
   });
+}
+
+/**
+ * A generator over a Readable that reads it only when pulled and never destroys it when abandoned
+ * (undici calls `return()` on a body it did not send): the stream stays whole for another attempt.
+ * `started` says whether any of it was taken.
+ */
+function pullOnce(stream: Readable): { body: AsyncGenerator<Buffer>; started: boolean } {
+  const state = { body: null as unknown as AsyncGenerator<Buffer>, started: false };
+  state.body = (async function* () {
+    state.started = true;
+    for (;;) {
+      const chunk = stream.read() as Buffer | null;
+      if (chunk !== null) {
+        yield chunk;
+        continue;
+      }
+      if (stream.readableEnded) return;
+      if (stream.destroyed) throw stream.errored ?? new Error('request body closed');
+      await new Promise<void>((resolve, reject) => {
+        const cleanup = () => {
+          stream.off('readable', onReadable);
+          stream.off('end', onReadable);
+          stream.off('error', onError);
+          stream.off('close', onReadable);
+        };
+        const onReadable = () => {
+          cleanup();
+          resolve();
+        };
+        const onError = (err: Error) => {
+          cleanup();
+          reject(err);
+        };
+        stream.on('readable', onReadable);
+        stream.on('end', onReadable);
+        stream.on('error', onError);
+        stream.on('close', onReadable);
+      });
+    }
+  })();
+  return state;
 }

@@ -5,8 +5,9 @@
 // bad node token) is fatal: one line, exit 2.
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
-import { SyncServiceClient, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
+import { SyncServiceClient, type ControlMessage, type Delta, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../auth/key-table.js';
+import type { OpenStreams } from '../auth/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
 import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
 import type { Reporter } from './reporter.js';
@@ -26,6 +27,8 @@ export interface SyncClientOptions {
   listenAddress: string;
   holder: StateHolder;
   reporter: Reporter;
+  /** What keys have open: ended when a change revokes the key or blocks its organisation, before the ack. */
+  openStreams?: OpenStreams;
   /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
   leases?: LeaseClient;
   now(): number;
@@ -164,6 +167,7 @@ export class SyncClient {
     const leases = this.opts.leases;
     if (msg.snapshot) {
       holder.applySnapshot(msg.snapshot);
+      this.endRevokedAfterSnapshot();
       if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
       this.awaitingSnapshot = false;
       this.opts.onApplied?.();
@@ -176,6 +180,7 @@ export class SyncClient {
       if (this.awaitingSnapshot || !holder.ready) return;
       const r = holder.current.applyDelta(msg.delta);
       if (r === 'applied') {
+        this.endRevoked(msg.delta.changes);
         this.opts.onApplied?.();
         call.write({ ack: { version: msg.delta.toVersion } });
         // Credit, cap, tier or config changes: a node told "nothing left" asks again.
@@ -198,6 +203,27 @@ export class SyncClient {
     } else if (msg.leaseReclaim && leases) {
       leases.onReclaim(msg.leaseReclaim);
     }
+  }
+
+  /** Ends the open streams of keys a delta removed and of organisations it blocked (before the ack). */
+  private endRevoked(changes: Delta['changes']): void {
+    const streams = this.opts.openStreams;
+    if (!streams) return;
+    for (const c of changes) {
+      if (c.keyRemoved !== undefined) streams.closeKey(c.keyRemoved, 'key_revoked');
+      else if (c.orgUpsert?.blocked) streams.closeOrg(c.orgUpsert.orgId, 'org_blocked');
+    }
+  }
+
+  /** A snapshot replaced the key table: whatever it no longer authenticates ends. */
+  private endRevokedAfterSnapshot(): void {
+    const streams = this.opts.openStreams;
+    if (!streams || streams.count() === 0) return;
+    const st = this.opts.holder.current;
+    streams.closeWhere((keyHash, orgId) => {
+      if (!st.keysByHash.has(keyHash)) return 'key_revoked';
+      return st.orgs.get(orgId)?.blocked ? 'org_blocked' : null;
+    });
   }
 
   private markConnected(): void {

@@ -55,8 +55,8 @@ test('a second node under a node id already connected is refused and named; the 
   const cp = await startControlPlane();
   const first = await startDataPlane(cp, { nodeId: 'edge-dup' });
   const second = await startDataPlane(cp, { nodeId: 'edge-dup', waitReady: false });
-  await second.proc.waitFor(new RegExp(`refused by control plane: node id "edge-dup" is already connected from ${first.address.replace(/\./g, '\\.')}; give every node its own --node-id; retrying`));
-  await cp.proc.waitFor(/sync: refused node "edge-dup" from \S+: that node id is already connected/);
+  await second.proc.waitFor(new RegExp(`refused by control plane: node id \\\\?"edge-dup\\\\?" is already connected from ${first.address.replace(/\./g, '\\.')}; give every node its own --node-id; retrying`));
+  await cp.proc.waitFor(/sync: refused node \\?"edge-dup\\?" from \S+: that node id is already connected/);
   assert.doesNotMatch(second.proc.output(), /data plane ready/);
   const nodes = cliJson(cp, cp.secrets.operatorToken, ['nodes', 'list']).nodes;
   assert.deepEqual(nodes.map((n: { id: string; address: string }) => [n.id, n.address]), [['edge-dup', first.address]]);

@@ -14,7 +14,7 @@ after(async () => {
   await stopAll();
 });
 
-const INTERFACE_LINE = /^(control plane listening on \S+|control plane admin listening on \S+|data plane listening on \S+|data plane admin listening on \S+|data plane ready)$/;
+const INTERFACE_LINE = /^(control plane listening on \S+( \([^)]*\))?|control plane admin listening on \S+|data plane listening on \S+|data plane admin listening on \S+|data plane ready)$/;
 
 interface LogLine {
   level: string;

@@ -130,3 +130,37 @@ test('api_key_file: read through the reader, never both with api_key_env, an unr
   assert.throws(() => parseGatewayConfig(withModel({ api_key_file: 'gone.txt' }), {}, read), /model up\.api_key_file: cannot read \/etc\/tollgate\/gone\.txt \(ENOENT\)/);
   assert.throws(() => parseGatewayConfig(withModel({ api_key_file: 'empty.txt' }), {}, read), /model up\.api_key_file: empty\.txt is empty/);
 });
+
+test('tool_backends: several base URLs with per-backend timeouts, and the older one-URL form still valid', () => {
+  const d = demo();
+  d.tool_backends = [
+    { prefix: '/v1/files/', base_urls: ['http://10.0.0.1:8000/', 'https://files.internal/api'], connect_timeout_ms: 500, header_timeout_ms: 20_000, idle_timeout_ms: 90_000 },
+    { prefix: '/v1/pdf', base_url: 'http://127.0.0.1:9', timeout_ms: 30_000 },
+    { prefix: '/v1/mcp', base_url: 'http://127.0.0.1:10' },
+  ];
+  const { proto } = parseGatewayConfig(d, {});
+  assert.deepEqual(proto.toolBackends, [
+    { prefix: '/v1/files', baseUrl: 'http://10.0.0.1:8000', baseUrls: ['http://10.0.0.1:8000', 'https://files.internal/api'], timeoutMs: 60_000, connectTimeoutMs: 500, headerTimeoutMs: 20_000, idleTimeoutMs: 90_000 },
+    // timeout_ms is the default of the header and idle timeouts; connect defaults to at most 5 s.
+    { prefix: '/v1/pdf', baseUrl: 'http://127.0.0.1:9', baseUrls: ['http://127.0.0.1:9'], timeoutMs: 30_000, connectTimeoutMs: 5_000, headerTimeoutMs: 30_000, idleTimeoutMs: 30_000 },
+    { prefix: '/v1/mcp', baseUrl: 'http://127.0.0.1:10', baseUrls: ['http://127.0.0.1:10'], timeoutMs: 60_000, connectTimeoutMs: 5_000, headerTimeoutMs: 60_000, idleTimeoutMs: 60_000 },
+  ]);
+});
+
+test('bad tool_backends are refused with one line naming the setting', () => {
+  const cases: [string, unknown, RegExp][] = [
+    ['both forms', [{ prefix: '/v1/pdf', base_url: 'http://a', base_urls: ['http://b'] }], /tool_backends\[0\]: has both base_url and base_urls/],
+    ['empty list', [{ prefix: '/v1/pdf', base_urls: [] }], /tool_backends\[0\]\.base_urls: must be a non-empty list/],
+    ['not http', [{ prefix: '/v1/pdf', base_urls: ['ws://a'] }], /tool_backends\[0\]\.base_urls\[0\]: must be an http\(s\) URL/],
+    ['credentials in the URL', [{ prefix: '/v1/pdf', base_urls: ['http://user:pw@a'] }], /must not carry credentials/],
+    ['same URL twice', [{ prefix: '/v1/pdf', base_urls: ['http://a', 'http://a/'] }], /lists the same URL twice/],
+    ['prefix twice', [{ prefix: '/v1/pdf', base_url: 'http://a' }, { prefix: '/v1/pdf/', base_url: 'http://b' }], /tool_backends\[1\]\.prefix: \/v1\/pdf is configured twice/],
+    ['bad timeout', [{ prefix: '/v1/pdf', base_url: 'http://a', idle_timeout_ms: 0 }], /tool_backends\[0\]\.idle_timeout_ms: must be a whole number >= 1/],
+    ['unknown key', [{ prefix: '/v1/pdf', base_url: 'http://a', retries: 3 }], /tool_backends\[0\]: unknown setting "retries"/],
+  ];
+  for (const [name, list, re] of cases) {
+    const d = demo();
+    d.tool_backends = list;
+    assert.throws(() => parseGatewayConfig(d, {}), (e: unknown) => e instanceof ConfigError && re.test(e.message), name);
+  }
+});

@@ -98,3 +98,35 @@ test('after an abort nothing touches the response and cleanups run once', () => 
   reply.onFinish(() => cleanups++);
   assert.equal(cleanups, 2);
 });
+
+test('endEarly ends an event stream with a last chunk and runs the cleanups as an abort', () => {
+  const res = new FakeRes();
+  const chunks: string[] = [];
+  res.end = function (this: FakeRes, chunk?: unknown) {
+    chunks.push(String(chunk ?? ''));
+    this.ended = true;
+    return this;
+  } as FakeRes['end'];
+  const reply = new Reply(res as unknown as HttpResponse);
+  const seen: boolean[] = [];
+  reply.onFinish((aborted) => seen.push(aborted));
+  reply.startStream(200, [['Content-Type', 'text/event-stream; charset=utf-8']]);
+  assert.equal(reply.isEventStream, true);
+  reply.write('data: {"x":1}\n\n');
+  reply.endEarly('data: {"error":{}}\n\n');
+  assert.deepEqual(chunks, ['data: {"error":{}}\n\n']);
+  assert.equal(reply.done, true);
+  assert.deepEqual(seen, [true], 'cleanups ran once, as an abort (the upstream is stopped)');
+  reply.endEarly('again');
+  assert.equal(chunks.length, 1, 'a finished reply is never touched again');
+});
+
+test('isEventStream is false for other streams and for known-length answers', () => {
+  const json = new Reply(new FakeRes() as unknown as HttpResponse);
+  json.startStream(200, [['content-type', 'application/octet-stream']]);
+  assert.equal(json.isEventStream, false);
+  const sized = new Reply(new FakeRes() as unknown as HttpResponse);
+  sized.startStream(200, [['content-type', 'text/event-stream']], 10);
+  assert.equal(sized.isEventStream, false);
+  assert.equal(new Reply(new FakeRes() as unknown as HttpResponse).isEventStream, false);
+});

@@ -1,6 +1,7 @@
 // Path sanity, the path families' error shapes and the route table, as tables.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
 import { isBadPath, RouteTable, shapeOf } from '../../data-plane/http/routes.js';
 
@@ -50,8 +51,8 @@ test('error shape by path family (decided before routing)', () => {
 
 test('route table: model routes, 405 with Allow, tool prefixes, realtime, 404', () => {
   const rt = new RouteTable([
-    { prefix: '/v1/pdf', baseUrl: 'http://pdf', timeoutMs: 1 },
-    { prefix: '/v1/files', baseUrl: 'http://files', timeoutMs: 1 },
+    ToolBackend.fromPartial({ prefix: '/v1/pdf', baseUrl: 'http://pdf', timeoutMs: 1 }),
+    ToolBackend.fromPartial({ prefix: '/v1/files', baseUrl: 'http://files', timeoutMs: 1 }),
   ]);
   const ok: Array<[string, string, string]> = [
     ['POST', '/v1/chat/completions', 'chat'],

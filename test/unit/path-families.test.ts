@@ -2,6 +2,7 @@
 // kind must come from the same family (data-plane/routing/path-families.ts).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
 import { RouteTable, shapeOf } from '../../data-plane/http/routes.js';
 import { bodyCapBytes, matchEdgeBudgets } from '../../data-plane/limits/edge-budgets.js';
@@ -9,9 +10,9 @@ import { familyOf, PATH_FAMILIES } from '../../data-plane/routing/path-families.
 
 const MIB = 1024 * 1024;
 const routes = new RouteTable([
-  { prefix: '/v1/files', baseUrl: 'http://files', timeoutMs: 1 },
-  { prefix: '/v1/pdf', baseUrl: 'http://pdf', timeoutMs: 1 },
-  { prefix: '/v1/route', baseUrl: 'http://route', timeoutMs: 1 },
+  ToolBackend.fromPartial({ prefix: '/v1/files', baseUrl: 'http://files', timeoutMs: 1 }),
+  ToolBackend.fromPartial({ prefix: '/v1/pdf', baseUrl: 'http://pdf', timeoutMs: 1 }),
+  ToolBackend.fromPartial({ prefix: '/v1/route', baseUrl: 'http://route', timeoutMs: 1 }),
 ]);
 
 /** The route kind a path reaches (whatever the method), or 404. */

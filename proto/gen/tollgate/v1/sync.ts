@@ -184,8 +184,18 @@ export interface ModelConfig {
 export interface ToolBackend {
   /** Path prefix this backend serves, e.g. "/v1/pdf". */
   prefix: string;
+  /** The first base URL (kept for nodes that read only this field); base_urls holds all of them. */
   baseUrl: string;
+  /** Default for the header and idle timeouts below when they are 0. */
   timeoutMs: number;
+  /** Every base URL serving the prefix; requests are spread over them, skipping unhealthy ones. */
+  baseUrls: string[];
+  /** Time allowed to open a connection to a backend; 0: the node's default. */
+  connectTimeoutMs: number;
+  /** Time allowed from the request being sent to the response head; 0: timeout_ms. */
+  headerTimeoutMs: number;
+  /** Longest silence allowed between two chunks of the response body; 0: timeout_ms. */
+  idleTimeoutMs: number;
 }
 
 /** Where a realtime model's sessions are relayed: an OpenAI-compatible realtime WebSocket URL. */
@@ -2765,7 +2775,15 @@ export const ModelConfig: MessageFns<ModelConfig> = {
 };
 
 function createBaseToolBackend(): ToolBackend {
-  return { prefix: "", baseUrl: "", timeoutMs: 0 };
+  return {
+    prefix: "",
+    baseUrl: "",
+    timeoutMs: 0,
+    baseUrls: [],
+    connectTimeoutMs: 0,
+    headerTimeoutMs: 0,
+    idleTimeoutMs: 0,
+  };
 }
 
 export const ToolBackend: MessageFns<ToolBackend> = {
@@ -2778,6 +2796,18 @@ export const ToolBackend: MessageFns<ToolBackend> = {
     }
     if (message.timeoutMs !== 0) {
       writer.uint32(24).int64(message.timeoutMs);
+    }
+    for (const v of message.baseUrls) {
+      writer.uint32(34).string(v!);
+    }
+    if (message.connectTimeoutMs !== 0) {
+      writer.uint32(40).int64(message.connectTimeoutMs);
+    }
+    if (message.headerTimeoutMs !== 0) {
+      writer.uint32(48).int64(message.headerTimeoutMs);
+    }
+    if (message.idleTimeoutMs !== 0) {
+      writer.uint32(56).int64(message.idleTimeoutMs);
     }
     return writer;
   },
@@ -2819,6 +2849,38 @@ export const ToolBackend: MessageFns<ToolBackend> = {
             message.timeoutMs = longToNumber(reader.int64());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.baseUrls.push(reader.string());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.connectTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.headerTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.idleTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2844,6 +2906,26 @@ export const ToolBackend: MessageFns<ToolBackend> = {
         : isSet(object.timeout_ms)
         ? globalThis.Number(object.timeout_ms)
         : 0,
+      baseUrls: globalThis.Array.isArray(object?.baseUrls)
+        ? object.baseUrls.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.base_urls)
+        ? object.base_urls.map((e: any) => globalThis.String(e))
+        : [],
+      connectTimeoutMs: isSet(object.connectTimeoutMs)
+        ? globalThis.Number(object.connectTimeoutMs)
+        : isSet(object.connect_timeout_ms)
+        ? globalThis.Number(object.connect_timeout_ms)
+        : 0,
+      headerTimeoutMs: isSet(object.headerTimeoutMs)
+        ? globalThis.Number(object.headerTimeoutMs)
+        : isSet(object.header_timeout_ms)
+        ? globalThis.Number(object.header_timeout_ms)
+        : 0,
+      idleTimeoutMs: isSet(object.idleTimeoutMs)
+        ? globalThis.Number(object.idleTimeoutMs)
+        : isSet(object.idle_timeout_ms)
+        ? globalThis.Number(object.idle_timeout_ms)
+        : 0,
     };
   },
 
@@ -2858,6 +2940,18 @@ export const ToolBackend: MessageFns<ToolBackend> = {
     if (message.timeoutMs !== 0) {
       obj.timeoutMs = Math.round(message.timeoutMs);
     }
+    if (message.baseUrls?.length) {
+      obj.baseUrls = message.baseUrls;
+    }
+    if (message.connectTimeoutMs !== 0) {
+      obj.connectTimeoutMs = Math.round(message.connectTimeoutMs);
+    }
+    if (message.headerTimeoutMs !== 0) {
+      obj.headerTimeoutMs = Math.round(message.headerTimeoutMs);
+    }
+    if (message.idleTimeoutMs !== 0) {
+      obj.idleTimeoutMs = Math.round(message.idleTimeoutMs);
+    }
     return obj;
   },
 
@@ -2869,6 +2963,10 @@ export const ToolBackend: MessageFns<ToolBackend> = {
     message.prefix = object.prefix ?? "";
     message.baseUrl = object.baseUrl ?? "";
     message.timeoutMs = object.timeoutMs ?? 0;
+    message.baseUrls = object.baseUrls?.map((e) => e) || [];
+    message.connectTimeoutMs = object.connectTimeoutMs ?? 0;
+    message.headerTimeoutMs = object.headerTimeoutMs ?? 0;
+    message.idleTimeoutMs = object.idleTimeoutMs ?? 0;
     return message;
   },
 };

