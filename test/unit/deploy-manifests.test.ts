@@ -73,7 +73,7 @@ test('compose.yaml: control plane, three nodes behind nginx with X-Forwarded-For
   // The nodes believe X-Forwarded-For from nginx's fixed address, and only from it.
   const gateway = parseGatewayConfig(parse(doc.configs.gateway.content), {}, () => '');
   assert.deepEqual(gateway.settings.trustedProxies, [`${lb.networks.tollgate.ipv4_address}/32`]);
-  const backendUrls = JSON.stringify(gateway.settings.toolBackends).match(/http:\/\/[^"]+/g) ?? [];
+  const backendUrls = gateway.settings.toolBackends.flatMap((b) => b.baseUrls);
   assert.equal(backendUrls.length, 7);
   for (const u of backendUrls) assert.match(u, /^http:\/\/demo-backends:910[12]$/);
   assert.deepEqual(s['demo-backends'].command, ['cli/demo-backends/main.ts']);
