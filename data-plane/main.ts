@@ -7,6 +7,7 @@ import { StateHolder } from './auth/key-table.js';
 import { OpenStreams } from './auth/open-streams.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
+import { sessionLogRow } from './realtime/session-log.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
 import { closeConnectionsAfterResponses, closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
@@ -92,7 +93,7 @@ async function main(): Promise<void> {
       return max > 0 && since !== null && clock.now() - since > max;
     },
     usage,
-    realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes },
+    realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes, logSession: (e) => reporter.log(sessionLogRow(e)) },
   });
 
   const sockets: uWS.us_listen_socket[] = [];

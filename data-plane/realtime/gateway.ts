@@ -66,6 +66,7 @@ interface UpgradeHead {
   protocol: string;
   extensions: string;
   ip: string;
+  userAgent: string;
 }
 
 export class RealtimeGateway {
@@ -142,6 +143,7 @@ export class RealtimeGateway {
         protocol: req.getHeader('sec-websocket-protocol'),
         extensions: req.getHeader('sec-websocket-extensions'),
         ip: '',
+        userAgent: req.getHeader('user-agent'),
       };
       const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
       reply = new Reply(res);
@@ -272,6 +274,7 @@ export class RealtimeGateway {
       model,
       link,
       head.path,
+      { clientIp: head.ip, userAgent: head.userAgent },
     );
     const headers = reply.extraHeaders;
     reply.markUpgraded();

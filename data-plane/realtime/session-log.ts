@@ -4,6 +4,8 @@
 // takes it. Money and tokens are NOT recorded through this entry: they go out as usage records per
 // `response.done` (session.ts), so the organisation is charged while the session runs.
 
+import type { LogRow } from '../../proto/lib/log-columns.js';
+
 export interface RealtimeSessionLog {
   requestId: string;
   keyId: string;
@@ -11,6 +13,8 @@ export interface RealtimeSessionLog {
   projectId: string;
   model: string;
   path: string;
+  clientIp: string;
+  userAgent: string;
   /** When the socket opened (ms since epoch, the node's clock). */
   startedAtMs: number;
   durationMs: number;
@@ -29,3 +33,31 @@ export interface RealtimeSessionLog {
 }
 
 export type SessionLogSink = (entry: RealtimeSessionLog) => void;
+
+/**
+ * The session as one request-log row: GET on the realtime path with status 101, its duration as the
+ * latency, bytes each way, the tokens and cost of all its responses, and the close code as the reason.
+ */
+export function sessionLogRow(e: RealtimeSessionLog): LogRow {
+  return {
+    requestId: e.requestId,
+    atMs: e.startedAtMs,
+    keyId: e.keyId,
+    projectId: e.projectId,
+    orgId: e.orgId,
+    clientIp: e.clientIp,
+    userAgent: e.userAgent,
+    method: 'GET',
+    path: e.path,
+    status: 101,
+    latencyUs: e.durationMs * 1000,
+    bytesIn: e.bytesFromClient,
+    bytesOut: e.bytesToClient,
+    model: e.model,
+    promptTokens: e.promptTokens,
+    completionTokens: e.completionTokens,
+    costMicros: e.costMicros,
+    reason: e.closeCode === 1000 || e.closeCode === 1005 ? '' : `ws_close_${e.closeCode}${e.closeReason ? `: ${e.closeReason.slice(0, 100)}` : ''}`,
+    keyPrefix: '',
+  };
+}

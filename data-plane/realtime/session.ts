@@ -95,6 +95,7 @@ export class RealtimeSession implements OpenSocket {
     private readonly model: ModelConfig,
     private readonly link: UpstreamLink,
     private readonly path: string,
+    private readonly client: { clientIp: string; userAgent: string } = { clientIp: '', userAgent: '' },
   ) {
     this.keyHash = key.keyHash;
     this.modelId = model.id;
@@ -301,6 +302,8 @@ export class RealtimeSession implements OpenSocket {
       projectId: this.key.projectId,
       model: this.model.id,
       path: this.path,
+      clientIp: this.client.clientIp,
+      userAgent: this.client.userAgent,
       startedAtMs: this.startedAtMs,
       durationMs: Math.max(0, now - this.startedAtMs),
       messagesFromClient: c.fromClient,

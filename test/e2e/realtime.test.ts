@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import OpenAI from 'openai';
 import { OpenAIRealtimeWS } from 'openai/realtime/ws';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { waitUntilKnown, eventually } from '../helpers/data-plane.js';
@@ -81,6 +81,12 @@ test('the openai realtime client talks to the demo model through the gateway; us
   assert.equal(row.completion_tokens, usage.output_tokens);
   assert.equal(row.cost_micros, cost);
   await eventually(async () => (await admin.getOrg({ orgId: k.orgId })).spendTotalMicros === cost, 'the organisation charged for the response');
+  // The session is one request-log entry: status 101, its tokens and cost, the client's address.
+  let session: any;
+  await eventually(async () => (session = cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs.find((l: any) => l.path === '/v1/realtime')) !== undefined, 'the session logged');
+  assert.deepEqual([session.method, session.status, session.model, session.client_ip], ['GET', 101, 'demo-realtime', '127.0.0.1']);
+  assert.deepEqual([session.prompt_tokens, session.completion_tokens], [usage.input_tokens, usage.output_tokens]);
+  assert.equal(Math.round(Number(session.cost_usd) * 1_000_000), cost);
 });
 
 test('a fake upstream: the gateway dials it with the configured credential and model, relays both ways, bills response.done', async () => {
