@@ -29,7 +29,10 @@ export class PoolRegistry {
   get(origin: string): Pool {
     let p = this.pools.get(origin);
     if (!p) {
-      p = new Pool(origin, { connections: 128, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout: 10_000 });
+      // No cap on connections: a stream holds its connection for as long as it lasts (minutes), so a
+      // cap would make the next stream wait for another to end. What bounds them is what bounds the
+      // requests in flight (the keys' parallel limits, the node's descriptors).
+      p = new Pool(origin, { connections: null, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout: 10_000 });
       this.pools.set(origin, p);
     }
     return p;
