@@ -2,7 +2,7 @@
 // own file, data-plane-multipart-model.test.ts).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { SseUsage } from '../../data-plane/proxy/providers/openai.js';
+import { SseUsage, usageAtEnd } from '../../data-plane/proxy/providers/openai.js';
 import { countTokens, truncateTokens } from '../../data-plane/proxy/tokens.js';
 
 test('tokenizer: words and punctuation', () => {
@@ -41,4 +41,29 @@ test('SSE: a client that asked for usage gets it untouched; no usage means count
   none.transform(Buffer.from(ev({ choices: [{ delta: { content: 'Hello there.' } }] }) + 'data: [DONE]\n\n'));
   assert.equal(none.usage, null);
   assert.equal(none.countedCompletionTokens(), 3);
+});
+
+test('JSON answers: usage is read from the tail only when it is the top-level object\'s last member', () => {
+  const u = { prompt_tokens: 9, completion_tokens: 21, total_tokens: 30, completion_tokens_details: { reasoning_tokens: 0 } };
+  const table: Array<[string, unknown]> = [
+    [JSON.stringify({ id: 'x', choices: [], usage: u }), u],
+    [JSON.stringify({ id: 'x', choices: [], usage: u }, null, 2), u],
+    [JSON.stringify({ usage: u }), u],
+    // Not last: the whole answer must be parsed.
+    [JSON.stringify({ usage: u, id: 'x' }), null],
+    // Nested, not top-level.
+    [JSON.stringify({ id: 'x', meta: { usage: u } }), null],
+    // Inside a string value: escaped quotes never match.
+    [JSON.stringify({ id: 'x', choices: [{ message: { content: '{"usage":{"prompt_tokens":1}}' } }] }), null],
+    [JSON.stringify({ id: 'x', choices: [{ message: { content: 'a "usage": {"prompt_tokens": 1}}' } }], usage: u }), u],
+    // Strings with braces and escapes inside usage.
+    [JSON.stringify({ id: 'x', usage: { prompt_tokens: 1, note: 'a } \\ " {' } }), { prompt_tokens: 1, note: 'a } \\ " {' }],
+    // Not an object, truncated, or trailing garbage.
+    [JSON.stringify({ id: 'x', usage: null }), null],
+    ['{"id":"x","usage":{"prompt_tokens":1}', null],
+    ['{"id":"x","usage":{"prompt_tokens":1}}}', null],
+    ['{"id":"x","usage":{"prompt_tokens":1}} x', null],
+    ['', null],
+  ];
+  for (const [text, want] of table) assert.deepEqual(usageAtEnd(text), want, text);
 });
