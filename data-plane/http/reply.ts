@@ -12,6 +12,7 @@
 // Here (8) is kept by `finish()`: the onAborted handler and every way a response ends (end, close,
 // a finished tryEnd) call it, and it runs the registered cleanups exactly once.
 import type { HttpResponse, RecognizedString } from 'uWebSockets.js';
+import { writeRateHeaders, type RateHeaders } from '../limits/key-budgets.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
@@ -21,8 +22,10 @@ export class Reply {
   done = false;
   /** True when the client went away (or we closed the connection) before the response ended. */
   aborted = false;
-  /** Headers added to every response (the key's rate-limit headers once it is known). */
+  /** Headers added to every response. */
   extraHeaders: HeaderList | null = null;
+  /** The key's rate-limit headers once it is known, rendered only when the head is written. */
+  rateHeaders: RateHeaders | null = null;
 
   private readonly res: HttpResponse;
   private cleanups: Array<(aborted: boolean) => void> = [];
@@ -64,6 +67,7 @@ export class Reply {
       this.res.writeStatus(statusLine(status));
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
+      if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
       this.res.end(body, closeConnection);
     });
     this.finish();
@@ -88,6 +92,7 @@ export class Reply {
     this.res.writeStatus(this.head.statusLine);
     for (const [k, v] of this.head.headers) this.res.writeHeader(k, v);
     if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
+    if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
   }
 
   /**

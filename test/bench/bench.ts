@@ -14,7 +14,9 @@
 // test (and of the control plane, for the node), peak RSS, and the ratios node/bare and bare/direct.
 // Then a constant-rate run at half the node's JSON saturation rate: p99 over direct. Results go to
 // test/bench/out/bench-<time>.json.
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { startControlPlane, startDataPlane, startProcess, stopAll, ROOT } from '../helpers/processes.js';
@@ -30,6 +32,7 @@ const { values: opts } = parseArgs({
     only: { type: 'string' },
     rounds: { type: 'string' },
     seconds: { type: 'string' },
+    baseline: { type: 'string' },
   },
 });
 const QUICK = opts.quick!;
@@ -39,8 +42,10 @@ const CONNECTIONS = 50;
 const PROXY_CORE = 0;
 const LOAD_CORE = 1;
 
-type TargetName = 'direct' | 'bare' | 'node';
-const TARGETS: TargetName[] = ['direct', 'bare', 'node'];
+type TargetName = 'direct' | 'bare' | 'node' | 'baseline';
+// --baseline REF: a second node built from another commit (a git worktree under the system's temp
+// folder), on the same control plane and core, measured in the same run: what a change bought.
+const TARGETS: TargetName[] = opts.baseline ? ['direct', 'bare', 'node', 'baseline'] : ['direct', 'bare', 'node'];
 
 interface Scenario {
   name: string;
@@ -94,15 +99,17 @@ async function main(): Promise<void> {
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
   });
   const node = await startDataPlane(cp, opts.profile ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${opts.profile}`] } : {});
-  const pids: Record<TargetName | 'cp', number> = { direct: upstream.child.pid!, bare: bare.child.pid!, node: node.proc.child.pid!, cp: cp.proc.child.pid! };
-  const pinned = canPin && [pin(pids.node, PROXY_CORE), pin(pids.bare, PROXY_CORE), pin(pids.direct, LOAD_CORE), pin(pids.cp, LOAD_CORE)].every(Boolean);
+  const baseline = opts.baseline ? await startBaselineNode(opts.baseline, cp) : null;
+  const pids: Record<TargetName | 'cp', number> = { direct: upstream.child.pid!, bare: bare.child.pid!, node: node.proc.child.pid!, baseline: baseline?.proc.child.pid ?? 0, cp: cp.proc.child.pid! };
+  const pinned = canPin && [pin(pids.node, PROXY_CORE), pin(pids.bare, PROXY_CORE), pin(pids.direct, LOAD_CORE), pin(pids.cp, LOAD_CORE), !baseline || pin(pids.baseline, PROXY_CORE)].every(Boolean);
 
   const admin = consoleClient(cp.address, cp.secrets.operatorToken);
   const { key } = await createKey(admin, { tier: 'bench' });
   admin.close();
   const auth = `Bearer ${key}`;
-  const urls: Record<TargetName, string> = { direct: upstreamUrl, bare: bareUrl, node: node.url };
+  const urls: Record<TargetName, string> = { direct: upstreamUrl, bare: bareUrl, node: node.url, baseline: baseline?.url ?? '' };
   await waitForKey(node.url, auth);
+  if (baseline) await waitForKey(baseline.url, auth);
 
   console.log(
     `tollgate bench: ${hasWrk ? 'wrk' : 'autocannon'}, ${ROUNDS} round(s) × ${SECONDS} s per target and scenario, ${pinned ? `pinned (proxy under test on core ${PROXY_CORE}; upstream, control plane and load on core ${LOAD_CORE})` : 'not pinned (no taskset or one core)'}`,
@@ -114,15 +121,18 @@ async function main(): Promise<void> {
   const results: Record<string, Record<TargetName, Measurement[]>> = {};
   for (let round = 0; round < ROUNDS; round++) {
     for (const s of scenarios) {
-      results[s.name] ??= { direct: [], bare: [], node: [] };
+      results[s.name] ??= { direct: [], bare: [], node: [], baseline: [] };
       // Interleaved, and in a rotating order, so drift on a shared machine hits every target alike.
       const order = TARGETS.map((_, i) => TARGETS[(i + round) % TARGETS.length]);
-      for (const t of order) results[s.name][t].push(await measure(urls[t], s.request(auth), s.connections, pids[t], t === 'node' ? pids.cp : null));
+      for (const t of order) results[s.name][t].push(await measure(urls[t], s.request(auth), s.connections, pids[t], t === 'node' || t === 'baseline' ? pids.cp : null));
     }
   }
 
   const summary: Record<string, Record<TargetName, Measurement>> = {};
-  for (const s of scenarios) summary[s.name] = { direct: median(results[s.name].direct), bare: median(results[s.name].bare), node: median(results[s.name].node) };
+  for (const s of scenarios) {
+    const r = results[s.name];
+    summary[s.name] = { direct: median(r.direct), bare: median(r.bare), node: median(r.node), baseline: baseline ? median(r.baseline) : (undefined as unknown as Measurement) };
+  }
   printTable(summary);
 
   // Constant rate at half the node's JSON saturation: the latency the node adds when it is not saturated.
@@ -131,10 +141,10 @@ async function main(): Promise<void> {
   if (json) {
     const rate = Math.max(100, Math.round(summary.json.node.rps / 2));
     const secs = QUICK ? 3 : 10;
-    const runs: Record<TargetName, PacedResult[]> = { direct: [], bare: [], node: [] };
+    const runs: Record<TargetName, PacedResult[]> = { direct: [], bare: [], node: [], baseline: [] };
     for (let round = 0; round < (QUICK ? 1 : 2); round++) for (const t of TARGETS) runs[t].push(await paced(urls[t], json.request(auth), rate, secs));
     const best = (xs: PacedResult[]) => xs.reduce((a, b) => (b.p99Us < a.p99Us ? b : a));
-    const r = { direct: best(runs.direct), bare: best(runs.bare), node: best(runs.node) };
+    const r = { direct: best(runs.direct), bare: best(runs.bare), node: best(runs.node), baseline: baseline ? best(runs.baseline) : (undefined as unknown as PacedResult) };
     constantRate = { rate, seconds: secs, ...r, nodeP99AddedUs: r.node.p99Us - r.direct.p99Us, bareP99AddedUs: r.bare.p99Us - r.direct.p99Us };
     console.log(`\nconstant rate, JSON, ${rate} req/s for ${secs} s (half the node's saturation), latency in µs (best of ${runs.node.length}):`);
     for (const t of TARGETS) console.log(`  ${t.padEnd(7)} p50 ${r[t].p50Us.toFixed(0).padStart(6)}  p99 ${r[t].p99Us.toFixed(0).padStart(6)}  max ${r[t].maxUs.toFixed(0).padStart(7)}  (${r[t].ok} ok, ${r[t].errors} errors)`);
@@ -152,6 +162,19 @@ async function main(): Promise<void> {
   // SIGTERM lets the node write its CPU profile (--profile).
   await node.proc.kill('SIGTERM');
   await stopAll();
+  if (baseline) spawnSync('git', ['worktree', 'remove', '--force', baseline.dir], { cwd: ROOT });
+}
+
+/** A node from commit `ref`, in a temporary git worktree sharing this checkout's node_modules. */
+async function startBaselineNode(ref: string, cp: { address: string; secrets: { pepper: string; nodeToken: string } }): Promise<{ proc: ReturnType<typeof startProcess>; url: string; dir: string }> {
+  const dir = join(tmpdir(), `tollgate-baseline-${process.pid}`);
+  const add = spawnSync('git', ['worktree', 'add', '--detach', dir, ref], { cwd: ROOT, encoding: 'utf8' });
+  if (add.status !== 0) throw new Error(`git worktree add ${ref}: ${add.stderr}`);
+  symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
+  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir });
+  const m = await proc.waitFor(/data plane listening on (\S+)/);
+  await proc.waitFor(/data plane ready/);
+  return { proc, url: `http://${m[1]}`, dir };
 }
 
 async function measure(url: string, t: Target, connections: number, pid: number, cpPid: number | null): Promise<Measurement> {
@@ -185,9 +208,11 @@ function printTable(summary: Record<string, Record<TargetName, Measurement>>): v
           ? `${(m.rps / row.bare.rps).toFixed(2)}× bare req/s, ${m.cpuUsPerRequest && row.bare.cpuUsPerRequest ? (m.cpuUsPerRequest / row.bare.cpuUsPerRequest).toFixed(2) : '-'}× bare CPU`
           : t === 'bare'
             ? `${(m.rps / row.direct.rps).toFixed(2)}× direct req/s`
-            : '';
+            : t === 'baseline'
+              ? `${(m.rps / row.bare.rps).toFixed(2)}× bare req/s, ${m.cpuUsPerRequest && row.bare.cpuUsPerRequest ? (m.cpuUsPerRequest / row.bare.cpuUsPerRequest).toFixed(2) : '-'}× bare CPU (node/baseline: ${(row.node.rps / m.rps).toFixed(2)}× req/s, ${row.node.cpuUsPerRequest && m.cpuUsPerRequest ? (row.node.cpuUsPerRequest / m.cpuUsPerRequest).toFixed(2) : '-'}× CPU)`
+              : '';
       console.log(
-        `${(t === 'direct' ? name : '').padEnd(15)} ${t.padEnd(7)} ${f(m.rps).padStart(7)} ${f(m.p50Ms, 1).padStart(8)} ${f(m.p99Ms, 1).padStart(7)} ${f(m.cpuUsPerRequest, 1).padStart(11)} ${(t === 'node' ? f(m.controlPlaneCpuUsPerRequest, 1) : '').padStart(13)} ${mb(m.peakRssBytes).padStart(9)}   ${ratio}`,
+        `${(t === 'direct' ? name : '').padEnd(15)} ${t.padEnd(7)} ${f(m.rps).padStart(7)} ${f(m.p50Ms, 1).padStart(8)} ${f(m.p99Ms, 1).padStart(7)} ${f(m.cpuUsPerRequest, 1).padStart(11)} ${(t === 'node' || t === 'baseline' ? f(m.controlPlaneCpuUsPerRequest, 1) : '').padStart(13)} ${mb(m.peakRssBytes).padStart(9)}   ${ratio}`,
       );
     }
   }

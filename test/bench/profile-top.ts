@@ -35,3 +35,21 @@ console.log('\nself time by function:');
 for (const [k, v] of [...fn].sort((a, b) => b[1] - a[1]).slice(0, Number(n))) console.log(`${pct(v)}  ${k}`);
 console.log('\nself time by file:');
 for (const [k, v] of [...files].sort((a, b) => b[1] - a[1]).slice(0, 25)) console.log(`${pct(v)}  ${k}`);
+
+// Inclusive time of Tollgate's own functions (their callees included), counted once per stack.
+const parent = new Map<number, number>();
+for (const x of prof.nodes) for (const c of x.children ?? []) parent.set(c, x.id);
+const incl = new Map<string, number>();
+for (const [id, us] of self) {
+  const seen = new Set<string>();
+  for (let cur: number | undefined = id; cur !== undefined; cur = parent.get(cur)) {
+    const c = byId.get(cur)!.callFrame;
+    if (!/data-plane|proto\/lib/.test(c.url)) continue;
+    const name = `${c.functionName || '(anonymous)'} ${c.url.replace(/^.*\/(data-plane|proto)\//, '$1/')}`;
+    if (seen.has(name)) continue;
+    seen.add(name);
+    incl.set(name, (incl.get(name) ?? 0) + us);
+  }
+}
+console.log('\ninclusive time of Tollgate functions:');
+for (const [k, v] of [...incl].sort((a, b) => b[1] - a[1]).slice(0, Number(n))) console.log(`${pct(v)}  ${k}`);
