@@ -88,7 +88,14 @@ async function snapshotBench(): Promise<Record<string, unknown>> {
   const seedMs = performance.now() - seedStart;
   console.log(`  seeded ${(KEYS - 1).toLocaleString('en')} keys into SQLite in ${(seedMs / 1000).toFixed(1)} s`);
   const cpStart = performance.now();
-  const big = await startControlPlane({ dir: cp.dir, secrets: cp.secrets, configPath: cp.configPath, listen: cp.address });
+  // startControlPlane waits 30 s for the listening line; loading a million keys may take longer.
+  const bigProc = startProcess(['control-plane/main.ts', '--db', cp.dbPath, '--listen', cp.address, '--config', cp.configPath!], {
+    TOLLGATE_PEPPER: cp.secrets.pepper,
+    TOLLGATE_OPERATOR_TOKEN: cp.secrets.operatorToken,
+    TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken,
+  });
+  await bigProc.waitFor(/control plane listening on (\S+)/, 600_000);
+  const big = { proc: bigProc, address: cp.address, secrets: cp.secrets };
   const cpStartMs = performance.now() - cpStart;
   const cpRss = await settledRss(big.proc.child.pid!);
 
