@@ -6,7 +6,7 @@
 // The node runs under callgrind; after a warm-up (the JIT settled) the counters are zeroed, N requests are sent, and the instructions counted are divided by N. With --baseline REF
 // the same is measured for a node built from another commit (a temporary git worktree).
 import { spawn, spawnSync } from 'node:child_process';
-import { readFileSync, readdirSync, rmSync, symlinkSync, mkdtempSync } from 'node:fs';
+import { readFileSync, rmSync, symlinkSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -102,12 +102,13 @@ async function measureNode(dir: string, cp: { address: string; secrets: { pepper
     );
   };
   const result: Record<string, number> = {};
+  let part = 0;
   for (const [name, body] of [['json', chat(false)], ['sse', chat(true)]] as const) {
     await send(body, 600);
     callgrind(child.pid!, ['--zero']);
     await send(body, N);
     callgrind(child.pid!, [`--dump=${name}`]);
-    result[name] = lastDumpIr(outDir) / N;
+    result[name] = (await dumpIr(outDir, child.pid!, ++part)) / N;
     console.log(`  ${dir === ROOT ? 'node' : 'baseline'} ${name}: ${fmt(result[name])} instructions per request`);
   }
   await pool.close();
@@ -121,13 +122,19 @@ function callgrind(pid: number, args: string[]): void {
   if (r.status !== 0) throw new Error(`callgrind_control ${args.join(' ')}: ${r.stderr}${r.stdout}`);
 }
 
-/** The Ir total of the newest dump in `dir`. */
-function lastDumpIr(dir: string): number {
-  const files = readdirSync(dir).filter((f) => f.startsWith('cg.')).sort((a, b) => Number(a.split('.').pop()) - Number(b.split('.').pop()));
-  const text = readFileSync(join(dir, files[files.length - 1]), 'utf8');
-  const m = text.match(/^(?:summary|totals): (\d+)/m);
-  if (!m) throw new Error('no totals in the callgrind dump');
-  return Number(m[1]);
+/** The Ir total of dump number `part` (callgrind writes it after callgrind_control returns). */
+async function dumpIr(dir: string, pid: number, part: number): Promise<number> {
+  const file = join(dir, `cg.${pid}.${part}`);
+  for (let i = 0; i < 600; i++) {
+    try {
+      const m = readFileSync(file, 'utf8').match(/^totals: (\d+)/m);
+      if (m) return Number(m[1]);
+    } catch {
+      // not written yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`no totals in ${file}`);
 }
 
 main().catch(async (err) => {
