@@ -26,9 +26,9 @@ test('SSE: passes events as they complete, reads usage and strips what only the 
   const a = ev({ choices: [{ delta: { content: 'Hi' } }], usage: null });
   const u = ev({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 1 } });
   // An event split across chunks is held until complete.
-  assert.equal(s.transform(Buffer.from(a.slice(0, 10))), '');
-  assert.equal(s.transform(Buffer.from(a.slice(10))), ev({ choices: [{ delta: { content: 'Hi' } }] }));
-  assert.equal(s.transform(Buffer.from(u + 'data: [DONE]\n\n')), 'data: [DONE]\n\n');
+  assert.equal(String(s.transform(Buffer.from(a.slice(0, 10)))), '');
+  assert.equal(String(s.transform(Buffer.from(a.slice(10)))), ev({ choices: [{ delta: { content: 'Hi' } }] }));
+  assert.equal(String(s.transform(Buffer.from(u + 'data: [DONE]\n\n'))), 'data: [DONE]\n\n');
   assert.deepEqual(s.usage, { prompt_tokens: 3, completion_tokens: 1 });
   assert.equal(s.flush(), '');
 });
@@ -36,11 +36,23 @@ test('SSE: passes events as they complete, reads usage and strips what only the 
 test('SSE: a client that asked for usage gets it untouched; no usage means counting', () => {
   const keep = new SseUsage(false);
   const u = ev({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 1 } });
-  assert.equal(keep.transform(Buffer.from(u)), u);
+  assert.equal(String(keep.transform(Buffer.from(u))), u);
   const none = new SseUsage(true);
   none.transform(Buffer.from(ev({ choices: [{ delta: { content: 'Hello there.' } }] }) + 'data: [DONE]\n\n'));
   assert.equal(none.usage, null);
   assert.equal(none.countedCompletionTokens(), 3);
+});
+
+test('SSE: a block without usage goes on as the same bytes, a character split across chunks intact', () => {
+  const s = new SseUsage(true);
+  const e = Buffer.from(ev({ choices: [{ delta: { content: 'héllo wörld ✓' } }] }));
+  const cut = e.indexOf('✓') + 1;
+  assert.equal(String(s.transform(e.subarray(0, cut))), '');
+  const out = s.transform(e.subarray(cut));
+  assert.ok(Buffer.isBuffer(out));
+  assert.equal(String(out), e.toString());
+  assert.equal(s.countedCompletionTokens(), 3);
+  assert.equal(s.flush(), '');
 });
 
 test('JSON answers: usage is read from the tail only when it is the top-level object\'s last member', () => {
