@@ -43,13 +43,12 @@ test('SSE: a client that asked for usage gets it untouched; no usage means count
   assert.equal(none.countedCompletionTokens(), 3);
 });
 
-test('SSE: a block without usage goes on as the same bytes, a character split across chunks intact', () => {
+test('SSE: a block without usage goes on unchanged, a character split across chunks intact', () => {
   const s = new SseUsage(true);
   const e = Buffer.from(ev({ choices: [{ delta: { content: 'héllo wörld ✓' } }] }));
   const cut = e.indexOf('✓') + 1;
   assert.equal(String(s.transform(e.subarray(0, cut))), '');
   const out = s.transform(e.subarray(cut));
-  assert.ok(Buffer.isBuffer(out));
   assert.equal(String(out), e.toString());
   assert.equal(s.countedCompletionTokens(), 3);
   assert.equal(s.flush(), '');

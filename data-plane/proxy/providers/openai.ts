@@ -1,6 +1,7 @@
 // Any OpenAI-compatible HTTP API: base URL and upstream key from the model's config, one undici Pool
 // (keep-alive) per origin, requests and responses streamed through stream-proxy.ts. Usage comes from the
 // upstream's `usage`; when it gives none, the gateway counts tokens with its own tokenizer.
+import { StringDecoder } from 'node:string_decoder';
 import { Pool } from 'undici';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { rewriteChatBody } from '../json-splice.js';
@@ -88,9 +89,6 @@ class JsonUsage implements BodyInspector {
   }
 }
 
-/** The longest SSE event held back whole while it arrives. */
-const MAX_SSE_EVENT_BYTES = 1024 * 1024;
-
 /** Bytes of an answer's tail enough to hold its `usage` object (with its details). */
 const TAIL_BYTES = 2048;
 
@@ -147,42 +145,30 @@ function isSpace(c: number): boolean {
  */
 export class SseUsage implements BodyInspector {
   usage: Usage | null = null;
-  /** The bytes after the last complete event (an event split across chunks). */
-  private carry: Buffer | null = null;
-  private readonly dataEvents: Array<Buffer | string> = [];
+  private carry = '';
+  private readonly decoder = new StringDecoder('utf8');
+  private readonly dataEvents: string[] = [];
   constructor(private readonly strip: boolean) {}
 
-  transform(chunk: Buffer): Buffer | string {
-    const buf = this.carry ? Buffer.concat([this.carry, chunk]) : chunk;
-    const end = buf.lastIndexOf('\n\n');
+  transform(chunk: Buffer): string {
+    const text = this.carry + this.decoder.write(chunk);
+    const end = text.lastIndexOf('\n\n');
     if (end === -1) {
-      // An "event" this long is not one: passed on as it is, rather than held (and copied) without end.
-      if (buf.length > MAX_SSE_EVENT_BYTES) {
-        this.carry = null;
-        this.keep(buf);
-        return buf;
-      }
-      this.carry = buf;
+      this.carry = text;
       return '';
     }
-    this.carry = end + 2 < buf.length ? buf.subarray(end + 2) : null;
-    const block = buf.subarray(0, end + 2);
-    // Nothing to read or strip (`"usage":null` fields included): the bytes go on as they came, never
-    // decoded. Blocks end at a blank line, so a UTF-8 character is never split between two of them.
-    if (block.indexOf('"usage"') === -1) {
-      this.keep(block);
-      return block;
-    }
-    return this.events(block.toString('utf8'));
+    this.carry = text.slice(end + 2);
+    return this.events(text.slice(0, end + 2));
   }
 
   flush(): string {
-    const rest = this.carry;
-    this.carry = null;
-    return rest ? this.events(rest.toString('utf8')) : '';
+    const rest = this.carry + this.decoder.end();
+    this.carry = '';
+    return rest ? this.events(rest) : '';
   }
 
   private events(block: string): string {
+    // Nothing to read or strip (`"usage":null` fields included) in a block without "usage".
     if (!block.includes('"usage"')) {
       this.keep(block);
       return block;
@@ -211,7 +197,7 @@ export class SseUsage implements BodyInspector {
     return out;
   }
 
-  private keep(block: Buffer | string): void {
+  private keep(block: string): void {
     // Kept only to count tokens when the upstream reports no usage (parsed lazily, at the end).
     if (this.usage === null) this.dataEvents.push(block);
   }
@@ -220,7 +206,7 @@ export class SseUsage implements BodyInspector {
   countedCompletionTokens(): number {
     let n = 0;
     for (const block of this.dataEvents) {
-      for (const ev of block.toString().split('\n\n')) {
+      for (const ev of block.split('\n\n')) {
         const data = dataOf(ev);
         if (!data || data === '[DONE]') continue;
         try {
