@@ -78,3 +78,14 @@ test('JSON answers: usage is read from the tail only when it is the top-level ob
   ];
   for (const [text, want] of table) assert.deepEqual(usageAtEnd(text), want, text);
 });
+
+// Before the fix an upstream that never ended an event made the node hold (and re-copy on every
+// chunk) everything it sent, without bound.
+test('SSE: an "event" over 1 MiB without a blank line is passed on, not held', () => {
+  const s = new SseUsage(true);
+  const big = Buffer.alloc(512 * 1024, 'a');
+  assert.equal(String(s.transform(big)), '');
+  const out = String(s.transform(big)) + String(s.transform(big));
+  assert.equal(out.length, 3 * big.length);
+  assert.equal(s.flush(), '');
+});

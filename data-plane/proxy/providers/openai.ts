@@ -139,6 +139,9 @@ function isSpace(c: number): boolean {
   return c === 32 || c === 10 || c === 13 || c === 9;
 }
 
+/** The longest SSE event held back whole while it arrives. */
+const MAX_SSE_EVENT_CHARS = 1024 * 1024;
+
 /**
  * Passes an SSE stream on event by event (an event goes out as soon as it is complete), reads the
  * usage chunk, and drops it (and the `"usage":null` fields) when only the gateway asked for usage.
@@ -154,6 +157,12 @@ export class SseUsage implements BodyInspector {
     const text = this.carry + this.decoder.write(chunk);
     const end = text.lastIndexOf('\n\n');
     if (end === -1) {
+      // An "event" this long is not one: passed on as it is, rather than held without end.
+      if (text.length > MAX_SSE_EVENT_CHARS) {
+        this.carry = '';
+        this.keep(text);
+        return text;
+      }
       this.carry = text;
       return '';
     }
