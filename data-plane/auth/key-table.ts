@@ -70,6 +70,9 @@ export function buildConfigView(config: GatewayConfig | undefined): ConfigView {
 
 export type DeltaResult = 'applied' | 'stale' | 'gap';
 
+/** The allowed_models of most keys (empty: the whole plan), one Set shared by all of them. */
+const NO_MODELS: ReadonlySet<string> = new Set();
+
 export class GatewayState {
   version = 0;
   view: ConfigView;
@@ -139,7 +142,7 @@ export class GatewayState {
       projectId: k.projectId,
       orgId: k.orgId,
       org: this.orgFor(k.orgId),
-      allowedModels: new Set(k.allowedModels),
+      allowedModels: k.allowedModels.length === 0 ? NO_MODELS : new Set(k.allowedModels),
       limits: { keyId: k.keyId, rpmLimit: k.rpmLimit, tpmLimit: k.tpmLimit, maxParallel: k.maxParallelRequests },
     });
     this.hashByKeyId.set(k.keyId, k.keyHash);

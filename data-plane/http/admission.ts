@@ -7,7 +7,7 @@
 import { GatewayError } from '../errors.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
-import { rateHeaderPairs, type KeyBudgets, type Ticket } from '../limits/key-budgets.js';
+import type { KeyBudgets, Ticket } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, type Reply } from './reply.js';
@@ -52,6 +52,25 @@ export class Admission {
   ): void {
     const deps = this.deps;
     const leases = deps.leases;
+    // The common case, synchronous and without a closure: the money slice is here and the key's
+    // budgets admit. Anything else (a refusal, a wait) takes the general path below, which asks again
+    // (a refused admission consumed nothing).
+    if (!reply.done && (leases === undefined || leases.canSpend(key.orgId) === 'yes')) {
+      const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
+      if (a.ok) {
+        reply.rateHeaders = a.headers;
+        const ctx = this.newContext(key, path, a.ticket, minuteOf(deps.clock.now()));
+        ctx.spend = leases?.reserveSpend(key.orgId);
+        ctx.attach(reply);
+        try {
+          then(ctx);
+        } catch (e) {
+          logBug(e);
+          reply.sendError(e, 'A');
+        }
+        return;
+      }
+    }
     const started = performance.now();
     let finished = false;
     let waited = false;
@@ -79,7 +98,7 @@ export class Admission {
         if (spend === 'wait' && !lastTry && leases!.waitForOrg(key.orgId, wake)) return park();
         const now = deps.clock.now();
         const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
-        reply.extraHeaders = rateHeaderPairs(a.headers);
+        reply.rateHeaders = a.headers;
         if (a.ok) {
           const ctx = this.newContext(key, path, a.ticket, minuteOf(now));
           ctx.spend = leases?.reserveSpend(key.orgId);
@@ -110,6 +129,11 @@ export class Admission {
   /** The token estimate of an admitted request, waiting (bounded) for a lease like admitOrWait. */
   reserveOrWait(ctx: RequestContext, reply: Reply, key: KeyRecord, estimate: number, then: (ok: boolean) => void): void {
     const deps = this.deps;
+    // The common case, without a closure: the estimate fits (a refusal changed nothing; asked again below).
+    if (!reply.done && ctx.ticket.reserveTokens(estimate) === null) {
+      then(true);
+      return;
+    }
     const started = performance.now();
     let timer: NodeJS.Timeout | null = null;
     let finished = false;
@@ -133,7 +157,7 @@ export class Admission {
           return;
         }
         ctx.refuse();
-        reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+        reply.rateHeaders = deps.keyBudgets.headers(key.limits);
         reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
         finish(false);
       } catch (e) {

@@ -16,6 +16,7 @@ import { isGatewayError } from '../errors.js';
 import { log } from '../log.js';
 import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
 import type { PathFamily } from '../routing/path-families.js';
+import { writeRateHeaders, type RateHeaders } from '../limits/key-budgets.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
 
@@ -40,13 +41,15 @@ export class Reply implements ReplyMeter {
   done = false;
   /** True when the client went away (or we closed the connection) before the response ended. */
   aborted = false;
-  /** Headers added to every response (the key's rate-limit headers once it is known). */
+  /** Headers added to every response. */
   extraHeaders: HeaderList | null = null;
   /** For the request log: body bytes written, and why it was refused (request-log.ts, refusalReason). */
   bytesOut = 0;
   refusal = '';
   /** The request-log entry of a request of a known key (its admitted context adds the usage). */
   logDraft: LogDraft | null = null;
+  /** The key's rate-limit headers once it is known, rendered only when the head is written. */
+  rateHeaders: RateHeaders | null = null;
 
   private readonly res: HttpResponse;
   private cleanups: Array<(aborted: boolean) => void> = [];
@@ -92,6 +95,7 @@ export class Reply implements ReplyMeter {
       this.res.writeStatus(statusLine(status));
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
+      if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
       this.res.end(body, closeConnection || draining);
     });
     this.finish();
@@ -125,6 +129,7 @@ export class Reply implements ReplyMeter {
     this.res.writeStatus(this.head.statusLine);
     for (const [k, v] of this.head.headers) this.res.writeHeader(k, v);
     if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
+    if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
   }
 
   /**

@@ -9,6 +9,7 @@ import type { Ticket } from '../limits/key-budgets.js';
 import type { SpendReservation } from '../limits/lease-client.js';
 import type { CallResult } from '../proxy/providers/provider.js';
 import { logRequestError } from '../log.js';
+import { countMessageTokens } from '../proxy/tokens.js';
 import { logBug } from './reply.js';
 import type { LogDraft } from './request-log.js';
 
@@ -65,8 +66,20 @@ export class RequestContext {
   /** Set once the request was handed to a provider or backend: from then on it counts. */
   providerStarted = false;
   model: ModelConfig | null = null;
+  /**
+   * The chat messages whose tokens are billed when the request ends without a provider report (an
+   * abort): counted only then, not on every request.
+   */
+  promptMessages: unknown = undefined;
+  private promptTokens: number | undefined;
   /** Prompt tokens billed when the request ends without a provider report (an abort). */
-  estimatedPromptTokens = 0;
+  get estimatedPromptTokens(): number {
+    this.promptTokens ??= this.promptMessages === undefined ? 0 : countMessageTokens(this.promptMessages);
+    return this.promptTokens;
+  }
+  set estimatedPromptTokens(n: number) {
+    this.promptTokens = n;
+  }
   readonly abortFns: Array<() => void> = [];
   /** The estimated cost reserved from the node's money slice while this request runs. */
   spend: SpendReservation | undefined;

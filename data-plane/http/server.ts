@@ -10,13 +10,12 @@ import { GatewayError } from '../errors.js';
 import type { Clock } from '../limits/clock.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import { bodyCapBytes, presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
-import { estimateTokens, rateHeaderPairs, type KeyBudgets } from '../limits/key-budgets.js';
+import { estimateTokens, type KeyBudgets, type RateHeaders } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';
 import type { PoolRegistry } from '../proxy/providers/openai.js';
 import { UploadSpill } from '../proxy/upload-spill.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
-import { countMessageTokens } from '../proxy/tokens.js';
 import { forwardTool } from '../proxy/tool-router.js';
 import { ToolBackends } from '../proxy/tool-backends.js';
 import { findRemoteInBody } from '../proxy/pdf-guard.js';
@@ -166,7 +165,7 @@ export class ApiServer {
     const capBytes = bodyCapBytes(head.path);
     if (head.contentLength > capBytes) {
       // Refused before the credential is checked, yet a known key still sees its rate headers.
-      reply.extraHeaders = this.rateHeadersOfBearer(head.authorization);
+      reply.rateHeaders = this.rateHeadersOfBearer(head.authorization);
       return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; this path accepts at most ${capBytes}.`), familyShape, true);
     }
 
@@ -187,7 +186,7 @@ export class ApiServer {
     reply.logDraft = draft;
     reply.onFinish((aborted) => draft.endReply({ status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal }, aborted));
     // From here every answer carries the key's rate headers (admission refreshes them).
-    reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+    reply.rateHeaders = deps.keyBudgets.headers(key.limits);
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), familyShape);
     // The node's money slice of the organisation is spent and the control plane has nothing left,
@@ -279,7 +278,7 @@ export class ApiServer {
     // Refused or not served: the request is given back, and the rate headers say so.
     const refuse = (err: unknown) => {
       ctx.refuse();
-      reply.extraHeaders = rateHeaderPairs(this.deps.keyBudgets.headers(key.limits));
+      reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
       reply.sendError(err, 'A');
     };
     const q = parseUsageQuery(head.query, this.deps.clock.now());
@@ -305,10 +304,10 @@ export class ApiServer {
   }
 
   /** The rate headers of the key a bearer credential names, if it names a known key. */
-  private rateHeadersOfBearer(authorization: string): Array<[string, string]> | null {
+  private rateHeadersOfBearer(authorization: string): RateHeaders | null {
     const m = BEARER.exec(authorization);
     const key = m ? this.deps.holder.current.lookup(this.deps.pepper, m[1]) : undefined;
-    return key ? rateHeaderPairs(this.deps.keyBudgets.headers(key.limits)) : null;
+    return key ? this.deps.keyBudgets.headers(key.limits) : null;
   }
 
   private jsonEndpoint(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number): void {
@@ -372,7 +371,7 @@ export class ApiServer {
       this.admission.reserveOrWait(ctx, reply, key, estimate, (ok) => {
         if (!ok) return;
         try {
-          if (estimate > 0) reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+          if (estimate > 0) reply.rateHeaders = deps.keyBudgets.headers(key.limits);
           const state = deps.holder.current;
           const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
           if (invalid) return reply.sendError(invalid, 'A');
@@ -384,7 +383,7 @@ export class ApiServer {
           if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
           ctx.model = model;
           ctx.providerStarted = true;
-          ctx.estimatedPromptTokens = route.kind === 'chat' ? countMessageTokens(obj.messages) : 0;
+          if (route.kind === 'chat') ctx.promptMessages = obj.messages;
           const call = this.modelCall(ctx, reply, model, route.shape);
           const full: ModelCall = { ...call, body: obj, rawBody: raw };
           if (route.kind === 'chat') provider.chat(full);

@@ -305,53 +305,71 @@ export class KeyBudgets {
   }
 
   private ticketFor(state: KeyState, limits: KeyLimits, minute: number, estimate: number): Ticket {
-    let settled = false;
-    return {
-      reserveTokens: (tokens: number) => {
-        const n = sanitizeTokens(tokens) ?? 0;
-        // Settled, or admitted in a minute that has since ended: nothing of this minute to reserve in.
-        if (settled || n === 0 || state.minute !== minute) return null;
-        const now = this.clock.now();
-        const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
-        const retryAfterSec = secondsToNextMinute(now);
-        let leaseShort: LeaseShort | undefined;
-        if (state.tokens + n > limitOf(limits.tpmLimit)) {
-          // over the key's own tpm: the wait is to the top of the minute
-        } else if (lease !== undefined && state.tokens + n > lease.tokens) {
-          const needTokens = state.tokens + n - lease.tokens;
-          if (needTokens < (lease.tokensFinalNeed ?? Infinity)) leaseShort = { requests: 0, tokens: needTokens };
-        } else {
-          state.tokens += n;
-          estimate += n;
-          this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
-          return null;
-        }
-        // The message reports the key as it will be once this request is refunded.
-        const counts = { requests: state.requests - 1, tokens: state.tokens, inFlight: state.inFlight - 1 };
-        return { dimension: 'tokens', message: formatLimitMessage('tokens', counts, limits, n, retryAfterSec), retryAfterSec, leaseShort };
-      },
-      settle: (actualTokens: number) => {
-        if (settled) return;
-        settled = true;
-        state.inFlight = Math.max(0, state.inFlight - 1);
-        this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
-        const actual = sanitizeTokens(actualTokens) ?? estimate;
-        if (state.minute === minute && actual !== estimate) {
-          state.tokens = Math.max(0, state.tokens + actual - estimate);
-        }
-        if (state.minute === minute) this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
-      },
-      refund: () => {
-        if (settled) return;
-        settled = true;
-        state.inFlight = Math.max(0, state.inFlight - 1);
-        this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
-        if (state.minute === minute) {
-          state.requests = Math.max(0, state.requests - 1);
-          state.tokens = Math.max(0, state.tokens - estimate);
-        }
-      },
-    };
+    return new KeyTicket(this.clock, this.allowance, state, limits, minute, estimate);
+  }
+}
+
+/** One admitted request's hold on its key's budgets (a class: no closures per request). */
+class KeyTicket implements Ticket {
+  private settled = false;
+
+  constructor(
+    private readonly clock: Clock,
+    private readonly allowance: AllowanceSource | undefined,
+    private readonly state: KeyState,
+    private readonly limits: KeyLimits,
+    private readonly minute: number,
+    private estimate: number,
+  ) {}
+
+  reserveTokens(tokens: number): TokenRefusal | null {
+    const { state, limits, minute } = this;
+    const n = sanitizeTokens(tokens) ?? 0;
+    // Settled, or admitted in a minute that has since ended: nothing of this minute to reserve in.
+    if (this.settled || n === 0 || state.minute !== minute) return null;
+    const now = this.clock.now();
+    const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
+    const retryAfterSec = secondsToNextMinute(now);
+    let leaseShort: LeaseShort | undefined;
+    if (state.tokens + n > limitOf(limits.tpmLimit)) {
+      // over the key's own tpm: the wait is to the top of the minute
+    } else if (lease !== undefined && state.tokens + n > lease.tokens) {
+      const needTokens = state.tokens + n - lease.tokens;
+      if (needTokens < (lease.tokensFinalNeed ?? Infinity)) leaseShort = { requests: 0, tokens: needTokens };
+    } else {
+      state.tokens += n;
+      this.estimate += n;
+      this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
+      return null;
+    }
+    // The message reports the key as it will be once this request is refunded.
+    const counts = { requests: state.requests - 1, tokens: state.tokens, inFlight: state.inFlight - 1 };
+    return { dimension: 'tokens', message: formatLimitMessage('tokens', counts, limits, n, retryAfterSec), retryAfterSec, leaseShort };
+  }
+
+  settle(actualTokens: number): void {
+    if (this.settled) return;
+    this.settled = true;
+    const { state, minute } = this;
+    state.inFlight = Math.max(0, state.inFlight - 1);
+    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, this.limits.maxParallel);
+    const actual = sanitizeTokens(actualTokens) ?? this.estimate;
+    if (state.minute === minute && actual !== this.estimate) {
+      state.tokens = Math.max(0, state.tokens + actual - this.estimate);
+    }
+    if (state.minute === minute) this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
+  }
+
+  refund(): void {
+    if (this.settled) return;
+    this.settled = true;
+    const { state, minute } = this;
+    state.inFlight = Math.max(0, state.inFlight - 1);
+    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, this.limits.maxParallel);
+    if (state.minute === minute) {
+      state.requests = Math.max(0, state.requests - 1);
+      state.tokens = Math.max(0, state.tokens - this.estimate);
+    }
   }
 }
 
@@ -395,22 +413,26 @@ function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimi
  */
 export function rateHeaderPairs(h: RateHeaders): Array<[string, string]> {
   const out: Array<[string, string]> = [];
-  const reset = `${h.resetSec}s`;
+  writeRateHeaders(h, { writeHeader: (k, v) => out.push([k, v]) });
+  return out;
+}
+
+/** `${n}s` for every reset a minute can have, built once. */
+const RESET_TEXT = Array.from({ length: 61 }, (_, i) => `${i}s`);
+
+/** Writes the headers of `rateHeaderPairs` straight to a response, without building pairs. */
+export function writeRateHeaders(h: RateHeaders, res: { writeHeader(name: string, value: string): unknown }): void {
+  const reset = RESET_TEXT[h.resetSec] ?? `${h.resetSec}s`;
   if (h.limitRequests > 0) {
-    out.push(
-      ['x-ratelimit-limit-requests', String(h.limitRequests)],
-      ['x-ratelimit-remaining-requests', String(h.remainingRequests)],
-      ['x-ratelimit-reset-requests', reset],
-    );
+    res.writeHeader('x-ratelimit-limit-requests', String(h.limitRequests));
+    res.writeHeader('x-ratelimit-remaining-requests', String(h.remainingRequests));
+    res.writeHeader('x-ratelimit-reset-requests', reset);
   }
   if (h.limitTokens > 0) {
-    out.push(
-      ['x-ratelimit-limit-tokens', String(h.limitTokens)],
-      ['x-ratelimit-remaining-tokens', String(h.remainingTokens)],
-      ['x-ratelimit-reset-tokens', reset],
-    );
+    res.writeHeader('x-ratelimit-limit-tokens', String(h.limitTokens));
+    res.writeHeader('x-ratelimit-remaining-tokens', String(h.remainingTokens));
+    res.writeHeader('x-ratelimit-reset-tokens', reset);
   }
-  return out;
 }
 
 function ofLimit(current: number, limit: number): string {

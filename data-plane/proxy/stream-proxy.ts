@@ -15,6 +15,11 @@ export interface BodyInspector {
   transform(chunk: Buffer): Buffer | string;
   /** Bytes still held back when the upstream ended. */
   flush(): Buffer | string;
+  /**
+   * True when `transform` returns every chunk unchanged and `flush` nothing (it only watches): the
+   * answer then keeps its length and goes out with tryEnd instead of chunked.
+   */
+  readonly passesThrough?: boolean;
 }
 
 export interface ProxyRequest {
@@ -70,6 +75,9 @@ export function proxyRequest(req: ProxyRequest): void {
   let status = 0;
   let sse = false;
   let inspector: BodyInspector | null = null;
+  // A known-length answer: its length, and how much of it has come from the upstream.
+  let total = -1;
+  let received = 0;
 
   const done = (s: number, outcome: 'ok' | 'error' | 'aborted') => {
     if (finished) return;
@@ -152,7 +160,7 @@ export function proxyRequest(req: ProxyRequest): void {
         }
         // A known length without rewriting goes out with tryEnd; anything else chunked.
         const len = headerValue(headers['content-length']);
-        const total = !inspector && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
+        total = (!inspector || inspector.passesThrough) && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
         reply.startStream(statusCode, out, total);
         if (total === 0) reply.end();
       } catch (err) {
@@ -168,6 +176,10 @@ export function proxyRequest(req: ProxyRequest): void {
         }
         const out = inspector ? inspector.transform(chunk) : chunk;
         if (out.length === 0) return;
+        // The last bytes of a known-length answer: the provider reports before they go out, as the
+        // response ends with them (so the request is settled when its cleanup runs).
+        received += chunk.length;
+        if (received === total) done(status, 'ok');
         if (!reply.write(out)) {
           c.pause();
           reply.onDrain(() => c.resume());

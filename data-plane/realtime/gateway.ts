@@ -19,7 +19,7 @@ import { blockedMessage } from '../http/admission.js';
 import { isBadPath } from '../http/routes.js';
 import type { Clock } from '../limits/clock.js';
 import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
-import { rateHeaderPairs, type KeyBudgets } from '../limits/key-budgets.js';
+import { writeRateHeaders, type KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
 import type { Reporter } from '../sync/reporter.js';
@@ -181,7 +181,7 @@ export class RealtimeGateway {
     if (!m) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
     const key = deps.holder.current.lookup(deps.pepper, m[1]);
     if (!key) return reply.sendError(new GatewayError('KEY_INVALID'), 'A');
-    reply.extraHeaders = rateHeaderPairs(deps.keyBudgets.headers(key.limits));
+    reply.rateHeaders = deps.keyBudgets.headers(key.limits);
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');
     if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A');
@@ -196,7 +196,7 @@ export class RealtimeGateway {
     // Refused by a later check: the attempt costs nothing, and its rate headers say so.
     const refuse = (err: GatewayError) => {
       ctx.refuse();
-      reply.extraHeaders = rateHeaderPairs(this.deps.keyBudgets.headers(key.limits));
+      reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
       reply.sendError(err, 'A');
     };
     try {
@@ -277,10 +277,12 @@ export class RealtimeGateway {
       { clientIp: head.ip, userAgent: head.userAgent },
     );
     const headers = reply.extraHeaders;
+    const rate = reply.rateHeaders;
     reply.markUpgraded();
     res.cork(() => {
       res.writeStatus('101 Switching Protocols');
       if (headers) for (const [k, v] of headers) res.writeHeader(k, v);
+      if (rate) writeRateHeaders(rate, res);
       res.upgrade<UserData>({ session }, head.wsKey, firstProtocol(head.protocol), head.extensions, context);
     });
   }

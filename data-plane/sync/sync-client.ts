@@ -76,6 +76,9 @@ export class SyncClient {
       'grpc.keepalive_timeout_ms': 5_000,
       'grpc.initial_reconnect_backoff_ms': 100,
       'grpc.max_reconnect_backoff_ms': 1_000,
+      // A snapshot is one message: about 132 bytes per key, so 1,000,000 keys is ~130 MiB. The
+      // default (4 MiB) refused snapshots of ~30,000 keys and more. As large as the control plane sends.
+      'grpc.max_receive_message_length': 256 * 1024 * 1024,
     });
     this.disconnectedSince = opts.now();
     this.pruneTimer = setInterval(() => opts.leases?.prune(minuteOf(opts.now()) - 1), 30_000);

@@ -4,6 +4,7 @@
 import { StringDecoder } from 'node:string_decoder';
 import { Pool } from 'undici';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, type BodyInspector } from '../stream-proxy.js';
 import { countMessageTokens, countTokens, contentText } from '../tokens.js';
 import { audioSecondsOf } from './demo.js';
@@ -29,7 +30,10 @@ export class PoolRegistry {
   get(origin: string): Pool {
     let p = this.pools.get(origin);
     if (!p) {
-      p = new Pool(origin, { connections: 128, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout: 10_000 });
+      // No cap on connections: a stream holds its connection for as long as it lasts (minutes), so a
+      // cap would make the next stream wait for another to end. What bounds them is what bounds the
+      // requests in flight (the keys' parallel limits, the node's descriptors).
+      p = new Pool(origin, { connections: null, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout: 10_000 });
       this.pools.set(origin, p);
     }
     return p;
@@ -46,8 +50,13 @@ interface Usage {
   completion_tokens?: number;
 }
 
-/** Copies a JSON body (bounded) while it streams through, to read `usage` at the end. */
-class JsonCopy implements BodyInspector {
+/**
+ * Watches a JSON answer go through unchanged (so it keeps its length and goes out with tryEnd), holding
+ * references to its chunks (bounded, no copy) to read `usage` at the end. OpenAI-compatible APIs put
+ * `usage` last: it is read from the tail, and the whole answer is parsed only when it is not there.
+ */
+class JsonUsage implements BodyInspector {
+  readonly passesThrough = true;
   private parts: Buffer[] = [];
   private size = 0;
   transform(chunk: Buffer): Buffer {
@@ -56,11 +65,19 @@ class JsonCopy implements BodyInspector {
       this.size += chunk.length;
     } else {
       this.size = Infinity;
+      this.parts = [];
     }
     return chunk;
   }
   flush(): string {
     return '';
+  }
+  /** `usage` when it is the last member of the top-level object, read from the tail alone. */
+  usageFromTail(): Usage | null {
+    if (this.size === Infinity || this.parts.length === 0) return null;
+    const last = this.parts[this.parts.length - 1];
+    const tail = (this.parts.length === 1 || last.length >= TAIL_BYTES ? last : Buffer.concat(this.parts)).toString('utf8');
+    return usageAtEnd(tail);
   }
   json(): Record<string, unknown> | null {
     if (this.size === Infinity) return null;
@@ -71,6 +88,59 @@ class JsonCopy implements BodyInspector {
     }
   }
 }
+
+/** Bytes of an answer's tail enough to hold its `usage` object (with its details). */
+const TAIL_BYTES = 2048;
+
+/**
+ * The `usage` object of a JSON text when it is the top-level object's last member: `"usage"` whose
+ * object is followed by nothing but the top-level object's closing brace. Anything else: null (the
+ * caller parses the whole answer). A `"usage"` inside a string value cannot match: quotes in JSON
+ * strings are escaped.
+ */
+export function usageAtEnd(text: string): Usage | null {
+  const at = text.lastIndexOf('"usage"');
+  if (at === -1) return null;
+  let i = at + 7;
+  while (isSpace(text.charCodeAt(i))) i++;
+  if (text.charCodeAt(i) !== 58 /* : */) return null;
+  i++;
+  while (isSpace(text.charCodeAt(i))) i++;
+  if (text.charCodeAt(i) !== 123 /* { */) return null;
+  const start = i;
+  let depth = 0;
+  for (; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 34 /* " */) {
+      // Skip the string, escapes included.
+      for (i++; i < text.length && text.charCodeAt(i) !== 34; i++) if (text.charCodeAt(i) === 92 /* \ */) i++;
+    } else if (c === 123) depth++;
+    else if (c === 125 /* } */ && --depth === 0) break;
+  }
+  if (depth !== 0) return null;
+  const end = i + 1;
+  let j = end;
+  while (isSpace(text.charCodeAt(j))) j++;
+  if (text.charCodeAt(j) !== 125) return null;
+  for (j++; j < text.length; j++) if (!isSpace(text.charCodeAt(j))) return null;
+  // The member before must end with a comma or be the object's opening brace.
+  let k = at - 1;
+  while (k >= 0 && isSpace(text.charCodeAt(k))) k--;
+  if (k >= 0 && text.charCodeAt(k) !== 44 /* , */ && text.charCodeAt(k) !== 123) return null;
+  try {
+    const u = JSON.parse(text.slice(start, end)) as unknown;
+    return u && typeof u === 'object' && !Array.isArray(u) ? (u as Usage) : null;
+  } catch {
+    return null;
+  }
+}
+
+function isSpace(c: number): boolean {
+  return c === 32 || c === 10 || c === 13 || c === 9;
+}
+
+/** The longest SSE event held back whole while it arrives. */
+const MAX_SSE_EVENT_CHARS = 1024 * 1024;
 
 /**
  * Passes an SSE stream on event by event (an event goes out as soon as it is complete), reads the
@@ -87,6 +157,12 @@ export class SseUsage implements BodyInspector {
     const text = this.carry + this.decoder.write(chunk);
     const end = text.lastIndexOf('\n\n');
     if (end === -1) {
+      // An "event" this long is not one: passed on as it is, rather than held without end.
+      if (text.length > MAX_SSE_EVENT_CHARS) {
+        this.carry = '';
+        this.keep(text);
+        return text;
+      }
       this.carry = text;
       return '';
     }
@@ -101,7 +177,8 @@ export class SseUsage implements BodyInspector {
   }
 
   private events(block: string): string {
-    if (!this.strip && !block.includes('"usage"')) {
+    // Nothing to read or strip (`"usage":null` fields included) in a block without "usage".
+    if (!block.includes('"usage"')) {
       this.keep(block);
       return block;
     }
@@ -191,13 +268,20 @@ export class OpenAIProvider implements Provider {
     const so = body.stream_options as Record<string, unknown> | undefined;
     const clientWantsUsage = !!so && so.include_usage === true;
     let payload: Buffer | string = call.rawBody;
-    if (body.model !== t.upstreamModel || (stream && !clientWantsUsage)) {
-      const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
-      if (stream) copy.stream_options = { ...(so ?? {}), include_usage: true };
-      payload = JSON.stringify(copy);
+    const rename = body.model !== t.upstreamModel;
+    const addUsage = stream && !clientWantsUsage;
+    if (rename || addUsage) {
+      // Rewritten in place when it can be (the common case); re-serialised otherwise.
+      const spliced = so === undefined || !addUsage ? rewriteChatBody(call.rawBody.toString('utf8'), rename ? t.upstreamModel : null, addUsage) : null;
+      if (spliced !== null) payload = spliced;
+      else {
+        const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
+        if (stream) copy.stream_options = { ...(so ?? {}), include_usage: true };
+        payload = JSON.stringify(copy);
+      }
     }
     let sse: SseUsage | null = null;
-    let json: JsonCopy | null = null;
+    let json: JsonUsage | null = null;
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -211,7 +295,7 @@ export class OpenAIProvider implements Provider {
       inspect: (status, contentType) => {
         if (status < 200 || status >= 300) return null;
         if (contentType.startsWith('text/event-stream')) return (sse = new SseUsage(!clientWantsUsage));
-        return (json = new JsonCopy());
+        return (json = new JsonUsage());
       },
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
@@ -230,8 +314,9 @@ export class OpenAIProvider implements Provider {
           usage = (sse as SseUsage).usage;
           if (!usage) counted = (sse as SseUsage).countedCompletionTokens();
         } else if (json) {
-          const obj = (json as JsonCopy).json();
-          usage = (obj?.usage as Usage | undefined) ?? null;
+          usage = (json as JsonUsage).usageFromTail();
+          const obj = usage ? null : (json as JsonUsage).json();
+          usage ??= (obj?.usage as Usage | undefined) ?? null;
           if (!usage && obj && Array.isArray(obj.choices)) {
             for (const c of obj.choices as Array<{ message?: { content?: unknown } }>) counted += countTokens(contentText(c.message?.content));
           }
@@ -246,7 +331,7 @@ export class OpenAIProvider implements Provider {
     const t = this.target(call.model);
     const body = call.body;
     const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
-    let json: JsonCopy | null = null;
+    let json: JsonUsage | null = null;
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -257,14 +342,15 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
-      inspect: (status) => (status >= 200 && status < 300 ? (json = new JsonCopy()) : null),
+      inspect: (status) => (status >= 200 && status < 300 ? (json = new JsonUsage()) : null),
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
         const input = body.input;
         const counted = () => (typeof input === 'string' ? countTokens(input) : Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0);
         if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: counted(), completionTokens: 0 });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        const usage = ((json as JsonCopy | null)?.json()?.usage as Usage | undefined) ?? null;
+        const j = json as JsonUsage | null;
+        const usage = j ? (j.usageFromTail() ?? ((j.json()?.usage as Usage | undefined) ?? null)) : null;
         call.complete({ status, promptTokens: usage?.prompt_tokens ?? counted(), completionTokens: 0 });
       },
     });
@@ -318,7 +404,7 @@ export class OpenAIProvider implements Provider {
     })();
     const headers = ['content-type', call.contentType];
     if (t.authHeader) headers.push('authorization', t.authHeader);
-    let json: JsonCopy | null = null;
+    let json: JsonUsage | null = null;
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -329,13 +415,13 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
-      inspect: (status, contentType) => (status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonCopy()) : null),
+      inspect: (status, contentType) => (status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsage()) : null),
       onAbort: call.onAbort,
       onDone: (status, outcome) => {
         // Aborted: the audio uploaded so far is billed.
         if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: 0, completionTokens: 0, audioUnits: audioSecondsOf(bytes) });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        const duration = (json as JsonCopy | null)?.json()?.duration;
+        const duration = (json as JsonUsage | null)?.json()?.duration;
         const seconds = typeof duration === 'number' && duration > 0 ? Math.ceil(duration) : audioSecondsOf(bytes);
         call.complete({ status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
       },

@@ -1,0 +1,236 @@
+// `npm run bench [-- --quick] [-- --profile DIR] [-- --only json,sse]`: the node against the upstream
+// called directly and against a bare uWebSockets.js + undici proxy (bare-proxy.ts), in one run,
+// interleaved and repeated (issue 13). A script that prints figures, not a test.
+//
+// Set-up: the fake upstream (fake-upstream-server.ts, also the tool backend), the bare proxy, a control
+// plane and one node with a key whose limits are far away (its tier: 10^12 rpm, no cap), every
+// request from its own client address through a trusted proxy (X-Forwarded-For over 16,384 addresses),
+// so the edge budgets are in force but never tripped. With taskset and two cores, the proxy under test
+// (node or bare proxy) runs on core 0; the upstream, the control plane and the load generator (this
+// process) on core 1.
+//
+// Scenarios: JSON chat (~190-byte request, ~400-byte answer), SSE chat (5 chunks), a tool GET, a tool
+// POST of 1 MiB, GET /v1/models. For each: requests/s, p50/p99, CPU µs per request of the proxy under
+// test (and of the control plane, for the node), peak RSS, and the ratios node/bare and bare/direct.
+// Then a constant-rate run at half the node's JSON saturation rate: p99 over direct. Results go to
+// test/bench/out/bench-<time>.json.
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { startControlPlane, startDataPlane, startProcess, stopAll, ROOT } from '../helpers/processes.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { hasWrk, paced, saturate, type PacedResult, type SaturationResult, type Target } from './load.js';
+import { canPin, cpuMicros, pin, watchRss } from './procstat.js';
+
+const { values: opts } = parseArgs({
+  options: {
+    quick: { type: 'boolean', default: false },
+    profile: { type: 'string' },
+    only: { type: 'string' },
+    rounds: { type: 'string' },
+    seconds: { type: 'string' },
+    baseline: { type: 'string' },
+  },
+});
+const QUICK = opts.quick!;
+const ROUNDS = Number(opts.rounds ?? (QUICK ? 1 : 3));
+const SECONDS = Number(opts.seconds ?? (QUICK ? 2 : 5));
+const CONNECTIONS = 50;
+const PROXY_CORE = 0;
+const LOAD_CORE = 1;
+
+type TargetName = 'direct' | 'bare' | 'node' | 'baseline';
+// --baseline REF: a second node built from another commit (a git worktree under the system's temp
+// folder), on the same control plane and core, measured in the same run: what a change bought.
+const TARGETS: TargetName[] = opts.baseline ? ['direct', 'bare', 'node', 'baseline'] : ['direct', 'bare', 'node'];
+
+interface Scenario {
+  name: string;
+  connections: number;
+  request(auth: string): Target;
+}
+
+const chatBody = (stream: boolean) =>
+  JSON.stringify({
+    model: 'bench-chat',
+    messages: [
+      { role: 'system', content: 'You are a helpful assistant.' },
+      { role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' },
+    ],
+    ...(stream ? { stream: true } : {}),
+  });
+const MiB = Buffer.alloc(1024 * 1024, 'tollgate bench ');
+
+const SCENARIOS: Scenario[] = [
+  { name: 'json', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(false) }) },
+  { name: 'sse', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(true) }) },
+  { name: 'tool-get', connections: CONNECTIONS, request: (auth) => ({ method: 'GET', path: '/v1/vector_stores/vs_bench', headers: { authorization: auth } }) },
+  { name: 'tool-post-1mib', connections: 8, request: (auth) => ({ method: 'POST', path: '/v1/vector_stores/vs_bench/files', headers: { authorization: auth, 'content-type': 'application/octet-stream' }, body: MiB }) },
+  { name: 'models', connections: CONNECTIONS, request: (auth) => ({ method: 'GET', path: '/v1/models', headers: { authorization: auth } }) },
+];
+
+interface Measurement extends SaturationResult {
+  cpuUsPerRequest: number | null;
+  controlPlaneCpuUsPerRequest: number | null;
+  peakRssBytes: number | null;
+}
+
+async function main(): Promise<void> {
+  const scenarios = opts.only ? SCENARIOS.filter((s) => opts.only!.split(',').includes(s.name)) : SCENARIOS;
+  // The load generator (this process) shares its core with the upstream and the control plane.
+  pin(process.pid, LOAD_CORE);
+
+  const upstream = startProcess(['test/bench/fake-upstream-server.ts']);
+  const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
+  const bare = startProcess(['test/bench/bare-proxy.ts', upstreamUrl]);
+  const bareUrl = `http://127.0.0.1:${(await bare.waitFor(/bare proxy listening on (\d+)/))[1]}`;
+  const cp = await startControlPlane({
+    configYaml: configYaml((cfg) => {
+      cfg.trusted_proxies = ['127.0.0.1'];
+      // Limits far away, so the figure is the pipeline's cost (edge budgets, auth, key budgets, money
+      // slices, usage), not a cap.
+      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
+      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
+      cfg.tool_backends = [{ prefix: '/v1/vector_stores', base_url: upstreamUrl, timeout_ms: 10_000 }];
+    }),
+    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
+  });
+  const node = await startDataPlane(cp, opts.profile ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${opts.profile}`] } : {});
+  const baseline = opts.baseline ? await startBaselineNode(opts.baseline, cp) : null;
+  const pids: Record<TargetName | 'cp', number> = { direct: upstream.child.pid!, bare: bare.child.pid!, node: node.proc.child.pid!, baseline: baseline?.proc.child.pid ?? 0, cp: cp.proc.child.pid! };
+  const pinned = canPin && [pin(pids.node, PROXY_CORE), pin(pids.bare, PROXY_CORE), pin(pids.direct, LOAD_CORE), pin(pids.cp, LOAD_CORE), !baseline || pin(pids.baseline, PROXY_CORE)].every(Boolean);
+
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'bench' });
+  admin.close();
+  const auth = `Bearer ${key}`;
+  const urls: Record<TargetName, string> = { direct: upstreamUrl, bare: bareUrl, node: node.url, baseline: baseline?.url ?? '' };
+  await waitForKey(node.url, auth);
+  if (baseline) await waitForKey(baseline.url, auth);
+
+  console.log(
+    `tollgate bench: ${hasWrk ? 'wrk' : 'autocannon'}, ${ROUNDS} round(s) × ${SECONDS} s per target and scenario, ${pinned ? `pinned (proxy under test on core ${PROXY_CORE}; upstream, control plane and load on core ${LOAD_CORE})` : 'not pinned (no taskset or one core)'}`,
+  );
+
+  // Warm-up: JIT and connection pools of every process, every path.
+  for (const s of scenarios) for (const t of TARGETS) await saturate(urls[t], s.request(auth), s.connections, 1);
+
+  const results: Record<string, Record<TargetName, Measurement[]>> = {};
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const s of scenarios) {
+      results[s.name] ??= { direct: [], bare: [], node: [], baseline: [] };
+      // Interleaved, and in a rotating order, so drift on a shared machine hits every target alike.
+      const order = TARGETS.map((_, i) => TARGETS[(i + round) % TARGETS.length]);
+      for (const t of order) results[s.name][t].push(await measure(urls[t], s.request(auth), s.connections, pids[t], t === 'node' || t === 'baseline' ? pids.cp : null));
+    }
+  }
+
+  const summary: Record<string, Record<TargetName, Measurement>> = {};
+  for (const s of scenarios) {
+    const r = results[s.name];
+    summary[s.name] = { direct: median(r.direct), bare: median(r.bare), node: median(r.node), baseline: baseline ? median(r.baseline) : (undefined as unknown as Measurement) };
+  }
+  printTable(summary);
+
+  // Constant rate at half the node's JSON saturation: the latency the node adds when it is not saturated.
+  let constantRate: Record<string, unknown> | null = null;
+  const json = scenarios.find((s) => s.name === 'json');
+  if (json) {
+    const rate = Math.max(100, Math.round(summary.json.node.rps / 2));
+    const secs = QUICK ? 3 : 10;
+    const runs: Record<TargetName, PacedResult[]> = { direct: [], bare: [], node: [], baseline: [] };
+    for (let round = 0; round < (QUICK ? 1 : 2); round++) for (const t of TARGETS) runs[t].push(await paced(urls[t], json.request(auth), rate, secs));
+    const best = (xs: PacedResult[]) => xs.reduce((a, b) => (b.p99Us < a.p99Us ? b : a));
+    const r = { direct: best(runs.direct), bare: best(runs.bare), node: best(runs.node), baseline: baseline ? best(runs.baseline) : (undefined as unknown as PacedResult) };
+    constantRate = { rate, seconds: secs, ...r, nodeP99AddedUs: r.node.p99Us - r.direct.p99Us, bareP99AddedUs: r.bare.p99Us - r.direct.p99Us };
+    console.log(`\nconstant rate, JSON, ${rate} req/s for ${secs} s (half the node's saturation), latency in µs (best of ${runs.node.length}):`);
+    for (const t of TARGETS) console.log(`  ${t.padEnd(7)} p50 ${r[t].p50Us.toFixed(0).padStart(6)}  p99 ${r[t].p99Us.toFixed(0).padStart(6)}  max ${r[t].maxUs.toFixed(0).padStart(7)}  (${r[t].ok} ok, ${r[t].errors} errors)`);
+    console.log(`  p99 added over direct: node ${(r.node.p99Us - r.direct.p99Us).toFixed(0)} µs (target < 1000), bare ${(r.bare.p99Us - r.direct.p99Us).toFixed(0)} µs`);
+  }
+
+  const outDir = join(ROOT, 'test', 'bench', 'out');
+  mkdirSync(outDir, { recursive: true });
+  const file = join(outDir, `bench-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);
+  writeFileSync(
+    file,
+    JSON.stringify({ at: new Date().toISOString(), tool: hasWrk ? 'wrk' : 'autocannon', pinned, rounds: ROUNDS, seconds: SECONDS, connections: CONNECTIONS, summary, rounds_detail: results, constantRate }, null, 2),
+  );
+  console.log(`\nwritten to ${file}`);
+  // SIGTERM lets the node write its CPU profile (--profile).
+  await node.proc.kill('SIGTERM');
+  await stopAll();
+  if (baseline) spawnSync('git', ['worktree', 'remove', '--force', baseline.dir], { cwd: ROOT });
+}
+
+/** A node from commit `ref`, in a temporary git worktree sharing this checkout's node_modules. */
+async function startBaselineNode(ref: string, cp: { address: string; secrets: { pepper: string; nodeToken: string } }): Promise<{ proc: ReturnType<typeof startProcess>; url: string; dir: string }> {
+  const dir = join(tmpdir(), `tollgate-baseline-${process.pid}`);
+  const add = spawnSync('git', ['worktree', 'add', '--detach', dir, ref], { cwd: ROOT, encoding: 'utf8' });
+  if (add.status !== 0) throw new Error(`git worktree add ${ref}: ${add.stderr}`);
+  symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
+  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir });
+  const m = await proc.waitFor(/data plane listening on (\S+)/);
+  await proc.waitFor(/data plane ready/);
+  return { proc, url: `http://${m[1]}`, dir };
+}
+
+async function measure(url: string, t: Target, connections: number, pid: number, cpPid: number | null): Promise<Measurement> {
+  const cpu0 = cpuMicros(pid);
+  const cp0 = cpPid !== null ? cpuMicros(cpPid) : null;
+  const stopRss = watchRss(pid);
+  const r = await saturate(url, t, connections, SECONDS);
+  const peak = stopRss();
+  const cpu1 = cpuMicros(pid);
+  const cp1 = cpPid !== null ? cpuMicros(cpPid) : null;
+  if (r.errors > 0) console.log(`  (${r.errors} non-2xx answers or errors from ${url}${t.path})`);
+  const per = (a: number | null, b: number | null) => (a !== null && b !== null && r.requests > 0 ? (b - a) / r.requests : null);
+  return { ...r, cpuUsPerRequest: per(cpu0, cpu1), controlPlaneCpuUsPerRequest: per(cp0, cp1), peakRssBytes: peak };
+}
+
+/** The round with the median requests/s (its other figures come with it). */
+function median(xs: Measurement[]): Measurement {
+  const sorted = [...xs].sort((a, b) => a.rps - b.rps);
+  return sorted[Math.floor(sorted.length / 2)];
+}
+
+function printTable(summary: Record<string, Record<TargetName, Measurement>>): void {
+  const f = (n: number | null, d = 0) => (n === null ? '-' : n.toFixed(d));
+  const mb = (n: number | null) => (n === null ? '-' : `${(n / 1048576).toFixed(0)} MB`);
+  console.log('\nscenario        target    req/s   p50 ms  p99 ms  CPU µs/req  (+CP µs/req)  peak RSS   ratio');
+  for (const [name, row] of Object.entries(summary)) {
+    for (const t of TARGETS) {
+      const m = row[t];
+      const ratio =
+        t === 'node'
+          ? `${(m.rps / row.bare.rps).toFixed(2)}× bare req/s, ${m.cpuUsPerRequest && row.bare.cpuUsPerRequest ? (m.cpuUsPerRequest / row.bare.cpuUsPerRequest).toFixed(2) : '-'}× bare CPU`
+          : t === 'bare'
+            ? `${(m.rps / row.direct.rps).toFixed(2)}× direct req/s`
+            : t === 'baseline'
+              ? `${(m.rps / row.bare.rps).toFixed(2)}× bare req/s, ${m.cpuUsPerRequest && row.bare.cpuUsPerRequest ? (m.cpuUsPerRequest / row.bare.cpuUsPerRequest).toFixed(2) : '-'}× bare CPU (node/baseline: ${(row.node.rps / m.rps).toFixed(2)}× req/s, ${row.node.cpuUsPerRequest && m.cpuUsPerRequest ? (row.node.cpuUsPerRequest / m.cpuUsPerRequest).toFixed(2) : '-'}× CPU)`
+              : '';
+      console.log(
+        `${(t === 'direct' ? name : '').padEnd(15)} ${t.padEnd(7)} ${f(m.rps).padStart(7)} ${f(m.p50Ms, 1).padStart(8)} ${f(m.p99Ms, 1).padStart(7)} ${f(m.cpuUsPerRequest, 1).padStart(11)} ${(t === 'node' || t === 'baseline' ? f(m.controlPlaneCpuUsPerRequest, 1) : '').padStart(13)} ${mb(m.peakRssBytes).padStart(9)}   ${ratio}`,
+      );
+    }
+  }
+  console.log('targets: node req/s ≥ 0.9× bare, node CPU ≤ 1.1× bare, node RSS < 150 MB');
+}
+
+async function waitForKey(url: string, auth: string): Promise<void> {
+  for (let i = 0; i < 400; i++) {
+    const r = await fetch(`${url}/v1/models`, { headers: { authorization: auth, 'x-forwarded-for': '10.0.0.1' } });
+    await r.arrayBuffer();
+    if (r.status === 200) return;
+    await new Promise((res) => setTimeout(res, 25));
+  }
+  throw new Error('the node never learnt the bench key');
+}
+
+main().catch(async (err) => {
+  console.error(err);
+  await stopAll();
+  process.exit(1);
+});

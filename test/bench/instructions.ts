@@ -1,0 +1,144 @@
+// `npm run bench:instructions [-- --baseline REF] [-- --requests N]`: CPU instructions per request of
+// the node (valgrind's callgrind), JSON and SSE chat. Unlike timings, instruction counts do not move
+// when other processes load the machine, so they measure what a hot-path change bought where the
+// timings of `npm run bench` are too noisy. Needs valgrind; the node runs ~50× slower under it.
+//
+// The node runs under callgrind; after a warm-up (the JIT settled) the counters are zeroed, N requests are sent, and the instructions counted are divided by N. With --baseline REF
+// the same is measured for a node built from another commit (a temporary git worktree).
+import { spawn, spawnSync } from 'node:child_process';
+import { readFileSync, rmSync, symlinkSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Pool } from 'undici';
+import { startControlPlane, startProcess, stopAll, ROOT } from '../helpers/processes.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { nextIp } from './load.js';
+
+const { values: opts } = parseArgs({ options: { baseline: { type: 'string' }, requests: { type: 'string' } } });
+const N = Number(opts.requests ?? 400);
+
+const chat = (stream: boolean) =>
+  JSON.stringify({
+    model: 'bench-chat',
+    messages: [
+      { role: 'system', content: 'You are a helpful assistant.' },
+      { role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' },
+    ],
+    ...(stream ? { stream: true } : {}),
+  });
+
+async function main(): Promise<void> {
+  if (spawnSync('valgrind', ['--version']).status !== 0) throw new Error('valgrind is not on PATH');
+  const upstream = startProcess(['test/bench/fake-upstream-server.ts']);
+  const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
+  const cp = await startControlPlane({
+    configYaml: configYaml((cfg) => {
+      cfg.trusted_proxies = ['127.0.0.1'];
+      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
+      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
+    }),
+    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
+  });
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const { key } = await createKey(admin, { tier: 'bench' });
+  admin.close();
+
+  const out: Record<string, Record<string, number>> = {};
+  out.node = await measureNode(ROOT, cp, key);
+  if (opts.baseline) {
+    const dir = join(tmpdir(), `tollgate-baseline-${process.pid}`);
+    const add = spawnSync('git', ['worktree', 'add', '--detach', dir, opts.baseline], { cwd: ROOT, encoding: 'utf8' });
+    if (add.status !== 0) throw new Error(`git worktree add: ${add.stderr}`);
+    symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
+    try {
+      out.baseline = await measureNode(dir, cp, key);
+    } finally {
+      spawnSync('git', ['worktree', 'remove', '--force', dir], { cwd: ROOT });
+    }
+  }
+  console.log(`\ninstructions per request (callgrind, ${N} requests after a warm-up):`);
+  for (const scenario of Object.keys(out.node)) {
+    const line = [`  ${scenario.padEnd(5)} node ${fmt(out.node[scenario])}`];
+    if (out.baseline) line.push(`baseline ${fmt(out.baseline[scenario])}  node/baseline ${(out.node[scenario] / out.baseline[scenario]).toFixed(3)}`);
+    console.log(line.join('   '));
+  }
+  await stopAll();
+}
+
+const fmt = (n: number) => `${(n / 1000).toFixed(0)}k`.padStart(7);
+
+async function measureNode(dir: string, cp: { address: string; secrets: { pepper: string; nodeToken: string } }, key: string): Promise<Record<string, number>> {
+  const outDir = mkdtempSync(join(tmpdir(), 'tollgate-callgrind-'));
+  const loader = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
+  const child = spawn(
+    'valgrind',
+    ['--tool=callgrind', '--smc-check=all-non-file', `--callgrind-out-file=${join(outDir, 'cg.%p')}`, process.execPath, '--import', loader, 'data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'],
+    { cwd: dir, env: { ...process.env, TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let text = '';
+  child.stdout.on('data', (c) => (text += c));
+  child.stderr.on('data', (c) => (text += c));
+  const deadline = Date.now() + 600_000;
+  while (!/data plane ready/.test(text)) {
+    if (Date.now() > deadline || child.exitCode !== null) throw new Error(`node under valgrind did not start:\n${text.slice(-2000)}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  const url = `http://${text.match(/data plane listening on (\S+)/)![1]}`;
+  const pool = new Pool(url, { connections: 4 });
+  const send = async (body: string, count: number) => {
+    let done = 0;
+    await Promise.all(
+      Array.from({ length: 4 }, async () => {
+        while (done < count) {
+          done++;
+          const r = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'x-forwarded-for': nextIp() }, body });
+          await r.body.text();
+          if (r.statusCode !== 200) throw new Error(`status ${r.statusCode}`);
+        }
+      }),
+    );
+  };
+  const result: Record<string, number> = {};
+  let part = 0;
+  for (const [name, body] of [['json', chat(false)], ['sse', chat(true)]] as const) {
+    await send(body, 600);
+    callgrind(child.pid!, ['--zero']);
+    await send(body, N);
+    callgrind(child.pid!, [`--dump=${name}`]);
+    result[name] = (await dumpIr(outDir, child.pid!, ++part)) / N;
+    console.log(`  ${dir === ROOT ? 'node' : 'baseline'} ${name}: ${fmt(result[name])} instructions per request`);
+  }
+  await pool.close();
+  child.kill('SIGKILL');
+  rmSync(outDir, { recursive: true, force: true });
+  return result;
+}
+
+function callgrind(pid: number, args: string[]): void {
+  const r = spawnSync('callgrind_control', [...args, String(pid)], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`callgrind_control ${args.join(' ')}: ${r.stderr}${r.stdout}`);
+}
+
+/** The Ir total of dump number `part` (callgrind writes it after callgrind_control returns). */
+async function dumpIr(dir: string, pid: number, part: number): Promise<number> {
+  const file = join(dir, `cg.${pid}.${part}`);
+  for (let i = 0; i < 600; i++) {
+    try {
+      const m = readFileSync(file, 'utf8').match(/^totals: (\d+)/m);
+      if (m) return Number(m[1]);
+    } catch {
+      // not written yet
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`no totals in ${file}`);
+}
+
+main().catch(async (err) => {
+  console.error(err);
+  await stopAll();
+  process.exit(1);
+});
