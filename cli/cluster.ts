@@ -10,7 +10,7 @@ import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { startLoadBalancer } from './load-balancer.js';
-import { bootstrapDemo, checkFree, Launcher, localSecrets, ROOT, shown, splitHostPort, waitForLine } from './local-run.js';
+import { bootstrapDemo, checkFree, Launcher, launcherWithSecrets, ROOT, shown, splitHostPort, waitForLine } from './local-run.js';
 
 const USAGE = `Usage: npm run cluster [-- OPTIONS]
 
@@ -83,15 +83,10 @@ async function main(): Promise<void> {
   await checkFree(cpListen, '--control-plane-listen', "the control plane's gRPC port");
   await checkFree(lbAddress, '--listen', "the load balancer's port");
   // Secret files are created or read only once the ports are known to be free.
-  const secrets = localSecrets(dataDir, secretsDir);
-  launcher = new Launcher({
-    ...process.env,
-    TOLLGATE_PEPPER: secrets.pepper,
-    TOLLGATE_NODE_TOKEN: secrets.nodeToken,
-    TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
-  });
+  const started = launcherWithSecrets(dataDir, secretsDir);
+  launcher = started.launcher;
+  const secrets = started.secrets;
   const configPath = args.config ? resolve(args.config) : clusterConfig();
-  if (secrets.operatorTokenCreated) console.log(`Operator token (saved to ${shown(secrets.operatorTokenPath)}): ${secrets.operatorToken}`);
 
   const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpListen, '--config', configPath]);
   const cpAddress = (await waitForLine(cp, /control plane listening on (\S+)/))[1];

@@ -192,3 +192,19 @@ export async function bootstrapDemo(cpAddress: string, secrets: LocalSecrets, ap
     client.close();
   }
 }
+
+/**
+ * The secret files (created once, read otherwise) and a launcher whose children get them; prints the
+ * operator token the one time it is created. Call once the ports are known to be free.
+ */
+export function launcherWithSecrets(dataDir: string, secretsDir: string): { launcher: Launcher; secrets: LocalSecrets } {
+  const secrets = localSecrets(dataDir, secretsDir);
+  const launcher = new Launcher({
+    ...process.env,
+    TOLLGATE_PEPPER: secrets.pepper,
+    TOLLGATE_NODE_TOKEN: secrets.nodeToken,
+    TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
+  });
+  if (secrets.operatorTokenCreated) console.log(`Operator token (saved to ${shown(secrets.operatorTokenPath)}): ${secrets.operatorToken}`);
+  return { launcher, secrets };
+}

@@ -14,7 +14,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { parseArgs } from 'node:util';
-import { bootstrapDemo, checkFree, Launcher, localSecrets, shown, splitHostPort, waitForLine } from './local-run.js';
+import { bootstrapDemo, checkFree, Launcher, launcherWithSecrets, shown, splitHostPort, waitForLine } from './local-run.js';
 
 const USAGE = `Usage: npm start [-- OPTIONS]   (npm's own --help hides ours: write npm start -- --help)
 
@@ -85,14 +85,9 @@ async function main(): Promise<void> {
   await checkFree(cpAddress, '--control-plane-listen', "the control plane's gRPC port");
   await checkFree(dpAddress, '--listen', "the node's API port");
   // Secret files are created or read only once the ports are known to be free.
-  const secrets = localSecrets(dataDir, secretsDir);
-  launcher = new Launcher({
-    ...process.env,
-    TOLLGATE_PEPPER: secrets.pepper,
-    TOLLGATE_NODE_TOKEN: secrets.nodeToken,
-    TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
-  });
-  if (secrets.operatorTokenCreated) console.log(`Operator token (saved to ${shown(secrets.operatorTokenPath)}): ${secrets.operatorToken}`);
+  const started = launcherWithSecrets(dataDir, secretsDir);
+  launcher = started.launcher;
+  const secrets = started.secrets;
   const demo = launcher.launch('demo-backends', ['cli/demo-backends/main.ts']);
   const [mcpUrl, toolsUrl] = await Promise.all([
     waitForLine(demo, /demo backend mcp listening on (\S+)/).then((m) => m[1]),

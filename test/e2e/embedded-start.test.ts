@@ -3,25 +3,12 @@
 // processes cleanly.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { createServer } from 'node:net';
 import { existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
+import { freePort, ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
 import { bearer, request } from '../helpers/http.js';
 
 after(stopAll);
-
-/** A port the OS just handed out and released (the launcher needs fixed addresses to print). */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
 
 test('npm start prints a key once with a working curl line, and Ctrl-C stops both processes', async () => {
   const cwd = tempDir('tollgate-start-');

@@ -2,25 +2,13 @@
 // prints: the MCP family is a real MCP server (reached with the SDK's client), the others a demo
 // backend answering plausible JSON and FastAPI-style errors; the PDF guard sits in front of /v1/pdf.
 import assert from 'node:assert/strict';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { ROOT, startProcess, stopAll, tempDir } from '../helpers/processes.js';
+import { freePort, ROOT, startProcess, stopAll, tempDir } from '../helpers/processes.js';
 
 after(stopAll);
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
 
 test('npm start: every tool family answers offline through the gateway with the printed key', { timeout: 120_000 }, async () => {
   const cwd = tempDir('tollgate-start-tools-');

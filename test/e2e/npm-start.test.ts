@@ -11,22 +11,11 @@ import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { bearer, request } from '../helpers/http.js';
-import { ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
+import { freePort, ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
 
 after(stopAll);
 
 const NO_SECRET_ENV = { TOLLGATE_PEPPER: '', TOLLGATE_OPERATOR_TOKEN: '', TOLLGATE_NODE_TOKEN: '', TOLLGATE_CONTROL_PLANE_LISTEN: '', TOLLGATE_DATA_PLANE_LISTEN: '' };
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
 
 function accepts(port: number): Promise<boolean> {
   return new Promise((resolve) => {

@@ -3,7 +3,6 @@
 // histograms; the control plane counts console calls, ingested rows, transactions and nodes; a node
 // is ready only after its first snapshot; nothing of this is served on the API listener.
 import assert from 'node:assert/strict';
-import { createServer } from 'node:net';
 import { after, before, test } from 'node:test';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
@@ -11,7 +10,7 @@ import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
 import { scrapeMetrics, type Metrics } from '../helpers/prometheus.js';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { freePort, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
 
 let cp: ControlPlane;
@@ -19,17 +18,6 @@ let dp: DataPlane;
 let c: Console;
 let up: FakeUpstream;
 let readyBeforeSync: { status: number; connected: number | undefined; version: number | undefined };
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => resolve(port));
-    });
-    srv.on('error', reject);
-  });
-}
 
 before(async () => {
   // The node starts first, pointed at a control plane that is not there yet: not ready.

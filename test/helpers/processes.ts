@@ -2,6 +2,7 @@
 // (design.md): `control plane listening on HOST:PORT`, `data plane listening on HOST:PORT`,
 // `data plane ready`. Every process started here is killed in t.after by the caller (or by stopAll).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createServer as createNetServer } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -86,6 +87,21 @@ export function startProcess(args: string[], env: Record<string, string | undefi
 
 export async function stopAll(): Promise<void> {
   await Promise.all([...live].map((p) => p.kill('SIGKILL')));
+}
+
+/**
+ * A port the OS just handed out and released, for launchers that need a fixed address to print
+ * (another process may take it first: callers retry on a busy port).
+ */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createNetServer();
+    srv.listen(0, '127.0.0.1', () => {
+      const port = (srv.address() as { port: number }).port;
+      srv.close(() => resolve(port));
+    });
+    srv.on('error', reject);
+  });
 }
 
 export function tempDir(label = 'tollgate-test-'): string {
