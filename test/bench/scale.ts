@@ -9,7 +9,7 @@
 //    `tollgate key revoke` calls); for each, the time from the call to each node refusing the key,
 //    p50/p99 (target p99 < 50 ms on loopback).
 // 3. streams: 10,000 concurrent idle SSE streams on one node (each holds a client connection and an
-//    upstream connection): the node's memory per stream. Realtime sockets: see openIdleRealtimeSockets.
+//    upstream connection): the node's memory per stream; then as many idle realtime sessions.
 // Results go to test/bench/out/scale-<time>.json.
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -20,10 +20,11 @@ import { parseArgs } from 'node:util';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { Pool } from 'undici';
+import WebSocket from 'ws';
 import { GatewayState } from '../../data-plane/auth/key-table.js';
 import { hashKey } from '../../proto/lib/keys.js';
 import type { KeyEntry, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
-import { startControlPlane, startDataPlane, startProcess, stopAll, ROOT, type DataPlane } from '../helpers/processes.js';
+import { startControlPlane, startDataPlane, startProcess, stopAll, ROOT, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { seedKeys } from '../helpers/seed-keys.js';
@@ -53,6 +54,7 @@ function benchConfig(upstreamUrl?: string): string {
     cfg.trusted_proxies = ['127.0.0.1'];
     cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
     if (upstreamUrl) addUpstreamModel(cfg, 'idle-chat', `${upstreamUrl}/idle/v1`, ['bench'], { timeout_ms: 600_000 });
+    (cfg.tiers.bench.models as string[]).push('demo-realtime');
   });
 }
 
@@ -326,22 +328,54 @@ async function streamsBench(): Promise<Record<string, unknown>> {
   console.log(`  node RSS ${(rss / MB).toFixed(0)} MB against ${(rss0 / MB).toFixed(0)} MB with one stream: ${(perStream / 1024).toFixed(1)} KiB per stream (client and upstream connection)`);
   const upstreamRss = rssBytes(upstream.child.pid!) ?? 0;
   for (const s of sockets) s.destroy();
-  const realtime = await openIdleRealtimeSockets(node, streams);
   await node.proc.kill('SIGTERM');
+  const realtime = await openIdleRealtimeSockets(cp, key, streams, hard);
   await cp.proc.kill('SIGTERM');
   await upstream.kill('SIGTERM');
   return { asked: STREAMS, streams: sockets.length, failed, reachedUpstream: atUpstream, openMs, nodeRssBytes: rss, nodeRssOneStreamBytes: rss0, nodeRssBytesPerStream: perStream, upstreamRssGrowthBytes: upstreamRss - upstreamRss0, realtime };
 }
 
 /**
- * TODO(realtime): idle realtime WebSocket sockets on one node (memory per socket). Realtime sockets are
- * being built on another branch; until they land a node answers /v1/realtime with 502, so there is
- * nothing to hold open yet. When they land: open `count` sockets with `ws` (one X-Forwarded-For each,
- * through the trusted proxy), wait for each upgrade, take the node's settled RSS, divide as above.
+ * Idle realtime WebSocket sessions on one node (demo-realtime answers locally, so each is one client
+ * socket and its session state): memory per session. One X-Forwarded-For each, through the trusted
+ * proxy, so the per-IP budget of 60 attempts a minute is not what is measured.
  */
-async function openIdleRealtimeSockets(_node: DataPlane, count: number): Promise<Record<string, unknown>> {
-  console.log(`  realtime sockets: not measured (realtime is built on another branch; openIdleRealtimeSockets in test/bench/scale.ts is where ${count.toLocaleString('en')} of them go)`);
-  return { measured: false, reason: 'realtime sockets are not on this branch yet' };
+async function openIdleRealtimeSockets(cp: ControlPlane, key: string, count: number, fdLimit: number): Promise<Record<string, unknown>> {
+  console.log(`  ${count.toLocaleString('en')} idle realtime sessions (demo-realtime) on a fresh node`);
+  const node = await startDataPlane(cp);
+  const pid = node.proc.child.pid!;
+  for (const p of [pid, process.pid]) spawnSync('prlimit', ['--pid', String(p), `--nofile=${fdLimit}:${fdLimit}`]);
+  const open = (): Promise<WebSocket> =>
+    new Promise((resolve, reject) => {
+      const ws = new WebSocket(`ws://${node.address}/v1/realtime?model=demo-realtime`, { headers: { authorization: `Bearer ${key}`, 'x-forwarded-for': nextIp() } });
+      const timer = setTimeout(() => reject(new Error('no session.created within 30 s')), 30_000);
+      timer.unref();
+      ws.once('message', () => {
+        clearTimeout(timer);
+        resolve(ws);
+      });
+      ws.once('unexpected-response', (_req, res) => reject(new Error(`upgrade refused: ${res.statusCode}`)));
+      ws.once('error', reject);
+    });
+  const sockets: WebSocket[] = [await open()];
+  const rss0 = await settledRss(pid);
+  let failed = 0;
+  let firstError = '';
+  for (let i = 1; i < count; i += 200) {
+    for (const b of await Promise.allSettled(Array.from({ length: Math.min(200, count - i) }, open))) {
+      if (b.status === 'fulfilled') sockets.push(b.value);
+      else {
+        failed++;
+        firstError ||= String(b.reason);
+      }
+    }
+  }
+  const rss = await settledRss(pid);
+  const perSocket = (rss - rss0) / Math.max(1, sockets.length - 1);
+  console.log(`  opened ${sockets.length.toLocaleString('en')} sessions (${failed} failed${firstError ? `: ${firstError}` : ''}); node RSS ${(rss / MB).toFixed(0)} MB against ${(rss0 / MB).toFixed(0)} MB with one: ${(perSocket / 1024).toFixed(1)} KiB per session`);
+  for (const ws of sockets) ws.terminate();
+  await node.proc.kill('SIGTERM');
+  return { measured: true, sessions: sockets.length, failed, nodeRssBytes: rss, nodeRssOneSessionBytes: rss0, nodeRssBytesPerSession: perSocket };
 }
 
 async function main(): Promise<void> {
