@@ -253,7 +253,9 @@ test('a part header that never ends is refused at its cap, costs the node linear
   console.log(`# 64 MiB header: node CPU ${cpu.toFixed(2)} s; /v1/models p99 ${p99?.toFixed(1)} ms over ${sorted.length} polls`);
   assert.ok(cpu < 1, `the node spent ${cpu.toFixed(2)} s of CPU on a 64 MiB body`);
   assert.ok(sorted.length > 0);
-  assert.ok(p99 < 100, `GET /v1/models p99 ${p99.toFixed(1)} ms over ${sorted.length} polls`);
+  // A liveness bound, not a speed target (the CPU bound above is the precise check): 500 ms leaves
+  // room for a loaded test machine; the quadratic scan stalled other requests for seconds.
+  assert.ok(p99 < 500, `GET /v1/models p99 ${p99.toFixed(1)} ms over ${sorted.length} polls`);
   assert.equal(refused.status, 400, JSON.stringify(refused.body));
   assert.equal(refused.body.error.type, 'invalid_request_error');
   assert.equal(refused.body.error.code, '400');
