@@ -5,18 +5,15 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort, ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
+import { ROOT, startOnFreePorts, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
 import { bearer, request } from '../helpers/http.js';
 
 after(stopAll);
 
 test('npm start prints a key once with a working curl line, and Ctrl-C stops both processes', async () => {
   const cwd = tempDir('tollgate-start-');
-  const [cpPort, dpPort] = [await freePort(), await freePort()];
   // The launcher keeps its data under its working directory.
-  const proc = startProcessIn(cwd, cpPort, dpPort);
-  const running = await proc.waitFor(/Tollgate is running/, 60_000);
-  assert.ok(running);
+  const { proc, cpPort, dpPort } = await startOnFreePorts((cpPort, dpPort) => startProcessIn(cwd, cpPort, dpPort));
   const out = proc.output();
   const keys = out.match(/sk-tollgate-[0-9A-Za-z]{43}/g) ?? [];
   assert.ok(keys.length >= 1, out);

@@ -6,19 +6,19 @@ import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { freePort, ROOT, startProcess, stopAll, tempDir } from '../helpers/processes.js';
+import { ROOT, startOnFreePorts, startProcess, stopAll, tempDir } from '../helpers/processes.js';
 
 after(stopAll);
 
 test('npm start: every tool family answers offline through the gateway with the printed key', { timeout: 120_000 }, async () => {
   const cwd = tempDir('tollgate-start-tools-');
-  const [cpPort, dpPort] = [await freePort(), await freePort()];
-  const proc = startProcess(
-    [join(ROOT, 'cli', 'start.ts')],
-    { TOLLGATE_CONTROL_PLANE_LISTEN: `127.0.0.1:${cpPort}`, TOLLGATE_DATA_PLANE_LISTEN: `127.0.0.1:${dpPort}`, TOLLGATE_PEPPER: '', TOLLGATE_OPERATOR_TOKEN: '', TOLLGATE_NODE_TOKEN: '' },
-    { cwd },
+  const { proc, dpPort } = await startOnFreePorts((cpPort, dpPort) =>
+    startProcess(
+      [join(ROOT, 'cli', 'start.ts')],
+      { TOLLGATE_CONTROL_PLANE_LISTEN: `127.0.0.1:${cpPort}`, TOLLGATE_DATA_PLANE_LISTEN: `127.0.0.1:${dpPort}`, TOLLGATE_PEPPER: '', TOLLGATE_OPERATOR_TOKEN: '', TOLLGATE_NODE_TOKEN: '' },
+      { cwd },
+    ),
   );
-  await proc.waitFor(/Tollgate is running/, 90_000);
   assert.match(proc.output(), /demo backend mcp listening on http:\/\/127\.0\.0\.1:\d+/);
   const key = (proc.output().match(/sk-tollgate-[0-9A-Za-z]{43}/) ?? [])[0];
   assert.ok(key, proc.output());

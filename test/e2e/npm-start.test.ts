@@ -11,7 +11,7 @@ import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { bearer, request } from '../helpers/http.js';
-import { freePort, ROOT, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
+import { freePort, ROOT, startOnFreePorts, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
 
 after(stopAll);
 
@@ -43,19 +43,8 @@ function startArgs(dir: string, cpPort: number, dpPort: number): string[] {
   return ['--data-dir', join(dir, 'data'), '--secrets-dir', join(dir, 'secrets'), '--control-plane-listen', `127.0.0.1:${cpPort}`, '--listen', `127.0.0.1:${dpPort}`];
 }
 
-/**
- * Starts the launcher on ports the OS just handed out. Another test may take such a port before the
- * launcher binds it; the launcher then says so (that is tested above), and we try fresh ports.
- */
 async function startLauncher(dir: string, env: Record<string, string> = NO_SECRET_ENV): Promise<{ proc: Proc; cpPort: number; dpPort: number }> {
-  for (let attempt = 1; ; attempt++) {
-    const [cpPort, dpPort] = [await freePort(), await freePort()];
-    const proc = startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], env, { cwd: dir });
-    const m = await proc.waitFor(/Tollgate is running|is already in use/, 60_000);
-    if (m[0] !== 'is already in use') return { proc, cpPort, dpPort };
-    await proc.kill('SIGKILL');
-    if (attempt === 3) throw new Error(`no free ports after 3 tries:\n${proc.output()}`);
-  }
+  return startOnFreePorts((cpPort, dpPort) => startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], env, { cwd: dir }));
 }
 
 test('npm start -- --help prints the usage and starts nothing', () => {

@@ -104,6 +104,21 @@ export function freePort(): Promise<number> {
   });
 }
 
+/**
+ * Starts a launcher (npm start, npm run cluster) on two ports the OS just handed out. Another test may
+ * take such a port before the launcher binds it; the launcher then says so, and fresh ports are tried.
+ */
+export async function startOnFreePorts(start: (cpPort: number, dpPort: number) => Proc, ready = /Tollgate is running/): Promise<{ proc: Proc; cpPort: number; dpPort: number }> {
+  for (let attempt = 1; ; attempt++) {
+    const [cpPort, dpPort] = [await freePort(), await freePort()];
+    const proc = start(cpPort, dpPort);
+    const m = await proc.waitFor(new RegExp(`${ready.source}|is already in use`), 90_000);
+    if (m[0] !== 'is already in use') return { proc, cpPort, dpPort };
+    await proc.kill('SIGKILL');
+    if (attempt === 3) throw new Error(`no free ports after 3 tries:\n${proc.output()}`);
+  }
+}
+
 export function tempDir(label = 'tollgate-test-'): string {
   return mkdtempSync(join(tmpdir(), label));
 }
