@@ -27,7 +27,8 @@ test('rewriting equals re-serialising, and keeps number formats', () => {
   const json = fc.jsonValue({ maxDepth: 3 }).filter((v) => v === null || typeof v !== 'object' || Array.isArray(v) || Object.keys(v).length < 8);
   fc.assert(
     fc.property(fc.dictionary(fc.string().filter((k) => k !== 'model' && k !== 'stream_options'), json), fc.string(), fc.string(), fc.boolean(), (rest, model, upstream, addUsage) => {
-      const body = { ...rest, model };
+      // What the client sends is JSON text: -0 and the like are compared as that text says.
+      const body = JSON.parse(JSON.stringify({ ...rest, model })) as Record<string, unknown>;
       const text = JSON.stringify(body);
       const out = rewriteChatBody(text, upstream, addUsage);
       assert.notEqual(out, null);
@@ -35,6 +36,7 @@ test('rewriting equals re-serialising, and keeps number formats', () => {
       if (addUsage) want.stream_options = { include_usage: true };
       assert.deepEqual(JSON.parse(out!), want);
     }),
-    { numRuns: 500 },
+    // A fixed seed: the same 500 cases on every run (a property that found a case once keeps it).
+    { numRuns: 500, seed: 20261123 },
   );
 });
