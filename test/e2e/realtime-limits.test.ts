@@ -142,9 +142,19 @@ test('a client that keeps asking for responses without reading them is closed (1
   session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'again' }] } });
   for (let i = 0; i < 6000; i++) session.send({ type: 'response.create' });
   ws.resume();
-  assert.equal(await session.waitClosed(60_000), 1008);
-  assert.match(session.closeReason, /the client sends faster than the upstream accepts/);
-  assert.ok(session.count('response.done') < 6000, `${session.count('response.done')} responses were produced before the close`);
+  // Two bounded outcomes, depending on how fast this machine's model answers: the node closes the
+  // client (1008) once what it holds passes its limit, or the model keeps up and every response
+  // arrives. Either way the node never held more than its limit plus one message for the client.
+  const closed = session.waitClosed(60_000).then((code) => ({ code }));
+  const allDone = eventually(async () => session.count('response.done') >= 6000, 'every response', 60_000).then(() => ({ code: 0 }));
+  const outcome = await Promise.race([closed, allDone]);
+  if (outcome.code !== 0) {
+    assert.equal(outcome.code, 1008);
+    assert.match(session.closeReason, /the client sends faster than the upstream accepts/);
+    assert.ok(session.count('response.done') < 6000, `${session.count('response.done')} responses were produced before the close`);
+  } else ws.close();
+  assert.ok((await stats()).peak_buffered_bytes <= 256 * 1024 + 8 * 1024 * 1024, `the node held ${(await stats()).peak_buffered_bytes} bytes for one client`);
+  await eventually(async () => (await stats()).open === 0, 'the session was released');
 });
 
 test('a client message over the 8 MiB limit drops the connection at once and releases the session', async () => {
