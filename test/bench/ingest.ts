@@ -58,6 +58,7 @@ async function benchCluster(): Promise<{ cp: Awaited<ReturnType<typeof startCont
       addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
     }),
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
+    nodeArgs: process.env.BENCH_CP_PROFILE ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CP_PROFILE}`] : [],
   });
   const admin = consoleClient(cp.address, cp.secrets.operatorToken);
   const { key } = await createKey(admin, { tier: 'bench' });
@@ -88,6 +89,9 @@ async function partCpu(): Promise<void> {
   console.log(`  control plane: ${(cpUsed / requests).toFixed(2)} µs CPU per proxied request (target ≤ 3; 10 ms tick resolution)`);
   console.log(`  node:          ${(nodeUsed / requests).toFixed(2)} µs CPU per request`);
   console.log(`  state + logs database growth: ${((dbGrowth / requests) * 1e6 / 2 ** 20).toFixed(0)} MiB per million requests (WAL included, before checkpoint)`);
+  // SIGTERM lets the control plane write its CPU profile (BENCH_CP_PROFILE).
+  await node.proc.kill('SIGTERM');
+  await cp.proc.kill('SIGTERM');
   await stopAll();
 }
 

@@ -160,6 +160,8 @@ export interface ControlPlaneOptions {
   listen?: string;
   extraArgs?: string[];
   env?: Record<string, string | undefined>;
+  /** Flags for node itself (e.g. --cpu-prof in benchmarks). */
+  nodeArgs?: string[];
 }
 
 export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise<ControlPlane> {
@@ -180,7 +182,7 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     TOLLGATE_OPERATOR_TOKEN: secrets.operatorToken,
     TOLLGATE_NODE_TOKEN: secrets.nodeToken,
     ...opts.env,
-  });
+  }, { nodeArgs: opts.nodeArgs });
   const m = await proc.waitFor(/control plane listening on (\S+)/);
   const adminUrl = opts.adminListen ? `http://${(await proc.waitFor(/control plane admin listening on (\S+)/))[1]}` : undefined;
   return { proc, address: m[1], dbPath, dir, secrets, configPath, adminUrl };
