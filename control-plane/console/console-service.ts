@@ -536,7 +536,7 @@ export class ConsoleService {
         if (req.sinceMs > 0 && req.untilMs > 0 && req.sinceMs >= req.untilMs) throw invalidArgument('since must be before until');
         if (req.status !== 0 && (req.status < 100 || req.status > 599)) throw invalidArgument(`status must be an HTTP status (100-599), got ${req.status}`);
         if (req.limit < 0) throw invalidArgument('limit must not be negative');
-        if (req.pageToken && !/^\d{8}:\d+:\d+$/.test(req.pageToken)) throw invalidArgument('page_token is not one this server gave');
+        if (req.pageToken && !logs.isPageToken(req.pageToken)) throw invalidArgument('page_token is not one this server gave');
         await this.state.db.read(async (q) => {
           if (keyId) {
             const hidden = notFound(`key ${keyId} not found`);

@@ -61,8 +61,16 @@ export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash:
   return q.all<ApiKeyRow & { key_hash: string }>('SELECT k.*, c.key_hash FROM credentials c JOIN api_keys k ON k.id = c.key_id');
 }
 
-export async function touchLastUsed(q: Queryable, keyId: string, at: string): Promise<void> {
-  await q.run('UPDATE api_keys SET last_used_at = ? WHERE id = ? AND last_used_at < ?', [at, keyId, at]);
+/** Moves keys' last_used_at forward (never back), up to 64 keys per statement. */
+export async function touchLastUsedMany(q: Queryable, entries: readonly (readonly [keyId: string, at: string])[]): Promise<void> {
+  for (let i = 0; i < entries.length; i += 64) {
+    const part = entries.slice(i, i + 64);
+    await q.runPrepared(
+      `UPDATE api_keys SET last_used_at = v.column2 FROM (VALUES ${part.map(() => '(?, ?)').join(', ')}) AS v
+       WHERE api_keys.id = v.column1 AND api_keys.last_used_at < v.column2`,
+      part.flat(),
+    );
+  }
 }
 
 /** Revoked keys' hashes with the key they belonged to (nodes log attempts made with them). */

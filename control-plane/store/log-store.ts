@@ -1,5 +1,6 @@
 // The request-log store: one small interface, so a column store (ClickHouse) can take the request
 // logs when one SQLite file is not enough, while the control state stays in SQLite.
+import type { LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
 import type { LogRow } from '../../proto/lib/log-columns.js';
 
 export interface StoredLog extends LogRow {
@@ -33,10 +34,12 @@ export interface LogPage {
 
 export interface LogStore {
   /**
-   * Writes one report's rows in one transaction, exactly once: a (node, instance, seq) at or below
+   * Writes one report's blocks in one transaction, exactly once: a (node, instance, seq) at or below
    * the last one written is a replay and changes nothing. Resolves after COMMIT.
    */
-  writeBatch(source: LogSource, seq: number, rows: readonly LogRow[]): Promise<{ duplicate: boolean; written: number }>;
+  writeBlocks(source: LogSource, seq: number, blocks: readonly LogBlock[]): Promise<{ duplicate: boolean; written: number }>;
+  /** Whether a page token has the form this store gives (a token is never trusted beyond that). */
+  isPageToken(token: string): boolean;
   /** Newest first; `pageToken` from the previous page's `next`. */
   query(filter: LogFilter, limit: number, pageToken: string): Promise<LogPage>;
   /** Drops whole partitions older than the retention; returns the partitions dropped. */

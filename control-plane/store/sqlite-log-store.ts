@@ -1,20 +1,29 @@
-// Request logs in their own SQLite file (WAL), one table per UTC day (`logs_YYYYMMDD`), so retention
-// drops whole tables instead of deleting rows. A report's rows go in with prepared multi-row INSERTs
-// in one transaction together with the report's cursor (log_cursors), which makes a replay a no-op.
-// Each day table is indexed by (key_id, at_ms) and (org_id, at_ms): the leak question ("who used this
-// key between T1 and T2") is a range scan of one index per day.
-import type { LogRow } from '../../proto/lib/log-columns.js';
+// Request logs in their own SQLite file (WAL), stored as nodes send them: a block of one UTC day's
+// rows, packed column by column (LogColumns), is one database row, indexed by the keys in it. Writing
+// a report therefore costs one row per block plus one small row per key in it, however many requests
+// it covers; rows are decoded only when read. Each day has two tables, so retention drops whole
+// tables instead of deleting rows:
+//   logblocks_YYYYMMDD (id, node_id, min_at, max_at, rows, columns)
+//   logkeys_YYYYMMDD   (key_id, project_id, org_id, min_at, max_at, block, rows), one per key and block,
+//                      indexed by key, project and organisation, each with max_at.
+// The leak question ("who used this key between T1 and T2") reads the key's index entries in the
+// window, newest first, and decodes only those blocks, until a page is full. A report's blocks go in
+// with its cursor (log_cursors) in one transaction, which makes a replay a no-op.
+import { LogColumns, type LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
+import { LogBlocksBuilder, matchLogColumns, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
 import { Db, type Param, type Queryable } from './db.js';
 import type { LogFilter, LogPage, LogSource, LogStore, StoredLog } from './log-store.js';
 
 const DAY_MS = 86_400_000;
-/** Rows per multi-row INSERT (21 columns each: well under SQLite's bound-parameter limit). */
-const CHUNK_ROWS = 64;
-const COLUMNS = [
-  'request_id', 'at_ms', 'node_id', 'key_id', 'project_id', 'org_id', 'client_ip', 'user_agent', 'method', 'path', 'status',
-  'latency_us', 'bytes_in', 'bytes_out', 'model', 'prompt_tokens', 'completion_tokens', 'cost_micros', 'reason', 'key_prefix',
-] as const;
-const TABLE_RE = /^logs_(\d{8})$/;
+/** Index entries per multi-row INSERT (7 columns each: well under SQLite's bound-parameter limit). */
+const KEY_CHUNK = 64;
+/** Blocks read per SELECT while a page fills. */
+const READ_CHUNK = 16;
+const DAY_TABLE_RE = /^logblocks_(\d{8})$/;
+/** day:at_ms:block:row of the last row of a page. */
+const PAGE_TOKEN_RE = /^(\d{8}):(\d{1,16}):(\d{1,16}):(\d{1,9})$/;
+/** The per-row tables of earlier versions, converted to blocks when the store opens. */
+const OLD_TABLE_RE = /^logs_(\d{8})$/;
 
 export interface SqliteLogStoreOptions {
   retentionDays: number;
@@ -30,8 +39,27 @@ function dayStartMs(day: string): number {
   return Date.UTC(Number(day.slice(0, 4)), Number(day.slice(4, 6)) - 1, Number(day.slice(6, 8)));
 }
 
+interface Candidate {
+  block: number;
+  max_at: number;
+}
+
+/** A row in page order: newest first, then by block and position (both descending). */
+interface Placed {
+  atMs: number;
+  block: number;
+  i: number;
+  row: StoredLog;
+}
+
+function before(a: { atMs: number; block: number; i: number }, b: { atMs: number; block: number; i: number }): boolean {
+  return a.atMs !== b.atMs ? a.atMs > b.atMs : a.block !== b.block ? a.block > b.block : a.i > b.i;
+}
+
+const byPageOrder = (a: Placed, b: Placed): number => (before(a, b) ? -1 : before(b, a) ? 1 : 0);
+
 export class SqliteLogStore implements LogStore {
-  /** Day tables that exist (kept in step with CREATE and DROP). */
+  /** Day partitions that exist (kept in step with CREATE and DROP). */
   private readonly days = new Set<string>();
 
   private constructor(
@@ -45,9 +73,14 @@ export class SqliteLogStore implements LogStore {
       node_id TEXT NOT NULL, instance_id TEXT NOT NULL, last_seq INTEGER NOT NULL, PRIMARY KEY (node_id, instance_id)
     ) WITHOUT ROWID`);
     const store = new SqliteLogStore(db, opts);
-    for (const r of await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'logs_%'")) {
-      const m = TABLE_RE.exec(r.name);
+    const tables = (await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'log%'")).map((r) => r.name);
+    for (const name of tables) {
+      const m = DAY_TABLE_RE.exec(name);
       if (m) store.days.add(m[1]);
+    }
+    for (const name of tables) {
+      const m = OLD_TABLE_RE.exec(name);
+      if (m) await store.convertOldDay(m[1]);
     }
     return store;
   }
@@ -60,32 +93,41 @@ export class SqliteLogStore implements LogStore {
   private async ensureDay(q: Queryable, day: string, added: string[]): Promise<void> {
     if (this.days.has(day)) return;
     added.push(day);
-    const t = `logs_${day}`;
-    await q.exec(`CREATE TABLE IF NOT EXISTS ${t} (
-      request_id TEXT NOT NULL, at_ms INTEGER NOT NULL, node_id TEXT NOT NULL, key_id TEXT NOT NULL, project_id TEXT NOT NULL,
-      org_id TEXT NOT NULL, client_ip TEXT NOT NULL, user_agent TEXT NOT NULL, method TEXT NOT NULL, path TEXT NOT NULL,
-      status INTEGER NOT NULL, latency_us INTEGER NOT NULL, bytes_in INTEGER NOT NULL, bytes_out INTEGER NOT NULL, model TEXT NOT NULL,
-      prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL, reason TEXT NOT NULL,
-      key_prefix TEXT NOT NULL
+    await q.exec(`CREATE TABLE IF NOT EXISTS logblocks_${day} (
+      id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, min_at INTEGER NOT NULL, max_at INTEGER NOT NULL, rows INTEGER NOT NULL,
+      columns BLOB NOT NULL
     );
-    CREATE INDEX IF NOT EXISTS ${t}_by_key ON ${t} (key_id, at_ms);
-    CREATE INDEX IF NOT EXISTS ${t}_by_org ON ${t} (org_id, at_ms);`);
+    CREATE INDEX IF NOT EXISTS logblocks_${day}_by_time ON logblocks_${day} (max_at);
+    CREATE TABLE IF NOT EXISTS logkeys_${day} (
+      key_id TEXT NOT NULL, max_at INTEGER NOT NULL, block INTEGER NOT NULL, min_at INTEGER NOT NULL, project_id TEXT NOT NULL,
+      org_id TEXT NOT NULL, rows INTEGER NOT NULL, PRIMARY KEY (key_id, max_at, block)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_project ON logkeys_${day} (project_id, max_at);
+    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_org ON logkeys_${day} (org_id, max_at);`);
     this.days.add(day);
   }
 
-  async writeBatch(source: LogSource, seq: number, rows: readonly LogRow[]): Promise<{ duplicate: boolean; written: number }> {
+  async writeBlocks(source: LogSource, seq: number, blocks: readonly LogBlock[]): Promise<{ duplicate: boolean; written: number }> {
     const oldest = this.oldestKeptDay();
-    const byDay = new Map<string, LogRow[]>();
-    for (const r of rows) {
-      const day = dayOf(r.atMs);
-      if (day < oldest) continue;
-      const list = byDay.get(day);
-      if (list) list.push(r);
-      else byDay.set(day, [r]);
-    }
+    const kept = blocks.filter((b) => b.rows > 0 && b.columns.length > 0 && dayOf(b.minAtMs) >= oldest);
     const added: string[] = [];
     try {
-      return await this.writeDays(source, seq, byDay, added);
+      return await this.db.tx(async (tx) => {
+        const cur = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
+        if (cur && seq <= cur.last_seq) return { duplicate: true, written: 0 };
+        let written = 0;
+        for (const b of kept) {
+          const day = dayOf(b.minAtMs);
+          await this.ensureDay(tx, day, added);
+          await this.insertBlock(tx, day, source.nodeId, b);
+          written += b.rows;
+        }
+        await tx.runPrepared(
+          'INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?) ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq',
+          [source.nodeId, source.instanceId, seq],
+        );
+        return { duplicate: false, written };
+      });
     } catch (err) {
       // Created inside the transaction that rolled back: they do not exist.
       for (const d of added) this.days.delete(d);
@@ -93,100 +135,114 @@ export class SqliteLogStore implements LogStore {
     }
   }
 
-  private writeDays(source: LogSource, seq: number, byDay: Map<string, LogRow[]>, added: string[]): Promise<{ duplicate: boolean; written: number }> {
-    return this.db.tx(async (tx) => {
-      const cur = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
-      if (cur && seq <= cur.last_seq) return { duplicate: true, written: 0 };
-      let written = 0;
-      for (const [day, list] of byDay) {
-        await this.ensureDay(tx, day, added);
-        written += await this.insertRows(tx, `logs_${day}`, source.nodeId, list);
-      }
-      await tx.runPrepared(
-        'INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?) ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq',
-        [source.nodeId, source.instanceId, seq],
-      );
-      return { duplicate: false, written };
-    });
+  private async insertBlock(q: Queryable, day: string, nodeId: string, b: LogBlock): Promise<void> {
+    const { lastID: block } = await q.runPrepared(`INSERT INTO logblocks_${day} (node_id, min_at, max_at, rows, columns) VALUES (?, ?, ?, ?, ?)`, [
+      nodeId,
+      b.minAtMs,
+      b.maxAtMs,
+      b.rows,
+      b.columns,
+    ]);
+    for (let i = 0; i < b.keys.length; i += KEY_CHUNK) {
+      const part = b.keys.slice(i, i + KEY_CHUNK);
+      const params: Param[] = [];
+      for (const k of part) params.push(k.keyId, k.maxAtMs, block, k.minAtMs, k.projectId, k.orgId, k.rows);
+      await q.runPrepared(keysInsertSql(day, part.length), params);
+    }
   }
 
-  private async insertRows(q: Queryable, table: string, nodeId: string, rows: readonly LogRow[]): Promise<number> {
-    let i = 0;
-    while (i < rows.length) {
-      const n = rows.length - i >= CHUNK_ROWS ? CHUNK_ROWS : 1;
-      const params: Param[] = [];
-      for (let j = i; j < i + n; j++) {
-        const r = rows[j];
-        params.push(r.requestId, r.atMs, nodeId, r.keyId, r.projectId, r.orgId, r.clientIp, r.userAgent, r.method, r.path, r.status,
-          r.latencyUs, r.bytesIn, r.bytesOut, r.model, r.promptTokens, r.completionTokens, r.costMicros, r.reason, r.keyPrefix);
-      }
-      await q.runPrepared(insertSql(table, n), params);
-      i += n;
-    }
-    return rows.length;
+  isPageToken(token: string): boolean {
+    return PAGE_TOKEN_RE.test(token);
   }
 
   async query(filter: LogFilter, limit: number, pageToken: string): Promise<LogPage> {
     const oldest = this.oldestKeptDay();
     const until = filter.untilMs ?? this.opts.now() + DAY_MS;
     const since = filter.sinceMs ?? 0;
-    let after: { day: string; atMs: number; rowid: number } | null = null;
+    let after: { day: string; atMs: number; block: number; i: number } | null = null;
     if (pageToken) {
-      const m = /^(\d{8}):(\d+):(\d+)$/.exec(pageToken);
+      const m = PAGE_TOKEN_RE.exec(pageToken);
       if (!m) throw new Error('bad page token');
-      after = { day: m[1], atMs: Number(m[2]), rowid: Number(m[3]) };
+      after = { day: m[1], atMs: Number(m[2]), block: Number(m[3]), i: Number(m[4]) };
     }
+    const rowFilter: LogRowFilter = {
+      keyId: filter.unknownKeys ? '' : filter.keyId,
+      projectId: filter.projectId,
+      orgId: filter.orgId,
+      clientIp: filter.clientIp,
+      status: filter.status,
+      sinceMs: since,
+      untilMs: until,
+    };
     const days = [...this.days].filter((d) => d >= oldest && dayStartMs(d) < until && dayStartMs(d) + DAY_MS > since).sort().reverse();
-    const out: StoredLog[] = [];
-    let next = '';
+    const out: Placed[] = [];
     for (const day of days) {
       if (after && day > after.day) continue;
-      const where: string[] = [];
-      const params: Param[] = [];
-      if (filter.unknownKeys) where.push("key_id = ''");
-      else if (filter.keyId !== undefined) {
-        where.push('key_id = ?');
-        params.push(filter.keyId);
-      }
-      if (filter.orgId !== undefined) {
-        where.push('org_id = ?');
-        params.push(filter.orgId);
-      }
-      if (filter.projectId !== undefined) {
-        where.push('project_id = ?');
-        params.push(filter.projectId);
-      }
-      where.push('at_ms >= ?', 'at_ms < ?');
-      params.push(since, until);
-      if (filter.clientIp !== undefined) {
-        where.push('client_ip = ?');
-        params.push(filter.clientIp);
-      }
-      if (filter.status !== undefined) {
-        where.push('status = ?');
-        params.push(filter.status);
-      }
-      if (after && day === after.day) {
-        where.push('(at_ms, rowid) < (?, ?)');
-        params.push(after.atMs, after.rowid);
-      }
+      const cursor = after && day === after.day ? after : null;
       const want = limit + 1 - out.length;
-      const rows = await this.db.all<Record<string, string | number> & { rid: number }>(
-        `SELECT rowid AS rid, ${COLUMNS.join(', ')} FROM logs_${day} WHERE ${where.join(' AND ')} ORDER BY at_ms DESC, rowid DESC LIMIT ${want}`,
-        params,
-      );
-      for (const r of rows) {
-        if (out.length === limit) {
-          const last = out[out.length - 1] as StoredLog & { rid?: number };
-          next = `${dayOf(last.atMs)}:${last.atMs}:${last.rid}`;
-          break;
-        }
-        out.push(storedOf(r));
-      }
-      if (next) break;
+      out.push(...(await this.queryDay(day, rowFilter, cursor, want)));
+      if (out.length > limit) break;
     }
-    for (const o of out) delete (o as { rid?: number }).rid;
-    return { logs: out, next };
+    let next = '';
+    if (out.length > limit) {
+      const last = out[limit - 1];
+      next = `${dayOf(last.atMs)}:${last.atMs}:${last.block}:${last.i}`;
+      out.length = limit;
+    }
+    return { logs: out.map((p) => p.row), next };
+  }
+
+  /** Up to `want` rows of one day in page order, after `cursor` when given. */
+  private async queryDay(day: string, f: LogRowFilter, cursor: { atMs: number; block: number; i: number } | null, want: number): Promise<Placed[]> {
+    const maxAt = cursor ? Math.min(cursor.atMs, f.untilMs! - 1) : f.untilMs! - 1;
+    const candidates = await this.candidates(day, f, f.sinceMs!, maxAt);
+    const found: Placed[] = [];
+    let next = 0;
+    while (next < candidates.length) {
+      const chunk = candidates.slice(next, next + READ_CHUNK);
+      next += chunk.length;
+      const blocks = await this.db.all<{ id: number; node_id: string; columns: Buffer }>(
+        `SELECT id, node_id, columns FROM logblocks_${day} WHERE id IN (${chunk.map(() => '?').join(',')})`,
+        chunk.map((c) => c.block),
+      );
+      for (const b of blocks) {
+        let cols: LogColumns;
+        try {
+          cols = LogColumns.decode(b.columns);
+        } catch {
+          this.opts.log?.(`request logs: block ${b.id} of ${day} cannot be decoded; skipped`);
+          continue;
+        }
+        for (const { i, row } of matchLogColumns(cols, f)) {
+          const p = { atMs: row.atMs, block: b.id, i, row: { ...row, nodeId: b.node_id } };
+          if (!cursor || before(cursor, p)) found.push(p);
+        }
+      }
+      // Every block not read yet holds rows no newer than its max_at: once `want` rows newer than
+      // that are found, the page is complete.
+      if (found.length >= want) {
+        found.sort(byPageOrder);
+        if (next >= candidates.length || found[want - 1].atMs > candidates[next].max_at) break;
+      }
+    }
+    found.sort(byPageOrder);
+    return found.slice(0, want);
+  }
+
+  /** Blocks of one day that may hold matching rows with at in [sinceMs, maxAt], newest first. */
+  private candidates(day: string, f: LogRowFilter, sinceMs: number, maxAt: number): Promise<Candidate[]> {
+    const range = [sinceMs, maxAt];
+    if (f.keyId !== undefined) {
+      return this.db.all<Candidate>(`SELECT block, max_at FROM logkeys_${day} WHERE key_id = ? AND max_at >= ? AND min_at <= ? ORDER BY max_at DESC`, [f.keyId, ...range]);
+    }
+    for (const [col, v] of [['project_id', f.projectId], ['org_id', f.orgId]] as const) {
+      if (v === undefined) continue;
+      return this.db.all<Candidate>(
+        `SELECT block, MAX(max_at) AS max_at FROM logkeys_${day} WHERE ${col} = ? AND max_at >= ? AND min_at <= ? GROUP BY block ORDER BY max_at DESC`,
+        [v, ...range],
+      );
+    }
+    return this.db.all<Candidate>(`SELECT id AS block, max_at FROM logblocks_${day} WHERE max_at >= ? AND min_at <= ? ORDER BY max_at DESC`, range);
   }
 
   async applyRetention(): Promise<string[]> {
@@ -194,8 +250,8 @@ export class SqliteLogStore implements LogStore {
     const dropped: string[] = [];
     for (const day of [...this.days].sort()) {
       if (day >= oldest) break;
-      await this.db.forgetStatements(`logs_${day}`);
-      await this.db.exec(`DROP TABLE IF EXISTS logs_${day}`);
+      await this.db.forgetStatements(`_${day}`);
+      await this.db.exec(`DROP TABLE IF EXISTS logblocks_${day}; DROP TABLE IF EXISTS logkeys_${day};`);
       this.days.delete(day);
       dropped.push(day);
     }
@@ -211,43 +267,69 @@ export class SqliteLogStore implements LogStore {
   close(): Promise<void> {
     return this.db.close();
   }
+
+  /** A day table of row-per-request logs (earlier versions) becomes blocks, in one transaction. */
+  private async convertOldDay(day: string): Promise<void> {
+    const rows = await this.db.all<Record<string, string | number>>(`SELECT * FROM logs_${day} ORDER BY node_id, at_ms, rowid`);
+    const added: string[] = [];
+    await this.db.tx(async (tx) => {
+      let node = '';
+      let blocks = new LogBlocksBuilder();
+      const flush = async () => {
+        for (const b of blocks.blocks()) {
+          await this.ensureDay(tx, dayOf(b.minAtMs), added);
+          await this.insertBlock(tx, dayOf(b.minAtMs), node, b);
+        }
+        blocks = new LogBlocksBuilder();
+      };
+      for (const r of rows) {
+        if (String(r.node_id) !== node || blocks.rows >= 2000) {
+          await flush();
+          node = String(r.node_id);
+        }
+        blocks.add(oldRow(r));
+      }
+      await flush();
+      await tx.exec(`DROP TABLE logs_${day}`);
+    });
+    this.opts.log?.(`request logs: ${rows.length} rows of ${day} converted to blocks`);
+  }
 }
 
-const insertSqlCache = new Map<string, string>();
-function insertSql(table: string, rows: number): string {
-  const k = `${table}/${rows}`;
-  let sql = insertSqlCache.get(k);
+function oldRow(r: Record<string, string | number>): LogRow {
+  const s = (k: string) => String(r[k] ?? '');
+  const n = (k: string) => Number(r[k] ?? 0);
+  return {
+    requestId: s('request_id'),
+    atMs: n('at_ms'),
+    keyId: s('key_id'),
+    projectId: s('project_id'),
+    orgId: s('org_id'),
+    clientIp: s('client_ip'),
+    userAgent: s('user_agent'),
+    method: s('method'),
+    path: s('path'),
+    status: n('status'),
+    latencyUs: n('latency_us'),
+    bytesIn: n('bytes_in'),
+    bytesOut: n('bytes_out'),
+    model: s('model'),
+    promptTokens: n('prompt_tokens'),
+    completionTokens: n('completion_tokens'),
+    costMicros: n('cost_micros'),
+    reason: s('reason'),
+    keyPrefix: s('key_prefix'),
+  };
+}
+
+const keysSql = new Map<string, string>();
+function keysInsertSql(day: string, rows: number): string {
+  const k = `${day}/${rows}`;
+  let sql = keysSql.get(k);
   if (!sql) {
-    const one = `(${COLUMNS.map(() => '?').join(',')})`;
-    sql = `INSERT INTO ${table} (${COLUMNS.join(',')}) VALUES ${Array.from({ length: rows }, () => one).join(',')}`;
-    if (insertSqlCache.size > 1000) insertSqlCache.clear();
-    insertSqlCache.set(k, sql);
+    sql = `INSERT OR IGNORE INTO logkeys_${day} (key_id, max_at, block, min_at, project_id, org_id, rows) VALUES ${Array.from({ length: rows }, () => '(?,?,?,?,?,?,?)').join(',')}`;
+    if (keysSql.size > 1000) keysSql.clear();
+    keysSql.set(k, sql);
   }
   return sql;
-}
-
-function storedOf(r: Record<string, string | number> & { rid: number }): StoredLog & { rid: number } {
-  return {
-    rid: r.rid,
-    requestId: String(r.request_id),
-    atMs: Number(r.at_ms),
-    nodeId: String(r.node_id),
-    keyId: String(r.key_id),
-    projectId: String(r.project_id),
-    orgId: String(r.org_id),
-    clientIp: String(r.client_ip),
-    userAgent: String(r.user_agent),
-    method: String(r.method),
-    path: String(r.path),
-    status: Number(r.status),
-    latencyUs: Number(r.latency_us),
-    bytesIn: Number(r.bytes_in),
-    bytesOut: Number(r.bytes_out),
-    model: String(r.model),
-    promptTokens: Number(r.prompt_tokens),
-    completionTokens: Number(r.completion_tokens),
-    costMicros: Number(r.cost_micros),
-    reason: String(r.reason),
-    keyPrefix: String(r.key_prefix),
-  };
 }

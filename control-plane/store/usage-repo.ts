@@ -1,28 +1,16 @@
 import type { Queryable } from './db.js';
 
-export interface UsageInsert {
-  request_id: string;
-  key_id: string;
-  org_id: string;
-  project_id: string;
+/** Model calls of one key and model in one minute, summed. */
+export interface UsageMinute {
+  projectId: string;
+  keyId: string;
   model: string;
-  path: string;
-  status: number;
-  prompt_tokens: number;
-  completion_tokens: number;
-  cost_micros: number;
-  at_ms: number;
-  month: string;
-  node_id: string;
-}
-
-export interface UsageSummaryRow {
-  key_id: string;
-  model: string;
+  orgId: string;
+  minute: number;
   requests: number;
-  prompt_tokens: number;
-  completion_tokens: number;
-  cost_micros: number;
+  promptTokens: number;
+  completionTokens: number;
+  costMicros: number;
 }
 
 export async function reportCursor(q: Queryable, nodeId: string, instanceId: string): Promise<number> {
@@ -38,14 +26,27 @@ export async function setReportCursor(q: Queryable, nodeId: string, instanceId: 
   );
 }
 
-/** Inserts one usage row; false when its request_id was already recorded (a replay). */
-export async function insertUsage(q: Queryable, u: UsageInsert): Promise<boolean> {
-  const r = await q.run(
-    `INSERT OR IGNORE INTO usage (request_id, key_id, org_id, project_id, model, path, status, prompt_tokens, completion_tokens, cost_micros, at_ms, month, node_id)
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-    [u.request_id, u.key_id, u.org_id, u.project_id, u.model, u.path, u.status, u.prompt_tokens, u.completion_tokens, u.cost_micros, u.at_ms, u.month, u.node_id],
-  );
-  return r.changes === 1;
+/** Rows per multi-row upsert (9 parameters each: well under SQLite's bound-parameter limit). */
+const UPSERT_CHUNK = 64;
+const upsertSql = new Map<number, string>();
+
+/** Adds minutes of usage, several rows per statement; a (project, minute, key, model) seen before is added to. */
+export async function addUsageMinutes(q: Queryable, rows: readonly UsageMinute[]): Promise<void> {
+  for (let i = 0; i < rows.length; i += UPSERT_CHUNK) {
+    const part = rows.slice(i, i + UPSERT_CHUNK);
+    let sql = upsertSql.get(part.length);
+    if (!sql) {
+      sql = `INSERT INTO usage_minutes (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
+        VALUES ${part.map(() => '(?, ?, ?, ?, ?, ?, ?, ?, ?)').join(', ')}
+        ON CONFLICT (project_id, minute, key_id, model) DO UPDATE SET requests = requests + excluded.requests,
+          prompt_tokens = prompt_tokens + excluded.prompt_tokens, completion_tokens = completion_tokens + excluded.completion_tokens,
+          cost_micros = cost_micros + excluded.cost_micros`;
+      upsertSql.set(part.length, sql);
+    }
+    const params: (string | number)[] = [];
+    for (const r of part) params.push(r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros);
+    await q.runPrepared(sql, params);
+  }
 }
 
 export async function addSpend(q: Queryable, orgId: string, month: string, micros: number): Promise<void> {
@@ -55,15 +56,6 @@ export async function addSpend(q: Queryable, orgId: string, month: string, micro
     [orgId, month, micros],
   );
   await q.run('UPDATE orgs SET spend_total_micros = spend_total_micros + ? WHERE id = ?', [micros, orgId]);
-}
-
-export function usageSummary(q: Queryable, scope: { projectId: string } | { orgId: string }, month: string): Promise<UsageSummaryRow[]> {
-  const [col, id] = 'projectId' in scope ? ['project_id', scope.projectId] : ['org_id', scope.orgId];
-  return q.all<UsageSummaryRow>(
-    `SELECT key_id, model, COUNT(*) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
-       SUM(cost_micros) AS cost_micros FROM usage WHERE ${col} = ? AND month = ? GROUP BY key_id, model ORDER BY key_id, model`,
-    [id, month],
-  );
 }
 
 /** How usage is grouped when read: per key and model (the console's default), or by one column. */
@@ -86,12 +78,12 @@ const GROUP_COLUMNS: Record<UsageGroupBy, { select: string; group: string }> = {
   key_model: { select: "key_id, model, '' AS day", group: 'key_id, model' },
   model: { select: "'' AS key_id, model, '' AS day", group: 'model' },
   key: { select: "key_id, '' AS model, '' AS day", group: 'key_id' },
-  day: { select: "'' AS key_id, '' AS model, strftime('%Y-%m-%d', at_ms / 1000, 'unixepoch') AS day", group: 'day' },
+  day: { select: "'' AS key_id, '' AS model, strftime('%Y-%m-%d', minute * 60, 'unixepoch') AS day", group: 'day' },
 };
 
 /**
- * Usage of one project or organisation with `at_ms` in [sinceMs, untilMs), grouped. The month bounds
- * repeat the time bounds so the (project_id, month) and (org_id, month) indexes narrow the scan.
+ * Usage of one project or organisation in [sinceMs, untilMs), grouped. Usage is kept per minute: a
+ * minute the range covers only in part is counted whole.
  */
 export function usageInRange(
   q: Queryable,
@@ -100,15 +92,14 @@ export function usageInRange(
   groupBy: UsageGroupBy,
 ): Promise<UsageGroupRow[]> {
   const [col, id] = 'projectId' in scope ? ['project_id', scope.projectId] : ['org_id', scope.orgId];
-  const untilMs = range.untilMs ?? Number.MAX_SAFE_INTEGER;
-  const fromMonth = new Date(Math.max(0, range.sinceMs)).toISOString().slice(0, 7);
-  const toMonth = range.untilMs === null ? '9999-12' : new Date(Math.max(0, untilMs - 1)).toISOString().slice(0, 7);
+  const fromMinute = Math.floor(Math.max(0, range.sinceMs) / 60_000);
+  const toMinute = range.untilMs === null ? Number.MAX_SAFE_INTEGER : Math.ceil(range.untilMs / 60_000);
   const g = GROUP_COLUMNS[groupBy];
   return q.all<UsageGroupRow>(
-    `SELECT ${g.select}, COUNT(*) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
+    `SELECT ${g.select}, SUM(requests) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
        SUM(cost_micros) AS cost_micros
-     FROM usage WHERE ${col} = ? AND month >= ? AND month <= ? AND at_ms >= ? AND at_ms < ?
+     FROM usage_minutes WHERE ${col} = ? AND minute >= ? AND minute < ?
      GROUP BY ${g.group} ORDER BY ${g.group}`,
-    [id, fromMonth, toMonth, range.sinceMs, untilMs],
+    [id, fromMinute, toMinute],
   );
 }

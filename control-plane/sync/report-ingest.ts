@@ -1,17 +1,20 @@
-// Reports from nodes, written exactly once. A report carries a batch of usage, last_used_at and request
-// logs, numbered per (node_id, instance_id). Its request logs go to the log store (their own file, their
-// own cursor); its usage and money go to the state database in one transaction: usage rows by prepared
-// multi-row INSERTs, spend added once per organisation and month, the report's cursor moved. A report
-// at or below a cursor is a replay and changes nothing in that store, so a crash between the two
-// writes is repaired by the node sending the report again.
-import { decodeLogColumns } from '../../proto/lib/log-columns.js';
+// Reports from nodes, written exactly once. A report carries usage summed per key, model, minute and
+// lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
+// Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
+// usage and money go to the state database in one transaction: the minutes by multi-row upserts, spend
+// added once per organisation and month, last_used_at by one statement, the report's cursor moved. So
+// the work per report grows with the keys in it, not with its requests. A report at or below a cursor
+// is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
+// node sending the report again. Reports of older nodes (one UsageRecord per call, one LogColumns) are
+// summed and packed here into the same form.
+import { clampCount, decodeLogColumns, LogBlocksBuilder } from '../../proto/lib/log-columns.js';
+import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import { monthOf } from '../../proto/lib/money.js';
-import type { Report, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
-import type { Param, Tx } from '../store/db.js';
-import { touchLastUsed } from '../store/keys-repo.js';
+import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
-import { addSpend, insertUsage, reportCursor, setReportCursor } from '../store/usage-repo.js';
+import { addSpend, addUsageMinutes, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -20,18 +23,10 @@ export interface ReportSource {
 
 export interface IngestResult {
   duplicate: boolean;
+  /** Model calls counted (the sum of the report's usage totals). */
   inserted: number;
+  /** Request-log rows written. */
   logs: number;
-}
-
-const safeCount = (n: number) => (Number.isSafeInteger(n) && n > 0 ? n : 0);
-const USAGE_COLUMNS = 13;
-const USAGE_CHUNK = 64;
-
-interface UsageRow {
-  u: UsageRecord;
-  atMs: number;
-  cost: number;
 }
 
 export class ReportIngest {
@@ -48,118 +43,97 @@ export class ReportIngest {
     // A node replaying its journal after a restart sends reports numbered by its former instance.
     const src = { nodeId: source.nodeId, instanceId: report.instanceId || source.instanceId };
     let logs = 0;
-    if (this.logs && report.logs) {
-      const { rows } = decodeLogColumns(report.logs);
-      if (rows.length > 0) logs = (await this.logs.writeBatch(src, report.seq, rows)).written;
+    if (this.logs) {
+      const blocks = report.logs ? [...report.logBlocks, ...blocksOfColumns(report)] : report.logBlocks;
+      if (blocks.length > 0) logs = (await this.logs.writeBlocks(src, report.seq, blocks)).written;
     }
-    const r = await this.writeUsage(src, report, onSpend);
+    const totals = report.usage.length > 0 ? [...report.usageTotals, ...totalsOfRecords(report.usage, this.state.now())] : report.usageTotals;
+    const r = await this.writeUsage(src, report, totals, onSpend);
     return { ...r, logs };
   }
 
-  private writeUsage(src: ReportSource, report: Report, onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<Omit<IngestResult, 'logs'>> {
+  private writeUsage(
+    src: ReportSource,
+    report: Report,
+    totals: readonly UsageTotal[],
+    onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void,
+  ): Promise<Omit<IngestResult, 'logs'>> {
     return this.state.db.tx(async (tx) => {
       const last = await reportCursor(tx, src.nodeId, src.instanceId);
       if (report.seq <= last) return { duplicate: true, inserted: 0 };
       const now = this.state.now();
-      const rows: UsageRow[] = [];
-      for (const u of report.usage) {
-        if (!u.requestId) continue;
-        rows.push({ u, atMs: Number.isSafeInteger(u.atMs) && u.atMs > 0 ? u.atMs : now, cost: safeCount(u.costMicros) });
-      }
-      // Normally every row is new (the cursor already excludes replays); a request id seen before
-      // (only possible if a node reused one) falls back to row-by-row so it is never paid twice.
-      let fresh = rows;
-      if (rows.length > 0) {
-        const changed = await insertUsageRows(tx, src.nodeId, rows);
-        if (changed !== rows.length) fresh = await this.rowByRow(tx, src.nodeId, rows, changed);
-      }
-      const affected = new Set<string>();
+      const minutes = new Map<string, UsageMinute>();
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
-      const lastUsed = new Map<string, number>();
-      for (const { u, atMs, cost } of fresh) {
-        if (cost > 0 && u.orgId) {
-          const month = monthOf(atMs);
-          const mk = `${u.orgId}\u0000${month}`;
-          const m = monthly.get(mk) ?? { orgId: u.orgId, month, cost: 0 };
-          m.cost += cost;
-          monthly.set(mk, m);
-          affected.add(u.orgId);
-          const epoch = Number.isSafeInteger(u.leaseEpoch) ? u.leaseEpoch : 0;
-          const id = `${epoch}:${u.orgId}`;
-          const entry = spent.get(id) ?? { orgId: u.orgId, epoch, cost: 0 };
-          entry.cost += cost;
-          spent.set(id, entry);
+      let calls = 0;
+      for (const t of totals) {
+        const requests = clampCount(t.requests);
+        if (requests === 0 || !t.keyId) continue;
+        const minute = clampCount(t.minute);
+        const cost = clampCount(t.costMicros);
+        calls += requests;
+        // Totals of one key, model and minute under two lease epochs are one row of usage.
+        const id = `${t.projectId}\u0000${minute}\u0000${t.keyId}\u0000${t.model}`;
+        const m = minutes.get(id);
+        if (m) {
+          m.requests += requests;
+          m.promptTokens += clampCount(t.promptTokens);
+          m.completionTokens += clampCount(t.completionTokens);
+          m.costMicros += cost;
+        } else {
+          minutes.set(id, {
+            projectId: t.projectId,
+            minute,
+            keyId: t.keyId,
+            model: t.model,
+            orgId: t.orgId,
+            requests,
+            promptTokens: clampCount(t.promptTokens),
+            completionTokens: clampCount(t.completionTokens),
+            costMicros: cost,
+          });
         }
-        if (u.keyId) lastUsed.set(u.keyId, Math.max(lastUsed.get(u.keyId) ?? 0, atMs));
+        if (cost > 0 && t.orgId) {
+          const month = monthOf(minute * 60_000);
+          const mk = `${t.orgId}\u0000${month}`;
+          const mo = monthly.get(mk) ?? { orgId: t.orgId, month, cost: 0 };
+          mo.cost += cost;
+          monthly.set(mk, mo);
+          const epoch = clampCount(t.leaseEpoch);
+          const sk = `${epoch}:${t.orgId}`;
+          const entry = spent.get(sk) ?? { orgId: t.orgId, epoch, cost: 0 };
+          entry.cost += cost;
+          spent.set(sk, entry);
+        }
       }
+      await addUsageMinutes(tx, [...minutes.values()]);
       // Money aggregated per organisation and month: one update each, however many rows.
       for (const m of monthly.values()) await addSpend(tx, m.orgId, m.month, m.cost);
-      for (const l of report.lastUsed) {
+      const lastUsed = new Map<string, number>();
+      for (const l of [...report.lastUsed, ...report.usage]) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
-      for (const [keyId, atMs] of lastUsed) await touchLastUsed(tx, keyId, new Date(atMs).toISOString());
+      await touchLastUsedMany(tx, [...lastUsed].map(([keyId, atMs]) => [keyId, new Date(atMs).toISOString()]));
       await setReportCursor(tx, src.nodeId, src.instanceId, report.seq, new Date(now).toISOString());
-      if (affected.size > 0) await this.state.refreshOrgs(tx, affected);
+      if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
-      return { duplicate: false, inserted: fresh.length };
+      return { duplicate: false, inserted: calls };
     });
   }
-
-  /** Some rows were already recorded: find which are new, one at a time (rare). */
-  private async rowByRow(tx: Tx, nodeId: string, rows: UsageRow[], changedInBulk: number): Promise<UsageRow[]> {
-    // The bulk insert added `changedInBulk` rows, which cannot be told apart: undo them and redo singly.
-    if (changedInBulk > 0) {
-      await tx.exec('ROLLBACK TO usage_bulk');
-    }
-    const fresh: UsageRow[] = [];
-    for (const r of rows) {
-      const ok = await insertUsage(tx, {
-        request_id: r.u.requestId,
-        key_id: r.u.keyId,
-        org_id: r.u.orgId,
-        project_id: r.u.projectId,
-        model: r.u.model,
-        path: r.u.path,
-        status: r.u.status,
-        prompt_tokens: safeCount(r.u.promptTokens),
-        completion_tokens: safeCount(r.u.completionTokens),
-        cost_micros: r.cost,
-        at_ms: r.atMs,
-        month: monthOf(r.atMs),
-        node_id: nodeId,
-      });
-      if (ok) fresh.push(r);
-    }
-    return fresh;
-  }
 }
 
-/** Inserts usage rows by multi-row prepared statements inside a savepoint; returns how many were new. */
-async function insertUsageRows(tx: Tx, nodeId: string, rows: UsageRow[]): Promise<number> {
-  await tx.exec('SAVEPOINT usage_bulk');
-  let changed = 0;
-  let i = 0;
-  while (i < rows.length) {
-    const n = rows.length - i >= USAGE_CHUNK ? USAGE_CHUNK : 1;
-    const params: Param[] = [];
-    for (let j = i; j < i + n; j++) {
-      const { u, atMs, cost } = rows[j];
-      params.push(u.requestId, u.keyId, u.orgId, u.projectId, u.model, u.path, u.status, safeCount(u.promptTokens), safeCount(u.completionTokens), cost, atMs, monthOf(atMs), nodeId);
-    }
-    changed += (await tx.runPrepared(usageInsertSql(n), params)).changes;
-    i += n;
+/** An older node's per-call records, summed as a node sums them now. */
+function totalsOfRecords(records: readonly UsageRecord[], now: number): UsageTotal[] {
+  const totals = new UsageTotals();
+  for (const u of records) {
+    if (u.requestId && u.keyId) totals.add(Number.isSafeInteger(u.atMs) && u.atMs > 0 ? u : { ...u, atMs: now });
   }
-  return changed;
+  return totals.totals();
 }
 
-const usageSql = new Map<number, string>();
-function usageInsertSql(rows: number): string {
-  let sql = usageSql.get(rows);
-  if (!sql) {
-    const one = `(${Array.from({ length: USAGE_COLUMNS }, () => '?').join(',')})`;
-    sql = `INSERT OR IGNORE INTO usage (request_id, key_id, org_id, project_id, model, path, status, prompt_tokens, completion_tokens, cost_micros, at_ms, month, node_id) VALUES ${Array.from({ length: rows }, () => one).join(',')}`;
-    usageSql.set(rows, sql);
-  }
-  return sql;
+/** An older node's LogColumns, packed into blocks as a node packs them now. */
+function blocksOfColumns(report: Report): LogBlock[] {
+  const blocks = new LogBlocksBuilder();
+  for (const row of decodeLogColumns(report.logs).rows) blocks.add(row);
+  return blocks.blocks();
 }

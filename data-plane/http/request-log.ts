@@ -88,9 +88,12 @@ export class LogDraft {
     this.maybeEmit();
   }
 
-  /** The response ended (sent in full or aborted: 499 when nothing was answered). */
+  /** The response ended (sent in full, or aborted: 499 when nothing was answered). */
   endReply(outcome: LogOutcome, aborted: boolean): void {
-    this.outcome = { status: outcome.status || (aborted ? 499 : 0), bytesOut: outcome.bytesOut, reason: outcome.reason || (aborted && !outcome.status ? 'client_closed' : '') };
+    // Aborted before an answer: 499, client_closed. Cut after the head went out (the client left, or a
+    // drain deadline closed it): the status the client saw, reason aborted.
+    const cut = aborted ? (outcome.status ? 'aborted' : 'client_closed') : '';
+    this.outcome = { status: outcome.status || (aborted ? 499 : 0), bytesOut: outcome.bytesOut, reason: outcome.reason || cut };
     this.replyEnded = true;
     this.maybeEmit();
   }

@@ -1,10 +1,13 @@
 // Usage records, last_used_at and request logs, batched off the request path into numbered reports.
-// Each report is encoded once, appended to the node's journal (journal.ts) and sent; it is forgotten
+// Usage is summed per key, model, minute and lease epoch as it is recorded, and request logs are
+// packed into one encoded block per UTC day, so the control plane's work per report grows with the
+// keys in it, not with the requests. Each report is encoded once, appended to the node's journal (journal.ts) and sent; it is forgotten
 // when its ReportAck arrives. On reconnect every unacknowledged report goes again, in order, at most
 // WINDOW at a time (the control plane deduplicates by node, instance and seq), so neither side holds
 // more than a window of reports in memory however long the control plane was away.
 import { Report, type LastUsed, type NodeMessage, type UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
-import { clampCount, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import { clampCount, LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import type { Clock } from '../limits/clock.js';
 import type { Journal, JournalEntry } from './journal.js';
 
@@ -37,9 +40,9 @@ export interface ReporterStatus {
 
 export class Reporter {
   private seq = 0;
-  private usage: UsageRecord[] = [];
+  private usage = new UsageTotals();
   private lastUsed: LastUsed[] = [];
-  private logs = new LogColumnsBuilder();
+  private logs = new LogBlocksBuilder();
   /** key id → the second its last_used_at was last queued (at most once per key per second). */
   private touchedSec = new Map<string, number>();
   private stream: ReportStream | null = null;
@@ -63,7 +66,7 @@ export class Reporter {
 
   /** Queues one usage record (in memory only: no I/O on the request path). */
   record(u: UsageRecord): void {
-    this.usage.push(u);
+    this.usage.add(u);
     this.checkFull();
   }
 
@@ -84,7 +87,7 @@ export class Reporter {
   }
 
   private checkFull(): void {
-    if (this.flushScheduled || this.usage.length + this.logs.rows < MAX_ROWS_PER_REPORT) return;
+    if (this.flushScheduled || this.usage.calls + this.logs.rows < MAX_ROWS_PER_REPORT) return;
     this.flushScheduled = true;
     setImmediate(() => this.flush());
   }
@@ -96,14 +99,14 @@ export class Reporter {
   }
 
   get unackedCount(): number {
-    return this.opts.journal.depth.batches + (this.usage.length > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 ? 1 : 0);
+    return this.opts.journal.depth.batches + (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 ? 1 : 0);
   }
 
   /** Turns what is queued into a numbered report, journals it and sends what the window allows. */
   flush(): void {
     this.flushScheduled = false;
     try {
-      if (this.usage.length > 0 || this.lastUsed.length > 0 || this.logs.rows > 0) this.seal();
+      if (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0) this.seal();
     } catch (err) {
       this.opts.log(`reporter: a report could not be made and was dropped: ${(err as Error).message}`);
     }
@@ -113,12 +116,12 @@ export class Reporter {
 
   private seal(): void {
     const journal = this.opts.journal;
-    const usage = this.usage.map(cleanUsage);
+    const usageTotals = this.usage.totals();
     const lastUsed = this.lastUsed.map((l) => ({ keyId: l.keyId, atMs: clampCount(l.atMs) }));
     let logs = this.logs;
-    this.usage = [];
+    this.usage = new UsageTotals();
     this.lastUsed = [];
-    this.logs = new LogColumnsBuilder();
+    this.logs = new LogBlocksBuilder();
     const depth = journal.depth.bytes;
     if (journal.overCap) {
       if (!this.capEpisode) {
@@ -128,7 +131,7 @@ export class Reporter {
         );
       }
       this.droppedLogRows += logs.rows;
-      logs = new LogColumnsBuilder();
+      logs = new LogBlocksBuilder();
       if (depth >= this.hardCap()) {
         this.droppedReports++;
         if (this.droppedReports === 1 || this.droppedReports % 1000 === 0) {
@@ -136,13 +139,13 @@ export class Reporter {
         }
         return;
       }
-      if (usage.length === 0 && lastUsed.length === 0) return;
+      if (usageTotals.length === 0 && lastUsed.length === 0) return;
     } else if (this.capEpisode) {
       this.capEpisode = false;
       this.opts.log(`journal below its cap again (${depth} bytes unacknowledged): request logs are kept again; ${this.droppedLogRows} rows were dropped`);
     }
     const seq = ++this.seq;
-    const report: Report = { seq, usage, lastUsed, logs: logs.rows > 0 ? logs.cols : undefined, instanceId: this.opts.instanceId };
+    const report: Report = { seq, usage: [], lastUsed, logs: undefined, instanceId: this.opts.instanceId, usageTotals, logBlocks: logs.rows > 0 ? logs.blocks() : [] };
     journal.append(this.opts.instanceId, seq, Buffer.from(Report.encode(report).finish()));
   }
 
@@ -234,23 +237,4 @@ export class Reporter {
       }
     }
   }
-}
-
-/** Every number of a usage record made a safe integer, so the report always encodes. */
-function cleanUsage(u: UsageRecord): UsageRecord {
-  return {
-    requestId: typeof u.requestId === 'string' ? u.requestId : '',
-    keyId: u.keyId,
-    orgId: u.orgId,
-    projectId: u.projectId,
-    model: u.model,
-    path: u.path,
-    status: clampCount(u.status, 999),
-    promptTokens: clampCount(u.promptTokens),
-    completionTokens: clampCount(u.completionTokens),
-    costMicros: clampCount(u.costMicros),
-    atMs: clampCount(u.atMs),
-    minute: clampCount(u.minute),
-    leaseEpoch: clampCount(u.leaseEpoch),
-  };
 }

@@ -2,7 +2,7 @@
 // repeated text as indexes into one string table. Pure; shared by the node (encode) and the control
 // plane (decode). Every number is made a safe non-negative integer here, so no row can make a report
 // unencodable.
-import type { LogColumns } from '../gen/tollgate/v1/sync.js';
+import { LogColumns, type LogBlock, type LogBlockKey } from '../gen/tollgate/v1/sync.js';
 
 export interface LogRow {
   requestId: string;
@@ -75,6 +75,10 @@ export class LogColumnsBuilder {
   readonly cols: LogColumns = emptyColumns();
   private readonly index = new Map<string, number>();
   private lastAt = 0;
+  /** Per key: its project, organisation, rows and time range (the block's index entries). */
+  private readonly keys = new Map<string, LogBlockKey>();
+  private minAt = Number.MAX_SAFE_INTEGER;
+  private maxAt = 0;
 
   get rows(): number {
     return this.cols.requestId.length;
@@ -114,7 +118,144 @@ export class LogColumnsBuilder {
     c.costMicros.push(clampCount(r.costMicros));
     c.reason.push(this.str(r.reason));
     c.keyPrefix.push(this.str(r.keyPrefix));
+    if (at < this.minAt) this.minAt = at;
+    if (at > this.maxAt) this.maxAt = at;
+    const keyId = text(r.keyId);
+    const k = this.keys.get(keyId);
+    if (k) {
+      k.rows++;
+      if (at < k.minAtMs) k.minAtMs = at;
+      if (at > k.maxAtMs) k.maxAtMs = at;
+    } else {
+      this.keys.set(keyId, { keyId, projectId: text(r.projectId), orgId: text(r.orgId), minAtMs: at, maxAtMs: at, rows: 1 });
+    }
   }
+
+  /** The rows as one LogBlock: the encoded columns and their index entries. */
+  block(): LogBlock {
+    return {
+      columns: Buffer.from(LogColumns.encode(this.cols).finish()),
+      rows: this.rows,
+      minAtMs: this.rows > 0 ? this.minAt : 0,
+      maxAtMs: this.maxAt,
+      keys: [...this.keys.values()],
+    };
+  }
+}
+
+/** ms since epoch → the UTC day, as days since epoch (a LogBlock holds one day's rows). */
+export function dayNumber(ms: number): number {
+  return Math.floor(ms / 86_400_000);
+}
+
+/** Rows queued for one report, one builder per UTC day (a report that spans midnight has two). */
+export class LogBlocksBuilder {
+  private readonly days = new Map<number, LogColumnsBuilder>();
+  rows = 0;
+
+  add(r: LogRow): void {
+    const day = dayNumber(clampCount(r.atMs));
+    let b = this.days.get(day);
+    if (!b) {
+      b = new LogColumnsBuilder();
+      this.days.set(day, b);
+    }
+    b.add(r);
+    this.rows++;
+  }
+
+  blocks(): LogBlock[] {
+    return [...this.days.values()].map((b) => b.block());
+  }
+}
+
+/** What a reader wants of a block's rows; text fields compare exactly, times are [sinceMs, untilMs). */
+export interface LogRowFilter {
+  keyId?: string;
+  projectId?: string;
+  orgId?: string;
+  clientIp?: string;
+  status?: number;
+  sinceMs?: number;
+  untilMs?: number;
+}
+
+/**
+ * The rows of a LogColumns that match `filter`, each with its position in the block. Rows are made
+ * into objects only when they match; a text filter absent from the block's string table matches
+ * nothing without looking at a row. Malformed rows are skipped.
+ */
+export function matchLogColumns(c: LogColumns, filter: LogRowFilter): { i: number; row: LogRow }[] {
+  const s = c.strings;
+  const want = (v: string | undefined): number | undefined | null => (v === undefined ? undefined : s.indexOf(v) >= 0 ? s.indexOf(v) : null);
+  const key = want(filter.keyId);
+  const project = want(filter.projectId);
+  const org = want(filter.orgId);
+  const ip = want(filter.clientIp);
+  const out: { i: number; row: LogRow }[] = [];
+  if (key === null || project === null || org === null || ip === null) return out;
+  const since = filter.sinceMs ?? -Infinity;
+  const until = filter.untilMs ?? Infinity;
+  const n = c.requestId.length;
+  let at = 0;
+  for (let i = 0; i < n; i++) {
+    at += c.atMsDelta[i] ?? 0;
+    if (
+      (key !== undefined && c.keyId[i] !== key) ||
+      (project !== undefined && c.projectId[i] !== project) ||
+      (org !== undefined && c.orgId[i] !== org) ||
+      (ip !== undefined && c.clientIp[i] !== ip) ||
+      (filter.status !== undefined && c.status[i] !== filter.status) ||
+      at < since ||
+      at >= until
+    ) {
+      continue;
+    }
+    const row = rowAt(c, i, at);
+    if (row) out.push({ i, row });
+  }
+  return out;
+}
+
+function rowAt(c: LogColumns, i: number, at: number): LogRow | null {
+  const s = c.strings;
+  const keyId = s[c.keyId[i]];
+  const projectId = s[c.projectId[i]];
+  const orgId = s[c.orgId[i]];
+  const clientIp = s[c.clientIp[i]];
+  const userAgent = s[c.userAgent[i]];
+  const method = s[c.method[i]];
+  const path = s[c.path[i]];
+  const model = s[c.model[i]];
+  const reason = s[c.reason[i]];
+  const keyPrefix = s[c.keyPrefix[i]];
+  if (
+    keyId === undefined || projectId === undefined || orgId === undefined || clientIp === undefined || userAgent === undefined ||
+    method === undefined || path === undefined || model === undefined || reason === undefined || keyPrefix === undefined || !c.requestId[i]
+  ) {
+    return null;
+  }
+  return {
+    requestId: c.requestId[i],
+    atMs: clampCount(at),
+    keyId,
+    projectId,
+    orgId,
+    clientIp,
+    userAgent,
+    method,
+    path,
+    status: clampCount(c.status[i], 999),
+    latencyUs: clampCount(c.latencyUs[i]),
+    bytesIn: clampCount(c.bytesIn[i]),
+    bytesOut: clampCount(c.bytesOut[i]),
+    model,
+    promptTokens: clampCount(c.promptTokens[i]),
+    completionTokens: clampCount(c.completionTokens[i]),
+    costMicros: clampCount(c.costMicros[i]),
+    reason,
+    keyPrefix,
+  };
 }
 
 /**
@@ -126,51 +267,14 @@ export function decodeLogColumns(c: LogColumns | undefined): { rows: LogRow[]; m
   const n = c.requestId.length;
   const cols = [c.atMsDelta, c.keyId, c.projectId, c.orgId, c.clientIp, c.userAgent, c.method, c.path, c.status, c.latencyUs, c.bytesIn, c.bytesOut, c.model, c.promptTokens, c.completionTokens, c.costMicros, c.reason, c.keyPrefix];
   const whole = Math.min(n, ...cols.map((x) => x.length));
-  const s = c.strings;
-  const str = (i: number): string | undefined => s[i];
   const rows: LogRow[] = [];
   let malformed = n - whole;
   let at = 0;
   for (let i = 0; i < whole; i++) {
     at += c.atMsDelta[i];
-    const keyId = str(c.keyId[i]);
-    const projectId = str(c.projectId[i]);
-    const orgId = str(c.orgId[i]);
-    const clientIp = str(c.clientIp[i]);
-    const userAgent = str(c.userAgent[i]);
-    const method = str(c.method[i]);
-    const path = str(c.path[i]);
-    const model = str(c.model[i]);
-    const reason = str(c.reason[i]);
-    const keyPrefix = str(c.keyPrefix[i]);
-    if (
-      keyId === undefined || projectId === undefined || orgId === undefined || clientIp === undefined || userAgent === undefined ||
-      method === undefined || path === undefined || model === undefined || reason === undefined || keyPrefix === undefined || !c.requestId[i]
-    ) {
-      malformed++;
-      continue;
-    }
-    rows.push({
-      requestId: c.requestId[i],
-      atMs: clampCount(at),
-      keyId,
-      projectId,
-      orgId,
-      clientIp,
-      userAgent,
-      method,
-      path,
-      status: clampCount(c.status[i], 999),
-      latencyUs: clampCount(c.latencyUs[i]),
-      bytesIn: clampCount(c.bytesIn[i]),
-      bytesOut: clampCount(c.bytesOut[i]),
-      model,
-      promptTokens: clampCount(c.promptTokens[i]),
-      completionTokens: clampCount(c.completionTokens[i]),
-      costMicros: clampCount(c.costMicros[i]),
-      reason,
-      keyPrefix,
-    });
+    const row = rowAt(c, i, at);
+    if (row) rows.push(row);
+    else malformed++;
   }
   return { rows, malformed };
 }

@@ -174,20 +174,22 @@ test('console and sync over gRPC: hierarchy, snapshot, revoke with acks, reports
     minute: Math.floor(Date.now() / 60000),
     leaseEpoch: 0,
   };
-  node.send({ report: { seq: 1, usage: [usage], lastUsed: [], logs: undefined, instanceId: '' } });
+  node.send({ report: { seq: 1, usage: [usage], lastUsed: [], logs: undefined, instanceId: '', usageTotals: [], logBlocks: [] } });
   const blocked = await node.next((m) => !!m.delta?.changes.some((c) => c.orgUpsert?.orgId === org.id));
   assert.equal(blocked.delta!.changes[0].orgUpsert!.blockedReason, 'balance_exhausted');
   node.send({ ack: { version: blocked.delta!.toVersion } });
   assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, 1);
-  node.send({ report: { seq: 1, usage: [usage], lastUsed: [], logs: undefined, instanceId: '' } });
-  node.send({ report: { seq: 2, usage: [usage], lastUsed: [], logs: undefined, instanceId: '' } });
+  // A replay of report 1 changes nothing; report 2 (usage summed, as nodes send it now) adds one free call.
+  node.send({ report: { seq: 1, usage: [usage], lastUsed: [], logs: undefined, instanceId: '', usageTotals: [], logBlocks: [] } });
+  const freeCall = { keyId: usage.keyId, orgId: org.id, projectId: project.id, model: 'demo-chat', minute: usage.minute, leaseEpoch: 0, requests: 1, promptTokens: 3, completionTokens: 4, costMicros: 0 };
+  node.send({ report: { seq: 2, usage: [], lastUsed: [], logs: undefined, instanceId: '', usageTotals: [freeCall], logBlocks: [] } });
   assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, 1);
   assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, 2);
   const spent = await call<any>(client, 'getOrg', op, { orgId: org.id });
   assert.equal(spent.spendTotalMicros, 5_000_000);
   assert.equal(spent.blockedReason, 'balance_exhausted');
   const usageRes = await call<any>(client, 'getUsage', acct.token, { projectId: project.id, orgId: '', month: '', since: '', until: '', groupBy: '' });
-  assert.equal(usageRes.totalRequests, 1);
+  assert.equal(usageRes.totalRequests, 2);
   const keyAfter = (await call<any>(client, 'listKeys', acct.token, { projectId: project.id })).keys[0];
   assert.notEqual(keyAfter.lastUsedAt, '');
 
@@ -278,6 +280,8 @@ test('config reload: a lower cap blocks at once, a bad file is refused and the o
       seq: 1,
       lastUsed: [],
       logs: undefined,
+      usageTotals: [],
+      logBlocks: [],
       instanceId: '',
       usage: [
         {

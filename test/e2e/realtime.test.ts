@@ -10,7 +10,7 @@ import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane,
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { waitUntilKnown, eventually } from '../helpers/data-plane.js';
-import { waitForUsageRows } from '../helpers/usage-db.js';
+import { waitForUsageRows, waitForUsageTotals } from '../helpers/usage-db.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
 
@@ -112,12 +112,9 @@ test('a fake upstream: the gateway dials it with the configured credential and m
   // A second response in the same session is billed on its own.
   session.send({ type: 'response.create' });
   await session.waitFor('response.done', 2);
-  const rows = await waitForUsageRows(cp.dbPath, k.keyId, 2);
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 2);
   const perResponse = Math.ceil((1000 * 10_000_000 + 500 * 40_000_000) / 1_000_000);
-  assert.deepEqual(rows.map((r) => [r.model, r.prompt_tokens, r.completion_tokens, r.cost_micros]), [
-    ['rt-upstream', 1000, 500, perResponse],
-    ['rt-upstream', 1000, 500, perResponse],
-  ]);
+  assert.deepEqual(rows.map((r) => [r.model, r.requests, r.prompt_tokens, r.completion_tokens, r.cost_micros]), [['rt-upstream', 2, 2000, 1000, 2 * perResponse]]);
   await eventually(async () => (await admin.getOrg({ orgId: k.orgId })).spendTotalMicros === 2 * perResponse, 'both responses charged');
 
   // A client that tries to switch the session to another (cheaper or dearer) model is refused in-band.

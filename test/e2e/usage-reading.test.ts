@@ -17,7 +17,7 @@ import { consoleClient, createKey, type Console, type DemoKey } from '../helpers
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { bearer, rawRequest, request, setClock } from '../helpers/http.js';
 import { cliJson, ROOT, runCli, startControlPlane, startDataPlane, stopAll, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
-import { waitForUsageRows } from '../helpers/usage-db.js';
+import { waitForUsageTotals } from '../helpers/usage-db.js';
 
 // 2026-03-10T23:58:00Z: two minutes before a UTC day ends, so usage falls on two days.
 const T0 = Date.UTC(2026, 2, 10, 23, 58, 0);
@@ -157,9 +157,9 @@ before(async () => {
   // Past midnight UTC: the next day.
   await setClock(node.adminUrl!, { advance_ms: 3 * 60_000 });
   await chat(a, DAY2, 'Project A after midnight');
-  await waitForUsageRows(cp.dbPath, a.keyId, 4);
-  await waitForUsageRows(cp.dbPath, a2.keyId, 1);
-  await waitForUsageRows(cp.dbPath, b.keyId, 4);
+  await waitForUsageTotals(cp.dbPath, a.keyId, 4);
+  await waitForUsageTotals(cp.dbPath, a2.keyId, 1);
+  await waitForUsageTotals(cp.dbPath, b.keyId, 4);
 });
 
 after(async () => {

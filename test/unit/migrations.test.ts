@@ -16,7 +16,7 @@ const TABLES = [
   'api_keys',
   'credentials',
   'credit_ledger',
-  'usage',
+  'usage_minutes',
   'org_spend',
   'report_cursors',
   'sync_version',

@@ -13,7 +13,7 @@ function report(instanceId: string, seq: number, rows = 3): Buffer {
     requestId: `${instanceId}-${seq}-${i}`, keyId: 'key_1', orgId: 'org_1', projectId: 'proj_1', model: 'demo-chat', path: '/v1/chat/completions',
     status: 200, promptTokens: 10, completionTokens: 5, costMicros: 7, atMs: 1_700_000_000_000, minute: 28_333_333, leaseEpoch: 1,
   }));
-  return Buffer.from(Report.encode({ seq, usage, lastUsed: [], logs: undefined, instanceId }).finish());
+  return Buffer.from(Report.encode({ seq, usage, lastUsed: [], logs: undefined, instanceId, usageTotals: [], logBlocks: [] }).finish());
 }
 
 function dir(t: test.TestContext): string {
@@ -27,7 +27,7 @@ const quiet = { log: () => {} };
 test('peekReport reads seq and instance id without decoding the rest', () => {
   assert.deepEqual(peekReport(report('inst-a', 42)), { seq: 42, instanceId: 'inst-a' });
   assert.equal(peekReport(Buffer.from([0xff, 0xff, 0xff])), null);
-  assert.equal(peekReport(Buffer.from(Report.encode({ seq: 3, usage: [], lastUsed: [], logs: undefined, instanceId: '' }).finish())), null);
+  assert.equal(peekReport(Buffer.from(Report.encode({ seq: 3, usage: [], lastUsed: [], logs: undefined, instanceId: '', usageTotals: [], logBlocks: [] }).finish())), null);
 });
 
 test('unacknowledged reports are found again by a new process; acknowledged ones are not', async (t) => {

@@ -19,7 +19,7 @@ test('rows survive encode → protobuf → decode unchanged, in order', () => {
   const b = new LogColumnsBuilder();
   const rows = Array.from({ length: 500 }, (_, i) => row(i));
   for (const r of rows) b.add(r);
-  const bytes = Report.encode({ seq: 1, usage: [], lastUsed: [], logs: b.cols, instanceId: 'inst' }).finish();
+  const bytes = Report.encode({ seq: 1, usage: [], lastUsed: [], logs: b.cols, instanceId: 'inst', usageTotals: [], logBlocks: [] }).finish();
   const back = decodeLogColumns(Report.decode(bytes).logs);
   assert.equal(back.malformed, 0);
   assert.deepEqual(back.rows, rows);
@@ -49,7 +49,7 @@ test('a batch whose rows carry poison values still encodes and decodes', () => {
   for (const [v] of POISON) {
     b.add(row(1, { promptTokens: v as number, completionTokens: v as number, costMicros: v as number, latencyUs: v as number, status: v as number, atMs: v as number, userAgent: v as string }));
   }
-  const bytes = Report.encode({ seq: 2, usage: [], lastUsed: [], logs: b.cols, instanceId: 'inst' }).finish();
+  const bytes = Report.encode({ seq: 2, usage: [], lastUsed: [], logs: b.cols, instanceId: 'inst', usageTotals: [], logBlocks: [] }).finish();
   const back = decodeLogColumns(Report.decode(bytes).logs);
   assert.equal(back.rows.length, POISON.length);
   for (const r of back.rows) for (const n of [r.promptTokens, r.completionTokens, r.costMicros, r.latencyUs, r.status, r.atMs]) assert.ok(Number.isSafeInteger(n) && n >= 0);

@@ -1,12 +1,15 @@
-// The SQLite request-log store: a batch is written exactly once (a replay changes nothing), queries
-// filter by key, window, IP and status and page newest first, and retention drops whole day
-// partitions (the clock is injected).
+// The SQLite request-log store: a report's blocks are written exactly once (a replay changes nothing),
+// queries filter by key, window, IP and status and page newest first (rows of several blocks merged in
+// time order), retention drops whole day partitions (the clock is injected), and the per-row tables of
+// earlier versions are converted when the store opens.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'node:test';
-import type { LogRow } from '../../proto/lib/log-columns.js';
+import { LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import type { LogSource } from '../../control-plane/store/log-store.js';
+import { Db } from '../../control-plane/store/db.js';
 import { SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
 
 const DAY = 86_400_000;
@@ -20,8 +23,14 @@ function row(i: number, atMs: number, over: Partial<LogRow> = {}): LogRow {
   };
 }
 
-async function open(t: test.TestContext, now: { ms: number }, retentionDays = 30): Promise<SqliteLogStore> {
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+/** What a node sends: the rows packed in blocks, one per UTC day. */
+function writeRows(s: SqliteLogStore, src: LogSource, seq: number, rows: LogRow[]) {
+  const b = new LogBlocksBuilder();
+  for (const r of rows) b.add(r);
+  return s.writeBlocks(src, seq, b.blocks());
+}
+
+async function open(t: test.TestContext, now: { ms: number }, retentionDays = 30, dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'))): Promise<SqliteLogStore> {
   const store = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays, now: () => now.ms });
   t.after(async () => {
     await store.close().catch(() => {});
@@ -34,9 +43,9 @@ test('a replayed batch changes nothing; a later one is written', async (t) => {
   const now = { ms: T0 };
   const s = await open(t, now);
   const src = { nodeId: 'n1', instanceId: 'i1' };
-  assert.deepEqual(await s.writeBatch(src, 1, [row(1, T0), row(2, T0 + 1)]), { duplicate: false, written: 2 });
-  assert.deepEqual(await s.writeBatch(src, 1, [row(1, T0), row(2, T0 + 1)]), { duplicate: true, written: 0 });
-  assert.deepEqual(await s.writeBatch({ nodeId: 'n1', instanceId: 'i2' }, 1, [row(3, T0 + 2)]), { duplicate: false, written: 1 });
+  assert.deepEqual(await writeRows(s, src, 1, [row(1, T0), row(2, T0 + 1)]), { duplicate: false, written: 2 });
+  assert.deepEqual(await writeRows(s, src, 1, [row(1, T0), row(2, T0 + 1)]), { duplicate: true, written: 0 });
+  assert.deepEqual(await writeRows(s, { nodeId: 'n1', instanceId: 'i2' }, 1, [row(3, T0 + 2)]), { duplicate: false, written: 1 });
   const page = await s.query({ keyId: 'key_a' }, 100, '');
   assert.deepEqual(page.logs.map((l) => l.requestId), ['r-3', 'r-2', 'r-1']);
   assert.equal(page.logs[0].nodeId, 'n1');
@@ -49,7 +58,7 @@ test('filters by key, window, IP and status, and pages newest first across days'
   for (let i = 0; i < 30; i++) {
     rows.push(row(i, T0 + i * 3_600_000, { keyId: i % 2 ? 'key_a' : 'key_b', clientIp: i % 3 ? '10.0.0.1' : '10.0.0.2', status: i % 5 ? 200 : 401 }));
   }
-  await s.writeBatch({ nodeId: 'n', instanceId: 'i' }, 1, rows);
+  await writeRows(s, { nodeId: 'n', instanceId: 'i' }, 1, rows);
   assert.ok(s.partitions().length >= 2, `rows span days: ${s.partitions().join(',')}`);
   const want = rows.filter((r) => r.keyId === 'key_a' && r.atMs >= T0 + 5 * 3_600_000 && r.atMs < T0 + 25 * 3_600_000).reverse();
   const got: string[] = [];
@@ -71,7 +80,7 @@ test('retention drops whole day partitions older than the retention, and never w
   const now = { ms: T0 };
   const s = await open(t, now, 3);
   const src = { nodeId: 'n', instanceId: 'i' };
-  await s.writeBatch(src, 1, [row(1, T0 - 2 * DAY), row(2, T0 - DAY), row(3, T0)]);
+  await writeRows(s, src, 1, [row(1, T0 - 2 * DAY), row(2, T0 - DAY), row(3, T0)]);
   assert.equal(s.partitions().length, 3);
   assert.deepEqual(await s.applyRetention(), []);
   // Two days later: the first two days are older than 3 days.
@@ -82,7 +91,60 @@ test('retention drops whole day partitions older than the retention, and never w
   const left = await s.query({ keyId: 'key_a' }, 100, '');
   assert.deepEqual(left.logs.map((l) => l.requestId), ['r-3']);
   // A late replay of an old day's rows does not bring a dropped partition back.
-  await s.writeBatch(src, 2, [row(4, T0 - 2 * DAY), row(5, T0 + 2 * DAY)]);
+  await writeRows(s, src, 2, [row(4, T0 - 2 * DAY), row(5, T0 + 2 * DAY)]);
   assert.equal(s.partitions().length, 2);
   assert.deepEqual((await s.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), ['r-5', 'r-3']);
+});
+
+test('rows of blocks from several nodes, overlapping in time, page in time order; the page token resumes exactly', async (t) => {
+  const now = { ms: T0 + DAY };
+  const s = await open(t, now);
+  // Three nodes, each a report of 40 rows interleaved in time with the others'; another key between.
+  const all: LogRow[] = [];
+  for (let n = 0; n < 3; n++) {
+    const rows: LogRow[] = [];
+    for (let i = 0; i < 40; i++) rows.push(row(n * 100 + i, T0 + i * 10 + n, { keyId: i % 4 === 3 ? 'key_b' : 'key_a' }));
+    await writeRows(s, { nodeId: `n${n}`, instanceId: 'i' }, 1, rows);
+    all.push(...rows);
+  }
+  const want = all.filter((r) => r.keyId === 'key_a').sort((a, b) => b.atMs - a.atMs).map((r) => r.requestId);
+  for (const pageSize of [1, 7, 90, 500]) {
+    const got: string[] = [];
+    let token = '';
+    do {
+      const p = await s.query({ keyId: 'key_a' }, pageSize, token);
+      got.push(...p.logs.map((l) => l.requestId));
+      token = p.next;
+    } while (token);
+    assert.deepEqual(got, want, `page size ${pageSize}`);
+  }
+  // By organisation (every key) and with no filter at all.
+  const everything = all.sort((a, b) => b.atMs - a.atMs).map((r) => r.requestId);
+  assert.deepEqual((await s.query({ orgId: 'org_1' }, 1000, '')).logs.map((l) => l.requestId), everything);
+  assert.deepEqual((await s.query({}, 1000, '')).logs.map((l) => l.requestId), everything);
+  assert.deepEqual((await s.query({ projectId: 'proj_2' }, 1000, '')).logs, []);
+  await assert.rejects(s.query({ keyId: 'key_a' }, 10, 'nonsense'), /bad page token/);
+});
+
+test('a logs.db with the per-row day tables of an earlier version is converted to blocks when opened', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+  const raw = await Db.open(join(dir, 'logs.db'));
+  await raw.exec(`CREATE TABLE logs_20250310 (
+      request_id TEXT NOT NULL, at_ms INTEGER NOT NULL, node_id TEXT NOT NULL, key_id TEXT NOT NULL, project_id TEXT NOT NULL,
+      org_id TEXT NOT NULL, client_ip TEXT NOT NULL, user_agent TEXT NOT NULL, method TEXT NOT NULL, path TEXT NOT NULL,
+      status INTEGER NOT NULL, latency_us INTEGER NOT NULL, bytes_in INTEGER NOT NULL, bytes_out INTEGER NOT NULL, model TEXT NOT NULL,
+      prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, cost_micros INTEGER NOT NULL, reason TEXT NOT NULL,
+      key_prefix TEXT NOT NULL)`);
+  const old = [row(1, T0, { status: 401, reason: 'authentication_error' }), row(2, T0 + 5, { clientIp: '10.9.9.9' }), row(3, T0 + 9, { keyId: 'key_b' })];
+  for (const [i, r] of old.entries()) {
+    await raw.run('INSERT INTO logs_20250310 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', [
+      r.requestId, r.atMs, `node${i % 2}`, r.keyId, r.projectId, r.orgId, r.clientIp, r.userAgent, r.method, r.path, r.status, r.latencyUs,
+      r.bytesIn, r.bytesOut, r.model, r.promptTokens, r.completionTokens, r.costMicros, r.reason, r.keyPrefix,
+    ]);
+  }
+  await raw.close();
+  const s = await open(t, { ms: T0 }, 30, dir);
+  const got = await s.query({ orgId: 'org_1' }, 100, '');
+  assert.deepEqual(got.logs, [...old].reverse().map((r) => ({ ...r, nodeId: `node${Number(r.requestId.slice(2)) % 2 === 1 ? 0 : 1}` })));
+  assert.deepEqual(s.partitions(), ['20250310']);
 });

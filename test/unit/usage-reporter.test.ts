@@ -1,9 +1,10 @@
-// The node's reporter: usage and log rows become numbered reports in the journal; at most a window of
-// them is on the wire; an ack forgets one; a new stream gets every unacknowledged report again in
-// order; a usage record carrying values no report could encode (1.5, NaN, 1e30) is still sent.
+// The node's reporter: usage (summed per key, model, minute and lease epoch) and log rows (packed in
+// one block per UTC day) become numbered reports in the journal; at most a window of them is on the
+// wire; an ack forgets one; a new stream gets every unacknowledged report again in order; a usage
+// record carrying values no report could encode (1.5, NaN, 1e30) is still sent.
 import assert from 'node:assert/strict';
 import test from 'node:test';
-import type { NodeMessage, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+import { LogColumns, type NodeMessage, type UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
 import { decodeLogColumns, type LogRow } from '../../proto/lib/log-columns.js';
 import { Journal } from '../../data-plane/sync/journal.js';
 import { Reporter, type ReportStream } from '../../data-plane/sync/reporter.js';
@@ -42,15 +43,38 @@ test('rows become one numbered report carrying usage and request logs; an ack fo
   const s = new FakeStream();
   r.attach(s);
   r.record(usage(1));
+  r.record(usage(2, { promptTokens: 10 }));
+  r.record(usage(3, { model: 'm2' }));
+  r.record(usage(4, { atMs: 1_700_000_000_000 + 60_000, leaseEpoch: 2 }));
   r.log(logRow(1));
   r.log(logRow(2));
+  r.log({ ...logRow(3), keyId: 'k2', atMs: 1_700_000_000_100 });
+  // A row of the next UTC day goes in a block of its own.
+  const nextDay = Math.ceil(1_700_000_000_000 / 86_400_000) * 86_400_000;
+  r.log({ ...logRow(4), atMs: nextDay });
   r.flush();
   await tick();
   const [rep] = s.reports();
   assert.equal(rep.seq, 1);
   assert.equal(rep.instanceId, 'inst');
-  assert.equal(rep.usage.length, 1);
-  assert.deepEqual(decodeLogColumns(rep.logs).rows, [logRow(1), logRow(2)]);
+  assert.deepEqual(rep.usage, []);
+  const minute = Math.floor(1_700_000_000_000 / 60_000);
+  const total = (over: object) => ({ keyId: 'k', orgId: 'o', projectId: 'p', model: 'm', minute, leaseEpoch: 1, requests: 1, promptTokens: 1, completionTokens: 2, costMicros: 3, ...over });
+  assert.deepEqual(rep.usageTotals, [
+    total({ requests: 2, promptTokens: 11, completionTokens: 4, costMicros: 6 }),
+    total({ model: 'm2' }),
+    total({ minute: minute + 1, leaseEpoch: 2 }),
+  ]);
+  assert.equal(rep.logBlocks.length, 2);
+  const [today, tomorrow] = rep.logBlocks;
+  assert.deepEqual(decodeLogColumns(LogColumns.decode(today.columns)).rows, [logRow(1), logRow(2), { ...logRow(3), keyId: 'k2', atMs: 1_700_000_000_100 }]);
+  assert.deepEqual([today.rows, today.minAtMs, today.maxAtMs], [3, 1_700_000_000_001, 1_700_000_000_100]);
+  assert.deepEqual(today.keys, [
+    { keyId: 'k', projectId: 'p', orgId: 'o', minAtMs: 1_700_000_000_001, maxAtMs: 1_700_000_000_002, rows: 2 },
+    { keyId: 'k2', projectId: 'p', orgId: 'o', minAtMs: 1_700_000_000_100, maxAtMs: 1_700_000_000_100, rows: 1 },
+  ]);
+  assert.deepEqual(decodeLogColumns(LogColumns.decode(tomorrow.columns)).rows, [{ ...logRow(4), atMs: nextDay }]);
+  assert.deepEqual([tomorrow.rows, tomorrow.minAtMs, tomorrow.maxAtMs], [1, nextDay, nextDay]);
   assert.equal(r.status.journalBatches, 1);
   r.ack(1, 'inst');
   assert.equal(journal.depth.batches, 0);
@@ -83,11 +107,11 @@ test('a usage record with 1.5, NaN and 1e30 in it is sent with safe integers (th
   r.record(usage(1, { promptTokens: 1.5, completionTokens: NaN, costMicros: 1e30, atMs: -5 }));
   r.flush();
   await tick();
-  const u = s.reports()[0].usage[0];
+  const u = s.reports()[0].usageTotals[0];
   assert.equal(u.promptTokens, 2);
   assert.equal(u.completionTokens, 0);
   assert.equal(u.costMicros, Number.MAX_SAFE_INTEGER);
-  assert.equal(u.atMs, 0);
+  assert.equal(u.minute, 0);
 });
 
 test('past the journal cap request-log rows are dropped (said once, counted) while usage is kept; past 1.5 times it whole reports are', async () => {
@@ -106,5 +130,5 @@ test('past the journal cap request-log rows are dropped (said once, counted) whi
   r.attach(s);
   await tick();
   // The reports kept after the cap still carry usage.
-  assert.ok(s.reports().every((x) => x.usage.length === 1));
+  assert.ok(s.reports().every((x) => x.usageTotals.length === 1 && x.usageTotals[0].requests === 1));
 });

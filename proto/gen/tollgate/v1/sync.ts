@@ -217,9 +217,16 @@ export interface RealtimeUpstream {
 
 export interface Report {
   seq: number;
+  /**
+   * One record per model call: what nodes journaled before usage_totals (still read, so an older
+   * node's journal replays); nodes now send usage_totals.
+   */
   usage: UsageRecord[];
   lastUsed: LastUsed[];
-  /** Request logs of this batch, column by column. */
+  /**
+   * Request logs, one message: what nodes journaled before log_blocks (still read); nodes now send
+   * log_blocks.
+   */
   logs:
     | LogColumns
     | undefined;
@@ -228,6 +235,51 @@ export interface Report {
    * node replaying its journal): the control plane deduplicates by (node_id, instance_id, seq).
    */
   instanceId: string;
+  /**
+   * The report's model calls summed per key, model, minute and lease epoch: the control plane's work
+   * per report grows with the keys in it, not with the requests.
+   */
+  usageTotals: UsageTotal[];
+  /** The report's request logs, one block per UTC day. */
+  logBlocks: LogBlock[];
+}
+
+export interface UsageTotal {
+  keyId: string;
+  orgId: string;
+  projectId: string;
+  model: string;
+  /** The minute the calls completed in (ms since epoch / 60000). */
+  minute: number;
+  /** As in UsageRecord: the money slice's lease epoch the costs were reserved under. */
+  leaseEpoch: number;
+  requests: number;
+  promptTokens: number;
+  completionTokens: number;
+  costMicros: number;
+}
+
+/**
+ * Request-log rows of one UTC day. The control plane stores `columns` as they are (one database row
+ * per block) and indexes the block by the keys in it; the rows are decoded only when read.
+ */
+export interface LogBlock {
+  /** An encoded LogColumns. */
+  columns: Buffer;
+  rows: number;
+  minAtMs: number;
+  maxAtMs: number;
+  /** One entry per key with rows in the block (key_id "" for sampled 401s of unknown keys). */
+  keys: LogBlockKey[];
+}
+
+export interface LogBlockKey {
+  keyId: string;
+  projectId: string;
+  orgId: string;
+  minAtMs: number;
+  maxAtMs: number;
+  rows: number;
 }
 
 export interface UsageRecord {
@@ -3117,7 +3169,7 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
 };
 
 function createBaseReport(): Report {
-  return { seq: 0, usage: [], lastUsed: [], logs: undefined, instanceId: "" };
+  return { seq: 0, usage: [], lastUsed: [], logs: undefined, instanceId: "", usageTotals: [], logBlocks: [] };
 }
 
 export const Report: MessageFns<Report> = {
@@ -3136,6 +3188,12 @@ export const Report: MessageFns<Report> = {
     }
     if (message.instanceId !== "") {
       writer.uint32(42).string(message.instanceId);
+    }
+    for (const v of message.usageTotals) {
+      UsageTotal.encode(v!, writer.uint32(50).fork()).join();
+    }
+    for (const v of message.logBlocks) {
+      LogBlock.encode(v!, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -3193,6 +3251,22 @@ export const Report: MessageFns<Report> = {
             message.instanceId = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.usageTotals.push(UsageTotal.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.logBlocks.push(LogBlock.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3220,6 +3294,16 @@ export const Report: MessageFns<Report> = {
         : isSet(object.instance_id)
         ? globalThis.String(object.instance_id)
         : "",
+      usageTotals: globalThis.Array.isArray(object?.usageTotals)
+        ? object.usageTotals.map((e: any) => UsageTotal.fromJSON(e))
+        : globalThis.Array.isArray(object?.usage_totals)
+        ? object.usage_totals.map((e: any) => UsageTotal.fromJSON(e))
+        : [],
+      logBlocks: globalThis.Array.isArray(object?.logBlocks)
+        ? object.logBlocks.map((e: any) => LogBlock.fromJSON(e))
+        : globalThis.Array.isArray(object?.log_blocks)
+        ? object.log_blocks.map((e: any) => LogBlock.fromJSON(e))
+        : [],
     };
   },
 
@@ -3240,6 +3324,12 @@ export const Report: MessageFns<Report> = {
     if (message.instanceId !== "") {
       obj.instanceId = message.instanceId;
     }
+    if (message.usageTotals?.length) {
+      obj.usageTotals = message.usageTotals.map((e) => UsageTotal.toJSON(e));
+    }
+    if (message.logBlocks?.length) {
+      obj.logBlocks = message.logBlocks.map((e) => LogBlock.toJSON(e));
+    }
     return obj;
   },
 
@@ -3255,6 +3345,570 @@ export const Report: MessageFns<Report> = {
       ? LogColumns.fromPartial(object.logs)
       : undefined;
     message.instanceId = object.instanceId ?? "";
+    message.usageTotals = object.usageTotals?.map((e) => UsageTotal.fromPartial(e)) || [];
+    message.logBlocks = object.logBlocks?.map((e) => LogBlock.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseUsageTotal(): UsageTotal {
+  return {
+    keyId: "",
+    orgId: "",
+    projectId: "",
+    model: "",
+    minute: 0,
+    leaseEpoch: 0,
+    requests: 0,
+    promptTokens: 0,
+    completionTokens: 0,
+    costMicros: 0,
+  };
+}
+
+export const UsageTotal: MessageFns<UsageTotal> = {
+  encode(message: UsageTotal, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(18).string(message.orgId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(26).string(message.projectId);
+    }
+    if (message.model !== "") {
+      writer.uint32(34).string(message.model);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(40).int64(message.minute);
+    }
+    if (message.leaseEpoch !== 0) {
+      writer.uint32(48).int64(message.leaseEpoch);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(56).int64(message.requests);
+    }
+    if (message.promptTokens !== 0) {
+      writer.uint32(64).int64(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      writer.uint32(72).int64(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      writer.uint32(80).int64(message.costMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): UsageTotal {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseUsageTotal();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.leaseEpoch = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.promptTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.completionTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.costMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): UsageTotal {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      leaseEpoch: isSet(object.leaseEpoch)
+        ? globalThis.Number(object.leaseEpoch)
+        : isSet(object.lease_epoch)
+        ? globalThis.Number(object.lease_epoch)
+        : 0,
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      promptTokens: isSet(object.promptTokens)
+        ? globalThis.Number(object.promptTokens)
+        : isSet(object.prompt_tokens)
+        ? globalThis.Number(object.prompt_tokens)
+        : 0,
+      completionTokens: isSet(object.completionTokens)
+        ? globalThis.Number(object.completionTokens)
+        : isSet(object.completion_tokens)
+        ? globalThis.Number(object.completion_tokens)
+        : 0,
+      costMicros: isSet(object.costMicros)
+        ? globalThis.Number(object.costMicros)
+        : isSet(object.cost_micros)
+        ? globalThis.Number(object.cost_micros)
+        : 0,
+    };
+  },
+
+  toJSON(message: UsageTotal): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.leaseEpoch !== 0) {
+      obj.leaseEpoch = Math.round(message.leaseEpoch);
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.promptTokens !== 0) {
+      obj.promptTokens = Math.round(message.promptTokens);
+    }
+    if (message.completionTokens !== 0) {
+      obj.completionTokens = Math.round(message.completionTokens);
+    }
+    if (message.costMicros !== 0) {
+      obj.costMicros = Math.round(message.costMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<UsageTotal>, I>>(base?: I): UsageTotal {
+    return UsageTotal.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<UsageTotal>, I>>(object: I): UsageTotal {
+    const message = createBaseUsageTotal();
+    message.keyId = object.keyId ?? "";
+    message.orgId = object.orgId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.model = object.model ?? "";
+    message.minute = object.minute ?? 0;
+    message.leaseEpoch = object.leaseEpoch ?? 0;
+    message.requests = object.requests ?? 0;
+    message.promptTokens = object.promptTokens ?? 0;
+    message.completionTokens = object.completionTokens ?? 0;
+    message.costMicros = object.costMicros ?? 0;
+    return message;
+  },
+};
+
+function createBaseLogBlock(): LogBlock {
+  return { columns: Buffer.alloc(0), rows: 0, minAtMs: 0, maxAtMs: 0, keys: [] };
+}
+
+export const LogBlock: MessageFns<LogBlock> = {
+  encode(message: LogBlock, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.columns.length !== 0) {
+      writer.uint32(10).bytes(message.columns);
+    }
+    if (message.rows !== 0) {
+      writer.uint32(16).int64(message.rows);
+    }
+    if (message.minAtMs !== 0) {
+      writer.uint32(24).int64(message.minAtMs);
+    }
+    if (message.maxAtMs !== 0) {
+      writer.uint32(32).int64(message.maxAtMs);
+    }
+    for (const v of message.keys) {
+      LogBlockKey.encode(v!, writer.uint32(42).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LogBlock {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLogBlock();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.columns = Buffer.from(reader.bytes());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.rows = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.minAtMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.maxAtMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.keys.push(LogBlockKey.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): LogBlock {
+    return {
+      columns: isSet(object.columns) ? Buffer.from(bytesFromBase64(object.columns)) : Buffer.alloc(0),
+      rows: isSet(object.rows) ? globalThis.Number(object.rows) : 0,
+      minAtMs: isSet(object.minAtMs)
+        ? globalThis.Number(object.minAtMs)
+        : isSet(object.min_at_ms)
+        ? globalThis.Number(object.min_at_ms)
+        : 0,
+      maxAtMs: isSet(object.maxAtMs)
+        ? globalThis.Number(object.maxAtMs)
+        : isSet(object.max_at_ms)
+        ? globalThis.Number(object.max_at_ms)
+        : 0,
+      keys: globalThis.Array.isArray(object?.keys) ? object.keys.map((e: any) => LogBlockKey.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: LogBlock): unknown {
+    const obj: any = {};
+    if (message.columns.length !== 0) {
+      obj.columns = base64FromBytes(message.columns);
+    }
+    if (message.rows !== 0) {
+      obj.rows = Math.round(message.rows);
+    }
+    if (message.minAtMs !== 0) {
+      obj.minAtMs = Math.round(message.minAtMs);
+    }
+    if (message.maxAtMs !== 0) {
+      obj.maxAtMs = Math.round(message.maxAtMs);
+    }
+    if (message.keys?.length) {
+      obj.keys = message.keys.map((e) => LogBlockKey.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<LogBlock>, I>>(base?: I): LogBlock {
+    return LogBlock.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<LogBlock>, I>>(object: I): LogBlock {
+    const message = createBaseLogBlock();
+    message.columns = object.columns ?? Buffer.alloc(0);
+    message.rows = object.rows ?? 0;
+    message.minAtMs = object.minAtMs ?? 0;
+    message.maxAtMs = object.maxAtMs ?? 0;
+    message.keys = object.keys?.map((e) => LogBlockKey.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseLogBlockKey(): LogBlockKey {
+  return { keyId: "", projectId: "", orgId: "", minAtMs: 0, maxAtMs: 0, rows: 0 };
+}
+
+export const LogBlockKey: MessageFns<LogBlockKey> = {
+  encode(message: LogBlockKey, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(18).string(message.projectId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(26).string(message.orgId);
+    }
+    if (message.minAtMs !== 0) {
+      writer.uint32(32).int64(message.minAtMs);
+    }
+    if (message.maxAtMs !== 0) {
+      writer.uint32(40).int64(message.maxAtMs);
+    }
+    if (message.rows !== 0) {
+      writer.uint32(48).int64(message.rows);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LogBlockKey {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLogBlockKey();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.minAtMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.maxAtMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.rows = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): LogBlockKey {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      minAtMs: isSet(object.minAtMs)
+        ? globalThis.Number(object.minAtMs)
+        : isSet(object.min_at_ms)
+        ? globalThis.Number(object.min_at_ms)
+        : 0,
+      maxAtMs: isSet(object.maxAtMs)
+        ? globalThis.Number(object.maxAtMs)
+        : isSet(object.max_at_ms)
+        ? globalThis.Number(object.max_at_ms)
+        : 0,
+      rows: isSet(object.rows) ? globalThis.Number(object.rows) : 0,
+    };
+  },
+
+  toJSON(message: LogBlockKey): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.minAtMs !== 0) {
+      obj.minAtMs = Math.round(message.minAtMs);
+    }
+    if (message.maxAtMs !== 0) {
+      obj.maxAtMs = Math.round(message.maxAtMs);
+    }
+    if (message.rows !== 0) {
+      obj.rows = Math.round(message.rows);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<LogBlockKey>, I>>(base?: I): LogBlockKey {
+    return LogBlockKey.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<LogBlockKey>, I>>(object: I): LogBlockKey {
+    const message = createBaseLogBlockKey();
+    message.keyId = object.keyId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.orgId = object.orgId ?? "";
+    message.minAtMs = object.minAtMs ?? 0;
+    message.maxAtMs = object.maxAtMs ?? 0;
+    message.rows = object.rows ?? 0;
     return message;
   },
 };
@@ -7130,6 +7784,14 @@ export const SyncServiceClient = makeGenericClientConstructor(
   service: typeof SyncServiceService;
   serviceName: string;
 };
+
+function bytesFromBase64(b64: string): Uint8Array {
+  return Uint8Array.from(globalThis.Buffer.from(b64, "base64"));
+}
+
+function base64FromBytes(arr: Uint8Array): string {
+  return globalThis.Buffer.from(arr).toString("base64");
+}
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
 
