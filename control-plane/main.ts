@@ -31,7 +31,14 @@ async function main(): Promise<void> {
   await logs.applyRetention();
   const sync = new SyncService(state, new ReportIngest(state, logs), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
   const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs });
-  setFleetSource({ connectedCount: () => sync.connectedCount(), liveNodes: () => sync.liveNodes(), currentVersion: () => state.snapshots.version });
+  setFleetSource({
+    connectedCount: () => sync.connectedCount(),
+    liveNodes: () => sync.liveNodes(),
+    currentVersion: () => state.snapshots.version,
+    get ingestBacklog() {
+      return sync.ingestBacklog;
+    },
+  });
   const health = new HealthState();
 
   const server = new Server({

@@ -52,6 +52,8 @@ export interface FleetSource {
   connectedCount(): number;
   liveNodes(): Array<{ id: string; ackedVersion: number }>;
   currentVersion(): number;
+  /** Reports read from node streams and not yet written. */
+  ingestBacklog: number;
 }
 
 let fleet: FleetSource | null = null;
@@ -85,6 +87,14 @@ new Gauge({
   registers: [registry],
   collect() {
     this.set(fleet?.connectedCount() ?? 0);
+  },
+});
+new Gauge({
+  name: 'tollgate_cp_ingest_backlog_reports',
+  help: 'Reports read from node streams and not yet written (bounded: a node whose reports wait is not read from).',
+  registers: [registry],
+  collect() {
+    this.set(fleet?.ingestBacklog ?? 0);
   },
 });
 new Gauge({

@@ -113,8 +113,12 @@ export class SqliteLogStore implements LogStore {
     const added: string[] = [];
     try {
       return await this.db.tx(async (tx) => {
-        const cur = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
-        if (cur && seq <= cur.last_seq) return { duplicate: true, written: 0 };
+        const moved = await tx.runPrepared(
+          `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
+           ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq WHERE excluded.last_seq > log_cursors.last_seq`,
+          [source.nodeId, source.instanceId, seq],
+        );
+        if (moved.changes === 0) return { duplicate: true, written: 0 };
         let written = 0;
         for (const b of kept) {
           const day = dayOf(b.minAtMs);
@@ -122,10 +126,6 @@ export class SqliteLogStore implements LogStore {
           await this.insertBlock(tx, day, source.nodeId, b);
           written += b.rows;
         }
-        await tx.runPrepared(
-          'INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?) ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq',
-          [source.nodeId, source.instanceId, seq],
-        );
         return { duplicate: false, written };
       });
     } catch (err) {

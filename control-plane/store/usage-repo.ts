@@ -13,17 +13,18 @@ export interface UsageMinute {
   costMicros: number;
 }
 
-export async function reportCursor(q: Queryable, nodeId: string, instanceId: string): Promise<number> {
-  const row = await q.get<{ last_seq: number }>('SELECT last_seq FROM report_cursors WHERE node_id = ? AND instance_id = ?', [nodeId, instanceId]);
-  return row?.last_seq ?? 0;
-}
-
-export async function setReportCursor(q: Queryable, nodeId: string, instanceId: string, seq: number, at: string): Promise<void> {
-  await q.run(
+/**
+ * Moves a node instance's report cursor to `seq` if `seq` is past it, in one statement; false when it
+ * is not (the report is a replay).
+ */
+export async function advanceReportCursor(q: Queryable, nodeId: string, instanceId: string, seq: number, at: string): Promise<boolean> {
+  const r = await q.runPrepared(
     `INSERT INTO report_cursors (node_id, instance_id, last_seq, updated_at) VALUES (?, ?, ?, ?)
-     ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at`,
+     ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at
+     WHERE excluded.last_seq > report_cursors.last_seq`,
     [nodeId, instanceId, seq, at],
   );
+  return r.changes === 1;
 }
 
 /** Rows per multi-row upsert (9 parameters each: well under SQLite's bound-parameter limit). */

@@ -1,8 +1,9 @@
 // Reports from nodes, written exactly once. A report carries usage summed per key, model, minute and
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
-// usage and money go to the state database in one transaction: the minutes by multi-row upserts, spend
-// added once per organisation and month, last_used_at by one statement, the report's cursor moved. So
+// usage and money go to the state database in one transaction: the report's cursor moved (or the
+// report found a replay) by one statement, the minutes by multi-row upserts, spend added once per
+// organisation and month, last_used_at by one statement. So
 // the work per report grows with the keys in it, not with its requests. A report at or below a cursor
 // is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
 // node sending the report again. Reports of older nodes (one UsageRecord per call, one LogColumns) are
@@ -14,7 +15,7 @@ import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/
 import type { ControlState } from '../control-state.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
-import { addSpend, addUsageMinutes, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
+import { addSpend, addUsageMinutes, advanceReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -59,9 +60,8 @@ export class ReportIngest {
     onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void,
   ): Promise<Omit<IngestResult, 'logs'>> {
     return this.state.db.tx(async (tx) => {
-      const last = await reportCursor(tx, src.nodeId, src.instanceId);
-      if (report.seq <= last) return { duplicate: true, inserted: 0 };
       const now = this.state.now();
+      if (!(await advanceReportCursor(tx, src.nodeId, src.instanceId, report.seq, new Date(now).toISOString()))) return { duplicate: true, inserted: 0 };
       const minutes = new Map<string, UsageMinute>();
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
@@ -114,7 +114,6 @@ export class ReportIngest {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
       await touchLastUsedMany(tx, [...lastUsed].map(([keyId, atMs]) => [keyId, new Date(atMs).toISOString()]));
-      await setReportCursor(tx, src.nodeId, src.instanceId, report.seq, new Date(now).toISOString());
       if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       return { duplicate: false, inserted: calls };

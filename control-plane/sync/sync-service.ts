@@ -185,6 +185,11 @@ export class SyncService implements NodeFleet {
       this.fail(call, status.UNAUTHENTICATED, 'missing or invalid node token');
       return;
     }
+    // A paused stream would still read ahead up to its highWaterMark (16 messages in object mode;
+    // grpc-js takes no option for it): one message read ahead keeps a paused node's reports in memory
+    // bounded by two reports, the rest held back by HTTP/2 flow control on the node.
+    const readable = (call as unknown as { _readableState?: { highWaterMark: number } })._readableState;
+    if (readable && typeof readable.highWaterMark === 'number') readable.highWaterMark = 1;
     let session: NodeSession | null = null;
     let failed = false;
     const endCall = () => {

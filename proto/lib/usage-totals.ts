@@ -26,6 +26,11 @@ export class UsageTotals {
     this.calls++;
   }
 
+  /** Totals kept (one per key, model, minute and lease epoch). */
+  get size(): number {
+    return this.byId.size;
+  }
+
   totals(): UsageTotal[] {
     return [...this.byId.values()];
   }

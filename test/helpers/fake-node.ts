@@ -29,6 +29,12 @@ export interface FakeNode {
   release(opts?: { keepHolding?: boolean }): void;
   /** Set when the stream ended or failed (e.g. the control plane was killed). */
   streamError(): Error | undefined;
+  /** Writes a message as is; false when the stream's buffer is full (the control plane is not reading). */
+  write(msg: NodeMessage): boolean;
+  /** Resolves when the stream can take more (after write returned false). */
+  drained(): Promise<void>;
+  /** The seq of every ReportAck received, in order. */
+  reportAcks: number[];
   close(): void;
 }
 
@@ -54,6 +60,7 @@ export async function startFakeNode(
   md.set('authorization', `Bearer ${cp.secrets.nodeToken}`);
   const stream: ClientDuplexStream<NodeMessage, ControlMessage> = client.connect(md);
   const deltas: Delta[] = [];
+  const reportAcks: number[] = [];
   const held: number[] = [];
   const waiters = new Set<() => void>();
   let failure: Error | undefined;
@@ -82,7 +89,11 @@ export async function startFakeNode(
       else send({ ack: { version: msg.delta.toVersion } });
       notify();
     }
-    // Report acks and lease grants are not part of what this fake node plays.
+    if (msg.reportAck) {
+      reportAcks.push(msg.reportAck.seq);
+      notify();
+    }
+    // Lease grants are not part of what this fake node plays.
   });
   stream.on('error', (err: Error) => {
     failure = err;
@@ -119,6 +130,9 @@ export async function startFakeNode(
     snapshot,
     deltas,
     heldAcks: () => [...held],
+    reportAcks,
+    write: (msg) => stream.write(msg),
+    drained: () => new Promise<void>((resolve) => stream.once('drain', () => resolve())),
     waitForDelta(match, waitMs = 15_000) {
       return new Promise<Delta>((resolve, reject) => {
         const check = () => {
