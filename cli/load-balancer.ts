@@ -145,6 +145,11 @@ export async function startLoadBalancer(opts: { listen: string; backends: string
   const server = createServer((req, res) => proxy(req, res, new Set()));
   server.on('upgrade', (req: IncomingMessage, socket: Socket, head: Buffer) => tunnel(req, socket, head, new Set()));
   server.on('clientError', (_err, socket: Socket) => socket.destroy());
+  // Node closes idle keep-alive connections after 5 s, about when clients (undici: 4 s) stop reusing
+  // them: on a busy machine a request can go out on a connection the balancer is closing ("other side
+  // closed"). Idle connections stay open a minute, like nginx's default; clients close them first.
+  server.keepAliveTimeout = 65_000;
+  server.headersTimeout = 66_000;
 
   const i = opts.listen.lastIndexOf(':');
   const host = opts.listen.slice(0, i).replace(/^\[(.*)\]$/, '$1');
