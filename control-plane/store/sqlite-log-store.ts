@@ -11,7 +11,7 @@
 // with its cursor (log_cursors) in one transaction, which makes a replay a no-op.
 import { LogColumns, type LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
 import { LogBlocksBuilder, matchLogColumns, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
-import { Db, type Param, type Queryable } from './db.js';
+import { Db, type Param, type Queryable, type Tx } from './db.js';
 import type { LogFilter, LogPage, LogSource, LogStore, StoredLog } from './log-store.js';
 
 const DAY_MS = 86_400_000;
@@ -110,26 +110,29 @@ export class SqliteLogStore implements LogStore {
   async writeBlocks(source: LogSource, seq: number, blocks: readonly LogBlock[]): Promise<{ duplicate: boolean; written: number }> {
     const oldest = this.oldestKeptDay();
     const kept = blocks.filter((b) => b.rows > 0 && b.columns.length > 0 && dayOf(b.minAtMs) >= oldest);
-    const added: string[] = [];
+    return this.inTx([], async (tx, added) => {
+      const moved = await tx.runPrepared(
+        `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
+         ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq WHERE excluded.last_seq > log_cursors.last_seq`,
+        [source.nodeId, source.instanceId, seq],
+      );
+      if (moved.changes === 0) return { duplicate: true, written: 0 };
+      let written = 0;
+      for (const b of kept) {
+        const day = dayOf(b.minAtMs);
+        await this.ensureDay(tx, day, added);
+        await this.insertBlock(tx, day, source.nodeId, b);
+        written += b.rows;
+      }
+      return { duplicate: false, written };
+    });
+  }
+
+  /** A transaction that may create day tables: if it rolls back, the tables it made do not exist. */
+  private async inTx<T>(added: string[], work: (tx: Tx, added: string[]) => Promise<T>): Promise<T> {
     try {
-      return await this.db.tx(async (tx) => {
-        const moved = await tx.runPrepared(
-          `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
-           ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq WHERE excluded.last_seq > log_cursors.last_seq`,
-          [source.nodeId, source.instanceId, seq],
-        );
-        if (moved.changes === 0) return { duplicate: true, written: 0 };
-        let written = 0;
-        for (const b of kept) {
-          const day = dayOf(b.minAtMs);
-          await this.ensureDay(tx, day, added);
-          await this.insertBlock(tx, day, source.nodeId, b);
-          written += b.rows;
-        }
-        return { duplicate: false, written };
-      });
+      return await this.db.tx((tx) => work(tx, added));
     } catch (err) {
-      // Created inside the transaction that rolled back: they do not exist.
       for (const d of added) this.days.delete(d);
       throw err;
     }
@@ -268,31 +271,40 @@ export class SqliteLogStore implements LogStore {
     return this.db.close();
   }
 
-  /** A day table of row-per-request logs (earlier versions) becomes blocks, in one transaction. */
+  /**
+   * A day table of row-per-request logs (earlier versions) becomes blocks, in one transaction, read
+   * 20,000 rows at a time so a large table never sits in memory whole.
+   */
   private async convertOldDay(day: string): Promise<void> {
-    const rows = await this.db.all<Record<string, string | number>>(`SELECT * FROM logs_${day} ORDER BY node_id, at_ms, rowid`);
     const added: string[] = [];
-    await this.db.tx(async (tx) => {
-      let node = '';
-      let blocks = new LogBlocksBuilder();
-      const flush = async () => {
+    let converted = 0;
+    await this.inTx(added, async (tx) => {
+      const builders = new Map<string, LogBlocksBuilder>();
+      const flush = async (node: string, blocks: LogBlocksBuilder) => {
         for (const b of blocks.blocks()) {
           await this.ensureDay(tx, dayOf(b.minAtMs), added);
           await this.insertBlock(tx, dayOf(b.minAtMs), node, b);
         }
-        blocks = new LogBlocksBuilder();
+        builders.delete(node);
       };
-      for (const r of rows) {
-        if (String(r.node_id) !== node || blocks.rows >= 2000) {
-          await flush();
-          node = String(r.node_id);
+      let after = 0;
+      for (;;) {
+        const rows = await tx.all<Record<string, string | number> & { rid: number }>(`SELECT rowid AS rid, * FROM logs_${day} WHERE rowid > ? ORDER BY rowid LIMIT 20000`, [after]);
+        if (rows.length === 0) break;
+        for (const r of rows) {
+          const node = String(r.node_id);
+          let blocks = builders.get(node);
+          if (!blocks) builders.set(node, (blocks = new LogBlocksBuilder()));
+          blocks.add(oldRow(r));
+          if (blocks.rows >= 2000) await flush(node, blocks);
         }
-        blocks.add(oldRow(r));
+        after = rows[rows.length - 1].rid;
+        converted += rows.length;
       }
-      await flush();
+      for (const [node, blocks] of [...builders]) await flush(node, blocks);
       await tx.exec(`DROP TABLE logs_${day}`);
     });
-    this.opts.log?.(`request logs: ${rows.length} rows of ${day} converted to blocks`);
+    this.opts.log?.(`request logs: ${converted} rows of ${day} converted to blocks`);
   }
 }
 
