@@ -251,7 +251,10 @@ async function partJournal(): Promise<void> {
   const { cp, auth } = await benchCluster();
   const node = await startDataPlane(cp, { extraArgs: ['--data-dir', tempDir('tollgate-bench-node-')] });
   await load(node.url, auth, body, 2000, CONNECTIONS);
-  await cp.proc.kill('SIGKILL');
+  // BENCH_JOURNAL_CONNECTED=1: the same load with the control plane up, for comparison (what the
+  // node's garbage collection alone does to its RSS).
+  const outage = !process.env.BENCH_JOURNAL_CONNECTED;
+  if (outage) await cp.proc.kill('SIGKILL');
   const pid = node.proc.child.pid!;
   const samples: number[] = [];
   let ok = 0;
@@ -265,7 +268,11 @@ async function partJournal(): Promise<void> {
   // The load sends each request from a new X-Forwarded-For address, and the edge keeps each address's
   // 60 s window: that state fills during the first minute whatever the journal does.
   const settled = samples.slice(12);
-  console.log(`journal: ${durationMs / 1000} s of control-plane outage, ${ok} requests journaled by one node (the issue asks for 5 minutes: BENCH_JOURNAL_MS=300000)`);
+  console.log(
+    outage
+      ? `journal: ${durationMs / 1000} s of control-plane outage, ${ok} requests journaled by one node (the issue asks for 5 minutes: BENCH_JOURNAL_MS=300000)`
+      : `journal (control plane connected, for comparison): ${durationMs / 1000} s, ${ok} requests`,
+  );
   console.log(`  node RSS every 5 s (MiB): ${samples.map((s) => s.toFixed(0)).join(' ')}; range ${(Math.max(...samples) - Math.min(...samples)).toFixed(0)} MiB, last − first ${(samples[samples.length - 1] - first).toFixed(0)} MiB`);
   if (settled.length > 1) console.log(`  after the first minute (edge windows of the per-request client addresses filled): range ${(Math.max(...settled) - Math.min(...settled)).toFixed(0)} MiB (target ±30)`);
   await stopAll();
