@@ -9,8 +9,9 @@
 // The leak question ("who used this key between T1 and T2") reads the key's index entries in the
 // window, newest first, and decodes only those blocks, until a page is full. A report's blocks go in
 // with its cursor (log_cursors) in one transaction, which makes a replay a no-op.
-import { LogColumns, type LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
-import { LogBlocksBuilder, matchLogColumns, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
+import type { LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
+import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
+import { LogBlocksBuilder, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
 import { Db, type Param, type Queryable, type Tx } from './db.js';
 import type { LogFilter, LogPage, LogSource, LogStore, StoredLog } from './log-store.js';
 
@@ -209,14 +210,14 @@ export class SqliteLogStore implements LogStore {
         chunk.map((c) => c.block),
       );
       for (const b of blocks) {
-        let cols: LogColumns;
+        let matched: { i: number; row: LogRow }[];
         try {
-          cols = LogColumns.decode(b.columns);
+          matched = scanLogBlock(b.columns, f);
         } catch {
           this.opts.log?.(`request logs: block ${b.id} of ${day} cannot be decoded; skipped`);
           continue;
         }
-        for (const { i, row } of matchLogColumns(cols, f)) {
+        for (const { i, row } of matched) {
           const p = { atMs: row.atMs, block: b.id, i, row: { ...row, nodeId: b.node_id } };
           if (!cursor || before(cursor, p)) found.push(p);
         }

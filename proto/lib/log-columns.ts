@@ -196,10 +196,10 @@ export function matchLogColumns(c: LogColumns, filter: LogRowFilter): { i: numbe
   if (key === null || project === null || org === null || ip === null) return out;
   const since = filter.sinceMs ?? -Infinity;
   const until = filter.untilMs ?? Infinity;
-  const n = c.requestId.length;
+  const n = wholeRows(c);
   let at = 0;
   for (let i = 0; i < n; i++) {
-    at += c.atMsDelta[i] ?? 0;
+    at += c.atMsDelta[i];
     if (
       (key !== undefined && c.keyId[i] !== key) ||
       (project !== undefined && c.projectId[i] !== project) ||
@@ -262,11 +262,16 @@ function rowAt(c: LogColumns, i: number, at: number): LogRow | null {
  * The rows of a LogColumns. A malformed message (columns of different lengths, an index out of the
  * string table) yields the rows that are whole and says how many were not.
  */
+/** Rows every column has a value for (a malformed message may have short columns). */
+function wholeRows(c: LogColumns): number {
+  const cols = [c.atMsDelta, c.keyId, c.projectId, c.orgId, c.clientIp, c.userAgent, c.method, c.path, c.status, c.latencyUs, c.bytesIn, c.bytesOut, c.model, c.promptTokens, c.completionTokens, c.costMicros, c.reason, c.keyPrefix];
+  return Math.min(c.requestId.length, ...cols.map((x) => x.length));
+}
+
 export function decodeLogColumns(c: LogColumns | undefined): { rows: LogRow[]; malformed: number } {
   if (!c) return { rows: [], malformed: 0 };
   const n = c.requestId.length;
-  const cols = [c.atMsDelta, c.keyId, c.projectId, c.orgId, c.clientIp, c.userAgent, c.method, c.path, c.status, c.latencyUs, c.bytesIn, c.bytesOut, c.model, c.promptTokens, c.completionTokens, c.costMicros, c.reason, c.keyPrefix];
-  const whole = Math.min(n, ...cols.map((x) => x.length));
+  const whole = wholeRows(c);
   const rows: LogRow[] = [];
   let malformed = n - whole;
   let at = 0;

@@ -1,10 +1,13 @@
 // Request-log batches: rows survive the columnar encoding exactly, values no report could carry
-// (1.5 tokens, "12", NaN, 1e30, negatives) are made safe integers so a report always encodes, and
-// the upstream boundary (cleanCount) turns what an upstream reports into a safe count.
+// (1.5 tokens, "12", NaN, 1e30, negatives) are made safe integers so a report always encodes, the
+// upstream boundary (cleanCount) turns what an upstream reports into a safe count, and the block
+// reader of queries answers exactly what a full decode answers.
 import assert from 'node:assert/strict';
 import test from 'node:test';
-import { Report } from '../../proto/gen/tollgate/v1/sync.js';
-import { clampCount, decodeLogColumns, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import fc from 'fast-check';
+import { LogColumns, Report } from '../../proto/gen/tollgate/v1/sync.js';
+import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
+import { clampCount, decodeLogColumns, emptyColumns, LogColumnsBuilder, matchLogColumns, type LogRow } from '../../proto/lib/log-columns.js';
 import { cleanCount, MAX_TOKENS_PER_REQUEST } from '../../data-plane/http/request-context.js';
 
 function row(i: number, over: Partial<LogRow> = {}): LogRow {
@@ -71,4 +74,70 @@ test('a malformed LogColumns (short column, index out of the table) yields only 
 test('cleanCount at the upstream boundary: fractions round up, numeric strings are read, the rest is 0, huge values are clamped', () => {
   const cases: Array<[unknown, number]> = [[1.5, 2], ['12', 12], [NaN, 0], [1e30, MAX_TOKENS_PER_REQUEST], [-4, 0], ['abc', 0], [null, 0], [42, 42]];
   for (const [v, want] of cases) assert.equal(cleanCount(v, 'usage.prompt_tokens', 'test'), want, `cleanCount(${String(v)})`);
+});
+
+// The block reader a query uses (log-block-scan.ts) reads only what a filter needs; for any rows and any
+// filter it must answer exactly what the generated decoder and matchLogColumns answer.
+test('scanLogBlock answers what a full decode answers, for any rows and any filter (property, fixed seed)', () => {
+  const text = fc.constantFrom('', 'key_a', 'key_b', 'proj_1', 'org_1', '10.0.0.1', '2001:db8::1', 'héllo ☃', 'x'.repeat(300));
+  const num = fc.oneof(fc.integer({ min: 0, max: 2000 }), fc.constantFrom(1.5, -3, NaN, 1e30, Number.MAX_SAFE_INTEGER, 2 ** 40));
+  const rowArb = fc.record({
+    requestId: fc.string({ minLength: 1, maxLength: 12 }),
+    atMs: fc.integer({ min: 1_700_000_000_000, max: 1_700_000_100_000 }),
+    keyId: text, projectId: text, orgId: text, clientIp: text, userAgent: text, method: fc.constantFrom('GET', 'POST'), path: text,
+    status: fc.constantFrom(200, 401, 429, 499), latencyUs: num, bytesIn: num, bytesOut: num, model: text,
+    promptTokens: num, completionTokens: num, costMicros: num, reason: text, keyPrefix: text,
+  });
+  // Filters mostly built from a row's own values (so rows match and the filter's every part matters),
+  // sometimes from values no row has.
+  const caseArb = fc.array(rowArb, { minLength: 1, maxLength: 60 }).chain((rows) =>
+    fc.tuple(
+      fc.constant(rows),
+      fc.record({
+        from: fc.nat(rows.length - 1),
+        fields: fc.subarray(['keyId', 'projectId', 'orgId', 'clientIp', 'status'] as const),
+        foreign: fc.option(text, { nil: undefined }),
+        since: fc.option(fc.integer({ min: 1_700_000_000_000, max: 1_700_000_100_000 }), { nil: undefined }),
+        until: fc.option(fc.integer({ min: 1_700_000_000_000, max: 1_700_000_100_001 }), { nil: undefined }),
+      }),
+    ),
+  );
+  let matchedSome = 0;
+  fc.assert(
+    fc.property(caseArb, ([rows, f]) => {
+      const b = new LogColumnsBuilder();
+      for (const r of rows) b.add(r as LogRow);
+      const bytes = LogColumns.encode(b.cols).finish();
+      const src = rows[f.from] as Record<string, unknown>;
+      const filter: Record<string, unknown> = { sinceMs: f.since, untilMs: f.until };
+      for (const k of f.fields) filter[k] = src[k];
+      if (f.foreign !== undefined && f.fields.length > 0) filter[f.fields[0]] = f.fields[0] === 'status' ? 500 : f.foreign;
+      for (const k of Object.keys(filter)) if (filter[k] === undefined) delete filter[k];
+      const want = matchLogColumns(LogColumns.decode(bytes), filter);
+      if (want.length > 0 && want.length < rows.length) matchedSome++;
+      assert.deepEqual(scanLogBlock(bytes, filter), want);
+    }),
+    { seed: 20261123, numRuns: 300 },
+  );
+  assert.ok(matchedSome > 30, `filters that select some rows but not all: ${matchedSome} of 300`);
+});
+
+test('scanLogBlock on a truncated or unexpected block answers like the decoder, or throws as the decoder does', () => {
+  const b = new LogColumnsBuilder();
+  for (let i = 0; i < 20; i++) b.add(row(i));
+  const bytes = LogColumns.encode(b.cols).finish();
+  for (const cut of [1, 7, 50, bytes.length - 3]) {
+    const part = bytes.subarray(0, cut);
+    let want: unknown;
+    try {
+      want = matchLogColumns(LogColumns.decode(part), {});
+    } catch (err) {
+      want = err;
+    }
+    if (want instanceof Error) assert.throws(() => scanLogBlock(part, {}));
+    else assert.deepEqual(scanLogBlock(part, {}), want);
+  }
+  // A column in two parts (valid protobuf; never written by a node) is read by the decoder instead.
+  const split = Buffer.concat([bytes, LogColumns.encode({ ...emptyColumns(), status: [201] }).finish()]);
+  assert.deepEqual(scanLogBlock(split, {}), matchLogColumns(LogColumns.decode(split), {}));
 });
