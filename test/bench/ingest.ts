@@ -10,6 +10,7 @@ import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
+import { Db } from '../../control-plane/store/db.js';
 import { SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
 import { cpus } from 'node:os';
 import { ConsoleClient } from '../../cli/console-client.js';
@@ -205,26 +206,40 @@ async function partIngest(): Promise<void> {
 async function partQuery(): Promise<void> {
   const total = Number(process.env.BENCH_QUERY_ROWS ?? 10_000_000);
   const days = 10;
-  let cp = await startControlPlane();
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const k = await createKey(admin);
-  admin.close();
-  await cp.proc.kill('SIGTERM');
+  // BENCH_QUERY_DIR: a control plane's folder a previous run filled (its logs.db is reused as is; the
+  // window asked about is then the eighth of its ten days).
+  const reuse = process.env.BENCH_QUERY_DIR;
+  let cp = await startControlPlane(reuse ? { dir: reuse } : {});
   const logsPath = join(cp.dir, 'logs.db');
-  const now = Date.now();
-  const store = await SqliteLogStore.open(logsPath, { retentionDays: 30, now: () => now });
-  // Filled as nodes fill it, in 2,000-row reports: 1,000 other keys and the key asked about (one row
-  // in about 1,000), spread evenly over ten days.
-  const perDay = Math.floor(total / days);
-  const t0 = Date.now();
-  const keys = [...Array.from({ length: 1000 }, (_, i) => `key_other${i}`), k.keyId];
-  for (let d = 0; d < days; d++) {
-    const start = now - (days - d) * DAY;
-    await fill(store, perDay, start, DAY - 1, keys, d * 1_000_000);
-    console.log(`  query: day ${d + 1} of ${days} filled (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+  let keyId: string;
+  let now = Date.now();
+  if (reuse) {
+    await cp.proc.kill('SIGTERM');
+    const raw = await Db.open(logsPath);
+    const tables = (await raw.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'logkeys_%' ORDER BY name")).map((r) => r.name);
+    keyId = (await raw.get<{ key_id: string }>(`SELECT key_id FROM ${tables[0]} WHERE key_id NOT LIKE 'key_other%' LIMIT 1`))!.key_id;
+    now = (await raw.get<{ hi: number }>(`SELECT MAX(max_at) AS hi FROM ${tables[tables.length - 1]}`))!.hi;
+    await raw.close();
+  } else {
+    const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+    keyId = (await createKey(admin)).keyId;
+    admin.close();
+    await cp.proc.kill('SIGTERM');
+    const store = await SqliteLogStore.open(logsPath, { retentionDays: 30, now: () => now });
+    // Filled as nodes fill it, in 2,000-row reports: 1,000 other keys and the key asked about (one row
+    // in about 1,000), spread evenly over ten days.
+    const perDay = Math.floor(total / days);
+    const t0 = Date.now();
+    const keys = [...Array.from({ length: 1000 }, (_, i) => `key_other${i}`), keyId];
+    for (let d = 0; d < days; d++) {
+      const start = now - (days - d) * DAY;
+      await fill(store, perDay, start, DAY - 1, keys, d * 1_000_000);
+      console.log(`  query: day ${d + 1} of ${days} filled (${((Date.now() - t0) / 1000).toFixed(0)} s)`);
+    }
+    await store.close();
+    console.log(`query: ${perDay * days} rows over ${days} days in ${cp.dir}; logs.db ${(fileBytes(logsPath) / 2 ** 30).toFixed(2)} GiB`);
   }
-  await store.close();
-  console.log(`query: ${perDay * days} rows over ${days} days; logs.db ${(fileBytes(logsPath) / 2 ** 30).toFixed(2)} GiB`);
+  const k = { keyId };
   cp = await startControlPlane({ dir: cp.dir, secrets: cp.secrets });
   const client = new ConsoleClient(cp.address, cp.secrets.operatorToken);
   const since = now - 3 * DAY;
