@@ -133,8 +133,9 @@ export class LogColumnsBuilder {
 
   /** The rows as one LogBlock: the encoded columns and their index entries. */
   block(): LogBlock {
+    const bytes = LogColumns.encode(this.cols).finish();
     return {
-      columns: Buffer.from(LogColumns.encode(this.cols).finish()),
+      columns: Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength),
       rows: this.rows,
       minAtMs: this.rows > 0 ? this.minAt : 0,
       maxAtMs: this.maxAt,
