@@ -1,6 +1,7 @@
 // `npm run bench:ingest [-- PART...]`: the usage pipeline's figures (issue 9). A script that prints
 // figures, not a test; the machine is shared, so read them as orders of magnitude. Parts (all by default):
 //   cpu      control-plane CPU µs per proxied request while a node is under load (/proc/PID/stat)
+//   report   control-plane CPU per 1,000-row report, by content (usage, logs, both, neither)
 //   ingest   request-log rows/s into logs.db (decode + one transaction per 2,000-row batch), bytes per million
 //   query    `tollgate logs --key --since --until` latency on a logs.db of BENCH_QUERY_ROWS rows (10M)
 //   journal  node RSS while the control plane is away and the node journals under load
@@ -16,6 +17,7 @@ import { cpus } from 'node:os';
 import { ConsoleClient } from '../../cli/console-client.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
+import { startFakeNode } from '../helpers/fake-node.js';
 import { runCli, startControlPlane, startDataPlane, startProcess, stopAll, tempDir } from '../helpers/processes.js';
 import { load } from './load.js';
 
@@ -293,7 +295,43 @@ async function partJournal(): Promise<void> {
   await stopAll();
 }
 
-const PARTS: Record<string, () => Promise<void>> = { cpu: partCpu, ingest: partIngest, query: partQuery, journal: partJournal };
+/**
+ * What one report costs the control plane, by content: a fake node sends 1,000-row reports one after
+ * the other (each after the previous one's ack) and the control plane's CPU is read from /proc. Its
+ * cost per second is this times the reports a node sends (about 4 a second under load), whatever the
+ * node's request rate.
+ */
+async function partReport(): Promise<void> {
+  const cp = await startControlPlane();
+  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  const k = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId: k.orgId, amountMicros: 1e12, note: '' });
+  admin.close();
+  const node = await startFakeNode(cp, { holdAcks: false });
+  const now = Date.now();
+  let seq = 0;
+  const mk = (n: number, withLogs: boolean, withUsage: boolean) => {
+    const b = new LogBlocksBuilder();
+    seq++;
+    if (withLogs) for (let i = 0; i < n; i++) b.add({ requestId: `r${seq}-${i}`, atMs: now + i, keyId: k.keyId, projectId: k.projectId, orgId: k.orgId, clientIp: `10.0.${i & 255}.${(i >> 8) & 255}`, userAgent: 'autocannon', method: 'POST', path: '/v1/chat/completions', status: 200, latencyUs: 800 + i, bytesIn: 190, bytesOut: 400, model: 'demo-chat', promptTokens: 12, completionTokens: 30, costMicros: 40, reason: '', keyPrefix: '' });
+    return { seq, usage: [], lastUsed: [{ keyId: k.keyId, atMs: now }], logs: undefined, instanceId: '', usageTotals: withUsage ? [{ keyId: k.keyId, orgId: k.orgId, projectId: k.projectId, model: 'demo-chat', minute: Math.floor(now / 60000), leaseEpoch: 0, requests: n, promptTokens: 12 * n, completionTokens: 30 * n, costMicros: 40 * n }] : [], logBlocks: withLogs ? b.blocks() : [] };
+  };
+  const pid = cp.proc.child.pid!;
+  for (const [label, logsOn, usageOn] of [['warm', true, true], ['logs+usage', true, true], ['usage only', false, true], ['logs only', true, false], ['empty', false, false]] as const) {
+    const N = 150;
+    const c0 = cpuMicros(pid);
+    for (let i = 0; i < N; i++) {
+      const r = mk(1000, logsOn, usageOn);
+      node.write({ report: r });
+      while (!node.reportAcks.includes(r.seq)) await new Promise((res) => setImmediate(res));
+    }
+    console.log(`report: ${label}: ${((cpuMicros(pid) - c0) / N).toFixed(0)} µs control-plane CPU per report of 1000 rows`);
+  }
+  node.close();
+  await stopAll();
+}
+
+const PARTS: Record<string, () => Promise<void>> = { cpu: partCpu, report: partReport, ingest: partIngest, query: partQuery, journal: partJournal };
 
 async function main(): Promise<void> {
   const wanted = process.argv.slice(2).filter((a) => a in PARTS);
