@@ -12,6 +12,12 @@ export interface LogSource {
   instanceId: string;
 }
 
+/** One report's blocks. */
+export interface LogPart {
+  seq: number;
+  blocks: readonly LogBlock[];
+}
+
 export interface LogFilter {
   keyId?: string;
   projectId?: string;
@@ -34,10 +40,11 @@ export interface LogPage {
 
 export interface LogStore {
   /**
-   * Writes one report's blocks in one transaction, exactly once: a (node, instance, seq) at or below
-   * the last one written is a replay and changes nothing. Resolves after COMMIT.
+   * Writes the blocks of one or more consecutive reports (seq ascending) in one transaction, exactly
+   * once: a report whose (node, instance, seq) is at or below the last one written is a replay and
+   * changes nothing. Resolves after COMMIT.
    */
-  writeBlocks(source: LogSource, seq: number, blocks: readonly LogBlock[]): Promise<{ duplicate: boolean; written: number }>;
+  writeBlocks(source: LogSource, parts: readonly LogPart[]): Promise<{ duplicate: boolean; written: number }>;
   /** Whether a page token has the form this store gives (a token is never trusted beyond that). */
   isPageToken(token: string): boolean;
   /** Newest first; `pageToken` from the previous page's `next`. */

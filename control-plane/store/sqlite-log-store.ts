@@ -13,7 +13,7 @@ import type { LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
 import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
 import { LogBlocksBuilder, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
 import { Db, type Param, type Queryable, type Tx } from './db.js';
-import type { LogFilter, LogPage, LogSource, LogStore, StoredLog } from './log-store.js';
+import type { LogFilter, LogPage, LogPart, LogSource, LogStore, StoredLog } from './log-store.js';
 
 const DAY_MS = 86_400_000;
 /** Index entries per multi-row INSERT (7 columns each: well under SQLite's bound-parameter limit). */
@@ -108,22 +108,35 @@ export class SqliteLogStore implements LogStore {
     this.days.add(day);
   }
 
-  async writeBlocks(source: LogSource, seq: number, blocks: readonly LogBlock[]): Promise<{ duplicate: boolean; written: number }> {
+  async writeBlocks(source: LogSource, parts: readonly LogPart[]): Promise<{ duplicate: boolean; written: number }> {
+    if (parts.length === 0) return { duplicate: true, written: 0 };
     const oldest = this.oldestKeptDay();
-    const kept = blocks.filter((b) => b.rows > 0 && b.columns.length > 0 && dayOf(b.minAtMs) >= oldest);
+    const first = parts[0].seq;
+    const last = parts[parts.length - 1].seq;
     return this.inTx([], async (tx, added) => {
+      // Normally all are new: one statement moves the cursor. Else only those past it are written.
+      let fresh = parts;
       const moved = await tx.runPrepared(
         `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
-         ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq WHERE excluded.last_seq > log_cursors.last_seq`,
-        [source.nodeId, source.instanceId, seq],
+         ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq WHERE log_cursors.last_seq < ?`,
+        [source.nodeId, source.instanceId, last, first],
       );
-      if (moved.changes === 0) return { duplicate: true, written: 0 };
+      if (moved.changes === 0) {
+        const cur = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
+        const cursor = cur?.last_seq ?? 0;
+        fresh = parts.filter((p) => p.seq > cursor);
+        if (fresh.length === 0) return { duplicate: true, written: 0 };
+        await tx.run('UPDATE log_cursors SET last_seq = ? WHERE node_id = ? AND instance_id = ?', [last, source.nodeId, source.instanceId]);
+      }
       let written = 0;
-      for (const b of kept) {
-        const day = dayOf(b.minAtMs);
-        await this.ensureDay(tx, day, added);
-        await this.insertBlock(tx, day, source.nodeId, b);
-        written += b.rows;
+      for (const part of fresh) {
+        for (const b of part.blocks) {
+          if (b.rows <= 0 || b.columns.length === 0 || dayOf(b.minAtMs) < oldest) continue;
+          const day = dayOf(b.minAtMs);
+          await this.ensureDay(tx, day, added);
+          await this.insertBlock(tx, day, source.nodeId, b);
+          written += b.rows;
+        }
       }
       return { duplicate: false, written };
     });

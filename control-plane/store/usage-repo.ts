@@ -14,17 +14,31 @@ export interface UsageMinute {
 }
 
 /**
- * Moves a node instance's report cursor to `seq` if `seq` is past it, in one statement; false when it
- * is not (the report is a replay).
+ * Moves a node instance's report cursor to `lastSeq` if it is below `firstSeq`, in one statement:
+ * true when it moved (every report from firstSeq to lastSeq is new). False when some or all of them
+ * are replays: the caller reads the cursor and takes only the reports past it.
  */
-export async function advanceReportCursor(q: Queryable, nodeId: string, instanceId: string, seq: number, at: string): Promise<boolean> {
+export async function advanceReportCursor(q: Queryable, nodeId: string, instanceId: string, firstSeq: number, lastSeq: number, at: string): Promise<boolean> {
   const r = await q.runPrepared(
     `INSERT INTO report_cursors (node_id, instance_id, last_seq, updated_at) VALUES (?, ?, ?, ?)
      ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at
-     WHERE excluded.last_seq > report_cursors.last_seq`,
-    [nodeId, instanceId, seq, at],
+     WHERE report_cursors.last_seq < ?`,
+    [nodeId, instanceId, lastSeq, at, firstSeq],
   );
   return r.changes === 1;
+}
+
+export async function reportCursor(q: Queryable, nodeId: string, instanceId: string): Promise<number> {
+  const row = await q.get<{ last_seq: number }>('SELECT last_seq FROM report_cursors WHERE node_id = ? AND instance_id = ?', [nodeId, instanceId]);
+  return row?.last_seq ?? 0;
+}
+
+export async function setReportCursor(q: Queryable, nodeId: string, instanceId: string, seq: number, at: string): Promise<void> {
+  await q.run(
+    `INSERT INTO report_cursors (node_id, instance_id, last_seq, updated_at) VALUES (?, ?, ?, ?)
+     ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = MAX(last_seq, excluded.last_seq), updated_at = excluded.updated_at`,
+    [nodeId, instanceId, seq, at],
+  );
 }
 
 /** Rows per multi-row upsert (9 parameters each: well under SQLite's bound-parameter limit). */

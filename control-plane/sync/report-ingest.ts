@@ -15,7 +15,7 @@ import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/
 import type { ControlState } from '../control-state.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
-import { addSpend, addUsageMinutes, advanceReportCursor, type UsageMinute } from '../store/usage-repo.js';
+import { addSpend, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -40,28 +40,46 @@ export class ReportIngest {
    * `onSpend` runs right after COMMIT for each organisation's cost in this report, per lease epoch
    * the costs were reserved under (money leases).
    */
-  async ingest(source: ReportSource, report: Report, onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
+  ingest(source: ReportSource, report: Report, onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
+    return this.ingestMany(source, [report], onSpend);
+  }
+
+  /**
+   * Consecutive reports of one node instance (seq ascending), written together: one transaction per
+   * store for all of them. Reports at or below a store's cursor are replays and skipped there.
+   */
+  async ingestMany(source: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
+    if (reports.length === 0) return { duplicate: true, inserted: 0, logs: 0 };
+    for (let i = 1; i < reports.length; i++) {
+      if (reports[i].seq <= reports[i - 1].seq || reports[i].instanceId !== reports[0].instanceId) throw new Error('reports sent together must be consecutive reports of one instance');
+    }
     // A node replaying its journal after a restart sends reports numbered by its former instance.
-    const src = { nodeId: source.nodeId, instanceId: report.instanceId || source.instanceId };
+    const src = { nodeId: source.nodeId, instanceId: reports[0].instanceId || source.instanceId };
     let logs = 0;
     if (this.logs) {
-      const blocks = report.logs ? [...report.logBlocks, ...blocksOfColumns(report)] : report.logBlocks;
-      if (blocks.length > 0) logs = (await this.logs.writeBlocks(src, report.seq, blocks)).written;
+      const parts = reports.map((r) => ({ seq: r.seq, blocks: r.logs ? [...r.logBlocks, ...blocksOfColumns(r)] : r.logBlocks })).filter((p) => p.blocks.length > 0);
+      if (parts.length > 0) logs = (await this.logs.writeBlocks(src, parts)).written;
     }
-    const totals = report.usage.length > 0 ? [...report.usageTotals, ...totalsOfRecords(report.usage, this.state.now())] : report.usageTotals;
-    const r = await this.writeUsage(src, report, totals, onSpend);
+    const r = await this.writeUsage(src, reports, onSpend);
     return { ...r, logs };
   }
 
-  private writeUsage(
-    src: ReportSource,
-    report: Report,
-    totals: readonly UsageTotal[],
-    onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void,
-  ): Promise<Omit<IngestResult, 'logs'>> {
+  private writeUsage(src: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<Omit<IngestResult, 'logs'>> {
     return this.state.db.tx(async (tx) => {
       const now = this.state.now();
-      if (!(await advanceReportCursor(tx, src.nodeId, src.instanceId, report.seq, new Date(now).toISOString()))) return { duplicate: true, inserted: 0 };
+      const at = new Date(now).toISOString();
+      const first = reports[0].seq;
+      const last = reports[reports.length - 1].seq;
+      let fresh = reports;
+      // Normally all are new: one statement moves the cursor. Else only those past it count.
+      if (!(await advanceReportCursor(tx, src.nodeId, src.instanceId, first, last, at))) {
+        const cursor = await reportCursor(tx, src.nodeId, src.instanceId);
+        fresh = reports.filter((r) => r.seq > cursor);
+        if (fresh.length === 0) return { duplicate: true, inserted: 0 };
+        await setReportCursor(tx, src.nodeId, src.instanceId, last, at);
+      }
+      const totals: UsageTotal[] = [];
+      for (const r of fresh) totals.push(...r.usageTotals, ...(r.usage.length > 0 ? totalsOfRecords(r.usage, now) : []));
       const minutes = new Map<string, UsageMinute>();
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
@@ -110,7 +128,7 @@ export class ReportIngest {
       // Money aggregated per organisation and month: one update each, however many rows.
       for (const m of monthly.values()) await addSpend(tx, m.orgId, m.month, m.cost);
       const lastUsed = new Map<string, number>();
-      for (const l of [...report.lastUsed, ...report.usage]) {
+      for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
       await touchLastUsedMany(tx, [...lastUsed].map(([keyId, atMs]) => [keyId, new Date(atMs).toISOString()]));

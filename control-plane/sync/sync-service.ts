@@ -49,7 +49,8 @@ class NodeSession {
   unsubscribe: () => void = () => undefined;
   readonly waiters = new Set<AckWaiter>();
   /** Reports read from the stream and not yet written, oldest first (written one at a time, in order). */
-  readonly reports: Report[] = [];
+  /** Messages of reports waiting to be written, each one or more consecutive reports of one instance. */
+  readonly reports: Report[][] = [];
   ingesting = false;
   /** The stream is paused for ingest backpressure. */
   paused = false;
@@ -281,7 +282,20 @@ export class SyncService implements NodeFleet {
       this.enqueue(s, 'snapshot');
     } else if (msg.report) {
       s.lastReportAt = s.lastSeenAt;
-      this.queueReport(s, msg.report);
+      this.queueReport(s, [msg.report]);
+    } else if (msg.reports) {
+      s.lastReportAt = s.lastSeenAt;
+      // Consecutive reports of one instance are one unit (a node replaying its journal may send its
+      // former instance's last reports and its own first ones together).
+      let unit: Report[] = [];
+      for (const r of msg.reports.reports) {
+        if (unit.length > 0 && r.instanceId !== unit[0].instanceId) {
+          this.queueReport(s, unit);
+          unit = [];
+        }
+        unit.push(r);
+      }
+      if (unit.length > 0) this.queueReport(s, unit);
     } else if (msg.leaseRequest) {
       this.onLeaseRequest(s, msg.leaseRequest);
     } else if (msg.status) {
@@ -292,8 +306,8 @@ export class SyncService implements NodeFleet {
   }
 
   /** Queues a report for writing; pauses the node's stream while its ingest is behind. */
-  private queueReport(s: NodeSession, report: Report): void {
-    s.reports.push(report);
+  private queueReport(s: NodeSession, reports: Report[]): void {
+    s.reports.push(reports);
     this.pendingReports++;
     if (!s.paused && (s.reports.length >= MAX_QUEUED_REPORTS_PER_NODE || this.pendingReports >= MAX_PENDING_REPORTS)) {
       s.paused = true;
@@ -308,15 +322,15 @@ export class SyncService implements NodeFleet {
     s.ingesting = true;
     try {
       while (s.reports.length > 0 && !s.closed) {
-        const report = s.reports[0];
+        const unit = s.reports[0];
         try {
           // A cost counts against this connection's slice only if it was reserved from it.
-          const written = await this.ingest.ingest({ nodeId: s.nodeId, instanceId: s.instanceId }, report, (orgId, cost, epoch) => {
+          const written = await this.ingest.ingestMany({ nodeId: s.nodeId, instanceId: s.instanceId }, unit, (orgId, cost, epoch) => {
             if (epoch !== 0 && epoch === s.leaseEpoch) this.moneyLeases.consume(s.connId, orgId, cost);
           });
           countIngest(written);
         } catch (err) {
-          this.log(`sync: report ${report.seq} from node ${s.nodeId} not written: ${(err as Error).message}`);
+          this.log(`sync: reports ${unit[0].seq}..${unit[unit.length - 1].seq} from node ${s.nodeId} not written: ${(err as Error).message}`);
           this.drop(s);
           this.fail(s.call, status.UNAVAILABLE, 'report not written; reconnect and resend');
           return;
@@ -324,7 +338,7 @@ export class SyncService implements NodeFleet {
         if (s.closed) return;
         s.reports.shift();
         this.pendingReports--;
-        this.enqueue(s, { reportAck: { seq: report.seq, instanceId: report.instanceId } });
+        for (const report of unit) this.enqueue(s, { reportAck: { seq: report.seq, instanceId: report.instanceId } });
         this.resumeReaders();
       }
     } finally {

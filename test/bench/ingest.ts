@@ -181,7 +181,7 @@ async function fill(store: SqliteLogStore, total: number, startMs: number, spanM
     const bytes = reportBytes(++seq, syntheticRows(n, startMs + Math.floor((written / total) * spanMs), Math.floor((n / total) * spanMs), keys, seq));
     const t0 = performance.now();
     const c0 = process.cpuUsage();
-    await store.writeBlocks({ nodeId: 'bench-node', instanceId: 'bench' }, seq, Report.decode(bytes).logBlocks);
+    await store.writeBlocks({ nodeId: 'bench-node', instanceId: 'bench' }, [{ seq, blocks: Report.decode(bytes).logBlocks }]);
     const c = process.cpuUsage(c0);
     cpuUs += c.user + c.system;
     busyMs += performance.now() - t0;

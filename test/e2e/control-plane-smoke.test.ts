@@ -188,8 +188,12 @@ test('console and sync over gRPC: hierarchy, snapshot, revoke with acks, reports
   const spent = await call<any>(client, 'getOrg', op, { orgId: org.id });
   assert.equal(spent.spendTotalMicros, 5_000_000);
   assert.equal(spent.blockedReason, 'balance_exhausted');
+  // Several reports in one message, the first a replay: each is acknowledged, only the new one counts.
+  const report = (seq: number) => ({ seq, usage: [], lastUsed: [], logs: undefined, instanceId: '', usageTotals: [freeCall], logBlocks: [] });
+  node.send({ reports: { reports: [report(2), report(3), report(4)] } });
+  for (const seq of [2, 3, 4]) assert.equal((await node.next((m) => !!m.reportAck)).reportAck!.seq, seq);
   const usageRes = await call<any>(client, 'getUsage', acct.token, { projectId: project.id, orgId: '', month: '', since: '', until: '', groupBy: '' });
-  assert.equal(usageRes.totalRequests, 2);
+  assert.equal(usageRes.totalRequests, 4);
   const keyAfter = (await call<any>(client, 'listKeys', acct.token, { projectId: project.id })).keys[0];
   assert.notEqual(keyAfter.lastUsedAt, '');
 

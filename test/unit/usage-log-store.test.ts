@@ -27,7 +27,7 @@ function row(i: number, atMs: number, over: Partial<LogRow> = {}): LogRow {
 function writeRows(s: SqliteLogStore, src: LogSource, seq: number, rows: LogRow[]) {
   const b = new LogBlocksBuilder();
   for (const r of rows) b.add(r);
-  return s.writeBlocks(src, seq, b.blocks());
+  return s.writeBlocks(src, [{ seq, blocks: b.blocks() }]);
 }
 
 async function open(t: test.TestContext, now: { ms: number }, retentionDays = 30, dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'))): Promise<SqliteLogStore> {
@@ -147,4 +147,19 @@ test('a logs.db with the per-row day tables of an earlier version is converted t
   const got = await s.query({ orgId: 'org_1' }, 100, '');
   assert.deepEqual(got.logs, [...old].reverse().map((r) => ({ ...r, nodeId: `node${Number(r.requestId.slice(2)) % 2 === 1 ? 0 : 1}` })));
   assert.deepEqual(s.partitions(), ['20250310']);
+});
+
+test('reports written together: one transaction for all; a batch that overlaps what was written writes only the new reports', async (t) => {
+  const s = await open(t, { ms: T0 });
+  const src = { nodeId: 'n1', instanceId: 'i1' };
+  const part = (seq: number) => {
+    const b = new LogBlocksBuilder();
+    b.add(row(seq, T0 + seq));
+    return { seq, blocks: b.blocks() };
+  };
+  assert.deepEqual(await s.writeBlocks(src, [part(1), part(2)]), { duplicate: false, written: 2 });
+  // The ack of 2 was lost: the node sends 2 again with 3 and 4.
+  assert.deepEqual(await s.writeBlocks(src, [part(2), part(3), part(4)]), { duplicate: false, written: 2 });
+  assert.deepEqual(await s.writeBlocks(src, [part(3), part(4)]), { duplicate: true, written: 0 });
+  assert.deepEqual((await s.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), ['r-4', 'r-3', 'r-2', 'r-1']);
 });

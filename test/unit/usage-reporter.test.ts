@@ -17,8 +17,9 @@ class FakeStream implements ReportStream {
     return true;
   }
   once(): void {}
+  /** Every report sent, alone or several to a message. */
   reports() {
-    return this.sent.filter((m) => m.report).map((m) => m.report!);
+    return this.sent.flatMap((m) => (m.report ? [m.report] : (m.reports?.reports ?? [])));
   }
 }
 
@@ -32,8 +33,8 @@ function logRow(i: number): LogRow {
   return { requestId: `r${i}`, atMs: 1_700_000_000_000 + i, keyId: 'k', projectId: 'p', orgId: 'o', clientIp: '10.0.0.1', userAgent: 'ua', method: 'POST', path: '/v1/chat/completions', status: 200, latencyUs: 5, bytesIn: 1, bytesOut: 2, model: 'm', promptTokens: 1, completionTokens: 2, costMicros: 3, reason: '', keyPrefix: '' };
 }
 
-function reporter(journal = new Journal({ dir: null, maxBytes: 1 << 30, log: () => {} }), lines: string[] = []) {
-  const r = new Reporter(new ManualClock(), { instanceId: 'inst', journal, log: (l) => lines.push(l), flushEveryMs: 3_600_000 });
+function reporter(journal = new Journal({ dir: null, maxBytes: 1 << 30, log: () => {} }), lines: string[] = [], sendEveryMs = 0) {
+  const r = new Reporter(new ManualClock(), { instanceId: 'inst', journal, log: (l) => lines.push(l), flushEveryMs: 3_600_000, sendEveryMs });
   test.after(() => r.stop());
   return { r, journal, lines };
 }
@@ -80,24 +81,50 @@ test('rows become one numbered report carrying usage and request logs; an ack fo
   assert.equal(journal.depth.batches, 0);
 });
 
-test('at most four reports are on the wire; acks let the next go; a new stream gets the unacknowledged again, in order', async () => {
+/** The report numbers of each message sent (a single report, or several in one). */
+function messages(s: FakeStream): number[][] {
+  return s.sent.filter((m) => m.report || m.reports).map((m) => (m.report ? [m.report.seq] : m.reports!.reports.map((r) => r.seq)));
+}
+
+test('reports waiting go several to a message (8 at most); at most 16 are on the wire; acks let the next go; a new stream gets the unacknowledged again, in order', async () => {
   const { r } = reporter();
-  for (let i = 1; i <= 6; i++) {
+  for (let i = 1; i <= 20; i++) {
     r.record(usage(i));
     r.flush();
   }
   const s1 = new FakeStream();
   r.attach(s1);
   await tick();
-  assert.deepEqual(s1.reports().map((x) => x.seq), [1, 2, 3, 4]);
+  assert.deepEqual(messages(s1), [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16]]);
   r.ack(2, 'inst');
   await tick();
-  assert.deepEqual(s1.reports().map((x) => x.seq), [1, 2, 3, 4, 5]);
+  assert.deepEqual(messages(s1).slice(2), [[17]]);
   r.detach();
   const s2 = new FakeStream();
   r.attach(s2);
   await tick();
-  assert.deepEqual(s2.reports().map((x) => x.seq), [1, 3, 4, 5]);
+  assert.deepEqual(messages(s2), [[1, 3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17]]);
+});
+
+test('once caught up, new reports wait for the send interval and then go together', async () => {
+  const { r } = reporter(undefined, [], 300);
+  const s = new FakeStream();
+  r.attach(s);
+  r.record(usage(1));
+  r.flush();
+  await tick();
+  // A new stream is sent to at once.
+  assert.deepEqual(messages(s), [[1]]);
+  r.ack(1, 'inst');
+  for (let i = 2; i <= 4; i++) {
+    r.record(usage(i));
+    r.flush();
+  }
+  await tick();
+  assert.deepEqual(messages(s), [[1]], 'reports made right after a send wait');
+  const deadline = Date.now() + 5000;
+  while (messages(s).length < 2 && Date.now() < deadline) await new Promise((res) => setTimeout(res, 20));
+  assert.deepEqual(messages(s), [[1], [2, 3, 4]]);
 });
 
 test('a usage record with 1.5, NaN and 1e30 in it is sent with safe integers (the stream is never poisoned)', async () => {
@@ -130,5 +157,6 @@ test('past the journal cap request-log rows are dropped (said once, counted) whi
   r.attach(s);
   await tick();
   // The reports kept after the cap still carry usage.
+  assert.ok(s.reports().length > 0);
   assert.ok(s.reports().every((x) => x.usageTotals.length === 1 && x.usageTotals[0].requests === 1));
 });

@@ -31,7 +31,19 @@ export interface NodeMessage {
   report?: Report | undefined;
   leaseRequest?: LeaseRequest | undefined;
   resync?: Resync | undefined;
-  status?: NodeStatus | undefined;
+  status?:
+    | NodeStatus
+    | undefined;
+  /**
+   * Several reports, consecutive and in order, written by the control plane in one transaction per
+   * store and acknowledged one by one: a loaded node sends what it journaled about once a second
+   * instead of every flush.
+   */
+  reports?: ReportBatch | undefined;
+}
+
+export interface ReportBatch {
+  reports: Report[];
 }
 
 /** Sent by a node on connect and every few seconds, for `tollgate nodes list`. */
@@ -572,6 +584,7 @@ function createBaseNodeMessage(): NodeMessage {
     leaseRequest: undefined,
     resync: undefined,
     status: undefined,
+    reports: undefined,
   };
 }
 
@@ -594,6 +607,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     }
     if (message.status !== undefined) {
       NodeStatus.encode(message.status, writer.uint32(82).fork()).join();
+    }
+    if (message.reports !== undefined) {
+      ReportBatch.encode(message.reports, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -659,6 +675,14 @@ export const NodeMessage: MessageFns<NodeMessage> = {
             message.status = NodeStatus.decode(reader, reader.uint32());
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.reports = ReportBatch.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -683,6 +707,7 @@ export const NodeMessage: MessageFns<NodeMessage> = {
         : undefined,
       resync: isSet(object.resync) ? Resync.fromJSON(object.resync) : undefined,
       status: isSet(object.status) ? NodeStatus.fromJSON(object.status) : undefined,
+      reports: isSet(object.reports) ? ReportBatch.fromJSON(object.reports) : undefined,
     };
   },
 
@@ -706,6 +731,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     if (message.status !== undefined) {
       obj.status = NodeStatus.toJSON(message.status);
     }
+    if (message.reports !== undefined) {
+      obj.reports = ReportBatch.toJSON(message.reports);
+    }
     return obj;
   },
 
@@ -728,6 +756,78 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     message.status = (object.status !== undefined && object.status !== null)
       ? NodeStatus.fromPartial(object.status)
       : undefined;
+    message.reports = (object.reports !== undefined && object.reports !== null)
+      ? ReportBatch.fromPartial(object.reports)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseReportBatch(): ReportBatch {
+  return { reports: [] };
+}
+
+export const ReportBatch: MessageFns<ReportBatch> = {
+  encode(message: ReportBatch, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.reports) {
+      Report.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ReportBatch {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseReportBatch();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.reports.push(Report.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ReportBatch {
+    return {
+      reports: globalThis.Array.isArray(object?.reports) ? object.reports.map((e: any) => Report.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ReportBatch): unknown {
+    const obj: any = {};
+    if (message.reports?.length) {
+      obj.reports = message.reports.map((e) => Report.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ReportBatch>, I>>(base?: I): ReportBatch {
+    return ReportBatch.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ReportBatch>, I>>(object: I): ReportBatch {
+    const message = createBaseReportBatch();
+    message.reports = object.reports?.map((e) => Report.fromPartial(e)) || [];
     return message;
   },
 };
