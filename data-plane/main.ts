@@ -69,7 +69,7 @@ async function main(): Promise<void> {
   const openStreams = new OpenStreams();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
-  const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, connected: () => sync !== null && sync.disconnectedSince === null });
+  const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const edge = new EdgeBudgets(clock);
   const api = new ApiServer({

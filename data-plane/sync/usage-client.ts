@@ -2,9 +2,10 @@
 // Only that request waits for it, with a short deadline; nothing else on the node ever does. Failures
 // become the catalog error the client sees: the key unknown to the control plane (revoked meanwhile)
 // is 401; the control plane unreachable, slow or busy is 503 with retry-after.
-import { credentials, Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
+import { Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import { SyncServiceClient, type QueryUsageRequest, type QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
+import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 
 export const USAGE_QUERY_TIMEOUT_MS = 5_000;
 /** Usage queries one node has waiting on the control plane at most; more answer 503 at once. */
@@ -21,6 +22,8 @@ export interface UsageSource {
 export interface UsageClientOptions {
   address: string;
   nodeToken: string;
+  /** The node's TLS files for the control plane (as for the sync stream); null: plaintext. */
+  tls: TlsFiles | null;
   /** False while the sync stream is down: answer 503 at once instead of waiting out a deadline. */
   connected(): boolean;
   timeoutMs?: number;
@@ -35,7 +38,10 @@ export class UsageClient implements UsageSource {
   private inFlight = 0;
 
   constructor(private readonly opts: UsageClientOptions) {
-    this.client = new SyncServiceClient(opts.address, credentials.createInsecure());
+    // The same channel security as the sync stream: the node token never goes in plaintext where
+    // the stream would not send it.
+    const channel = clientChannel(opts.tls, opts.address);
+    this.client = new SyncServiceClient(opts.address, channel.credentials, channel.options);
   }
 
   query(req: QueryUsageRequest, done: UsageAnswer): () => void {

@@ -54,6 +54,9 @@ test('mutual TLS: a node with the right certificates syncs and serves; wrong CA,
   const key = JSON.parse(created.stdout).key as string;
   await waitUntilKnown(good.url, key);
   assert.equal((await request(`${good.url}/v1/models`, { headers: bearer(key) })).status, 200);
+  // GET /v1/usage asks the control plane too: over the same TLS, with the node's certificate.
+  const usage = await request(`${good.url}/v1/usage`, { headers: bearer(key) });
+  assert.equal(usage.status, 200, usage.text);
 
   // Plaintext, or TLS without a client certificate, does not reach the console either.
   const plain = runCli(cp, token, ['whoami']);

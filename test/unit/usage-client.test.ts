@@ -37,7 +37,7 @@ function ask(client: UsageClient, keyId: string): Promise<{ err: GatewayError | 
 }
 
 test('control-plane answers become 200, 401, 500 or 503 with retry-after', async () => {
-  const client = new UsageClient({ address, nodeToken: 'node-secret', connected: () => true });
+  const client = new UsageClient({ address, nodeToken: 'node-secret', tls: null, connected: () => true });
   try {
     assert.deepEqual(await ask(client, 'ok'), { err: null, res: { projectId: 'proj_a', buckets: [] } });
     assert.equal(seenTokens.at(-1), 'Bearer node-secret');
@@ -52,7 +52,7 @@ test('control-plane answers become 200, 401, 500 or 503 with retry-after', async
 });
 
 test('while the sync stream is down the answer is 503 at once, without a call', async () => {
-  const client = new UsageClient({ address, nodeToken: 'node-secret', connected: () => false });
+  const client = new UsageClient({ address, nodeToken: 'node-secret', tls: null, connected: () => false });
   const calls = seenTokens.length;
   let answered = false;
   client.query({ keyId: 'ok', sinceMs: 0, untilMs: 0, groupBy: 'day' }, (err) => {
@@ -60,7 +60,7 @@ test('while the sync stream is down the answer is 503 at once, without a call', 
     assert.equal(err?.code, 'CONTROL_PLANE_UNAVAILABLE');
   });
   assert.equal(answered, true, 'answered synchronously');
-  const up = new UsageClient({ address, nodeToken: 'x', connected: () => true });
+  const up = new UsageClient({ address, nodeToken: 'x', tls: null, connected: () => true });
   await ask(up, 'ok');
   assert.equal(seenTokens.length, calls + 1, 'only the second client called');
   up.close();
@@ -68,7 +68,7 @@ test('while the sync stream is down the answer is 503 at once, without a call', 
 });
 
 test(`at most ${MAX_USAGE_QUERIES_IN_FLIGHT} reads wait at one node; a slow one times out as 503; cancel ends one`, async () => {
-  const client = new UsageClient({ address, nodeToken: 'node-secret', connected: () => true, timeoutMs: 60_000 });
+  const client = new UsageClient({ address, nodeToken: 'node-secret', tls: null, connected: () => true, timeoutMs: 60_000 });
   try {
     const waiting = Array.from({ length: MAX_USAGE_QUERIES_IN_FLIGHT }, () => ask(client, 'hold'));
     // Wait until the server holds them all, then one more is refused at once.
@@ -81,7 +81,7 @@ test(`at most ${MAX_USAGE_QUERIES_IN_FLIGHT} reads wait at one node; a slow one 
   } finally {
     client.close();
   }
-  const slow = new UsageClient({ address, nodeToken: 'node-secret', connected: () => true, timeoutMs: 200 });
+  const slow = new UsageClient({ address, nodeToken: 'node-secret', tls: null, connected: () => true, timeoutMs: 200 });
   const timedOut = await ask(slow, 'hold');
   assert.equal(timedOut.err?.code, 'CONTROL_PLANE_UNAVAILABLE');
   let cancelled: GatewayError | null | undefined;
