@@ -69,9 +69,10 @@ export interface ToolRequest {
 }
 
 export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
+  const hopByHop = connectionTokens(req.headers);
   const headers: string[] = [];
   for (const [k, v] of req.headers) {
-    if (DROP_REQUEST_HEADERS.has(k) || k.startsWith(GATEWAY_HEADER_PREFIX)) continue;
+    if (DROP_REQUEST_HEADERS.has(k) || k.startsWith(GATEWAY_HEADER_PREFIX) || hopByHop?.has(k)) continue;
     // A body read whole goes with its real length; a streamed one keeps the client's.
     if (k === 'content-length' && (req.body === null || Buffer.isBuffer(req.body))) continue;
     headers.push(k, v);
@@ -91,6 +92,22 @@ export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
   if (Buffer.isBuffer(req.body)) headers.push('content-length', String(req.body.length));
   const candidates = backends.order(req.backend);
   attempt(backends, req, headers, candidates, 0);
+}
+
+/**
+ * The header names the client listed in `Connection`: hop-by-hop for its connection to us only (RFC 9110
+ * 7.6.1), never forwarded. Null when it named none (the common case: keep-alive or close).
+ */
+function connectionTokens(headers: ReadonlyArray<[string, string]>): Set<string> | null {
+  let out: Set<string> | null = null;
+  for (const [k, v] of headers) {
+    if (k !== 'connection') continue;
+    for (const t of v.split(',')) {
+      const name = t.trim().toLowerCase();
+      if (name && name !== 'close' && name !== 'keep-alive') (out ??= new Set()).add(name);
+    }
+  }
+  return out;
 }
 
 function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], candidates: Upstream[], index: number): void {
