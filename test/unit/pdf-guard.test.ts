@@ -147,3 +147,32 @@ test('bodies: JSON string fields are read as HTML; other types as text', () => {
   // Malformed JSON is still read as text, so it cannot hide a reference.
   assert.ok(findRemoteInBody(Buffer.from('{"html": "<img src=\'https://evil.example/x\'>"'), 'application/json'));
 });
+
+test('bodies the guard cannot read to the end are refused, never passed unread', () => {
+  // Before: a JSON string nested deeper than 64 levels, an HTML document in UTF-16 (with a BOM or a
+  // declared charset, which renderers honour) and an <iframe srcdoc> nested more than three deep were
+  // not read at all, and their remote references reached the backend.
+  const remote = '<img src="https://evil.example/x.png">';
+  let deep: unknown = { html: remote };
+  for (let i = 0; i < 70; i++) deep = { a: [deep] };
+  assert.ok(findRemoteInBody(Buffer.from(JSON.stringify(deep)), 'application/json'), 'JSON nested 140 levels');
+  const le = Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from(`<html>${remote}</html>`, 'utf16le')]);
+  assert.ok(findRemoteInBody(le, 'text/html'), 'UTF-16LE with a BOM');
+  const be = Buffer.from(`\ufeff<html>${remote}</html>`, 'utf16le').swap16();
+  assert.ok(findRemoteInBody(be, 'text/html'), 'UTF-16BE with a BOM');
+  assert.ok(findRemoteInBody(Buffer.from(`<html>${remote}</html>`, 'utf16le'), 'text/html; charset=UTF-16LE'), 'declared UTF-16LE, no BOM');
+  assert.ok(findRemoteInBody(Buffer.from(`<html>${remote}</html>`, 'utf16le'), 'text/html; charset="utf-16"'), 'declared UTF-16, no BOM');
+  // ISO-2022-JP: `ESC ( B` (switch to ASCII) is invisible once decoded, so it can split a tag name.
+  const jis = Buffer.from('<im\x1b(Bg src="https://evil.example/x.png">', 'latin1');
+  assert.ok(findRemoteInBody(jis, 'text/html; charset=ISO-2022-JP'), 'declared ISO-2022-JP');
+  assert.ok(findRemoteInBody(Buffer.concat([Buffer.from('<meta charset="iso-2022-jp">'), jis]), 'text/html'), 'ISO-2022-JP named by <meta charset>');
+  // Each level of srcdoc escapes the level inside it once more.
+  let doc = remote;
+  for (let i = 0; i < 6; i++) doc = `<iframe srcdoc="${doc.replace(/&/g, '&amp;').replace(/"/g, '&quot;')}"></iframe>`;
+  assert.ok(findRemoteReference(doc), 'srcdoc nested six deep');
+  // Still local: the same documents without a remote reference pass.
+  assert.equal(findRemoteInBody(Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from('<p>ok</p>', 'utf16le')]), 'text/html'), null);
+  let flat: unknown = { html: '<p>ok</p>' };
+  for (let i = 0; i < 70; i++) flat = { a: [flat] };
+  assert.equal(findRemoteInBody(Buffer.from(JSON.stringify(flat)), 'application/json'), null);
+});
