@@ -134,8 +134,9 @@ export class RealtimeSession implements OpenSocket {
     if (this.ended) return;
     this.counts.fromClient++;
     this.counts.bytesFromClient += data.length;
-    // The model is the one the session was admitted and is billed for: a client may not switch it.
-    if (!isBinary && data.includes('"session.update"')) {
+    // The model is the one the session was admitted and is billed for: a client may not switch it,
+    // however the event is spelled (a `\u` escape can write any of its characters) or framed (binary).
+    if (data.includes('"session.update"') || data.includes('\\u')) {
       const refusal = modelSwitch(data, this.model);
       if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
     }

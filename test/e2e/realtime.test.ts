@@ -131,6 +131,29 @@ test('a fake upstream: the gateway dials it with the configured credential and m
   await eventually(async () => conn.closed, 'the upstream connection closed with the client');
 });
 
+test('a model switch cannot slip past the gateway spelled with JSON escapes or sent as a binary frame', async () => {
+  // Before: the gateway looked for the literal text "session.update" in text frames only, so
+  // `"session.upd\u0061te"` (the same event once parsed) and a binary frame carrying the event reached
+  // the upstream: a session billed as one model could be switched to another.
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  const before = upstream.connections.length;
+  const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
+  const conn = await upstream.waitForConnection(before + 1);
+  await session.waitFor('session.created');
+  session.ws.send('{"type":"session.upd\\u0061te","session":{"type":"realtime","model":"gpt-other"}}');
+  assert.equal((await session.waitFor('error')).error.code, 'model_not_allowed');
+  session.ws.send(Buffer.from(JSON.stringify({ type: 'session.update', session: { model: 'gpt-other' } })), { binary: true });
+  assert.equal((await session.waitFor('error', 2)).error.code, 'model_not_allowed');
+  // A frame after them shows the upstream has read everything the client sent before it.
+  session.send({ type: 'response.create' });
+  await session.waitFor('response.done');
+  assert.ok(!conn.received.some((e) => e.type === 'session.update'), 'no escaped switch reached the upstream');
+  assert.deepEqual(conn.receivedBinary, [], 'no binary switch reached the upstream');
+  session.ws.close(1000, 'bye');
+  await session.waitClosed();
+});
+
 test('the openai realtime client through the gateway to a fake upstream: events both ways, usage billed', async () => {
   const k = await createKey(admin, { tier: 'free' });
   await waitUntilKnown(node.url, k.key);

@@ -14,6 +14,8 @@ export interface FakeRealtimeConnection {
   socket: WebSocket;
   /** Client events received (parsed). */
   received: any[];
+  /** Binary frames received (the fake answers none of them). */
+  receivedBinary: Buffer[];
   /** Flood progress: messages handed to the socket so far. */
   floodSent: number;
   closed: boolean;
@@ -66,7 +68,7 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
   fake.url = `ws://127.0.0.1:${(wss.address() as AddressInfo).port}/v1/realtime`;
   let n = 0;
   wss.on('connection', (socket, req) => {
-    const conn: FakeRealtimeConnection = { url: req.url ?? '', headers: req.headers, socket, received: [], floodSent: 0, closed: false };
+    const conn: FakeRealtimeConnection = { url: req.url ?? '', headers: req.headers, socket, received: [], receivedBinary: [], floodSent: 0, closed: false };
     connections.push(conn);
     for (const w of [...waiters]) w();
     const send = (ev: Record<string, unknown>) => socket.send(JSON.stringify({ event_id: `event_fake_${++n}`, ...ev }));
@@ -74,7 +76,7 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
     socket.on('error', () => {});
     send({ type: 'session.created', session: { type: 'realtime', object: 'realtime.session', id: `sess_fake_${n}`, model: new URL(req.url ?? '/', 'ws://x').searchParams.get('model') } });
     socket.on('message', (data, isBinary) => {
-      if (isBinary) return;
+      if (isBinary) return void conn.receivedBinary.push(Buffer.from(data as Buffer));
       const ev = JSON.parse(data.toString());
       conn.received.push(ev);
       if (ev.type === 'response.create') {
