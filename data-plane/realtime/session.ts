@@ -78,6 +78,7 @@ type Obj = Record<string, any>;
 
 export class RealtimeSession implements OpenSocket {
   readonly keyHash: string;
+  readonly orgId: string;
   readonly modelId: string;
   private ws: WebSocket<UserData> | null = null;
   private ended = false;
@@ -98,6 +99,7 @@ export class RealtimeSession implements OpenSocket {
     private readonly client: { clientIp: string; userAgent: string } = { clientIp: '', userAgent: '' },
   ) {
     this.keyHash = key.keyHash;
+    this.orgId = key.orgId;
     this.modelId = model.id;
     this.startedAtMs = deps.clock.now();
   }

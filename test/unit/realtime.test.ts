@@ -118,7 +118,7 @@ test('open sockets: enforce closes those of removed keys, blocked organisations 
   const closed: Array<[string, string]> = [];
   const reg = new OpenSockets();
   const sock = (id: string, modelId = 'rt'): OpenSocket => {
-    const s: OpenSocket = { keyHash: hashKey(pepper, `sk-${id}`), modelId, closeForPolicy: (why) => (closed.push([id, why]), reg.remove(s)) };
+    const s: OpenSocket = { keyHash: hashKey(pepper, `sk-${id}`), orgId: `org-of-${id}`, modelId, closeForPolicy: (why) => (closed.push([id, why]), reg.remove(s)) };
     reg.add(s);
     return s;
   };
