@@ -254,6 +254,17 @@ export class RealtimeGateway {
     }
   }
 
+  /** Why a key admitted before the upstream handshake may no longer open its session, or null. */
+  private changedSinceAdmission(key: KeyRecord, model: ModelConfig): GatewayError | null {
+    const state = this.deps.holder.current;
+    const now = state.keysByHash.get(key.keyHash);
+    if (!now) return new GatewayError('KEY_INVALID', 'This API key was revoked while the session was being opened.');
+    if (this.deps.isStale()) return new GatewayError('KEY_STALE');
+    if (now.org.blocked) return new GatewayError('ORG_BLOCKED', blockedMessage(now.org.blockedReason));
+    if (!state.mayUseModel(now, model.id)) return new GatewayError('MODEL_NOT_ALLOWED', `This API key may no longer use the model \`${model.id}\`.`, { param: 'model' });
+    return null;
+  }
+
   private nextRequestId(): string {
     return `${this.deps.instanceId}-rt-${(++this.seq).toString(36)}`;
   }
@@ -276,6 +287,17 @@ export class RealtimeGateway {
     if (reply.done) {
       // The client left while the upstream was being opened: the context was settled by the abort.
       link.close(CLOSE.GOING_AWAY, 'client went away');
+      return;
+    }
+    // The key, its organisation or its scope may have changed while the upstream was being opened (a
+    // revocation acknowledged meanwhile must not be followed by a new session).
+    const changed = this.changedSinceAdmission(key, model);
+    if (changed) {
+      link.close(CLOSE.GOING_AWAY, 'the client was refused');
+      ctx.refuse();
+      // A revoked key is unknown again: no rate headers, as for any unknown key.
+      reply.rateHeaders = changed.code === 'KEY_INVALID' ? null : this.deps.keyBudgets.headers(key.limits);
+      reply.sendError(changed, 'A');
       return;
     }
     try {

@@ -189,6 +189,30 @@ test('an upstream that refuses the handshake: the client gets 502 in the model s
   assert.equal((await admin.getOrg({ orgId: k.orgId })).spendTotalMicros, 0);
 });
 
+test('a key revoked while its upstream handshake is in progress never gets a session', async () => {
+  // Before: the key was checked only before the upstream was dialled; revoked while the upstream's
+  // handshake was under way (up to its connect timeout), the client was upgraded anyway and its session
+  // stayed open after `tollgate key revoke` had returned, until some later change made the node look again.
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  upstream.holdHandshakes = true;
+  const attempt = attemptRealtime(node.address, { key: k.key, model: 'rt-upstream' });
+  try {
+    await upstream.waitForHeldHandshakes(1);
+    await admin.revokeKey({ keyId: k.keyId });
+  } finally {
+    upstream.releaseHandshakes();
+  }
+  const r = await attempt;
+  if (!isRefusal(r)) {
+    const closed = await Promise.race([r.session.waitClosed(), new Promise((resolve) => setTimeout(() => resolve('still open'), 3000))]);
+    r.ws.terminate();
+    assert.fail(`the socket was accepted after the revocation (then: ${closed})`);
+  }
+  assert.equal(r.status, 401, JSON.stringify(r.body));
+  assert.equal(r.body.error.type, 'authentication_error');
+});
+
 test('an upstream lost mid-session closes the client with 1014 and a reason', async () => {
   const k = await createKey(admin, { tier: 'free' });
   await waitUntilKnown(node.url, k.key);

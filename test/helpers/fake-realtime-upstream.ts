@@ -29,6 +29,12 @@ export interface FakeRealtimeUpstream {
   usage: { input_tokens: number; output_tokens: number };
   /** Non-zero: refuse handshakes with this HTTP status. */
   refuseWith: number;
+  /** True: handshakes wait (unanswered) until releaseHandshakes(). */
+  holdHandshakes: boolean;
+  /** Resolves once `n` handshakes are waiting. */
+  waitForHeldHandshakes(n: number): Promise<void>;
+  /** Lets every waiting handshake go on (stops holding new ones). */
+  releaseHandshakes(): void;
   waitForConnection(n: number): Promise<FakeRealtimeConnection>;
   close(): Promise<void>;
 }
@@ -36,11 +42,32 @@ export interface FakeRealtimeUpstream {
 export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream> {
   const connections: FakeRealtimeConnection[] = [];
   let waiters: Array<() => void> = [];
+  let held: Array<() => void> = [];
+  let heldWaiters: Array<() => void> = [];
   const fake: FakeRealtimeUpstream = {
     url: '',
     connections,
     usage: { input_tokens: 10, output_tokens: 20 },
     refuseWith: 0,
+    holdHandshakes: false,
+    waitForHeldHandshakes(n) {
+      return new Promise((resolve) => {
+        const check = () => {
+          if (held.length >= n) {
+            heldWaiters = heldWaiters.filter((w) => w !== check);
+            resolve();
+          }
+        };
+        heldWaiters.push(check);
+        check();
+      });
+    },
+    releaseHandshakes() {
+      fake.holdHandshakes = false;
+      const h = held;
+      held = [];
+      for (const go of h) go();
+    },
     waitForConnection(n) {
       return new Promise((resolve) => {
         const check = () => {
@@ -62,7 +89,12 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
     port: 0,
     host: '127.0.0.1',
     maxPayload: 64 * 1024 * 1024,
-    verifyClient: (_info, cb) => (fake.refuseWith ? cb(false, fake.refuseWith, 'refused by the fake upstream') : cb(true)),
+    verifyClient: (_info, cb) => {
+      const answer = () => (fake.refuseWith ? cb(false, fake.refuseWith, 'refused by the fake upstream') : cb(true));
+      if (!fake.holdHandshakes) return answer();
+      held.push(answer);
+      for (const w of [...heldWaiters]) w();
+    },
   });
   await new Promise<void>((r) => wss.once('listening', () => r()));
   fake.url = `ws://127.0.0.1:${(wss.address() as AddressInfo).port}/v1/realtime`;
