@@ -10,7 +10,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Reply } from '../http/reply.js';
-import { proxyRequest } from './stream-proxy.js';
+import { connectionNames, proxyRequest } from './stream-proxy.js';
 import type { ToolBackends, Upstream } from './tool-backends.js';
 
 const DROP_REQUEST_HEADERS = new Set([
@@ -69,7 +69,9 @@ export interface ToolRequest {
 }
 
 export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
-  const hopByHop = connectionTokens(req.headers);
+  // Headers the client named in Connection were for its connection to us only.
+  const connection = req.headers.filter(([k]) => k === 'connection').map(([, v]) => v);
+  const hopByHop = connection.length > 0 ? connectionNames(connection) : null;
   const headers: string[] = [];
   for (const [k, v] of req.headers) {
     if (DROP_REQUEST_HEADERS.has(k) || k.startsWith(GATEWAY_HEADER_PREFIX) || hopByHop?.has(k)) continue;
@@ -92,22 +94,6 @@ export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
   if (Buffer.isBuffer(req.body)) headers.push('content-length', String(req.body.length));
   const candidates = backends.order(req.backend);
   attempt(backends, req, headers, candidates, 0);
-}
-
-/**
- * The header names the client listed in `Connection`: hop-by-hop for its connection to us only (RFC 9110
- * 7.6.1), never forwarded. Null when it named none (the common case: keep-alive or close).
- */
-function connectionTokens(headers: ReadonlyArray<[string, string]>): Set<string> | null {
-  let out: Set<string> | null = null;
-  for (const [k, v] of headers) {
-    if (k !== 'connection') continue;
-    for (const t of v.split(',')) {
-      const name = t.trim().toLowerCase();
-      if (name && name !== 'close' && name !== 'keep-alive') (out ??= new Set()).add(name);
-    }
-  }
-  return out;
 }
 
 function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], candidates: Upstream[], index: number): void {
