@@ -364,11 +364,16 @@ export function findRemoteInBody(body: Buffer, contentType: string): RemoteRefer
   return null;
 }
 
-/** Encodings whose reading of ASCII bytes is UTF-8's: nothing more to read. */
-const ASCII_LIKE = new Set(['utf-8', 'windows-1252', 'iso-8859-2', 'iso-8859-15', 'windows-1250', 'windows-1251']);
+/**
+ * The encodings (WHATWG names) in which markup can show that a UTF-8 reading does not see: UTF-16, and
+ * ISO-2022-JP, whose escape sequences vanish when decoded. In every other one ASCII bytes read as in
+ * UTF-8 (a multi-byte character can swallow a letter, never produce one), so they are not read again:
+ * at most three more readings, however many charsets a document declares.
+ */
+const HIDING_ENCODINGS = new Set(['utf-16le', 'utf-16be', 'iso-2022-jp']);
 
 /** The body decoded as each encoding a renderer might choose other than UTF-8 (WHATWG labels). */
-function otherReadings(body: Buffer, contentType: string): string[] {
+export function otherReadings(body: Buffer, contentType: string): string[] {
   const labels = new Set<string>();
   if (body[0] === 0xff && body[1] === 0xfe) labels.add('utf-16le');
   else if (body[0] === 0xfe && body[1] === 0xff) labels.add('utf-16be');
@@ -387,7 +392,7 @@ function otherReadings(body: Buffer, contentType: string): string[] {
       // A label no renderer knows: it falls back to UTF-8 or windows-1252, already read.
       continue;
     }
-    if (ASCII_LIKE.has(decoder.encoding) || seen.has(decoder.encoding)) continue;
+    if (!HIDING_ENCODINGS.has(decoder.encoding) || seen.has(decoder.encoding)) continue;
     seen.add(decoder.encoding);
     out.push(decoder.decode(body));
   }

@@ -3,7 +3,7 @@
 // local references (data: URIs, fragments, relative paths) and text that merely mentions a URL pass.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { decodeEntities, findRemoteInBody, findRemoteReference, isRemoteUrl } from '../../data-plane/proxy/pdf-guard.js';
+import { decodeEntities, findRemoteInBody, findRemoteReference, isRemoteUrl, otherReadings } from '../../data-plane/proxy/pdf-guard.js';
 
 /** [document, what the finding names (a substring of `where`), the URL it names (substring)] */
 const REMOTE: Array<[string, string, string]> = [
@@ -166,6 +166,12 @@ test('bodies the guard cannot read to the end are refused, never passed unread',
   const jis = Buffer.from('<im\x1b(Bg src="https://evil.example/x.png">', 'latin1');
   assert.ok(findRemoteInBody(jis, 'text/html; charset=ISO-2022-JP'), 'declared ISO-2022-JP');
   assert.ok(findRemoteInBody(Buffer.concat([Buffer.from('<meta charset="iso-2022-jp">'), jis]), 'text/html'), 'ISO-2022-JP named by <meta charset>');
+  // However many charsets a document declares, it is read again at most once per encoding that can
+  // hide markup (no amplification of the work per byte).
+  const many = ['shift_jis', 'utf-16le', 'UTF-16', 'big5', 'koi8-r', 'gbk', 'euc-kr', 'windows-1251', 'iso-2022-jp', 'utf-16be', 'bogus'];
+  const declared = Buffer.from(`${many.map((c) => `<meta charset="${c}">`).join('')}<p>text</p>`);
+  assert.equal(otherReadings(declared, 'text/html; charset=iso-2022-jp').length, 3);
+  assert.equal(otherReadings(Buffer.from('<meta charset="shift_jis"><p>x</p>'), 'text/html; charset=windows-1252').length, 0);
   // Each level of srcdoc escapes the level inside it once more.
   let doc = remote;
   for (let i = 0; i < 6; i++) doc = `<iframe srcdoc="${doc.replace(/&/g, '&amp;').replace(/"/g, '&quot;')}"></iframe>`;
