@@ -24,6 +24,7 @@ export type ErrorCode =
   | 'NODE_DRAINING'
   | 'CONTROL_PLANE_UNAVAILABLE'
   | 'REMOTE_REFERENCE'
+  | 'ENCODED_BODY'
   | 'INTERNAL';
 
 export interface CatalogEntry {
@@ -57,6 +58,7 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   CONTROL_PLANE_UNAVAILABLE: { status: 503, typeA: 'api_error', codeB: 'control_plane_unreachable', message: 'Usage cannot be read right now: this gateway node cannot reach the control plane; retry after the time in the retry-after header.' },
   // `/v1/pdf*` HTML that references a remote resource; answered in Shape C (design.md).
   REMOTE_REFERENCE: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'The HTML references a remote resource.' },
+  ENCODED_BODY: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'This path accepts bodies without a Content-Encoding only.' },
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },
 });
 

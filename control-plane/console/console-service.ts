@@ -107,7 +107,17 @@ function checkName(what: string, raw: string): string {
 function requireId(field: string, raw: string): string {
   const id = (raw ?? '').trim();
   if (id === '') throw invalidArgument(`${field} is required`);
+  refuseKeyValue(field, id);
   return id;
+}
+
+/**
+ * An API key value pasted where an id belongs (`tollgate key show sk-…`): refused with a fixed message,
+ * as "key sk-… not found" would echo the secret back (and into whatever records gRPC errors).
+ */
+function refuseKeyValue(field: string, id: string): void {
+  if (!/^sk-/i.test(id)) return;
+  throw invalidArgument(`${field} is a key value, not a key id: never pass a key value as an argument; find its id with \`tollgate key find < FILE\` (it reads standard input), and revoke it if it leaked`);
 }
 
 function isRole(s: string): s is Role {
@@ -526,6 +536,9 @@ export class ConsoleService {
         const keyId = req.keyId.trim();
         const projectId = req.projectId.trim();
         const orgId = req.orgId.trim();
+        refuseKeyValue('key_id', keyId);
+        refuseKeyValue('project_id', projectId);
+        refuseKeyValue('org_id', orgId);
         if (req.unknownKeys) {
           this.requireOperator(caller);
           if (keyId) throw invalidArgument('unknown_keys lists 401s of keys that do not exist: give no key_id with it');

@@ -18,7 +18,7 @@ import { UploadSpill } from '../proxy/upload-spill.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
 import { forwardTool } from '../proxy/tool-router.js';
 import { ToolBackends } from '../proxy/tool-backends.js';
-import { findRemoteInBody } from '../proxy/pdf-guard.js';
+import { encodedBodyRefusal, findRemoteInBody } from '../proxy/pdf-guard.js';
 import type { OpenStreams, StreamEndReason } from '../auth/open-streams.js';
 import { familyOf } from '../routing/path-families.js';
 import { renderError } from './error-shapes.js';
@@ -486,6 +486,8 @@ export class ApiServer {
     const proceed = () => {
       if (!ctx || body === undefined || reply.done) return;
       if (body.err) return reply.sendError(body.err, 'B', body.err.code === 'BODY_TOO_LARGE' || body.err.code === 'NODE_BUSY');
+      const encoded = encodedBodyRefusal(headers);
+      if (encoded) return reply.sendError(encoded, 'C');
       const found = findRemoteInBody(body.raw, head.contentType);
       if (found) {
         const message = `The HTML references a remote resource (${found.where}: ${JSON.stringify(found.url)}); only local references (data: URIs, fragments, relative paths) are allowed.`;

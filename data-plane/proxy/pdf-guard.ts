@@ -15,6 +15,8 @@
 // HTML comments are not markup and are skipped. Every reader is one linear pass (bodies are up to
 // 64 MiB and come from anyone).
 
+import { GatewayError } from '../errors.js';
+
 const LOCAL_SCHEMES = new Set(['data', 'about', 'mailto', 'tel']);
 
 /** Attributes whose value is one URL. `srcset`-like lists are below. */
@@ -317,7 +319,9 @@ function checkTag(tag: string, attrs: Attr[], depth: number): RemoteReference | 
     } else if (local === 'style') {
       const css = findRemoteInCss(a.value, `${tag} style`);
       if (css) return css;
-    } else if (local === 'srcdoc' && depth < MAX_SRCDOC_DEPTH) {
+    } else if (local === 'srcdoc') {
+      // Deeper than anyone writes by hand: refused rather than passed unread.
+      if (depth >= MAX_SRCDOC_DEPTH) return { where: `${tag} srcdoc nested more than ${MAX_SRCDOC_DEPTH} deep`, url: shorten(a.value) };
       const inner = findRemoteReference(a.value, depth + 1);
       if (inner) return { where: `${tag} srcdoc: ${inner.where}`, url: inner.url };
     } else if (local === 'http-equiv' && a.value.trim().toLowerCase() === 'refresh') {
@@ -335,7 +339,9 @@ function checkTag(tag: string, attrs: Attr[], depth: number): RemoteReference | 
 
 /**
  * The HTML inside a PDF request body: JSON bodies are read field by field (every string value may be
- * HTML), anything else (text/html, multipart forms) as text. Returns the first remote reference.
+ * HTML), anything else (text/html, multipart forms) as text: as UTF-8, and also in the encoding a
+ * renderer would pick instead (a BOM, the Content-Type charset, a `<meta charset>`), since a document
+ * in UTF-16 or ISO-2022-JP hides its markup from a UTF-8 reading. Returns the first remote reference.
  */
 export function findRemoteInBody(body: Buffer, contentType: string): RemoteReference | null {
   const text = body.toString('utf8');
@@ -347,18 +353,80 @@ export function findRemoteInBody(body: Buffer, contentType: string): RemoteRefer
       // Not JSON after all: read as text, so a malformed body cannot slip a reference past.
       return findRemoteReference(text);
     }
-    return findInJson(doc, 0);
+    return findInJson(doc);
   }
-  return findRemoteReference(text);
+  const found = findRemoteReference(text);
+  if (found) return found;
+  for (const other of otherReadings(body, contentType)) {
+    const r = findRemoteReference(other);
+    if (r) return r;
+  }
+  return null;
 }
 
-function findInJson(v: unknown, depth: number): RemoteReference | null {
-  // Without a `<` a string holds no markup.
-  if (typeof v === 'string') return v.indexOf('<') === -1 ? null : findRemoteReference(v);
-  if (depth > 64 || typeof v !== 'object' || v === null) return null;
-  for (const x of Array.isArray(v) ? v : Object.values(v)) {
-    const r = findInJson(x, depth + 1);
-    if (r) return r;
+/**
+ * The encodings (WHATWG names) in which markup can show that a UTF-8 reading does not see: UTF-16, and
+ * ISO-2022-JP, whose escape sequences vanish when decoded. In every other one ASCII bytes read as in
+ * UTF-8 (a multi-byte character can swallow a letter, never produce one), so they are not read again:
+ * at most three more readings, however many charsets a document declares.
+ */
+const HIDING_ENCODINGS = new Set(['utf-16le', 'utf-16be', 'iso-2022-jp']);
+
+/** The body decoded as each encoding a renderer might choose other than UTF-8 (WHATWG labels). */
+export function otherReadings(body: Buffer, contentType: string): string[] {
+  const labels = new Set<string>();
+  if (body[0] === 0xff && body[1] === 0xfe) labels.add('utf-16le');
+  else if (body[0] === 0xfe && body[1] === 0xff) labels.add('utf-16be');
+  const declared = /;\s*charset\s*=\s*"?([^";\s]+)/i.exec(contentType);
+  if (declared) labels.add(declared[1]);
+  // A <meta charset> or http-equiv Content-Type near the start (the HTML prescan reads 1024 bytes).
+  const head = body.subarray(0, 1024).toString('latin1');
+  for (const m of head.matchAll(/<meta\b[^>]*?charset\s*=\s*["']?\s*([^"'\s;>/]+)/gi)) labels.add(m[1]);
+  const out: string[] = [];
+  const seen = new Set<string>();
+  for (const label of labels) {
+    let decoder: TextDecoder;
+    try {
+      decoder = new TextDecoder(label.toLowerCase());
+    } catch {
+      // A label no renderer knows: it falls back to UTF-8 or windows-1252, already read.
+      continue;
+    }
+    if (!HIDING_ENCODINGS.has(decoder.encoding) || seen.has(decoder.encoding)) continue;
+    seen.add(decoder.encoding);
+    out.push(decoder.decode(body));
+  }
+  return out;
+}
+
+/** Every string in a JSON document, however deep (an explicit stack: no depth limit, no recursion). */
+function findInJson(root: unknown): RemoteReference | null {
+  const stack: unknown[] = [root];
+  while (stack.length > 0) {
+    const v = stack.pop();
+    // Without a `<` a string holds no markup.
+    if (typeof v === 'string') {
+      if (v.indexOf('<') === -1) continue;
+      const r = findRemoteReference(v);
+      if (r) return r;
+    } else if (typeof v === 'object' && v !== null) {
+      const children = Array.isArray(v) ? v : Object.values(v);
+      for (let i = children.length - 1; i >= 0; i--) stack.push(children[i]);
+    }
+  }
+  return null;
+}
+
+/**
+ * A body sent with a Content-Encoding (gzip, …) cannot be read for references, and the backend might
+ * inflate it: refused (400, Shape C) unless the encoding is `identity`.
+ */
+export function encodedBodyRefusal(headers: ReadonlyArray<readonly [string, string]>): GatewayError | null {
+  for (const [k, v] of headers) {
+    if (k !== 'content-encoding') continue;
+    const encoding = v.trim().toLowerCase();
+    if (encoding === '' || encoding === 'identity') continue;
+    return new GatewayError('ENCODED_BODY', `Content-Encoding ${JSON.stringify(encoding.slice(0, 40))} is not accepted on /v1/pdf: send the HTML uncompressed, so that it can be checked for remote references.`);
   }
   return null;
 }

@@ -149,8 +149,9 @@ export function proxyRequest(req: ProxyRequest): void {
         inspector = req.inspect ? req.inspect(statusCode, contentType) : null;
         const out: Array<[string, string]> = [];
         if (req.passAllHeaders) {
+          const named = headers.connection === undefined ? null : connectionNames(headers.connection);
           for (const name of Object.keys(headers)) {
-            if (HOP_BY_HOP.has(name)) continue;
+            if (HOP_BY_HOP.has(name) || named?.has(name)) continue;
             const v = headers[name];
             if (Array.isArray(v)) for (const x of v) out.push([name, x]);
             else if (v !== undefined) out.push([name, v]);
@@ -225,6 +226,21 @@ export function proxyRequest(req: ProxyRequest): void {
   } catch (err) {
     fail(err as Error);
   }
+}
+
+/**
+ * The header names a `Connection` header lists (RFC 9110 7.6.1): hop-by-hop for that connection only,
+ * never passed on. `close` and `keep-alive` are options, not names. Null when it lists none.
+ */
+export function connectionNames(values: string | readonly string[]): Set<string> | null {
+  let out: Set<string> | null = null;
+  for (const v of typeof values === 'string' ? [values] : values) {
+    for (const t of v.split(',')) {
+      const name = t.trim().toLowerCase();
+      if (name && name !== 'close' && name !== 'keep-alive') (out ??= new Set()).add(name);
+    }
+  }
+  return out;
 }
 
 function headerValue(v: string | string[] | undefined): string | undefined {

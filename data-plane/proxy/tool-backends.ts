@@ -92,7 +92,10 @@ export class ToolBackends {
     let u = this.upstreams.get(baseUrl);
     if (!u || u.connectTimeoutMs !== connectTimeout) {
       const url = new URL(baseUrl);
-      const pool = new Pool(url.origin, { connections: 256, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout });
+      // No cap on connections (as for model upstreams): a download or event stream holds its connection
+      // as long as it lasts, and a request queued behind a cap waits with no timeout, so one caller's
+      // streams would hold up everyone's. The keys' parallel limits bound what is in flight.
+      const pool = new Pool(url.origin, { connections: null, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout });
       // A reload changed the connect timeout: a new pool; the old one finishes what it carries, then closes.
       if (u) u.pool.close().catch(() => {});
       u = { baseUrl, pool, connectTimeoutMs: connectTimeout, basePath: url.pathname.replace(/\/+$/, ''), inFlight: 0, lastUsedMs: 0, failures: u?.failures ?? 0, downUntilMs: u?.downUntilMs ?? 0 };

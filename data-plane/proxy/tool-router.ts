@@ -10,7 +10,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Reply } from '../http/reply.js';
-import { proxyRequest } from './stream-proxy.js';
+import { connectionNames, proxyRequest } from './stream-proxy.js';
 import type { ToolBackends, Upstream } from './tool-backends.js';
 
 const DROP_REQUEST_HEADERS = new Set([
@@ -27,9 +27,13 @@ const DROP_REQUEST_HEADERS = new Set([
   'proxy-authorization',
   'proxy-connection',
   'expect',
-  // What a client says about its own address; the backend gets one X-Forwarded-For from us instead.
-  'x-forwarded-for',
+  // What a client says about its own address, or about the host, scheme and path a backend should
+  // believe it was reached by; the backend gets one X-Forwarded-For from us instead. (Every
+  // `x-forwarded-*` header is dropped by its prefix below.)
   'forwarded',
+  'x-original-url',
+  'x-rewrite-url',
+  'x-original-host',
   'x-real-ip',
   'x-client-ip',
   'true-client-ip',
@@ -38,6 +42,8 @@ const DROP_REQUEST_HEADERS = new Set([
 ]);
 /** Headers the gateway adds; any client-sent header with this prefix is dropped. */
 const GATEWAY_HEADER_PREFIX = 'x-tollgate-';
+/** X-Forwarded-For, -Host, -Proto, -Port, -Prefix, -Server…: only the gateway says these. */
+const FORWARDED_HEADER_PREFIX = 'x-forwarded-';
 
 /** Failures where nothing reached the backend: safe to try the next one. */
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
@@ -69,9 +75,12 @@ export interface ToolRequest {
 }
 
 export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
+  // Headers the client named in Connection were for its connection to us only.
+  const connection = req.headers.filter(([k]) => k === 'connection').map(([, v]) => v);
+  const hopByHop = connection.length > 0 ? connectionNames(connection) : null;
   const headers: string[] = [];
   for (const [k, v] of req.headers) {
-    if (DROP_REQUEST_HEADERS.has(k) || k.startsWith(GATEWAY_HEADER_PREFIX)) continue;
+    if (DROP_REQUEST_HEADERS.has(k) || k.startsWith(GATEWAY_HEADER_PREFIX) || k.startsWith(FORWARDED_HEADER_PREFIX) || hopByHop?.has(k)) continue;
     // A body read whole goes with its real length; a streamed one keeps the client's.
     if (k === 'content-length' && (req.body === null || Buffer.isBuffer(req.body))) continue;
     headers.push(k, v);

@@ -16,6 +16,7 @@ import { logBug, Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { Admission } from '../http/admission.js';
 import { blockedMessage } from '../http/admission.js';
+import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
 import { isBadPath } from '../http/routes.js';
 import type { Clock } from '../limits/clock.js';
 import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
@@ -47,6 +48,8 @@ export interface RealtimeDeps {
   leases?: LeaseClient;
   reporter: Reporter;
   isStale(): boolean;
+  /** This process's instance id: request ids of attempts refused before admission start with it. */
+  instanceId: string;
 }
 
 export interface RealtimeOptions {
@@ -67,6 +70,8 @@ interface UpgradeHead {
   extensions: string;
   ip: string;
   userAgent: string;
+  /** performance.now() on arrival, for the request log's latency. */
+  startedAt: number;
 }
 
 export class RealtimeGateway {
@@ -77,6 +82,9 @@ export class RealtimeGateway {
   private readonly maxMessageBytes: number;
   private readonly logSession: SessionLogSink;
   private staleTimer: NodeJS.Timeout | null = null;
+  /** 401s of unknown keys are logged only as far as this allows (request-log.ts). */
+  private readonly unknownKeys = new UnknownKeySampler();
+  private seq = 0;
 
   constructor(
     private readonly deps: RealtimeDeps,
@@ -144,6 +152,7 @@ export class RealtimeGateway {
         extensions: req.getHeader('sec-websocket-extensions'),
         ip: '',
         userAgent: req.getHeader('user-agent'),
+        startedAt: performance.now(),
       };
       const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
       reply = new Reply(res);
@@ -180,7 +189,15 @@ export class RealtimeGateway {
     const m = BEARER.exec(head.authorization);
     if (!m) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
     const key = deps.holder.current.lookup(deps.pepper, m[1]);
-    if (!key) return reply.sendError(new GatewayError('KEY_INVALID'), 'A');
+    if (!key) {
+      reply.sendError(new GatewayError('KEY_INVALID'), 'A');
+      return this.logRefusedKey(reply, head, m[1]);
+    }
+    // Every attempt of a known key is in its request log: a refusal when the reply ends, an accepted
+    // session by the session itself when it closes (the upgrade drops the reply's cleanups).
+    const draft = new LogDraft(deps.reporter, logHeadOf(head), key, () => deps.clock.now(), () => this.nextRequestId());
+    reply.logDraft = draft;
+    reply.onFinish((aborted) => draft.endReply({ status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal }, aborted));
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');
@@ -237,11 +254,50 @@ export class RealtimeGateway {
     }
   }
 
+  /** Why a key admitted before the upstream handshake may no longer open its session, or null. */
+  private changedSinceAdmission(key: KeyRecord, model: ModelConfig): GatewayError | null {
+    const state = this.deps.holder.current;
+    const now = state.keysByHash.get(key.keyHash);
+    if (!now) return new GatewayError('KEY_INVALID', 'This API key was revoked while the session was being opened.');
+    if (this.deps.isStale()) return new GatewayError('KEY_STALE');
+    if (now.org.blocked) return new GatewayError('ORG_BLOCKED', blockedMessage(now.org.blockedReason));
+    if (!state.mayUseModel(now, model.id)) return new GatewayError('MODEL_NOT_ALLOWED', `This API key may no longer use the model \`${model.id}\`.`, { param: 'model' });
+    return null;
+  }
+
+  private nextRequestId(): string {
+    return `${this.deps.instanceId}-rt-${(++this.seq).toString(36)}`;
+  }
+
+  /**
+   * A 401 for a key that matched no credential: logged against the key when it is a revoked key's
+   * tombstone (the leak procedure reads these), else sampled with the IP and the first characters.
+   */
+  private logRefusedKey(reply: Reply, head: UpgradeHead, presented: string): void {
+    const deps = this.deps;
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
+    const dead = deps.holder.current.tombstone(deps.pepper, presented);
+    if (dead) return deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), logHeadOf(head), dead, outcome, null));
+    if (!this.unknownKeys.take(deps.clock.now())) return;
+    deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), logHeadOf(head), { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
+  }
+
   /** Upgrades the client (inside one cork, with the rate headers on the 101) and starts the session. */
   private accept(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, link: UpstreamLink, context: us_socket_context_t): void {
     if (reply.done) {
       // The client left while the upstream was being opened: the context was settled by the abort.
       link.close(CLOSE.GOING_AWAY, 'client went away');
+      return;
+    }
+    // The key, its organisation or its scope may have changed while the upstream was being opened (a
+    // revocation acknowledged meanwhile must not be followed by a new session).
+    const changed = this.changedSinceAdmission(key, model);
+    if (changed) {
+      link.close(CLOSE.GOING_AWAY, 'the client was refused');
+      ctx.refuse();
+      // A revoked key is unknown again: no rate headers, as for any unknown key.
+      reply.rateHeaders = changed.code === 'KEY_INVALID' ? null : this.deps.keyBudgets.headers(key.limits);
+      reply.sendError(changed, 'A');
       return;
     }
     try {
@@ -286,6 +342,10 @@ export class RealtimeGateway {
       res.upgrade<UserData>({ session }, head.wsKey, firstProtocol(head.protocol), head.extensions, context);
     });
   }
+}
+
+function logHeadOf(head: UpgradeHead): LogHead {
+  return { method: 'GET', path: head.path, ip: head.ip, userAgent: head.userAgent, contentLength: 0, startedAt: head.startedAt };
 }
 
 function guard(fn: () => void): void {

@@ -1,48 +1,22 @@
-// The node's open realtime sockets by key hash, so a key removal, an organisation block or a narrowed
-// scope reaches the sockets already open (design.md, revocation: "open realtime sockets and streams of
-// the key are closed"). The sync client calls `enforce` after applying a snapshot or a delta and
-// before it acknowledges it, so a control plane that waits for acks knows the sockets are closed.
-// No I/O of its own: each socket closes itself through `closeForPolicy`.
+// The node's open realtime sockets by key (key-registry.ts), so a key removal, an organisation block or
+// a narrowed scope reaches the sockets already open (design.md, revocation: "open realtime sockets and
+// streams of the key are closed"). The sync client calls `enforce` after applying a snapshot or a
+// delta and before it acknowledges it, so a control plane that waits for acks knows the sockets are
+// closed. No I/O of its own: each socket closes itself through `closeForPolicy`.
 import type { GatewayState } from '../auth/key-table.js';
+import { KeyRegistry, type KeyEntry } from '../auth/key-registry.js';
 import { openStreamGauge } from '../metrics.js';
 
-const gauge = openStreamGauge('realtime');
-
 /** A socket the registry can close: what it was opened for and how to end it. */
-export interface OpenSocket {
-  readonly keyHash: string;
+export interface OpenSocket extends KeyEntry {
   readonly modelId: string;
   /** Closes the client now with 1008 and `reason` (idempotent). */
   closeForPolicy(reason: string): void;
 }
 
-export class OpenSockets {
-  private readonly byKey = new Map<string, Set<OpenSocket>>();
-  private count = 0;
-
-  add(s: OpenSocket): void {
-    let set = this.byKey.get(s.keyHash);
-    if (!set) {
-      set = new Set();
-      this.byKey.set(s.keyHash, set);
-    }
-    if (!set.has(s)) {
-      set.add(s);
-      this.count++;
-      gauge.opened();
-    }
-  }
-
-  remove(s: OpenSocket): void {
-    const set = this.byKey.get(s.keyHash);
-    if (!set || !set.delete(s)) return;
-    this.count--;
-    gauge.closed();
-    if (set.size === 0) this.byKey.delete(s.keyHash);
-  }
-
-  get size(): number {
-    return this.count;
+export class OpenSockets extends KeyRegistry<OpenSocket> {
+  constructor() {
+    super(openStreamGauge('realtime'));
   }
 
   /**
@@ -50,11 +24,11 @@ export class OpenSockets {
    * or whose model the key may no longer use. O(open sockets); nothing when none are open.
    */
   enforce(state: GatewayState): void {
-    if (this.count === 0) return;
+    if (this.size === 0) return;
     const doomed: Array<[OpenSocket, string]> = [];
-    for (const [hash, set] of this.byKey) {
+    for (const [hash, sockets] of this.byKeyHash()) {
       const key = state.keysByHash.get(hash);
-      for (const s of set) {
+      for (const s of sockets) {
         let why: string | null = null;
         if (!key) why = 'invalid_api_key: this API key was revoked';
         else if (key.org.blocked) why = `insufficient_quota: ${blockedReasonText(key.org.blockedReason)}`;
@@ -62,22 +36,13 @@ export class OpenSockets {
         if (why) doomed.push([s, why]);
       }
     }
-    // Closed after the walk: closing removes from the sets being walked.
+    // Closed after the walk: closing removes from the registry.
     for (const [s, why] of doomed) s.closeForPolicy(why);
   }
 
   /** Closes every open socket with 1008 (a node that may no longer vouch for any key). */
   closeAll(reason: string): void {
-    const all: OpenSocket[] = [];
-    for (const set of this.byKey.values()) for (const s of set) all.push(s);
-    for (const s of all) s.closeForPolicy(reason);
-  }
-
-  /** Every open socket (for a shutdown that ends them with another code). */
-  list(): OpenSocket[] {
-    const all: OpenSocket[] = [];
-    for (const set of this.byKey.values()) for (const s of set) all.push(s);
-    return all;
+    for (const s of this.list()) s.closeForPolicy(reason);
   }
 }
 

@@ -19,6 +19,7 @@ import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { tokenCostMicros } from '../../proto/lib/money.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { logBug } from '../http/reply.js';
+import { findDuplicateKey } from '../http/validate-request.js';
 import type { RequestContext } from '../http/request-context.js';
 import { minuteOf, secondsToNextMinute, type Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
@@ -78,6 +79,7 @@ type Obj = Record<string, any>;
 
 export class RealtimeSession implements OpenSocket {
   readonly keyHash: string;
+  readonly orgId: string;
   readonly modelId: string;
   private ws: WebSocket<UserData> | null = null;
   private ended = false;
@@ -98,6 +100,7 @@ export class RealtimeSession implements OpenSocket {
     private readonly client: { clientIp: string; userAgent: string } = { clientIp: '', userAgent: '' },
   ) {
     this.keyHash = key.keyHash;
+    this.orgId = key.orgId;
     this.modelId = model.id;
     this.startedAtMs = deps.clock.now();
   }
@@ -134,9 +137,10 @@ export class RealtimeSession implements OpenSocket {
     if (this.ended) return;
     this.counts.fromClient++;
     this.counts.bytesFromClient += data.length;
-    // The model is the one the session was admitted and is billed for: a client may not switch it.
-    if (!isBinary && data.includes('"session.update"')) {
-      const refusal = modelSwitch(data, this.model);
+    // The model is the one the session was admitted and is billed for: a client may not switch it,
+    // however the event is spelled (a `\u` escape can write any of its characters) or framed (binary).
+    if (data.includes('"session.update"') || data.includes('\\u')) {
+      const refusal = clientEventRefusal(data, this.model);
       if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
     }
     this.link.send(data, isBinary);
@@ -331,8 +335,12 @@ export function tokens(v: unknown): number {
 }
 
 function parse(data: Buffer): Obj | null {
+  return parseText(data.toString('utf8'));
+}
+
+function parseText(text: string): Obj | null {
   try {
-    const v = JSON.parse(data.toString('utf8'));
+    const v = JSON.parse(text);
     return v && typeof v === 'object' ? v : null;
   } catch {
     return null;
@@ -344,22 +352,31 @@ function typeOf(data: Buffer): string | undefined {
   return typeof ev?.type === 'string' ? ev.type : undefined;
 }
 
-/** An `error` event for a session.update that names another model than the session's, else null. */
-export function modelSwitch(data: Buffer, model: ModelConfig): Obj | null {
-  const ev = parse(data);
-  if (ev?.type !== 'session.update') return null;
+/**
+ * An `error` event for a client event the gateway will not pass on, else null: a session.update that
+ * names another model than the session's, or an event that repeats a key inside one object (the
+ * upstream may read the other copy of `type` or `model` than the one checked here).
+ */
+export function clientEventRefusal(data: Buffer, model: ModelConfig): Obj | null {
+  const text = data.toString('utf8');
+  const ev = parseText(text);
+  if (!ev) return null;
+  const eventId = typeof ev.event_id === 'string' ? ev.event_id : null;
+  const repeated = findDuplicateKey(text);
+  if (repeated !== null) {
+    return errorEvent('invalid_request_error', `The event repeats the key \`${repeated.slice(0, 64)}\`; send each key once.`, repeated.slice(0, 64), eventId);
+  }
+  if (ev.type !== 'session.update') return null;
   const wanted = ev.session?.model;
   if (wanted === undefined || wanted === model.id || wanted === model.upstreamModel) return null;
+  return errorEvent('model_not_allowed', `This session is for the model \`${model.id}\`; open a new session to use another model.`, 'session.model', eventId);
+}
+
+function errorEvent(code: string, message: string, param: string, eventId: string | null): Obj {
   return {
     type: 'error',
     event_id: `event_gw_${Date.now().toString(36)}`,
-    error: {
-      type: 'invalid_request_error',
-      code: 'model_not_allowed',
-      message: `This session is for the model \`${model.id}\`; open a new session to use another model.`,
-      param: 'session.model',
-      event_id: typeof ev.event_id === 'string' ? ev.event_id : null,
-    },
+    error: { type: 'invalid_request_error', code, message, param, event_id: eventId },
   };
 }
 

@@ -2,7 +2,7 @@
 // the model endpoints' shape (A) with the key's rate headers once the key is known.
 import { test, after, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { waitUntilKnown, eventually } from '../helpers/data-plane.js';
@@ -172,4 +172,29 @@ test('the 61st connection attempt in a minute from one IP: 429 api_error without
   // Another address is not affected.
   const other = await refused(attemptRealtime(node.address, { key: 'sk-tollgate-unknown', localAddress: '127.0.0.62' }));
   assert.equal(other.status, 401);
+});
+
+test("refused realtime attempts of a known key, and a revoked key's attempts, are in the key's request log", async () => {
+  // Before: only HTTP requests were logged against a key: a realtime attempt refused before the
+  // upgrade (model not allowed, bad model, blocked, 429) or made with a revoked key left no trace, so
+  // the leak procedure ("read the request logs of the key between leak and revoke") missed an attacker
+  // who used the leaked key on /v1/realtime.
+  const k = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
+  await waitUntilKnown(node.url, k.key);
+  assertShapeA(await refused(attemptRealtime(node.address, { key: k.key, headers: { 'user-agent': 'rt-attacker/1' } })), 401, 'model_not_allowed');
+  assertShapeA(await refused(attemptRealtime(node.address, { key: k.key, model: 'no-such-model' })), 400, 'invalid_request_error');
+  await admin.revokeKey({ keyId: k.keyId });
+  assertShapeA(await refused(attemptRealtime(node.address, { key: k.key })), 401, 'authentication_error');
+  let logs: any[] = [];
+  // (waitUntilKnown's own probe is in the log too.)
+  const realtimeLogs = () => cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs.filter((l: any) => l.path === '/v1/realtime');
+  await eventually(async () => (logs = realtimeLogs()).length >= 3, 'three attempts logged');
+  const rows = logs.map((l) => [l.method, l.path, l.status, l.reason]).sort((a, b) => Number(a[2]) - Number(b[2]) || String(a[3]).localeCompare(String(b[3])));
+  assert.deepEqual(rows, [
+    ['GET', '/v1/realtime', 400, 'invalid_request'],
+    ['GET', '/v1/realtime', 401, 'authentication_error'],
+    ['GET', '/v1/realtime', 401, 'model_not_allowed'],
+  ]);
+  assert.ok(logs.some((l) => l.user_agent === 'rt-attacker/1'));
+  assert.ok(logs.every((l) => l.client_ip === '127.0.0.1'));
 });

@@ -128,6 +128,29 @@ test('a fake upstream: the gateway dials it with the configured credential and m
   await eventually(async () => conn.closed, 'the upstream connection closed with the client');
 });
 
+test('a model switch cannot slip past the gateway spelled with JSON escapes or sent as a binary frame', async () => {
+  // Before: the gateway looked for the literal text "session.update" in text frames only, so
+  // `"session.upd\u0061te"` (the same event once parsed) and a binary frame carrying the event reached
+  // the upstream: a session billed as one model could be switched to another.
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  const before = upstream.connections.length;
+  const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
+  const conn = await upstream.waitForConnection(before + 1);
+  await session.waitFor('session.created');
+  session.ws.send('{"type":"session.upd\\u0061te","session":{"type":"realtime","model":"gpt-other"}}');
+  assert.equal((await session.waitFor('error')).error.code, 'model_not_allowed');
+  session.ws.send(Buffer.from(JSON.stringify({ type: 'session.update', session: { model: 'gpt-other' } })), { binary: true });
+  assert.equal((await session.waitFor('error', 2)).error.code, 'model_not_allowed');
+  // A frame after them shows the upstream has read everything the client sent before it.
+  session.send({ type: 'response.create' });
+  await session.waitFor('response.done');
+  assert.ok(!conn.received.some((e) => e.type === 'session.update'), 'no escaped switch reached the upstream');
+  assert.deepEqual(conn.receivedBinary, [], 'no binary switch reached the upstream');
+  session.ws.close(1000, 'bye');
+  await session.waitClosed();
+});
+
 test('the openai realtime client through the gateway to a fake upstream: events both ways, usage billed', async () => {
   const k = await createKey(admin, { tier: 'free' });
   await waitUntilKnown(node.url, k.key);
@@ -161,6 +184,30 @@ test('an upstream that refuses the handshake: the client gets 502 in the model s
     upstream.refuseWith = 0;
   }
   assert.equal((await admin.getOrg({ orgId: k.orgId })).spendTotalMicros, 0);
+});
+
+test('a key revoked while its upstream handshake is in progress never gets a session', async () => {
+  // Before: the key was checked only before the upstream was dialled; revoked while the upstream's
+  // handshake was under way (up to its connect timeout), the client was upgraded anyway and its session
+  // stayed open after `tollgate key revoke` had returned, until some later change made the node look again.
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  upstream.holdHandshakes = true;
+  const attempt = attemptRealtime(node.address, { key: k.key, model: 'rt-upstream' });
+  try {
+    await upstream.waitForHeldHandshakes(1);
+    await admin.revokeKey({ keyId: k.keyId });
+  } finally {
+    upstream.releaseHandshakes();
+  }
+  const r = await attempt;
+  if (!isRefusal(r)) {
+    const closed = await Promise.race([r.session.waitClosed(), new Promise((resolve) => setTimeout(() => resolve('still open'), 3000))]);
+    r.ws.terminate();
+    assert.fail(`the socket was accepted after the revocation (then: ${closed})`);
+  }
+  assert.equal(r.status, 401, JSON.stringify(r.body));
+  assert.equal(r.body.error.type, 'authentication_error');
 });
 
 test('an upstream lost mid-session closes the client with 1014 and a reason', async () => {

@@ -190,3 +190,43 @@ test('edge budgets count by the derived client address', async () => {
   for (let i = 0; i < 12; i++) assert.equal((await anonymous(UNTRUSTED_PEER, '198.51.100.31')).status, 401, `request ${i + 1}`);
   assert.equal((await anonymous(UNTRUSTED_PEER, '198.51.100.32')).status, 429);
 });
+
+test('headers the client names in Connection are hop-by-hop and never reach a tool backend', async () => {
+  // Before: a header listed in `Connection` (meant for the gateway's connection only, RFC 9110 7.6.1)
+  // was forwarded to the backend. (Header names with underscores, e.g. `X_Tollgate_Key_Id`, never get
+  // this far: uWS refuses the request while parsing it.)
+  backend.clear();
+  const r = await send('/v1/files/file-1', { headers: ['X-Hop-Only: drop me', 'X-Hop-Too: drop me', 'Connection: X-Hop-Only, x-hop-too', 'X-Kept: kept', ...freshClient()] });
+  assert.equal(r.status, 200, r.body);
+  assert.equal(backend.requests.length, 1);
+  const got = backend.requests[0];
+  assert.deepEqual(backend.headerLines(got, 'x-hop-only'), []);
+  assert.deepEqual(backend.headerLines(got, 'x-hop-too'), []);
+  assert.deepEqual(backend.headerLines(got, 'x-kept'), ['kept'], 'an ordinary end-to-end header still does');
+});
+
+test('a tool backend never sees client-sent X-Forwarded-Host/Proto/Port/Prefix or URL-override headers', async () => {
+  // Before: only X-Forwarded-For, Forwarded and the client-address headers were dropped, so a client
+  // could tell a backend that trusts its gateway's forwarding headers another host, scheme or prefix
+  // (links and redirects it builds), or another path (X-Original-URL, X-Rewrite-URL).
+  backend.clear();
+  const forged = [
+    'X-Forwarded-Host: evil.example',
+    'X-Forwarded-Proto: https',
+    'X-Forwarded-Port: 8443',
+    'X-Forwarded-Prefix: /admin',
+    'X-Forwarded-Server: evil.example',
+    'X-Original-URL: /admin/secrets',
+    'X-Rewrite-URL: /admin/secrets',
+    'X-Original-Host: evil.example',
+  ];
+  const r = await send('/v1/files/file-1', { headers: [...forged, 'X-Kept: kept', ...freshClient()] });
+  assert.equal(r.status, 200, r.body);
+  const got = backend.requests[0];
+  for (const line of forged) {
+    const name = line.slice(0, line.indexOf(':')).toLowerCase();
+    assert.deepEqual(backend.headerLines(got, name), [], name);
+  }
+  assert.deepEqual(backend.headerLines(got, 'x-kept'), ['kept']);
+  assert.equal(backend.headerLines(got, 'x-forwarded-for').length, 1, 'ours, once');
+});

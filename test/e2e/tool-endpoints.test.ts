@@ -4,6 +4,7 @@
 // every request, what the backend sees (credentials gone, caller ids added), and a config reload that
 // changes backends without dropping a request in flight.
 import assert from 'node:assert/strict';
+import { gzipSync } from 'node:zlib';
 import { writeFileSync } from 'node:fs';
 import { after, before, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
@@ -279,4 +280,22 @@ test('/v1/pdf HTML with a remote reference is refused with 400 and a Shape C det
   assert.equal(main.requests.length, 1);
   assert.equal(main.requests[0].body, html);
   assert.equal(main.requests[0].headers['content-length'], String(Buffer.byteLength(html)));
+});
+
+test('/v1/pdf bodies the guard cannot read (compressed, or in an encoding that hides the markup) never reach the backend with a remote reference', { timeout: 60_000 }, async () => {
+  // Before: a gzip body with `Content-Encoding: gzip`, and an HTML document in UTF-16, were forwarded
+  // unread: the guard scanned the compressed or UTF-16 bytes as UTF-8 and found nothing.
+  main.clear();
+  const html = '<p>Hi</p><img src="https://tracker.example/p.gif">';
+  const gz = await call('/v1/pdf/render', { method: 'POST', headers: { 'content-type': 'text/html', 'content-encoding': 'gzip' }, body: gzipSync(html) });
+  assert.equal(gz.status, 400, gz.text);
+  assert.deepEqual(Object.keys(gz.json), ['detail']);
+  assert.match(gz.json.detail, /Content-Encoding/);
+  const utf16 = await call('/v1/pdf/render', { method: 'POST', headers: { 'content-type': 'text/html; charset=utf-16' }, body: Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from(html, 'utf16le')]) });
+  assert.equal(utf16.status, 400, utf16.text);
+  assert.match(utf16.json.detail, /tracker\.example/);
+  assert.equal(main.requests.length, 0, 'the backend saw neither');
+  // `identity` is no encoding: such a body is read and passes when it is local.
+  const ok = await call('/v1/pdf/render', { method: 'POST', headers: { 'content-type': 'text/html', 'content-encoding': 'identity' }, body: '<p>ok</p>' });
+  assert.equal(ok.status, 200, ok.text);
 });

@@ -1,7 +1,10 @@
 // `tollgate logs` refuses bad input with one clear line: malformed times, statuses and limits are
 // usage errors (400, exit 2), a window that ends before it starts and an account asking for no key,
 // project or organisation are refused by the control plane (400), an unknown key is 404.
+import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { ListRequestLogsRequest } from '../../proto/gen/tollgate/v1/console.js';
+import { consoleClient, createKey } from '../helpers/console.js';
 import { assertFails, assertUsageError, createOrgWithProject, runMany } from '../helpers/console-cli.js';
 import { startControlPlane, stopAll } from '../helpers/processes.js';
 
@@ -26,4 +29,36 @@ test('tollgate logs: bad input gets one clear line', async (t) => {
   assertFails(noScope, 400, 'an account asking for every log', { message: /give a key, a project or an organisation/ });
   assertFails(unknownKey, 404, 'an unknown key', { message: /key key_doesnotexist not found/ });
   assertFails(page, 400, 'a page token the server never gave', { message: /page_token/ });
+});
+
+test('a key value given where a key id belongs is refused without being echoed, by the CLI and the control plane', async (t) => {
+  // Before: `tollgate key show sk-…`, `key revoke sk-…` and `logs --key sk-…` answered
+  // "404 key sk-tollgate-… not found": the full key value came back in the error message.
+  t.after(stopAll);
+  const cp = await startControlPlane();
+  const op = cp.secrets.operatorToken;
+  const c = consoleClient(cp.address, op);
+  t.after(() => c.close());
+  const { key } = await createKey(c);
+  const secret = key.slice(key.length - 20);
+  const runs = await runMany(cp, [
+    [op, ['key', 'show', key]],
+    [op, ['key', 'revoke', key]],
+    [op, ['logs', '--key', key]],
+    [op, ['--json', 'key', 'show', ` ${key}`]],
+  ]);
+  for (const r of runs) {
+    assert.notEqual(r.code, 0);
+    assert.ok(!(r.stderr + r.stdout).includes(secret), `the value is not echoed: ${r.stderr}`);
+    assert.match(r.stderr, /key value, not a key id/);
+  }
+  // The control plane itself (another client than our CLI) refuses it the same way.
+  for (const call of [() => c.getKey({ keyId: key }), () => c.revokeKey({ keyId: key }), () => c.listRequestLogs(ListRequestLogsRequest.fromPartial({ keyId: key }))]) {
+    await assert.rejects(call(), (err: any) => {
+      assert.equal(err.code, 3, err.details);
+      assert.ok(!String(err.details).includes(secret), err.details);
+      return true;
+    });
+  }
+  assert.ok(!cp.proc.output().includes(secret), 'nor logged by the control plane');
 });

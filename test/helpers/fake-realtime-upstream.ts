@@ -14,6 +14,8 @@ export interface FakeRealtimeConnection {
   socket: WebSocket;
   /** Client events received (parsed). */
   received: any[];
+  /** Binary frames received (the fake answers none of them). */
+  receivedBinary: Buffer[];
   /** Flood progress: messages handed to the socket so far. */
   floodSent: number;
   closed: boolean;
@@ -27,6 +29,12 @@ export interface FakeRealtimeUpstream {
   usage: { input_tokens: number; output_tokens: number };
   /** Non-zero: refuse handshakes with this HTTP status. */
   refuseWith: number;
+  /** True: handshakes wait (unanswered) until releaseHandshakes(). */
+  holdHandshakes: boolean;
+  /** Resolves once `n` handshakes are waiting. */
+  waitForHeldHandshakes(n: number): Promise<void>;
+  /** Lets every waiting handshake go on (stops holding new ones). */
+  releaseHandshakes(): void;
   waitForConnection(n: number): Promise<FakeRealtimeConnection>;
   close(): Promise<void>;
 }
@@ -34,11 +42,32 @@ export interface FakeRealtimeUpstream {
 export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream> {
   const connections: FakeRealtimeConnection[] = [];
   let waiters: Array<() => void> = [];
+  let held: Array<() => void> = [];
+  let heldWaiters: Array<() => void> = [];
   const fake: FakeRealtimeUpstream = {
     url: '',
     connections,
     usage: { input_tokens: 10, output_tokens: 20 },
     refuseWith: 0,
+    holdHandshakes: false,
+    waitForHeldHandshakes(n) {
+      return new Promise((resolve) => {
+        const check = () => {
+          if (held.length >= n) {
+            heldWaiters = heldWaiters.filter((w) => w !== check);
+            resolve();
+          }
+        };
+        heldWaiters.push(check);
+        check();
+      });
+    },
+    releaseHandshakes() {
+      fake.holdHandshakes = false;
+      const h = held;
+      held = [];
+      for (const go of h) go();
+    },
     waitForConnection(n) {
       return new Promise((resolve) => {
         const check = () => {
@@ -60,13 +89,18 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
     port: 0,
     host: '127.0.0.1',
     maxPayload: 64 * 1024 * 1024,
-    verifyClient: (_info, cb) => (fake.refuseWith ? cb(false, fake.refuseWith, 'refused by the fake upstream') : cb(true)),
+    verifyClient: (_info, cb) => {
+      const answer = () => (fake.refuseWith ? cb(false, fake.refuseWith, 'refused by the fake upstream') : cb(true));
+      if (!fake.holdHandshakes) return answer();
+      held.push(answer);
+      for (const w of [...heldWaiters]) w();
+    },
   });
   await new Promise<void>((r) => wss.once('listening', () => r()));
   fake.url = `ws://127.0.0.1:${(wss.address() as AddressInfo).port}/v1/realtime`;
   let n = 0;
   wss.on('connection', (socket, req) => {
-    const conn: FakeRealtimeConnection = { url: req.url ?? '', headers: req.headers, socket, received: [], floodSent: 0, closed: false };
+    const conn: FakeRealtimeConnection = { url: req.url ?? '', headers: req.headers, socket, received: [], receivedBinary: [], floodSent: 0, closed: false };
     connections.push(conn);
     for (const w of [...waiters]) w();
     const send = (ev: Record<string, unknown>) => socket.send(JSON.stringify({ event_id: `event_fake_${++n}`, ...ev }));
@@ -74,7 +108,7 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
     socket.on('error', () => {});
     send({ type: 'session.created', session: { type: 'realtime', object: 'realtime.session', id: `sess_fake_${n}`, model: new URL(req.url ?? '/', 'ws://x').searchParams.get('model') } });
     socket.on('message', (data, isBinary) => {
-      if (isBinary) return;
+      if (isBinary) return void conn.receivedBinary.push(Buffer.from(data as Buffer));
       const ev = JSON.parse(data.toString());
       conn.received.push(ev);
       if (ev.type === 'response.create') {

@@ -3,7 +3,7 @@
 // local references (data: URIs, fragments, relative paths) and text that merely mentions a URL pass.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { decodeEntities, findRemoteInBody, findRemoteReference, isRemoteUrl } from '../../data-plane/proxy/pdf-guard.js';
+import { decodeEntities, findRemoteInBody, findRemoteReference, isRemoteUrl, otherReadings } from '../../data-plane/proxy/pdf-guard.js';
 
 /** [document, what the finding names (a substring of `where`), the URL it names (substring)] */
 const REMOTE: Array<[string, string, string]> = [
@@ -146,4 +146,39 @@ test('bodies: JSON string fields are read as HTML; other types as text', () => {
   assert.ok(findRemoteInBody(multipart, 'multipart/form-data; boundary=b'));
   // Malformed JSON is still read as text, so it cannot hide a reference.
   assert.ok(findRemoteInBody(Buffer.from('{"html": "<img src=\'https://evil.example/x\'>"'), 'application/json'));
+});
+
+test('bodies the guard cannot read to the end are refused, never passed unread', () => {
+  // Before: a JSON string nested deeper than 64 levels, an HTML document in UTF-16 (with a BOM or a
+  // declared charset, which renderers honour) and an <iframe srcdoc> nested more than three deep were
+  // not read at all, and their remote references reached the backend.
+  const remote = '<img src="https://evil.example/x.png">';
+  let deep: unknown = { html: remote };
+  for (let i = 0; i < 70; i++) deep = { a: [deep] };
+  assert.ok(findRemoteInBody(Buffer.from(JSON.stringify(deep)), 'application/json'), 'JSON nested 140 levels');
+  const le = Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from(`<html>${remote}</html>`, 'utf16le')]);
+  assert.ok(findRemoteInBody(le, 'text/html'), 'UTF-16LE with a BOM');
+  const be = Buffer.from(`\ufeff<html>${remote}</html>`, 'utf16le').swap16();
+  assert.ok(findRemoteInBody(be, 'text/html'), 'UTF-16BE with a BOM');
+  assert.ok(findRemoteInBody(Buffer.from(`<html>${remote}</html>`, 'utf16le'), 'text/html; charset=UTF-16LE'), 'declared UTF-16LE, no BOM');
+  assert.ok(findRemoteInBody(Buffer.from(`<html>${remote}</html>`, 'utf16le'), 'text/html; charset="utf-16"'), 'declared UTF-16, no BOM');
+  // ISO-2022-JP: `ESC ( B` (switch to ASCII) is invisible once decoded, so it can split a tag name.
+  const jis = Buffer.from('<im\x1b(Bg src="https://evil.example/x.png">', 'latin1');
+  assert.ok(findRemoteInBody(jis, 'text/html; charset=ISO-2022-JP'), 'declared ISO-2022-JP');
+  assert.ok(findRemoteInBody(Buffer.concat([Buffer.from('<meta charset="iso-2022-jp">'), jis]), 'text/html'), 'ISO-2022-JP named by <meta charset>');
+  // However many charsets a document declares, it is read again at most once per encoding that can
+  // hide markup (no amplification of the work per byte).
+  const many = ['shift_jis', 'utf-16le', 'UTF-16', 'big5', 'koi8-r', 'gbk', 'euc-kr', 'windows-1251', 'iso-2022-jp', 'utf-16be', 'bogus'];
+  const declared = Buffer.from(`${many.map((c) => `<meta charset="${c}">`).join('')}<p>text</p>`);
+  assert.equal(otherReadings(declared, 'text/html; charset=iso-2022-jp').length, 3);
+  assert.equal(otherReadings(Buffer.from('<meta charset="shift_jis"><p>x</p>'), 'text/html; charset=windows-1252').length, 0);
+  // Each level of srcdoc escapes the level inside it once more.
+  let doc = remote;
+  for (let i = 0; i < 6; i++) doc = `<iframe srcdoc="${doc.replace(/&/g, '&amp;').replace(/"/g, '&quot;')}"></iframe>`;
+  assert.ok(findRemoteReference(doc), 'srcdoc nested six deep');
+  // Still local: the same documents without a remote reference pass.
+  assert.equal(findRemoteInBody(Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from('<p>ok</p>', 'utf16le')]), 'text/html'), null);
+  let flat: unknown = { html: '<p>ok</p>' };
+  for (let i = 0; i < 70; i++) flat = { a: [flat] };
+  assert.equal(findRemoteInBody(Buffer.from(JSON.stringify(flat)), 'application/json'), null);
 });

@@ -13,7 +13,7 @@ import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
 import { offersKeyInProtocol } from '../../data-plane/realtime/gateway.js';
 import { OpenSockets, type OpenSocket } from '../../data-plane/realtime/open-sockets.js';
-import { modelSwitch, tokens, truncateReason } from '../../data-plane/realtime/session.js';
+import { clientEventRefusal, tokens, truncateReason } from '../../data-plane/realtime/session.js';
 import { upstreamUrl } from '../../data-plane/realtime/ws-upstream.js';
 import { DemoRealtimeLink } from '../../data-plane/proxy/providers/demo-realtime.js';
 
@@ -63,15 +63,34 @@ test('token counts from an upstream are validated: whole, non-negative, bounded;
 test("a session.update naming another model is refused in-band; the session's own model or none passes", () => {
   const m = model('rt', 'realtime', 'gpt-realtime');
   const ev = (session: unknown) => Buffer.from(JSON.stringify({ type: 'session.update', event_id: 'e1', session }));
-  assert.equal(modelSwitch(ev({ instructions: 'hi' }), m), null);
-  assert.equal(modelSwitch(ev({ model: 'rt' }), m), null);
-  assert.equal(modelSwitch(ev({ model: 'gpt-realtime' }), m), null);
-  const refusal = modelSwitch(ev({ model: 'gpt-other' }), m)!;
+  assert.equal(clientEventRefusal(ev({ instructions: 'hi' }), m), null);
+  assert.equal(clientEventRefusal(ev({ model: 'rt' }), m), null);
+  assert.equal(clientEventRefusal(ev({ model: 'gpt-realtime' }), m), null);
+  const refusal = clientEventRefusal(ev({ model: 'gpt-other' }), m)!;
   assert.equal(refusal.type, 'error');
   assert.equal(refusal.error.code, 'model_not_allowed');
   assert.equal(refusal.error.event_id, 'e1');
-  assert.equal(modelSwitch(Buffer.from('{"type":"response.create","x":"\\"session.update\\""}'), m), null);
-  assert.equal(modelSwitch(Buffer.from('not json "session.update"'), m), null);
+  assert.equal(clientEventRefusal(Buffer.from('{"type":"response.create","x":"\\"session.update\\""}'), m), null);
+  assert.equal(clientEventRefusal(Buffer.from('not json "session.update"'), m), null);
+});
+
+test('a client event with a repeated key is refused in-band: the upstream may read the other copy', () => {
+  // Before: `{"type":"session.update","type":"response.create",…}` read as a response.create here
+  // (JSON.parse keeps the last copy) and went on; an upstream that keeps the first copy switched the
+  // model. Likewise two `model` members, the allowed one last.
+  const m = model('rt', 'realtime', 'gpt-realtime');
+  for (const text of [
+    '{"type":"session.update","type":"response.create","session":{"model":"gpt-other"}}',
+    '{"type":"session.update","session":{"model":"gpt-other","model":"rt"}}',
+    '{"type":"session.update","session":{"model":"gpt-other","mod\\u0065l":"rt"}}',
+    '{"type":"session.update","session":{"model":"gpt-other"},"session":{"model":"rt"}}',
+  ]) {
+    const refusal = clientEventRefusal(Buffer.from(text), m);
+    assert.equal(refusal?.type, 'error', text);
+    assert.equal(refusal.error.code, 'invalid_request_error', text);
+    assert.match(refusal.error.message, /repeat/, text);
+  }
+  assert.equal(clientEventRefusal(Buffer.from('{"type":"session.update","session":{"model":"rt","voice":"x"}}'), m), null);
 });
 
 test('close reasons fit the 123-byte limit of a close frame, whole characters only', () => {
@@ -118,7 +137,7 @@ test('open sockets: enforce closes those of removed keys, blocked organisations 
   const closed: Array<[string, string]> = [];
   const reg = new OpenSockets();
   const sock = (id: string, modelId = 'rt'): OpenSocket => {
-    const s: OpenSocket = { keyHash: hashKey(pepper, `sk-${id}`), modelId, closeForPolicy: (why) => (closed.push([id, why]), reg.remove(s)) };
+    const s: OpenSocket = { keyHash: hashKey(pepper, `sk-${id}`), orgId: `org-of-${id}`, modelId, closeForPolicy: (why) => (closed.push([id, why]), reg.remove(s)) };
     reg.add(s);
     return s;
   };
