@@ -18,6 +18,8 @@ import type { LogFilter, LogPage, LogPart, LogSource, LogStore, StoredLog } from
 const DAY_MS = 86_400_000;
 /** Index entries per multi-row INSERT (7 columns each: well under SQLite's bound-parameter limit). */
 const KEY_CHUNK = 64;
+/** Blocks per multi-row INSERT. */
+const BLOCK_CHUNK = 16;
 /** Blocks read per SELECT while a page fills. */
 const READ_CHUNK = 16;
 const DAY_TABLE_RE = /^logblocks_(\d{8})$/;
@@ -128,15 +130,21 @@ export class SqliteLogStore implements LogStore {
         if (fresh.length === 0) return { duplicate: true, written: 0 };
         await tx.run('UPDATE log_cursors SET last_seq = ? WHERE node_id = ? AND instance_id = ?', [last, source.nodeId, source.instanceId]);
       }
+      const byDay = new Map<string, LogBlock[]>();
       let written = 0;
       for (const part of fresh) {
         for (const b of part.blocks) {
-          if (b.rows <= 0 || b.columns.length === 0 || dayOf(b.minAtMs) < oldest) continue;
           const day = dayOf(b.minAtMs);
-          await this.ensureDay(tx, day, added);
-          await this.insertBlock(tx, day, source.nodeId, b);
+          if (b.rows <= 0 || b.columns.length === 0 || day < oldest) continue;
+          const list = byDay.get(day);
+          if (list) list.push(b);
+          else byDay.set(day, [b]);
           written += b.rows;
         }
+      }
+      for (const [day, blocks] of byDay) {
+        await this.ensureDay(tx, day, added);
+        await this.insertBlocks(tx, day, source.nodeId, blocks);
       }
       return { duplicate: false, written };
     });
@@ -152,19 +160,28 @@ export class SqliteLogStore implements LogStore {
     }
   }
 
-  private async insertBlock(q: Queryable, day: string, nodeId: string, b: LogBlock): Promise<void> {
-    const { lastID: block } = await q.runPrepared(`INSERT INTO logblocks_${day} (node_id, min_at, max_at, rows, columns) VALUES (?, ?, ?, ?, ?)`, [
-      nodeId,
-      b.minAtMs,
-      b.maxAtMs,
-      b.rows,
-      b.columns,
-    ]);
-    for (let i = 0; i < b.keys.length; i += KEY_CHUNK) {
-      const part = b.keys.slice(i, i + KEY_CHUNK);
+  /**
+   * One day's blocks: one multi-row INSERT for the blocks (SQLite numbers the rows of one statement
+   * one after the other, so the last id gives them all), then their index entries 64 to a statement.
+   */
+  private async insertBlocks(q: Queryable, day: string, nodeId: string, blocks: readonly LogBlock[]): Promise<void> {
+    for (let i = 0; i < blocks.length; i += BLOCK_CHUNK) {
+      const part = blocks.slice(i, i + BLOCK_CHUNK);
       const params: Param[] = [];
-      for (const k of part) params.push(k.keyId, k.maxAtMs, block, k.minAtMs, k.projectId, k.orgId, k.rows);
-      await q.runPrepared(keysInsertSql(day, part.length), params);
+      for (const b of part) params.push(nodeId, b.minAtMs, b.maxAtMs, b.rows, b.columns);
+      const { lastID } = await q.runPrepared(
+        `INSERT INTO logblocks_${day} (node_id, min_at, max_at, rows, columns) VALUES ${part.map(() => '(?, ?, ?, ?, ?)').join(', ')}`,
+        params,
+      );
+      const keys: Param[][] = [];
+      part.forEach((b, j) => {
+        const id = lastID - (part.length - 1 - j);
+        for (const k of b.keys) keys.push([k.keyId, k.maxAtMs, id, k.minAtMs, k.projectId, k.orgId, k.rows]);
+      });
+      for (let k = 0; k < keys.length; k += KEY_CHUNK) {
+        const chunk = keys.slice(k, k + KEY_CHUNK);
+        await q.runPrepared(keysInsertSql(day, chunk.length), chunk.flat());
+      }
     }
   }
 
@@ -297,7 +314,7 @@ export class SqliteLogStore implements LogStore {
       const flush = async (node: string, blocks: LogBlocksBuilder) => {
         for (const b of blocks.blocks()) {
           await this.ensureDay(tx, dayOf(b.minAtMs), added);
-          await this.insertBlock(tx, dayOf(b.minAtMs), node, b);
+          await this.insertBlocks(tx, dayOf(b.minAtMs), node, [b]);
         }
         builders.delete(node);
       };
