@@ -6,7 +6,7 @@
 // message this reader does not expect (a column split in two, an unpacked column, a truncated
 // field) is read by the generated decoder instead, so the answer is the same either way.
 import { LogColumns } from '../gen/tollgate/v1/sync.js';
-import { clampCount, matchLogColumns, type LogRow, type LogRowFilter } from './log-columns.js';
+import { assembleLogRow, matchLogColumns, type LogNumberField, type LogRow, type LogRowFilter, type LogTextField } from './log-columns.js';
 
 /** Field numbers of LogColumns (sync.proto). */
 const F_STRINGS = 1;
@@ -35,6 +35,28 @@ const C_COMPLETION = 17 - FIRST_PACKED;
 const C_COST = 18 - FIRST_PACKED;
 const C_REASON = 19 - FIRST_PACKED;
 const C_PREFIX = 20 - FIRST_PACKED;
+
+const TEXT_SLOT: Record<LogTextField, number> = {
+  keyId: C_KEY,
+  projectId: C_PROJECT,
+  orgId: C_ORG,
+  clientIp: C_IP,
+  userAgent: C_UA,
+  method: C_METHOD,
+  path: C_PATH,
+  model: C_MODEL,
+  reason: C_REASON,
+  keyPrefix: C_PREFIX,
+};
+const NUMBER_SLOT: Record<LogNumberField, number> = {
+  status: C_STATUS,
+  latencyUs: C_LATENCY,
+  bytesIn: C_BYTES_IN,
+  bytesOut: C_BYTES_OUT,
+  promptTokens: C_PROMPT,
+  completionTokens: C_COMPLETION,
+  costMicros: C_COST,
+};
 
 class Unexpected extends Error {}
 
@@ -158,47 +180,13 @@ function scan(buf: Uint8Array, filter: LogRowFilter): { i: number; row: LogRow }
     ) {
       continue;
     }
-    const keyId = str(v[C_KEY]);
-    const projectId = str(v[C_PROJECT]);
-    const orgId = str(v[C_ORG]);
-    const clientIp = str(v[C_IP]);
-    const userAgent = str(v[C_UA]);
-    const method = str(v[C_METHOD]);
-    const path = str(v[C_PATH]);
-    const model = str(v[C_MODEL]);
-    const reason = str(v[C_REASON]);
-    const keyPrefix = str(v[C_PREFIX]);
-    const requestId = decoder.decode(buf.subarray(l.requestIds[2 * i], l.requestIds[2 * i + 1]));
-    if (
-      keyId === undefined || projectId === undefined || orgId === undefined || clientIp === undefined || userAgent === undefined ||
-      method === undefined || path === undefined || model === undefined || reason === undefined || keyPrefix === undefined || !requestId
-    ) {
-      continue;
-    }
-    out.push({
-      i,
-      row: {
-        requestId,
-        atMs: clampCount(at),
-        keyId,
-        projectId,
-        orgId,
-        clientIp,
-        userAgent,
-        method,
-        path,
-        status: clampCount(v[C_STATUS], 999),
-        latencyUs: clampCount(v[C_LATENCY]),
-        bytesIn: clampCount(v[C_BYTES_IN]),
-        bytesOut: clampCount(v[C_BYTES_OUT]),
-        model,
-        promptTokens: clampCount(v[C_PROMPT]),
-        completionTokens: clampCount(v[C_COMPLETION]),
-        costMicros: clampCount(v[C_COST]),
-        reason,
-        keyPrefix,
-      },
-    });
+    const row = assembleLogRow(
+      decoder.decode(buf.subarray(l.requestIds[2 * i], l.requestIds[2 * i + 1])),
+      at,
+      (f) => str(v[TEXT_SLOT[f]]),
+      (f) => v[NUMBER_SLOT[f]],
+    );
+    if (row) out.push({ i, row });
   }
   return out;
 }

@@ -218,45 +218,43 @@ export function matchLogColumns(c: LogColumns, filter: LogRowFilter): { i: numbe
   return out;
 }
 
-function rowAt(c: LogColumns, i: number, at: number): LogRow | null {
-  const s = c.strings;
-  const keyId = s[c.keyId[i]];
-  const projectId = s[c.projectId[i]];
-  const orgId = s[c.orgId[i]];
-  const clientIp = s[c.clientIp[i]];
-  const userAgent = s[c.userAgent[i]];
-  const method = s[c.method[i]];
-  const path = s[c.path[i]];
-  const model = s[c.model[i]];
-  const reason = s[c.reason[i]];
-  const keyPrefix = s[c.keyPrefix[i]];
-  if (
-    keyId === undefined || projectId === undefined || orgId === undefined || clientIp === undefined || userAgent === undefined ||
-    method === undefined || path === undefined || model === undefined || reason === undefined || keyPrefix === undefined || !c.requestId[i]
-  ) {
-    return null;
+export type LogTextField = 'keyId' | 'projectId' | 'orgId' | 'clientIp' | 'userAgent' | 'method' | 'path' | 'model' | 'reason' | 'keyPrefix';
+export type LogNumberField = 'status' | 'latencyUs' | 'bytesIn' | 'bytesOut' | 'promptTokens' | 'completionTokens' | 'costMicros';
+const TEXT_FIELDS: readonly LogTextField[] = ['keyId', 'projectId', 'orgId', 'clientIp', 'userAgent', 'method', 'path', 'model', 'reason', 'keyPrefix'];
+
+/**
+ * A row from what a reader found in a block: null when a text value is missing (an index past the
+ * string table) or the request id is empty. Every number is made a safe integer here.
+ */
+export function assembleLogRow(
+  requestId: string | undefined,
+  at: number,
+  text: (f: LogTextField) => string | undefined,
+  num: (f: LogNumberField) => number | undefined,
+): LogRow | null {
+  if (!requestId) return null;
+  const t = {} as Record<LogTextField, string>;
+  for (const f of TEXT_FIELDS) {
+    const v = text(f);
+    if (v === undefined) return null;
+    t[f] = v;
   }
   return {
-    requestId: c.requestId[i],
+    requestId,
     atMs: clampCount(at),
-    keyId,
-    projectId,
-    orgId,
-    clientIp,
-    userAgent,
-    method,
-    path,
-    status: clampCount(c.status[i], 999),
-    latencyUs: clampCount(c.latencyUs[i]),
-    bytesIn: clampCount(c.bytesIn[i]),
-    bytesOut: clampCount(c.bytesOut[i]),
-    model,
-    promptTokens: clampCount(c.promptTokens[i]),
-    completionTokens: clampCount(c.completionTokens[i]),
-    costMicros: clampCount(c.costMicros[i]),
-    reason,
-    keyPrefix,
+    ...t,
+    status: clampCount(num('status'), 999),
+    latencyUs: clampCount(num('latencyUs')),
+    bytesIn: clampCount(num('bytesIn')),
+    bytesOut: clampCount(num('bytesOut')),
+    promptTokens: clampCount(num('promptTokens')),
+    completionTokens: clampCount(num('completionTokens')),
+    costMicros: clampCount(num('costMicros')),
   };
+}
+
+function rowAt(c: LogColumns, i: number, at: number): LogRow | null {
+  return assembleLogRow(c.requestId[i], at, (f) => c.strings[c[f][i]], (f) => c[f][i]);
 }
 
 /**
