@@ -5,10 +5,9 @@ import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
-import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { eventually } from '../helpers/data-plane.js';
+import { startToolGateway } from '../helpers/tool-gateway.js';
+import { stopAll, type DataPlane } from '../helpers/processes.js';
 
 interface Upload {
   bytes: number;
@@ -34,17 +33,7 @@ before(async () => {
   });
   await new Promise<void>((r) => backend.listen(0, '127.0.0.1', () => r()));
   const port = (backend.address() as net.AddressInfo).port;
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.tool_backends = [{ prefix: '/v1/files', base_url: `http://127.0.0.1:${port}`, timeout_ms: 10_000 }];
-      cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
-    }),
-  });
-  node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  key = (await createKey(c, { tier: 'tools' })).key;
-  c.close();
-  await waitUntilKnown(node.url, key);
+  ({ node, key } = await startToolGateway([{ prefix: '/v1/files', base_url: `http://127.0.0.1:${port}`, timeout_ms: 10_000 }]));
 });
 after(async () => {
   await stopAll();

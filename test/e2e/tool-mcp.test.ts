@@ -7,10 +7,8 @@ import { after, before, test } from 'node:test';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { startDemoMcpServer, type DemoMcpServer } from '../../cli/demo-backends/mcp-server.js';
-import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { startToolGateway } from '../helpers/tool-gateway.js';
+import { stopAll, type DataPlane } from '../helpers/processes.js';
 
 let mcp: DemoMcpServer;
 let node: DataPlane;
@@ -18,17 +16,7 @@ let key: string;
 
 before(async () => {
   mcp = await startDemoMcpServer();
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.tool_backends = [{ prefix: '/v1/mcp', base_urls: [mcp.url], header_timeout_ms: 10_000, idle_timeout_ms: 30_000 }];
-      cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
-    }),
-  });
-  node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  key = (await createKey(c, { tier: 'tools' })).key;
-  c.close();
-  await waitUntilKnown(node.url, key);
+  ({ node, key } = await startToolGateway([{ prefix: '/v1/mcp', base_urls: [mcp.url], header_timeout_ms: 10_000, idle_timeout_ms: 30_000 }]));
 });
 after(async () => {
   await stopAll();

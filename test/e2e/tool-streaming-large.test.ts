@@ -8,11 +8,9 @@ import { readFileSync } from 'node:fs';
 import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
 import { startFastApiBackend, type FastApiBackend } from '../helpers/fastapi-backend.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { startToolGateway } from '../helpers/tool-gateway.js';
+import { stopAll, type DataPlane } from '../helpers/processes.js';
 
 const MIB = 1024 * 1024;
 const SIZE = 256 * MIB;
@@ -38,17 +36,7 @@ let key: string;
 
 before(async () => {
   backend = await startFastApiBackend();
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.tool_backends = [{ prefix: '/v1/files', base_urls: [backend.baseUrl], idle_timeout_ms: 60_000, header_timeout_ms: 120_000 }];
-      cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
-    }),
-  });
-  node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  key = (await createKey(c, { tier: 'tools' })).key;
-  c.close();
-  await waitUntilKnown(node.url, key);
+  ({ node, key } = await startToolGateway([{ prefix: '/v1/files', base_urls: [backend.baseUrl], idle_timeout_ms: 60_000, header_timeout_ms: 120_000 }]));
   // Warm up both directions, so the baseline includes what any transfer allocates once.
   await upload(8 * MIB);
   await download(8 * MIB);
