@@ -1,14 +1,16 @@
-// `npm run bench:instructions [-- --baseline REF] [-- --requests N] [-- --rounds R]`: CPU instructions per request of
+// `npm run bench:instructions [-- --baseline REF[,REF…]] [-- --requests N] [-- --rounds R]`: CPU instructions per request of
 // the node (valgrind's callgrind), JSON and SSE chat. Unlike timings, instruction counts do not move
 // when other processes load the machine, so they measure what a hot-path change bought where the
 // timings of `npm run bench` are too noisy. Needs valgrind; the node runs ~50× slower under it.
 //
 // The node runs under callgrind; after a warm-up (the JIT settled) the counters are zeroed, N requests are sent, and the instructions counted are divided by N. With --baseline REF
 // the same is measured for a node built from another commit (a temporary git worktree).
-// Callgrind counts every thread of the process, so a JIT compilation or a GC cycle that lands in the
-// measured window inflates it (one JSON window counted 2× its usual figure): with --rounds R (default
-// 3) the scenarios are measured R times, alternating, and the lowest count of each is reported (what
-// interference cannot lower), with every round's figure printed.
+// Callgrind counts every thread of the process, so a JIT compilation or a GC cycle of a background
+// thread that lands in the measured window inflates it (one JSON window counted 2× its usual figure).
+// So the node runs with V8's --single-threaded (compilation and GC on the main thread, when the work
+// calls for them rather than when a thread gets scheduled), and with --rounds R (default 3) the
+// scenarios are measured R times, alternating, and the lowest count of each is reported, with every
+// round's figure printed.
 import { spawn, spawnSync } from 'node:child_process';
 import { readFileSync, rmSync, symlinkSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -52,14 +54,16 @@ async function main(): Promise<void> {
   admin.close();
 
   const out: Record<string, Record<string, number>> = {};
-  out.node = await measureNode(ROOT, cp, key);
-  if (opts.baseline) {
-    const dir = join(tmpdir(), `tollgate-baseline-${process.pid}`);
-    const add = spawnSync('git', ['worktree', 'add', '--detach', dir, opts.baseline], { cwd: ROOT, encoding: 'utf8' });
+  out.node = await measureNode(ROOT, cp, key, 'node');
+  // --baseline A,B,…: each commit's node in turn, in the same run (what each step bought).
+  const baselines = opts.baseline ? opts.baseline.split(',').filter(Boolean) : [];
+  for (const [i, ref] of baselines.entries()) {
+    const dir = join(tmpdir(), `tollgate-baseline-${process.pid}-${i}`);
+    const add = spawnSync('git', ['worktree', 'add', '--detach', dir, ref], { cwd: ROOT, encoding: 'utf8' });
     if (add.status !== 0) throw new Error(`git worktree add: ${add.stderr}`);
     symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
     try {
-      out.baseline = await measureNode(dir, cp, key);
+      out[ref] = await measureNode(dir, cp, key, ref);
     } finally {
       spawnSync('git', ['worktree', 'remove', '--force', dir], { cwd: ROOT });
     }
@@ -67,7 +71,7 @@ async function main(): Promise<void> {
   console.log(`\ninstructions per request (callgrind, lowest of ${ROUNDS} round(s) of ${N} requests after a warm-up):`);
   for (const scenario of Object.keys(out.node)) {
     const line = [`  ${scenario.padEnd(5)} node ${fmt(out.node[scenario])}`];
-    if (out.baseline) line.push(`baseline ${fmt(out.baseline[scenario])}  node/baseline ${(out.node[scenario] / out.baseline[scenario]).toFixed(3)}`);
+    for (const ref of baselines) line.push(`${ref} ${fmt(out[ref][scenario])}  node/${ref} ${(out.node[scenario] / out[ref][scenario]).toFixed(3)}`);
     console.log(line.join('   '));
   }
   await stopAll();
@@ -75,12 +79,12 @@ async function main(): Promise<void> {
 
 const fmt = (n: number) => `${(n / 1000).toFixed(0)}k`.padStart(7);
 
-async function measureNode(dir: string, cp: { address: string; secrets: { pepper: string; nodeToken: string } }, key: string): Promise<Record<string, number>> {
+async function measureNode(dir: string, cp: { address: string; secrets: { pepper: string; nodeToken: string } }, key: string, label: string): Promise<Record<string, number>> {
   const outDir = mkdtempSync(join(tmpdir(), 'tollgate-callgrind-'));
   const loader = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
   const child = spawn(
     'valgrind',
-    ['--tool=callgrind', '--smc-check=all-non-file', `--callgrind-out-file=${join(outDir, 'cg.%p')}`, process.execPath, '--import', loader, 'data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'],
+    ['--tool=callgrind', '--smc-check=all-non-file', `--callgrind-out-file=${join(outDir, 'cg.%p')}`, process.execPath, '--single-threaded', '--import', loader, 'data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'],
     { cwd: dir, env: { ...process.env, TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let text = '';
@@ -118,7 +122,7 @@ async function measureNode(dir: string, cp: { address: string; secrets: { pepper
       callgrind(child.pid!, [`--dump=${name}`]);
       const perRequest = (await dumpIr(outDir, child.pid!, ++part)) / N;
       result[name] = Math.min(result[name] ?? Infinity, perRequest);
-      console.log(`  ${dir === ROOT ? 'node' : 'baseline'} ${name} round ${round}: ${fmt(perRequest)} instructions per request`);
+      console.log(`  ${label} ${name} round ${round}: ${fmt(perRequest)} instructions per request`);
     }
   }
   await pool.close();
