@@ -132,7 +132,8 @@ export class ApiServer {
         userAgent: req.getHeader('user-agent'),
         startedAt: performance.now(),
       };
-      const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
+      // The other credential headers are read only when Authorization presents none.
+      const hasCredential = presentsCredential(head.authorization) || presentsCredential(undefined, req.getHeader('x-api-key'), req.getHeader('api-key'));
       // Tool pass-through needs every header; copied only on tool paths.
       let allHeaders: Array<[string, string]> | null = null;
       if (shapeOf(head.path) === 'B') {

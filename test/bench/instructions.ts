@@ -45,7 +45,8 @@ async function main(): Promise<void> {
     configYaml: configYaml((cfg) => {
       cfg.trusted_proxies = ['127.0.0.1'];
       cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
-      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
+      // Under valgrind the node runs ~50× slower: an answer may take longer than a model's usual timeout.
+      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench'], { timeout_ms: 600_000 });
     }),
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
   });
@@ -104,8 +105,8 @@ async function measureNode(dir: string, cp: { address: string; secrets: { pepper
         while (done < count) {
           done++;
           const r = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'x-forwarded-for': nextIp() }, body });
-          await r.body.text();
-          if (r.statusCode !== 200) throw new Error(`status ${r.statusCode}`);
+          const text = await r.body.text();
+          if (r.statusCode !== 200) throw new Error(`status ${r.statusCode}: ${text.slice(0, 300)}`);
         }
       }),
     );
