@@ -1,4 +1,4 @@
-// `npm run bench:instructions [-- --baseline REF[,REF…]] [-- --requests N] [-- --rounds R]`: CPU instructions per request of
+// `npm run bench:instructions [-- --baseline REF[,REF…]] [-- --requests N] [-- --rounds R] [-- --keep]`: CPU instructions per request of
 // the node (valgrind's callgrind), JSON and SSE chat. Unlike timings, instruction counts do not move
 // when other processes load the machine, so they measure what a hot-path change bought where the
 // timings of `npm run bench` are too noisy. Needs valgrind; the node runs ~50× slower under it.
@@ -23,7 +23,7 @@ import { consoleClient, createKey } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { nextIp } from './load.js';
 
-const { values: opts } = parseArgs({ options: { baseline: { type: 'string' }, requests: { type: 'string' }, rounds: { type: 'string' } } });
+const { values: opts } = parseArgs({ options: { baseline: { type: 'string' }, requests: { type: 'string' }, rounds: { type: 'string' }, keep: { type: 'boolean' } } });
 const N = Number(opts.requests ?? 400);
 const ROUNDS = Math.max(1, Number(opts.rounds ?? 3));
 
@@ -91,12 +91,23 @@ async function measureNode(dir: string, cp: { address: string; secrets: { pepper
   let text = '';
   child.stdout.on('data', (c) => (text += c));
   child.stderr.on('data', (c) => (text += c));
+  try {
+    return await measureRunning(child, outDir, label, key, () => text);
+  } finally {
+    // However the measurement ends (a refused request too), the node under valgrind goes with it.
+    child.kill('SIGKILL');
+    if (opts.keep) console.log(`  ${label}: callgrind dumps kept in ${outDir} (callgrind_annotate FILE)`);
+    else rmSync(outDir, { recursive: true, force: true });
+  }
+}
+
+async function measureRunning(child: ReturnType<typeof spawn>, outDir: string, label: string, key: string, output: () => string): Promise<Record<string, number>> {
   const deadline = Date.now() + 600_000;
-  while (!/data plane ready/.test(text)) {
-    if (Date.now() > deadline || child.exitCode !== null) throw new Error(`node under valgrind did not start:\n${text.slice(-2000)}`);
+  while (!/data plane ready/.test(output())) {
+    if (Date.now() > deadline || child.exitCode !== null) throw new Error(`node under valgrind did not start:\n${output().slice(-2000)}`);
     await new Promise((r) => setTimeout(r, 200));
   }
-  const url = `http://${text.match(/data plane listening on (\S+)/)![1]}`;
+  const url = `http://${output().match(/data plane listening on (\S+)/)![1]}`;
   const pool = new Pool(url, { connections: 4 });
   const send = async (body: string, count: number) => {
     let done = 0;
@@ -127,8 +138,6 @@ async function measureNode(dir: string, cp: { address: string; secrets: { pepper
     }
   }
   await pool.close();
-  child.kill('SIGKILL');
-  rmSync(outDir, { recursive: true, force: true });
   return result;
 }
 
