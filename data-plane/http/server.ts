@@ -387,7 +387,7 @@ export class ApiServer {
           ctx.model = model;
           ctx.providerStarted = true;
           if (route.kind === 'chat') ctx.promptMessages = obj.messages;
-          const call = this.modelCall(ctx, reply, model, route.shape, obj, raw);
+          const call = this.modelCall(ctx, reply, model, route.shape, obj, raw, text);
           if (route.kind === 'chat') provider.chat(call);
           else if (route.kind === 'embeddings') provider.embeddings(call);
           else provider.speech(call);
@@ -557,7 +557,7 @@ export class ApiServer {
     });
   }
 
-  private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape, body: Record<string, unknown>, rawBody: Buffer): ModelCall {
+  private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape, body: Record<string, unknown>, rawBody: Buffer, bodyText: string): ModelCall {
     reply.upstreamAt = performance.now();
     // Methods, not arrow properties: under tsx (esbuild keepNames) every named arrow made per request
     // costs a defineProperty of its name. They use no `this`, so a provider may pass them on unbound.
@@ -567,6 +567,7 @@ export class ApiServer {
       model,
       body,
       rawBody,
+      bodyText,
       complete(r: CallResult) {
         ctx.complete(r);
       },

@@ -7,7 +7,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
-import { logBug, type Reply } from '../http/reply.js';
+import { logBug, type HeaderList, type Reply } from '../http/reply.js';
 
 /** Observes (and may rewrite) a response body, e.g. to read usage out of an SSE stream. */
 export interface BodyInspector {
@@ -198,9 +198,7 @@ class Exchange {
       contentType ??= '';
       this.sse = contentType.startsWith('text/event-stream');
       const inspector = (this.inspector = req.inspect ? req.inspect(statusCode, contentType) : null);
-      let out: Array<[string, string]>;
-      if (req.passAllHeaders) out = endToEndHeaders(rawHeaders);
-      else out = contentType ? [['content-type', contentType]] : [];
+      const out = req.passAllHeaders ? endToEndHeaders(rawHeaders) : contentTypeHeader(contentType);
       // A known length without rewriting goes out with tryEnd; anything else chunked.
       this.total = (!inspector || inspector.passesThrough) && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
       reply.startStream(statusCode, out, this.total);
@@ -264,6 +262,19 @@ class Exchange {
     }
   }
 }
+
+/** `content-type` alone, as a header list (the last one is reused: answers of a model share theirs; the Reply only reads it). */
+function contentTypeHeader(contentType: string): HeaderList {
+  if (contentType !== lastContentType) {
+    lastContentType = contentType;
+    lastContentTypeHeaders = contentType ? Object.freeze([Object.freeze(['content-type', contentType] as const)]) : NO_HEADERS;
+  }
+  return lastContentTypeHeaders;
+}
+
+const NO_HEADERS: HeaderList = Object.freeze([]);
+let lastContentType = '';
+let lastContentTypeHeaders: HeaderList = NO_HEADERS;
 
 /** The response's end-to-end headers (lower-case names, each name's lines together, in order of first appearance). */
 function endToEndHeaders(raw: Buffer[]): Array<[string, string]> {

@@ -278,7 +278,7 @@ export class OpenAIProvider implements Provider {
     const addUsage = stream && !clientWantsUsage;
     if (rename || addUsage) {
       // Rewritten in place when it can be (the common case); re-serialised otherwise.
-      const spliced = so === undefined || !addUsage ? rewriteChatBody(call.rawBody.toString('utf8'), rename ? t.upstreamModel : null, addUsage) : null;
+      const spliced = so === undefined || !addUsage ? rewriteChatBody(call.bodyText, rename ? t.upstreamModel : null, addUsage) : null;
       if (spliced !== null) payload = spliced;
       else {
         const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
