@@ -1,9 +1,10 @@
-// `npm run bench:instructions [-- --baseline REF[,REF…]] [-- --requests N] [-- --rounds R] [-- --keep]`: CPU instructions per request of
+// `npm run bench:instructions [-- --baseline REF[,REF…]] [-- --requests N] [-- --rounds R] [-- --warmup W] [-- --keep]`: CPU instructions per request of
 // the node (valgrind's callgrind), JSON and SSE chat. Unlike timings, instruction counts do not move
 // when other processes load the machine, so they measure what a hot-path change bought where the
 // timings of `npm run bench` are too noisy. Needs valgrind; the node runs ~50× slower under it.
 //
-// The node runs under callgrind; after a warm-up (the JIT settled) the counters are zeroed, N requests are sent, and the instructions counted are divided by N. With --baseline REF
+// The node runs under callgrind; after a warm-up of W requests per scenario (default 1,500) the counters
+// are zeroed, N requests are sent, and the instructions counted are divided by N. With --baseline REF
 // the same is measured for a node built from another commit (a temporary git worktree).
 // Callgrind counts every thread of the process, so a JIT compilation or a GC cycle of a background
 // thread that lands in the measured window inflates it (one JSON window counted 2× its usual figure).
@@ -23,9 +24,10 @@ import { consoleClient, createKey } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { nextIp } from './load.js';
 
-const { values: opts } = parseArgs({ options: { baseline: { type: 'string' }, requests: { type: 'string' }, rounds: { type: 'string' }, keep: { type: 'boolean' } } });
+const { values: opts } = parseArgs({ options: { baseline: { type: 'string' }, requests: { type: 'string' }, rounds: { type: 'string' }, warmup: { type: 'string' }, keep: { type: 'boolean' } } });
 const N = Number(opts.requests ?? 400);
 const ROUNDS = Math.max(1, Number(opts.rounds ?? 3));
+const WARMUP = Math.max(0, Number(opts.warmup ?? 1500));
 
 const chat = (stream: boolean) =>
   JSON.stringify({
@@ -69,7 +71,7 @@ async function main(): Promise<void> {
       spawnSync('git', ['worktree', 'remove', '--force', dir], { cwd: ROOT });
     }
   }
-  console.log(`\ninstructions per request (callgrind, lowest of ${ROUNDS} round(s) of ${N} requests after a warm-up):`);
+  console.log(`\ninstructions per request (callgrind, lowest of ${ROUNDS} round(s) of ${N} requests after ${WARMUP} per scenario):`);
   for (const scenario of Object.keys(out.node)) {
     const line = [`  ${scenario.padEnd(5)} node ${fmt(out.node[scenario])}`];
     for (const ref of baselines) line.push(`${ref} ${fmt(out[ref][scenario])}  node/${ref} ${(out.node[scenario] / out[ref][scenario]).toFixed(3)}`);
@@ -125,7 +127,8 @@ async function measureRunning(child: ReturnType<typeof spawn>, outDir: string, l
   const result: Record<string, number> = {};
   let part = 0;
   const scenarios = [['json', chat(false)], ['sse', chat(true)]] as const;
-  for (const [, body] of scenarios) await send(body, 600);
+  // Counts fall for the first thousand or so requests of each scenario (tiering, heap growth): warmed up longer.
+  for (const [, body] of scenarios) await send(body, WARMUP);
   for (let round = 1; round <= ROUNDS; round++) {
     for (const [name, body] of scenarios) {
       await send(body, 50);
