@@ -552,8 +552,12 @@ export class ApiServer {
       reply,
       clientIp: head.ip,
       caller: { requestId: ctx.requestId, keyId: ctx.key.keyId, projectId: ctx.key.projectId, orgId: ctx.key.orgId },
-      onAbort: (fn) => ctx.abortFns.push(fn),
-      onDone: (status) => ctx.complete({ status, promptTokens: 0, completionTokens: 0 }),
+      onAbort(fn) {
+        ctx.abortFns.push(fn);
+      },
+      onDone(status) {
+        ctx.complete({ status, promptTokens: 0, completionTokens: 0 });
+      },
     });
   }
 
