@@ -6,13 +6,17 @@
 // The node runs under callgrind; after a warm-up of W requests per scenario (default 1,500) the counters
 // are zeroed, N requests are sent, and the instructions counted are divided by N. With --baseline REF
 // the same is measured for a node built from another commit (a temporary git worktree).
-// Callgrind counts every thread of the process, so a JIT compilation or a GC cycle that lands in the
-// measured window inflates it (a JSON window right after a 600-request warm-up counted 2–3× its later
-// figure): so the warm-up is longer, and with --rounds R (default 3) the scenarios are measured R
-// times, alternating, and the lowest count of each is reported, with every round's figure printed.
-// (V8's --single-threaded was tried: main-thread GC pauses under valgrind outlasted the upstream's
-// 10 s keep-alive, and requests failed with 502.) A request refused with 502 because the upstream
-// closed an idle connection as it was sent (a valgrind-slow node) is sent again and counted.
+// What is counted: the instructions of the node's main thread inside libuv's I/O poll (callgrind
+// --toggle-collect=uv__io_poll), that is, everything the node does in answer to a socket event:
+// the client's request, the upstream's answer, the sync stream, with the microtasks and the garbage
+// collection they trigger on that thread. Not counted: timers (setTimeout/setInterval/setImmediate
+// callbacks: flushes, heartbeats, lease renewals) and V8's background threads (concurrent marking,
+// compilation). Under valgrind the node runs ~50× slower, so timer work, which follows the clock and
+// not the requests, weighed ~50× more per request than in production and swung identical windows by
+// 2–3× (the whole process counted: 419k to 1,259k per JSON request for the same code in one run).
+// With --rounds R (default 3) the scenarios are measured R times, alternating, and the lowest count
+// of each is reported, with every round's figure printed. A request refused with 502 because the
+// upstream closed an idle connection as it was sent (a valgrind-slow node) is sent again.
 import { spawn, spawnSync } from 'node:child_process';
 import { readFileSync, rmSync, symlinkSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -88,7 +92,7 @@ async function measureNode(dir: string, cp: { address: string; secrets: { pepper
   const loader = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
   const child = spawn(
     'valgrind',
-    ['--tool=callgrind', '--smc-check=all-non-file', `--callgrind-out-file=${join(outDir, 'cg.%p')}`, process.execPath, '--import', loader, 'data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'],
+    ['--tool=callgrind', '--smc-check=all-non-file', '--toggle-collect=uv__io_poll', `--callgrind-out-file=${join(outDir, 'cg.%p')}`, process.execPath, '--import', loader, 'data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'],
     { cwd: dir, env: { ...process.env, TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, stdio: ['ignore', 'pipe', 'pipe'] },
   );
   let text = '';
