@@ -75,6 +75,11 @@ export class Admission {
     let finished = false;
     let waited = false;
     let timer: NodeJS.Timeout | null = null;
+    // Woken from inside the sync client's message handler: continue on a fresh tick. (Not a function
+    // declaration: that would be created on every call, the synchronous fast path included.)
+    const wake = (): void => {
+      setImmediate(() => attempt(false));
+    };
     const finish = (ctx: RequestContext | null) => {
       finished = true;
       if (timer) clearTimeout(timer);
@@ -115,10 +120,6 @@ export class Admission {
         if (!finished) finish(null);
       }
     };
-    function wake(): void {
-      // Woken from inside the sync client's message handler: continue on a fresh tick.
-      setImmediate(() => attempt(false));
-    }
     const park = () => {
       waited = true;
       timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
@@ -138,6 +139,9 @@ export class Admission {
     let timer: NodeJS.Timeout | null = null;
     let finished = false;
     let waited = false;
+    const wake = (): void => {
+      setImmediate(() => attempt(false));
+    };
     const finish = (ok: boolean) => {
       finished = true;
       if (timer) clearTimeout(timer);
@@ -166,9 +170,6 @@ export class Admission {
         if (!finished) finish(false);
       }
     };
-    function wake(): void {
-      setImmediate(() => attempt(false));
-    }
     attempt(false);
   }
 }

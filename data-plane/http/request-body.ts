@@ -34,63 +34,87 @@ function budgetRefused(why: BodyBudgetRefusal, budget: BodyBudget): GatewayError
  * that does not fit gets NODE_BUSY (a known length is refused before anything is read).
  */
 export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback, share?: BodyBudgetShare): void {
+  const c = new BodyCollector(reply, capBytes, cb, share);
   const budget = share?.budget;
-  const owner = share?.owner ?? '';
-  let heldBytes = 0;
-  const release = () => {
-    if (budget && heldBytes > 0) budget.give(heldBytes, owner);
-    heldBytes = 0;
-  };
   if (budget && contentLength > 0 && contentLength <= capBytes) {
-    const refused = budget.tryTake(contentLength, owner);
+    const refused = budget.tryTake(contentLength, c.owner);
     if (refused) {
       cb(budgetRefused(refused, budget), EMPTY);
       return;
     }
-    heldBytes = contentLength;
+    c.heldBytes = contentLength;
   }
-  if (budget) reply.onFinish(release);
+  if (budget) reply.onFinish(() => c.release());
   // With a known length, one buffer of the right size; otherwise a list of copies.
-  let buf: Buffer | null = contentLength > 0 && contentLength <= capBytes ? Buffer.allocUnsafe(contentLength) : null;
-  let parts: Buffer[] | null = buf ? null : [];
-  let received = 0;
-  let settled = false;
-  const settle = (err: GatewayError | null, body: Buffer) => {
-    settled = true;
-    buf = null;
-    parts = null;
+  if (contentLength > 0 && contentLength <= capBytes) c.buf = Buffer.allocUnsafe(contentLength);
+  else c.parts = [];
+  res.onData((chunk, isLast) => c.data(chunk, isLast));
+}
+
+/** One body being collected (a class: no closures per request beyond the two uWS and Reply need). */
+class BodyCollector {
+  readonly owner: string;
+  private readonly budget: BodyBudget | undefined;
+  heldBytes = 0;
+  buf: Buffer | null = null;
+  parts: Buffer[] | null = null;
+  private received = 0;
+  private settled = false;
+
+  constructor(
+    private readonly reply: Reply,
+    private readonly capBytes: number,
+    private readonly cb: BodyCallback,
+    share: BodyBudgetShare | undefined,
+  ) {
+    this.budget = share?.budget;
+    this.owner = share?.owner ?? '';
+  }
+
+  release(): void {
+    if (this.budget && this.heldBytes > 0) this.budget.give(this.heldBytes, this.owner);
+    this.heldBytes = 0;
+  }
+
+  private settle(err: GatewayError | null, body: Buffer): void {
+    this.settled = true;
+    this.buf = null;
+    this.parts = null;
     try {
-      cb(err, body);
+      this.cb(err, body);
     } finally {
-      release();
+      this.release();
     }
-  };
-  res.onData((chunk, isLast) => {
+  }
+
+  data(chunk: ArrayBuffer, isLast: boolean): void {
     try {
-      if (settled || reply.done) return;
+      if (this.settled || this.reply.done) return;
+      const { buf, budget } = this;
       const n = chunk.byteLength;
-      if (received + n > capBytes || (buf && received + n > buf.length)) return settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
+      if (this.received + n > this.capBytes || (buf && this.received + n > buf.length)) return this.settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
       if (budget && !buf && n > 0) {
-        const refused = budget.tryTake(n, owner);
-        if (refused) return settle(budgetRefused(refused, budget), EMPTY);
-        heldBytes += n;
+        const refused = budget.tryTake(n, this.owner);
+        if (refused) return this.settle(budgetRefused(refused, budget), EMPTY);
+        this.heldBytes += n;
       }
       // Copy: uWS detaches the ArrayBuffer when this callback returns (rule 5).
       if (n > 0) {
-        if (buf) Buffer.from(chunk).copy(buf, received);
-        else parts!.push(Buffer.from(new Uint8Array(chunk)));
+        if (buf) Buffer.from(chunk).copy(buf, this.received);
+        else this.parts!.push(Buffer.from(new Uint8Array(chunk)));
       }
-      received += n;
+      this.received += n;
       if (isLast) {
+        const received = this.received;
         let body: Buffer;
         if (buf) body = received === buf.length ? buf : buf.subarray(0, received);
-        else body = parts!.length === 1 ? parts![0] : Buffer.concat(parts!, received);
-        settle(null, body);
+        else body = this.parts!.length === 1 ? this.parts![0] : Buffer.concat(this.parts!, received);
+        this.settle(null, body);
       }
     } catch (err) {
       logBug(err);
     }
-  });
+  }
 }
 
 /** Takes chunks synchronously: `chunk` is a view of uWS's buffer, valid only during the call (rule 5). */

@@ -104,6 +104,10 @@ export class ApiServer {
   /** The `/v1/realtime` WebSocket gateway (data-plane/realtime/). */
   readonly realtime: RealtimeGateway;
 
+  // What every request's log entry asks for, built once rather than per request.
+  private readonly now = (): number => this.deps.clock.now();
+  private readonly newRequestId = (): string => this.nextRequestId();
+
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
     this.toolBackends = deps.toolBackends ?? new ToolBackends();
@@ -128,7 +132,8 @@ export class ApiServer {
         userAgent: req.getHeader('user-agent'),
         startedAt: performance.now(),
       };
-      const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
+      // The other credential headers are read only when Authorization presents none.
+      const hasCredential = presentsCredential(head.authorization) || presentsCredential(undefined, req.getHeader('x-api-key'), req.getHeader('api-key'));
       // Tool pass-through needs every header; copied only on tool paths.
       let allHeaders: Array<[string, string]> | null = null;
       if (shapeOf(head.path) === 'B') {
@@ -182,7 +187,7 @@ export class ApiServer {
       return this.logRefusedKey(reply, head, m[1]);
     }
     // Every request of a known key is logged once it has ended (request-log.ts).
-    const draft = new LogDraft(deps.reporter, head, key, () => deps.clock.now(), () => this.nextRequestId());
+    const draft = new LogDraft(deps.reporter, head, key, this.now, this.newRequestId);
     reply.logDraft = draft;
     reply.onFinish((aborted) => draft.endReply({ status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal }, aborted));
     // From here every answer carries the key's rate headers (admission refreshes them).
@@ -320,14 +325,11 @@ export class ApiServer {
     // The request and its parallel slot are taken before the body is buffered, so a key's parallel
     // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed. When
     // admission waits for a lease, the body is read meanwhile (onData must be attached before this
-    // handler returns), still within the node-wide body budget.
+    // handler returns), still within the node-wide body budget. Whichever of the two comes last goes on.
     let ctx: RequestContext | null | undefined;
     let bodyDone = false;
-    let body: { err: GatewayError | null; raw: Buffer } | undefined;
-    const proceed = () => {
-      if (ctx === undefined || body === undefined || ctx === null) return;
-      this.jsonBody(ctx, reply, head, key, route, body.err, body.raw);
-    };
+    let bodyErr: GatewayError | null = null;
+    let bodyRaw: Buffer | undefined;
     this.admission.admitOrWait(
       reply,
       key,
@@ -335,7 +337,7 @@ export class ApiServer {
       0,
       (c) => {
         ctx = c;
-        proceed();
+        if (c && bodyDone) this.jsonBody(c, reply, head, key, route, bodyErr, bodyRaw!);
       },
       () => !bodyDone,
     );
@@ -347,8 +349,9 @@ export class ApiServer {
       head.contentLength,
       (err, raw) => {
         bodyDone = true;
-        body = { err, raw };
-        proceed();
+        bodyErr = err;
+        bodyRaw = raw;
+        if (ctx) this.jsonBody(ctx, reply, head, key, route, err, raw);
       },
       deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId },
     );
@@ -384,11 +387,10 @@ export class ApiServer {
           ctx.model = model;
           ctx.providerStarted = true;
           if (route.kind === 'chat') ctx.promptMessages = obj.messages;
-          const call = this.modelCall(ctx, reply, model, route.shape);
-          const full: ModelCall = { ...call, body: obj, rawBody: raw };
-          if (route.kind === 'chat') provider.chat(full);
-          else if (route.kind === 'embeddings') provider.embeddings(full);
-          else provider.speech(full);
+          const call = this.modelCall(ctx, reply, model, route.shape, obj, raw, text);
+          if (route.kind === 'chat') provider.chat(call);
+          else if (route.kind === 'embeddings') provider.embeddings(call);
+          else provider.speech(call);
         } catch (e) {
           logBug(e);
           reply.sendError(e, route.shape);
@@ -446,7 +448,23 @@ export class ApiServer {
         if (!provider) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
         ctx.model = model;
         ctx.providerStarted = true;
-        provider.transcription({ ...this.modelCall(ctx, reply, model, 'A'), contentType: head.contentType, upload: field });
+        reply.upstreamAt = performance.now();
+        provider.transcription({
+          requestId: ctx.requestId,
+          reply,
+          model,
+          contentType: head.contentType,
+          upload: field,
+          complete(r: CallResult) {
+            ctx.complete(r);
+          },
+          onAbort(fn: () => void) {
+            ctx.abortFns.push(fn);
+          },
+          fail(err: unknown) {
+            failCall(ctx, reply, 'A', err);
+          },
+        });
       } catch (e) {
         logBug(e);
         reply.sendError(e, 'A');
@@ -536,23 +554,34 @@ export class ApiServer {
       reply,
       clientIp: head.ip,
       caller: { requestId: ctx.requestId, keyId: ctx.key.keyId, projectId: ctx.key.projectId, orgId: ctx.key.orgId },
-      onAbort: (fn) => ctx.abortFns.push(fn),
-      onDone: (status) => ctx.complete({ status, promptTokens: 0, completionTokens: 0 }),
+      onAbort(fn) {
+        ctx.abortFns.push(fn);
+      },
+      onDone(status) {
+        ctx.complete({ status, promptTokens: 0, completionTokens: 0 });
+      },
     });
   }
 
-  private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape) {
+  private modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape, body: Record<string, unknown>, rawBody: Buffer, bodyText: string): ModelCall {
     reply.upstreamAt = performance.now();
+    // Methods, not arrow properties: under tsx (esbuild keepNames) every named arrow made per request
+    // costs a defineProperty of its name. They use no `this`, so a provider may pass them on unbound.
     return {
       requestId: ctx.requestId,
       reply,
       model,
-      complete: (r: CallResult) => ctx.complete(r),
-      onAbort: (fn: () => void) => ctx.abortFns.push(fn),
-      fail: (err: unknown) => {
-        if (!reply.headersSent) reply.sendError(err, shape, isTooLarge(err));
-        else reply.close();
-        ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
+      body,
+      rawBody,
+      bodyText,
+      complete(r: CallResult) {
+        ctx.complete(r);
+      },
+      onAbort(fn: () => void) {
+        ctx.abortFns.push(fn);
+      },
+      fail(err: unknown) {
+        failCall(ctx, reply, shape, err);
       },
     };
   }
@@ -584,6 +613,13 @@ function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason)
   // Tool streams (MCP, …) speak their backend's protocol: closed, never given an event of ours.
   if (shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
   reply.close();
+}
+
+/** A provider's `fail`: the error in the route's shape if nothing was sent yet, else the stream closed. */
+function failCall(ctx: RequestContext, reply: Reply, shape: ErrorShape, err: unknown): void {
+  if (!reply.headersSent) reply.sendError(err, shape, isTooLarge(err));
+  else reply.close();
+  ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
 }
 
 function isTooLarge(err: unknown): boolean {

@@ -10,7 +10,7 @@
 //   budgets are checked before any is counted, so a refused request consumes nothing.
 import { type Clock } from './clock.js';
 import { Fifo } from './fifo.js';
-import { familyOf } from '../routing/path-families.js';
+import { familyOf, type PathFamily } from '../routing/path-families.js';
 
 export const EDGE_WINDOW_MS = 60_000;
 
@@ -44,12 +44,19 @@ export { BODY_CAP_AUDIO_BYTES, BODY_CAP_FILES_BYTES, BODY_CAP_GENERAL_BYTES, BOD
  * the family's own budget, if any. Paths outside `/v1` (e.g. a health check) have none. `path` is the
  * raw path; a query, if left on, is ignored.
  */
-export function matchEdgeBudgets(path: string, hasCredential: boolean): EdgeBudgetName[] {
+export function matchEdgeBudgets(path: string, hasCredential: boolean): readonly EdgeBudgetName[] {
   const f = familyOf(path);
-  if (!f.generalBudget) return [];
-  const general: EdgeBudgetName = hasCredential ? 'credentialed' : 'anonymous';
-  return f.pathBudget === null ? [general] : [general, f.pathBudget];
+  // Built once per family (the lists are frozen and shared).
+  let lists = BUDGETS_OF_FAMILY.get(f);
+  if (lists === undefined) {
+    const of = (general: EdgeBudgetName): readonly EdgeBudgetName[] => Object.freeze(!f.generalBudget ? [] : f.pathBudget === null ? [general] : [general, f.pathBudget]);
+    lists = [of('anonymous'), of('credentialed')];
+    BUDGETS_OF_FAMILY.set(f, lists);
+  }
+  return lists[hasCredential ? 1 : 0];
 }
+
+const BUDGETS_OF_FAMILY = new Map<PathFamily, readonly [readonly EdgeBudgetName[], readonly EdgeBudgetName[]]>();
 
 /**
  * The body cap of a path, in bytes: 200 MiB audio (not voices), 256 MiB files, 64 MiB the 120 group,
@@ -67,6 +74,9 @@ export function presentsCredential(authorization?: string, xApiKey?: string, api
 function nonEmpty(v: string | undefined): boolean {
   return v !== undefined && v.trim().length > 0;
 }
+
+/** The verdict of every admitted request (frozen and shared: no object per request). */
+const ADMITTED: EdgeVerdict = Object.freeze({ ok: true, retryAfterSec: 0 });
 
 interface Window {
   ip: string;
@@ -116,7 +126,7 @@ export class EdgeBudgets {
   /** Counts one request of `ip` on `path` in every matching budget, or refuses it without counting. */
   take(ip: string, path: string, hasCredential: boolean): EdgeVerdict {
     const names = matchEdgeBudgets(path, hasCredential);
-    if (names.length === 0) return { ok: true, retryAfterSec: 0 };
+    if (names.length === 0) return ADMITTED;
     const now = this.clock.now();
 
     let retryAfterSec = 0;
@@ -153,7 +163,7 @@ export class EdgeBudgets {
       b.byIp.set(ip, fresh);
       b.byStart.push(fresh);
     }
-    return { ok: true, retryAfterSec: 0 };
+    return ADMITTED;
   }
 
   /** How many windows are held for a budget (or all budgets). For tests and metrics. */

@@ -7,7 +7,7 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
-import { logBug, type Reply } from '../http/reply.js';
+import { logBug, type HeaderList, type Reply } from '../http/reply.js';
 
 /** Observes (and may rewrite) a response body, e.g. to read usage out of an SSE stream. */
 export interface BodyInspector {
@@ -68,149 +68,11 @@ const HOP_BY_HOP = new Set([
 ]);
 
 export function proxyRequest(req: ProxyRequest): void {
-  const { reply } = req;
-  let controller: Dispatcher.DispatchController | null = null;
-  let clientGone = false;
-  let finished = false;
-  let status = 0;
-  let sse = false;
-  let inspector: BodyInspector | null = null;
-  // A known-length answer: its length, and how much of it has come from the upstream.
-  let total = -1;
-  let received = 0;
-
-  const done = (s: number, outcome: 'ok' | 'error' | 'aborted') => {
-    if (finished) return;
-    finished = true;
-    try {
-      req.onDone(s, outcome);
-    } catch (err) {
-      logBug(err);
-    }
-  };
-
-  req.onAbort(() => {
-    clientGone = true;
-    // Reported first: aborting the upstream may call onResponseError synchronously.
-    done(499, 'aborted');
-    if (controller && !controller.aborted) controller.abort(new Error('client closed the connection'));
-    const body = req.body;
-    if (body && typeof body === 'object' && 'destroy' in body) body.destroy();
-    // A generator waiting at a yield runs its `finally` (closing what it reads from).
-    else if (body && typeof body === 'object' && 'return' in body) body.return(undefined).catch(() => {});
-  });
-
-  const fail = (err: Error) => {
-    // Before the answer below: the metrics read it when the reply ends.
-    if (!clientGone) reply.upstreamError = true;
-    if (reply.done) {
-      if (clientGone) done(499, 'aborted');
-      else done(status || 502, 'error');
-      return;
-    }
-    if (!reply.headersSent && status === 0 && req.retry?.(err)) {
-      // Handed over: this attempt reports nothing more, even if the client goes away later.
-      finished = true;
-      return;
-    }
-    if (!reply.headersSent) {
-      const e = isGatewayError(err) ? err : new GatewayError('UPSTREAM_UNREACHABLE', upstreamMessage(err));
-      const r = renderError(e, req.shape);
-      reply.send(r.status, r.headers, r.body, e.code === 'BODY_TOO_LARGE');
-      done(r.status, 'error');
-      return;
-    }
-    // A model stream gets one terminal error event; a tool backend's stream is its own protocol
-    // (MCP, …), so it is only closed.
-    if (sse && req.shape === 'A') {
-      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'A');
-      reply.end(`data: ${e.body}\n\n`);
-    } else {
-      reply.close();
-    }
-    done(status, 'error');
-  };
-
-  const handler: Dispatcher.DispatchHandler = {
-    onRequestStart(c) {
-      controller = c;
-      if (clientGone) c.abort(new Error('client closed the connection'));
-    },
-    onResponseStart(c, statusCode, headers) {
-      try {
-        if (reply.done) {
-          c.abort(new Error('client closed the connection'));
-          return;
-        }
-        status = statusCode;
-        req.onResponseHead?.(statusCode);
-        const contentType = headerValue(headers['content-type']) ?? '';
-        sse = contentType.startsWith('text/event-stream');
-        inspector = req.inspect ? req.inspect(statusCode, contentType) : null;
-        const out: Array<[string, string]> = [];
-        if (req.passAllHeaders) {
-          const named = headers.connection === undefined ? null : connectionNames(headers.connection);
-          for (const name of Object.keys(headers)) {
-            if (HOP_BY_HOP.has(name) || named?.has(name)) continue;
-            const v = headers[name];
-            if (Array.isArray(v)) for (const x of v) out.push([name, x]);
-            else if (v !== undefined) out.push([name, v]);
-          }
-        } else if (contentType) {
-          out.push(['content-type', contentType]);
-        }
-        // A known length without rewriting goes out with tryEnd; anything else chunked.
-        const len = headerValue(headers['content-length']);
-        total = (!inspector || inspector.passesThrough) && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
-        reply.startStream(statusCode, out, total);
-        if (total === 0) reply.end();
-      } catch (err) {
-        logBug(err);
-        c.abort(err as Error);
-      }
-    },
-    onResponseData(c, chunk) {
-      try {
-        if (reply.done) {
-          if (!c.aborted) c.abort(new Error('client closed the connection'));
-          return;
-        }
-        const out = inspector ? inspector.transform(chunk) : chunk;
-        if (out.length === 0) return;
-        // The last bytes of a known-length answer: the provider reports before they go out, as the
-        // response ends with them (so the request is settled when its cleanup runs).
-        received += chunk.length;
-        if (received === total) done(status, 'ok');
-        if (!reply.write(out)) {
-          c.pause();
-          reply.onDrain(() => c.resume());
-        }
-      } catch (err) {
-        logBug(err);
-        c.abort(err as Error);
-      }
-    },
-    onResponseEnd() {
-      try {
-        const tail = !reply.done && inspector ? inspector.flush() : '';
-        // Reported before the response ends, so the request is settled when its cleanup runs.
-        done(status, 'ok');
-        if (!reply.done) reply.end(tail.length > 0 ? tail : undefined);
-      } catch (err) {
-        logBug(err);
-        done(status, 'error');
-      }
-    },
-    onResponseError(_c, err) {
-      try {
-        fail(err);
-      } catch (e) {
-        logBug(e);
-      }
-    },
-  };
-
+  const x = new Exchange(req);
+  req.onAbort(() => x.clientClosed());
   try {
+    // A handler with undici's own (onConnect/onHeaders/…) methods is called as it is: no wrapper
+    // object per request, and the response head is read from its raw lines (only what is needed).
     req.pool.dispatch(
       {
         path: req.path,
@@ -221,19 +83,228 @@ export function proxyRequest(req: ProxyRequest): void {
         headersTimeout: req.timeoutMs,
         bodyTimeout: req.idleTimeoutMs ?? req.timeoutMs,
       },
-      handler,
+      x as unknown as Dispatcher.DispatchHandler,
     );
   } catch (err) {
-    fail(err as Error);
+    x.fail(err as Error);
   }
+}
+
+/** One exchange: the state and the undici handler of one proxied request (a class: no closures per request). */
+class Exchange {
+  private readonly reply: Reply;
+  private abortUpstream: ((err: Error) => void) | null = null;
+  private upstreamAborted = false;
+  private resumeUpstream: (() => void) | null = null;
+  private paused = false;
+  private clientGone = false;
+  private finished = false;
+  private status = 0;
+  private sse = false;
+  private inspector: BodyInspector | null = null;
+  // A known-length answer: its length, and how much of it has come from the upstream.
+  private total = -1;
+  private received = 0;
+
+  constructor(private readonly req: ProxyRequest) {
+    this.reply = req.reply;
+  }
+
+  private done(s: number, outcome: 'ok' | 'error' | 'aborted'): void {
+    if (this.finished) return;
+    this.finished = true;
+    try {
+      this.req.onDone(s, outcome);
+    } catch (err) {
+      logBug(err);
+    }
+  }
+
+  private abort(err: Error): void {
+    if (this.upstreamAborted || !this.abortUpstream) return;
+    this.upstreamAborted = true;
+    this.abortUpstream(err);
+  }
+
+  /** The client went away (the Reply's abort path). */
+  clientClosed(): void {
+    this.clientGone = true;
+    // Reported first: aborting the upstream may call onError synchronously.
+    this.done(499, 'aborted');
+    this.abort(new Error('client closed the connection'));
+    const body = this.req.body;
+    if (body && typeof body === 'object' && 'destroy' in body) body.destroy();
+    // A generator waiting at a yield runs its `finally` (closing what it reads from).
+    else if (body && typeof body === 'object' && 'return' in body) body.return(undefined).catch(() => {});
+  }
+
+  fail(err: Error): void {
+    const { reply, req } = this;
+    // Before the answer below: the metrics read it when the reply ends.
+    if (!this.clientGone) reply.upstreamError = true;
+    if (reply.done) {
+      if (this.clientGone) this.done(499, 'aborted');
+      else this.done(this.status || 502, 'error');
+      return;
+    }
+    if (!reply.headersSent && this.status === 0 && req.retry?.(err)) {
+      // Handed over: this attempt reports nothing more, even if the client goes away later.
+      this.finished = true;
+      return;
+    }
+    if (!reply.headersSent) {
+      const e = isGatewayError(err) ? err : new GatewayError('UPSTREAM_UNREACHABLE', upstreamMessage(err));
+      const r = renderError(e, req.shape);
+      reply.send(r.status, r.headers, r.body, e.code === 'BODY_TOO_LARGE');
+      this.done(r.status, 'error');
+      return;
+    }
+    // A model stream gets one terminal error event; a tool backend's stream is its own protocol
+    // (MCP, …), so it is only closed.
+    if (this.sse && req.shape === 'A') {
+      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'A');
+      reply.end(`data: ${e.body}\n\n`);
+    } else {
+      reply.close();
+    }
+    this.done(this.status, 'error');
+  }
+
+  // undici's handler methods.
+
+  onConnect(abort: (err: Error) => void): void {
+    this.abortUpstream = abort;
+    if (this.clientGone) this.abort(new Error('client closed the connection'));
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
+    const { reply, req } = this;
+    try {
+      if (reply.done) {
+        this.abort(new Error('client closed the connection'));
+        return true;
+      }
+      this.resumeUpstream = resume;
+      this.status = statusCode;
+      req.onResponseHead?.(statusCode);
+      let contentType: string | undefined;
+      let len: string | undefined;
+      for (let i = 0; i < rawHeaders.length; i += 2) {
+        const n = rawHeaders[i].length;
+        // Only names of the right length are decoded (the first line of each wins, as undici's parser).
+        if (n === 12 && contentType === undefined && rawHeaders[i].toString('latin1').toLowerCase() === 'content-type') contentType = rawHeaders[i + 1].toString('latin1');
+        else if (n === 14 && len === undefined && rawHeaders[i].toString('latin1').toLowerCase() === 'content-length') len = rawHeaders[i + 1].toString('latin1');
+      }
+      contentType ??= '';
+      this.sse = contentType.startsWith('text/event-stream');
+      const inspector = (this.inspector = req.inspect ? req.inspect(statusCode, contentType) : null);
+      const out = req.passAllHeaders ? endToEndHeaders(rawHeaders) : contentTypeHeader(contentType);
+      // A known length without rewriting goes out with tryEnd; anything else chunked.
+      this.total = (!inspector || inspector.passesThrough) && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
+      reply.startStream(statusCode, out, this.total);
+      if (this.total === 0) reply.end();
+    } catch (err) {
+      logBug(err);
+      this.abort(err as Error);
+    }
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    const reply = this.reply;
+    try {
+      if (reply.done) {
+        this.abort(new Error('client closed the connection'));
+        return true;
+      }
+      const out = this.inspector ? this.inspector.transform(chunk) : chunk;
+      if (out.length === 0) return true;
+      // The last bytes of a known-length answer: the provider reports before they go out, as the
+      // response ends with them (so the request is settled when its cleanup runs).
+      this.received += chunk.length;
+      if (this.received === this.total) this.done(this.status, 'ok');
+      if (!reply.write(out)) {
+        this.paused = true;
+        reply.onDrain(() => this.resume());
+        return false;
+      }
+    } catch (err) {
+      logBug(err);
+      this.abort(err as Error);
+    }
+    return true;
+  }
+
+  private resume(): void {
+    if (!this.paused) return;
+    this.paused = false;
+    this.resumeUpstream?.();
+  }
+
+  onComplete(): void {
+    const reply = this.reply;
+    try {
+      const tail = !reply.done && this.inspector ? this.inspector.flush() : '';
+      // Reported before the response ends, so the request is settled when its cleanup runs.
+      this.done(this.status, 'ok');
+      if (!reply.done) reply.end(tail.length > 0 ? tail : undefined);
+    } catch (err) {
+      logBug(err);
+      this.done(this.status, 'error');
+    }
+  }
+
+  onError(err: Error): void {
+    try {
+      this.fail(err);
+    } catch (e) {
+      logBug(e);
+    }
+  }
+}
+
+/** `content-type` alone, as a header list (the last one is reused: answers of a model share theirs; the Reply only reads it). */
+function contentTypeHeader(contentType: string): HeaderList {
+  if (contentType !== lastContentType) {
+    lastContentType = contentType;
+    lastContentTypeHeaders = contentType ? Object.freeze([Object.freeze(['content-type', contentType] as const)]) : NO_HEADERS;
+  }
+  return lastContentTypeHeaders;
+}
+
+const NO_HEADERS: HeaderList = Object.freeze([]);
+let lastContentType = '';
+let lastContentTypeHeaders: HeaderList = NO_HEADERS;
+
+/** The response's end-to-end headers (lower-case names, each name's lines together, in order of first appearance). */
+function endToEndHeaders(raw: Buffer[]): Array<[string, string]> {
+  const byName = new Map<string, string[]>();
+  let named: Set<string> | null = null;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i].toString('latin1').toLowerCase();
+    const value = raw[i + 1].toString('latin1');
+    if (name === 'connection') named = connectionNames(value, named);
+    if (HOP_BY_HOP.has(name)) continue;
+    const list = byName.get(name);
+    if (list) list.push(value);
+    else byName.set(name, [value]);
+  }
+  const out: Array<[string, string]> = [];
+  for (const [name, values] of byName) {
+    // Headers the upstream's Connection header names are for that connection only.
+    if (named?.has(name)) continue;
+    for (const v of values) out.push([name, v]);
+  }
+  return out;
 }
 
 /**
  * The header names a `Connection` header lists (RFC 9110 7.6.1): hop-by-hop for that connection only,
- * never passed on. `close` and `keep-alive` are options, not names. Null when it lists none.
+ * never passed on. `close` and `keep-alive` are options, not names. Null when it lists none; names
+ * are added to `into` when given.
  */
-export function connectionNames(values: string | readonly string[]): Set<string> | null {
-  let out: Set<string> | null = null;
+export function connectionNames(values: string | readonly string[], into: Set<string> | null = null): Set<string> | null {
+  let out = into;
   for (const v of typeof values === 'string' ? [values] : values) {
     for (const t of v.split(',')) {
       const name = t.trim().toLowerCase();
@@ -241,10 +312,6 @@ export function connectionNames(values: string | readonly string[]): Set<string>
     }
   }
   return out;
-}
-
-function headerValue(v: string | string[] | undefined): string | undefined {
-  return Array.isArray(v) ? v[0] : v;
 }
 
 function upstreamMessage(err: Error): string {

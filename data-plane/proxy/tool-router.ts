@@ -107,12 +107,7 @@ function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], ca
   const b = req.backend;
   // A stream is pulled through a generator, so an attempt that never connected leaves it unread for the next.
   const pull = req.body && !Buffer.isBuffer(req.body) ? pullOnce(req.body) : null;
-  upstream.inFlight++;
-  let counted = true;
-  const release = () => {
-    if (counted) upstream.inFlight--;
-    counted = false;
-  };
+  const slot = new InFlight(upstream);
   const headerTimeoutMs = b.headerTimeoutMs > 0 ? b.headerTimeoutMs : b.timeoutMs > 0 ? b.timeoutMs : 30_000;
   proxyRequest({
     pool: upstream.pool,
@@ -126,20 +121,37 @@ function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], ca
     shape: 'B',
     passAllHeaders: true,
     onAbort: req.onAbort,
-    onResponseHead: () => backends.markUp(upstream),
-    retry: (err) => {
+    // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request
+    // costs a defineProperty of its name.
+    onResponseHead() {
+      backends.markUp(upstream);
+    },
+    retry(err) {
       const code = (err as { code?: string }).code ?? '';
       if (CONNECT_ERRORS.has(code) || UNHEALTHY_ERRORS.has(code)) backends.markDown(upstream);
-      release();
+      slot.release();
       if (!CONNECT_ERRORS.has(code) || index + 1 >= candidates.length || (pull && pull.started)) return false;
       attempt(backends, req, headers, candidates, index + 1);
       return true;
     },
-    onDone: (status) => {
-      release();
+    onDone(status) {
+      slot.release();
       req.onDone(status);
     },
   });
+}
+
+/** One attempt's count in its backend's requests in flight, given back once. */
+class InFlight {
+  private counted = true;
+  constructor(private readonly upstream: Upstream) {
+    upstream.inFlight++;
+  }
+
+  release(): void {
+    if (this.counted) this.upstream.inFlight--;
+    this.counted = false;
+  }
 }
 
 /**

@@ -2,8 +2,9 @@
 // trusted proxy, the right-most X-Forwarded-For hop that is not one; always in canonical form.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { deriveClientIp } from '../../data-plane/http/client-ip.js';
-import { IpRangeSet } from '../../proto/lib/ip.js';
+import fc from 'fast-check';
+import { canonicalIpv4, deriveClientIp } from '../../data-plane/http/client-ip.js';
+import { formatIp, IpRangeSet, parseIp } from '../../proto/lib/ip.js';
 
 const TRUSTED = IpRangeSet.parse(['10.0.0.0/8', 'fd00::/8', '127.0.0.1']);
 const NONE = IpRangeSet.parse([]);
@@ -64,4 +65,32 @@ test('the X-Forwarded-For lines are read only when the peer is trusted', () => {
   assert.equal(reads, 0);
   deriveClientIp('10.0.0.1', TRUSTED, xff);
   assert.equal(reads, 1);
+});
+
+test('the IPv4 fast path accepts exactly the canonical dotted addresses, with the value parseIp reads', () => {
+  const octet = fc.oneof(fc.integer({ min: 0, max: 300 }).map(String), fc.constantFrom('00', '01', '007', '255', '256', '', '1a', ' 1', '+1', '-1', '1e2'));
+  const text = fc.oneof(
+    fc.array(octet, { minLength: 1, maxLength: 6 }).map((parts) => parts.join('.')),
+    fc.string({ unit: fc.constantFrom('0', '1', '2', '5', '9', '.', ':', 'a', ' '), maxLength: 17 }),
+  );
+  fc.assert(
+    fc.property(text, (t) => {
+      const v = canonicalIpv4(t);
+      const w = parseIp(t);
+      const canonical = w !== null && !t.includes(':') && formatIp(w) === t;
+      assert.equal(v !== -1, canonical, t);
+      if (v !== -1) assert.deepEqual([...w!], [0, 0, 0xffff, v], t);
+    }),
+    // A fixed seed: the same cases on every run.
+    { numRuns: 3000, seed: 20261123 },
+  );
+  for (const t of ['0.0.0.0', '255.255.255.255', '10.0.0.1', '192.168.1.100']) assert.notEqual(canonicalIpv4(t), -1, t);
+  for (const t of ['01.0.0.0', '1.2.3', '1.2.3.4.5', '256.0.0.1', '1.2.3.4 ', '1..2.3', '']) assert.equal(canonicalIpv4(t), -1, t);
+});
+
+test('a peer read once is read again for another trusted set', () => {
+  // The peer's reading is kept between requests: it must follow a changed list of trusted proxies.
+  assert.equal(deriveClientIp('10.1.2.3', TRUSTED, () => '203.0.113.9'), '203.0.113.9');
+  assert.equal(deriveClientIp('10.1.2.3', IpRangeSet.parse(['192.0.2.0/24']), () => '203.0.113.9'), '10.1.2.3');
+  assert.equal(deriveClientIp('10.1.2.3', TRUSTED, () => '203.0.113.9, 10.0.0.7'), '203.0.113.9');
 });

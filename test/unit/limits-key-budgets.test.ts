@@ -6,6 +6,7 @@ import {
   KeyBudgets,
   estimateTokens,
   rateHeaderPairs,
+  writeRateHeaders,
   type RateHeaders,
   type Admission,
   type AllowanceSource,
@@ -243,6 +244,27 @@ test('a limit of 0 means no limit on that dimension', () => {
     ['x-ratelimit-reset-requests', '48s'],
     ['x-ratelimit-reset-tokens', '48s'],
   ]);
+});
+
+test('writeRateHeaders puts on the wire exactly the lines of rateHeaderPairs', () => {
+  const wire = (write: (res: { writeHeader(k: string, v: string): void }) => void) => {
+    let out = '';
+    write({ writeHeader: (k, v) => (out += `${k}: ${v}\r\n`) });
+    return out;
+  };
+  const cases = [
+    { limitRequests: 20, remainingRequests: 7, limitTokens: 60000, remainingTokens: 0, resetSec: 48 },
+    { limitRequests: 20, remainingRequests: 0, limitTokens: 0, remainingTokens: 0, resetSec: 1 },
+    { limitRequests: 0, remainingRequests: 0, limitTokens: 1_000_000, remainingTokens: 999_000, resetSec: 60 },
+    { limitRequests: 0, remainingRequests: 0, limitTokens: 0, remainingTokens: 0, resetSec: 60 },
+    { limitRequests: 5, remainingRequests: 5, limitTokens: 5, remainingTokens: 5, resetSec: 75 },
+  ];
+  for (const h of cases) {
+    const expected = rateHeaderPairs(h)
+      .map(([k, v]) => `${k}: ${v}\r\n`)
+      .join('');
+    assert.equal(wire((res) => writeRateHeaders(h, res)), expected);
+  }
 });
 
 test('keys are counted separately', () => {

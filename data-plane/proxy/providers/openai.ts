@@ -230,6 +230,12 @@ export class SseUsage implements BodyInspector {
   }
 }
 
+/** Tokens of an embeddings input counted by the gateway (a string, or an array of strings and token arrays). */
+function inputTokens(input: unknown): number {
+  if (typeof input === 'string') return countTokens(input);
+  return Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0;
+}
+
 function dataOf(event: string): string | null {
   const lines = event.split('\n');
   let data: string | null = null;
@@ -272,7 +278,7 @@ export class OpenAIProvider implements Provider {
     const addUsage = stream && !clientWantsUsage;
     if (rename || addUsage) {
       // Rewritten in place when it can be (the common case); re-serialised otherwise.
-      const spliced = so === undefined || !addUsage ? rewriteChatBody(call.rawBody.toString('utf8'), rename ? t.upstreamModel : null, addUsage) : null;
+      const spliced = so === undefined || !addUsage ? rewriteChatBody(call.bodyText, rename ? t.upstreamModel : null, addUsage) : null;
       if (spliced !== null) payload = spliced;
       else {
         const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
@@ -292,20 +298,21 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
-      inspect: (status, contentType) => {
+      // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request
+      // costs a defineProperty of its name.
+      inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
         if (contentType.startsWith('text/event-stream')) return (sse = new SseUsage(!clientWantsUsage));
         return (json = new JsonUsage());
       },
       onAbort: call.onAbort,
-      onDone: (status, outcome) => {
-        const prompt = () => countMessageTokens(body.messages);
+      onDone(status, outcome) {
         if (outcome === 'aborted') {
           // The client left after the request reached the upstream, which ran it: the prompt and any
           // completion streamed so far are billed (design.md, client aborts).
           const s = sse as SseUsage | null;
           const u = s?.usage;
-          return call.complete({ status: 499, promptTokens: u?.prompt_tokens ?? prompt(), completionTokens: u?.completion_tokens ?? (s ? s.countedCompletionTokens() : 0) });
+          return call.complete({ status: 499, promptTokens: u?.prompt_tokens ?? countMessageTokens(body.messages), completionTokens: u?.completion_tokens ?? (s ? s.countedCompletionTokens() : 0) });
         }
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
         let usage: Usage | null = null;
@@ -322,7 +329,7 @@ export class OpenAIProvider implements Provider {
           }
         }
         if (usage) call.complete({ status, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 });
-        else call.complete({ status, promptTokens: prompt(), completionTokens: counted });
+        else call.complete({ status, promptTokens: countMessageTokens(body.messages), completionTokens: counted });
       },
     });
   }
@@ -342,16 +349,16 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
-      inspect: (status) => (status >= 200 && status < 300 ? (json = new JsonUsage()) : null),
+      inspect(status) {
+        return status >= 200 && status < 300 ? (json = new JsonUsage()) : null;
+      },
       onAbort: call.onAbort,
-      onDone: (status, outcome) => {
-        const input = body.input;
-        const counted = () => (typeof input === 'string' ? countTokens(input) : Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0);
-        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: counted(), completionTokens: 0 });
+      onDone(status, outcome) {
+        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: inputTokens(body.input), completionTokens: 0 });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
         const j = json as JsonUsage | null;
         const usage = j ? (j.usageFromTail() ?? ((j.json()?.usage as Usage | undefined) ?? null)) : null;
-        call.complete({ status, promptTokens: usage?.prompt_tokens ?? counted(), completionTokens: 0 });
+        call.complete({ status, promptTokens: usage?.prompt_tokens ?? inputTokens(body.input), completionTokens: 0 });
       },
     });
   }
@@ -372,7 +379,7 @@ export class OpenAIProvider implements Provider {
       shape: 'A',
       passAllHeaders: false,
       onAbort: call.onAbort,
-      onDone: (status, outcome) => {
+      onDone(status, outcome) {
         // An aborted synthesis still ran upstream: its input characters are billed.
         const ok = outcome === 'aborted' || (status >= 200 && status < 300);
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0, audioUnits: ok ? chars : 0 });
@@ -415,9 +422,11 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
-      inspect: (status, contentType) => (status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsage()) : null),
+      inspect(status, contentType) {
+        return status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsage()) : null;
+      },
       onAbort: call.onAbort,
-      onDone: (status, outcome) => {
+      onDone(status, outcome) {
         // Aborted: the audio uploaded so far is billed.
         if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: 0, completionTokens: 0, audioUnits: audioSecondsOf(bytes) });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });

@@ -21,6 +21,8 @@ export interface ModelCall {
   /** Parsed JSON body (chat, embeddings, speech). */
   body: Record<string, unknown>;
   rawBody: Buffer;
+  /** `rawBody` decoded as UTF-8 (the text that was parsed): rewrites start from it, not from a second decoding. */
+  bodyText: string;
   /** Records usage and settles the key's ticket; idempotent (first call wins). */
   complete(result: CallResult): void;
   /** Registers what to do when the client goes away before the response ended. */
@@ -33,7 +35,7 @@ export interface ModelCall {
 }
 
 /** A transcription: the multipart body, already read up to and including its `model` field. */
-export interface TranscriptionCall extends Omit<ModelCall, 'body' | 'rawBody'> {
+export interface TranscriptionCall extends Omit<ModelCall, 'body' | 'rawBody' | 'bodyText'> {
   contentType: string;
   /**
    * The body in three pieces, in order: the bytes spilled to disk (`upload.spill.chunks()`), the bytes in
