@@ -89,15 +89,15 @@ async function partCpu(): Promise<void> {
   const durationMs = Number(process.env.BENCH_DURATION_MS ?? 10_000);
   const { cp, auth } = await benchCluster();
   const node = await startDataPlane(cp);
-  await load(node.url, auth, body, 2000, CONNECTIONS);
-  // Let the warm-up's reports land before measuring.
-  await new Promise((r) => setTimeout(r, 1500));
   const cpPid = cp.proc.child.pid!;
   const nodePid = node.proc.child.pid!;
   // What the control plane spends with a node connected and no traffic (timers, keep-alives, sync).
   const idle0 = cpuMicros(cpPid);
   await new Promise((r) => setTimeout(r, 5000));
   const idleUsPerSec = (cpuMicros(cpPid) - idle0) / 5;
+  await load(node.url, auth, body, 2000, CONNECTIONS);
+  // Let the warm-up's reports land before measuring (a node sends about once a second).
+  await new Promise((r) => setTimeout(r, 2500));
   const dbBefore = fileBytes(cp.dbPath) + fileBytes(join(cp.dir, 'logs.db'));
   const cpBefore = cpuMicros(cpPid);
   const threadsBefore = cpuByThread(cpPid);
