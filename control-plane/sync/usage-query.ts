@@ -2,7 +2,8 @@
 // sends the id of the key it authenticated; the project comes from the control plane's own record of
 // that key, so no node input can name another project. A key whose credential is gone (revoked) gets
 // NOT_FOUND. At most MAX_IN_FLIGHT queries run at once (they share the one database queue with report
-// ingest); beyond that RESOURCE_EXHAUSTED, which the node answers as 503 with retry-after.
+// ingest), and at most MAX_IN_FLIGHT_PER_KEY of one key, so one key cannot take every slot; beyond
+// either, RESOURCE_EXHAUSTED, which the node answers as 503 with retry-after.
 import { status, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
 import type { QueryUsageRequest, QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
@@ -11,6 +12,7 @@ import { credentialHashOf, getKey } from '../store/keys-repo.js';
 import { usageInRange, type UsageGroupBy } from '../store/usage-repo.js';
 
 export const MAX_IN_FLIGHT = 8;
+export const MAX_IN_FLIGHT_PER_KEY = 2;
 const GROUPS: ReadonlySet<string> = new Set<UsageGroupBy>(['model', 'day', 'key']);
 /** 9999-12-31T23:59:59.999Z: later bounds are refused. */
 const MAX_MS = 253_402_300_799_999;
@@ -19,6 +21,7 @@ type Callback = sendUnaryData<QueryUsageResponse>;
 
 export function queryUsageHandler(state: ControlState, nodeToken: string, log: (line: string) => void) {
   let inFlight = 0;
+  const perKey = new Map<string, number>();
   return (call: ServerUnaryCall<QueryUsageRequest, QueryUsageResponse>, callback: Callback): void => {
     const header = call.metadata.get('authorization')[0];
     const m = typeof header === 'string' ? /^Bearer\s+(\S+)\s*$/i.exec(header) : null;
@@ -32,7 +35,10 @@ export function queryUsageHandler(state: ControlState, nodeToken: string, log: (
     if (!Number.isSafeInteger(sinceMs) || sinceMs < 0 || sinceMs > MAX_MS) return bad('since_ms out of range');
     if (untilMs !== null && (!Number.isSafeInteger(untilMs) || untilMs <= sinceMs || untilMs > MAX_MS)) return bad('until_ms must be later than since_ms');
     if (inFlight >= MAX_IN_FLIGHT) return callback({ code: status.RESOURCE_EXHAUSTED, details: 'too many usage queries at once' });
+    const mine = perKey.get(req.keyId) ?? 0;
+    if (mine >= MAX_IN_FLIGHT_PER_KEY) return callback({ code: status.RESOURCE_EXHAUSTED, details: 'too many usage queries of this key at once' });
     inFlight++;
+    perKey.set(req.keyId, mine + 1);
     state.db
       .read(async (q): Promise<QueryUsageResponse | null> => {
         const key = await getKey(q, req.keyId);
@@ -57,6 +63,11 @@ export function queryUsageHandler(state: ControlState, nodeToken: string, log: (
           callback({ code: status.INTERNAL, details: 'internal error' });
         },
       )
-      .finally(() => inFlight--);
+      .finally(() => {
+        inFlight--;
+        const left = (perKey.get(req.keyId) ?? 1) - 1;
+        if (left > 0) perKey.set(req.keyId, left);
+        else perKey.delete(req.keyId);
+      });
   };
 }
