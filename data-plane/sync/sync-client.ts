@@ -135,8 +135,21 @@ export class SyncClient {
     const call = this.client.connect(md);
     this.call = call;
     this.awaitingSnapshot = false;
+    // Reports go on a stream only once the control plane has accepted it: written to a call that is
+    // still connecting they would only be buffered, and during an outage every retry would decode and
+    // buffer the journal's oldest reports again.
+    let attached = false;
+    const accepted = () => {
+      if (this.call !== call) return;
+      this.markConnected();
+      if (!attached) {
+        attached = true;
+        this.opts.reporter.attach(call);
+      }
+    };
     call.on('data', (msg: ControlMessage) => {
       try {
+        if (this.call === call) accepted();
         if (this.call === call) this.onMessage(call, msg);
       } catch (err) {
         this.opts.log(`sync: failed to apply a message: ${(err as Error).message}; resyncing`);
@@ -147,9 +160,7 @@ export class SyncClient {
     // 'error' always precedes 'status' for a failed call; 'status' is the one end signal handled.
     call.on('error', () => {});
     // Response headers mean the control plane accepted the stream (it may have nothing to send yet).
-    call.on('metadata', () => {
-      if (this.call === call) this.markConnected();
-    });
+    call.on('metadata', accepted);
     call.on('status', (s: StatusObject) => this.onStatus(call, s));
     call.write({
       hello: {
@@ -160,7 +171,6 @@ export class SyncClient {
         listenAddress: this.opts.listenAddress,
       },
     });
-    this.opts.reporter.attach(call);
     this.sendStatus();
   }
 
