@@ -293,6 +293,7 @@ async function partJournal(): Promise<void> {
   );
   console.log(`  node RSS every 5 s (MiB): ${samples.map((s) => s.toFixed(0)).join(' ')}; range ${(Math.max(...samples) - Math.min(...samples)).toFixed(0)} MiB, last − first ${(samples[samples.length - 1] - first).toFixed(0)} MiB`);
   const mid = (Math.max(...samples) + Math.min(...samples)) / 2;
+  console.log(`  against the first sample: highest +${(Math.max(...samples) - first).toFixed(0)} MiB, lowest ${(Math.min(...samples) - first).toFixed(0)} MiB (a fall is the garbage collector returning memory)`);
   console.log(`  over the whole outage: ${Math.min(...samples).toFixed(0)}–${Math.max(...samples).toFixed(0)} MiB, ±${(Math.max(...samples) - mid).toFixed(0)} MiB around ${mid.toFixed(0)} (target ±30)`);
   if (settled.length > 1) console.log(`  after its first minute: range ${(Math.max(...settled) - Math.min(...settled)).toFixed(0)} MiB`);
   await stopAll();
