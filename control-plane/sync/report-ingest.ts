@@ -37,16 +37,10 @@ export class ReportIngest {
   ) {}
 
   /**
-   * `onSpend` runs right after COMMIT for each organisation's cost in this report, per lease epoch
-   * the costs were reserved under (money leases).
-   */
-  ingest(source: ReportSource, report: Report, onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
-    return this.ingestMany(source, [report], onSpend);
-  }
-
-  /**
    * Consecutive reports of one node instance (seq ascending), written together: one transaction per
    * store for all of them. Reports at or below a store's cursor are replays and skipped there.
+   * `onSpend` runs right after COMMIT for each organisation's cost in them, per lease epoch the costs
+   * were reserved under (money leases).
    */
   async ingestMany(source: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
     if (reports.length === 0) return { duplicate: true, inserted: 0, logs: 0 };

@@ -2,31 +2,12 @@
 // repeated text as indexes into one string table. Pure; shared by the node (encode) and the control
 // plane (decode). Every number is made a safe non-negative integer here, so no row can make a report
 // unencodable.
+import type { RequestLog } from '../gen/tollgate/v1/console.js';
 import { LogColumns, type LogBlock, type LogBlockKey } from '../gen/tollgate/v1/sync.js';
 
-export interface LogRow {
-  requestId: string;
-  atMs: number;
-  keyId: string;
-  projectId: string;
-  orgId: string;
-  clientIp: string;
-  userAgent: string;
-  method: string;
-  path: string;
-  status: number;
-  latencyUs: number;
-  bytesIn: number;
-  bytesOut: number;
-  model: string;
-  promptTokens: number;
-  completionTokens: number;
-  costMicros: number;
-  /** Why it was refused ('' when it was not). */
-  reason: string;
-  /** Unknown-key 401s only: the first characters of the presented value. */
-  keyPrefix: string;
-}
+/** One request-log entry as a node records it: the console's RequestLog without the node (the
+ * control plane knows which node sent it). */
+export type LogRow = Omit<RequestLog, 'nodeId'>;
 
 const U32_MAX = 0xffff_ffff;
 /** Text fields are cut to this many characters (a user agent or path is no place for a novel). */
@@ -46,28 +27,7 @@ function text(v: unknown): string {
 }
 
 export function emptyColumns(): LogColumns {
-  return {
-    strings: [],
-    requestId: [],
-    atMsDelta: [],
-    keyId: [],
-    projectId: [],
-    orgId: [],
-    clientIp: [],
-    userAgent: [],
-    method: [],
-    path: [],
-    status: [],
-    latencyUs: [],
-    bytesIn: [],
-    bytesOut: [],
-    model: [],
-    promptTokens: [],
-    completionTokens: [],
-    costMicros: [],
-    reason: [],
-    keyPrefix: [],
-  };
+  return LogColumns.create();
 }
 
 /** Builds one LogColumns, row by row. */
