@@ -8,6 +8,7 @@ import { OpenStreams } from './auth/open-streams.js';
 import { ConfigError, loadConfig } from './config.js';
 import { createAdminApp } from './http/admin.js';
 import { sessionLogRow } from './realtime/session-log.js';
+import { heapWatch } from './heap-watch.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
 import { closeConnectionsAfterResponses, closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
@@ -139,6 +140,7 @@ async function main(): Promise<void> {
   if (!config.tls && !isLoopbackAddress(config.controlPlane)) {
     console.log(`data plane: warning: the node token goes in plaintext to ${config.controlPlane}; use --tls-ca (and --tls-cert/--tls-key) unless the network is private`);
   }
+  const checkHeap = heapWatch((line) => log.warn({ heap: true }, line));
   sync = new SyncClient({
     address: config.controlPlane,
     tls: config.tls,
@@ -154,7 +156,10 @@ async function main(): Promise<void> {
     openStreams,
     leases,
     now: () => clock.now(),
-    onApplied: () => api.realtime.enforce(),
+    onApplied: () => {
+      api.realtime.enforce();
+      checkHeap();
+    },
     onFirstSnapshot: () => {
       console.log('data plane ready');
       log.info({ version: holder.current.version }, 'first snapshot applied: ready');

@@ -19,11 +19,10 @@ import { mkdirSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { startControlPlane, startDataPlane, startProcess, stopAll, ROOT } from '../helpers/processes.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { startProcess, stopAll, ROOT } from '../helpers/processes.js';
 import { hasWrk, paced, saturate, type PacedResult, type SaturationResult, type Target } from './load.js';
 import { canPin, cpuMicros, pin, watchRss } from './procstat.js';
+import { CONNECTIONS, pickScenarios, startTargets, waitForKey } from './targets.js';
 
 const { values: opts } = parseArgs({
   options: {
@@ -33,44 +32,23 @@ const { values: opts } = parseArgs({
     rounds: { type: 'string' },
     seconds: { type: 'string' },
     baseline: { type: 'string' },
+    'baseline-flags': { type: 'string' },
   },
 });
 const QUICK = opts.quick!;
 const ROUNDS = Number(opts.rounds ?? (QUICK ? 1 : 3));
 const SECONDS = Number(opts.seconds ?? (QUICK ? 2 : 5));
-const CONNECTIONS = 50;
 const PROXY_CORE = 0;
 const LOAD_CORE = 1;
 
 type TargetName = 'direct' | 'bare' | 'node' | 'baseline';
 // --baseline REF: a second node built from another commit (a git worktree under the system's temp
 // folder), on the same control plane and core, measured in the same run: what a change bought.
-const TARGETS: TargetName[] = opts.baseline ? ['direct', 'bare', 'node', 'baseline'] : ['direct', 'bare', 'node'];
-
-interface Scenario {
-  name: string;
-  connections: number;
-  request(auth: string): Target;
-}
-
-const chatBody = (stream: boolean) =>
-  JSON.stringify({
-    model: 'bench-chat',
-    messages: [
-      { role: 'system', content: 'You are a helpful assistant.' },
-      { role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' },
-    ],
-    ...(stream ? { stream: true } : {}),
-  });
-const MiB = Buffer.alloc(1024 * 1024, 'tollgate bench ');
-
-const SCENARIOS: Scenario[] = [
-  { name: 'json', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(false) }) },
-  { name: 'sse', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(true) }) },
-  { name: 'tool-get', connections: CONNECTIONS, request: (auth) => ({ method: 'GET', path: '/v1/vector_stores/vs_bench', headers: { authorization: auth } }) },
-  { name: 'tool-post-1mib', connections: 8, request: (auth) => ({ method: 'POST', path: '/v1/vector_stores/vs_bench/files', headers: { authorization: auth, 'content-type': 'application/octet-stream' }, body: MiB }) },
-  { name: 'models', connections: CONNECTIONS, request: (auth) => ({ method: 'GET', path: '/v1/models', headers: { authorization: auth } }) },
-];
+// --baseline-flags="FLAGS" (with the =, as FLAGS start with a dash): the baseline node runs with these node/V8 flags (without --baseline: this
+// checkout's node, so the run measures what the flags change).
+const BASELINE_FLAGS = opts['baseline-flags']?.split(/\s+/).filter(Boolean) ?? [];
+const WITH_BASELINE = opts.baseline !== undefined || BASELINE_FLAGS.length > 0;
+const TARGETS: TargetName[] = WITH_BASELINE ? ['direct', 'bare', 'node', 'baseline'] : ['direct', 'bare', 'node'];
 
 interface Measurement extends SaturationResult {
   cpuUsPerRequest: number | null;
@@ -79,36 +57,16 @@ interface Measurement extends SaturationResult {
 }
 
 async function main(): Promise<void> {
-  const scenarios = opts.only ? SCENARIOS.filter((s) => opts.only!.split(',').includes(s.name)) : SCENARIOS;
+  const scenarios = pickScenarios(opts.only);
   // The load generator (this process) shares its core with the upstream and the control plane.
   pin(process.pid, LOAD_CORE);
 
-  const upstream = startProcess(['test/bench/fake-upstream-server.ts']);
-  const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
-  const bare = startProcess(['test/bench/bare-proxy.ts', upstreamUrl]);
-  const bareUrl = `http://127.0.0.1:${(await bare.waitFor(/bare proxy listening on (\d+)/))[1]}`;
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.trusted_proxies = ['127.0.0.1'];
-      // Limits far away, so the figure is the pipeline's cost (edge budgets, auth, key budgets, money
-      // slices, usage), not a cap.
-      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
-      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
-      cfg.tool_backends = [{ prefix: '/v1/vector_stores', base_url: upstreamUrl, timeout_ms: 10_000 }];
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
-  });
-  const node = await startDataPlane(cp, opts.profile ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${opts.profile}`] } : {});
-  const baseline = opts.baseline ? await startBaselineNode(opts.baseline, cp) : null;
+  const { upstream, upstreamUrl, bare, bareUrl, cp, node, auth } = await startTargets({ nodeArgs: opts.profile ? ['--cpu-prof', `--cpu-prof-dir=${opts.profile}`] : [] });
+  const baseline = WITH_BASELINE ? await startBaselineNode(opts.baseline, BASELINE_FLAGS, cp) : null;
   const pids: Record<TargetName | 'cp', number> = { direct: upstream.child.pid!, bare: bare.child.pid!, node: node.proc.child.pid!, baseline: baseline?.proc.child.pid ?? 0, cp: cp.proc.child.pid! };
   const pinned = canPin && [pin(pids.node, PROXY_CORE), pin(pids.bare, PROXY_CORE), pin(pids.direct, LOAD_CORE), pin(pids.cp, LOAD_CORE), !baseline || pin(pids.baseline, PROXY_CORE)].every(Boolean);
 
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'bench' });
-  admin.close();
-  const auth = `Bearer ${key}`;
   const urls: Record<TargetName, string> = { direct: upstreamUrl, bare: bareUrl, node: node.url, baseline: baseline?.url ?? '' };
-  await waitForKey(node.url, auth);
   if (baseline) await waitForKey(baseline.url, auth);
 
   console.log(
@@ -162,16 +120,19 @@ async function main(): Promise<void> {
   // SIGTERM lets the node write its CPU profile (--profile).
   await node.proc.kill('SIGTERM');
   await stopAll();
-  if (baseline) spawnSync('git', ['worktree', 'remove', '--force', baseline.dir], { cwd: ROOT });
+  if (baseline && baseline.dir !== ROOT) spawnSync('git', ['worktree', 'remove', '--force', baseline.dir], { cwd: ROOT });
 }
 
 /** A node from commit `ref`, in a temporary git worktree sharing this checkout's node_modules. */
-async function startBaselineNode(ref: string, cp: { address: string; secrets: { pepper: string; nodeToken: string } }): Promise<{ proc: ReturnType<typeof startProcess>; url: string; dir: string }> {
-  const dir = join(tmpdir(), `tollgate-baseline-${process.pid}`);
-  const add = spawnSync('git', ['worktree', 'add', '--detach', dir, ref], { cwd: ROOT, encoding: 'utf8' });
-  if (add.status !== 0) throw new Error(`git worktree add ${ref}: ${add.stderr}`);
-  symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
-  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir });
+async function startBaselineNode(ref: string | undefined, flags: string[], cp: { address: string; secrets: { pepper: string; nodeToken: string } }): Promise<{ proc: ReturnType<typeof startProcess>; url: string; dir: string }> {
+  let dir = ROOT;
+  if (ref !== undefined) {
+    dir = join(tmpdir(), `tollgate-baseline-${process.pid}`);
+    const add = spawnSync('git', ['worktree', 'add', '--detach', dir, ref], { cwd: ROOT, encoding: 'utf8' });
+    if (add.status !== 0) throw new Error(`git worktree add ${ref}: ${add.stderr}`);
+    symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
+  }
+  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir, nodeArgs: flags });
   const m = await proc.waitFor(/data plane listening on (\S+)/);
   await proc.waitFor(/data plane ready/);
   return { proc, url: `http://${m[1]}`, dir };
@@ -217,16 +178,6 @@ function printTable(summary: Record<string, Record<TargetName, Measurement>>): v
     }
   }
   console.log('targets: node req/s ≥ 0.9× bare, node CPU ≤ 1.1× bare, node RSS < 150 MB');
-}
-
-async function waitForKey(url: string, auth: string): Promise<void> {
-  for (let i = 0; i < 400; i++) {
-    const r = await fetch(`${url}/v1/models`, { headers: { authorization: auth, 'x-forwarded-for': '10.0.0.1' } });
-    await r.arrayBuffer();
-    if (r.status === 200) return;
-    await new Promise((res) => setTimeout(res, 25));
-  }
-  throw new Error('the node never learnt the bench key');
 }
 
 main().catch(async (err) => {

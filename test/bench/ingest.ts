@@ -266,7 +266,9 @@ async function partQuery(): Promise<void> {
 async function partJournal(): Promise<void> {
   const durationMs = Number(process.env.BENCH_JOURNAL_MS ?? 60_000);
   const { cp, auth } = await benchCluster();
-  const node = await startDataPlane(cp, { extraArgs: ['--data-dir', tempDir('tollgate-bench-node-')] });
+  // BENCH_NODE_FLAGS: node/V8 flags for the node (e.g. "--max-semi-space-size=8 --max-old-space-size=1536").
+  const nodeArgs = process.env.BENCH_NODE_FLAGS?.split(/\s+/).filter(Boolean) ?? [];
+  const node = await startDataPlane(cp, { extraArgs: ['--data-dir', tempDir('tollgate-bench-node-')], nodeArgs });
   // Warm up under load with the control plane up (BENCH_JOURNAL_WARMUP_MS, default 60 s): the node's
   // heap grows to its working size under load whether or not the control plane is there, and that
   // growth is not the outage's.

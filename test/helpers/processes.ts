@@ -8,6 +8,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { NODE_HEAP_FLAGS } from '../../data-plane/heap-flags.js';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 // Long-running processes load tsx in-process (`node --import tsx`) instead of through tsx's CLI,
@@ -220,7 +221,8 @@ export async function startDataPlane(cp: { address: string; secrets: Secrets }, 
       TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken,
       ...opts.env,
     },
-    { nodeArgs: opts.nodeArgs },
+    // As every launcher starts a node: with its heap flags (later flags win).
+    { nodeArgs: [...NODE_HEAP_FLAGS, ...(opts.nodeArgs ?? [])] },
   );
   const m = await proc.waitFor(/data plane listening on (\S+)/);
   let adminUrl: string | undefined;
