@@ -1,7 +1,7 @@
 // The V8 heap settings a data-plane node is started with (npm run data-plane, npm start, npm run
 // cluster, and the tests). Measured with `npm run bench -- --baseline-flags=…` (test/bench/README.md):
 // under full load they hold a node's RSS near 140 MB instead of ~210 MB, and keep it within ±13 MiB
-// through a 5-minute control-plane outage instead of swinging by 120 MiB, for 5–17% more CPU per
+// through a 5-minute control-plane outage instead of swinging by 120 MiB, for about 10% more CPU per
 // request (more frequent, smaller collections).
 // - A young generation of 2 × 8 MiB instead of 2 × 16 MiB.
 // - An old-generation limit of 1.5 GiB: below 2 GiB V8 grows the heap by at most ~1.8× of what
