@@ -61,7 +61,9 @@ async function main(): Promise<void> {
   // The load generator (this process) shares its core with the upstream and the control plane.
   pin(process.pid, LOAD_CORE);
 
-  const { upstream, upstreamUrl, bare, bareUrl, cp, node, auth } = await startTargets({ nodeArgs: opts.profile ? ['--cpu-prof', `--cpu-prof-dir=${opts.profile}`] : [] });
+  const { upstream, upstreamUrl, bare, bareUrl, cp, node, auth } = await startTargets({
+    nodeArgs: ['--import', join(ROOT, 'test', 'bench', 'loop-delay.mjs'), ...(opts.profile ? ['--cpu-prof', `--cpu-prof-dir=${opts.profile}`] : [])],
+  });
   const baseline = WITH_BASELINE ? await startBaselineNode(opts.baseline, BASELINE_FLAGS, cp) : null;
   const pids: Record<TargetName | 'cp', number> = { direct: upstream.child.pid!, bare: bare.child.pid!, node: node.proc.child.pid!, baseline: baseline?.proc.child.pid ?? 0, cp: cp.proc.child.pid! };
   const pinned = canPin && [pin(pids.node, PROXY_CORE), pin(pids.bare, PROXY_CORE), pin(pids.direct, LOAD_CORE), pin(pids.cp, LOAD_CORE), !baseline || pin(pids.baseline, PROXY_CORE)].every(Boolean);
@@ -100,13 +102,25 @@ async function main(): Promise<void> {
     const rate = Math.max(100, Math.round(summary.json.node.rps / 2));
     const secs = QUICK ? 3 : 10;
     const runs: Record<TargetName, PacedResult[]> = { direct: [], bare: [], node: [], baseline: [] };
-    for (let round = 0; round < (QUICK ? 1 : 2); round++) for (const t of TARGETS) runs[t].push(await paced(urls[t], json.request(auth), rate, secs));
+    const loopDelays: LoopDelay[] = [];
+    for (let round = 0; round < (QUICK ? 1 : 2); round++) {
+      for (const t of TARGETS) {
+        if (t === 'node') node.proc.child.kill('SIGUSR2');
+        runs[t].push(await paced(urls[t], json.request(auth), rate, secs));
+        if (t === 'node') loopDelays.push(await loopDelay(node.proc));
+      }
+    }
     const best = (xs: PacedResult[]) => xs.reduce((a, b) => (b.p99Us < a.p99Us ? b : a));
     const r = { direct: best(runs.direct), bare: best(runs.bare), node: best(runs.node), baseline: baseline ? best(runs.baseline) : (undefined as unknown as PacedResult) };
-    constantRate = { rate, seconds: secs, ...r, nodeP99AddedUs: r.node.p99Us - r.direct.p99Us, bareP99AddedUs: r.bare.p99Us - r.direct.p99Us };
+    const nodeLoop = loopDelays[runs.node.indexOf(r.node)];
+    constantRate = { rate, seconds: secs, ...r, nodeP99AddedUs: r.node.p99Us - r.direct.p99Us, bareP99AddedUs: r.bare.p99Us - r.direct.p99Us, nodeLoopDelay: nodeLoop };
     console.log(`\nconstant rate, JSON, ${rate} req/s for ${secs} s (half the node's saturation), latency in µs (best of ${runs.node.length}):`);
     for (const t of TARGETS) console.log(`  ${t.padEnd(7)} p50 ${r[t].p50Us.toFixed(0).padStart(6)}  p99 ${r[t].p99Us.toFixed(0).padStart(6)}  max ${r[t].maxUs.toFixed(0).padStart(7)}  (${r[t].ok} ok, ${r[t].errors} errors)`);
     console.log(`  p99 added over direct: node ${(r.node.p99Us - r.direct.p99Us).toFixed(0)} µs (target < 1000), bare ${(r.bare.p99Us - r.direct.p99Us).toFixed(0)} µs`);
+    const gcText = Object.entries(nodeLoop.gc)
+      .map(([k, g]) => `${g.count} ${k} (${g.totalMs.toFixed(0)} ms, longest ${g.maxMs.toFixed(1)} ms)`)
+      .join(', ');
+    console.log(`  the node's event loop in that run: late by p50 ${nodeLoop.p50Ms} ms, p99 ${nodeLoop.p99Ms} ms, max ${nodeLoop.maxMs} ms; GC pauses: ${gcText || 'none'}`);
   }
 
   const outDir = join(ROOT, 'test', 'bench', 'out');
@@ -149,6 +163,26 @@ async function measure(url: string, t: Target, connections: number, pid: number,
   if (r.errors > 0) console.log(`  (${r.errors} non-2xx answers or errors from ${url}${t.path})`);
   const per = (a: number | null, b: number | null) => (a !== null && b !== null && r.requests > 0 ? (b - a) / r.requests : null);
   return { ...r, cpuUsPerRequest: per(cpu0, cpu1), controlPlaneCpuUsPerRequest: per(cp0, cp1), peakRssBytes: peak };
+}
+
+interface LoopDelay {
+  seconds: number;
+  p50Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  gc: Record<string, { count: number; totalMs: number; maxMs: number }>;
+}
+
+/** What loop-delay.mjs saw in the node since the SIGUSR2 that started it watching. */
+async function loopDelay(proc: ReturnType<typeof startProcess>): Promise<LoopDelay> {
+  const from = proc.output().length;
+  proc.child.kill('SIGUSR2');
+  for (let i = 0; i < 200; i++) {
+    const m = proc.output().slice(from).match(/loop-delay (\{.*\})/);
+    if (m) return JSON.parse(m[1]) as LoopDelay;
+    await new Promise((res) => setTimeout(res, 10));
+  }
+  throw new Error('the node did not report its loop delay');
 }
 
 /** The round with the median requests/s (its other figures come with it). */
