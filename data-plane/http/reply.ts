@@ -46,7 +46,10 @@ export class Reply implements ReplyMeter {
   /** For the request log: body bytes written, and why it was refused (request-log.ts, refusalReason). */
   bytesOut = 0;
   refusal = '';
-  /** The request-log entry of a request of a known key (its admitted context adds the usage). */
+  /**
+   * The request-log entry of a request of a known key (its admitted context adds the usage); told how
+   * the response ended before the other cleanups run.
+   */
   logDraft: LogDraft | null = null;
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
@@ -277,6 +280,13 @@ export class Reply implements ReplyMeter {
     if (this.family) {
       try {
         recordReply(this);
+      } catch (err) {
+        logBug(err);
+      }
+    }
+    if (this.logDraft) {
+      try {
+        this.logDraft.endReply(this.status, this.bytesOut, this.refusal, this.aborted);
       } catch (err) {
         logBug(err);
       }

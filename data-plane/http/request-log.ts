@@ -89,11 +89,11 @@ export class LogDraft {
   }
 
   /** The response ended (sent in full, or aborted: 499 when nothing was answered). */
-  endReply(outcome: LogOutcome, aborted: boolean): void {
+  endReply(status: number, bytesOut: number, reason: string, aborted: boolean): void {
     // Aborted before an answer: 499, client_closed. Cut after the head went out (the client left, or a
     // drain deadline closed it): the status the client saw, reason aborted.
-    const cut = aborted ? (outcome.status ? 'aborted' : 'client_closed') : '';
-    this.outcome = { status: outcome.status || (aborted ? 499 : 0), bytesOut: outcome.bytesOut, reason: outcome.reason || cut };
+    const cut = aborted ? (status ? 'aborted' : 'client_closed') : '';
+    this.outcome = { status: status || (aborted ? 499 : 0), bytesOut, reason: reason || cut };
     this.replyEnded = true;
     this.maybeEmit();
   }

@@ -5,6 +5,7 @@
 // error-shapes.ts, through Reply.
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { bearerToken } from '../auth/bearer.js';
 import type { GatewayState, KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { Clock } from '../limits/clock.js';
@@ -66,7 +67,6 @@ export interface ServerDeps {
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
-const BEARER = /^Bearer +([^\s]+) *$/;
 const MODELS_CREATED = 1735689600;
 /**
  * JSON bodies a model endpoint can accept, below the path's cap: a speech request is a short text
@@ -178,18 +178,17 @@ export class ApiServer {
 
     // Credential: one HMAC and one Map lookup.
     if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), familyShape);
-    const m = BEARER.exec(head.authorization);
-    if (!m) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), familyShape);
+    const presented = bearerToken(head.authorization);
+    if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), familyShape);
     const state = deps.holder.current;
-    const key = state.lookup(deps.pepper, m[1]);
+    const key = state.lookup(deps.pepper, presented);
     if (!key) {
       reply.sendError(new GatewayError('KEY_INVALID'), familyShape);
-      return this.logRefusedKey(reply, head, m[1]);
+      return this.logRefusedKey(reply, head, presented);
     }
     // Every request of a known key is logged once it has ended (request-log.ts).
     const draft = new LogDraft(deps.reporter, head, key, this.now, this.newRequestId);
     reply.logDraft = draft;
-    reply.onFinish((aborted) => draft.endReply({ status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal }, aborted));
     // From here every answer carries the key's rate headers (admission refreshes them).
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), familyShape);
@@ -310,8 +309,8 @@ export class ApiServer {
 
   /** The rate headers of the key a bearer credential names, if it names a known key. */
   private rateHeadersOfBearer(authorization: string): RateHeaders | null {
-    const m = BEARER.exec(authorization);
-    const key = m ? this.deps.holder.current.lookup(this.deps.pepper, m[1]) : undefined;
+    const presented = bearerToken(authorization);
+    const key = presented !== null ? this.deps.holder.current.lookup(this.deps.pepper, presented) : undefined;
     return key ? this.deps.keyBudgets.headers(key.limits) : null;
   }
 

@@ -8,6 +8,7 @@
 // endpoints' shape (A) with the key's rate headers. Only then is the client upgraded.
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type us_socket_context_t, type WebSocketBehavior } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { bearerToken } from '../auth/bearer.js';
 import type { KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import { deriveClientIp, headerLines } from '../http/client-ip.js';
@@ -37,7 +38,6 @@ export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
 /** Seconds without any frame from the client (uWS pings it automatically before that). */
 export const IDLE_TIMEOUT_SEC = 120;
 const STALE_CHECK_MS = 1000;
-const BEARER = /^Bearer +([^\s]+) *$/;
 
 export interface RealtimeDeps {
   holder: StateHolder;
@@ -186,18 +186,17 @@ export class RealtimeGateway {
       );
     }
     if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), 'A');
-    const m = BEARER.exec(head.authorization);
-    if (!m) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
-    const key = deps.holder.current.lookup(deps.pepper, m[1]);
+    const presented = bearerToken(head.authorization);
+    if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
+    const key = deps.holder.current.lookup(deps.pepper, presented);
     if (!key) {
       reply.sendError(new GatewayError('KEY_INVALID'), 'A');
-      return this.logRefusedKey(reply, head, m[1]);
+      return this.logRefusedKey(reply, head, presented);
     }
     // Every attempt of a known key is in its request log: a refusal when the reply ends, an accepted
     // session by the session itself when it closes (the upgrade drops the reply's cleanups).
     const draft = new LogDraft(deps.reporter, logHeadOf(head), key, () => deps.clock.now(), () => this.nextRequestId());
     reply.logDraft = draft;
-    reply.onFinish((aborted) => draft.endReply({ status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal }, aborted));
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');

@@ -4,6 +4,9 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { GatewayState } from '../../data-plane/auth/key-table.js';
 import { findDuplicateKey, validateJson } from '../../data-plane/http/validate-request.js';
+
+/** `"k0":0,"k1":1,…` with n distinct keys. */
+const many = (n: number) => Array.from({ length: n }, (_, i) => `"k${i}":${i}`).join(',');
 import { RouteTable, type Route } from '../../data-plane/http/routes.js';
 import type { GatewayConfig } from '../../proto/gen/tollgate/v1/sync.js';
 
@@ -40,6 +43,12 @@ test('duplicate keys are found at any depth, with their path; distinct keys and 
     ['{"k":"}{,:[]\\\\","k2":1}', null],
     ['"just a string"', null],
     ['{}', null],
+    // Past 16 keys an object's keys move from a list to a Set: repeats on either side of the move.
+    [`{${many(40)}}`, null],
+    [`{${many(20)},"k0":1}`, 'k0'],
+    [`{${many(16)},"k15":1}`, 'k15'],
+    [`{${many(17)},"k16":1}`, 'k16'],
+    [`{"o":{${many(30)},"k29":1}}`, 'o.k29'],
   ];
   for (const [text, expected] of rows) {
     JSON.parse(text);
