@@ -89,28 +89,3 @@ test('SSE: an "event" over 1 MiB without a blank line is passed on, not held', (
   assert.equal(out.length, 3 * big.length);
   assert.equal(s.flush(), '');
 });
-
-test('SSE: whole events without usage go on as the very same bytes; anything held back takes the text path', () => {
-  const s = new SseUsage(true);
-  const a = Buffer.from(ev({ choices: [{ delta: { content: 'Hello there.' } }] }));
-  assert.equal(s.transform(a), a, 'the chunk itself, not a copy');
-  // An event cut in two: held, then completed through the text path.
-  const b = Buffer.from(ev({ choices: [{ delta: { content: 'again ✓' } }] }));
-  assert.equal(String(s.transform(b.subarray(0, 12))), '');
-  assert.equal(String(s.transform(b.subarray(12))), b.toString());
-  // Whole again: the bytes path again.
-  assert.equal(s.transform(a), a);
-  // A chunk that ends with a blank line and then the first byte of a character: the character is
-  // held by the decoder, so the next chunk (which starts with its other bytes) must not skip it.
-  const c = Buffer.from(ev({ choices: [{ delta: { content: 'x' } }] }) + ev({ choices: [{ delta: { content: '✓ done' } }] }));
-  const split = c.indexOf('✓') + 1;
-  const first = String(s.transform(c.subarray(0, split)));
-  const second = String(s.transform(c.subarray(split)));
-  assert.equal(first + second, c.toString());
-  assert.equal(s.transform(a), a);
-  // Usage in a later chunk is still read and stripped, and tokens counted from kept bytes and text alike.
-  assert.equal(s.countedCompletionTokens(), 3 * countTokens('Hello there.') + countTokens('again ✓') + countTokens('x') + countTokens('✓ done'));
-  const u = Buffer.from(ev({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 1 } }) + 'data: [DONE]\n\n');
-  assert.equal(String(s.transform(u)), 'data: [DONE]\n\n');
-  assert.deepEqual(s.usage, { prompt_tokens: 3, completion_tokens: 1 });
-});

@@ -139,10 +139,6 @@ function isSpace(c: number): boolean {
   return c === 32 || c === 10 || c === 13 || c === 9;
 }
 
-const USAGE_KEY = Buffer.from('"usage"');
-const endsWithNewline = (b: Buffer) => b.length > 0 && b[b.length - 1] === 10;
-const endsWithBlankLine = (b: Buffer) => b.length > 1 && b[b.length - 1] === 10 && b[b.length - 2] === 10;
-
 /** The longest SSE event held back whole while it arrives. */
 const MAX_SSE_EVENT_CHARS = 1024 * 1024;
 
@@ -153,45 +149,30 @@ const MAX_SSE_EVENT_CHARS = 1024 * 1024;
 export class SseUsage implements BodyInspector {
   usage: Usage | null = null;
   private carry = '';
-  /** Made on the first chunk that needs text (most streams never do). */
-  private decoder: StringDecoder | null = null;
-  /** Events kept to count tokens if no usage comes: text, or chunks passed on as they were. */
-  private readonly dataEvents: (string | Buffer)[] = [];
-  /** Nothing held back: no partial event in `carry`, no partial character in the decoder. */
-  private clean = true;
+  private readonly decoder = new StringDecoder('utf8');
+  private readonly dataEvents: string[] = [];
   constructor(private readonly strip: boolean) {}
 
-  transform(chunk: Buffer): string | Buffer {
-    // The common chunk: whole events, none with "usage" (so nothing to read or strip). It goes on as
-    // the same bytes, neither decoded nor encoded again.
-    if (this.clean && endsWithBlankLine(chunk) && chunk.indexOf(USAGE_KEY) === -1) {
-      this.keep(chunk);
-      return chunk;
-    }
-    const text = this.carry + (this.decoder ??= new StringDecoder('utf8')).write(chunk);
+  transform(chunk: Buffer): string {
+    const text = this.carry + this.decoder.write(chunk);
     const end = text.lastIndexOf('\n\n');
     if (end === -1) {
       // An "event" this long is not one: passed on as it is, rather than held without end.
       if (text.length > MAX_SSE_EVENT_CHARS) {
         this.carry = '';
-        this.clean = endsWithNewline(chunk);
         this.keep(text);
         return text;
       }
       this.carry = text;
-      this.clean = false;
       return '';
     }
     this.carry = text.slice(end + 2);
-    // The decoder holds nothing back when the chunk ended with a newline (a whole character).
-    this.clean = this.carry === '' && endsWithNewline(chunk);
     return this.events(text.slice(0, end + 2));
   }
 
   flush(): string {
-    const rest = this.carry + (this.decoder?.end() ?? '');
+    const rest = this.carry + this.decoder.end();
     this.carry = '';
-    this.clean = true;
     return rest ? this.events(rest) : '';
   }
 
@@ -225,7 +206,7 @@ export class SseUsage implements BodyInspector {
     return out;
   }
 
-  private keep(block: string | Buffer): void {
+  private keep(block: string): void {
     // Kept only to count tokens when the upstream reports no usage (parsed lazily, at the end).
     if (this.usage === null) this.dataEvents.push(block);
   }
@@ -234,7 +215,7 @@ export class SseUsage implements BodyInspector {
   countedCompletionTokens(): number {
     let n = 0;
     for (const block of this.dataEvents) {
-      for (const ev of String(block).split('\n\n')) {
+      for (const ev of block.split('\n\n')) {
         const data = dataOf(ev);
         if (!data || data === '[DONE]') continue;
         try {
