@@ -86,8 +86,8 @@ function validateMessages(messages: unknown[]): GatewayError | null {
 }
 
 interface Frame {
-  /** Keys seen so far in an object (a list while short, a Set past SMALL_OBJECT keys); null for an array. */
-  keys: string[] | Set<string> | null;
+  /** Keys seen so far in an object; null for an array. */
+  keys: Set<string> | null;
   /** The key (object) or position (array) whose value is being read. */
   name: string;
   index: number;
@@ -98,9 +98,6 @@ interface Frame {
  * The path of the first key repeated inside one object (`messages.[0].role`), or null. `text` must
  * be JSON that JSON.parse accepted; one linear pass, skipping string contents with indexOf.
  */
-/** Objects up to this many keys are checked with a list (no Set per object: most have a handful). */
-const SMALL_OBJECT = 16;
-
 export function findDuplicateKey(text: string): string | null {
   const stack: Frame[] = [];
   const n = text.length;
@@ -121,22 +118,15 @@ export function findDuplicateKey(text: string): string | null {
       if (top !== undefined && top.keys !== null && top.expectKey) {
         let key = text.slice(i + 1, end);
         if (key.includes('\\')) key = JSON.parse(text.slice(i, end + 1)) as string;
-        const seen = top.keys;
-        if (Array.isArray(seen)) {
-          if (seen.includes(key)) return pathOf(stack, key);
-          if (seen.length < SMALL_OBJECT) seen.push(key);
-          else top.keys = new Set([...seen, key]);
-        } else {
-          if (seen.has(key)) return pathOf(stack, key);
-          seen.add(key);
-        }
+        if (top.keys.has(key)) return pathOf(stack, key);
+        top.keys.add(key);
         top.name = key;
         top.expectKey = false;
       }
       i = end + 1;
       continue;
     }
-    if (c === 123 /* { */) stack.push({ keys: [], name: '', index: 0, expectKey: true });
+    if (c === 123 /* { */) stack.push({ keys: new Set(), name: '', index: 0, expectKey: true });
     else if (c === 91 /* [ */) stack.push({ keys: null, name: '', index: 0, expectKey: false });
     else if (c === 125 /* } */ || c === 93 /* ] */) stack.pop();
     else if (c === 44 /* , */ && stack.length > 0) {
