@@ -23,6 +23,7 @@ import { startProcess, stopAll, ROOT } from '../helpers/processes.js';
 import { hasWrk, paced, saturate, type PacedResult, type SaturationResult, type Target } from './load.js';
 import { canPin, cpuMicros, pin, watchRss } from './procstat.js';
 import { CONNECTIONS, pickScenarios, startTargets, waitForKey } from './targets.js';
+import { NODE_HEAP_FLAGS } from '../../data-plane/heap-flags.js';
 
 const { values: opts } = parseArgs({
   options: {
@@ -44,7 +45,7 @@ const LOAD_CORE = 1;
 type TargetName = 'direct' | 'bare' | 'node' | 'baseline';
 // --baseline REF: a second node built from another commit (a git worktree under the system's temp
 // folder), on the same control plane and core, measured in the same run: what a change bought.
-// --baseline-flags="FLAGS" (with the =, as FLAGS start with a dash): the baseline node runs with these node/V8 flags (without --baseline: this
+// --baseline-flags="FLAGS" (with the =, as FLAGS start with a dash): the baseline node runs with these node/V8 flags after the node's own heap flags (without --baseline: this
 // checkout's node, so the run measures what the flags change).
 const BASELINE_FLAGS = opts['baseline-flags']?.split(/\s+/).filter(Boolean) ?? [];
 const WITH_BASELINE = opts.baseline !== undefined || BASELINE_FLAGS.length > 0;
@@ -146,7 +147,7 @@ async function startBaselineNode(ref: string | undefined, flags: string[], cp: {
     if (add.status !== 0) throw new Error(`git worktree add ${ref}: ${add.stderr}`);
     symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
   }
-  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir, nodeArgs: flags });
+  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir, nodeArgs: [...NODE_HEAP_FLAGS, ...flags] });
   const m = await proc.waitFor(/data plane listening on (\S+)/);
   await proc.waitFor(/data plane ready/);
   return { proc, url: `http://${m[1]}`, dir };

@@ -24,39 +24,22 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Pool } from 'undici';
-import { startControlPlane, startProcess, stopAll, ROOT } from '../helpers/processes.js';
+import { startProcess, stopAll, ROOT } from '../helpers/processes.js';
 import { consoleClient, createKey } from '../helpers/console.js';
-import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { nextIp } from './load.js';
+import { chatBody, startBenchControlPlane } from './targets.js';
 
 const { values: opts } = parseArgs({ options: { baseline: { type: 'string' }, requests: { type: 'string' }, rounds: { type: 'string' }, warmup: { type: 'string' }, keep: { type: 'boolean' } } });
 const N = Number(opts.requests ?? 400);
 const ROUNDS = Math.max(1, Number(opts.rounds ?? 3));
 const WARMUP = Math.max(0, Number(opts.warmup ?? 1500));
 
-const chat = (stream: boolean) =>
-  JSON.stringify({
-    model: 'bench-chat',
-    messages: [
-      { role: 'system', content: 'You are a helpful assistant.' },
-      { role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' },
-    ],
-    ...(stream ? { stream: true } : {}),
-  });
-
 async function main(): Promise<void> {
   if (spawnSync('valgrind', ['--version']).status !== 0) throw new Error('valgrind is not on PATH');
   const upstream = startProcess(['test/bench/fake-upstream-server.ts']);
   const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.trusted_proxies = ['127.0.0.1'];
-      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
-      // Under valgrind the node runs ~50× slower: an answer may take longer than a model's usual timeout.
-      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench'], { timeout_ms: 600_000 });
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
-  });
+  // Under valgrind the node runs ~50× slower: an answer may take longer than a model's usual timeout.
+  const cp = await startBenchControlPlane(upstreamUrl, { modelTimeoutMs: 600_000 });
   const admin = consoleClient(cp.address, cp.secrets.operatorToken);
   const { key } = await createKey(admin, { tier: 'bench' });
   admin.close();
@@ -137,7 +120,7 @@ async function measureRunning(child: ReturnType<typeof spawn>, outDir: string, l
   };
   const result: Record<string, number> = {};
   let part = 0;
-  const scenarios = [['json', chat(false)], ['sse', chat(true)]] as const;
+  const scenarios = [['json', chatBody(false)], ['sse', chatBody(true)]] as const;
   // Counts fall for the first thousand or so requests of each scenario (tiering, heap growth): warmed up longer.
   for (const [, body] of scenarios) await send(body, WARMUP);
   for (let round = 1; round <= ROUNDS; round++) {

@@ -1,9 +1,9 @@
 // `npm run bench:proxy`: the node's hot path against a bare uWebSockets.js + undici proxy and against
 // calling the upstream directly (issue 3, "Performance from the start"). A script that prints
 // figures, not a test. Each server runs in its own process; the load generator is this process.
-import { startControlPlane, startDataPlane, startProcess, stopAll } from '../helpers/processes.js';
+import { startDataPlane, startProcess, stopAll } from '../helpers/processes.js';
 import { consoleClient, createKey } from '../helpers/console.js';
-import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { startBenchControlPlane } from './targets.js';
 import { load } from './load.js';
 
 const DURATION_MS = Number(process.env.BENCH_DURATION_MS ?? 5000);
@@ -21,15 +21,7 @@ async function main(): Promise<void> {
   const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
   const bare = startProcess(['test/bench/bare-proxy.ts', upstreamUrl]);
   const bareUrl = `http://127.0.0.1:${(await bare.waitFor(/bare proxy listening on (\d+)/))[1]}`;
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.trusted_proxies = ['127.0.0.1'];
-      // Limits far away, so the figure is the pipeline's cost (auth, budgets, accounting), not a cap.
-      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
-      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
-  });
+  const cp = await startBenchControlPlane(upstreamUrl);
   // BENCH_PROFILE=DIR writes a CPU profile of the node into DIR when the run ends.
   const profile = process.env.BENCH_PROFILE;
   const node = await startDataPlane(cp, profile ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${profile}`] } : {});

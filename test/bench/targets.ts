@@ -14,7 +14,7 @@ export interface Scenario {
   request(auth: string): Target;
 }
 
-const chatBody = (stream: boolean) =>
+export const chatBody = (stream: boolean) =>
   JSON.stringify({
     model: 'bench-chat',
     messages: [
@@ -57,17 +57,7 @@ export async function startTargets(opts: { nodeArgs?: string[]; bareArgs?: strin
   const upstreamUrl = `http://127.0.0.1:${(await upstream.waitFor(/upstream listening on (\d+)/))[1]}`;
   const bare = startProcess(['test/bench/bare-proxy.ts', upstreamUrl], {}, { nodeArgs: opts.bareArgs });
   const bareUrl = `http://127.0.0.1:${(await bare.waitFor(/bare proxy listening on (\d+)/))[1]}`;
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.trusted_proxies = ['127.0.0.1'];
-      // Limits far away, so the figure is the pipeline's cost (edge budgets, auth, key budgets, money
-      // slices, usage), not a cap.
-      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
-      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench']);
-      cfg.tool_backends = [{ prefix: '/v1/vector_stores', base_url: upstreamUrl, timeout_ms: 10_000 }];
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
-  });
+  const cp = await startBenchControlPlane(upstreamUrl);
   const node = await startDataPlane(cp, { nodeArgs: opts.nodeArgs });
   const admin = consoleClient(cp.address, cp.secrets.operatorToken);
   const { key } = await createKey(admin, { tier: 'bench' });
@@ -75,6 +65,23 @@ export async function startTargets(opts: { nodeArgs?: string[]; bareArgs?: strin
   const auth = `Bearer ${key}`;
   await waitForKey(node.url, auth);
   return { upstream, upstreamUrl, bare, bareUrl, cp, node, auth };
+}
+
+/**
+ * A control plane whose tier `bench` has limits far away (10^12 rpm, no cap), so a figure is the
+ * pipeline's cost (edge budgets, auth, key budgets, money slices, usage), not a cap; model
+ * `bench-chat` and the tool prefix /v1/vector_stores on `upstreamUrl`; 127.0.0.1 a trusted proxy.
+ */
+export function startBenchControlPlane(upstreamUrl: string, opts: { modelTimeoutMs?: number } = {}): ReturnType<typeof startControlPlane> {
+  return startControlPlane({
+    configYaml: configYaml((cfg) => {
+      cfg.trusted_proxies = ['127.0.0.1'];
+      cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
+      addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench'], opts.modelTimeoutMs ? { timeout_ms: opts.modelTimeoutMs } : undefined);
+      cfg.tool_backends = [{ prefix: '/v1/vector_stores', base_url: upstreamUrl, timeout_ms: 10_000 }];
+    }),
+    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },
+  });
 }
 
 export async function waitForKey(url: string, auth: string): Promise<void> {
