@@ -11,7 +11,7 @@ import { parseArgs } from 'node:util';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { startLoadBalancer } from './load-balancer.js';
 import { bootstrapDemo, checkFree, Launcher, launcherWithSecrets, ROOT, shown, splitHostPort, waitForLine } from './local-run.js';
-import { NODE_HEAP_FLAGS } from '../data-plane/heap-flags.js';
+import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../data-plane/heap-flags.js';
 
 const USAGE = `Usage: npm run cluster [-- OPTIONS]
 
@@ -96,7 +96,7 @@ async function main(): Promise<void> {
   const nodes = await Promise.all(
     Array.from({ length: nodeCount }, async (_, i) => {
       const id = `edge-${i + 1}`;
-      const child = launcher!.launch(id, ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--node-id', id], { critical: false, nodeArgs: NODE_HEAP_FLAGS });
+      const child = launcher!.launch(id, ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0', '--node-id', id], { critical: false, nodeArgs: NODE_HEAP_FLAGS, envDefaults: NODE_MEMORY_ENV });
       const [api, admin] = await Promise.all([waitForLine(child, /data plane listening on (\S+)/), waitForLine(child, /data plane admin listening on (\S+)/)]);
       await waitForLine(child, /data plane ready/);
       console.log(`cluster: node ${id} on ${api[1]}, admin ${admin[1]} (pid ${child.pid})`);

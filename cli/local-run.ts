@@ -114,11 +114,11 @@ export class Launcher {
   }
 
   /** A `critical` child that exits stops everything; others are only reported. */
-  launch(label: string, args: string[], opts: { critical?: boolean; nodeArgs?: readonly string[] } = {}): ChildProcess {
+  launch(label: string, args: string[], opts: { critical?: boolean; nodeArgs?: readonly string[]; envDefaults?: Record<string, string> } = {}): ChildProcess {
     // stdin is a pipe from this process: when it closes (this process gone, however), the child stops.
     // Its own process group: Ctrl-C in a terminal reaches this process only, which then sends one
     // SIGTERM (a second signal may mean "exit now, skip the drain" to a node).
-    const child = spawn(process.execPath, [...(opts.nodeArgs ?? []), '--import', TSX_LOADER, '--import', EXIT_WITH_PARENT, ...args], { cwd: ROOT, env: this.env, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
+    const child = spawn(process.execPath, [...(opts.nodeArgs ?? []), '--import', TSX_LOADER, '--import', EXIT_WITH_PARENT, ...args], { cwd: ROOT, env: { ...opts.envDefaults, ...this.env }, stdio: ['pipe', 'pipe', 'pipe'], detached: true });
     for (const stream of [child.stdout!, child.stderr!]) createInterface({ input: stream }).on('line', (line) => console.log(`[${label}] ${line}`));
     child.on('exit', (code, signal) => {
       if (this.stopping) return;

@@ -15,7 +15,7 @@ import { join, resolve } from 'node:path';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { parseArgs } from 'node:util';
 import { bootstrapDemo, checkFree, Launcher, launcherWithSecrets, shown, splitHostPort, waitForLine } from './local-run.js';
-import { NODE_HEAP_FLAGS } from '../data-plane/heap-flags.js';
+import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../data-plane/heap-flags.js';
 
 const USAGE = `Usage: npm start [-- OPTIONS]   (npm's own --help hides ours: write npm start -- --help)
 
@@ -98,7 +98,7 @@ async function main(): Promise<void> {
   const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress, '--config', configPath]);
   await waitForLine(cp, /control plane listening on /);
   // The node journals its unacknowledged usage and request logs under data/node (replayed after a crash).
-  const dp = launcher.launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded', '--data-dir', join(dataDir, 'node')], { nodeArgs: NODE_HEAP_FLAGS });
+  const dp = launcher.launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded', '--data-dir', join(dataDir, 'node')], { nodeArgs: NODE_HEAP_FLAGS, envDefaults: NODE_MEMORY_ENV });
   await waitForLine(dp, /data plane ready/);
   await bootstrapDemo(cpAddress, secrets, `http://${dpAddress}`);
   console.log(`Tollgate is running: API on http://${dpAddress}/v1, control plane on ${cpAddress}, demo tool backends behind /v1/mcp, /v1/files, /v1/pdf, … Ctrl-C stops all.`);

@@ -23,7 +23,7 @@ import { startProcess, stopAll, ROOT } from '../helpers/processes.js';
 import { hasWrk, paced, saturate, type PacedResult, type SaturationResult, type Target } from './load.js';
 import { canPin, cpuMicros, pin, watchRss } from './procstat.js';
 import { CONNECTIONS, pickScenarios, startTargets, waitForKey } from './targets.js';
-import { NODE_HEAP_FLAGS } from '../../data-plane/heap-flags.js';
+import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
 
 const { values: opts } = parseArgs({
   options: {
@@ -34,6 +34,7 @@ const { values: opts } = parseArgs({
     seconds: { type: 'string' },
     baseline: { type: 'string' },
     'baseline-flags': { type: 'string' },
+    'baseline-env': { type: 'string' },
   },
 });
 const QUICK = opts.quick!;
@@ -48,7 +49,9 @@ type TargetName = 'direct' | 'bare' | 'node' | 'baseline';
 // --baseline-flags="FLAGS" (with the =, as FLAGS start with a dash): the baseline node runs with these node/V8 flags after the node's own heap flags (without --baseline: this
 // checkout's node, so the run measures what the flags change).
 const BASELINE_FLAGS = opts['baseline-flags']?.split(/\s+/).filter(Boolean) ?? [];
-const WITH_BASELINE = opts.baseline !== undefined || BASELINE_FLAGS.length > 0;
+// --baseline-env="K=V …": environment the baseline node starts with (e.g. MALLOC_ARENA_MAX=2).
+const BASELINE_ENV = Object.fromEntries((opts['baseline-env']?.split(/\s+/).filter(Boolean) ?? []).map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
+const WITH_BASELINE = opts.baseline !== undefined || BASELINE_FLAGS.length > 0 || Object.keys(BASELINE_ENV).length > 0;
 const TARGETS: TargetName[] = WITH_BASELINE ? ['direct', 'bare', 'node', 'baseline'] : ['direct', 'bare', 'node'];
 
 interface Measurement extends SaturationResult {
@@ -147,7 +150,7 @@ async function startBaselineNode(ref: string | undefined, flags: string[], cp: {
     if (add.status !== 0) throw new Error(`git worktree add ${ref}: ${add.stderr}`);
     symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'));
   }
-  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken }, { cwd: dir, nodeArgs: [...NODE_HEAP_FLAGS, ...flags] });
+  const proc = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: cp.secrets.pepper, TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken, ...NODE_MEMORY_ENV, ...BASELINE_ENV }, { cwd: dir, nodeArgs: [...NODE_HEAP_FLAGS, ...flags] });
   const m = await proc.waitFor(/data plane listening on (\S+)/);
   await proc.waitFor(/data plane ready/);
   return { proc, url: `http://${m[1]}`, dir };

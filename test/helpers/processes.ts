@@ -8,7 +8,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { NODE_HEAP_FLAGS } from '../../data-plane/heap-flags.js';
+import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 // Long-running processes load tsx in-process (`node --import tsx`) instead of through tsx's CLI,
@@ -217,6 +217,7 @@ export async function startDataPlane(cp: { address: string; secrets: Secrets }, 
   const proc = startProcess(
     args,
     {
+      ...NODE_MEMORY_ENV,
       TOLLGATE_PEPPER: cp.secrets.pepper,
       TOLLGATE_NODE_TOKEN: cp.secrets.nodeToken,
       ...opts.env,

@@ -5,16 +5,25 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
-import { NODE_HEAP_FLAGS } from '../../data-plane/heap-flags.js';
+import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
 import { heapWatch } from '../../data-plane/heap-watch.js';
 import { ROOT } from '../helpers/processes.js';
 
-test("package.json's data-plane script starts the node with exactly NODE_HEAP_FLAGS", () => {
+test("package.json's data-plane script starts the node with exactly NODE_HEAP_FLAGS and NODE_MEMORY_ENV's defaults", () => {
   const script: string = JSON.parse(readFileSync(`${ROOT}/package.json`, 'utf8')).scripts['data-plane'];
-  assert.equal(script, `tsx ${NODE_HEAP_FLAGS.join(' ')} data-plane/main.ts`);
+  const env = Object.entries(NODE_MEMORY_ENV).map(([k, v]) => `${k}=\${${k}:-${v}} `).join('');
+  assert.equal(script, `${env}tsx ${NODE_HEAP_FLAGS.join(' ')} data-plane/main.ts`);
   for (const launcher of ['cli/start.ts', 'cli/cluster.ts']) {
-    assert.match(readFileSync(`${ROOT}/${launcher}`, 'utf8'), /nodeArgs: NODE_HEAP_FLAGS/, launcher);
+    assert.match(readFileSync(`${ROOT}/${launcher}`, 'utf8'), /nodeArgs: NODE_HEAP_FLAGS, envDefaults: NODE_MEMORY_ENV/, launcher);
   }
+});
+
+test("the script's shell gives MALLOC_ARENA_MAX its default and keeps the operator's value", () => {
+  const script: string = JSON.parse(readFileSync(`${ROOT}/package.json`, 'utf8')).scripts['data-plane'];
+  const asRun = (env: Record<string, string>) =>
+    spawnSync('sh', ['-c', script.replace(/ tsx .*$/, ' sh -c \'echo $MALLOC_ARENA_MAX\'')], { encoding: 'utf8', env: { PATH: process.env.PATH ?? '', ...env } }).stdout.trim();
+  assert.equal(asRun({}), NODE_MEMORY_ENV.MALLOC_ARENA_MAX);
+  assert.equal(asRun({ MALLOC_ARENA_MAX: '4' }), '4');
 });
 
 test('this Node takes the flags: the heap limit is the one they set', () => {

@@ -12,6 +12,7 @@ import { test } from 'node:test';
 import { parse, parseAllDocuments } from 'yaml';
 import { loadControlPlaneConfig, parseGatewayConfig } from '../../control-plane/config.js';
 import { loadConfig } from '../../data-plane/config.js';
+import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
 import { ROOT } from '../helpers/processes.js';
 
 const read = (name: string) => readFileSync(join(ROOT, name), 'utf8');
@@ -57,6 +58,8 @@ test('compose.yaml: control plane, three nodes behind nginx with X-Forwarded-For
     assert.deepEqual(n.secrets, ['tollgate_pepper', 'tollgate_node_token']);
     assert.match(n.healthcheck.test.join(' '), /http:\/\/127\.0\.0\.1:9090\/readyz/);
     assert.equal(n.command[n.command.indexOf('--admin-listen') + 1], '0.0.0.0:9090');
+    // The same memory settings as every other way of starting a node.
+    assert.deepEqual(n.environment, { NODE_OPTIONS: NODE_HEAP_FLAGS.join(' '), ...NODE_MEMORY_ENV });
   }
   assert.deepEqual(doc.secrets, { tollgate_pepper: { file: './secrets/pepper' }, tollgate_node_token: { file: './secrets/node-token' } });
 
@@ -97,6 +100,9 @@ test('kubernetes.yaml: StatefulSet with a volume, Deployment with readiness prob
   assert.equal(dep.spec.replicas, 3);
   const node = dep.spec.template.spec.containers[0];
   assertNodeArgs(node.args);
+  const env = (name: string) => node.env.find((e: { name: string }) => e.name === name)?.value;
+  assert.equal(env('NODE_OPTIONS'), NODE_HEAP_FLAGS.join(' '));
+  for (const [k, v] of Object.entries(NODE_MEMORY_ENV)) assert.equal(env(k), v);
   assert.deepEqual(node.readinessProbe.httpGet, { path: '/readyz', port: 'admin' });
   assert.deepEqual(node.livenessProbe.httpGet, { path: '/healthz', port: 'admin' });
   assert.ok(node.ports.some((p: { name: string; containerPort: number }) => p.name === 'admin' && p.containerPort === 9090));
