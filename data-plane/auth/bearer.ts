@@ -2,6 +2,8 @@
 // whitespace in it), optional trailing spaces; anything else presents no key. The same as the
 // pattern /^Bearer +(\S+) *$/, without a match array per request.
 
+const SPACE = /\s/;
+
 /** The key an Authorization header presents, or null when it is not of that form. */
 export function bearerToken(authorization: string): string | null {
   if (!authorization.startsWith('Bearer ')) return null;
@@ -13,7 +15,7 @@ export function bearerToken(authorization: string): string | null {
   for (let i = start; i < end; i++) {
     const c = authorization.charCodeAt(i);
     // Printable ASCII is never whitespace; anything else asks the pattern.
-    if ((c <= 32 || c >= 127) && /\s/.test(authorization[i])) return null;
+    if ((c <= 32 || c >= 127) && SPACE.test(authorization[i])) return null;
   }
   return authorization.slice(start, end);
 }

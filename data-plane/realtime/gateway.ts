@@ -194,7 +194,8 @@ export class RealtimeGateway {
       return this.logRefusedKey(reply, head, presented);
     }
     // Every attempt of a known key is in its request log: a refusal when the reply ends, an accepted
-    // session by the session itself when it closes (the upgrade drops the reply's cleanups).
+    // session by the session itself when it closes (an upgraded reply never ends, so its entry is
+    // never written twice).
     const draft = new LogDraft(deps.reporter, logHeadOf(head), key, () => deps.clock.now(), () => this.nextRequestId());
     reply.logDraft = draft;
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
