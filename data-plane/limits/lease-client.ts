@@ -1,4 +1,4 @@
-// The node's side of leases (design.md, "Money and limits across nodes"). Pure: no I/O, no timers; the
+// The node's side of leases (docs/design.md#money-and-limits-across-nodes). Pure: no I/O, no timers; the
 // sync client gives it a `send` function and feeds it grants, reclaims and connection changes.
 //
 // Keys: while connected, a node admits a key's requests and tokens in a minute only within what it
