@@ -186,7 +186,7 @@ export async function bootstrapDemo(cpAddress: string, secrets: LocalSecrets, ap
       `  curl -s ${apiUrl}/v1/chat/completions -H "Authorization: Bearer ${created.key}" ` +
         `-H "Content-Type: application/json" -d '{"model":"demo-chat","messages":[{"role":"user","content":"Hello"}]}'`,
     );
-    console.log(`Realtime sessions (WebSocket, the same key as "Authorization: Bearer"): ${apiUrl.replace(/^http/, 'ws')}/v1/realtime?model=demo-realtime (README, "Realtime")`);
+    console.log(`Realtime sessions (WebSocket, the same key as "Authorization: Bearer"): ${apiUrl.replace(/^http/, 'ws')}/v1/realtime?model=demo-realtime (docs/api.md#realtime)`);
     console.log('');
   } finally {
     client.close();

@@ -84,7 +84,7 @@ async function main(): Promise<void> {
   setReady(true);
   const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
   logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
-  // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
+  // The process-interface line (docs/design.md#process-interface), printed plainly: tests, scripts and operators parse it.
   console.log(`control plane listening on ${host}:${port} (${transport})`);
 
   const monthTimer = setInterval(() => {

@@ -1,4 +1,4 @@
-// Pure money rules of an organisation (design.md, "free grant and monthly cap"): the grant and the
+// Pure money rules of an organisation (docs/design.md#free-grant-and-monthly-cap): the grant and the
 // tier's cap are read live from the current config; no I/O here.
 import type { TierSettings } from './config.js';
 

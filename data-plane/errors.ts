@@ -56,7 +56,7 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   NODE_DRAINING: { status: 503, typeA: 'api_error', codeB: 'node_draining', message: 'This gateway node is shutting down; reconnect (a load balancer sends you to another node).' },
   NODE_BUSY: { status: 503, typeA: 'api_error', codeB: 'node_busy', message: 'This gateway node is holding too many request bodies right now; retry after the time in the retry-after header.' },
   CONTROL_PLANE_UNAVAILABLE: { status: 503, typeA: 'api_error', codeB: 'control_plane_unreachable', message: 'Usage cannot be read right now: this gateway node cannot reach the control plane; retry after the time in the retry-after header.' },
-  // `/v1/pdf*` HTML that references a remote resource; answered in Shape C (design.md).
+  // `/v1/pdf*` HTML that references a remote resource; answered in Shape C (docs/design.md#pdf-remote-references).
   REMOTE_REFERENCE: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'The HTML references a remote resource.' },
   ENCODED_BODY: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'This path accepts bodies without a Content-Encoding only.' },
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },

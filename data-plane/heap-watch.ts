@@ -15,7 +15,7 @@ export function heapWatch(warn: (line: string) => void, stats: () => HeapStats =
     if (!warned && share > 0.7) {
       warned = true;
       const mb = (n: number) => Math.round(n / 1048576);
-      warn(`heap ${mb(h.used_heap_size)} MB used of its ${mb(h.heap_size_limit)} MB limit: start the node with a larger --max-old-space-size (README, "Memory")`);
+      warn(`heap ${mb(h.used_heap_size)} MB used of its ${mb(h.heap_size_limit)} MB limit: start the node with a larger --max-old-space-size (docs/deployment.md#memory)`);
     } else if (warned && share < 0.6) {
       warned = false;
     }

@@ -106,7 +106,7 @@ async function main(): Promise<void> {
   } catch (err) {
     fail(`data plane: ${(err as Error).message} (in use, or not an address of this machine); choose another with --listen`);
   }
-  // The process-interface line (design.md), printed plainly: tests, scripts and operators parse it.
+  // The process-interface line (docs/design.md#process-interface), printed plainly: tests, scripts and operators parse it.
   console.log(`data plane listening on ${listenAddress}`);
   log.info({ nodeId: config.nodeId, instanceId: config.instanceId, listen: listenAddress, controlPlane: config.controlPlane, drainSeconds: config.drainSeconds }, 'data plane started');
 

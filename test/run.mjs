@@ -31,7 +31,18 @@ const files = (only.length > 0 ? only : [...findTests(join(root, 'test', 'unit')
   .sort();
 const result = spawnSync(
   process.execPath,
-  ['--import', 'tsx', '--test', '--test-concurrency=2', '--test-reporter=spec', ...files],
+  [
+    '--import',
+    'tsx',
+    '--test',
+    '--test-concurrency=2',
+    '--test-reporter=spec',
+    '--test-reporter-destination=stdout',
+    // At the end: the 10 files that took longest.
+    `--test-reporter=${join(root, 'test', 'slowest-files-reporter.mjs')}`,
+    '--test-reporter-destination=stdout',
+    ...files,
+  ],
   { stdio: 'inherit', cwd: root, env: { ...process.env, NODE_ENV: 'test' } },
 );
 process.exit(result.status ?? 1);

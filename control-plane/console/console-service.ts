@@ -1,5 +1,5 @@
 // The console API (proto/tollgate/v1/console.proto): authentication, roles, validation, and the
-// operations on accounts, organisations, projects and keys. Roles per design.md: admin or above for
+// operations on accounts, organisations, projects and keys. Roles per docs/design.md#console-roles: admin or above for
 // keys, members, projects and caps; the operator for tiers, credits, accounts, organisations, nodes
 // and config. A caller who is not a member of an organisation sees nothing of it (NOT_FOUND).
 import type { handleUnaryCall, Metadata, sendUnaryData, ServerUnaryCall } from '@grpc/grpc-js';

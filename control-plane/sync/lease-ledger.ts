@@ -12,7 +12,7 @@
 // the cost of its reported usage. It goes below zero when a node spent more than it held (requests in
 // flight cost more than their estimate); that debt is already in the organisation's spend, so only
 // positive balances are outstanding. The node keeps the same arithmetic, so both sides agree on what
-// it holds (design.md).
+// it holds (docs/design.md#money-and-limits-across-nodes).
 //
 // A connection that closes without giving back (its node was killed, or cut off) leaves what it said
 // it used (KeyMinuteUsed, sent at most every 100 ms) as a ghost in each pool and frees the rest, so

@@ -417,7 +417,7 @@ export class SyncService implements NodeFleet {
   }
 
   /**
-   * Answers a LeaseRequest with one LeaseGrant (design.md, "Money and limits across nodes"). Key
+   * Answers a LeaseRequest with one LeaseGrant (docs/design.md#money-and-limits-across-nodes). Key
    * slices come from in-memory minute pools; money slices are computed inside one serialised database
    * job, so no usage report can commit between reading what is spendable and recording the slice.
    * What does not fit is answered only after the nodes holding unused allowance were asked to give

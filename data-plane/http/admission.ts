@@ -1,4 +1,4 @@
-// Admission of a request of a known key (design.md, "Money and limits across nodes"): the
+// Admission of a request of a known key (docs/design.md#money-and-limits-across-nodes): the
 // organisation's money slice and the key budgets. When the request is within the key's limits but this
 // node's lease is short, or the organisation's money slice is on its way, the request waits (at most
 // LEASE_WAIT_MS) while the node asks the control plane (which reclaims unused allowance from the other
@@ -35,7 +35,7 @@ export class Admission {
   ) {}
 
   /**
-   * Admission that may wait (design.md, "Money and limits across nodes"): when the request is within
+   * Admission that may wait (docs/design.md#money-and-limits-across-nodes): when the request is within
    * the key's limits but this node's lease is short, or the organisation's money slice is on its way,
    * the request waits (at most LEASE_WAIT_MS) while the node asks the control plane, then is admitted
    * or refused. The common case is synchronous: `then` runs before this returns. `then(null)`: the

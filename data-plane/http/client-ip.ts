@@ -1,4 +1,4 @@
-// The client's address as the node determines it (design.md, client IP): the socket peer, or, only
+// The client's address as the node determines it (docs/design.md#client-ip): the socket peer, or, only
 // when the peer is a trusted proxy, the right-most X-Forwarded-For hop that is not a trusted proxy.
 // Always in canonical text (proto/lib/ip.ts), so one client has one edge window however it is written,
 // and that text is the one X-Forwarded-For a tool backend receives. Pure.

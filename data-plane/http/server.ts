@@ -1,4 +1,4 @@
-// The node's HTTP server: one uWS handler running the request pipeline of design.md in one pass:
+// The node's HTTP server: one uWS handler running the order of checks of docs/design.md#order-of-checks in one pass:
 // edge IP budgets and body cap (429/413) → path sanity (400 bad_path) → credential (401) → route
 // (404, 405 + Allow) → key budgets (429) → request validation (400) → model scope (401) → upstream.
 // Nothing before the upstream call awaits, except reading a JSON body. Errors are rendered only by
@@ -219,7 +219,7 @@ export class ApiServer {
         });
       case 'models':
       case 'voices':
-        // Listings are requests like any other: one rpm each (design.md, what counts as a request).
+        // Listings are requests like any other: one rpm each (docs/design.md#what-counts-as-a-request).
         return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
           if (!ctx) return;
           ctx.providerStarted = true;

@@ -2,7 +2,7 @@
 // Pure and I/O-free: the HTTP layer passes the client IP, the raw path and whether a credential was
 // presented, and turns a refusal into 429 + `retry-after`.
 //
-// Decisions (design.md, decisions table):
+// Decisions (docs/design.md#edge-window, docs/design.md#how-edge-budgets-combine):
 // - Window: per IP and per budget, a fixed 60-second window that starts at the first request counted
 //   in it; `retry-after` is the seconds left in that window, rounded up, at least 1.
 // - Combination: a request is counted in every budget that matches it (the general anonymous or

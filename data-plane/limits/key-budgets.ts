@@ -1,5 +1,5 @@
 // Key budgets: requests per minute (rpm), tokens per minute (tpm) and parallel requests per API key,
-// as fixed on the key (spec, Limits → Gateway; design.md decisions table). Pure and I/O-free; per node,
+// as fixed on the key (spec, Limits → Gateway; docs/design.md#gateway-window). Pure and I/O-free; per node,
 // in memory. The HTTP layer calls `admit` after authentication, answers 429 on a refusal, and calls
 // `ticket.settle(actualTokens)` exactly when the request ends, however it ends (completion, client
 // abort, upstream error or timeout, WebSocket close). Settling twice is harmless.
@@ -41,7 +41,7 @@ export interface Ticket {
   settle(actualTokens: number): void;
   /**
    * For a request refused by a later check (validation, model scope) before any upstream call: it
-   * consumes no request, no tokens and no slot (design.md, concurrency slots). Ends the ticket.
+   * consumes no request, no tokens and no slot (docs/design.md#concurrency-slots). Ends the ticket.
    */
   refund(): void;
   /**
@@ -75,7 +75,7 @@ export type Admission =
   | { ok: false; dimension: KeyDimension; message: string; retryAfterSec: number; headers: RateHeaders; leaseShort?: LeaseShort };
 
 /**
- * Seam for a later lease mechanism (design.md, "Money and limits across nodes"): caps what THIS node
+ * Seam for a later lease mechanism (docs/design.md#money-and-limits-across-nodes): caps what THIS node
  * may admit for a key in a clock minute, e.g. the slice of the key's minute budget the control plane
  * leased to it. Without a source, a node admits against the key's full limits.
  * Called on the hot path: synchronous and O(1), no I/O (a lease client fetches slices in the background).

@@ -1,4 +1,4 @@
-// The node's side of leases (design.md, "Money and limits across nodes"). Pure: no I/O, no timers; the
+// The node's side of leases (docs/design.md#money-and-limits-across-nodes). Pure: no I/O, no timers; the
 // sync client gives it a `send` function and feeds it grants, reclaims and connection changes.
 //
 // Keys: while connected, a node admits a key's requests and tokens in a minute only within what it
@@ -8,7 +8,7 @@
 // parks it, bounded) while the node asks for what it needs; the control plane reclaims unused
 // allowance from the other nodes before it says the pool is spent (`final`): only then is the
 // request refused. A reclaim is answered at once with what is held unused. While the control plane
-// is unreachable the node falls back to the key's own limits locally (fail-static, README).
+// is unreachable the node falls back to the key's own limits locally (fail-static, docs/design.md#control-plane-unreachable).
 //
 // Money: per organisation the node holds a signed slice, kept with the same arithmetic as the control
 // plane's ledger: grants add, returns and finished requests' costs subtract. A request is admitted

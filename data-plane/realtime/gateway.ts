@@ -1,4 +1,4 @@
-// The `/v1/realtime` WebSocket gateway. Every check of the HTTP pipeline (design.md, "order of checks")
+// The `/v1/realtime` WebSocket gateway. Every check of the HTTP pipeline (docs/design.md#order-of-checks)
 // runs in uWS's `upgrade` handler before the socket is accepted: edge IP budgets (60 connection
 // attempts per minute per IP, plus the general /v1 budget) → path sanity (400 bad_path) → credential
 // (Authorization: Bearer only; a key offered as a WebSocket subprotocol is refused) → route → key

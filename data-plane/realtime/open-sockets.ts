@@ -1,5 +1,5 @@
 // The node's open realtime sockets by key (key-registry.ts), so a key removal, an organisation block or
-// a narrowed scope reaches the sockets already open (design.md, revocation: "open realtime sockets and
+// a narrowed scope reaches the sockets already open (docs/design.md#ending-what-a-key-has-open: "open realtime sockets and
 // streams of the key are closed"). The sync client calls `enforce` after applying a snapshot or a
 // delta and before it acknowledges it, so a control plane that waits for acks knows the sockets are
 // closed. No I/O of its own: each socket closes itself through `closeForPolicy`.

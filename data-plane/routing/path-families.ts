@@ -3,7 +3,7 @@
 // the router handles it, so edge budgets, body caps and the router can never disagree about a path.
 // Pure and I/O-free.
 //
-// Match rules, read from the spec's tables (design.md, "path families"):
+// Match rules, read from the spec's tables (docs/design.md#path-families):
 // - 'prefix': the path starts with `base`. Used where the spec writes `*` right after a name
 //   (`/v1/files*`, `/v1/pdf*`, `/v1/skills*`, `/v1/mcp*`, `/v1/vector_stores*`, `/v1/realtime*`), and
 //   where it writes `/*` (`/v1/audio/*`, `/v1/sandbox/*`: the slash is part of `base`).

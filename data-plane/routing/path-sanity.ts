@@ -1,4 +1,4 @@
-// Path sanity (design.md, `bad_path`): a path that could mean something else to a backend, or to
+// Path sanity (docs/design.md#bad-path): a path that could mean something else to a backend, or to
 // whatever decodes it along the way, is refused with 400 before anything is routed or forwarded. A path
 // that passes is forwarded exactly as it was sent. Pure.
 //

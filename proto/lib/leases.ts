@@ -1,5 +1,5 @@
-// The rules both sides of the lease protocol must agree on (design.md, "Money and limits across
-// nodes"): how much of a key's minute budget a node may use before it has asked for anything, and
+// The rules both sides of the lease protocol must agree on (docs/design.md#money-and-limits-across-nodes):
+// how much of a key's minute budget a node may use before it has asked for anything, and
 // how much it asks for at a time.
 //
 // A lone node holds the whole budget, so a single node is exact without a round trip. With n > 1 a

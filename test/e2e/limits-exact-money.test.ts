@@ -1,4 +1,4 @@
-// Money across nodes, exact both ways (issue 8; design.md, "Money and limits across nodes"): a 401
+// Money across nodes, exact both ways (issue 8; docs/design.md#money-and-limits-across-nodes): a 401
 // insufficient_quota only when the organisation has no money left under its balance and cap; a node
 // that joins, a credit or a cap change takes effect on every node within a second; spend passes a cap
 // by at most the cost of the requests in flight.

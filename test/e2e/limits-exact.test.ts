@@ -1,4 +1,4 @@
-// Exactness across nodes, both ways (issue 8; design.md, "Money and limits across nodes"): a gateway
+// Exactness across nodes, both ways (issue 8; docs/design.md#money-and-limits-across-nodes): a gateway
 // 429 only when the key's minute budget is really spent across the cluster, a 401 insufficient_quota
 // only when the organisation has no money left, spend past a cap by at most the requests in flight,
 // rate headers that never report more than is left, and leases that come back when a node leaves.

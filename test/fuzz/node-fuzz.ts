@@ -16,7 +16,7 @@ import { startControlPlane, startDataPlane, type DataPlane } from '../helpers/pr
 
 /** Statuses of the spec's table, plus 200 (success) and 503 (node not ready or out of body budget). */
 export const ALLOWED_STATUSES = new Set([200, 400, 401, 404, 405, 413, 429, 500, 502, 503]);
-/** Shape B codes the gateway answers on any path family (design.md: 404 and bad_path are Shape B). */
+/** Shape B codes the gateway answers on any path family (docs/design.md#error-shapes: 404 and bad_path are Shape B). */
 const SHAPE_B_ANY_FAMILY = new Set(['bad_path', 'not_found']);
 
 export interface FuzzStack {

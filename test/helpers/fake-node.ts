@@ -110,7 +110,7 @@ export async function startFakeNode(
     hello: {
       nodeId,
       instanceId: randomBytes(8).toString('hex'),
-      // The pepper's bytes are the UTF-8 bytes of the TOLLGATE_PEPPER string (design.md).
+      // The pepper's bytes are the UTF-8 bytes of the TOLLGATE_PEPPER string (docs/design.md#peppered-hash).
       pepperCheck: pepperCheck(Buffer.from(cp.secrets.pepper, 'utf8')),
       haveVersion: 0,
       listenAddress: opts.listenAddress ?? '127.0.0.1:0',

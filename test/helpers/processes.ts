@@ -1,5 +1,5 @@
 // Starts the real processes on loopback port 0 and waits for the lines of the process interface
-// (design.md): `control plane listening on HOST:PORT`, `data plane listening on HOST:PORT`,
+// (docs/design.md#process-interface): `control plane listening on HOST:PORT`, `data plane listening on HOST:PORT`,
 // `data plane ready`. Every process started here is killed in t.after by the caller (or by stopAll).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createServer as createNetServer } from 'node:net';

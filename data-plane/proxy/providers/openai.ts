@@ -309,7 +309,7 @@ export class OpenAIProvider implements Provider {
       onDone(status, outcome) {
         if (outcome === 'aborted') {
           // The client left after the request reached the upstream, which ran it: the prompt and any
-          // completion streamed so far are billed (design.md, client aborts).
+          // completion streamed so far are billed (docs/design.md#client-aborts).
           const s = sse as SseUsage | null;
           const u = s?.usage;
           return call.complete({ status: 499, promptTokens: u?.prompt_tokens ?? countMessageTokens(body.messages), completionTokens: u?.completion_tokens ?? (s ? s.countedCompletionTokens() : 0) });
