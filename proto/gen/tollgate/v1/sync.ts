@@ -327,7 +327,7 @@ export interface ReportAck {
   instanceId: string;
 }
 
-/** Leases: a node admits only against slices it holds (see design.md, "Money and limits across nodes"). */
+/** Leases: a node admits only against slices it holds (see docs/design.md#money-and-limits-across-nodes). */
 export interface LeaseRequest {
   keys: KeyLeaseWant[];
   orgs: OrgLeaseWant[];
@@ -7810,7 +7810,7 @@ export const QueryUsageResponse: MessageFns<QueryUsageResponse> = {
  *   cp   -> Delta ... (each applies only on top of from_version; a gap makes the node send Resync)
  *   node -> Ack(version) after applying each snapshot or delta
  *   node -> Report(seq) with usage and last_used_at; cp -> ReportAck(seq) once durably written
- *   node -> LeaseRequest; cp -> LeaseGrant (rate and money slices, see design.md)
+ *   node -> LeaseRequest; cp -> LeaseGrant (rate and money slices, see docs/design.md#money-and-limits-across-nodes)
  * A node whose pepper_check differs from the control plane's is refused with FAILED_PRECONDITION.
  */
 export type SyncServiceService = typeof SyncServiceService;
