@@ -477,7 +477,8 @@ export class ConsoleService {
           sinceMs = monthStartMs(month);
           untilMs = nextMonthStartMs(month);
         }
-        return this.state.db.read(async (q): Promise<GetUsageResponse> => {
+        // On the read-only connection: usage reads never queue ahead of ingest or leases.
+        return this.state.db.readOnly(async (q): Promise<GetUsageResponse> => {
           let scope: { projectId: string } | { orgId: string };
           if (projectId) scope = { projectId: (await this.projectFor(q, caller, projectId, 'member')).project.id };
           else scope = { orgId: (await this.orgFor(q, caller, orgId, 'member')).org.id };
