@@ -8,6 +8,9 @@
 // - Combination: a request is counted in every budget that matches it (the general anonymous or
 //   credentialed budget plus any path budget) and is refused if any of them is spent. All matching
 //   budgets are checked before any is counted, so a refused request consumes nothing.
+// - Client: an IPv4 address, or the /64 of an IPv6 address (edgeClientOf, docs/hardening.md): one
+//   host can use any address of its /64, so every address of it shares one window.
+import { edgeClientOf } from '../../proto/lib/ip.js';
 import { type Clock } from './clock.js';
 import { Fifo } from './fifo.js';
 import { familyOf, type PathFamily } from '../routing/path-families.js';
@@ -123,10 +126,14 @@ export class EdgeBudgets {
     }
   }
 
-  /** Counts one request of `ip` on `path` in every matching budget, or refuses it without counting. */
-  take(ip: string, path: string, hasCredential: boolean): EdgeVerdict {
+  /**
+   * Counts one request of `clientIp` (canonical text) on `path` in every matching budget, or refuses it
+   * without counting. IPv6 addresses count by their /64.
+   */
+  take(clientIp: string, path: string, hasCredential: boolean): EdgeVerdict {
     const names = matchEdgeBudgets(path, hasCredential);
     if (names.length === 0) return ADMITTED;
+    const ip = edgeClientOf(clientIp);
     const now = this.clock.now();
 
     let retryAfterSec = 0;
