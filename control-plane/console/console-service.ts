@@ -288,9 +288,10 @@ export class ConsoleService {
           if (!(await getAccount(tx, ownerId))) throw notFound(`account ${ownerId} not found`);
           if (caller.kind !== 'operator') await this.checkOwnedOrgs(tx, ownerId);
           await insertOrg(tx, org);
-          // One free grant per owning account: its first organisation takes it, later ones start at
-          // their credits (the operator credits them).
-          const granted = await claimFreeGrant(tx, ownerId, org.id, org.created_at);
+          // One free grant per owning account: its first organisation on a tier with a grant takes
+          // it, later ones start at their credits (the operator credits them).
+          const tierHasGrant = (this.state.tier(tier)?.freeGrantMicros ?? 0) > 0;
+          const granted = tierHasGrant && (await claimFreeGrant(tx, ownerId, org.id, org.created_at));
           if (!granted) await setOrgFreeGrant(tx, org.id, false);
           await upsertMember(tx, org.id, ownerId, 'owner');
           await this.state.refreshOrgs(tx, [org.id]);

@@ -44,8 +44,9 @@ test('an account gets one free grant, whatever the number of organisations it ow
   const body = (await res.json()) as any;
   assert.equal(body.error.type, 'insufficient_quota');
 
-  // Another account still gets its own grant.
+  // Another account still gets its own grant, also after a paid organisation (no grant to take).
   const bob = createAccount(cp, op, 'bob');
+  assert.equal(cliJson(cp, op, ['org', 'create', '--name', 'bobs-paid', '--owner', bob.id, '--tier', 'paid']).free_grant_usd, '0.00');
   assert.equal(cliJson(cp, op, ['org', 'create', '--name', 'bobs', '--owner', bob.id, '--tier', 'free']).free_grant_usd, '5.00');
 });
 
