@@ -115,6 +115,7 @@ export const DEFAULT_MAX_TRACKED_IPS = 100_000;
 export class EdgeBudgets {
   private readonly maxTrackedIps: number;
   private readonly budgets = new Map<EdgeBudgetName, BudgetWindows>();
+  private readonly ipv6Clients = new Map<string, string>();
 
   constructor(
     private readonly clock: Clock,
@@ -133,7 +134,7 @@ export class EdgeBudgets {
   take(clientIp: string, path: string, hasCredential: boolean): EdgeVerdict {
     const names = matchEdgeBudgets(path, hasCredential);
     if (names.length === 0) return ADMITTED;
-    const ip = edgeClientOf(clientIp);
+    const ip = clientIp.indexOf(':') === -1 ? clientIp : this.ipv6Client(clientIp);
     const now = this.clock.now();
 
     let retryAfterSec = 0;
@@ -171,6 +172,18 @@ export class EdgeBudgets {
       b.byStart.push(fresh);
     }
     return ADMITTED;
+  }
+
+  /** The /64 of an IPv6 address, remembered (parsing one costs microseconds; a lookup, tens of nanoseconds). */
+  private ipv6Client(ip: string): string {
+    let client = this.ipv6Clients.get(ip);
+    if (client === undefined) {
+      // Bounded: past the cap it starts again (a flood of new addresses only costs their parsing).
+      if (this.ipv6Clients.size >= this.maxTrackedIps) this.ipv6Clients.clear();
+      client = edgeClientOf(ip);
+      this.ipv6Clients.set(ip, client);
+    }
+    return client;
   }
 
   /** How many windows are held for a budget (or all budgets). For tests and metrics. */
