@@ -205,6 +205,8 @@ export interface GatewaySettings {
   realtimeUpstreams: RealtimeUpstreamSettings[];
   trustedProxies: string[];
   maxStalenessMs: number;
+  /** `max_orgs_per_account` (default 3): organisations an account may own; the operator is exempt. */
+  maxOrgsPerAccount: number;
 }
 
 export interface LoadedGatewayConfig {
@@ -223,6 +225,7 @@ const TOP_KEYS = new Set([
   'trusted_proxies',
   'max_staleness_sec',
   'max_staleness_ms',
+  'max_orgs_per_account',
 ]);
 const TIER_KEYS = new Set(['rpm', 'tpm', 'max_parallel_requests', 'monthly_cap_usd', 'free_grant_usd', 'models']);
 const MODEL_KEYS = new Set([
@@ -243,6 +246,7 @@ const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech
 const REALTIME_UPSTREAM_KEYS = new Set(['model', 'url', 'api_key_env', 'upstream_model', 'connect_timeout_ms']);
 const DEFAULT_REALTIME_CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_UPSTREAM_TIMEOUT_MS = 60_000;
+const DEFAULT_MAX_ORGS_PER_ACCOUNT = 3;
 
 type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -473,7 +477,8 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
   if (doc.max_staleness_ms !== undefined) maxStalenessMs = posInt('max_staleness_ms', doc.max_staleness_ms, 0);
   else if (doc.max_staleness_sec !== undefined) maxStalenessMs = posInt('max_staleness_sec', doc.max_staleness_sec, 0) * 1000;
 
-  const settings: GatewaySettings = { serviceName, defaultTier, tiers, models, toolBackends, realtimeUpstreams, trustedProxies, maxStalenessMs };
+  const maxOrgsPerAccount = doc.max_orgs_per_account === undefined ? DEFAULT_MAX_ORGS_PER_ACCOUNT : posInt('max_orgs_per_account', doc.max_orgs_per_account, 0);
+  const settings: GatewaySettings = { serviceName, defaultTier, tiers, models, toolBackends, realtimeUpstreams, trustedProxies, maxStalenessMs, maxOrgsPerAccount };
   const proto: GatewayConfig = {
     serviceName,
     tiers: [...tiers.values()].map((t) => ({

@@ -119,9 +119,11 @@ export class ControlState {
   async orgState(q: Queryable, org: OrgRow): Promise<{ state: OrgState; monthSpendMicros: number; month: string }> {
     const month = monthOf(this.opts.now());
     const monthSpendMicros = await monthSpend(q, org.id, month);
+    const tier = this.tier(org.tier);
+    // One free grant per owning account: an organisation created without it gets the tier's cap only.
     const state = computeOrgState(
       { creditsMicros: org.credits_micros, spendTotalMicros: org.spend_total_micros, monthSpendMicros, ownCapMicros: org.own_cap_micros },
-      this.tier(org.tier),
+      tier && org.free_grant === 0 ? { ...tier, freeGrantMicros: 0 } : tier,
     );
     return { state, monthSpendMicros, month };
   }

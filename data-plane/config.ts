@@ -32,6 +32,8 @@ export interface NodeConfig {
   spillDir: string;
   /** Bytes held for one realtime client before its upstream is paused (`--realtime-max-buffered-kib`, default 1024). */
   realtimeMaxBufferedBytes: number;
+  /** Bytes all realtime sessions together may hold (`--realtime-max-node-buffered-mib`, default 256). */
+  realtimeMaxNodeBufferedBytes: number;
   /** `--log-level` (default info). */
   logLevel: LogLevel;
   /** `--drain-seconds` (default 30): how long SIGTERM waits for in-flight requests and streams. */
@@ -48,8 +50,8 @@ export interface NodeConfig {
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--data-dir', '--journal-max-mib', '--realtime-max-buffered-kib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--data-dir', '--journal-max-mib', '--realtime-max-buffered-kib', '--realtime-max-node-buffered-mib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -103,6 +105,8 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   if (!/^\d{1,7}$/.test(journalMib) || Number(journalMib) < 1) throw new ConfigError(`--journal-max-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(journalMib)}`);
   const realtimeKib = flags.get('--realtime-max-buffered-kib') ?? '1024';
   if (!/^\d{1,7}$/.test(realtimeKib) || Number(realtimeKib) < 16) throw new ConfigError(`--realtime-max-buffered-kib must be a whole number of KiB, at least 16, got ${JSON.stringify(realtimeKib)}`);
+  const realtimeNodeMib = flags.get('--realtime-max-node-buffered-mib') ?? '256';
+  if (!/^\d{1,6}$/.test(realtimeNodeMib) || Number(realtimeNodeMib) < 1) throw new ConfigError(`--realtime-max-node-buffered-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(realtimeNodeMib)}`);
   const logLevel = flags.get('--log-level') ?? 'info';
   const levelError = checkLogLevel(logLevel);
   if (levelError) throw new ConfigError(levelError);
@@ -125,6 +129,7 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     dataDir,
     journalMaxBytes: Number(journalMib) * 1024 * 1024,
     realtimeMaxBufferedBytes: Number(realtimeKib) * 1024,
+    realtimeMaxNodeBufferedBytes: Number(realtimeNodeMib) * 1024 * 1024,
     logLevel: logLevel as LogLevel,
     drainSeconds: Number(drainSeconds),
     tls: readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') }),

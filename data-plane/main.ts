@@ -94,7 +94,7 @@ async function main(): Promise<void> {
       return max > 0 && since !== null && clock.now() - since > max;
     },
     usage,
-    realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes, logSession: (e) => reporter.log(sessionLogRow(e)) },
+    realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes, maxNodeBufferedBytes: config.realtimeMaxNodeBufferedBytes, logSession: (e) => reporter.log(sessionLogRow(e)) },
   });
 
   const sockets: uWS.us_listen_socket[] = [];

@@ -36,6 +36,9 @@ import {
   getOrg,
   getProject,
   insertOrg,
+  claimFreeGrant,
+  countOwnedOrgs,
+  setOrgFreeGrant,
   insertProject,
   listAllOrgs,
   listOrgsOfAccount,
@@ -229,6 +232,18 @@ export class ConsoleService {
     return { project, role };
   }
 
+  /** An account owns at most `max_orgs_per_account` organisations, unless the operator makes it own more. */
+  private async checkOwnedOrgs(q: Queryable, accountId: string): Promise<void> {
+    const limit = this.state.gateway.settings.maxOrgsPerAccount;
+    const owned = await countOwnedOrgs(q, accountId);
+    if (owned >= limit) {
+      throw new CpError(
+        'FAILED_PRECONDITION',
+        `account ${accountId} already owns ${owned} organisation${owned === 1 ? '' : 's'}, the most an account may own (max_orgs_per_account ${limit}); ask the operator for more`,
+      );
+    }
+  }
+
   private checkTier(raw: string): string {
     const tier = raw.trim() || this.state.gateway.settings.defaultTier;
     if (!this.state.tier(tier)) {
@@ -271,7 +286,13 @@ export class ConsoleService {
         const org = { id: newId('org'), name, tier, created_at: this.state.nowIso() };
         return this.state.db.tx(async (tx) => {
           if (!(await getAccount(tx, ownerId))) throw notFound(`account ${ownerId} not found`);
+          if (caller.kind !== 'operator') await this.checkOwnedOrgs(tx, ownerId);
           await insertOrg(tx, org);
+          // One free grant per owning account: its first organisation on a tier with a grant takes
+          // it, later ones start at their credits (the operator credits them).
+          const tierHasGrant = (this.state.tier(tier)?.freeGrantMicros ?? 0) > 0;
+          const granted = tierHasGrant && (await claimFreeGrant(tx, ownerId, org.id, org.created_at));
+          if (!granted) await setOrgFreeGrant(tx, org.id, false);
           await upsertMember(tx, org.id, ownerId, 'owner');
           await this.state.refreshOrgs(tx, [org.id]);
           return this.state.orgView(tx, (await getOrg(tx, org.id))!, caller.kind === 'operator' ? 'operator' : 'owner');
@@ -343,6 +364,7 @@ export class ConsoleService {
           if ((roleWanted === 'owner' || existing === 'owner') && role !== 'owner' && role !== 'operator') {
             throw permissionDenied(`owner role required to grant or change the owner role in organisation ${org.id}`);
           }
+          if (roleWanted === 'owner' && existing !== 'owner' && role !== 'operator') await this.checkOwnedOrgs(tx, accountId);
           await upsertMember(tx, org.id, accountId, roleWanted);
           return { orgId: org.id, accountId, accountName: account.name, role: roleWanted };
         });
@@ -456,7 +478,8 @@ export class ConsoleService {
           sinceMs = monthStartMs(month);
           untilMs = nextMonthStartMs(month);
         }
-        return this.state.db.read(async (q): Promise<GetUsageResponse> => {
+        // On the read-only connection: usage reads never queue ahead of ingest or leases.
+        return this.state.db.readOnly(async (q): Promise<GetUsageResponse> => {
           let scope: { projectId: string } | { orgId: string };
           if (projectId) scope = { projectId: (await this.projectFor(q, caller, projectId, 'member')).project.id };
           else scope = { orgId: (await this.orgFor(q, caller, orgId, 'member')).org.id };

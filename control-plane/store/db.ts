@@ -1,6 +1,9 @@
 // The only module (with the repos beside it) that touches sqlite3. One connection; every statement
 // runs through one in-process queue, and a transaction is BEGIN IMMEDIATE … COMMIT with nothing else
-// interleaved, so callers never see another caller's uncommitted writes.
+// interleaved, so callers never see another caller's uncommitted writes. Reads that may be many and
+// slow (usage) go through `readOnly` instead: a second, read-only connection with its own queue,
+// which in WAL mode sees the last committed state and never waits behind, or holds up, the writer's
+// queue (report ingest, money leases).
 import sqlite3 from 'sqlite3';
 
 export interface RunResult {
@@ -31,13 +34,20 @@ export class Db implements Queryable {
   /** Told how long each write transaction took (BEGIN to COMMIT or ROLLBACK): for metrics. */
   txObserver: ((seconds: number, committed: boolean) => void) | null = null;
 
-  private constructor(private readonly raw: sqlite3.Database) {}
+  /** Statements and transactions waiting in (or running from) this connection's queue. */
+  private queued = 0;
+  private reader: Promise<Db> | null = null;
+
+  private constructor(
+    private readonly raw: sqlite3.Database,
+    private readonly path: string,
+  ) {}
 
   static async open(path: string): Promise<Db> {
     const raw = await new Promise<sqlite3.Database>((resolve, reject) => {
       const d = new sqlite3.Database(path, (err) => (err ? reject(err) : resolve(d)));
     });
-    const db = new Db(raw);
+    const db = new Db(raw, path);
     await db.direct.exec('PRAGMA journal_mode = WAL');
     await db.direct.exec('PRAGMA busy_timeout = 5000');
     await db.direct.exec('PRAGMA foreign_keys = ON');
@@ -92,9 +102,50 @@ export class Db implements Queryable {
 
   private enqueue<T>(work: () => Promise<T>): Promise<T> {
     if (this.closed) return Promise.reject(new Error('database is closed'));
-    const next = this.queue.then(work, work);
+    this.queued++;
+    const next = this.queue.then(work, work).finally(() => this.queued--);
     this.queue = next.catch(() => undefined);
     return next;
+  }
+
+  /** How many statements or transactions are queued on this connection (for tests and metrics). */
+  get queueDepth(): number {
+    return this.queued;
+  }
+
+  /**
+   * Several reads on the second, read-only connection, in one read transaction (one consistent view
+   * of the last commit). Its queue is its own: a burst of these never delays a write, and a long
+   * write never delays them. An in-memory database has no second connection: read as `read` does.
+   */
+  readOnly<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
+    if (this.closed) return Promise.reject(new Error('database is closed'));
+    if (this.path === '' || this.path === ':memory:') return this.read(fn);
+    this.reader ??= Db.openReader(this.path);
+    return this.reader.then((r) =>
+      r.enqueue(async () => {
+        await r.direct.exec('BEGIN');
+        try {
+          return await fn(r.direct);
+        } finally {
+          await r.direct.exec('COMMIT').catch(() => undefined);
+        }
+      }),
+    );
+  }
+
+  private static async openReader(path: string): Promise<Db> {
+    const raw = await new Promise<sqlite3.Database>((resolve, reject) => {
+      const d = new sqlite3.Database(path, sqlite3.OPEN_READONLY, (err) => (err ? reject(err) : resolve(d)));
+    });
+    const db = new Db(raw, path);
+    await db.direct.exec('PRAGMA busy_timeout = 5000');
+    return db;
+  }
+
+  /** The read-only connection's queue depth (0 before it is first used). */
+  async readerQueueDepth(): Promise<number> {
+    return this.reader ? (await this.reader).queued : 0;
   }
 
   run(sql: string, params?: Param[]): Promise<RunResult> {
@@ -143,6 +194,9 @@ export class Db implements Queryable {
   /** Refuses new work at once, lets every queued statement and transaction finish, then closes. */
   async close(): Promise<void> {
     this.closed = true;
+    const reader = this.reader;
+    this.reader = null;
+    if (reader) await (await reader.catch(() => null))?.close();
     await this.queue;
     for (const st of this.statements.values()) await new Promise<void>((resolve) => st.finalize(() => resolve()));
     this.statements.clear();

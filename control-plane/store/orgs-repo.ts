@@ -9,6 +9,8 @@ export interface OrgRow {
   spend_total_micros: number;
   synced_blocked_reason: string;
   funds_version: number;
+  /** 1 when the organisation gets its tier's free grant (one per owning account, 010-free-grants). */
+  free_grant: number;
   created_at: string;
 }
 
@@ -19,8 +21,27 @@ export interface ProjectRow {
   created_at: string;
 }
 
-export async function insertOrg(q: Queryable, o: Pick<OrgRow, 'id' | 'name' | 'tier' | 'created_at'>): Promise<void> {
-  await q.run('INSERT INTO orgs (id, name, tier, created_at) VALUES (?, ?, ?, ?)', [o.id, o.name, o.tier, o.created_at]);
+export async function insertOrg(q: Queryable, o: Pick<OrgRow, 'id' | 'name' | 'tier' | 'created_at'> & { free_grant?: number }): Promise<void> {
+  await q.run('INSERT INTO orgs (id, name, tier, free_grant, created_at) VALUES (?, ?, ?, ?, ?)', [o.id, o.name, o.tier, o.free_grant ?? 1, o.created_at]);
+}
+
+/**
+ * Gives `accountId` its one free grant through `orgId` when it never had one: true when this call
+ * took it (the primary key makes a second grant impossible even if two creations race).
+ */
+export async function claimFreeGrant(q: Queryable, accountId: string, orgId: string, at: string): Promise<boolean> {
+  const r = await q.run('INSERT OR IGNORE INTO free_grants (account_id, org_id, granted_at) VALUES (?, ?, ?)', [accountId, orgId, at]);
+  return r.changes === 1;
+}
+
+export async function setOrgFreeGrant(q: Queryable, orgId: string, granted: boolean): Promise<void> {
+  await q.run('UPDATE orgs SET free_grant = ? WHERE id = ?', [granted ? 1 : 0, orgId]);
+}
+
+/** How many organisations `accountId` owns (holds the owner role in). */
+export async function countOwnedOrgs(q: Queryable, accountId: string): Promise<number> {
+  const row = await q.get<{ n: number }>("SELECT COUNT(*) AS n FROM memberships WHERE account_id = ? AND role = 'owner'", [accountId]);
+  return row?.n ?? 0;
 }
 
 export function getOrg(q: Queryable, id: string): Promise<OrgRow | undefined> {

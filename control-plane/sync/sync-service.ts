@@ -262,6 +262,9 @@ export class SyncService implements NodeFleet {
       s.lastSentVersion = hello.haveVersion;
       if (first.kind === 'delta') this.enqueue(s, { delta: first.delta });
     }
+    // The node stays stale until it holds this version (its catch-up is applied), not merely until
+    // the stream is accepted.
+    this.enqueue(s, { caughtUp: { version: store.version } });
     this.broadcastRoster();
     if (this.sessions.size === 1) s.mayHoldWhole = true;
     else for (const other of this.sessions) if (other !== s && other.mayHoldWhole) this.reclaimWhole(other);

@@ -1,9 +1,10 @@
 // SyncService.QueryUsage: a node's `GET /v1/usage` answered from the durable usage table. The node
 // sends the id of the key it authenticated; the project comes from the control plane's own record of
 // that key, so no node input can name another project. A key whose credential is gone (revoked) gets
-// NOT_FOUND. At most MAX_IN_FLIGHT queries run at once (they share the one database queue with report
-// ingest), and at most MAX_IN_FLIGHT_PER_KEY of one key, so one key cannot take every slot; beyond
-// either, RESOURCE_EXHAUSTED, which the node answers as 503 with retry-after.
+// NOT_FOUND. Queries run on the database's read-only connection (Db.readOnly), so a burst of them never
+// queues ahead of report ingest or money leases. At most MAX_IN_FLIGHT queries run at once, and at most
+// MAX_IN_FLIGHT_PER_KEY of one key, so one key cannot take every slot; beyond either,
+// RESOURCE_EXHAUSTED, which the node answers as 503 with retry-after.
 import { status, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
 import type { QueryUsageRequest, QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
@@ -40,7 +41,7 @@ export function queryUsageHandler(state: ControlState, nodeToken: string, log: (
     inFlight++;
     perKey.set(req.keyId, mine + 1);
     state.db
-      .read(async (q): Promise<QueryUsageResponse | null> => {
+      .readOnly(async (q): Promise<QueryUsageResponse | null> => {
         const key = await getKey(q, req.keyId);
         if (!key || (await credentialHashOf(q, key.id)) === undefined) return null;
         const rows = await usageInRange(q, { projectId: key.project_id }, { sinceMs, untilMs }, req.groupBy as UsageGroupBy);

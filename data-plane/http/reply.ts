@@ -257,10 +257,12 @@ export class Reply implements ReplyMeter {
   /**
    * The connection became a WebSocket (call right before uWS `upgrade`): `res` may no longer be
    * touched, and the cleanups are dropped, as the socket's close handler owns the request from here.
+   * It is no longer an open response either: the drain counts the socket as a realtime session.
    */
   markUpgraded(): void {
     this.done = true;
     this.cleanups = [];
+    liveReplies.delete(this);
   }
 
   pause(): void {

@@ -6,7 +6,9 @@
 // namespace such as xlink:href), `<meta http-equiv=refresh content="…; url=…">`, CSS in <style>
 // elements and style attributes (unquoted `url(…)` and every quoted string that is a remote URL: what
 // `@import`, `url()`, `image-set()` and `src()` take), `<iframe srcdoc>` (scanned as a document of its
-// own), and absolute URLs in <script> text. A reference is remote when it is
+// own), `data:` documents a renderer would load (HTML, SVG, XML, CSS: decoded and scanned the same
+// way, nested at most three deep), absolute URLs in <script> text and in `on*` handler attributes, and
+// the values an SVG <set>/<animate> can put into an attribute. A reference is remote when it is
 // protocol-relative (`//host`, also written with backslashes) or has any scheme other than the local
 // ones (data:, about:, mailto:, tel:, and fragments / relative paths, which have none); file: and
 // javascript: are refused too, as a renderer may follow them. Attribute values are read as a browser
@@ -37,6 +39,9 @@ const URL_ATTRS = new Set([
   'code',
 ]);
 const SRCSET_ATTRS = new Set(['srcset', 'imagesrcset']);
+/** SVG animation elements and the attributes whose values they write into another attribute. */
+const ANIMATION_TAGS = new Set(['set', 'animate', 'animatetransform', 'animatemotion']);
+const ANIMATION_VALUE_ATTRS = new Set(['to', 'from', 'by', 'values']);
 
 export interface RemoteReference {
   /** Where it was found, e.g. `img src` or `style url()`. */
@@ -146,7 +151,7 @@ function afterEscape(css: string, i: number): number {
  * `@import "…"`, `image-set("…")`, `src("…")` and `url("…")` take) and every unquoted `url(…)`, with
  * escapes decoded in identifiers and values, so `u\72l(` and `"\68ttp://…"` are read as browsers do.
  */
-export function findRemoteInCss(cssText: string, where: string): RemoteReference | null {
+export function findRemoteInCss(cssText: string, where: string, depth = 0): RemoteReference | null {
   const css = cssText;
   const n = css.length;
   // The identifier or at-keyword read last: names what a following string or parenthesis belongs to.
@@ -164,10 +169,9 @@ export function findRemoteInCss(cssText: string, where: string): RemoteReference
       let j = i + 1;
       while (j < n && css[j] !== c && css[j] !== '\n') j += css[j] === '\\' ? 2 : 1;
       const value = decodeCssEscapes(css.slice(i + 1, Math.min(j, n)));
-      if (isRemoteUrl(value)) {
-        const kind = context === '@import' ? '@import' : context === 'url' ? 'url()' : context.endsWith('image-set') ? 'image-set()' : context === 'src' ? 'src()' : 'string';
-        return { where: `${where} ${kind}`, url: shorten(value) };
-      }
+      const kind = context === '@import' ? '@import' : context === 'url' ? 'url()' : context.endsWith('image-set') ? 'image-set()' : context === 'src' ? 'src()' : 'string';
+      const found = checkUrl(value, `${where} ${kind}`, depth);
+      if (found) return found;
       i = j + 1;
       continue;
     }
@@ -187,7 +191,8 @@ export function findRemoteInCss(cssText: string, where: string): RemoteReference
         let e = k;
         while (e < n && css[e] !== ')') e += css[e] === '\\' ? 2 : 1;
         const value = decodeCssEscapes(css.slice(k, Math.min(e, n)));
-        if (isRemoteUrl(value)) return { where: `${where} url()`, url: shorten(value) };
+        const found = checkUrl(value, `${where} url()`, depth);
+        if (found) return found;
         i = e + 1;
         continue;
       }
@@ -202,13 +207,133 @@ export function findRemoteInCss(cssText: string, where: string): RemoteReference
   return null;
 }
 
-function checkSrcset(value: string): string | null {
-  // Candidates are "url [descriptor]" separated by commas; a URL may itself contain commas (data:).
-  for (const part of value.split(/,(?=\s*\S)/)) {
-    const url = part.trim().split(/\s+/)[0] ?? '';
-    if (isRemoteUrl(url)) return url;
+/**
+ * A srcset list as the HTML parser reads it: a candidate's URL runs to the next whitespace (commas
+ * inside it, as in data: URLs, belong to it; trailing ones end it), then its descriptors run to a
+ * comma outside parentheses.
+ */
+function checkSrcset(value: string, where: string, depth: number): RemoteReference | null {
+  const n = value.length;
+  let i = 0;
+  while (i < n) {
+    while (i < n && (isHtmlSpace(value.charCodeAt(i)) || value[i] === ',')) i++;
+    if (i >= n) break;
+    const start = i;
+    while (i < n && !isHtmlSpace(value.charCodeAt(i))) i++;
+    let url = value.slice(start, i);
+    if (url.endsWith(',')) url = url.replace(/,+$/, '');
+    else {
+      let inParens = false;
+      for (; i < n; i++) {
+        const c = value[i];
+        if (c === '(') inParens = true;
+        else if (c === ')') inParens = false;
+        else if (c === ',' && !inParens) {
+          i++;
+          break;
+        }
+      }
+    }
+    const found = checkUrl(url, where, depth);
+    if (found) return found;
   }
   return null;
+}
+
+function isHtmlSpace(c: number): boolean {
+  return c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0c || c === 0x0d;
+}
+
+/** Media types of `data:` documents that a renderer parses and that can load more: read as HTML (and SVG/XML) or CSS. */
+function dataDocumentKind(mediaType: string): 'html' | 'css' | null {
+  if (mediaType === 'text/css') return 'css';
+  if (mediaType === 'text/html' || mediaType === 'application/xhtml+xml' || mediaType === 'image/svg+xml' || mediaType === 'text/xml' || mediaType === 'application/xml' || mediaType.endsWith('+xml')) {
+    return 'html';
+  }
+  return null;
+}
+
+/**
+ * A `data:` URL's document, decoded as a browser does (tabs and newlines dropped, percent-escapes
+ * decoded, then base64 when the type says so), when it is a document that can reference more; null
+ * for other data: URLs (images, plain text) and for anything that is not a data: URL.
+ */
+export function dataUrlDocument(raw: string): { kind: 'html' | 'css'; texts: string[] } | null {
+  let start = 0;
+  while (start < raw.length && isUrlSpace(raw.charCodeAt(start))) start++;
+  // The scheme, with tabs and newlines skipped as the URL parser does (however many there are).
+  let scheme = '';
+  for (let i = start; i < raw.length && scheme.length < 5; i++) {
+    const c = raw[i];
+    if (c !== '\t' && c !== '\n' && c !== '\r') scheme += c;
+  }
+  if (scheme.toLowerCase() !== 'data:') return null;
+  const url = raw.slice(start).replace(/[\t\n\r]/g, '');
+  const comma = url.indexOf(',');
+  if (comma === -1) return null;
+  const params = url.slice(5, comma).split(';').map((p) => p.trim().toLowerCase());
+  const kind = dataDocumentKind(params[0] || 'text/plain');
+  if (!kind) return null;
+  let bytes = percentDecode(url.slice(comma + 1));
+  if (params.slice(1).includes('base64')) bytes = Buffer.from(bytes.toString('latin1').replace(/[\s]/g, ''), 'base64');
+  const charset = params.find((p) => p.startsWith('charset='));
+  const contentType = `text/html${charset ? `; ${charset}` : ''}`;
+  return { kind, texts: [bytes.toString('utf8'), ...otherReadings(bytes, contentType)] };
+}
+
+function percentDecode(s: string): Buffer {
+  const src = Buffer.from(s, 'utf8');
+  if (src.indexOf(0x25) === -1) return src;
+  const out = Buffer.allocUnsafe(src.length);
+  let o = 0;
+  for (let i = 0; i < src.length; i++) {
+    const c = src[i];
+    const hi = c === 0x25 ? hexValue(src[i + 1]) : -1;
+    const lo = hi === -1 ? -1 : hexValue(src[i + 2]);
+    if (lo === -1) out[o++] = c;
+    else {
+      out[o++] = hi * 16 + lo;
+      i += 2;
+    }
+  }
+  return out.subarray(0, o);
+}
+
+function hexValue(c: number | undefined): number {
+  if (c === undefined) return -1;
+  if (c >= 0x30 && c <= 0x39) return c - 0x30;
+  if (c >= 0x41 && c <= 0x46) return c - 0x37;
+  if (c >= 0x61 && c <= 0x66) return c - 0x57;
+  return -1;
+}
+
+/**
+ * One URL as a renderer would follow it: remote, or a data: document that itself holds a remote
+ * reference (its findings are named `… data: …`).
+ */
+function checkUrl(value: string, where: string, depth: number): RemoteReference | null {
+  if (isRemoteUrl(value)) return { where, url: shorten(value) };
+  const doc = dataUrlDocument(value);
+  if (!doc) return null;
+  if (depth >= MAX_NESTED_DEPTH) return { where: `${where} data: document nested more than ${MAX_NESTED_DEPTH} deep`, url: shorten(value) };
+  for (const text of doc.texts) {
+    const inner = doc.kind === 'css' ? findRemoteInCss(text, 'style', depth + 1) : findRemoteReference(text, depth + 1);
+    if (inner) return { where: `${where} data: ${inner.where}`, url: inner.url };
+  }
+  return null;
+}
+
+/**
+ * Absolute URLs in script text (<script> elements, `on*` handler attributes): a scheme with `//`, or
+ * a quoted protocol-relative `//host`, after JavaScript's \x, \u and \u{…} escapes are decoded.
+ */
+function findRemoteInScript(text: string): string | null {
+  const decoded = text.indexOf('\\') === -1 ? text : text.replace(/\\x([0-9a-fA-F]{2})|\\u\{([0-9a-fA-F]{1,6})\}|\\u([0-9a-fA-F]{4})/g, (m, x?: string, braced?: string, u?: string) => {
+    const cp = parseInt((x ?? braced ?? u)!, 16);
+    return cp <= 0x10ffff ? String.fromCodePoint(cp) : m;
+  });
+  const m = /\b(?:https?|ftps?|wss?|file):\s*[/\\]{2}[^\s"'`<>)]*|["'`]\s*[/\\]{2}[^\s/\\"'`<>)][^\s"'`<>)]*/i.exec(decoded);
+  return m ? m[0] : null;
 }
 
 /** `content="5; url=https://…"` of a meta refresh: the URL part, if any. */
@@ -241,7 +366,8 @@ function parseAttrs(text: string): Attr[] {
 /** Elements whose content is raw text (not markup): scanned by their own rules, then skipped. */
 const RAW_TEXT = new Set(['style', 'script', 'textarea', 'title', 'xmp', 'noembed', 'noframes', 'plaintext']);
 
-const MAX_SRCDOC_DEPTH = 3;
+/** How deep srcdoc documents and data: documents may nest inside each other before a document is refused unread. */
+const MAX_NESTED_DEPTH = 3;
 
 /** The first remote reference in an HTML document, or null when it references nothing remote. */
 export function findRemoteReference(html: string, depth = 0): RemoteReference | null {
@@ -293,11 +419,11 @@ export function findRemoteReference(html: string, depth = 0): RemoteReference | 
       const text = html.slice(i, close === -1 ? n : close);
       if (tag === 'style') {
         // Raw text in HTML, but entity-decoded inside SVG: both readings are checked.
-        const css = findRemoteInCss(text, 'style') ?? findRemoteInCss(decodeEntities(text), 'style');
+        const css = findRemoteInCss(text, 'style', depth) ?? findRemoteInCss(decodeEntities(text), 'style', depth);
         if (css) return css;
       } else if (tag === 'script') {
-        const m = /\b(?:https?|ftps?|wss?|file):\s*[/\\]{2}[^\s"'`<>)]*/i.exec(text);
-        if (m) return { where: 'script', url: shorten(m[0]) };
+        const url = findRemoteInScript(text);
+        if (url) return { where: 'script', url: shorten(url) };
       }
       i = close === -1 ? n : close;
     }
@@ -312,16 +438,29 @@ function checkTag(tag: string, attrs: Attr[], depth: number): RemoteReference | 
     // Namespaced forms (xlink:href) are the same attribute for this purpose.
     const local = a.name.includes(':') ? a.name.slice(a.name.lastIndexOf(':') + 1) : a.name;
     if (URL_ATTRS.has(local)) {
-      if (isRemoteUrl(a.value)) return { where: `${tag} ${a.name}`, url: shorten(a.value) };
+      const found = checkUrl(a.value, `${tag} ${a.name}`, depth);
+      if (found) return found;
     } else if (SRCSET_ATTRS.has(local)) {
-      const u = checkSrcset(a.value);
-      if (u) return { where: `${tag} ${a.name}`, url: shorten(u) };
+      const found = checkSrcset(a.value, `${tag} ${a.name}`, depth);
+      if (found) return found;
+    } else if (local === 'ping') {
+      for (const u of a.value.split(/[\t\n\f\r ]+/)) if (isRemoteUrl(u)) return { where: `${tag} ${a.name}`, url: shorten(u) };
     } else if (local === 'style') {
-      const css = findRemoteInCss(a.value, `${tag} style`);
+      const css = findRemoteInCss(a.value, `${tag} style`, depth);
       if (css) return css;
+    } else if (local.length > 2 && local.startsWith('on')) {
+      // An event handler is script: held to the rule of <script> text.
+      const url = findRemoteInScript(a.value);
+      if (url) return { where: `${tag} ${a.name}`, url: shorten(url) };
+    } else if (ANIMATION_TAGS.has(tag) && ANIMATION_VALUE_ATTRS.has(local)) {
+      // <set to=…>, <animate values=…>: what the animation writes into an attribute (href, src, style).
+      for (const v of a.value.split(';')) {
+        const found = checkUrl(v, `${tag} ${a.name}`, depth) ?? findRemoteInCss(v, `${tag} ${a.name}`, depth);
+        if (found) return found;
+      }
     } else if (local === 'srcdoc') {
       // Deeper than anyone writes by hand: refused rather than passed unread.
-      if (depth >= MAX_SRCDOC_DEPTH) return { where: `${tag} srcdoc nested more than ${MAX_SRCDOC_DEPTH} deep`, url: shorten(a.value) };
+      if (depth >= MAX_NESTED_DEPTH) return { where: `${tag} srcdoc nested more than ${MAX_NESTED_DEPTH} deep`, url: shorten(a.value) };
       const inner = findRemoteReference(a.value, depth + 1);
       if (inner) return { where: `${tag} srcdoc: ${inner.where}`, url: inner.url };
     } else if (local === 'http-equiv' && a.value.trim().toLowerCase() === 'refresh') {
@@ -332,34 +471,115 @@ function checkTag(tag: string, attrs: Attr[], depth: number): RemoteReference | 
   }
   if (tag === 'meta' && httpEquivRefresh && content !== null) {
     const u = refreshUrl(content);
-    if (u && isRemoteUrl(u)) return { where: 'meta refresh', url: shorten(u) };
+    const found = u ? checkUrl(u, 'meta refresh', depth) : null;
+    if (found) return found;
   }
   return null;
 }
 
 /**
- * The HTML inside a PDF request body: JSON bodies are read field by field (every string value may be
- * HTML), anything else (text/html, multipart forms) as text: as UTF-8, and also in the encoding a
- * renderer would pick instead (a BOM, the Content-Type charset, a `<meta charset>`), since a document
- * in UTF-16 or ISO-2022-JP hides its markup from a UTF-8 reading. Returns the first remote reference.
+ * The HTML inside a PDF request body. A JSON body is read as the backend reads it (Python's
+ * `json.loads` on the body's bytes, as FastAPI does for a JSON or missing Content-Type): decoded as
+ * UTF-8, UTF-16 or UTF-32 by its BOM or its pattern of zero bytes, every string value read as HTML;
+ * when it is not strict JSON (a BOM, `NaN`, a truncated body) every string literal in it is read
+ * instead, and the text itself. Any other body (text/html, multipart forms) is read as text: as UTF-8,
+ * and also in the encoding a renderer would pick instead (a BOM, the Content-Type charset, a
+ * `<meta charset>`), since a document in UTF-16 or ISO-2022-JP hides its markup from a UTF-8 reading.
+ * A body that starts as JSON does is read both ways. Returns the first remote reference.
  */
 export function findRemoteInBody(body: Buffer, contentType: string): RemoteReference | null {
-  const text = body.toString('utf8');
-  if (/^\s*application\/(?:[\w.+-]*\+)?json\b/i.test(contentType)) {
-    let doc: unknown;
-    try {
-      doc = JSON.parse(text);
-    } catch {
-      // Not JSON after all: read as text, so a malformed body cannot slip a reference past.
-      return findRemoteReference(text);
-    }
-    return findInJson(doc);
+  const jsonType = /^\s*application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i.test(contentType);
+  const jsonText = decodeJsonBytes(body);
+  if (jsonType || contentType.trim() === '' || /^[ \t\r\n]*[[{"]/.test(jsonText.slice(0, 256))) {
+    const found = findInJsonText(jsonText);
+    if (found || jsonType) return found;
   }
+  const text = body.toString('utf8');
   const found = findRemoteReference(text);
   if (found) return found;
   for (const other of otherReadings(body, contentType)) {
     const r = findRemoteReference(other);
     if (r) return r;
+  }
+  return null;
+}
+
+/** A JSON document's text, from bytes, as Python's `json.loads` decodes it (`json.detect_encoding`); without its BOM. */
+export function decodeJsonBytes(b: Buffer): string {
+  const [b0, b1, b2, b3] = [b[0], b[1], b[2], b[3]];
+  let encoding: 'utf-8' | 'utf-16le' | 'utf-16be' | 'utf-32le' | 'utf-32be' = 'utf-8';
+  let skip = 0;
+  if ((b0 === 0 && b1 === 0 && b2 === 0xfe && b3 === 0xff) || (b0 === 0xff && b1 === 0xfe && b2 === 0 && b3 === 0)) {
+    encoding = b0 === 0 ? 'utf-32be' : 'utf-32le';
+    skip = 4;
+  } else if ((b0 === 0xff && b1 === 0xfe) || (b0 === 0xfe && b1 === 0xff)) {
+    encoding = b0 === 0xff ? 'utf-16le' : 'utf-16be';
+    skip = 2;
+  } else if (b0 === 0xef && b1 === 0xbb && b2 === 0xbf) {
+    skip = 3;
+  } else if (b.length >= 4) {
+    if (b0 === 0) encoding = b1 ? 'utf-16be' : 'utf-32be';
+    else if (b1 === 0) encoding = b2 || b3 ? 'utf-16le' : 'utf-32le';
+  } else if (b.length === 2) {
+    if (b0 === 0) encoding = 'utf-16be';
+    else if (b1 === 0) encoding = 'utf-16le';
+  }
+  const rest = b.subarray(skip);
+  if (encoding === 'utf-32le' || encoding === 'utf-32be') return decodeUtf32(rest, encoding === 'utf-32le');
+  return new TextDecoder(encoding).decode(rest);
+}
+
+/** UTF-32 (which TextDecoder does not know): each 4-byte unit a code point, invalid ones U+FFFD. */
+function decodeUtf32(b: Buffer, littleEndian: boolean): string {
+  const parts: string[] = [];
+  let chunk: number[] = [];
+  for (let i = 0; i + 4 <= b.length; i += 4) {
+    const cp = littleEndian ? b.readUInt32LE(i) : b.readUInt32BE(i);
+    chunk.push(cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff) ? cp : 0xfffd);
+    if (chunk.length === 8192) {
+      parts.push(String.fromCodePoint(...chunk));
+      chunk = [];
+    }
+  }
+  parts.push(String.fromCodePoint(...chunk));
+  return parts.join('');
+}
+
+/** A JSON text's string values read as HTML; when it is not strict JSON, every string literal in it and the text itself. */
+function findInJsonText(text: string): RemoteReference | null {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch {
+    // Not JSON to JavaScript, but perhaps to the backend (Python accepts NaN and Infinity): read
+    // every string literal, and the text as it is, so a malformed body cannot slip a reference past.
+    return findRemoteReference(text) ?? findInStringLiterals(text);
+  }
+  return findInJson(doc);
+}
+
+/** Every JSON string literal in `text` (one linear pass), decoded and read as HTML. */
+function findInStringLiterals(text: string): RemoteReference | null {
+  const n = text.length;
+  let i = text.indexOf('"');
+  while (i !== -1 && i < n) {
+    let j = i + 1;
+    while (j < n && text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
+    const literal = text.slice(i, Math.min(j + 1, n));
+    let value: unknown = null;
+    // Markup needs a `<`, as itself or escaped: other literals are not decoded.
+    if (literal.indexOf('<') !== -1 || /\\u003c/i.test(literal)) {
+      try {
+        value = JSON.parse(literal);
+      } catch {
+        // Not a literal Python would accept either.
+      }
+    }
+    if (typeof value === 'string' && value.indexOf('<') !== -1) {
+      const r = findRemoteReference(value);
+      if (r) return r;
+    }
+    i = j + 1 < n ? text.indexOf('"', j + 1) : -1;
   }
   return null;
 }

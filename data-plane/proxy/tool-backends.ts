@@ -3,6 +3,7 @@
 // connection or timed out is skipped for a while and then tried again. State is keyed by URL, so it
 // survives config reloads; a pool no longer used is closed gracefully (it waits for its requests).
 import { Pool } from 'undici';
+import { UPSTREAM_KEEP_ALIVE_MS } from './upstream-keep-alive.js';
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** Skipped this long after a first failure, doubling with each failure in a row, up to the max. */
@@ -95,7 +96,7 @@ export class ToolBackends {
       // No cap on connections (as for model upstreams): a download or event stream holds its connection
       // as long as it lasts, and a request queued behind a cap waits with no timeout, so one caller's
       // streams would hold up everyone's. The keys' parallel limits bound what is in flight.
-      const pool = new Pool(url.origin, { connections: null, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout });
+      const pool = new Pool(url.origin, { connections: null, pipelining: 1, keepAliveTimeout: UPSTREAM_KEEP_ALIVE_MS, connectTimeout });
       // A reload changed the connect timeout: a new pool; the old one finishes what it carries, then closes.
       if (u) u.pool.close().catch(() => {});
       u = { baseUrl, pool, connectTimeoutMs: connectTimeout, basePath: url.pathname.replace(/\/+$/, ''), inFlight: 0, lastUsedMs: 0, failures: u?.failures ?? 0, downUntilMs: u?.downUntilMs ?? 0 };

@@ -49,6 +49,14 @@ const FORWARDED_HEADER_PREFIX = 'x-forwarded-';
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL']);
 /** Failures that say the backend is unwell (skipped for a while), though the request may have reached it. */
 const UNHEALTHY_ERRORS = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+/**
+ * The connection closed under the request before any answer: most often a kept-alive connection the
+ * backend closed for idleness just as the request went out. A request of an idempotent method (RFC 9110
+ * §9.2.2) whose body is still at hand is sent once more, on a new connection, before the backend is
+ * held unwell; any other request cannot be (the backend may have acted on it).
+ */
+const CLOSED_ERRORS = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
+const IDEMPOTENT_METHODS = new Set(['GET', 'HEAD', 'OPTIONS', 'PUT', 'DELETE', 'TRACE']);
 
 export interface ToolCaller {
   requestId: string;
@@ -99,10 +107,10 @@ export function forwardTool(backends: ToolBackends, req: ToolRequest): void {
   );
   if (Buffer.isBuffer(req.body)) headers.push('content-length', String(req.body.length));
   const candidates = backends.order(req.backend);
-  attempt(backends, req, headers, candidates, 0);
+  attempt(backends, req, headers, candidates, 0, false);
 }
 
-function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], candidates: Upstream[], index: number): void {
+function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], candidates: Upstream[], index: number, resent: boolean): void {
   const upstream = candidates[index];
   const b = req.backend;
   // A stream is pulled through a generator, so an attempt that never connected leaves it unread for the next.
@@ -128,10 +136,15 @@ function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], ca
     },
     retry(err) {
       const code = (err as { code?: string }).code ?? '';
+      if (!resent && CLOSED_ERRORS.has(code) && IDEMPOTENT_METHODS.has(req.method) && !pull) {
+        slot.release();
+        attempt(backends, req, headers, candidates, index, true);
+        return true;
+      }
       if (CONNECT_ERRORS.has(code) || UNHEALTHY_ERRORS.has(code)) backends.markDown(upstream);
       slot.release();
       if (!CONNECT_ERRORS.has(code) || index + 1 >= candidates.length || (pull && pull.started)) return false;
-      attempt(backends, req, headers, candidates, index + 1);
+      attempt(backends, req, headers, candidates, index + 1, resent);
       return true;
     },
     onDone(status) {

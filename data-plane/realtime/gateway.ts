@@ -6,6 +6,7 @@
 // waiting for a lease across nodes like any request) → `?model=` (400) → model scope (401) → the
 // upstream (a ws handshake; refused or unreachable: 502). Refusals are plain HTTP answers in the model
 // endpoints' shape (A) with the key's rate headers. Only then is the client upgraded.
+import { RealtimeMemory } from './realtime-memory.js';
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type us_socket_context_t, type WebSocketBehavior } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { bearerToken } from '../auth/bearer.js';
@@ -38,6 +39,8 @@ export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
 /** Seconds without any frame from the client (uWS pings it automatically before that). */
 export const IDLE_TIMEOUT_SEC = 120;
 const STALE_CHECK_MS = 1000;
+const DEFAULT_MAX_NODE_BUFFERED_BYTES = 256 * 1024 * 1024;
+const REALTIME_FULL_MESSAGE = 'This gateway node holds too many realtime messages right now; reconnect after the time in the retry-after header.';
 
 export interface RealtimeDeps {
   holder: StateHolder;
@@ -57,6 +60,8 @@ export interface RealtimeOptions {
   maxBufferedBytes?: number;
   /** Largest message either way (default 8 MiB). */
   maxMessageBytes?: number;
+  /** Bytes all sessions together may hold before new ones are refused and upstreams paused (default 256 MiB). */
+  maxNodeBufferedBytes?: number;
   /** THE seam for each session's request-log entry (session-log.ts). */
   logSession?: SessionLogSink;
 }
@@ -78,6 +83,8 @@ export class RealtimeGateway {
   /** Open sockets by key: what revocation, blocking and staleness close. */
   readonly sockets = new OpenSockets();
   readonly stats = new RealtimeStats();
+  /** What every session holds together, bounded node-wide (realtime-memory.ts). */
+  readonly memory: RealtimeMemory;
   private readonly maxBufferedBytes: number;
   private readonly maxMessageBytes: number;
   private readonly logSession: SessionLogSink;
@@ -93,6 +100,8 @@ export class RealtimeGateway {
   ) {
     this.maxBufferedBytes = opts.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_BYTES;
     this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.memory = new RealtimeMemory(opts.maxNodeBufferedBytes ?? DEFAULT_MAX_NODE_BUFFERED_BYTES);
+    this.stats.memory = this.memory;
     this.logSession = opts.logSession ?? (() => {});
   }
 
@@ -118,6 +127,7 @@ export class RealtimeGateway {
     app.ws(`${REALTIME_PATH}/*`, behavior);
     this.staleTimer = setInterval(() => {
       if (this.sockets.size > 0 && this.deps.isStale()) this.sockets.closeAll('invalid_api_key: this gateway node cannot currently verify API keys');
+      this.memory.remeasureAll();
     }, STALE_CHECK_MS);
     this.staleTimer.unref();
   }
@@ -174,6 +184,8 @@ export class RealtimeGateway {
     if (!deps.holder.ready) return reply.sendError(new GatewayError('NOT_READY'), 'A');
     // A draining node opens no new long-lived session (it would only be cut at the deadline).
     if (isDraining()) return reply.sendError(new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), 'A', true);
+    // The node-wide bound on what realtime sessions hold: no new session while it is reached.
+    if (this.memory.full) return reply.sendError(new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }), 'A');
     const edge = deps.edge.take(head.ip, head.path, hasCredential);
     if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
     if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'B');
@@ -324,6 +336,7 @@ export class RealtimeGateway {
         maxBufferedBytes: this.maxBufferedBytes,
         maxMessageBytes: this.maxMessageBytes,
         stats: this.stats,
+        memory: this.memory,
       },
       ctx,
       key,

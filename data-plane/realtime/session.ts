@@ -28,6 +28,7 @@ import type { Reporter } from '../sync/reporter.js';
 import { blockedReasonText, type OpenSocket, type OpenSockets } from './open-sockets.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
+import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
 
 /** Close codes the gateway uses (RFC 6455 §7.4 and the IANA registry). */
 export const CLOSE = Object.freeze({
@@ -54,6 +55,8 @@ export interface SessionDeps {
   /** Largest message either way. */
   maxMessageBytes: number;
   stats: RealtimeStats;
+  /** The node-wide bound on what all sessions hold together. */
+  memory: RealtimeMemory;
 }
 
 /** Figures for the admin listener's GET /stats/realtime. */
@@ -63,9 +66,18 @@ export class RealtimeStats {
   pausedUpstreams = 0;
   /** The most uWS held for one client at any time since start (or the last reset). */
   peakBufferedBytes = 0;
+  /** The node-wide bound, for its figures. */
+  memory: RealtimeMemory | null = null;
 
-  snapshot(reset = false): { open: number; opened: number; paused_upstreams: number; peak_buffered_bytes: number } {
-    const out = { open: this.open, opened: this.opened, paused_upstreams: this.pausedUpstreams, peak_buffered_bytes: this.peakBufferedBytes };
+  snapshot(reset = false): { open: number; opened: number; paused_upstreams: number; peak_buffered_bytes: number; node_buffered_bytes: number; node_max_buffered_bytes: number } {
+    const out = {
+      open: this.open,
+      opened: this.opened,
+      paused_upstreams: this.pausedUpstreams,
+      peak_buffered_bytes: this.peakBufferedBytes,
+      node_buffered_bytes: this.memory?.held ?? 0,
+      node_max_buffered_bytes: this.memory?.maxBytes ?? 0,
+    };
     if (reset) this.peakBufferedBytes = 0;
     return out;
   }
@@ -77,7 +89,7 @@ export interface UserData {
 
 type Obj = Record<string, any>;
 
-export class RealtimeSession implements OpenSocket {
+export class RealtimeSession implements OpenSocket, MemoryMember {
   readonly keyHash: string;
   readonly orgId: string;
   readonly modelId: string;
@@ -86,6 +98,8 @@ export class RealtimeSession implements OpenSocket {
   private responsesInFlight = 0;
   private pendingClose: { code: number; reason: string } | null = null;
   private upstreamPaused = false;
+  /** What this session held when last measured (its share of RealtimeMemory.held). */
+  private heldBytes = 0;
   private orgWake: (() => void) | null = null;
   private readonly startedAtMs: number;
   private readonly counts = { fromClient: 0, toClient: 0, bytesFromClient: 0, bytesToClient: 0, responses: 0, prompt: 0, completion: 0, cost: 0 };
@@ -111,6 +125,7 @@ export class RealtimeSession implements OpenSocket {
     this.deps.sockets.add(this);
     this.deps.stats.open++;
     this.deps.stats.opened++;
+    this.deps.memory.join(this);
     // Called from the upstream's event emitter: nothing may escape.
     this.link.events = {
       message: (data, isBinary) => {
@@ -146,17 +161,51 @@ export class RealtimeSession implements OpenSocket {
     this.link.send(data, isBinary);
     if (this.link.bufferedAmount > this.deps.maxBufferedBytes + this.deps.maxMessageBytes) {
       this.close(CLOSE.POLICY, 'the client sends faster than the upstream accepts; slow down');
+      return;
+    }
+    // The node is full and this client's messages wait for its upstream: it adds to what is held.
+    if (this.remeasured() >= this.deps.memory.maxBytes && this.link.bufferedAmount > 0) {
+      this.close(CLOSE.TRY_AGAIN_LATER, 'this gateway node holds too many realtime messages right now; reconnect later');
     }
   }
 
   /** uWS `drain`: the client took some of what was buffered. */
   drained(): void {
+    if (this.ended || !this.ws) return;
+    this.remeasured();
+    this.resumeIfRoom();
+    this.deps.memory.relieve();
+  }
+
+  /** RealtimeMemory: measure again (bytes go out without an event on some paths). */
+  remeasure(): void {
+    if (!this.ended) this.remeasured();
+  }
+
+  /** RealtimeMemory: the node is back under its bound. */
+  roomAgain(): void {
+    this.resumeIfRoom();
+  }
+
+  /** Resumes a paused upstream once the client took half of its own limit and the node has room. */
+  private resumeIfRoom(): void {
     if (this.ended || !this.ws || !this.upstreamPaused) return;
-    if (this.ws.getBufferedAmount() <= this.deps.maxBufferedBytes / 2) {
-      this.upstreamPaused = false;
-      this.deps.stats.pausedUpstreams--;
-      this.link.resume();
+    if (this.ws.getBufferedAmount() > this.deps.maxBufferedBytes / 2) return;
+    if (this.deps.memory.full) {
+      this.deps.memory.waitForRoom(this);
+      return;
     }
+    this.upstreamPaused = false;
+    this.deps.stats.pausedUpstreams--;
+    this.link.resume();
+  }
+
+  /** What this session holds now (its client's uWS buffer and its link's unsent bytes), reported; the node's total. */
+  private remeasured(): number {
+    const now = (this.ws?.getBufferedAmount() ?? 0) + this.link.bufferedAmount;
+    const total = this.deps.memory.update(this.heldBytes, now);
+    this.heldBytes = now;
+    return total;
   }
 
   /** uWS `close`: the socket is gone (whoever closed it). The single cleanup path. */
@@ -213,10 +262,13 @@ export class RealtimeSession implements OpenSocket {
     if (buffered > this.deps.stats.peakBufferedBytes) this.deps.stats.peakBufferedBytes = buffered;
     // Dropped: uWS's own limit (set well above the pause threshold) was passed; never lose silently.
     if (status === 2) return this.close(CLOSE.INTERNAL, 'the client did not read its messages');
-    if (buffered >= this.deps.maxBufferedBytes && !this.upstreamPaused) {
+    const nodeFull = this.remeasured() >= this.deps.memory.maxBytes;
+    if ((buffered >= this.deps.maxBufferedBytes || nodeFull) && !this.upstreamPaused) {
       this.upstreamPaused = true;
       this.deps.stats.pausedUpstreams++;
       this.link.pause();
+      // Held for the node, not for this client: nothing of its own may drain, so room wakes it.
+      if (nodeFull && buffered <= this.deps.maxBufferedBytes / 2) this.deps.memory.waitForRoom(this);
     }
   }
 
@@ -294,6 +346,8 @@ export class RealtimeSession implements OpenSocket {
     deps.sockets.remove(this);
     deps.stats.open--;
     if (this.upstreamPaused) deps.stats.pausedUpstreams--;
+    deps.memory.leave(this, this.heldBytes);
+    this.heldBytes = 0;
     if (this.orgWake) deps.leases?.cancelOrgWait(this.key.orgId, this.orgWake);
     // The session's request and slot: the slot is released, its tokens were counted per response.
     this.ctx.complete({ status: 101, promptTokens: 0, completionTokens: 0 });

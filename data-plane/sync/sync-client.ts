@@ -53,7 +53,10 @@ export interface SyncClientOptions {
 }
 
 export class SyncClient {
-  /** When the node lost the control plane; null while connected. */
+  /**
+   * When the node lost the control plane (or started); null once a stream's catch-up is applied. It
+   * stays set while a new stream is accepted but its catch-up is not yet in: the node is still stale.
+   */
   disconnectedSince: number | null;
   private readonly client: SyncServiceClient;
   private call: ClientDuplexStream<NodeMessage, ControlMessage> | null = null;
@@ -61,6 +64,8 @@ export class SyncClient {
   private stopped = false;
   private awaitingSnapshot = false;
   private gotFirstSnapshot = false;
+  /** The version the current stream's CaughtUp names (-1: not yet received on this stream). */
+  private catchUpVersion = -1;
   private retryTimer: NodeJS.Timeout | null = null;
   private lostLogged = false;
   private readonly pruneTimer: NodeJS.Timeout;
@@ -135,6 +140,7 @@ export class SyncClient {
     const call = this.client.connect(md);
     this.call = call;
     this.awaitingSnapshot = false;
+    this.catchUpVersion = -1;
     // Reports go on a stream only once the control plane has accepted it: written to a call that is
     // still connecting they would only be buffered, and during an outage every retry would decode and
     // buffer the journal's oldest reports again.
@@ -184,6 +190,8 @@ export class SyncClient {
       if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
       this.awaitingSnapshot = false;
       this.opts.onApplied?.();
+      // A snapshot is a whole catch-up by itself (a control plane that sends no CaughtUp too).
+      this.markCaughtUp();
       call.write({ ack: { version: msg.snapshot.version } });
       if (!this.gotFirstSnapshot) {
         this.gotFirstSnapshot = true;
@@ -195,6 +203,8 @@ export class SyncClient {
       if (r === 'applied') {
         this.endRevoked(msg.delta.changes);
         this.opts.onApplied?.();
+        // Deltas come in order after the catch-up: one applied on this stream means it is in.
+        this.markCaughtUp();
         call.write({ ack: { version: msg.delta.toVersion } });
         // Credit, cap, tier or config changes: a node told "nothing left" asks again.
         if (leases) for (const c of msg.delta.changes) if (c.orgUpsert) leases.orgChanged(c.orgUpsert.orgId);
@@ -203,6 +213,10 @@ export class SyncClient {
         this.awaitingSnapshot = true;
         call.write({ resync: { haveVersion: holder.current.version, reason: `gap: have ${holder.current.version}, delta from ${msg.delta.fromVersion}` } });
       }
+    } else if (msg.caughtUp) {
+      this.catchUpVersion = msg.caughtUp.version;
+      // Not in yet when the catch-up asked for a resync: the snapshot that answers it ends staleness.
+      if (!this.awaitingSnapshot && holder.ready && holder.current.version >= this.catchUpVersion) this.markCaughtUp();
     } else if (msg.reportAck) {
       this.opts.reporter.ack(msg.reportAck.seq, msg.reportAck.instanceId);
     } else if (msg.leaseGrant && leases) {
@@ -239,9 +253,14 @@ export class SyncClient {
     });
   }
 
+  /** The stream is accepted: reports and leases may use it. The node is not caught up yet (markCaughtUp). */
   private markConnected(): void {
     this.opts.leases?.setConnected(true);
     this.attempt = 0;
+  }
+
+  /** The stream's catch-up is applied: the node holds what the control plane held, and is no longer stale. */
+  private markCaughtUp(): void {
     this.disconnectedSince = null;
     if (this.lostLogged) {
       this.lostLogged = false;

@@ -116,6 +116,20 @@ export function canonicalIp(text: string): string | null {
   return w === null ? null : formatIp(w);
 }
 
+/**
+ * The client an edge budget counts (docs/hardening.md): an IPv4 address is its own client; an IPv6
+ * address counts as its /64, the smallest block a provider hands one subscriber (a host picks any of
+ * its 2^64 interface addresses at will, so a budget per full address would be no budget). The text is
+ * the /64's network in canonical form with `/64` (`2001:db8:1:2::/64`); IPv4 and IPv4-mapped
+ * addresses are returned as given (callers pass canonical text, dotted for IPv4).
+ */
+export function edgeClientOf(ip: string): string {
+  if (ip.indexOf(':') === -1) return ip;
+  const w = parseIp(ip);
+  if (w === null || isMappedV4(w)) return w === null ? ip : formatIp(w);
+  return `${formatIp(Uint32Array.of(w[0], w[1], 0, 0))}/64`;
+}
+
 /** Bits of word `i` (0..3) that a prefix of `prefixLen` bits covers, as a mask. */
 function maskOf(prefixLen: number, i: number): number {
   const bits = Math.min(32, Math.max(0, prefixLen - 32 * i));

@@ -164,3 +164,10 @@ test('bad tool_backends are refused with one line naming the setting', () => {
     assert.throws(() => parseGatewayConfig(d, {}), (e: unknown) => e instanceof ConfigError && re.test(e.message), name);
   }
 });
+
+test('max_orgs_per_account: 3 unless set, a whole number >= 0', () => {
+  assert.equal(parseGatewayConfig(demo(), {}).settings.maxOrgsPerAccount, 3);
+  assert.equal(parseGatewayConfig({ ...demo(), max_orgs_per_account: 0 }, {}).settings.maxOrgsPerAccount, 0);
+  assert.throws(() => parseGatewayConfig({ ...demo(), max_orgs_per_account: -1 }, {}), /^ConfigError: max_orgs_per_account: must be a whole number >= 0/);
+  assert.throws(() => parseGatewayConfig({ ...demo(), max_orgs_per_account: 'many' }, {}), /max_orgs_per_account: must be a whole number >= 0, got "many"/);
+});

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { HttpResponse } from 'uWebSockets.js';
-import { Reply } from '../../data-plane/http/reply.js';
+import { openReplies, Reply } from '../../data-plane/http/reply.js';
 
 /** A fake HttpResponse whose tryEnd answers are scripted: [ok, finished] per call. */
 class FakeRes {
@@ -129,4 +129,15 @@ test('isEventStream is false for other streams and for known-length answers', ()
   sized.startStream(200, [['content-type', 'text/event-stream']], 10);
   assert.equal(sized.isEventStream, false);
   assert.equal(new Reply(new FakeRes() as unknown as HttpResponse).isEventStream, false);
+});
+
+test('an upgraded reply is no longer counted as an open response', () => {
+  // Before the fix markUpgraded left the Reply in the set of open responses for good, so a drain
+  // after N realtime sessions waited for N responses that could never end.
+  const before = openReplies();
+  const reply = new Reply(new FakeRes() as unknown as HttpResponse);
+  assert.equal(openReplies(), before + 1);
+  reply.markUpgraded();
+  assert.equal(openReplies(), before);
+  assert.equal(reply.done, true);
 });

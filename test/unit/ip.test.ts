@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { BlockList } from 'node:net';
 import { test } from 'node:test';
-import { canonicalIp, IpRangeSet, parseIpRange } from '../../proto/lib/ip.js';
+import { canonicalIp, edgeClientOf, IpRangeSet, parseIpRange } from '../../proto/lib/ip.js';
 
 test('every form of an address has one canonical text', () => {
   const rows: Array<[string, string | null]> = [
@@ -135,4 +135,18 @@ test('parsing a list skips nothing silently: the first bad entry is named', () =
   const lenient = IpRangeSet.parse(['nope', '10.0.0.0/8'], { skipInvalid: true });
   assert.equal(lenient.size, 1);
   assert.equal(lenient.hasText('10.0.0.1'), true);
+});
+
+test('edgeClientOf: IPv4 per address, IPv6 per /64', () => {
+  const rows: Array<[string, string]> = [
+    ['10.1.2.3', '10.1.2.3'],
+    ['2001:db8:1:2::1', '2001:db8:1:2::/64'],
+    ['2001:db8:1:2:aaaa:bbbb:cccc:dddd', '2001:db8:1:2::/64'],
+    ['2001:DB8:0:0:1::', '2001:db8::/64'],
+    ['::1', '::/64'],
+    ['fe80::1', 'fe80::/64'],
+    ['::ffff:10.1.2.3', '10.1.2.3'],
+    ['not an address', 'not an address'],
+  ];
+  for (const [ip, want] of rows) assert.equal(edgeClientOf(ip), want, ip);
 });

@@ -277,3 +277,19 @@ test('body caps per path (MiB)', () => {
   ];
   for (const [path, want] of rows) assert.equal(bodyCapBytes(path), want, path);
 });
+
+test('IPv6 clients are counted by their /64; IPv4 clients by their address', () => {
+  // Before the fix every IPv6 address had its own window: a host with a /64 (2^64 addresses of its
+  // own) could send 12 anonymous requests from each address it chose, without limit.
+  const clock = new ManualClock();
+  const edge = new EdgeBudgets(clock);
+  for (let i = 0; i < 12; i++) assert.equal(edge.take(`2001:db8:1:2::${(i + 1).toString(16)}`, '/v1/models', false).ok, true);
+  const refused = edge.take('2001:db8:1:2:ffff:ffff:ffff:ffff', '/v1/models', false);
+  assert.deepEqual(refused, { ok: false, retryAfterSec: 60, budget: 'anonymous' });
+  // The next /64 is another client; every IPv4 address is a client of its own.
+  assert.equal(edge.take('2001:db8:1:3::1', '/v1/models', false).ok, true);
+  for (let i = 0; i < 12; i++) assert.equal(edge.take('10.0.0.1', '/v1/models', false).ok, true);
+  assert.equal(edge.take('10.0.0.1', '/v1/models', false).ok, false);
+  assert.equal(edge.take('10.0.0.2', '/v1/models', false).ok, true);
+  assert.equal(edge.trackedWindows('anonymous'), 4);
+});

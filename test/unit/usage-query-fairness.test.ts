@@ -10,7 +10,7 @@ import { MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_KEY, queryUsageHandler } from '../../c
 test('one key holds at most two usage-query slots; other keys still get theirs; a finished query frees its slot', async () => {
   const pending: Array<() => void> = [];
   // A database whose reads finish only when the test says so; every read finds no key (NOT_FOUND).
-  const state = { db: { read: () => new Promise((resolve) => pending.push(() => resolve(null))) } };
+  const state = { db: { readOnly: () => new Promise((resolve) => pending.push(() => resolve(null))) } };
   const handler = queryUsageHandler(state as never, 'node-token', () => {});
   const md = new Metadata();
   md.set('authorization', 'Bearer node-token');

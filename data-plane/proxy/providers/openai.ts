@@ -3,6 +3,7 @@
 // upstream's `usage`; when it gives none, the gateway counts tokens with its own tokenizer.
 import { StringDecoder } from 'node:string_decoder';
 import { Pool } from 'undici';
+import { UPSTREAM_KEEP_ALIVE_MS } from '../upstream-keep-alive.js';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, type BodyInspector } from '../stream-proxy.js';
@@ -33,7 +34,7 @@ export class PoolRegistry {
       // No cap on connections: a stream holds its connection for as long as it lasts (minutes), so a
       // cap would make the next stream wait for another to end. What bounds them is what bounds the
       // requests in flight (the keys' parallel limits, the node's descriptors).
-      p = new Pool(origin, { connections: null, pipelining: 1, keepAliveTimeout: 30_000, connectTimeout: 10_000 });
+      p = new Pool(origin, { connections: null, pipelining: 1, keepAliveTimeout: UPSTREAM_KEEP_ALIVE_MS, connectTimeout: 10_000 });
       this.pools.set(origin, p);
     }
     return p;

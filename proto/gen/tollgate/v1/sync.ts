@@ -63,6 +63,16 @@ export interface ControlMessage {
   leaseGrant?: LeaseGrant | undefined;
   roster?: Roster | undefined;
   leaseReclaim?: LeaseReclaim | undefined;
+  caughtUp?: CaughtUp | undefined;
+}
+
+/**
+ * Sent once per stream, right after the catch-up (snapshot, delta or nothing) that answers Hello:
+ * once the node holds `version` it has everything the control plane had when the stream began, and
+ * only then stops being stale (a node that serves from its old state meanwhile is fail-static).
+ */
+export interface CaughtUp {
+  version: number;
 }
 
 /**
@@ -953,6 +963,7 @@ function createBaseControlMessage(): ControlMessage {
     leaseGrant: undefined,
     roster: undefined,
     leaseReclaim: undefined,
+    caughtUp: undefined,
   };
 }
 
@@ -975,6 +986,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.leaseReclaim !== undefined) {
       LeaseReclaim.encode(message.leaseReclaim, writer.uint32(50).fork()).join();
+    }
+    if (message.caughtUp !== undefined) {
+      CaughtUp.encode(message.caughtUp, writer.uint32(4802).fork()).join();
     }
     return writer;
   },
@@ -1040,6 +1054,14 @@ export const ControlMessage: MessageFns<ControlMessage> = {
             message.leaseReclaim = LeaseReclaim.decode(reader, reader.uint32());
             continue;
           }
+          case 600: {
+            if (tag !== 4802) {
+              break;
+            }
+
+            message.caughtUp = CaughtUp.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1072,6 +1094,11 @@ export const ControlMessage: MessageFns<ControlMessage> = {
         : isSet(object.lease_reclaim)
         ? LeaseReclaim.fromJSON(object.lease_reclaim)
         : undefined,
+      caughtUp: isSet(object.caughtUp)
+        ? CaughtUp.fromJSON(object.caughtUp)
+        : isSet(object.caught_up)
+        ? CaughtUp.fromJSON(object.caught_up)
+        : undefined,
     };
   },
 
@@ -1094,6 +1121,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.leaseReclaim !== undefined) {
       obj.leaseReclaim = LeaseReclaim.toJSON(message.leaseReclaim);
+    }
+    if (message.caughtUp !== undefined) {
+      obj.caughtUp = CaughtUp.toJSON(message.caughtUp);
     }
     return obj;
   },
@@ -1119,6 +1149,76 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     message.leaseReclaim = (object.leaseReclaim !== undefined && object.leaseReclaim !== null)
       ? LeaseReclaim.fromPartial(object.leaseReclaim)
       : undefined;
+    message.caughtUp = (object.caughtUp !== undefined && object.caughtUp !== null)
+      ? CaughtUp.fromPartial(object.caughtUp)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseCaughtUp(): CaughtUp {
+  return { version: 0 };
+}
+
+export const CaughtUp: MessageFns<CaughtUp> = {
+  encode(message: CaughtUp, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.version !== 0) {
+      writer.uint32(8).int64(message.version);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CaughtUp {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCaughtUp();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.version = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CaughtUp {
+    return { version: isSet(object.version) ? globalThis.Number(object.version) : 0 };
+  },
+
+  toJSON(message: CaughtUp): unknown {
+    const obj: any = {};
+    if (message.version !== 0) {
+      obj.version = Math.round(message.version);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CaughtUp>, I>>(base?: I): CaughtUp {
+    return CaughtUp.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CaughtUp>, I>>(object: I): CaughtUp {
+    const message = createBaseCaughtUp();
+    message.version = object.version ?? 0;
     return message;
   },
 };
