@@ -38,6 +38,12 @@ import {
   type WhoAmIResponse,
   ListRequestLogsRequest,
   ListRequestLogsResponse,
+  type ListAuditEntriesRequest,
+  type ListAuditEntriesResponse,
+  type ListWebhookDeliveriesRequest,
+  type ListWebhookDeliveriesResponse,
+  type ListWebhooksResponse,
+  type TestWebhookResponse,
 } from '../proto/gen/tollgate/v1/console.js';
 
 export const DEFAULT_CONTROL_PLANE = '127.0.0.1:50051';
@@ -143,5 +149,17 @@ export class ConsoleClient {
   }
   listRequestLogs(req: ListRequestLogsRequest): Promise<ListRequestLogsResponse> {
     return this.call(this.client.listRequestLogs, req);
+  }
+  listWebhooks(): Promise<ListWebhooksResponse> {
+    return this.call(this.client.listWebhooks, {});
+  }
+  testWebhook(url: string): Promise<TestWebhookResponse> {
+    return this.call(this.client.testWebhook, { url });
+  }
+  listWebhookDeliveries(req: ListWebhookDeliveriesRequest): Promise<ListWebhookDeliveriesResponse> {
+    return this.call(this.client.listWebhookDeliveries, req);
+  }
+  listAuditEntries(req: ListAuditEntriesRequest): Promise<ListAuditEntriesResponse> {
+    return this.call(this.client.listAuditEntries, req);
   }
 }

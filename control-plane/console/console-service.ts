@@ -50,6 +50,12 @@ import { listNodes as listNodeRows } from '../store/sync-repo.js';
 import { usageInRange, type UsageGroupBy } from '../store/usage-repo.js';
 import type { LogFilter, LogStore } from '../store/log-store.js';
 import { FindKeyLimiter } from './find-key-limiter.js';
+import { queryAudit } from '../audit/audit-query.js';
+import { auditScope, type AuditRecorder } from '../audit/audit-recorder.js';
+import { auditHandlers } from '../audit/audit-actions.js';
+import type { WebhookAdmin } from '../webhooks/webhook-admin.js';
+import type { WebhookEvents } from '../webhooks/webhook-events.js';
+import type { RevokedKeyWatch } from '../webhooks/revoked-key-watch.js';
 
 export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountRow };
 
@@ -68,6 +74,10 @@ export interface ConsoleServiceOptions {
   log?: (line: string, fields?: Record<string, unknown>) => void;
   /** Where request logs are read from (ListRequestLogs). */
   logs?: LogStore;
+  /** The audit log: changes and role refusals are recorded there. */
+  audit?: AuditRecorder;
+  /** Webhook events of key changes, and the console's webhook commands. */
+  webhooks?: { events: WebhookEvents; admin: WebhookAdmin; revokedKeys: RevokedKeyWatch };
 }
 
 const MAX_LOG_PAGE = 1000;
@@ -187,7 +197,11 @@ export class ConsoleService {
         else callback(null, res);
       };
       this.authenticate(call.metadata)
-        .then((caller) => fn(call.request, caller))
+        .then((caller) => {
+          const scope = auditScope();
+          if (scope) scope.actor = caller.kind === 'operator' ? 'operator' : caller.account.id;
+          return fn(call.request, caller);
+        })
         .then(
           (res) => answer(null, res),
           (err) => answer(toServiceError(err, this.log)),
@@ -204,10 +218,15 @@ export class ConsoleService {
    * exactly as if the thing did not exist.
    */
   private async requireRole(q: Queryable, caller: Caller, orgId: string, min: Role, hidden: CpError): Promise<'operator' | Role> {
+    const scope = auditScope();
+    if (scope && !scope.orgId) scope.orgId = orgId;
     if (caller.kind === 'operator') return 'operator';
     const role = await getRole(q, orgId, caller.account.id);
-    if (!role) throw hidden;
-    if (RANK[role] < RANK[min]) throw permissionDenied(`${min} role or above required in organisation ${orgId}`);
+    if (!role || RANK[role] < RANK[min]) {
+      if (scope) scope.denied = true;
+      if (!role) throw hidden;
+      throw permissionDenied(`${min} role or above required in organisation ${orgId}`);
+    }
     return role;
   }
 
@@ -239,7 +258,7 @@ export class ConsoleService {
 
   /** The gRPC service implementation. */
   handlers(): ConsoleServiceServer {
-    return {
+    return auditHandlers(this.opts.audit ?? null, {
       createAccount: this.unary(async (req, caller) => {
         this.requireOperator(caller);
         const name = checkName('account', req.name);
@@ -412,6 +431,7 @@ export class ConsoleService {
           };
           await insertKey(tx, row, keyHash);
           await this.state.emit(tx, { keyUpsert: keyEntryOf(row, keyHash) });
+          await this.opts.webhooks?.events.keyCreated(tx, { id: row.id, projectId: row.project_id, orgId: row.org_id, name: row.name, keyPrefix: row.key_prefix, createdAt: row.created_at });
           return { apiKey: apiKeyOf(row), key: value };
         });
       }),
@@ -626,7 +646,58 @@ export class ConsoleService {
           return apiKeyOf(row);
         });
       }),
-    };
+
+      listWebhooks: this.unary(async (_req, caller) => {
+        this.requireOperator(caller);
+        return this.webhookAdmin().list();
+      }),
+
+      testWebhook: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        if (!req.url.trim()) throw invalidArgument('url is required');
+        return this.webhookAdmin().test(req.url);
+      }),
+
+      listWebhookDeliveries: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        if (req.limit < 0) throw invalidArgument('limit must not be negative');
+        return this.webhookAdmin().deliveries(req.failed, req.limit);
+      }),
+
+      listAuditEntries: this.unary(async (req, caller) => {
+        if (!this.opts.audit) throw new CpError('FAILED_PRECONDITION', 'this control plane keeps no audit log');
+        if (!Number.isSafeInteger(req.sinceMs) || req.sinceMs < 0) throw invalidArgument('since must be a time after 1970');
+        if (req.limit < 0) throw invalidArgument('limit must not be negative');
+        const action = req.action.trim();
+        if (action.length > 64) throw invalidArgument('action must be at most 64 characters');
+        const limit = Math.min(MAX_LOG_PAGE, req.limit || 100);
+        return this.state.db.read(async (q) => {
+          let orgId = '';
+          if (req.orgId.trim()) orgId = (await this.orgFor(q, caller, req.orgId, 'admin')).org.id;
+          // Owners and admins read their organisations' entries; members none; the operator all.
+          const visibleOrgs =
+            caller.kind === 'operator' ? ('all' as const) : (await listOrgsOfAccount(q, caller.account.id)).filter((o) => RANK[o.role as Role] >= RANK.admin).map((o) => o.id);
+          const rows = await queryAudit(q, { visibleOrgs, orgId, sinceMs: req.sinceMs, action, limit });
+          return {
+            entries: rows.map((r) => ({
+              id: r.id,
+              at: new Date(r.at_ms).toISOString(),
+              actor: r.actor,
+              action: r.action,
+              targetId: r.target_id,
+              orgId: r.org_id,
+              outcome: r.outcome,
+              callerAddress: r.caller_address,
+            })),
+          };
+        });
+      }),
+    });
+  }
+
+  private webhookAdmin(): WebhookAdmin {
+    if (!this.opts.webhooks) throw new CpError('FAILED_PRECONDITION', 'this control plane sends no webhooks');
+    return this.opts.webhooks.admin;
   }
 
   /**
@@ -643,8 +714,11 @@ export class ConsoleService {
         if (row.status === 'revoked') return { row, version: null };
         const keyHash = await credentialHashOf(tx, keyId);
         if (keyHash === undefined) return { row, version: null };
-        await deleteCredential(tx, keyHash, this.state.nowIso());
+        const at = this.state.nowIso();
+        await deleteCredential(tx, keyHash, at);
         const version = await this.state.emit(tx, { keyRemoved: keyHash });
+        const watch = this.opts.webhooks?.revokedKeys;
+        if (watch) tx.afterCommit(() => watch.keyRevoked(keyId, Date.parse(at)));
         return { row, version };
       });
       if (step1.row.status === 'revoked') return { apiKey: apiKeyOf(step1.row), nodesTotal: 0, nodesConfirmed: 0, nodesUnconfirmed: [], nodesDisconnected: [] };
@@ -652,7 +726,9 @@ export class ConsoleService {
       if (step1.version !== null) this.log(`key ${keyId} revoked at version ${step1.version}: ${acks.confirmed} of ${acks.total} connected nodes confirmed`, { event: 'key_revoked', keyId, version: step1.version, nodesTotal: acks.total, nodesConfirmed: acks.confirmed, nodesUnconfirmed: acks.unconfirmed });
       const row = await this.state.db.tx(async (tx) => {
         await markRevoked(tx, keyId, this.state.nowIso());
-        return (await getKey(tx, keyId))!;
+        const revoked = (await getKey(tx, keyId))!;
+        await this.opts.webhooks?.events.keyRevoked(tx, { id: revoked.id, projectId: revoked.project_id, orgId: revoked.org_id, keyPrefix: revoked.key_prefix, revokedAt: revoked.revoked_at }, 'revoked');
+        return revoked;
       });
       // Nodes seen before but not connected now may still be serving the key from their last state.
       const connected = new Set(this.fleet.liveNodes().map((n) => n.id));

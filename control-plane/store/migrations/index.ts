@@ -4,6 +4,8 @@ import { sql as initial } from './001-initial.js';
 import { sql as fundsVersion } from './002-funds-version.js';
 import { sql as keyTombstones } from './003-key-tombstones.js';
 import { sql as usageMinutes } from './004-usage-minutes.js';
+import { sql as webhookOutbox } from './015-webhook-outbox.js';
+import { sql as auditLog } from './016-audit-log.js';
 
 export interface Migration {
   version: number;
@@ -16,4 +18,6 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 2, name: 'funds-version', sql: fundsVersion },
   { version: 3, name: 'key-tombstones', sql: keyTombstones },
   { version: 4, name: 'usage-minutes', sql: usageMinutes },
+  { version: 15, name: 'webhook-outbox', sql: webhookOutbox },
+  { version: 16, name: 'audit-log', sql: auditLog },
 ];
