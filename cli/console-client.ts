@@ -8,7 +8,7 @@ import {
   type ApiKey,
   type CreateAccountRequest,
   type CreateAccountResponse,
-  type CreateKeyRequest,
+  CreateKeyRequest,
   type CreateKeyResponse,
   type CreateOrgRequest,
   type CreateProjectRequest,
@@ -18,7 +18,9 @@ import {
   type GetOrgRequest,
   GetUsageRequest,
   type GetUsageResponse,
-  type ListKeysRequest,
+  ListKeysRequest,
+  type KeyPolicy,
+  type SetKeyPolicyRequest,
   type ListKeysResponse,
   type ListMembersRequest,
   type ListMembersResponse,
@@ -119,11 +121,15 @@ export class ConsoleClient {
   listProjects(req: ListProjectsRequest): Promise<ListProjectsResponse> {
     return this.call(this.client.listProjects, req);
   }
-  createKey(req: CreateKeyRequest): Promise<CreateKeyResponse> {
-    return this.call(this.client.createKey, req);
+  /** Fields left out are empty (no expiry asked for). */
+  createKey(req: Partial<CreateKeyRequest>): Promise<CreateKeyResponse> {
+    return this.call(this.client.createKey, CreateKeyRequest.fromPartial(req));
   }
-  listKeys(req: ListKeysRequest): Promise<ListKeysResponse> {
-    return this.call(this.client.listKeys, req);
+  listKeys(req: Partial<ListKeysRequest>): Promise<ListKeysResponse> {
+    return this.call(this.client.listKeys, ListKeysRequest.fromPartial(req));
+  }
+  setKeyPolicy(req: SetKeyPolicyRequest): Promise<KeyPolicy> {
+    return this.call(this.client.setKeyPolicy, req);
   }
   revokeKey(req: RevokeKeyRequest): Promise<RevokeKeyResponse> {
     return this.call(this.client.revokeKey, req, REVOKE_TIMEOUT_MS);

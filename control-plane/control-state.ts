@@ -30,6 +30,7 @@ export function keyEntryOf(row: ApiKeyRow, keyHash: string): KeyEntry {
     rpmLimit: row.rpm_limit,
     tpmLimit: row.tpm_limit,
     maxParallelRequests: row.max_parallel_requests,
+    expiresAtMs: row.expires_at_ms ?? 0,
   };
 }
 

@@ -17,6 +17,7 @@ import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 import { AuditRecorder } from './audit/audit-recorder.js';
 import { startWebhooks } from './webhooks/webhooks.js';
+import { KeyExpirySweeper } from './console/key-expiry.js';
 
 const log = logLine;
 
@@ -41,6 +42,11 @@ async function main(): Promise<void> {
     onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
   });
   const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs, audit, webhooks });
+  const expiry = new KeyExpirySweeper(state, (keyId, reason) => consoleService.revoke(keyId, reason), webhooks.events, log);
+  const expiryTimer = setInterval(() => {
+    expiry.sweep().catch((err: Error) => log(`key expiry sweep failed: ${err.message}`));
+  }, 1_000);
+  expiryTimer.unref();
   setFleetSource({
     connectedCount: () => sync.connectedCount(),
     liveNodes: () => sync.liveNodes(),
@@ -132,6 +138,7 @@ async function main(): Promise<void> {
     logger.info({ signal }, 'stopping: closing node streams and finishing console calls');
     clearInterval(monthTimer);
     clearInterval(retentionTimer);
+    clearInterval(expiryTimer);
     webhooks.stop();
     sync.closeAll();
     const force = setTimeout(() => server.forceShutdown(), 3000);

@@ -45,6 +45,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   testWebhook: { action: 'webhooks.test', changes: true, target: (q) => urlWithoutQuery(q.url) },
   listWebhookDeliveries: { action: 'webhooks.deliveries', changes: false },
   listAuditEntries: { action: 'audit.list', changes: false, target: orgTarget },
+  setKeyPolicy: { action: 'org.set_key_policy', changes: true, target: orgTarget, org: orgTarget },
 };
 
 /** Wraps every handler: each call runs in its own AuditScope and is recorded as AUDITED says. */

@@ -54,6 +54,7 @@ import { queryAudit } from '../audit/audit-query.js';
 import { auditScope, type AuditRecorder } from '../audit/audit-recorder.js';
 import { auditHandlers } from '../audit/audit-actions.js';
 import type { WebhookAdmin } from '../webhooks/webhook-admin.js';
+import { getKeyPolicy, setKeyPolicy, setKeyExpiry, setRevokedReason } from '../store/key-expiry-repo.js';
 import type { WebhookEvents } from '../webhooks/webhook-events.js';
 import type { RevokedKeyWatch } from '../webhooks/revoked-key-watch.js';
 
@@ -157,7 +158,18 @@ export function apiKeyOf(k: ApiKeyRow): ApiKey {
     rpmLimit: k.rpm_limit,
     tpmLimit: k.tpm_limit,
     maxParallelRequests: k.max_parallel_requests,
+    expiresAt: k.expires_at_ms ? new Date(k.expires_at_ms).toISOString() : '',
+    revokedReason: k.status === 'revoked' ? k.revoked_reason || 'revoked' : '',
   };
+}
+
+/** Longest key lifetime accepted (and longest policy): 10 years. */
+const MAX_KEY_LIFETIME_SEC = 10 * 366 * 86_400;
+
+/** Seconds as the CLI writes durations: 90d, 12h, 45m, 30s. */
+function durationText(sec: number): string {
+  for (const [unit, n] of [['d', 86_400], ['h', 3_600], ['m', 60]] as const) if (sec % n === 0) return `${sec / n}${unit}`;
+  return `${sec}s`;
 }
 
 export class ConsoleService {
@@ -406,9 +418,25 @@ export class ConsoleService {
           if (!models.has(id)) throw invalidArgument(`unknown model ${JSON.stringify(raw)} in allowed_models`);
           if (!allowed.includes(id)) allowed.push(id);
         }
+        const expiresInSec = req.expiresInSec ?? 0;
+        const expiresAtText = (req.expiresAt ?? '').trim();
+        if (expiresInSec !== 0 && expiresAtText !== '') throw invalidArgument('give at most one of expires_in_sec and expires_at');
+        if (!Number.isSafeInteger(expiresInSec) || expiresInSec < 0 || expiresInSec > MAX_KEY_LIFETIME_SEC) throw invalidArgument(`expires_in_sec must be from 1 to ${MAX_KEY_LIFETIME_SEC} seconds`);
+        const nowMs = this.state.now();
+        let expiresAtMs = expiresInSec > 0 ? nowMs + expiresInSec * 1000 : expiresAtText !== '' ? parseInstant('expires_at', expiresAtText) : 0;
+        if (expiresAtText !== '' && expiresAtMs <= nowMs) throw invalidArgument('expires_at must be in the future');
+        if (expiresAtMs > nowMs + MAX_KEY_LIFETIME_SEC * 1000) throw invalidArgument('expires_at must be within 10 years');
         return this.state.db.tx(async (tx) => {
           const { project } = await this.projectFor(tx, caller, req.projectId, 'admin');
           const org = (await getOrg(tx, project.org_id))!;
+          // The organisation's policy: no expiry means its maximum; past the maximum is refused.
+          const maxLifetimeSec = await getKeyPolicy(tx, org.id);
+          if (maxLifetimeSec !== null) {
+            if (expiresAtMs === 0) expiresAtMs = nowMs + maxLifetimeSec * 1000;
+            else if (expiresAtMs > nowMs + maxLifetimeSec * 1000) {
+              throw invalidArgument(`organisation ${org.id} allows keys to live at most ${durationText(maxLifetimeSec)}: ask for an expiry within that, or none (the maximum)`);
+            }
+          }
           const tier = this.state.tier(org.tier);
           if (!tier) throw new CpError('FAILED_PRECONDITION', `organisation ${org.id} has tier ${JSON.stringify(org.tier)}, which the config does not define`);
           const value = generateKey(this.state.gateway.settings.serviceName);
@@ -430,6 +458,10 @@ export class ConsoleService {
             last_used_at: '',
           };
           await insertKey(tx, row, keyHash);
+          if (expiresAtMs > 0) {
+            row.expires_at_ms = expiresAtMs;
+            await setKeyExpiry(tx, row.id, expiresAtMs);
+          }
           await this.state.emit(tx, { keyUpsert: keyEntryOf(row, keyHash) });
           await this.opts.webhooks?.events.keyCreated(tx, { id: row.id, projectId: row.project_id, orgId: row.org_id, name: row.name, keyPrefix: row.key_prefix, createdAt: row.created_at });
           return { apiKey: apiKeyOf(row), key: value };
@@ -439,7 +471,14 @@ export class ConsoleService {
       listKeys: this.unary(async (req, caller) =>
         this.state.db.read(async (q) => {
           const { project } = await this.projectFor(q, caller, req.projectId, 'member');
-          return { keys: (await listKeys(q, project.id)).map(apiKeyOf) };
+          const within = req.expiringWithinSec ?? 0;
+          if (!Number.isSafeInteger(within) || within < 0) throw invalidArgument('expiring_within_sec must not be negative');
+          let keys = await listKeys(q, project.id);
+          if (within > 0) {
+            const until = this.state.now() + within * 1000;
+            keys = keys.filter((k) => k.status === 'active' && (k.expires_at_ms ?? 0) > 0 && k.expires_at_ms! <= until);
+          }
+          return { keys: keys.map(apiKeyOf) };
         }),
       ),
 
@@ -647,6 +686,18 @@ export class ConsoleService {
         });
       }),
 
+      setKeyPolicy: this.unary(async (req, caller) => {
+        const max = req.maxLifetimeSec ?? 0;
+        if (req.clear ? max !== 0 : !Number.isSafeInteger(max) || max < 60 || max > MAX_KEY_LIFETIME_SEC) {
+          throw invalidArgument(req.clear ? 'give either a maximum lifetime or clear, not both' : `max_lifetime_sec must be from 60 to ${MAX_KEY_LIFETIME_SEC} seconds (or clear)`);
+        }
+        return this.state.db.tx(async (tx) => {
+          const { org } = await this.orgFor(tx, caller, req.orgId, 'admin');
+          await setKeyPolicy(tx, org.id, req.clear ? null : max);
+          return { orgId: org.id, maxLifetimeSec: req.clear ? 0 : max };
+        });
+      }),
+
       listWebhooks: this.unary(async (_req, caller) => {
         this.requireOperator(caller);
         return this.webhookAdmin().list();
@@ -705,7 +756,7 @@ export class ConsoleService {
    * transaction, (2) the change is pushed to every connected node, (3) wait (bounded) for their acks,
    * (4) only then set the console record to revoked. Never moves a key out of revoked.
    */
-  revoke(keyId: string): Promise<RevokeKeyResponse> {
+  revoke(keyId: string, reason: 'revoked' | 'expired' = 'revoked'): Promise<RevokeKeyResponse> {
     const running = this.revoking.get(keyId);
     if (running) return running;
     const work = (async () => {
@@ -726,8 +777,9 @@ export class ConsoleService {
       if (step1.version !== null) this.log(`key ${keyId} revoked at version ${step1.version}: ${acks.confirmed} of ${acks.total} connected nodes confirmed`, { event: 'key_revoked', keyId, version: step1.version, nodesTotal: acks.total, nodesConfirmed: acks.confirmed, nodesUnconfirmed: acks.unconfirmed });
       const row = await this.state.db.tx(async (tx) => {
         await markRevoked(tx, keyId, this.state.nowIso());
+        await setRevokedReason(tx, keyId, reason);
         const revoked = (await getKey(tx, keyId))!;
-        await this.opts.webhooks?.events.keyRevoked(tx, { id: revoked.id, projectId: revoked.project_id, orgId: revoked.org_id, keyPrefix: revoked.key_prefix, revokedAt: revoked.revoked_at }, 'revoked');
+        await this.opts.webhooks?.events.keyRevoked(tx, { id: revoked.id, projectId: revoked.project_id, orgId: revoked.org_id, keyPrefix: revoked.key_prefix, revokedAt: revoked.revoked_at }, revoked.revoked_reason || reason);
         return revoked;
       });
       // Nodes seen before but not connected now may still be serving the key from their last state.

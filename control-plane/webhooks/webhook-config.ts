@@ -13,6 +13,7 @@ export const WEBHOOK_EVENT_TYPES = [
   'key.created',
   'key.revoked',
   'key.revoked_used',
+  'key.expiring',
   'node.disconnected',
 ] as const;
 export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number] | 'webhook.test';

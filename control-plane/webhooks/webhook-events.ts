@@ -134,6 +134,16 @@ export class WebhookEvents {
     });
   }
 
+  /** A key expires within the warning window: once per key (its mark is the key id). */
+  async keyExpiring(key: { id: string; projectId: string; orgId: string; keyPrefix: string; expiresAtMs: number }): Promise<void> {
+    const mark = `key.expiring:${key.id}`;
+    if (this.marks.has(mark)) return;
+    await this.db.tx(async (tx) => {
+      if (!(await this.mark(tx, mark))) return;
+      await this.enqueue(tx, 'key.expiring', key.orgId, { key_id: key.id, project_id: key.projectId, org_id: key.orgId, key_prefix: key.keyPrefix, expires_at: new Date(key.expiresAtMs).toISOString() });
+    });
+  }
+
   async nodeDisconnected(node: { id: string; address: string; connectedAt: string; lastSeenAt: string }): Promise<void> {
     await this.db.tx((tx) =>
       this.enqueue(tx, 'node.disconnected', '', { node_id: node.id, address: node.address, connected_at: node.connectedAt, last_seen_at: node.lastSeenAt, disconnected_at: new Date(this.opts.now()).toISOString() }),

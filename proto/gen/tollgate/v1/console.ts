@@ -259,12 +259,22 @@ export interface ApiKey {
   rpmLimit: number;
   tpmLimit: number;
   maxParallelRequests: number;
+  /** When the key stops authenticating (RFC 3339); "" when it never expires. */
+  expiresAt: string;
+  /** Set with status "revoked": "revoked" (by a console call) or "expired". */
+  revokedReason: string;
 }
 
 export interface CreateKeyRequest {
   projectId: string;
   name: string;
   allowedModels: string[];
+  /**
+   * Expiry, at most one of the two: seconds from now, or an RFC 3339 time. Neither: no expiry, or
+   * the organisation's maximum key lifetime when it has one.
+   */
+  expiresInSec: number;
+  expiresAt: string;
 }
 
 export interface CreateKeyResponse {
@@ -277,6 +287,22 @@ export interface CreateKeyResponse {
 
 export interface ListKeysRequest {
   projectId: string;
+  /** > 0: only active keys that expire within this many seconds from now. */
+  expiringWithinSec: number;
+}
+
+export interface SetKeyPolicyRequest {
+  orgId: string;
+  /** > 0: keys created later must expire within this many seconds of their creation. */
+  maxLifetimeSec: number;
+  /** Removes the policy (max_lifetime_sec must then be 0). */
+  clear: boolean;
+}
+
+export interface KeyPolicy {
+  orgId: string;
+  /** 0: no maximum. */
+  maxLifetimeSec: number;
 }
 
 export interface ListKeysResponse {
@@ -4010,6 +4036,8 @@ function createBaseApiKey(): ApiKey {
     rpmLimit: 0,
     tpmLimit: 0,
     maxParallelRequests: 0,
+    expiresAt: "",
+    revokedReason: "",
   };
 }
 
@@ -4053,6 +4081,12 @@ export const ApiKey: MessageFns<ApiKey> = {
     }
     if (message.maxParallelRequests !== 0) {
       writer.uint32(104).int64(message.maxParallelRequests);
+    }
+    if (message.expiresAt !== "") {
+      writer.uint32(5602).string(message.expiresAt);
+    }
+    if (message.revokedReason !== "") {
+      writer.uint32(5610).string(message.revokedReason);
     }
     return writer;
   },
@@ -4174,6 +4208,22 @@ export const ApiKey: MessageFns<ApiKey> = {
             message.maxParallelRequests = longToNumber(reader.int64());
             continue;
           }
+          case 700: {
+            if (tag !== 5602) {
+              break;
+            }
+
+            message.expiresAt = reader.string();
+            continue;
+          }
+          case 701: {
+            if (tag !== 5610) {
+              break;
+            }
+
+            message.revokedReason = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4241,6 +4291,16 @@ export const ApiKey: MessageFns<ApiKey> = {
         : isSet(object.max_parallel_requests)
         ? globalThis.Number(object.max_parallel_requests)
         : 0,
+      expiresAt: isSet(object.expiresAt)
+        ? globalThis.String(object.expiresAt)
+        : isSet(object.expires_at)
+        ? globalThis.String(object.expires_at)
+        : "",
+      revokedReason: isSet(object.revokedReason)
+        ? globalThis.String(object.revokedReason)
+        : isSet(object.revoked_reason)
+        ? globalThis.String(object.revoked_reason)
+        : "",
     };
   },
 
@@ -4285,6 +4345,12 @@ export const ApiKey: MessageFns<ApiKey> = {
     if (message.maxParallelRequests !== 0) {
       obj.maxParallelRequests = Math.round(message.maxParallelRequests);
     }
+    if (message.expiresAt !== "") {
+      obj.expiresAt = message.expiresAt;
+    }
+    if (message.revokedReason !== "") {
+      obj.revokedReason = message.revokedReason;
+    }
     return obj;
   },
 
@@ -4306,12 +4372,14 @@ export const ApiKey: MessageFns<ApiKey> = {
     message.rpmLimit = object.rpmLimit ?? 0;
     message.tpmLimit = object.tpmLimit ?? 0;
     message.maxParallelRequests = object.maxParallelRequests ?? 0;
+    message.expiresAt = object.expiresAt ?? "";
+    message.revokedReason = object.revokedReason ?? "";
     return message;
   },
 };
 
 function createBaseCreateKeyRequest(): CreateKeyRequest {
-  return { projectId: "", name: "", allowedModels: [] };
+  return { projectId: "", name: "", allowedModels: [], expiresInSec: 0, expiresAt: "" };
 }
 
 export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
@@ -4324,6 +4392,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     }
     for (const v of message.allowedModels) {
       writer.uint32(26).string(v!);
+    }
+    if (message.expiresInSec !== 0) {
+      writer.uint32(5600).int64(message.expiresInSec);
+    }
+    if (message.expiresAt !== "") {
+      writer.uint32(5610).string(message.expiresAt);
     }
     return writer;
   },
@@ -4365,6 +4439,22 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
             message.allowedModels.push(reader.string());
             continue;
           }
+          case 700: {
+            if (tag !== 5600) {
+              break;
+            }
+
+            message.expiresInSec = longToNumber(reader.int64());
+            continue;
+          }
+          case 701: {
+            if (tag !== 5610) {
+              break;
+            }
+
+            message.expiresAt = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4390,6 +4480,16 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
         : globalThis.Array.isArray(object?.allowed_models)
         ? object.allowed_models.map((e: any) => globalThis.String(e))
         : [],
+      expiresInSec: isSet(object.expiresInSec)
+        ? globalThis.Number(object.expiresInSec)
+        : isSet(object.expires_in_sec)
+        ? globalThis.Number(object.expires_in_sec)
+        : 0,
+      expiresAt: isSet(object.expiresAt)
+        ? globalThis.String(object.expiresAt)
+        : isSet(object.expires_at)
+        ? globalThis.String(object.expires_at)
+        : "",
     };
   },
 
@@ -4404,6 +4504,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     if (message.allowedModels?.length) {
       obj.allowedModels = message.allowedModels;
     }
+    if (message.expiresInSec !== 0) {
+      obj.expiresInSec = Math.round(message.expiresInSec);
+    }
+    if (message.expiresAt !== "") {
+      obj.expiresAt = message.expiresAt;
+    }
     return obj;
   },
 
@@ -4415,6 +4521,8 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     message.projectId = object.projectId ?? "";
     message.name = object.name ?? "";
     message.allowedModels = object.allowedModels?.map((e) => e) || [];
+    message.expiresInSec = object.expiresInSec ?? 0;
+    message.expiresAt = object.expiresAt ?? "";
     return message;
   },
 };
@@ -4511,13 +4619,16 @@ export const CreateKeyResponse: MessageFns<CreateKeyResponse> = {
 };
 
 function createBaseListKeysRequest(): ListKeysRequest {
-  return { projectId: "" };
+  return { projectId: "", expiringWithinSec: 0 };
 }
 
 export const ListKeysRequest: MessageFns<ListKeysRequest> = {
   encode(message: ListKeysRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.projectId !== "") {
       writer.uint32(10).string(message.projectId);
+    }
+    if (message.expiringWithinSec !== 0) {
+      writer.uint32(5600).int64(message.expiringWithinSec);
     }
     return writer;
   },
@@ -4543,6 +4654,14 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
             message.projectId = reader.string();
             continue;
           }
+          case 700: {
+            if (tag !== 5600) {
+              break;
+            }
+
+            message.expiringWithinSec = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4562,6 +4681,11 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
         : isSet(object.project_id)
         ? globalThis.String(object.project_id)
         : "",
+      expiringWithinSec: isSet(object.expiringWithinSec)
+        ? globalThis.Number(object.expiringWithinSec)
+        : isSet(object.expiring_within_sec)
+        ? globalThis.Number(object.expiring_within_sec)
+        : 0,
     };
   },
 
@@ -4569,6 +4693,9 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
     const obj: any = {};
     if (message.projectId !== "") {
       obj.projectId = message.projectId;
+    }
+    if (message.expiringWithinSec !== 0) {
+      obj.expiringWithinSec = Math.round(message.expiringWithinSec);
     }
     return obj;
   },
@@ -4579,6 +4706,209 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
   fromPartial<I extends Exact<DeepPartial<ListKeysRequest>, I>>(object: I): ListKeysRequest {
     const message = createBaseListKeysRequest();
     message.projectId = object.projectId ?? "";
+    message.expiringWithinSec = object.expiringWithinSec ?? 0;
+    return message;
+  },
+};
+
+function createBaseSetKeyPolicyRequest(): SetKeyPolicyRequest {
+  return { orgId: "", maxLifetimeSec: 0, clear: false };
+}
+
+export const SetKeyPolicyRequest: MessageFns<SetKeyPolicyRequest> = {
+  encode(message: SetKeyPolicyRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.orgId !== "") {
+      writer.uint32(10).string(message.orgId);
+    }
+    if (message.maxLifetimeSec !== 0) {
+      writer.uint32(16).int64(message.maxLifetimeSec);
+    }
+    if (message.clear !== false) {
+      writer.uint32(24).bool(message.clear);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SetKeyPolicyRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSetKeyPolicyRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxLifetimeSec = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.clear = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SetKeyPolicyRequest {
+    return {
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      maxLifetimeSec: isSet(object.maxLifetimeSec)
+        ? globalThis.Number(object.maxLifetimeSec)
+        : isSet(object.max_lifetime_sec)
+        ? globalThis.Number(object.max_lifetime_sec)
+        : 0,
+      clear: isSet(object.clear) ? globalThis.Boolean(object.clear) : false,
+    };
+  },
+
+  toJSON(message: SetKeyPolicyRequest): unknown {
+    const obj: any = {};
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.maxLifetimeSec !== 0) {
+      obj.maxLifetimeSec = Math.round(message.maxLifetimeSec);
+    }
+    if (message.clear !== false) {
+      obj.clear = message.clear;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SetKeyPolicyRequest>, I>>(base?: I): SetKeyPolicyRequest {
+    return SetKeyPolicyRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SetKeyPolicyRequest>, I>>(object: I): SetKeyPolicyRequest {
+    const message = createBaseSetKeyPolicyRequest();
+    message.orgId = object.orgId ?? "";
+    message.maxLifetimeSec = object.maxLifetimeSec ?? 0;
+    message.clear = object.clear ?? false;
+    return message;
+  },
+};
+
+function createBaseKeyPolicy(): KeyPolicy {
+  return { orgId: "", maxLifetimeSec: 0 };
+}
+
+export const KeyPolicy: MessageFns<KeyPolicy> = {
+  encode(message: KeyPolicy, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.orgId !== "") {
+      writer.uint32(10).string(message.orgId);
+    }
+    if (message.maxLifetimeSec !== 0) {
+      writer.uint32(16).int64(message.maxLifetimeSec);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyPolicy {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyPolicy();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxLifetimeSec = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyPolicy {
+    return {
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      maxLifetimeSec: isSet(object.maxLifetimeSec)
+        ? globalThis.Number(object.maxLifetimeSec)
+        : isSet(object.max_lifetime_sec)
+        ? globalThis.Number(object.max_lifetime_sec)
+        : 0,
+    };
+  },
+
+  toJSON(message: KeyPolicy): unknown {
+    const obj: any = {};
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.maxLifetimeSec !== 0) {
+      obj.maxLifetimeSec = Math.round(message.maxLifetimeSec);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyPolicy>, I>>(base?: I): KeyPolicy {
+    return KeyPolicy.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyPolicy>, I>>(object: I): KeyPolicy {
+    const message = createBaseKeyPolicy();
+    message.orgId = object.orgId ?? "";
+    message.maxLifetimeSec = object.maxLifetimeSec ?? 0;
     return message;
   },
 };
@@ -7648,6 +7978,19 @@ export const ConsoleServiceService = {
       Buffer.from(ListAuditEntriesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListAuditEntriesResponse => ListAuditEntriesResponse.decode(value),
   },
+  /**
+   * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
+   * or with one past the maximum, are refused (INVALID_ARGUMENT).
+   */
+  setKeyPolicy: {
+    path: "/tollgate.v1.ConsoleService/SetKeyPolicy" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: SetKeyPolicyRequest): Buffer => Buffer.from(SetKeyPolicyRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): SetKeyPolicyRequest => SetKeyPolicyRequest.decode(value),
+    responseSerialize: (value: KeyPolicy): Buffer => Buffer.from(KeyPolicy.encode(value).finish()),
+    responseDeserialize: (value: Buffer): KeyPolicy => KeyPolicy.decode(value),
+  },
 } as const;
 
 export interface ConsoleServiceServer extends UntypedServiceImplementation {
@@ -7719,6 +8062,11 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
    * entries of their organisations, a member none (PERMISSION_DENIED when asking for an organisation).
    */
   listAuditEntries: handleUnaryCall<ListAuditEntriesRequest, ListAuditEntriesResponse>;
+  /**
+   * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
+   * or with one past the maximum, are refused (INVALID_ARGUMENT).
+   */
+  setKeyPolicy: handleUnaryCall<SetKeyPolicyRequest, KeyPolicy>;
 }
 
 export interface ConsoleServiceClient extends Client {
@@ -8135,6 +8483,25 @@ export interface ConsoleServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListAuditEntriesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
+   * or with one past the maximum, are refused (INVALID_ARGUMENT).
+   */
+  setKeyPolicy(
+    request: SetKeyPolicyRequest,
+    callback: (error: ServiceError | null, response: KeyPolicy) => void,
+  ): ClientUnaryCall;
+  setKeyPolicy(
+    request: SetKeyPolicyRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: KeyPolicy) => void,
+  ): ClientUnaryCall;
+  setKeyPolicy(
+    request: SetKeyPolicyRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: KeyPolicy) => void,
   ): ClientUnaryCall;
 }
 
