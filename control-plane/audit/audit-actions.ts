@@ -53,7 +53,8 @@ export function auditHandlers(recorder: AuditRecorder | null, handlers: ConsoleS
   if (!recorder) return handlers;
   const out: Any = {};
   for (const [name, handler] of Object.entries(handlers) as [keyof ConsoleServiceServer, handleUnaryCall<Any, Any>][]) {
-    const spec = AUDITED[name];
+    // A call added without an entry here is still recorded when refused (under its method name).
+    const spec: ActionSpec = AUDITED[name] ?? { action: name, changes: false };
     out[name] = (call: ServerUnaryCall<Any, Any>, callback: sendUnaryData<Any>) => {
       const scope = new AuditScope(callerAddressOf(safePeer(call)));
       runInAuditScope(scope, () =>
