@@ -8,7 +8,7 @@ import {
   type ApiKey,
   type CreateAccountRequest,
   type CreateAccountResponse,
-  type CreateKeyRequest,
+  CreateKeyRequest,
   type CreateKeyResponse,
   type CreateOrgRequest,
   type CreateProjectRequest,
@@ -18,7 +18,9 @@ import {
   type GetOrgRequest,
   GetUsageRequest,
   type GetUsageResponse,
-  type ListKeysRequest,
+  ListKeysRequest,
+  type KeyPolicy,
+  type SetKeyPolicyRequest,
   type ListKeysResponse,
   type ListMembersRequest,
   type ListMembersResponse,
@@ -38,6 +40,12 @@ import {
   type WhoAmIResponse,
   ListRequestLogsRequest,
   ListRequestLogsResponse,
+  type ListAuditEntriesRequest,
+  type ListAuditEntriesResponse,
+  type ListWebhookDeliveriesRequest,
+  type ListWebhookDeliveriesResponse,
+  type ListWebhooksResponse,
+  type TestWebhookResponse,
 } from '../proto/gen/tollgate/v1/console.js';
 
 export const DEFAULT_CONTROL_PLANE = '127.0.0.1:50051';
@@ -113,11 +121,15 @@ export class ConsoleClient {
   listProjects(req: ListProjectsRequest): Promise<ListProjectsResponse> {
     return this.call(this.client.listProjects, req);
   }
-  createKey(req: CreateKeyRequest): Promise<CreateKeyResponse> {
-    return this.call(this.client.createKey, req);
+  /** Fields left out are empty (no expiry asked for). */
+  createKey(req: Partial<CreateKeyRequest>): Promise<CreateKeyResponse> {
+    return this.call(this.client.createKey, CreateKeyRequest.fromPartial(req));
   }
-  listKeys(req: ListKeysRequest): Promise<ListKeysResponse> {
-    return this.call(this.client.listKeys, req);
+  listKeys(req: Partial<ListKeysRequest>): Promise<ListKeysResponse> {
+    return this.call(this.client.listKeys, ListKeysRequest.fromPartial(req));
+  }
+  setKeyPolicy(req: SetKeyPolicyRequest): Promise<KeyPolicy> {
+    return this.call(this.client.setKeyPolicy, req);
   }
   revokeKey(req: RevokeKeyRequest): Promise<RevokeKeyResponse> {
     return this.call(this.client.revokeKey, req, REVOKE_TIMEOUT_MS);
@@ -143,5 +155,17 @@ export class ConsoleClient {
   }
   listRequestLogs(req: ListRequestLogsRequest): Promise<ListRequestLogsResponse> {
     return this.call(this.client.listRequestLogs, req);
+  }
+  listWebhooks(): Promise<ListWebhooksResponse> {
+    return this.call(this.client.listWebhooks, {});
+  }
+  testWebhook(url: string): Promise<TestWebhookResponse> {
+    return this.call(this.client.testWebhook, { url });
+  }
+  listWebhookDeliveries(req: ListWebhookDeliveriesRequest): Promise<ListWebhookDeliveriesResponse> {
+    return this.call(this.client.listWebhookDeliveries, req);
+  }
+  listAuditEntries(req: ListAuditEntriesRequest): Promise<ListAuditEntriesResponse> {
+    return this.call(this.client.listAuditEntries, req);
   }
 }

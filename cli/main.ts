@@ -11,6 +11,7 @@ import { memberCommands } from './commands/member.js';
 import { miscCommands } from './commands/misc.js';
 import { orgCommands } from './commands/org.js';
 import { projectCommands } from './commands/project.js';
+import { auditCommands, webhooksCommands } from './commands/webhooks.js';
 import { ConsoleClient, DEFAULT_CONTROL_PLANE } from './console-client.js';
 import { describeError, stdOut, usageError } from './output.js';
 
@@ -22,6 +23,8 @@ const COMMANDS: Command[] = [
   ...keyCommands,
   ...miscCommands,
   ...logsCommands,
+  ...webhooksCommands,
+  ...auditCommands,
 ];
 
 const GLOBAL_OPTIONS: Record<string, OptionSpec> = {

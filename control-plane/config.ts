@@ -11,6 +11,7 @@ import { parseIpRange } from '../proto/lib/ip.js';
 import { parseUsd } from '../proto/lib/money.js';
 import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
+import { parseWebhooksConfig, type WebhookSettings } from './webhooks/webhook-config.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('./demo-config.yaml', import.meta.url));
 
@@ -36,12 +37,14 @@ export interface ControlPlaneConfig {
   logsDbPath: string;
   /** `--log-retention-days` (default 30): older daily partitions of the request logs are dropped. */
   logRetentionDays: number;
+  /** `--audit-retention-days` (default 365): older audit entries are deleted. */
+  auditRetentionDays: number;
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--logs-db', '--log-retention-days', '--log-level', '--tls-cert', '--tls-key', '--tls-ca']);
+const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--logs-db', '--log-retention-days', '--audit-retention-days', '--log-level', '--tls-cert', '--tls-key', '--tls-ca']);
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -128,7 +131,11 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   const rawRetention = flags.get('--log-retention-days') ?? '30';
   if (!/^\d{1,5}$/.test(rawRetention) || Number(rawRetention) < 1) throw new ConfigError(`--log-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawRetention)}`);
 
+  const rawAuditRetention = flags.get('--audit-retention-days') ?? '365';
+  if (!/^\d{1,5}$/.test(rawAuditRetention) || Number(rawAuditRetention) < 1) throw new ConfigError(`--audit-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawAuditRetention)}`);
+
   return Object.freeze({
+    auditRetentionDays: Number(rawAuditRetention),
     dbPath,
     logsDbPath,
     logRetentionDays: Number(rawRetention),
@@ -207,6 +214,8 @@ export interface GatewaySettings {
   maxStalenessMs: number;
   /** `max_orgs_per_account` (default 3): organisations an account may own; the operator is exempt. */
   maxOrgsPerAccount: number;
+  /** `webhooks:` and `webhook_balance_low_usd` (control plane only; never sent to nodes). */
+  webhooks: WebhookSettings;
 }
 
 export interface LoadedGatewayConfig {
@@ -226,6 +235,8 @@ const TOP_KEYS = new Set([
   'max_staleness_sec',
   'max_staleness_ms',
   'max_orgs_per_account',
+  'webhooks',
+  'webhook_balance_low_usd',
 ]);
 const TIER_KEYS = new Set(['rpm', 'tpm', 'max_parallel_requests', 'monthly_cap_usd', 'free_grant_usd', 'models']);
 const MODEL_KEYS = new Set([
@@ -478,7 +489,8 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
   else if (doc.max_staleness_sec !== undefined) maxStalenessMs = posInt('max_staleness_sec', doc.max_staleness_sec, 0) * 1000;
 
   const maxOrgsPerAccount = doc.max_orgs_per_account === undefined ? DEFAULT_MAX_ORGS_PER_ACCOUNT : posInt('max_orgs_per_account', doc.max_orgs_per_account, 0);
-  const settings: GatewaySettings = { serviceName, defaultTier, tiers, models, toolBackends, realtimeUpstreams, trustedProxies, maxStalenessMs, maxOrgsPerAccount };
+  const webhooks = parseWebhooksConfig(doc.webhooks, doc.webhook_balance_low_usd, env);
+  const settings: GatewaySettings = { serviceName, defaultTier, tiers, models, toolBackends, realtimeUpstreams, trustedProxies, maxStalenessMs, maxOrgsPerAccount, webhooks };
   const proto: GatewayConfig = {
     serviceName,
     tiers: [...tiers.values()].map((t) => ({

@@ -30,11 +30,16 @@ export function keyEntryOf(row: ApiKeyRow, keyHash: string): KeyEntry {
     rpmLimit: row.rpm_limit,
     tpmLimit: row.tpm_limit,
     maxParallelRequests: row.max_parallel_requests,
+    expiresAtMs: row.expires_at_ms ?? 0,
   };
 }
 
+/** Told each organisation's money whenever refreshOrgs looks at it, in its transaction (webhooks). */
+export type OrgObserver = (tx: Tx, now: { orgId: string; state: OrgState; monthSpendMicros: number; month: string }, before: OrgEntry | undefined) => Promise<void>;
+
 export class ControlState {
   private lastMonth: string;
+  orgObserver: OrgObserver | null = null;
 
   private constructor(
     readonly db: Db,
@@ -158,7 +163,8 @@ export class ControlState {
     }
     let emitted = 0;
     for (const row of rows) {
-      const { state } = await this.orgState(tx, row);
+      const { state, monthSpendMicros, month } = await this.orgState(tx, row);
+      await this.orgObserver?.(tx, { orgId: row.id, state, monthSpendMicros, month }, this.snapshots.org(row.id));
       const next: OrgEntry = {
         orgId: row.id,
         tier: row.tier,

@@ -15,6 +15,9 @@ import { runMigrations } from './store/migrate.js';
 import { SqliteLogStore } from './store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
+import { AuditRecorder } from './audit/audit-recorder.js';
+import { startWebhooks } from './webhooks/webhooks.js';
+import { KeyExpirySweeper } from './console/key-expiry.js';
 
 const log = logLine;
 
@@ -29,8 +32,21 @@ async function main(): Promise<void> {
   // Request logs: their own file, one table per UTC day, older days dropped whole.
   const logs = await SqliteLogStore.open(cfg.logsDbPath, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
   await logs.applyRetention();
-  const sync = new SyncService(state, new ReportIngest(state, logs), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
-  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs });
+  const webhooks = await startWebhooks(state, log);
+  const audit = new AuditRecorder(db, { now: () => state.now(), retentionDays: cfg.auditRetentionDays, log });
+  await audit.applyRetention();
+  const sync: SyncService = new SyncService(state, new ReportIngest(state, webhooks.revokedKeys.wrap(logs)), {
+    nodeToken: cfg.nodeToken,
+    pepperCheck: pepperCheck(cfg.pepper),
+    log,
+    onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
+  });
+  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs, audit, webhooks });
+  const expiry = new KeyExpirySweeper(state, (keyId, reason) => consoleService.revoke(keyId, reason), webhooks.events, log);
+  const expiryTimer = setInterval(() => {
+    expiry.sweep().catch((err: Error) => log(`key expiry sweep failed: ${err.message}`));
+  }, 1_000);
+  expiryTimer.unref();
   setFleetSource({
     connectedCount: () => sync.connectedCount(),
     liveNodes: () => sync.liveNodes(),
@@ -93,6 +109,7 @@ async function main(): Promise<void> {
   monthTimer.unref();
   const retentionTimer = setInterval(() => {
     logs.applyRetention().catch((err: Error) => log(`request-log retention failed: ${err.message}`));
+    audit.applyRetention().catch((err: Error) => log(`audit retention failed: ${err.message}`));
   }, 3_600_000);
   retentionTimer.unref();
 
@@ -121,6 +138,8 @@ async function main(): Promise<void> {
     logger.info({ signal }, 'stopping: closing node streams and finishing console calls');
     clearInterval(monthTimer);
     clearInterval(retentionTimer);
+    clearInterval(expiryTimer);
+    webhooks.stop();
     sync.closeAll();
     const force = setTimeout(() => server.forceShutdown(), 3000);
     server.tryShutdown(() => {

@@ -1,7 +1,8 @@
 // `key create|list|show|find|revoke`. The full key value is printed by `key create` only, once.
 import type { ApiKey } from '../../proto/gen/tollgate/v1/console.js';
 import { readKeyFromStdin } from '../stdin-secret.js';
-import { formatFields, formatTable, nullIfEmpty, printJson } from '../output.js';
+import { formatFields, formatTable, nullIfEmpty, printJson, usageError } from '../output.js';
+import { DURATION_HELP, parseDurationSec } from '../duration-arg.js';
 import { listFlag, optionalString, requireString, type Command } from './command.js';
 
 /** A key record as the CLI's JSON shows it (never the value). */
@@ -20,6 +21,8 @@ export function keyJson(k: ApiKey): Record<string, unknown> {
     rpm_limit: k.rpmLimit,
     tpm_limit: k.tpmLimit,
     max_parallel_requests: k.maxParallelRequests,
+    expires_at: nullIfEmpty(k.expiresAt),
+    revoked_reason: nullIfEmpty(k.revokedReason),
   };
 }
 
@@ -36,7 +39,8 @@ function keyFields(k: ApiKey): string {
     ['project', k.projectId],
     ['org', k.orgId],
     ['status', k.status],
-    ['revoked_at', k.revokedAt || 'never'],
+    ['revoked_at', k.revokedAt ? `${k.revokedAt} (${k.revokedReason || 'revoked'})` : 'never'],
+    ['expires_at', k.expiresAt || 'never'],
     ['last_used_at', k.lastUsedAt || 'never'],
     ['created_at', k.createdAt],
     ['models', modelsText(k.allowedModels)],
@@ -48,19 +52,26 @@ export const keyCommands: Command[] = [
   {
     name: 'key create',
     summary: 'Create an API key in a project (admin or above). The key is shown once.',
-    synopsis: '--project PROJECT [--name NAME] [--models a,b]',
+    synopsis: '--project PROJECT [--name NAME] [--models a,b] [--expires-in DURATION | --expires-at ISO]',
     options: {
       project: { type: 'string', value: 'PROJECT', help: 'the project the key belongs to' },
       name: { type: 'string', value: 'NAME', help: 'a name to tell keys apart' },
       models: { type: 'string', value: 'a,b', help: "models the key may call (default: every model the plan allows)" },
+      'expires-in': { type: 'string', value: 'DURATION', help: `the key stops authenticating after ${DURATION_HELP} (default: never, or the organisation's maximum lifetime)` },
+      'expires-at': { type: 'string', value: 'ISO', help: 'the key stops authenticating at this RFC 3339 time' },
     },
     notes: ["Rate limits (rpm, tpm, parallel requests) are fixed from the organisation's tier now."],
     async run(ctx, args) {
       const projectId = requireString(args, 'project', ctx.usage);
-      const res = await ctx.client().createKey({ projectId, name: optionalString(args, 'name') ?? '', allowedModels: listFlag(args, 'models') });
+      const inText = optionalString(args, 'expires-in');
+      const atText = optionalString(args, 'expires-at');
+      if (inText !== undefined && atText !== undefined) throw usageError('give at most one of --expires-in and --expires-at', ctx.usage);
+      const expiresInSec = inText === undefined ? 0 : parseDurationSec(inText);
+      if (expiresInSec === null) throw usageError(`--expires-in must be ${DURATION_HELP}, got ${JSON.stringify(inText)}`, ctx.usage);
+      const res = await ctx.client().createKey({ projectId, name: optionalString(args, 'name') ?? '', allowedModels: listFlag(args, 'models'), expiresInSec, expiresAt: atText ?? '' });
       const k = res.apiKey!;
       if (ctx.out.json) {
-        const { revoked_at: _revoked, ...rest } = keyJson(k);
+        const { revoked_at: _revoked, revoked_reason: _reason, ...rest } = keyJson(k);
         printJson(ctx.out, { id: k.id, key: res.key, ...rest });
         return;
       }
@@ -70,6 +81,7 @@ export const keyCommands: Command[] = [
         ['name', k.name],
         ['models', modelsText(k.allowedModels)],
         ['limits', `${k.rpmLimit} rpm, ${k.tpmLimit} tpm, ${k.maxParallelRequests} parallel`],
+        ['expires_at', k.expiresAt || 'never'],
         ['key', res.key],
       ]));
       ctx.out.write('\nCopy this key now: it will not be shown again. Only its prefix is kept.\n');
@@ -78,18 +90,24 @@ export const keyCommands: Command[] = [
   {
     name: 'key list',
     summary: "List a project's keys (prefixes only, never the values).",
-    synopsis: '--project PROJECT',
-    options: { project: { type: 'string', value: 'PROJECT', help: 'the project' } },
+    synopsis: '--project PROJECT [--expiring-within DURATION]',
+    options: {
+      project: { type: 'string', value: 'PROJECT', help: 'the project' },
+      'expiring-within': { type: 'string', value: 'DURATION', help: `only active keys that expire within ${DURATION_HELP}` },
+    },
     async run(ctx, args) {
       const projectId = requireString(args, 'project', ctx.usage);
-      const res = await ctx.client().listKeys({ projectId });
+      const withinText = optionalString(args, 'expiring-within');
+      const expiringWithinSec = withinText === undefined ? 0 : parseDurationSec(withinText);
+      if (expiringWithinSec === null) throw usageError(`--expiring-within must be ${DURATION_HELP}, got ${JSON.stringify(withinText)}`, ctx.usage);
+      const res = await ctx.client().listKeys({ projectId, expiringWithinSec });
       if (ctx.out.json) {
         printJson(ctx.out, { keys: res.keys.map(keyJson) });
         return;
       }
       ctx.out.write(formatTable(
-        ['id', 'name', 'key_prefix', 'status', 'models', 'rpm', 'tpm', 'parallel', 'last_used_at', 'created_at'],
-        res.keys.map((k) => [k.id, k.name, k.keyPrefix, k.status, modelsText(k.allowedModels), k.rpmLimit, k.tpmLimit, k.maxParallelRequests, k.lastUsedAt || 'never', k.createdAt]),
+        ['id', 'name', 'key_prefix', 'status', 'models', 'rpm', 'tpm', 'parallel', 'last_used_at', 'created_at', 'expires_at'],
+        res.keys.map((k) => [k.id, k.name, k.keyPrefix, k.status, modelsText(k.allowedModels), k.rpmLimit, k.tpmLimit, k.maxParallelRequests, k.lastUsedAt || 'never', k.createdAt, k.expiresAt || 'never']),
       ));
     },
   },

@@ -1,8 +1,9 @@
-// `org create|list|show|set-tier|credit|set-cap`.
+// `org create|list|show|set-tier|credit|set-cap|set-key-policy`.
 import type { Org } from '../../proto/gen/tollgate/v1/console.js';
 import { formatUsd } from '../../proto/lib/money.js';
 import { formatFields, formatTable, printJson, usageError, type Out } from '../output.js';
 import { optionalString, requireString, usdFlag, type Command } from './command.js';
+import { DURATION_HELP, parseDurationSec } from '../duration-arg.js';
 
 /** The organisation as the CLI's JSON shows it: snake_case, money as decimal USD strings. */
 export function orgJson(org: Org): Record<string, unknown> {
@@ -136,6 +137,28 @@ export const orgCommands: Command[] = [
       if (clear === hasUsd) throw usageError('give exactly one of --usd AMOUNT or --clear', ctx.usage);
       const capMicros = clear ? undefined : usdFlag(args, 'usd', ctx.usage);
       printOrg(ctx.out, await ctx.client().setOrgCap({ orgId: args.positionals[0], capMicros }));
+    },
+  },
+  {
+    name: 'org set-key-policy',
+    summary: "Set or clear the longest lifetime of keys created later in an organisation (admin or above).",
+    synopsis: 'ORG --max-lifetime DURATION | --clear',
+    positionals: ORG_ARG,
+    options: {
+      'max-lifetime': { type: 'string', value: 'DURATION', help: `keys created later must expire within ${DURATION_HELP}; without --expires-in they get exactly this` },
+      clear: { type: 'boolean', help: 'remove the policy (keys may again be created without an expiry)' },
+    },
+    notes: ['Keys that exist keep their expiry (or none).'],
+    async run(ctx, args) {
+      const clear = args.values.clear === true;
+      const text = optionalString(args, 'max-lifetime');
+      if (clear === (text !== undefined)) throw usageError('give exactly one of --max-lifetime DURATION or --clear', ctx.usage);
+      const maxLifetimeSec = text === undefined ? 0 : parseDurationSec(text);
+      if (maxLifetimeSec === null) throw usageError(`--max-lifetime must be ${DURATION_HELP}, got ${JSON.stringify(text)}`, ctx.usage);
+      const p = await ctx.client().setKeyPolicy({ orgId: args.positionals[0], maxLifetimeSec, clear });
+      const out = { org_id: p.orgId, max_lifetime_sec: p.maxLifetimeSec || null };
+      if (ctx.out.json) printJson(ctx.out, out);
+      else ctx.out.write(formatFields([['org', p.orgId], ['max_key_lifetime', p.maxLifetimeSec ? `${p.maxLifetimeSec} s` : 'none']]));
     },
   },
 ];

@@ -53,6 +53,13 @@ import { listNodes as listNodeRows } from '../store/sync-repo.js';
 import { usageInRange, type UsageGroupBy } from '../store/usage-repo.js';
 import type { LogFilter, LogStore } from '../store/log-store.js';
 import { FindKeyLimiter } from './find-key-limiter.js';
+import { queryAudit } from '../audit/audit-query.js';
+import { auditScope, type AuditRecorder } from '../audit/audit-recorder.js';
+import { auditHandlers } from '../audit/audit-actions.js';
+import type { WebhookAdmin } from '../webhooks/webhook-admin.js';
+import { getKeyPolicy, setKeyPolicy, setKeyExpiry, setRevokedReason } from '../store/key-expiry-repo.js';
+import type { WebhookEvents } from '../webhooks/webhook-events.js';
+import type { RevokedKeyWatch } from '../webhooks/revoked-key-watch.js';
 
 export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountRow };
 
@@ -71,6 +78,10 @@ export interface ConsoleServiceOptions {
   log?: (line: string, fields?: Record<string, unknown>) => void;
   /** Where request logs are read from (ListRequestLogs). */
   logs?: LogStore;
+  /** The audit log: changes and role refusals are recorded there. */
+  audit?: AuditRecorder;
+  /** Webhook events of key changes, and the console's webhook commands. */
+  webhooks?: { events: WebhookEvents; admin: WebhookAdmin; revokedKeys: RevokedKeyWatch };
 }
 
 const MAX_LOG_PAGE = 1000;
@@ -150,7 +161,18 @@ export function apiKeyOf(k: ApiKeyRow): ApiKey {
     rpmLimit: k.rpm_limit,
     tpmLimit: k.tpm_limit,
     maxParallelRequests: k.max_parallel_requests,
+    expiresAt: k.expires_at_ms ? new Date(k.expires_at_ms).toISOString() : '',
+    revokedReason: k.status === 'revoked' ? k.revoked_reason || 'revoked' : '',
   };
+}
+
+/** Longest key lifetime accepted (and longest policy): 10 years. */
+const MAX_KEY_LIFETIME_SEC = 10 * 366 * 86_400;
+
+/** Seconds as the CLI writes durations: 90d, 12h, 45m, 30s. */
+function durationText(sec: number): string {
+  for (const [unit, n] of [['d', 86_400], ['h', 3_600], ['m', 60]] as const) if (sec % n === 0) return `${sec / n}${unit}`;
+  return `${sec}s`;
 }
 
 export class ConsoleService {
@@ -190,7 +212,11 @@ export class ConsoleService {
         else callback(null, res);
       };
       this.authenticate(call.metadata)
-        .then((caller) => fn(call.request, caller))
+        .then((caller) => {
+          const scope = auditScope();
+          if (scope) scope.actor = caller.kind === 'operator' ? 'operator' : caller.account.id;
+          return fn(call.request, caller);
+        })
         .then(
           (res) => answer(null, res),
           (err) => answer(toServiceError(err, this.log)),
@@ -207,10 +233,15 @@ export class ConsoleService {
    * exactly as if the thing did not exist.
    */
   private async requireRole(q: Queryable, caller: Caller, orgId: string, min: Role, hidden: CpError): Promise<'operator' | Role> {
+    const scope = auditScope();
+    if (scope && !scope.orgId) scope.orgId = orgId;
     if (caller.kind === 'operator') return 'operator';
     const role = await getRole(q, orgId, caller.account.id);
-    if (!role) throw hidden;
-    if (RANK[role] < RANK[min]) throw permissionDenied(`${min} role or above required in organisation ${orgId}`);
+    if (!role || RANK[role] < RANK[min]) {
+      if (scope) scope.denied = true;
+      if (!role) throw hidden;
+      throw permissionDenied(`${min} role or above required in organisation ${orgId}`);
+    }
     return role;
   }
 
@@ -254,7 +285,7 @@ export class ConsoleService {
 
   /** The gRPC service implementation. */
   handlers(): ConsoleServiceServer {
-    return {
+    return auditHandlers(this.opts.audit ?? null, {
       createAccount: this.unary(async (req, caller) => {
         this.requireOperator(caller);
         const name = checkName('account', req.name);
@@ -409,9 +440,25 @@ export class ConsoleService {
           if (!models.has(id)) throw invalidArgument(`unknown model ${JSON.stringify(raw)} in allowed_models`);
           if (!allowed.includes(id)) allowed.push(id);
         }
+        const expiresInSec = req.expiresInSec ?? 0;
+        const expiresAtText = (req.expiresAt ?? '').trim();
+        if (expiresInSec !== 0 && expiresAtText !== '') throw invalidArgument('give at most one of expires_in_sec and expires_at');
+        if (!Number.isSafeInteger(expiresInSec) || expiresInSec < 0 || expiresInSec > MAX_KEY_LIFETIME_SEC) throw invalidArgument(`expires_in_sec must be from 1 to ${MAX_KEY_LIFETIME_SEC} seconds`);
+        const nowMs = this.state.now();
+        let expiresAtMs = expiresInSec > 0 ? nowMs + expiresInSec * 1000 : expiresAtText !== '' ? parseInstant('expires_at', expiresAtText) : 0;
+        if (expiresAtText !== '' && expiresAtMs <= nowMs) throw invalidArgument('expires_at must be in the future');
+        if (expiresAtMs > nowMs + MAX_KEY_LIFETIME_SEC * 1000) throw invalidArgument('expires_at must be within 10 years');
         return this.state.db.tx(async (tx) => {
           const { project } = await this.projectFor(tx, caller, req.projectId, 'admin');
           const org = (await getOrg(tx, project.org_id))!;
+          // The organisation's policy: no expiry means its maximum; past the maximum is refused.
+          const maxLifetimeSec = await getKeyPolicy(tx, org.id);
+          if (maxLifetimeSec !== null) {
+            if (expiresAtMs === 0) expiresAtMs = nowMs + maxLifetimeSec * 1000;
+            else if (expiresAtMs > nowMs + maxLifetimeSec * 1000) {
+              throw invalidArgument(`organisation ${org.id} allows keys to live at most ${durationText(maxLifetimeSec)}: ask for an expiry within that, or none (the maximum)`);
+            }
+          }
           const tier = this.state.tier(org.tier);
           if (!tier) throw new CpError('FAILED_PRECONDITION', `organisation ${org.id} has tier ${JSON.stringify(org.tier)}, which the config does not define`);
           const value = generateKey(this.state.gateway.settings.serviceName);
@@ -433,7 +480,12 @@ export class ConsoleService {
             last_used_at: '',
           };
           await insertKey(tx, row, keyHash);
+          if (expiresAtMs > 0) {
+            row.expires_at_ms = expiresAtMs;
+            await setKeyExpiry(tx, row.id, expiresAtMs);
+          }
           await this.state.emit(tx, { keyUpsert: keyEntryOf(row, keyHash) });
+          await this.opts.webhooks?.events.keyCreated(tx, { id: row.id, projectId: row.project_id, orgId: row.org_id, name: row.name, keyPrefix: row.key_prefix, createdAt: row.created_at });
           return { apiKey: apiKeyOf(row), key: value };
         });
       }),
@@ -441,7 +493,14 @@ export class ConsoleService {
       listKeys: this.unary(async (req, caller) =>
         this.state.db.read(async (q) => {
           const { project } = await this.projectFor(q, caller, req.projectId, 'member');
-          return { keys: (await listKeys(q, project.id)).map(apiKeyOf) };
+          const within = req.expiringWithinSec ?? 0;
+          if (!Number.isSafeInteger(within) || within < 0) throw invalidArgument('expiring_within_sec must not be negative');
+          let keys = await listKeys(q, project.id);
+          if (within > 0) {
+            const until = this.state.now() + within * 1000;
+            keys = keys.filter((k) => k.status === 'active' && (k.expires_at_ms ?? 0) > 0 && k.expires_at_ms! <= until);
+          }
+          return { keys: keys.map(apiKeyOf) };
         }),
       ),
 
@@ -649,7 +708,70 @@ export class ConsoleService {
           return apiKeyOf(row);
         });
       }),
-    };
+
+      setKeyPolicy: this.unary(async (req, caller) => {
+        const max = req.maxLifetimeSec ?? 0;
+        if (req.clear ? max !== 0 : !Number.isSafeInteger(max) || max < 60 || max > MAX_KEY_LIFETIME_SEC) {
+          throw invalidArgument(req.clear ? 'give either a maximum lifetime or clear, not both' : `max_lifetime_sec must be from 60 to ${MAX_KEY_LIFETIME_SEC} seconds (or clear)`);
+        }
+        return this.state.db.tx(async (tx) => {
+          const { org } = await this.orgFor(tx, caller, req.orgId, 'admin');
+          await setKeyPolicy(tx, org.id, req.clear ? null : max);
+          return { orgId: org.id, maxLifetimeSec: req.clear ? 0 : max };
+        });
+      }),
+
+      listWebhooks: this.unary(async (_req, caller) => {
+        this.requireOperator(caller);
+        return this.webhookAdmin().list();
+      }),
+
+      testWebhook: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        if (!req.url.trim()) throw invalidArgument('url is required');
+        return this.webhookAdmin().test(req.url);
+      }),
+
+      listWebhookDeliveries: this.unary(async (req, caller) => {
+        this.requireOperator(caller);
+        if (req.limit < 0) throw invalidArgument('limit must not be negative');
+        return this.webhookAdmin().deliveries(req.failed, req.limit);
+      }),
+
+      listAuditEntries: this.unary(async (req, caller) => {
+        if (!this.opts.audit) throw new CpError('FAILED_PRECONDITION', 'this control plane keeps no audit log');
+        if (!Number.isSafeInteger(req.sinceMs) || req.sinceMs < 0) throw invalidArgument('since must be a time after 1970');
+        if (req.limit < 0) throw invalidArgument('limit must not be negative');
+        const action = req.action.trim();
+        if (action.length > 64) throw invalidArgument('action must be at most 64 characters');
+        const limit = Math.min(MAX_LOG_PAGE, req.limit || 100);
+        return this.state.db.read(async (q) => {
+          let orgId = '';
+          if (req.orgId.trim()) orgId = (await this.orgFor(q, caller, req.orgId, 'admin')).org.id;
+          // Owners and admins read their organisations' entries; members none; the operator all.
+          const visibleOrgs =
+            caller.kind === 'operator' ? ('all' as const) : (await listOrgsOfAccount(q, caller.account.id)).filter((o) => RANK[o.role as Role] >= RANK.admin).map((o) => o.id);
+          const rows = await queryAudit(q, { visibleOrgs, orgId, sinceMs: req.sinceMs, action, limit });
+          return {
+            entries: rows.map((r) => ({
+              id: r.id,
+              at: new Date(r.at_ms).toISOString(),
+              actor: r.actor,
+              action: r.action,
+              targetId: r.target_id,
+              orgId: r.org_id,
+              outcome: r.outcome,
+              callerAddress: r.caller_address,
+            })),
+          };
+        });
+      }),
+    });
+  }
+
+  private webhookAdmin(): WebhookAdmin {
+    if (!this.opts.webhooks) throw new CpError('FAILED_PRECONDITION', 'this control plane sends no webhooks');
+    return this.opts.webhooks.admin;
   }
 
   /**
@@ -657,7 +779,7 @@ export class ConsoleService {
    * transaction, (2) the change is pushed to every connected node, (3) wait (bounded) for their acks,
    * (4) only then set the console record to revoked. Never moves a key out of revoked.
    */
-  revoke(keyId: string): Promise<RevokeKeyResponse> {
+  revoke(keyId: string, reason: 'revoked' | 'expired' = 'revoked'): Promise<RevokeKeyResponse> {
     const running = this.revoking.get(keyId);
     if (running) return running;
     const work = (async () => {
@@ -666,8 +788,11 @@ export class ConsoleService {
         if (row.status === 'revoked') return { row, version: null };
         const keyHash = await credentialHashOf(tx, keyId);
         if (keyHash === undefined) return { row, version: null };
-        await deleteCredential(tx, keyHash, this.state.nowIso());
+        const at = this.state.nowIso();
+        await deleteCredential(tx, keyHash, at);
         const version = await this.state.emit(tx, { keyRemoved: keyHash });
+        const watch = this.opts.webhooks?.revokedKeys;
+        if (watch) tx.afterCommit(() => watch.keyRevoked(keyId, Date.parse(at)));
         return { row, version };
       });
       if (step1.row.status === 'revoked') return { apiKey: apiKeyOf(step1.row), nodesTotal: 0, nodesConfirmed: 0, nodesUnconfirmed: [], nodesDisconnected: [] };
@@ -675,7 +800,10 @@ export class ConsoleService {
       if (step1.version !== null) this.log(`key ${keyId} revoked at version ${step1.version}: ${acks.confirmed} of ${acks.total} connected nodes confirmed`, { event: 'key_revoked', keyId, version: step1.version, nodesTotal: acks.total, nodesConfirmed: acks.confirmed, nodesUnconfirmed: acks.unconfirmed });
       const row = await this.state.db.tx(async (tx) => {
         await markRevoked(tx, keyId, this.state.nowIso());
-        return (await getKey(tx, keyId))!;
+        await setRevokedReason(tx, keyId, reason);
+        const revoked = (await getKey(tx, keyId))!;
+        await this.opts.webhooks?.events.keyRevoked(tx, { id: revoked.id, projectId: revoked.project_id, orgId: revoked.org_id, keyPrefix: revoked.key_prefix, revokedAt: revoked.revoked_at }, revoked.revoked_reason || reason);
+        return revoked;
       });
       // Nodes seen before but not connected now may still be serving the key from their last state.
       const connected = new Set(this.fleet.liveNodes().map((n) => n.id));

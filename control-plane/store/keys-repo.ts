@@ -15,6 +15,10 @@ export interface ApiKeyRow {
   created_at: string;
   revoked_at: string;
   last_used_at: string;
+  /** ms since the epoch; 0: never (migration 17; absent on rows built in memory before insert). */
+  expires_at_ms?: number;
+  /** 'revoked', 'expired', or '' (revoked before reasons were kept). */
+  revoked_reason?: string;
 }
 
 export async function insertKey(q: Queryable, k: Omit<ApiKeyRow, 'revoked_at' | 'last_used_at'>, keyHash: string): Promise<void> {

@@ -97,6 +97,8 @@ export interface SyncServiceOptions {
   /** pepperCheck(pepper) of this control plane. */
   pepperCheck: string;
   log?: (line: string) => void;
+  /** A node's stream ended (not at shutdown): webhooks. */
+  onNodeDisconnected?: (node: { id: string; address: string; connectedAt: string; lastSeenAt: string }) => void;
 }
 
 export class SyncService implements NodeFleet {
@@ -109,6 +111,8 @@ export class SyncService implements NodeFleet {
   private lastSeveralAtMs = -Infinity;
   /** Reports waiting to be written, over all nodes. */
   private pendingReports = 0;
+  /** Set by closeAll: nodes leaving at shutdown are not reported as disconnected. */
+  private closing = false;
 
   constructor(
     private readonly state: ControlState,
@@ -156,6 +160,7 @@ export class SyncService implements NodeFleet {
 
   /** Ends every stream (at shutdown) so the server can stop. */
   closeAll(): void {
+    this.closing = true;
     for (const s of [...this.sessions]) {
       this.drop(s);
       s.call.end();
@@ -642,6 +647,7 @@ export class SyncService implements NodeFleet {
     // The last node left is alone again: it holds whole key budgets of the minutes it starts.
     if (this.sessions.size === 1) for (const other of this.sessions) other.mayHoldWhole = true;
     this.log(`sync: node ${s.nodeId} disconnected`);
+    if (!this.closing) this.opts.onNodeDisconnected?.({ id: s.nodeId, address: s.address, connectedAt: s.connectedAt, lastSeenAt: s.lastSeenAt });
     this.persist(() => touchNode(this.state.db, s.nodeId, this.state.nowIso(), s.ackedVersion));
   }
 

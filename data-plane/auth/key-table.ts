@@ -25,6 +25,8 @@ export interface KeyRecord {
   /** Empty: every model of the plan. */
   allowedModels: ReadonlySet<string>;
   limits: KeyLimits;
+  /** ms since the epoch from which the key no longer authenticates, even cut off from the control plane; 0/absent: never. */
+  expiresAtMs?: number;
 }
 
 /** The parts of the config that change only with a config version, precomputed at sync time. */
@@ -144,6 +146,7 @@ export class GatewayState {
       org: this.orgFor(k.orgId),
       allowedModels: k.allowedModels.length === 0 ? NO_MODELS : new Set(k.allowedModels),
       limits: { keyId: k.keyId, rpmLimit: k.rpmLimit, tpmLimit: k.tpmLimit, maxParallel: k.maxParallelRequests },
+      expiresAtMs: k.expiresAtMs ?? 0,
     });
     this.hashByKeyId.set(k.keyId, k.keyHash);
   }
@@ -160,17 +163,22 @@ export class GatewayState {
     if (this.hashByKeyId.get(rec.keyId) === keyHash) this.hashByKeyId.delete(rec.keyId);
   }
 
-  /** One HMAC and one Map lookup. The Map holds only hashes; the key itself is never stored. */
-  lookup(pepper: Buffer, key: string): KeyRecord | undefined {
+  /** One HMAC and one Map lookup. The Map holds only hashes; the key itself is never stored. An expired key (at `nowMs`) is not found. */
+  lookup(pepper: Buffer, key: string, nowMs?: number): KeyRecord | undefined {
     const hash = hashKey(pepper, key);
     const rec = this.keysByHash.get(hash);
+    if (rec?.expiresAtMs && nowMs !== undefined && nowMs >= rec.expiresAtMs) return undefined;
     // The Map finds the candidate; the stored hash is still compared in constant time.
     return rec && secretsEqual(rec.keyHash, hash) ? rec : undefined;
   }
 
-  /** The revoked key a presented value belongs to (only on the 401 path: one more HMAC there). */
+  /**
+   * The revoked (or expired, not yet revoked) key a presented value belongs to, so the refusal is
+   * logged against it (only on the 401 path: one more HMAC there).
+   */
   tombstone(pepper: Buffer, key: string): { keyId: string; projectId: string; orgId: string } | undefined {
-    return this.tombstones.get(hashKey(pepper, key));
+    const hash = hashKey(pepper, key);
+    return this.tombstones.get(hash) ?? this.keysByHash.get(hash);
   }
 
   /** The models a key may call: the plan ∩ allowed_models (empty allowed_models: the whole plan). */

@@ -181,7 +181,7 @@ export class ApiServer {
     const presented = bearerToken(head.authorization);
     if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), familyShape);
     const state = deps.holder.current;
-    const key = state.lookup(deps.pepper, presented);
+    const key = state.lookup(deps.pepper, presented, deps.clock.now());
     if (!key) {
       reply.sendError(new GatewayError('KEY_INVALID'), familyShape);
       return this.logRefusedKey(reply, head, presented);
@@ -310,7 +310,7 @@ export class ApiServer {
   /** The rate headers of the key a bearer credential names, if it names a known key. */
   private rateHeadersOfBearer(authorization: string): RateHeaders | null {
     const presented = bearerToken(authorization);
-    const key = presented !== null ? this.deps.holder.current.lookup(this.deps.pepper, presented) : undefined;
+    const key = presented !== null ? this.deps.holder.current.lookup(this.deps.pepper, presented, this.deps.clock.now()) : undefined;
     return key ? this.deps.keyBudgets.headers(key.limits) : null;
   }
 

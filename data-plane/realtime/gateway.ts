@@ -200,7 +200,7 @@ export class RealtimeGateway {
     if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), 'A');
     const presented = bearerToken(head.authorization);
     if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
-    const key = deps.holder.current.lookup(deps.pepper, presented);
+    const key = deps.holder.current.lookup(deps.pepper, presented, deps.clock.now());
     if (!key) {
       reply.sendError(new GatewayError('KEY_INVALID'), 'A');
       return this.logRefusedKey(reply, head, presented);

@@ -13,9 +13,12 @@ import { memberCommands } from '../../cli/commands/member.js';
 import { miscCommands } from '../../cli/commands/misc.js';
 import { orgCommands } from '../../cli/commands/org.js';
 import { projectCommands } from '../../cli/commands/project.js';
+import { auditCommands, webhooksCommands } from '../../cli/commands/webhooks.js';
 import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
-import { ROOT, startControlPlane, stopAll } from '../helpers/processes.js';
+import { configYaml } from '../helpers/config.js';
+import { ROOT, startControlPlane, startProcess, stopAll } from '../helpers/processes.js';
+import { newWebhookSecret } from '../helpers/webhook-receiver.js';
 
 after(stopAll);
 
@@ -32,7 +35,7 @@ function blockAfter(heading: string, lang: string, nth = 0, doc = readme): strin
   return blocks[nth][1];
 }
 
-const commandNames = [...accountCommands, ...orgCommands, ...memberCommands, ...projectCommands, ...keyCommands, ...miscCommands].map((c) => c.name);
+const commandNames = [...accountCommands, ...orgCommands, ...memberCommands, ...projectCommands, ...keyCommands, ...miscCommands, ...webhooksCommands, ...auditCommands].map((c) => c.name);
 
 test("the README's CLI examples list every command and run as written with npx", async (t) => {
   const block = blockAfter('## The CLI', 'sh', 1);
@@ -43,14 +46,21 @@ test("the README's CLI examples list every command and run as written with npx",
   for (const doc of docs) assert.doesNotMatch(doc, /^tollgate /m, 'no bare tollgate command lines in docs/');
   assert.match(block, /^export TOLLGATE_TOKEN=\$\(cat data\/operator-token\)$/m);
 
-  const cp = await startControlPlane();
+  // `webhooks test` needs a destination that answers: its own process (this one blocks on each CLI run).
+  const secret = newWebhookSecret();
+  const receiver = startProcess(['test/helpers/webhook-receiver-main.ts'], { WEBHOOK_SECRET: secret });
+  const webhookUrl = (await receiver.waitFor(/webhook receiver listening on (\S+)/))[1];
+  const cp = await startControlPlane({
+    env: { README_WEBHOOK_SECRET: secret },
+    configYaml: configYaml((cfg) => void (cfg.webhooks = [{ url: webhookUrl, secret_env: 'README_WEBHOOK_SECRET', events: ['*'] }])),
+  });
   const c = consoleClient(cp.address, cp.secrets.operatorToken);
   t.after(() => c.close());
   const key = await createKey(c, { tier: 'paid' });
   const member = (await c.createAccount({ name: 'bob' })).account!.id;
-  const ids: Record<string, string> = { ACCOUNT_ID: key.accountId, MEMBER_ID: member, ORG_ID: key.orgId, PROJECT_ID: key.projectId, KEY_ID: key.keyId };
+  const ids: Record<string, string> = { ACCOUNT_ID: key.accountId, MEMBER_ID: member, ORG_ID: key.orgId, PROJECT_ID: key.projectId, KEY_ID: key.keyId, WEBHOOK_URL: webhookUrl };
   for (const line of lines) {
-    const command = line.replace(/\s+#.*$/, '').replace(/\b(ACCOUNT_ID|MEMBER_ID|ORG_ID|PROJECT_ID|KEY_ID)\b/g, (m) => ids[m]);
+    const command = line.replace(/\s+#.*$/, '').replace(/\b(ACCOUNT_ID|MEMBER_ID|ORG_ID|PROJECT_ID|KEY_ID|WEBHOOK_URL)\b/g, (m) => ids[m]);
     const r = spawnSync('bash', ['-c', command], {
       cwd: ROOT,
       env: { ...process.env, TOLLGATE_CONTROL_PLANE: cp.address, TOLLGATE_TOKEN: cp.secrets.operatorToken, LEAKED_KEY: key.key },

@@ -5,6 +5,9 @@ import { sql as fundsVersion } from './002-funds-version.js';
 import { sql as keyTombstones } from './003-key-tombstones.js';
 import { sql as usageMinutes } from './004-usage-minutes.js';
 import { sql as freeGrants } from './010-free-grants.js';
+import { sql as webhookOutbox } from './015-webhook-outbox.js';
+import { sql as auditLog } from './016-audit-log.js';
+import { sql as keyExpiry } from './017-key-expiry.js';
 
 export interface Migration {
   version: number;
@@ -18,4 +21,7 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 3, name: 'key-tombstones', sql: keyTombstones },
   { version: 4, name: 'usage-minutes', sql: usageMinutes },
   { version: 10, name: 'free-grants', sql: freeGrants },
+  { version: 15, name: 'webhook-outbox', sql: webhookOutbox },
+  { version: 16, name: 'audit-log', sql: auditLog },
+  { version: 17, name: 'key-expiry', sql: keyExpiry },
 ];

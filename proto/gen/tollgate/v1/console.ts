@@ -23,6 +23,98 @@ export const protobufPackage = "tollgate.v1";
 
 export const protobufFileName = "tollgate/v1/console.proto";
 
+export interface ListWebhooksRequest {
+}
+
+export interface WebhookDestinationInfo {
+  url: string;
+  /** The environment variable holding the secret (never the secret). */
+  secretEnv: string;
+  events: string[];
+  paused: boolean;
+  pausedAt: string;
+  pausedReason: string;
+  pending: number;
+  failed: number;
+  consecutiveFailures: number;
+  lastSuccessAt: string;
+  lastFailureAt: string;
+}
+
+export interface ListWebhooksResponse {
+  destinations: WebhookDestinationInfo[];
+  balanceLowMicros: number;
+}
+
+export interface TestWebhookRequest {
+  url: string;
+}
+
+export interface TestWebhookResponse {
+  url: string;
+  webhookId: string;
+  ok: boolean;
+  /** The destination's HTTP status; 0 when it could not be reached. */
+  status: number;
+  error: string;
+  /** The destination was paused and this test resumed it. */
+  resumed: boolean;
+}
+
+export interface ListWebhookDeliveriesRequest {
+  /** Only deliveries that failed for good, or are being retried. */
+  failed: boolean;
+  /** Default 100, at most 1000. */
+  limit: number;
+}
+
+export interface WebhookDelivery {
+  webhookId: string;
+  type: string;
+  url: string;
+  orgId: string;
+  /** "pending", "delivered" or "failed". */
+  status: string;
+  attempts: number;
+  createdAt: string;
+  nextAttemptAt: string;
+  lastAttemptAt: string;
+  lastStatus: number;
+  lastError: string;
+  deliveredAt: string;
+}
+
+export interface ListWebhookDeliveriesResponse {
+  deliveries: WebhookDelivery[];
+}
+
+export interface ListAuditEntriesRequest {
+  orgId: string;
+  /** ms since the epoch, inclusive; 0: from the oldest kept. */
+  sinceMs: number;
+  /** Exact action, e.g. "key.revoke". */
+  action: string;
+  /** Default 100, at most 1000. */
+  limit: number;
+}
+
+export interface AuditEntry {
+  id: number;
+  at: string;
+  /** An account id, or "operator". */
+  actor: string;
+  action: string;
+  targetId: string;
+  orgId: string;
+  /** "ok" or "denied". */
+  outcome: string;
+  callerAddress: string;
+}
+
+export interface ListAuditEntriesResponse {
+  entries: AuditEntry[];
+}
+
 export interface Account {
   id: string;
   name: string;
@@ -167,12 +259,22 @@ export interface ApiKey {
   rpmLimit: number;
   tpmLimit: number;
   maxParallelRequests: number;
+  /** When the key stops authenticating (RFC 3339); "" when it never expires. */
+  expiresAt: string;
+  /** Set with status "revoked": "revoked" (by a console call) or "expired". */
+  revokedReason: string;
 }
 
 export interface CreateKeyRequest {
   projectId: string;
   name: string;
   allowedModels: string[];
+  /**
+   * Expiry, at most one of the two: seconds from now, or an RFC 3339 time. Neither: no expiry, or
+   * the organisation's maximum key lifetime when it has one.
+   */
+  expiresInSec: number;
+  expiresAt: string;
 }
 
 export interface CreateKeyResponse {
@@ -185,6 +287,22 @@ export interface CreateKeyResponse {
 
 export interface ListKeysRequest {
   projectId: string;
+  /** > 0: only active keys that expire within this many seconds from now. */
+  expiringWithinSec: number;
+}
+
+export interface SetKeyPolicyRequest {
+  orgId: string;
+  /** > 0: keys created later must expire within this many seconds of their creation. */
+  maxLifetimeSec: number;
+  /** Removes the policy (max_lifetime_sec must then be 0). */
+  clear: boolean;
+}
+
+export interface KeyPolicy {
+  orgId: string;
+  /** 0: no maximum. */
+  maxLifetimeSec: number;
 }
 
 export interface ListKeysResponse {
@@ -372,6 +490,1469 @@ export interface FindKeyRequest {
   /** The full key value. Only hashed; never stored, logged or echoed. */
   key: string;
 }
+
+function createBaseListWebhooksRequest(): ListWebhooksRequest {
+  return {};
+}
+
+export const ListWebhooksRequest: MessageFns<ListWebhooksRequest> = {
+  encode(_: ListWebhooksRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhooksRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhooksRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): ListWebhooksRequest {
+    return {};
+  },
+
+  toJSON(_: ListWebhooksRequest): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhooksRequest>, I>>(base?: I): ListWebhooksRequest {
+    return ListWebhooksRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhooksRequest>, I>>(_: I): ListWebhooksRequest {
+    const message = createBaseListWebhooksRequest();
+    return message;
+  },
+};
+
+function createBaseWebhookDestinationInfo(): WebhookDestinationInfo {
+  return {
+    url: "",
+    secretEnv: "",
+    events: [],
+    paused: false,
+    pausedAt: "",
+    pausedReason: "",
+    pending: 0,
+    failed: 0,
+    consecutiveFailures: 0,
+    lastSuccessAt: "",
+    lastFailureAt: "",
+  };
+}
+
+export const WebhookDestinationInfo: MessageFns<WebhookDestinationInfo> = {
+  encode(message: WebhookDestinationInfo, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.url !== "") {
+      writer.uint32(10).string(message.url);
+    }
+    if (message.secretEnv !== "") {
+      writer.uint32(18).string(message.secretEnv);
+    }
+    for (const v of message.events) {
+      writer.uint32(26).string(v!);
+    }
+    if (message.paused !== false) {
+      writer.uint32(32).bool(message.paused);
+    }
+    if (message.pausedAt !== "") {
+      writer.uint32(42).string(message.pausedAt);
+    }
+    if (message.pausedReason !== "") {
+      writer.uint32(50).string(message.pausedReason);
+    }
+    if (message.pending !== 0) {
+      writer.uint32(56).int64(message.pending);
+    }
+    if (message.failed !== 0) {
+      writer.uint32(64).int64(message.failed);
+    }
+    if (message.consecutiveFailures !== 0) {
+      writer.uint32(72).int64(message.consecutiveFailures);
+    }
+    if (message.lastSuccessAt !== "") {
+      writer.uint32(82).string(message.lastSuccessAt);
+    }
+    if (message.lastFailureAt !== "") {
+      writer.uint32(90).string(message.lastFailureAt);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WebhookDestinationInfo {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWebhookDestinationInfo();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.url = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.secretEnv = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.events.push(reader.string());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.paused = reader.bool();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.pausedAt = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.pausedReason = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.pending = longToNumber(reader.int64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.failed = longToNumber(reader.int64());
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.consecutiveFailures = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.lastSuccessAt = reader.string();
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.lastFailureAt = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WebhookDestinationInfo {
+    return {
+      url: isSet(object.url) ? globalThis.String(object.url) : "",
+      secretEnv: isSet(object.secretEnv)
+        ? globalThis.String(object.secretEnv)
+        : isSet(object.secret_env)
+        ? globalThis.String(object.secret_env)
+        : "",
+      events: globalThis.Array.isArray(object?.events) ? object.events.map((e: any) => globalThis.String(e)) : [],
+      paused: isSet(object.paused) ? globalThis.Boolean(object.paused) : false,
+      pausedAt: isSet(object.pausedAt)
+        ? globalThis.String(object.pausedAt)
+        : isSet(object.paused_at)
+        ? globalThis.String(object.paused_at)
+        : "",
+      pausedReason: isSet(object.pausedReason)
+        ? globalThis.String(object.pausedReason)
+        : isSet(object.paused_reason)
+        ? globalThis.String(object.paused_reason)
+        : "",
+      pending: isSet(object.pending) ? globalThis.Number(object.pending) : 0,
+      failed: isSet(object.failed) ? globalThis.Number(object.failed) : 0,
+      consecutiveFailures: isSet(object.consecutiveFailures)
+        ? globalThis.Number(object.consecutiveFailures)
+        : isSet(object.consecutive_failures)
+        ? globalThis.Number(object.consecutive_failures)
+        : 0,
+      lastSuccessAt: isSet(object.lastSuccessAt)
+        ? globalThis.String(object.lastSuccessAt)
+        : isSet(object.last_success_at)
+        ? globalThis.String(object.last_success_at)
+        : "",
+      lastFailureAt: isSet(object.lastFailureAt)
+        ? globalThis.String(object.lastFailureAt)
+        : isSet(object.last_failure_at)
+        ? globalThis.String(object.last_failure_at)
+        : "",
+    };
+  },
+
+  toJSON(message: WebhookDestinationInfo): unknown {
+    const obj: any = {};
+    if (message.url !== "") {
+      obj.url = message.url;
+    }
+    if (message.secretEnv !== "") {
+      obj.secretEnv = message.secretEnv;
+    }
+    if (message.events?.length) {
+      obj.events = message.events;
+    }
+    if (message.paused !== false) {
+      obj.paused = message.paused;
+    }
+    if (message.pausedAt !== "") {
+      obj.pausedAt = message.pausedAt;
+    }
+    if (message.pausedReason !== "") {
+      obj.pausedReason = message.pausedReason;
+    }
+    if (message.pending !== 0) {
+      obj.pending = Math.round(message.pending);
+    }
+    if (message.failed !== 0) {
+      obj.failed = Math.round(message.failed);
+    }
+    if (message.consecutiveFailures !== 0) {
+      obj.consecutiveFailures = Math.round(message.consecutiveFailures);
+    }
+    if (message.lastSuccessAt !== "") {
+      obj.lastSuccessAt = message.lastSuccessAt;
+    }
+    if (message.lastFailureAt !== "") {
+      obj.lastFailureAt = message.lastFailureAt;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WebhookDestinationInfo>, I>>(base?: I): WebhookDestinationInfo {
+    return WebhookDestinationInfo.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WebhookDestinationInfo>, I>>(object: I): WebhookDestinationInfo {
+    const message = createBaseWebhookDestinationInfo();
+    message.url = object.url ?? "";
+    message.secretEnv = object.secretEnv ?? "";
+    message.events = object.events?.map((e) => e) || [];
+    message.paused = object.paused ?? false;
+    message.pausedAt = object.pausedAt ?? "";
+    message.pausedReason = object.pausedReason ?? "";
+    message.pending = object.pending ?? 0;
+    message.failed = object.failed ?? 0;
+    message.consecutiveFailures = object.consecutiveFailures ?? 0;
+    message.lastSuccessAt = object.lastSuccessAt ?? "";
+    message.lastFailureAt = object.lastFailureAt ?? "";
+    return message;
+  },
+};
+
+function createBaseListWebhooksResponse(): ListWebhooksResponse {
+  return { destinations: [], balanceLowMicros: 0 };
+}
+
+export const ListWebhooksResponse: MessageFns<ListWebhooksResponse> = {
+  encode(message: ListWebhooksResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.destinations) {
+      WebhookDestinationInfo.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.balanceLowMicros !== 0) {
+      writer.uint32(16).int64(message.balanceLowMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhooksResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhooksResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.destinations.push(WebhookDestinationInfo.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.balanceLowMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListWebhooksResponse {
+    return {
+      destinations: globalThis.Array.isArray(object?.destinations)
+        ? object.destinations.map((e: any) => WebhookDestinationInfo.fromJSON(e))
+        : [],
+      balanceLowMicros: isSet(object.balanceLowMicros)
+        ? globalThis.Number(object.balanceLowMicros)
+        : isSet(object.balance_low_micros)
+        ? globalThis.Number(object.balance_low_micros)
+        : 0,
+    };
+  },
+
+  toJSON(message: ListWebhooksResponse): unknown {
+    const obj: any = {};
+    if (message.destinations?.length) {
+      obj.destinations = message.destinations.map((e) => WebhookDestinationInfo.toJSON(e));
+    }
+    if (message.balanceLowMicros !== 0) {
+      obj.balanceLowMicros = Math.round(message.balanceLowMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhooksResponse>, I>>(base?: I): ListWebhooksResponse {
+    return ListWebhooksResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhooksResponse>, I>>(object: I): ListWebhooksResponse {
+    const message = createBaseListWebhooksResponse();
+    message.destinations = object.destinations?.map((e) => WebhookDestinationInfo.fromPartial(e)) || [];
+    message.balanceLowMicros = object.balanceLowMicros ?? 0;
+    return message;
+  },
+};
+
+function createBaseTestWebhookRequest(): TestWebhookRequest {
+  return { url: "" };
+}
+
+export const TestWebhookRequest: MessageFns<TestWebhookRequest> = {
+  encode(message: TestWebhookRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.url !== "") {
+      writer.uint32(10).string(message.url);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TestWebhookRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTestWebhookRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.url = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TestWebhookRequest {
+    return { url: isSet(object.url) ? globalThis.String(object.url) : "" };
+  },
+
+  toJSON(message: TestWebhookRequest): unknown {
+    const obj: any = {};
+    if (message.url !== "") {
+      obj.url = message.url;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TestWebhookRequest>, I>>(base?: I): TestWebhookRequest {
+    return TestWebhookRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TestWebhookRequest>, I>>(object: I): TestWebhookRequest {
+    const message = createBaseTestWebhookRequest();
+    message.url = object.url ?? "";
+    return message;
+  },
+};
+
+function createBaseTestWebhookResponse(): TestWebhookResponse {
+  return { url: "", webhookId: "", ok: false, status: 0, error: "", resumed: false };
+}
+
+export const TestWebhookResponse: MessageFns<TestWebhookResponse> = {
+  encode(message: TestWebhookResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.url !== "") {
+      writer.uint32(10).string(message.url);
+    }
+    if (message.webhookId !== "") {
+      writer.uint32(18).string(message.webhookId);
+    }
+    if (message.ok !== false) {
+      writer.uint32(24).bool(message.ok);
+    }
+    if (message.status !== 0) {
+      writer.uint32(32).int32(message.status);
+    }
+    if (message.error !== "") {
+      writer.uint32(42).string(message.error);
+    }
+    if (message.resumed !== false) {
+      writer.uint32(48).bool(message.resumed);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TestWebhookResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTestWebhookResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.url = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.ok = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.status = reader.int32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.error = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.resumed = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TestWebhookResponse {
+    return {
+      url: isSet(object.url) ? globalThis.String(object.url) : "",
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+      ok: isSet(object.ok) ? globalThis.Boolean(object.ok) : false,
+      status: isSet(object.status) ? globalThis.Number(object.status) : 0,
+      error: isSet(object.error) ? globalThis.String(object.error) : "",
+      resumed: isSet(object.resumed) ? globalThis.Boolean(object.resumed) : false,
+    };
+  },
+
+  toJSON(message: TestWebhookResponse): unknown {
+    const obj: any = {};
+    if (message.url !== "") {
+      obj.url = message.url;
+    }
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    if (message.ok !== false) {
+      obj.ok = message.ok;
+    }
+    if (message.status !== 0) {
+      obj.status = Math.round(message.status);
+    }
+    if (message.error !== "") {
+      obj.error = message.error;
+    }
+    if (message.resumed !== false) {
+      obj.resumed = message.resumed;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TestWebhookResponse>, I>>(base?: I): TestWebhookResponse {
+    return TestWebhookResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TestWebhookResponse>, I>>(object: I): TestWebhookResponse {
+    const message = createBaseTestWebhookResponse();
+    message.url = object.url ?? "";
+    message.webhookId = object.webhookId ?? "";
+    message.ok = object.ok ?? false;
+    message.status = object.status ?? 0;
+    message.error = object.error ?? "";
+    message.resumed = object.resumed ?? false;
+    return message;
+  },
+};
+
+function createBaseListWebhookDeliveriesRequest(): ListWebhookDeliveriesRequest {
+  return { failed: false, limit: 0 };
+}
+
+export const ListWebhookDeliveriesRequest: MessageFns<ListWebhookDeliveriesRequest> = {
+  encode(message: ListWebhookDeliveriesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.failed !== false) {
+      writer.uint32(8).bool(message.failed);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(16).int32(message.limit);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhookDeliveriesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhookDeliveriesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.failed = reader.bool();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.limit = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListWebhookDeliveriesRequest {
+    return {
+      failed: isSet(object.failed) ? globalThis.Boolean(object.failed) : false,
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+    };
+  },
+
+  toJSON(message: ListWebhookDeliveriesRequest): unknown {
+    const obj: any = {};
+    if (message.failed !== false) {
+      obj.failed = message.failed;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhookDeliveriesRequest>, I>>(base?: I): ListWebhookDeliveriesRequest {
+    return ListWebhookDeliveriesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhookDeliveriesRequest>, I>>(object: I): ListWebhookDeliveriesRequest {
+    const message = createBaseListWebhookDeliveriesRequest();
+    message.failed = object.failed ?? false;
+    message.limit = object.limit ?? 0;
+    return message;
+  },
+};
+
+function createBaseWebhookDelivery(): WebhookDelivery {
+  return {
+    webhookId: "",
+    type: "",
+    url: "",
+    orgId: "",
+    status: "",
+    attempts: 0,
+    createdAt: "",
+    nextAttemptAt: "",
+    lastAttemptAt: "",
+    lastStatus: 0,
+    lastError: "",
+    deliveredAt: "",
+  };
+}
+
+export const WebhookDelivery: MessageFns<WebhookDelivery> = {
+  encode(message: WebhookDelivery, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    if (message.type !== "") {
+      writer.uint32(18).string(message.type);
+    }
+    if (message.url !== "") {
+      writer.uint32(26).string(message.url);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(34).string(message.orgId);
+    }
+    if (message.status !== "") {
+      writer.uint32(42).string(message.status);
+    }
+    if (message.attempts !== 0) {
+      writer.uint32(48).int64(message.attempts);
+    }
+    if (message.createdAt !== "") {
+      writer.uint32(58).string(message.createdAt);
+    }
+    if (message.nextAttemptAt !== "") {
+      writer.uint32(66).string(message.nextAttemptAt);
+    }
+    if (message.lastAttemptAt !== "") {
+      writer.uint32(74).string(message.lastAttemptAt);
+    }
+    if (message.lastStatus !== 0) {
+      writer.uint32(80).int32(message.lastStatus);
+    }
+    if (message.lastError !== "") {
+      writer.uint32(90).string(message.lastError);
+    }
+    if (message.deliveredAt !== "") {
+      writer.uint32(98).string(message.deliveredAt);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WebhookDelivery {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWebhookDelivery();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.type = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.url = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.status = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.attempts = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.createdAt = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.nextAttemptAt = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.lastAttemptAt = reader.string();
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.lastStatus = reader.int32();
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.lastError = reader.string();
+            continue;
+          }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.deliveredAt = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WebhookDelivery {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+      type: isSet(object.type) ? globalThis.String(object.type) : "",
+      url: isSet(object.url) ? globalThis.String(object.url) : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      status: isSet(object.status) ? globalThis.String(object.status) : "",
+      attempts: isSet(object.attempts) ? globalThis.Number(object.attempts) : 0,
+      createdAt: isSet(object.createdAt)
+        ? globalThis.String(object.createdAt)
+        : isSet(object.created_at)
+        ? globalThis.String(object.created_at)
+        : "",
+      nextAttemptAt: isSet(object.nextAttemptAt)
+        ? globalThis.String(object.nextAttemptAt)
+        : isSet(object.next_attempt_at)
+        ? globalThis.String(object.next_attempt_at)
+        : "",
+      lastAttemptAt: isSet(object.lastAttemptAt)
+        ? globalThis.String(object.lastAttemptAt)
+        : isSet(object.last_attempt_at)
+        ? globalThis.String(object.last_attempt_at)
+        : "",
+      lastStatus: isSet(object.lastStatus)
+        ? globalThis.Number(object.lastStatus)
+        : isSet(object.last_status)
+        ? globalThis.Number(object.last_status)
+        : 0,
+      lastError: isSet(object.lastError)
+        ? globalThis.String(object.lastError)
+        : isSet(object.last_error)
+        ? globalThis.String(object.last_error)
+        : "",
+      deliveredAt: isSet(object.deliveredAt)
+        ? globalThis.String(object.deliveredAt)
+        : isSet(object.delivered_at)
+        ? globalThis.String(object.delivered_at)
+        : "",
+    };
+  },
+
+  toJSON(message: WebhookDelivery): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    if (message.type !== "") {
+      obj.type = message.type;
+    }
+    if (message.url !== "") {
+      obj.url = message.url;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.status !== "") {
+      obj.status = message.status;
+    }
+    if (message.attempts !== 0) {
+      obj.attempts = Math.round(message.attempts);
+    }
+    if (message.createdAt !== "") {
+      obj.createdAt = message.createdAt;
+    }
+    if (message.nextAttemptAt !== "") {
+      obj.nextAttemptAt = message.nextAttemptAt;
+    }
+    if (message.lastAttemptAt !== "") {
+      obj.lastAttemptAt = message.lastAttemptAt;
+    }
+    if (message.lastStatus !== 0) {
+      obj.lastStatus = Math.round(message.lastStatus);
+    }
+    if (message.lastError !== "") {
+      obj.lastError = message.lastError;
+    }
+    if (message.deliveredAt !== "") {
+      obj.deliveredAt = message.deliveredAt;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WebhookDelivery>, I>>(base?: I): WebhookDelivery {
+    return WebhookDelivery.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WebhookDelivery>, I>>(object: I): WebhookDelivery {
+    const message = createBaseWebhookDelivery();
+    message.webhookId = object.webhookId ?? "";
+    message.type = object.type ?? "";
+    message.url = object.url ?? "";
+    message.orgId = object.orgId ?? "";
+    message.status = object.status ?? "";
+    message.attempts = object.attempts ?? 0;
+    message.createdAt = object.createdAt ?? "";
+    message.nextAttemptAt = object.nextAttemptAt ?? "";
+    message.lastAttemptAt = object.lastAttemptAt ?? "";
+    message.lastStatus = object.lastStatus ?? 0;
+    message.lastError = object.lastError ?? "";
+    message.deliveredAt = object.deliveredAt ?? "";
+    return message;
+  },
+};
+
+function createBaseListWebhookDeliveriesResponse(): ListWebhookDeliveriesResponse {
+  return { deliveries: [] };
+}
+
+export const ListWebhookDeliveriesResponse: MessageFns<ListWebhookDeliveriesResponse> = {
+  encode(message: ListWebhookDeliveriesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.deliveries) {
+      WebhookDelivery.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhookDeliveriesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhookDeliveriesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deliveries.push(WebhookDelivery.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListWebhookDeliveriesResponse {
+    return {
+      deliveries: globalThis.Array.isArray(object?.deliveries)
+        ? object.deliveries.map((e: any) => WebhookDelivery.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ListWebhookDeliveriesResponse): unknown {
+    const obj: any = {};
+    if (message.deliveries?.length) {
+      obj.deliveries = message.deliveries.map((e) => WebhookDelivery.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhookDeliveriesResponse>, I>>(base?: I): ListWebhookDeliveriesResponse {
+    return ListWebhookDeliveriesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhookDeliveriesResponse>, I>>(
+    object: I,
+  ): ListWebhookDeliveriesResponse {
+    const message = createBaseListWebhookDeliveriesResponse();
+    message.deliveries = object.deliveries?.map((e) => WebhookDelivery.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseListAuditEntriesRequest(): ListAuditEntriesRequest {
+  return { orgId: "", sinceMs: 0, action: "", limit: 0 };
+}
+
+export const ListAuditEntriesRequest: MessageFns<ListAuditEntriesRequest> = {
+  encode(message: ListAuditEntriesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.orgId !== "") {
+      writer.uint32(10).string(message.orgId);
+    }
+    if (message.sinceMs !== 0) {
+      writer.uint32(16).int64(message.sinceMs);
+    }
+    if (message.action !== "") {
+      writer.uint32(26).string(message.action);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(32).int32(message.limit);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListAuditEntriesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListAuditEntriesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.sinceMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.action = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.limit = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListAuditEntriesRequest {
+    return {
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      sinceMs: isSet(object.sinceMs)
+        ? globalThis.Number(object.sinceMs)
+        : isSet(object.since_ms)
+        ? globalThis.Number(object.since_ms)
+        : 0,
+      action: isSet(object.action) ? globalThis.String(object.action) : "",
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+    };
+  },
+
+  toJSON(message: ListAuditEntriesRequest): unknown {
+    const obj: any = {};
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.sinceMs !== 0) {
+      obj.sinceMs = Math.round(message.sinceMs);
+    }
+    if (message.action !== "") {
+      obj.action = message.action;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListAuditEntriesRequest>, I>>(base?: I): ListAuditEntriesRequest {
+    return ListAuditEntriesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListAuditEntriesRequest>, I>>(object: I): ListAuditEntriesRequest {
+    const message = createBaseListAuditEntriesRequest();
+    message.orgId = object.orgId ?? "";
+    message.sinceMs = object.sinceMs ?? 0;
+    message.action = object.action ?? "";
+    message.limit = object.limit ?? 0;
+    return message;
+  },
+};
+
+function createBaseAuditEntry(): AuditEntry {
+  return { id: 0, at: "", actor: "", action: "", targetId: "", orgId: "", outcome: "", callerAddress: "" };
+}
+
+export const AuditEntry: MessageFns<AuditEntry> = {
+  encode(message: AuditEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== 0) {
+      writer.uint32(8).int64(message.id);
+    }
+    if (message.at !== "") {
+      writer.uint32(18).string(message.at);
+    }
+    if (message.actor !== "") {
+      writer.uint32(26).string(message.actor);
+    }
+    if (message.action !== "") {
+      writer.uint32(34).string(message.action);
+    }
+    if (message.targetId !== "") {
+      writer.uint32(42).string(message.targetId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(50).string(message.orgId);
+    }
+    if (message.outcome !== "") {
+      writer.uint32(58).string(message.outcome);
+    }
+    if (message.callerAddress !== "") {
+      writer.uint32(66).string(message.callerAddress);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AuditEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAuditEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.id = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.at = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.actor = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.action = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.targetId = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.outcome = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.callerAddress = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AuditEntry {
+    return {
+      id: isSet(object.id) ? globalThis.Number(object.id) : 0,
+      at: isSet(object.at) ? globalThis.String(object.at) : "",
+      actor: isSet(object.actor) ? globalThis.String(object.actor) : "",
+      action: isSet(object.action) ? globalThis.String(object.action) : "",
+      targetId: isSet(object.targetId)
+        ? globalThis.String(object.targetId)
+        : isSet(object.target_id)
+        ? globalThis.String(object.target_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      outcome: isSet(object.outcome) ? globalThis.String(object.outcome) : "",
+      callerAddress: isSet(object.callerAddress)
+        ? globalThis.String(object.callerAddress)
+        : isSet(object.caller_address)
+        ? globalThis.String(object.caller_address)
+        : "",
+    };
+  },
+
+  toJSON(message: AuditEntry): unknown {
+    const obj: any = {};
+    if (message.id !== 0) {
+      obj.id = Math.round(message.id);
+    }
+    if (message.at !== "") {
+      obj.at = message.at;
+    }
+    if (message.actor !== "") {
+      obj.actor = message.actor;
+    }
+    if (message.action !== "") {
+      obj.action = message.action;
+    }
+    if (message.targetId !== "") {
+      obj.targetId = message.targetId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.outcome !== "") {
+      obj.outcome = message.outcome;
+    }
+    if (message.callerAddress !== "") {
+      obj.callerAddress = message.callerAddress;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AuditEntry>, I>>(base?: I): AuditEntry {
+    return AuditEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AuditEntry>, I>>(object: I): AuditEntry {
+    const message = createBaseAuditEntry();
+    message.id = object.id ?? 0;
+    message.at = object.at ?? "";
+    message.actor = object.actor ?? "";
+    message.action = object.action ?? "";
+    message.targetId = object.targetId ?? "";
+    message.orgId = object.orgId ?? "";
+    message.outcome = object.outcome ?? "";
+    message.callerAddress = object.callerAddress ?? "";
+    return message;
+  },
+};
+
+function createBaseListAuditEntriesResponse(): ListAuditEntriesResponse {
+  return { entries: [] };
+}
+
+export const ListAuditEntriesResponse: MessageFns<ListAuditEntriesResponse> = {
+  encode(message: ListAuditEntriesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.entries) {
+      AuditEntry.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListAuditEntriesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListAuditEntriesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.entries.push(AuditEntry.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListAuditEntriesResponse {
+    return {
+      entries: globalThis.Array.isArray(object?.entries) ? object.entries.map((e: any) => AuditEntry.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ListAuditEntriesResponse): unknown {
+    const obj: any = {};
+    if (message.entries?.length) {
+      obj.entries = message.entries.map((e) => AuditEntry.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListAuditEntriesResponse>, I>>(base?: I): ListAuditEntriesResponse {
+    return ListAuditEntriesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListAuditEntriesResponse>, I>>(object: I): ListAuditEntriesResponse {
+    const message = createBaseListAuditEntriesResponse();
+    message.entries = object.entries?.map((e) => AuditEntry.fromPartial(e)) || [];
+    return message;
+  },
+};
 
 function createBaseAccount(): Account {
   return { id: "", name: "", createdAt: "" };
@@ -2455,6 +4036,8 @@ function createBaseApiKey(): ApiKey {
     rpmLimit: 0,
     tpmLimit: 0,
     maxParallelRequests: 0,
+    expiresAt: "",
+    revokedReason: "",
   };
 }
 
@@ -2498,6 +4081,12 @@ export const ApiKey: MessageFns<ApiKey> = {
     }
     if (message.maxParallelRequests !== 0) {
       writer.uint32(104).int64(message.maxParallelRequests);
+    }
+    if (message.expiresAt !== "") {
+      writer.uint32(5602).string(message.expiresAt);
+    }
+    if (message.revokedReason !== "") {
+      writer.uint32(5610).string(message.revokedReason);
     }
     return writer;
   },
@@ -2619,6 +4208,22 @@ export const ApiKey: MessageFns<ApiKey> = {
             message.maxParallelRequests = longToNumber(reader.int64());
             continue;
           }
+          case 700: {
+            if (tag !== 5602) {
+              break;
+            }
+
+            message.expiresAt = reader.string();
+            continue;
+          }
+          case 701: {
+            if (tag !== 5610) {
+              break;
+            }
+
+            message.revokedReason = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2686,6 +4291,16 @@ export const ApiKey: MessageFns<ApiKey> = {
         : isSet(object.max_parallel_requests)
         ? globalThis.Number(object.max_parallel_requests)
         : 0,
+      expiresAt: isSet(object.expiresAt)
+        ? globalThis.String(object.expiresAt)
+        : isSet(object.expires_at)
+        ? globalThis.String(object.expires_at)
+        : "",
+      revokedReason: isSet(object.revokedReason)
+        ? globalThis.String(object.revokedReason)
+        : isSet(object.revoked_reason)
+        ? globalThis.String(object.revoked_reason)
+        : "",
     };
   },
 
@@ -2730,6 +4345,12 @@ export const ApiKey: MessageFns<ApiKey> = {
     if (message.maxParallelRequests !== 0) {
       obj.maxParallelRequests = Math.round(message.maxParallelRequests);
     }
+    if (message.expiresAt !== "") {
+      obj.expiresAt = message.expiresAt;
+    }
+    if (message.revokedReason !== "") {
+      obj.revokedReason = message.revokedReason;
+    }
     return obj;
   },
 
@@ -2751,12 +4372,14 @@ export const ApiKey: MessageFns<ApiKey> = {
     message.rpmLimit = object.rpmLimit ?? 0;
     message.tpmLimit = object.tpmLimit ?? 0;
     message.maxParallelRequests = object.maxParallelRequests ?? 0;
+    message.expiresAt = object.expiresAt ?? "";
+    message.revokedReason = object.revokedReason ?? "";
     return message;
   },
 };
 
 function createBaseCreateKeyRequest(): CreateKeyRequest {
-  return { projectId: "", name: "", allowedModels: [] };
+  return { projectId: "", name: "", allowedModels: [], expiresInSec: 0, expiresAt: "" };
 }
 
 export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
@@ -2769,6 +4392,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     }
     for (const v of message.allowedModels) {
       writer.uint32(26).string(v!);
+    }
+    if (message.expiresInSec !== 0) {
+      writer.uint32(5600).int64(message.expiresInSec);
+    }
+    if (message.expiresAt !== "") {
+      writer.uint32(5610).string(message.expiresAt);
     }
     return writer;
   },
@@ -2810,6 +4439,22 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
             message.allowedModels.push(reader.string());
             continue;
           }
+          case 700: {
+            if (tag !== 5600) {
+              break;
+            }
+
+            message.expiresInSec = longToNumber(reader.int64());
+            continue;
+          }
+          case 701: {
+            if (tag !== 5610) {
+              break;
+            }
+
+            message.expiresAt = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2835,6 +4480,16 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
         : globalThis.Array.isArray(object?.allowed_models)
         ? object.allowed_models.map((e: any) => globalThis.String(e))
         : [],
+      expiresInSec: isSet(object.expiresInSec)
+        ? globalThis.Number(object.expiresInSec)
+        : isSet(object.expires_in_sec)
+        ? globalThis.Number(object.expires_in_sec)
+        : 0,
+      expiresAt: isSet(object.expiresAt)
+        ? globalThis.String(object.expiresAt)
+        : isSet(object.expires_at)
+        ? globalThis.String(object.expires_at)
+        : "",
     };
   },
 
@@ -2849,6 +4504,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     if (message.allowedModels?.length) {
       obj.allowedModels = message.allowedModels;
     }
+    if (message.expiresInSec !== 0) {
+      obj.expiresInSec = Math.round(message.expiresInSec);
+    }
+    if (message.expiresAt !== "") {
+      obj.expiresAt = message.expiresAt;
+    }
     return obj;
   },
 
@@ -2860,6 +4521,8 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     message.projectId = object.projectId ?? "";
     message.name = object.name ?? "";
     message.allowedModels = object.allowedModels?.map((e) => e) || [];
+    message.expiresInSec = object.expiresInSec ?? 0;
+    message.expiresAt = object.expiresAt ?? "";
     return message;
   },
 };
@@ -2956,13 +4619,16 @@ export const CreateKeyResponse: MessageFns<CreateKeyResponse> = {
 };
 
 function createBaseListKeysRequest(): ListKeysRequest {
-  return { projectId: "" };
+  return { projectId: "", expiringWithinSec: 0 };
 }
 
 export const ListKeysRequest: MessageFns<ListKeysRequest> = {
   encode(message: ListKeysRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.projectId !== "") {
       writer.uint32(10).string(message.projectId);
+    }
+    if (message.expiringWithinSec !== 0) {
+      writer.uint32(5600).int64(message.expiringWithinSec);
     }
     return writer;
   },
@@ -2988,6 +4654,14 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
             message.projectId = reader.string();
             continue;
           }
+          case 700: {
+            if (tag !== 5600) {
+              break;
+            }
+
+            message.expiringWithinSec = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3007,6 +4681,11 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
         : isSet(object.project_id)
         ? globalThis.String(object.project_id)
         : "",
+      expiringWithinSec: isSet(object.expiringWithinSec)
+        ? globalThis.Number(object.expiringWithinSec)
+        : isSet(object.expiring_within_sec)
+        ? globalThis.Number(object.expiring_within_sec)
+        : 0,
     };
   },
 
@@ -3014,6 +4693,9 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
     const obj: any = {};
     if (message.projectId !== "") {
       obj.projectId = message.projectId;
+    }
+    if (message.expiringWithinSec !== 0) {
+      obj.expiringWithinSec = Math.round(message.expiringWithinSec);
     }
     return obj;
   },
@@ -3024,6 +4706,209 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
   fromPartial<I extends Exact<DeepPartial<ListKeysRequest>, I>>(object: I): ListKeysRequest {
     const message = createBaseListKeysRequest();
     message.projectId = object.projectId ?? "";
+    message.expiringWithinSec = object.expiringWithinSec ?? 0;
+    return message;
+  },
+};
+
+function createBaseSetKeyPolicyRequest(): SetKeyPolicyRequest {
+  return { orgId: "", maxLifetimeSec: 0, clear: false };
+}
+
+export const SetKeyPolicyRequest: MessageFns<SetKeyPolicyRequest> = {
+  encode(message: SetKeyPolicyRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.orgId !== "") {
+      writer.uint32(10).string(message.orgId);
+    }
+    if (message.maxLifetimeSec !== 0) {
+      writer.uint32(16).int64(message.maxLifetimeSec);
+    }
+    if (message.clear !== false) {
+      writer.uint32(24).bool(message.clear);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SetKeyPolicyRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSetKeyPolicyRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxLifetimeSec = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.clear = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SetKeyPolicyRequest {
+    return {
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      maxLifetimeSec: isSet(object.maxLifetimeSec)
+        ? globalThis.Number(object.maxLifetimeSec)
+        : isSet(object.max_lifetime_sec)
+        ? globalThis.Number(object.max_lifetime_sec)
+        : 0,
+      clear: isSet(object.clear) ? globalThis.Boolean(object.clear) : false,
+    };
+  },
+
+  toJSON(message: SetKeyPolicyRequest): unknown {
+    const obj: any = {};
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.maxLifetimeSec !== 0) {
+      obj.maxLifetimeSec = Math.round(message.maxLifetimeSec);
+    }
+    if (message.clear !== false) {
+      obj.clear = message.clear;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SetKeyPolicyRequest>, I>>(base?: I): SetKeyPolicyRequest {
+    return SetKeyPolicyRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SetKeyPolicyRequest>, I>>(object: I): SetKeyPolicyRequest {
+    const message = createBaseSetKeyPolicyRequest();
+    message.orgId = object.orgId ?? "";
+    message.maxLifetimeSec = object.maxLifetimeSec ?? 0;
+    message.clear = object.clear ?? false;
+    return message;
+  },
+};
+
+function createBaseKeyPolicy(): KeyPolicy {
+  return { orgId: "", maxLifetimeSec: 0 };
+}
+
+export const KeyPolicy: MessageFns<KeyPolicy> = {
+  encode(message: KeyPolicy, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.orgId !== "") {
+      writer.uint32(10).string(message.orgId);
+    }
+    if (message.maxLifetimeSec !== 0) {
+      writer.uint32(16).int64(message.maxLifetimeSec);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyPolicy {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyPolicy();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxLifetimeSec = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyPolicy {
+    return {
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      maxLifetimeSec: isSet(object.maxLifetimeSec)
+        ? globalThis.Number(object.maxLifetimeSec)
+        : isSet(object.max_lifetime_sec)
+        ? globalThis.Number(object.max_lifetime_sec)
+        : 0,
+    };
+  },
+
+  toJSON(message: KeyPolicy): unknown {
+    const obj: any = {};
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.maxLifetimeSec !== 0) {
+      obj.maxLifetimeSec = Math.round(message.maxLifetimeSec);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyPolicy>, I>>(base?: I): KeyPolicy {
+    return KeyPolicy.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyPolicy>, I>>(object: I): KeyPolicy {
+    const message = createBaseKeyPolicy();
+    message.orgId = object.orgId ?? "";
+    message.maxLifetimeSec = object.maxLifetimeSec ?? 0;
     return message;
   },
 };
@@ -6039,6 +7924,73 @@ export const ConsoleServiceService = {
     responseSerialize: (value: ApiKey): Buffer => Buffer.from(ApiKey.encode(value).finish()),
     responseDeserialize: (value: Buffer): ApiKey => ApiKey.decode(value),
   },
+  /**
+   * Operator only. The webhook destinations of the config file, with their delivery state (a
+   * destination whose delivery failed for 24 h is paused). Secrets are never shown.
+   */
+  listWebhooks: {
+    path: "/tollgate.v1.ConsoleService/ListWebhooks" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListWebhooksRequest): Buffer => Buffer.from(ListWebhooksRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListWebhooksRequest => ListWebhooksRequest.decode(value),
+    responseSerialize: (value: ListWebhooksResponse): Buffer =>
+      Buffer.from(ListWebhooksResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListWebhooksResponse => ListWebhooksResponse.decode(value),
+  },
+  /**
+   * Operator only. Sends one signed `webhook.test` event to a configured destination now and answers
+   * its outcome; a 2xx resumes a paused destination.
+   */
+  testWebhook: {
+    path: "/tollgate.v1.ConsoleService/TestWebhook" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: TestWebhookRequest): Buffer => Buffer.from(TestWebhookRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): TestWebhookRequest => TestWebhookRequest.decode(value),
+    responseSerialize: (value: TestWebhookResponse): Buffer => Buffer.from(TestWebhookResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): TestWebhookResponse => TestWebhookResponse.decode(value),
+  },
+  /** Operator only. Webhook deliveries, newest event first. */
+  listWebhookDeliveries: {
+    path: "/tollgate.v1.ConsoleService/ListWebhookDeliveries" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListWebhookDeliveriesRequest): Buffer =>
+      Buffer.from(ListWebhookDeliveriesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListWebhookDeliveriesRequest => ListWebhookDeliveriesRequest.decode(value),
+    responseSerialize: (value: ListWebhookDeliveriesResponse): Buffer =>
+      Buffer.from(ListWebhookDeliveriesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListWebhookDeliveriesResponse => ListWebhookDeliveriesResponse.decode(value),
+  },
+  /**
+   * The audit log of console calls, newest first: the operator sees every entry, an owner or admin the
+   * entries of their organisations, a member none (PERMISSION_DENIED when asking for an organisation).
+   */
+  listAuditEntries: {
+    path: "/tollgate.v1.ConsoleService/ListAuditEntries" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListAuditEntriesRequest): Buffer =>
+      Buffer.from(ListAuditEntriesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListAuditEntriesRequest => ListAuditEntriesRequest.decode(value),
+    responseSerialize: (value: ListAuditEntriesResponse): Buffer =>
+      Buffer.from(ListAuditEntriesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListAuditEntriesResponse => ListAuditEntriesResponse.decode(value),
+  },
+  /**
+   * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
+   * or with one past the maximum, are refused (INVALID_ARGUMENT).
+   */
+  setKeyPolicy: {
+    path: "/tollgate.v1.ConsoleService/SetKeyPolicy" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: SetKeyPolicyRequest): Buffer => Buffer.from(SetKeyPolicyRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): SetKeyPolicyRequest => SetKeyPolicyRequest.decode(value),
+    responseSerialize: (value: KeyPolicy): Buffer => Buffer.from(KeyPolicy.encode(value).finish()),
+    responseDeserialize: (value: Buffer): KeyPolicy => KeyPolicy.decode(value),
+  },
 } as const;
 
 export interface ConsoleServiceServer extends UntypedServiceImplementation {
@@ -6093,6 +8045,28 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
    * Rate-limited per caller (RESOURCE_EXHAUSTED). The value is never logged or echoed.
    */
   findKey: handleUnaryCall<FindKeyRequest, ApiKey>;
+  /**
+   * Operator only. The webhook destinations of the config file, with their delivery state (a
+   * destination whose delivery failed for 24 h is paused). Secrets are never shown.
+   */
+  listWebhooks: handleUnaryCall<ListWebhooksRequest, ListWebhooksResponse>;
+  /**
+   * Operator only. Sends one signed `webhook.test` event to a configured destination now and answers
+   * its outcome; a 2xx resumes a paused destination.
+   */
+  testWebhook: handleUnaryCall<TestWebhookRequest, TestWebhookResponse>;
+  /** Operator only. Webhook deliveries, newest event first. */
+  listWebhookDeliveries: handleUnaryCall<ListWebhookDeliveriesRequest, ListWebhookDeliveriesResponse>;
+  /**
+   * The audit log of console calls, newest first: the operator sees every entry, an owner or admin the
+   * entries of their organisations, a member none (PERMISSION_DENIED when asking for an organisation).
+   */
+  listAuditEntries: handleUnaryCall<ListAuditEntriesRequest, ListAuditEntriesResponse>;
+  /**
+   * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
+   * or with one past the maximum, are refused (INVALID_ARGUMENT).
+   */
+  setKeyPolicy: handleUnaryCall<SetKeyPolicyRequest, KeyPolicy>;
 }
 
 export interface ConsoleServiceClient extends Client {
@@ -6436,6 +8410,98 @@ export interface ConsoleServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ApiKey) => void,
+  ): ClientUnaryCall;
+  /**
+   * Operator only. The webhook destinations of the config file, with their delivery state (a
+   * destination whose delivery failed for 24 h is paused). Secrets are never shown.
+   */
+  listWebhooks(
+    request: ListWebhooksRequest,
+    callback: (error: ServiceError | null, response: ListWebhooksResponse) => void,
+  ): ClientUnaryCall;
+  listWebhooks(
+    request: ListWebhooksRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListWebhooksResponse) => void,
+  ): ClientUnaryCall;
+  listWebhooks(
+    request: ListWebhooksRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListWebhooksResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Operator only. Sends one signed `webhook.test` event to a configured destination now and answers
+   * its outcome; a 2xx resumes a paused destination.
+   */
+  testWebhook(
+    request: TestWebhookRequest,
+    callback: (error: ServiceError | null, response: TestWebhookResponse) => void,
+  ): ClientUnaryCall;
+  testWebhook(
+    request: TestWebhookRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: TestWebhookResponse) => void,
+  ): ClientUnaryCall;
+  testWebhook(
+    request: TestWebhookRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: TestWebhookResponse) => void,
+  ): ClientUnaryCall;
+  /** Operator only. Webhook deliveries, newest event first. */
+  listWebhookDeliveries(
+    request: ListWebhookDeliveriesRequest,
+    callback: (error: ServiceError | null, response: ListWebhookDeliveriesResponse) => void,
+  ): ClientUnaryCall;
+  listWebhookDeliveries(
+    request: ListWebhookDeliveriesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListWebhookDeliveriesResponse) => void,
+  ): ClientUnaryCall;
+  listWebhookDeliveries(
+    request: ListWebhookDeliveriesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListWebhookDeliveriesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The audit log of console calls, newest first: the operator sees every entry, an owner or admin the
+   * entries of their organisations, a member none (PERMISSION_DENIED when asking for an organisation).
+   */
+  listAuditEntries(
+    request: ListAuditEntriesRequest,
+    callback: (error: ServiceError | null, response: ListAuditEntriesResponse) => void,
+  ): ClientUnaryCall;
+  listAuditEntries(
+    request: ListAuditEntriesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListAuditEntriesResponse) => void,
+  ): ClientUnaryCall;
+  listAuditEntries(
+    request: ListAuditEntriesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListAuditEntriesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
+   * or with one past the maximum, are refused (INVALID_ARGUMENT).
+   */
+  setKeyPolicy(
+    request: SetKeyPolicyRequest,
+    callback: (error: ServiceError | null, response: KeyPolicy) => void,
+  ): ClientUnaryCall;
+  setKeyPolicy(
+    request: SetKeyPolicyRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: KeyPolicy) => void,
+  ): ClientUnaryCall;
+  setKeyPolicy(
+    request: SetKeyPolicyRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: KeyPolicy) => void,
   ): ClientUnaryCall;
 }
 

@@ -145,6 +145,11 @@ export interface KeyEntry {
   rpmLimit: number;
   tpmLimit: number;
   maxParallelRequests: number;
+  /**
+   * ms since the epoch when the key stops authenticating on every node, whatever the control plane
+   * says meanwhile; 0: never.
+   */
+  expiresAtMs?: number | undefined;
 }
 
 export interface OrgEntry {
@@ -2016,6 +2021,7 @@ function createBaseKeyEntry(): KeyEntry {
     rpmLimit: 0,
     tpmLimit: 0,
     maxParallelRequests: 0,
+    expiresAtMs: undefined,
   };
 }
 
@@ -2044,6 +2050,9 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     }
     if (message.maxParallelRequests !== 0) {
       writer.uint32(64).int64(message.maxParallelRequests);
+    }
+    if (message.expiresAtMs !== undefined) {
+      writer.uint32(5600).int64(message.expiresAtMs);
     }
     return writer;
   },
@@ -2125,6 +2134,14 @@ export const KeyEntry: MessageFns<KeyEntry> = {
             message.maxParallelRequests = longToNumber(reader.int64());
             continue;
           }
+          case 700: {
+            if (tag !== 5600) {
+              break;
+            }
+
+            message.expiresAtMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2179,6 +2196,11 @@ export const KeyEntry: MessageFns<KeyEntry> = {
         : isSet(object.max_parallel_requests)
         ? globalThis.Number(object.max_parallel_requests)
         : 0,
+      expiresAtMs: isSet(object.expiresAtMs)
+        ? globalThis.Number(object.expiresAtMs)
+        : isSet(object.expires_at_ms)
+        ? globalThis.Number(object.expires_at_ms)
+        : undefined,
     };
   },
 
@@ -2208,6 +2230,9 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     if (message.maxParallelRequests !== 0) {
       obj.maxParallelRequests = Math.round(message.maxParallelRequests);
     }
+    if (message.expiresAtMs !== undefined) {
+      obj.expiresAtMs = Math.round(message.expiresAtMs);
+    }
     return obj;
   },
 
@@ -2224,6 +2249,7 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     message.rpmLimit = object.rpmLimit ?? 0;
     message.tpmLimit = object.tpmLimit ?? 0;
     message.maxParallelRequests = object.maxParallelRequests ?? 0;
+    message.expiresAtMs = object.expiresAtMs ?? undefined;
     return message;
   },
 };

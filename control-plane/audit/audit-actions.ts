@@ -1,0 +1,101 @@
+// Which console calls are audited, under what action name, and what their target is. A call marked
+// `changes` is recorded when it succeeds; every call is recorded when it is refused for the caller's
+// role (PERMISSION_DENIED, or NOT_FOUND answered to a non-member by a role check).
+import { status, type handleUnaryCall, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
+import type { ConsoleServiceServer } from '../../proto/gen/tollgate/v1/console.js';
+import { AuditScope, callerAddressOf, runInAuditScope, type AuditRecorder } from './audit-recorder.js';
+
+type Any = Record<string, any>;
+
+interface ActionSpec {
+  action: string;
+  changes: boolean;
+  /** The thing acted on, from the request (and the response when the call succeeded). */
+  target?(req: Any, res: Any | undefined): string | undefined;
+  /** The organisation, when the role checks did not name it (a created organisation, a key's). */
+  org?(req: Any, res: Any | undefined): string | undefined;
+}
+
+const orgTarget = (req: Any) => req.orgId;
+
+export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
+  createAccount: { action: 'account.create', changes: true, target: (_q, r) => r?.account?.id },
+  whoAmI: { action: 'account.whoami', changes: false },
+  createOrg: { action: 'org.create', changes: true, target: (_q, r) => r?.id, org: (_q, r) => r?.id },
+  listOrgs: { action: 'org.list', changes: false },
+  getOrg: { action: 'org.show', changes: false, target: orgTarget },
+  setOrgTier: { action: 'org.set_tier', changes: true, target: orgTarget, org: orgTarget },
+  creditOrg: { action: 'org.credit', changes: true, target: orgTarget, org: orgTarget },
+  setOrgCap: { action: 'org.set_cap', changes: true, target: orgTarget, org: orgTarget },
+  addMember: { action: 'member.add', changes: true, target: (q) => q.accountId, org: orgTarget },
+  listMembers: { action: 'member.list', changes: false, target: orgTarget },
+  createProject: { action: 'project.create', changes: true, target: (_q, r) => r?.id, org: orgTarget },
+  listProjects: { action: 'project.list', changes: false, target: orgTarget },
+  createKey: { action: 'key.create', changes: true, target: (_q, r) => r?.apiKey?.id, org: (_q, r) => r?.apiKey?.orgId },
+  listKeys: { action: 'key.list', changes: false, target: (q) => q.projectId },
+  revokeKey: { action: 'key.revoke', changes: true, target: (q) => q.keyId, org: (_q, r) => r?.apiKey?.orgId },
+  getUsage: { action: 'usage.show', changes: false, target: (q) => q.projectId || q.orgId },
+  listModels: { action: 'models.list', changes: false },
+  listNodes: { action: 'nodes.list', changes: false },
+  reloadConfig: { action: 'config.reload', changes: true },
+  listRequestLogs: { action: 'logs.list', changes: false, target: (q) => q.keyId || q.projectId || q.orgId },
+  getKey: { action: 'key.show', changes: false, target: (q) => q.keyId },
+  findKey: { action: 'key.find', changes: false },
+  listWebhooks: { action: 'webhooks.list', changes: false },
+  testWebhook: { action: 'webhooks.test', changes: true, target: (q) => urlWithoutQuery(q.url) },
+  listWebhookDeliveries: { action: 'webhooks.deliveries', changes: false },
+  listAuditEntries: { action: 'audit.list', changes: false, target: orgTarget },
+  setKeyPolicy: { action: 'org.set_key_policy', changes: true, target: orgTarget, org: orgTarget },
+};
+
+/** Wraps every handler: each call runs in its own AuditScope and is recorded as AUDITED says. */
+export function auditHandlers(recorder: AuditRecorder | null, handlers: ConsoleServiceServer): ConsoleServiceServer {
+  if (!recorder) return handlers;
+  const out: Any = {};
+  for (const [name, handler] of Object.entries(handlers) as [keyof ConsoleServiceServer, handleUnaryCall<Any, Any>][]) {
+    // A call added without an entry here is still recorded when refused (under its method name).
+    const spec: ActionSpec = AUDITED[name] ?? { action: name, changes: false };
+    out[name] = (call: ServerUnaryCall<Any, Any>, callback: sendUnaryData<Any>) => {
+      const scope = new AuditScope(callerAddressOf(safePeer(call)));
+      runInAuditScope(scope, () =>
+        handler(call, (err, res) => {
+          const denied = !!err && (err.code === status.PERMISSION_DENIED || (scope.denied && err.code === status.NOT_FOUND));
+          if (scope.actor && (denied || (!err && spec.changes))) {
+            const req = call.request ?? {};
+            // The role checks name the organisation of what was touched; a created one comes from the answer.
+            const orgId = scope.orgId || spec.org?.(req, err ? undefined : (res ?? undefined)) || '';
+            recorder.recordLater({
+              atMs: recorder.now(),
+              actor: scope.actor,
+              action: spec.action,
+              targetId: spec.target?.(req, err ? undefined : (res ?? undefined)) ?? '',
+              orgId: typeof orgId === 'string' ? orgId : '',
+              outcome: denied ? 'denied' : 'ok',
+              callerAddress: scope.callerAddress,
+            });
+          }
+          callback(err, res);
+        }),
+      );
+    };
+  }
+  return out as ConsoleServiceServer;
+}
+
+/** A webhook URL's query may carry a receiver's token: only its origin and path are kept. */
+function urlWithoutQuery(raw: unknown): string {
+  try {
+    const u = new URL(String(raw));
+    return `${u.origin}${u.pathname}`;
+  } catch {
+    return '';
+  }
+}
+
+function safePeer(call: ServerUnaryCall<Any, Any>): string {
+  try {
+    return call.getPeer();
+  } catch {
+    return '';
+  }
+}

@@ -1,0 +1,115 @@
+// The audit log end to end: console calls through the CLI (real processes), allowed and refused,
+// then `tollgate audit` as the operator, an owner, an admin and a member.
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { consoleClient, type Console } from '../helpers/console.js';
+import { cliJson, runCli, startControlPlane, stopAll, type ControlPlane } from '../helpers/processes.js';
+
+let cp: ControlPlane;
+let op: Console;
+const acct: Record<'alice' | 'bob' | 'carol' | 'dave', { id: string; token: string }> = {} as any;
+let orgId = '';
+let otherOrgId = '';
+let projectId = '';
+let keyValue = '';
+let keyId = '';
+
+before(async () => {
+  cp = await startControlPlane();
+  op = consoleClient(cp.address, cp.secrets.operatorToken);
+  for (const name of ['alice', 'bob', 'carol', 'dave'] as const) {
+    const r = await op.createAccount({ name });
+    acct[name] = { id: r.account!.id, token: r.token };
+  }
+  orgId = (await op.createOrg({ name: 'acme', ownerAccountId: acct.alice.id, tier: 'paid' })).id;
+  otherOrgId = (await op.createOrg({ name: 'other', ownerAccountId: acct.dave.id, tier: 'free' })).id;
+  await op.addMember({ orgId, accountId: acct.bob.id, role: 'member' });
+  await op.addMember({ orgId, accountId: acct.carol.id, role: 'admin' });
+
+  // Allowed: the owner makes a project and a key, caps and revokes; the operator credits.
+  projectId = cliJson(cp, acct.alice.token, ['project', 'create', '--org', orgId, '--name', 'backend']).id;
+  const created = cliJson(cp, acct.alice.token, ['key', 'create', '--project', projectId, '--name', 'prod']);
+  keyValue = created.key;
+  keyId = created.id;
+  cliJson(cp, acct.alice.token, ['org', 'set-cap', orgId, '--usd', '50']);
+  cliJson(cp, cp.secrets.operatorToken, ['org', 'credit', orgId, '--usd', '10']);
+  // Refused for their role: a member creating a key, an admin crediting (operator only), a non-member revoking.
+  assert.match(runCli(cp, acct.bob.token, ['key', 'create', '--project', projectId]).stderr, /^403 /);
+  assert.match(runCli(cp, acct.carol.token, ['org', 'credit', orgId, '--usd', '5']).stderr, /^403 /);
+  assert.match(runCli(cp, acct.dave.token, ['key', 'revoke', keyId]).stderr, /^404 /);
+  cliJson(cp, acct.alice.token, ['key', 'revoke', keyId]);
+  // The other organisation's owner acts in it.
+  cliJson(cp, acct.dave.token, ['project', 'create', '--org', otherOrgId, '--name', 'theirs']);
+});
+after(async () => {
+  op?.close();
+  await stopAll();
+});
+
+type Entry = { id: number; at: string; actor: string; action: string; target_id: string | null; org_id: string | null; outcome: string; caller_address: string | null };
+const audit = (token: string, args: string[] = []): Entry[] => cliJson(cp, token, ['audit', ...args]).entries;
+const find = (entries: Entry[], action: string, actor: string, outcome = 'ok') => entries.filter((e) => e.action === action && e.actor === actor && e.outcome === outcome);
+
+test('changes and role refusals are recorded with actor, action, target, organisation, outcome and address', () => {
+  const all = audit(cp.secrets.operatorToken);
+  const [create] = find(all, 'key.create', acct.alice.id);
+  assert.equal(create.target_id, keyId);
+  assert.equal(create.org_id, orgId);
+  assert.equal(create.caller_address, '127.0.0.1');
+  assert.match(create.at, /^\d{4}-\d{2}-\d{2}T/);
+  assert.equal(find(all, 'project.create', acct.alice.id)[0].target_id, projectId);
+  assert.equal(find(all, 'org.set_cap', acct.alice.id)[0].org_id, orgId);
+  assert.equal(find(all, 'org.credit', 'operator')[0].target_id, orgId);
+  assert.equal(find(all, 'key.revoke', acct.alice.id)[0].target_id, keyId);
+  assert.equal(find(all, 'member.add', 'operator').length, 2);
+  assert.equal(find(all, 'account.create', 'operator').length, 4);
+  assert.equal(find(all, 'org.create', 'operator').length, 2);
+  // Refused: 403 for the member and the admin, 404 for the non-member: all three are "denied".
+  const deniedCreate = find(all, 'key.create', acct.bob.id, 'denied');
+  assert.equal(deniedCreate.length, 1);
+  assert.equal(deniedCreate[0].org_id, orgId);
+  assert.equal(find(all, 'org.credit', acct.carol.id, 'denied')[0].org_id, orgId);
+  const deniedRevoke = find(all, 'key.revoke', acct.dave.id, 'denied');
+  assert.equal(deniedRevoke.length, 1);
+  assert.equal(deniedRevoke[0].target_id, keyId);
+  // Reads that were allowed are not recorded.
+  assert.equal(all.filter((e) => e.action === 'key.list' || e.action === 'org.show').length, 0);
+  // Never a key value or a token.
+  const text = JSON.stringify(all);
+  for (const secret of [keyValue, cp.secrets.operatorToken, ...Object.values(acct).map((a) => a.token)]) assert.ok(!text.includes(secret));
+  // Newest first.
+  assert.ok(all.every((e, i) => i === 0 || e.at <= all[i - 1].at));
+});
+
+test('owners and admins see their organisation; a member sees none; the operator sees all', () => {
+  const owner = audit(acct.alice.token);
+  assert.ok(owner.length > 0);
+  assert.ok(owner.every((e) => e.org_id === orgId), 'only acme entries');
+  assert.ok(find(owner, 'key.create', acct.bob.id, 'denied').length === 1, 'refusals in the org are shown to its owner');
+  const admin = audit(acct.carol.token, ['--org', orgId]);
+  assert.deepEqual(admin.map((e) => e.id), owner.map((e) => e.id));
+  // Dave owns the other organisation: he sees its entries, not acme's (his denied attempt there included? no: acme's).
+  const dave = audit(acct.dave.token);
+  assert.ok(dave.length > 0 && dave.every((e) => e.org_id === otherOrgId));
+  assert.match(runCli(cp, acct.dave.token, ['audit', '--org', orgId]).stderr, /^404 /);
+  // A member: none, and asking for the organisation is refused (and itself recorded).
+  assert.deepEqual(audit(acct.bob.token), []);
+  const r = runCli(cp, acct.bob.token, ['audit', '--org', orgId]);
+  assert.equal(r.code, 1);
+  assert.match(r.stderr, /^403 /);
+  assert.equal(find(audit(cp.secrets.operatorToken), 'audit.list', acct.bob.id, 'denied').length, 1);
+  // Entries without an organisation (accounts) are the operator's alone.
+  assert.ok(!owner.some((e) => e.action === 'account.create'));
+});
+
+test('audit filters by action and time', () => {
+  const revokes = audit(cp.secrets.operatorToken, ['--action', 'key.revoke']);
+  assert.deepEqual(new Set(revokes.map((e) => e.action)), new Set(['key.revoke']));
+  assert.equal(revokes.length, 2);
+  const all = audit(cp.secrets.operatorToken);
+  const cut = all[Math.floor(all.length / 2)].at;
+  const since = audit(cp.secrets.operatorToken, ['--since', cut]);
+  assert.ok(since.length > 0 && since.length < all.length);
+  assert.ok(since.every((e) => e.at >= cut));
+  assert.match(runCli(cp, cp.secrets.operatorToken, ['audit', '--since', 'yesterday']).stderr, /^400 --since must be/);
+});

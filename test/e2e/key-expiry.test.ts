@@ -1,0 +1,156 @@
+// Key expiry end to end: nodes hold a key's expiry and refuse it on their own (one of them cut off
+// from the control plane), the control plane then revokes it with revoked_reason "expired", the
+// organisation's maximum lifetime, `key list --expiring-within`, and the key.expiring webhook.
+import assert from 'node:assert/strict';
+import { createServer, connect, type Server, type Socket } from 'node:net';
+import { after, before, test } from 'node:test';
+import { configYaml } from '../helpers/config.js';
+import { consoleClient, type Console } from '../helpers/console.js';
+import { bearer, request, setClock } from '../helpers/http.js';
+import { cliJson, runCli, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
+
+let cp: ControlPlane;
+let nodeA: DataPlane;
+let nodeB: DataPlane;
+let proxy: { address: string; cut(): void; close(): Promise<void> };
+let op: Console;
+let recv: WebhookReceiver;
+let orgId = '';
+let projectId = '';
+let owner = { id: '', token: '' };
+
+/** A TCP relay between node B and the control plane; `cut` ends every connection and refuses new ones. */
+async function startRelay(target: string): Promise<typeof proxy> {
+  const [host, port] = [target.slice(0, target.lastIndexOf(':')), Number(target.slice(target.lastIndexOf(':') + 1))];
+  const sockets = new Set<Socket>();
+  let open = true;
+  const server: Server = createServer((client) => {
+    if (!open) return client.destroy();
+    const upstream = connect(port, host);
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on('close', () => sockets.delete(s));
+      s.on('error', () => undefined);
+    }
+    client.pipe(upstream).pipe(client);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    address: `127.0.0.1:${(server.address() as { port: number }).port}`,
+    cut() {
+      open = false;
+      for (const s of sockets) s.destroy();
+    },
+    close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
+}
+
+before(async () => {
+  recv = await startWebhookReceiver();
+  cp = await startControlPlane({
+    env: { EXPIRY_HOOK_SECRET: recv.secret },
+    configYaml: configYaml((cfg) => void (cfg.webhooks = [{ url: recv.url, secret_env: 'EXPIRY_HOOK_SECRET', events: ['key.expiring', 'key.revoked'] }])),
+  });
+  proxy = await startRelay(cp.address);
+  const clocked = { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } };
+  nodeA = await startDataPlane(cp, { ...clocked, nodeId: 'node-a' });
+  nodeB = await startDataPlane({ address: proxy.address, secrets: cp.secrets }, { ...clocked, nodeId: 'node-b' });
+  op = consoleClient(cp.address, cp.secrets.operatorToken);
+  const acct = await op.createAccount({ name: 'owner' });
+  owner = { id: acct.account!.id, token: acct.token };
+  orgId = (await op.createOrg({ name: 'expiring', ownerAccountId: owner.id, tier: 'free' })).id;
+  projectId = (await op.createProject({ orgId, name: 'p' })).id;
+});
+after(async () => {
+  op?.close();
+  await stopAll();
+  await proxy?.close();
+  await recv?.close();
+});
+
+const models = (node: DataPlane, key: string) => request(`${node.url}/v1/models`, { headers: bearer(key) });
+
+async function within(ms: number, probe: () => Promise<boolean>): Promise<boolean> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    if (await probe()) return true;
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+test('a key expires on both nodes, one of them cut off from the control plane, and is then revoked as expired', async () => {
+  const created = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'hour', '--expires-in', '1h']);
+  const expiresAtMs = Date.parse(created.expires_at);
+  assert.ok(Math.abs(expiresAtMs - (Date.now() + 3_600_000)) < 120_000, created.expires_at);
+  assert.equal(cliJson(cp, owner.token, ['key', 'show', created.id]).expires_at, created.expires_at);
+  assert.equal(cliJson(cp, owner.token, ['key', 'list', '--project', projectId]).keys.find((k: any) => k.id === created.id).expires_at, created.expires_at);
+  // Both nodes learn the key (B through the relay) and serve it.
+  assert.ok(await within(5000, async () => (await models(nodeA, created.key)).status === 200 && (await models(nodeB, created.key)).status === 200));
+
+  proxy.cut();
+  assert.ok(await within(10_000, async () => !(await op.listNodes()).nodes.some((n) => n.id === 'node-b' && n.connected)), 'node B is cut off');
+  // A second before expiry both still serve it; at expiry both refuse it, B with no control plane.
+  for (const n of [nodeA, nodeB]) await setClock(n.adminUrl!, { now_ms: expiresAtMs - 1000 });
+  for (const n of [nodeA, nodeB]) assert.equal((await models(n, created.key)).status, 200);
+  for (const n of [nodeA, nodeB]) await setClock(n.adminUrl!, { now_ms: expiresAtMs });
+  for (const n of [nodeA, nodeB]) {
+    const res = await models(n, created.key);
+    assert.equal(res.status, 401);
+    assert.equal(res.body.error.type, 'authentication_error');
+  }
+  // The control plane's own clock has not reached it: the record is still active.
+  assert.equal(cliJson(cp, owner.token, ['key', 'show', created.id]).status, 'active');
+
+  // A key that expires for real in two seconds: the control plane revokes it through the ordinary path.
+  const short = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'short', '--expires-in', '2s']);
+  assert.ok(await within(20_000, async () => (await op.getKey({ keyId: short.id })).status === 'revoked'));
+  const shown = cliJson(cp, owner.token, ['key', 'show', short.id]);
+  assert.equal(shown.revoked_reason, 'expired');
+  assert.ok(Date.parse(shown.revoked_at) >= Date.parse(short.expires_at));
+  const hook = await recv.waitFor((r) => r.some((w) => w.type === 'key.revoked' && w.data.key_id === short.id));
+  assert.equal(hook.find((w) => w.type === 'key.revoked' && w.data.key_id === short.id)!.data.revoked_reason, 'expired');
+  // A key revoked by hand says so.
+  const manual = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'manual']);
+  assert.equal(manual.expires_at, null);
+  cliJson(cp, owner.token, ['key', 'revoke', manual.id]);
+  assert.equal(cliJson(cp, owner.token, ['key', 'show', manual.id]).revoked_reason, 'revoked');
+});
+
+test('an organisation key policy gives keys its maximum lifetime and refuses longer ones', async () => {
+  const member = await op.createAccount({ name: 'member' });
+  await op.addMember({ orgId, accountId: member.account!.id, role: 'member' });
+  assert.match(runCli(cp, member.token, ['org', 'set-key-policy', orgId, '--max-lifetime', '90d']).stderr, /^403 /);
+  assert.deepEqual(cliJson(cp, owner.token, ['org', 'set-key-policy', orgId, '--max-lifetime', '90d']), { org_id: orgId, max_lifetime_sec: 90 * 86_400 });
+  const defaulted = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'policy']);
+  assert.ok(Math.abs(Date.parse(defaulted.expires_at) - (Date.now() + 90 * 86_400_000)) < 120_000, defaulted.expires_at);
+  const tooLong = runCli(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-in', '100d']);
+  assert.equal(tooLong.code, 1);
+  assert.match(tooLong.stderr, /^400 organisation \S+ allows keys to live at most 90d/);
+  const past = runCli(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-at', '2020-01-01T00:00:00Z']);
+  assert.match(past.stderr, /^400 expires_at must be in the future/);
+  assert.match(runCli(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-in', 'soon']).stderr, /^400 --expires-in must be a duration/);
+  cliJson(cp, owner.token, ['org', 'set-key-policy', orgId, '--clear']);
+  assert.equal(cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'free again']).expires_at, null);
+  const audit = cliJson(cp, owner.token, ['audit', '--org', orgId, '--action', 'org.set_key_policy']).entries;
+  assert.deepEqual(audit.map((e: any) => e.outcome).sort(), ['denied', 'ok', 'ok']);
+});
+
+test('key list --expiring-within and the key.expiring webhook 7 days ahead, once', async () => {
+  const soon = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'soon', '--expires-in', '6d']);
+  const later = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'later', '--expires-in', '8d']);
+  const listed = cliJson(cp, owner.token, ['key', 'list', '--project', projectId, '--expiring-within', '7d']).keys.map((k: any) => k.id);
+  assert.ok(listed.includes(soon.id));
+  assert.ok(!listed.includes(later.id));
+  assert.ok(listed.every((id: string) => id !== later.id));
+  const got = await recv.waitFor((r) => r.some((w) => w.type === 'key.expiring' && w.data.key_id === soon.id), 30_000);
+  const w = got.find((x) => x.type === 'key.expiring' && x.data.key_id === soon.id)!;
+  assert.ok(w.verified);
+  assert.equal(w.data.expires_at, soon.expires_at);
+  // A key created now is warned of by a later scan, which saw `soon` again: still one event for it.
+  const next = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'next', '--expires-in', '5d']);
+  await recv.waitFor((r) => r.some((x) => x.type === 'key.expiring' && x.data.key_id === next.id), 30_000);
+  assert.equal(recv.received.filter((x) => x.type === 'key.expiring' && x.data.key_id === soon.id).length, 1);
+  assert.equal(recv.received.filter((x) => x.type === 'key.expiring' && x.data.key_id === later.id).length, 0);
+});
