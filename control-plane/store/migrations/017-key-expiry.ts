@@ -1,4 +1,4 @@
-// Key expiry (docs/key-expiry.md): when a key stops authenticating (0: never), why a revoked key was
+// Key expiry (docs/webhooks-and-audit.md#key-expiry): when a key stops authenticating (0: never), why a revoked key was
 // revoked ('' for revocations before this: shown as "revoked"), and each organisation's maximum key
 // lifetime for keys created later.
 export const sql = `
