@@ -189,12 +189,11 @@ export class RealtimeSession implements OpenSocket {
     if (this.ended) return;
     let done: Obj | null = null;
     if (!isBinary) {
-      if (data.includes('"response.created"')) {
-        if (typeOf(data) === 'response.created') this.responsesInFlight++;
-      } else if (data.includes('"response.done"')) {
-        const ev = parse(data);
-        if (ev?.type === 'response.done') done = ev;
-      }
+      // Told apart by the event's own `type` member, never by text found anywhere in it (a client's
+      // metadata, echoed back, can hold any text).
+      const type = eventTypeOf(data);
+      if (type === 'response.created') this.responsesInFlight++;
+      else if (type === 'response.done') done = parse(data);
     }
     this.sendToClient(data, isBinary);
     if (done) this.account(done);
@@ -347,9 +346,96 @@ function parseText(text: string): Obj | null {
   }
 }
 
-function typeOf(data: Buffer): string | undefined {
-  const ev = parse(data);
-  return typeof ev?.type === 'string' ? ev.type : undefined;
+/**
+ * The top-level `type` of a JSON event, as JSON.parse would read it (the last `type` member wins),
+ * found by one scan that skips every value without decoding it: strings by the native indexOf of their
+ * closing quote, so large audio deltas cost little. Undefined when the text is not a JSON object with a
+ * string `type`.
+ */
+export function eventTypeOf(data: Buffer): string | undefined {
+  const n = data.length;
+  let i = skipSpace(data, 0);
+  if (data[i] !== 123 /* { */) return undefined;
+  i = skipSpace(data, i + 1);
+  if (data[i] === 125 /* } */) return undefined;
+  let type: string | undefined;
+  while (i < n) {
+    if (data[i] !== 34 /* " */) return undefined;
+    const keyEnd = stringEnd(data, i);
+    if (keyEnd < 0) return undefined;
+    const isType = isTypeKey(data, i, keyEnd);
+    i = skipSpace(data, keyEnd);
+    if (data[i] !== 58 /* : */) return undefined;
+    i = skipSpace(data, i + 1);
+    const valueEnd = skipValue(data, i);
+    if (valueEnd < 0) return undefined;
+    if (isType) type = data[i] === 34 ? decodeString(data, i, valueEnd) : undefined;
+    i = skipSpace(data, valueEnd);
+    if (data[i] === 125) return skipSpace(data, i + 1) === n ? type : undefined;
+    if (data[i] !== 44 /* , */) return undefined;
+    i = skipSpace(data, i + 1);
+  }
+  return undefined;
+}
+
+/** Whether the key string in [start, end) is `"type"`, spelled plainly or with escapes. */
+function isTypeKey(data: Buffer, start: number, end: number): boolean {
+  if (end - start === 6) return data[start + 1] === 116 && data[start + 2] === 121 && data[start + 3] === 112 && data[start + 4] === 101;
+  if (end - start > 64) return false;
+  const slash = data.indexOf(92, start);
+  return slash >= 0 && slash < end && decodeString(data, start, end) === 'type';
+}
+
+function skipSpace(data: Buffer, from: number): number {
+  let i = from;
+  while (i < data.length && (data[i] === 32 || data[i] === 10 || data[i] === 13 || data[i] === 9)) i++;
+  return i;
+}
+
+/** The index after the closing quote of the string opening at `at`, or -1. */
+function stringEnd(data: Buffer, at: number): number {
+  let i = at + 1;
+  for (;;) {
+    const q = data.indexOf(34, i);
+    if (q < 0) return -1;
+    // Escaped when an odd number of backslashes precede it.
+    let b = q - 1;
+    while (b > at && data[b] === 92) b--;
+    if ((q - 1 - b) % 2 === 0) return q + 1;
+    i = q + 1;
+  }
+}
+
+function decodeString(data: Buffer, start: number, end: number): string | undefined {
+  try {
+    const v = JSON.parse(data.toString('utf8', start, end)) as unknown;
+    return typeof v === 'string' ? v : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The index after the JSON value starting at `at`, or -1 (nested values by their brackets). */
+function skipValue(data: Buffer, at: number): number {
+  const c = data[at];
+  if (c === 34) return stringEnd(data, at);
+  if (c === 123 || c === 91 /* [ */) {
+    let depth = 0;
+    for (let i = at; i < data.length; i++) {
+      const d = data[i];
+      if (d === 34) {
+        i = stringEnd(data, i);
+        if (i < 0) return -1;
+        i--;
+      } else if (d === 123 || d === 91) depth++;
+      else if ((d === 125 || d === 93) && --depth === 0) return i + 1;
+    }
+    return -1;
+  }
+  // A number or a literal: up to the next delimiter.
+  let i = at;
+  while (i < data.length && data[i] !== 44 && data[i] !== 125 && data[i] !== 93 && data[i] !== 32 && data[i] !== 10 && data[i] !== 13 && data[i] !== 9) i++;
+  return i > at ? i : -1;
 }
 
 /**
