@@ -16,7 +16,8 @@
 // with a reason that says why.
 import type { WebSocket } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { tokenCostMicros } from '../../proto/lib/money.js';
+import { usageCostMicros } from '../../proto/lib/money.js';
+import { tokenUsageOf } from '../proxy/usage-readers.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { logBug } from '../http/reply.js';
 import { findDuplicateKey } from '../http/validate-request.js';
@@ -139,7 +140,7 @@ export class RealtimeSession implements OpenSocket {
     this.counts.bytesFromClient += data.length;
     // The model is the one the session was admitted and is billed for: a client may not switch it,
     // however the event is spelled (a `\u` escape can write any of its characters) or framed (binary).
-    if (data.includes('"session.update"') || data.includes('\\u')) {
+    if (data.includes('"session.update"') || data.includes('\\u') || data.includes('transcription')) {
       const refusal = clientEventRefusal(data, this.model);
       if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
     }
@@ -188,15 +189,20 @@ export class RealtimeSession implements OpenSocket {
   private fromUpstream(data: Buffer, isBinary: boolean): void {
     if (this.ended) return;
     let done: Obj | null = null;
+    let transcribed: Obj | null = null;
     if (!isBinary) {
       // Told apart by the event's own `type` member, never by text found anywhere in it (a client's
       // metadata, echoed back, can hold any text).
       const type = eventTypeOf(data);
       if (type === 'response.created') this.responsesInFlight++;
       else if (type === 'response.done') done = parse(data);
+      else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
     }
     this.sendToClient(data, isBinary);
     if (done) this.account(done);
+    // Input-audio transcription is refused (clientEventRefusal); one the upstream ran anyway (its
+    // own session default) is billed at the session's prices, never given away.
+    if (transcribed) this.accountTranscription(transcribed);
   }
 
   private sendToClient(data: Buffer, isBinary: boolean): void {
@@ -228,12 +234,23 @@ export class RealtimeSession implements OpenSocket {
 
   /** One `response.done`: tokens against tpm, cost to the organisation, then the limits checked. */
   private account(ev: Obj): void {
-    const deps = this.deps;
     this.responsesInFlight = Math.max(0, this.responsesInFlight - 1);
-    const usage = ev.response?.usage;
-    const prompt = tokens(usage?.input_tokens);
-    const completion = tokens(usage?.output_tokens);
-    const cost = tokenCostMicros(prompt, completion, this.model.inputMicrosPerMtok, this.model.outputMicrosPerMtok);
+    this.charge(ev.response?.usage);
+  }
+
+  /** A transcription of input audio the upstream reports with token usage. */
+  private accountTranscription(ev: Obj): void {
+    if (tokenUsageOf(ev.usage)) this.charge(ev.usage);
+    else this.checkLimits();
+  }
+
+  /** Usage as the upstream reported it: each part at its price (audio as audio, cached as cached). */
+  private charge(reported: unknown): void {
+    const deps = this.deps;
+    const usage = tokenUsageOf(reported) ?? { promptTokens: 0, completionTokens: 0 };
+    const prompt = usage.promptTokens;
+    const completion = usage.completionTokens;
+    const cost = usageCostMicros(usage, this.model);
     const now = deps.clock.now();
     const n = ++this.counts.responses;
     this.counts.prompt += prompt;
@@ -261,6 +278,10 @@ export class RealtimeSession implements OpenSocket {
       const retry = secondsToNextMinute(now);
       this.closeAfterResponse(CLOSE.TRY_AGAIN_LATER, `tokens: the key's tokens per minute (${headers.limitTokens}) are spent; retry after ${retry} s`);
     }
+    this.checkLimits();
+  }
+
+  private checkLimits(): void {
     this.checkMoney();
     if (this.pendingClose && this.responsesInFlight === 0) this.close(this.pendingClose.code, this.pendingClose.reason);
   }
@@ -452,10 +473,30 @@ export function clientEventRefusal(data: Buffer, model: ModelConfig): Obj | null
   if (repeated !== null) {
     return errorEvent('invalid_request_error', `The event repeats the key \`${repeated.slice(0, 64)}\`; send each key once.`, repeated.slice(0, 64), eventId);
   }
+  if (ev.type === 'transcription_session.update' || (ev.type === 'session.update' && turnsOnTranscription(ev.session))) {
+    return errorEvent(
+      'feature_not_available',
+      'Input audio transcription is not available through this gateway: it is billed by the upstream apart from the session. Transcribe with /v1/audio/transcriptions instead.',
+      'session.audio.input.transcription',
+      eventId,
+    );
+  }
   if (ev.type !== 'session.update') return null;
   const wanted = ev.session?.model;
   if (wanted === undefined || wanted === model.id || wanted === model.upstreamModel) return null;
   return errorEvent('model_not_allowed', `This session is for the model \`${model.id}\`; open a new session to use another model.`, 'session.model', eventId);
+}
+
+/** The upstream event that reports a transcription of the input audio (with its own usage). */
+const TRANSCRIPTION_DONE = 'conversation.item.input_audio_transcription.completed';
+
+/** Whether a session.update's session asks for input audio transcription (beta and GA shapes). */
+function turnsOnTranscription(session: unknown): boolean {
+  if (!session || typeof session !== 'object') return false;
+  const s = session as Obj;
+  if (s.input_audio_transcription !== undefined && s.input_audio_transcription !== null) return true;
+  const t = s.audio?.input?.transcription;
+  return t !== undefined && t !== null;
 }
 
 function errorEvent(code: string, message: string, param: string, eventId: string | null): Obj {
