@@ -130,6 +130,8 @@ test('embeddings over 4 MiB with 512,000 tokens are billed 512,000 tokens', asyn
   const [row] = await waitForUsageRows(cp.dbPath, k.keyId, 1);
   assert.equal(row.prompt_tokens, 512_000);
   assert.equal(row.cost_micros, Math.ceil((512_000 * 20_000) / 1_000_000));
+  assert.deepEqual(r.body.usage, { prompt_tokens: 512_000, total_tokens: 512_000, cost: 0.01024 });
+  assert.equal(r.body.data.length > 100, true);
 });
 
 test('cached input tokens at the cached price, or at the input price when the model has none; audio tokens at the audio prices', async () => {
@@ -209,4 +211,46 @@ test('models list shows every price, and what an unset one is billed at', () => 
   const table = runCli(cp, cp.secrets.operatorToken, ['models', 'list']).stdout;
   assert.match(table, /CACHED_INPUT_USD_PER_MTOK\s+CACHE_WRITE_USD_PER_MTOK\s+INPUT_AUDIO_USD_PER_MTOK\s+OUTPUT_AUDIO_USD_PER_MTOK/);
   assert.match(table, /up-chat\s+chat\s+openai\s+1\.00\s+10\.00\s+-\s+1\.00 \(=input\)\s+1\.00 \(=input\)\s+1\.00 \(=input\)\s+10\.00 \(=output\)/);
+});
+
+test('the caller sees the charge: x-request-id on every answer, usage.cost in JSON and in the SSE usage chunk, as the ledger recorded', async () => {
+  const k = await createKey(admin, { tier: 'big' });
+  await waitUntilKnown(node.url, k.key);
+  const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
+  // 12 in at $1, 4,000 out at $10 per million tokens: $0.040012.
+  const { data, response } = await client.chat.completions.create({ model: 'up-chat', messages: [{ role: 'user', content: 'small' }] }).withResponse();
+  const jsonId = response.headers.get('x-request-id');
+  assert.match(jsonId ?? '', /\S+/);
+  assert.equal((data.usage as any).cost, 0.040012);
+  assert.equal(data.usage?.prompt_tokens, 12);
+
+  const stream = await client.chat.completions.create({ model: 'up-chat', stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'small' }] });
+  let usage: any = null;
+  for await (const c of stream) if (c.usage) usage = c.usage;
+  assert.equal(usage.cost, 0.040012);
+  assert.equal(usage.completion_tokens, 4000);
+
+  // Without include_usage the client gets no usage chunk (the gateway's own is dropped), yet the call is billed.
+  const plain = await client.chat.completions.create({ model: 'up-chat', stream: true, messages: [{ role: 'user', content: 'small' }] });
+  for await (const c of plain) assert.equal(c.usage, undefined);
+
+  // The raw text: a number with six decimals.
+  const raw = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(k.key), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'up-chat', messages: [{ role: 'user', content: 'cached' }] }) });
+  const rawId = raw.headers.get('x-request-id');
+  assert.match(await raw.text(), /"cost":0\.050000\}/);
+
+  // Refusals and listings carry one too.
+  const missing = await fetch(`${node.url}/v1/models`);
+  assert.equal(missing.status, 401);
+  assert.match(missing.headers.get('x-request-id') ?? '', /\S+/);
+  const listed = await fetch(`${node.url}/v1/models`, { headers: bearer(k.key) });
+  assert.match(listed.headers.get('x-request-id') ?? '', /\S+/);
+  assert.notEqual(listed.headers.get('x-request-id'), missing.headers.get('x-request-id'));
+
+  // The ids are the ones `tollgate logs` shows, with the same micro-dollars.
+  await waitForUsageRows(cp.dbPath, k.keyId, 4);
+  const logs = cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs as Array<{ request_id: string; cost_usd: string }>;
+  const byId = new Map(logs.map((l) => [l.request_id, l.cost_usd]));
+  assert.equal(byId.get(jsonId!), '0.040012');
+  assert.equal(byId.get(rawId!), '0.05');
 });
