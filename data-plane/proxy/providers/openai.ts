@@ -125,6 +125,7 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request
       // costs a defineProperty of its name.
       inspect(status, contentType) {
@@ -167,6 +168,7 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       inspect(status) {
         return status >= 200 && status < 300 ? (json = new JsonUsageReader(NO_MEMBERS, pricer)) : null;
       },
@@ -195,6 +197,7 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       onAbort: call.onAbort,
       onDone(status, outcome) {
         // An aborted synthesis still ran upstream: its input characters are billed.
@@ -239,6 +242,7 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       inspect(status, contentType) {
         return status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsageReader(DURATION)) : null;
       },
