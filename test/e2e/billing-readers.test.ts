@@ -41,6 +41,13 @@ const CHAT_USAGE: Record<string, Record<string, unknown>> = {
   small: { prompt_tokens: 12, completion_tokens: 4000, total_tokens: 4012 },
 };
 
+/** Error answers of an OpenAI-like upstream, naming the operator's upstream account. */
+const UPSTREAM_ERRORS: Record<string, { status: number; body: unknown }> = {
+  'err-401': { status: 401, body: { error: { message: 'Incorrect API key provided: sk-proj-Ab12****************************wxYZ. You can find your API key at https://platform.openai.com/account/api-keys.', type: 'invalid_request_error', param: null, code: 'invalid_api_key' } } },
+  'err-403': { status: 403, body: { error: { message: 'Project proj_Q1w2E3r4T5y6U7 does not have access to model gpt-x', type: 'invalid_request_error', param: null, code: 'model_not_found' } } },
+  'err-429': { status: 429, body: { error: { message: 'Rate limit reached for gpt-4o in organization org-AbCdEf1234567890 on tokens per min (TPM): Limit 30000, Used 29000, Requested 2000.', type: 'tokens', param: null, code: 'rate_limit_exceeded', organization: 'org-AbCdEf1234567890' } } },
+};
+
 const fixture = createServer((req: IncomingMessage, res: ServerResponse) => {
   const parts: Buffer[] = [];
   req.on('data', (c: Buffer) => parts.push(c));
@@ -51,6 +58,18 @@ const fixture = createServer((req: IncomingMessage, res: ServerResponse) => {
       return void res.end(bigEmbeddingsAnswer(body.model, BIG_BYTES, 512_000));
     }
     const what = String(body.messages?.[0]?.content ?? '');
+    const upstreamError = UPSTREAM_ERRORS[what];
+    if (upstreamError) {
+      res.writeHead(upstreamError.status, { 'content-type': 'application/json', ...(upstreamError.status === 429 ? { 'retry-after': '7' } : {}) });
+      return void res.end(JSON.stringify(upstreamError.body));
+    }
+    if (what === 'early-hints') {
+      // A 103 with Content-Length: 0 first, then the real answer.
+      res.socket!.write('HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\nContent-Length: 0\r\n\r\n');
+      const text = JSON.stringify({ id: 'c', object: 'chat.completion', created: 1, model: body.model, choices: [{ index: 0, message: { role: 'assistant', content: 'after the hints' }, finish_reason: 'stop' }], usage: CHAT_USAGE.small });
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) });
+      return void res.end(text);
+    }
     if (what === 'logprobs') {
       res.writeHead(200, { 'content-type': 'application/json' });
       return void res.end(bigChatAnswer(body.model, BIG_BYTES, CHAT_USAGE.small));
@@ -253,4 +272,41 @@ test('the caller sees the charge: x-request-id on every answer, usage.cost in JS
   const byId = new Map(logs.map((l) => [l.request_id, l.cost_usd]));
   assert.equal(byId.get(jsonId!), '0.040012');
   assert.equal(byId.get(rawId!), '0.05');
+});
+
+test("upstream errors: 401/403 become 502 upstream_unreachable, the upstream account's identifiers never reach the customer, 429 keeps retry-after", async () => {
+  // Before the fix the upstream's error answer went to the customer unchanged: its masked key and
+  // organisation id, a 401 as if the customer's own key were bad, and a 429 without retry-after.
+  const k = await createKey(admin, { tier: 'big' });
+  await waitUntilKnown(node.url, k.key);
+  const ask = (what: string) => request(`${node.url}/v1/chat/completions`, { method: 'POST', json: { model: 'up-chat', messages: [{ role: 'user', content: what }] }, headers: bearer(k.key) });
+  for (const what of ['err-401', 'err-403']) {
+    const r = await ask(what);
+    assert.equal(r.status, 502, what);
+    assert.deepEqual(Object.keys(r.body.error).sort(), ['code', 'message', 'param', 'type']);
+    assert.equal(r.body.error.code, '502');
+    assert.equal(r.body.error.type, 'api_error');
+    assert.doesNotMatch(r.text, /sk-proj|proj_Q1w2|invalid_api_key/);
+  }
+  const limited = await ask('err-429');
+  assert.equal(limited.status, 429);
+  assert.equal(limited.headers.get('retry-after'), '7');
+  assert.doesNotMatch(limited.text, /AbCdEf1234567890/);
+  assert.match(limited.body.error.message, /Rate limit reached/);
+  assert.equal(limited.body.error.code, 'rate_limit_exceeded');
+  // The operator's log has what the upstream said.
+  await node.proc.waitFor(/AbCdEf1234567890/);
+  await node.proc.waitFor(/sk-proj-Ab12\*+wxYZ/);
+});
+
+test('an upstream 103 Early Hints is not taken for the answer: the client gets the real one', async () => {
+  // Before the fix the 103 (with Content-Length: 0) was taken as the final head: the client got an
+  // empty 103 and lost the answer.
+  const k = await createKey(admin, { tier: 'big' });
+  await waitUntilKnown(node.url, k.key);
+  const r = await request(`${node.url}/v1/chat/completions`, { method: 'POST', json: { model: 'up-chat', messages: [{ role: 'user', content: 'early-hints' }] }, headers: bearer(k.key) });
+  assert.equal(r.status, 200);
+  assert.equal(r.body.choices[0].message.content, 'after the hints');
+  const [row] = await waitForUsageRows(cp.dbPath, k.keyId, 1);
+  assert.deepEqual([row.status, row.cost_micros], [200, 40_012]);
 });
