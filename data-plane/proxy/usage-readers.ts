@@ -398,7 +398,10 @@ export class SseUsageReader implements BodyInspector {
   usage: TokenUsage | null = null;
   /** What the usage was charged, when a pricer wrote it into the stream. */
   chargedMicros: number | null = null;
-  private carry = '';
+  /** The incomplete event, in the pieces it came in, its length, and its last characters. */
+  private carry: string[] = [];
+  private carryChars = 0;
+  private tail = '';
   private readonly decoder = new StringDecoder('utf8');
   private pending: string[] = [];
   private pendingChars = 0;
@@ -410,31 +413,48 @@ export class SseUsageReader implements BodyInspector {
   ) {}
 
   transform(chunk: Buffer): string {
-    const text = this.carry + this.decoder.write(chunk);
-    const end = lastEventEnd(text);
-    if (end === -1) {
-      // An "event" this long is not one: passed on as it is, rather than held without end.
-      if (text.length > MAX_SSE_EVENT_CHARS) {
-        this.carry = '';
+    const piece = this.decoder.write(chunk);
+    // The carry holds no blank line: only its last characters and the new text are searched, and it is
+    // kept in pieces, so an event that arrives in many chunks costs its length once, not once per chunk.
+    const probe = this.tail + piece;
+    const at = lastEventEnd(probe);
+    if (at === -1) {
+      this.carryChars += piece.length;
+      if (this.carryChars > MAX_SSE_EVENT_CHARS) {
+        // An "event" this long is not one: passed on as it is, rather than held without end.
+        const text = this.takeCarry() + piece;
         this.note(text);
         return text;
       }
-      this.carry = text;
+      if (piece.length > 0) this.carry.push(piece);
+      this.tail = probe.slice(-3);
       return '';
     }
-    this.carry = text.slice(end);
+    const end = this.carryChars - this.tail.length + at;
+    const text = this.takeCarry() + piece;
+    const rest = text.slice(end);
+    if (rest.length > 0) this.carry.push(rest);
+    this.carryChars = rest.length;
+    this.tail = rest.slice(-3);
     return this.events(text.slice(0, end));
   }
 
   flush(): string {
-    const rest = this.carry + this.decoder.end();
-    this.carry = '';
+    const rest = this.takeCarry() + this.decoder.end();
     return rest ? this.events(rest) : '';
+  }
+
+  private takeCarry(): string {
+    const text = this.carry.length === 1 ? this.carry[0] : this.carry.join('');
+    this.carry = [];
+    this.carryChars = 0;
+    this.tail = '';
+    return text;
   }
 
   /** Characters this reader holds now: the incomplete event and the deltas not yet counted. */
   retainedBytes(): number {
-    return this.carry.length + this.pendingChars;
+    return this.carryChars + this.pendingChars;
   }
 
   /** Completion tokens counted from the streamed deltas (for a stream without usage). */
