@@ -553,8 +553,8 @@ function withData(event: string, data: string): string {
   return others.join('\n');
 }
 
-/** A chunk's JSON with `usage.cost` written in (key order kept). */
-function withUsageCost(obj: Record<string, unknown>, micros: number): string {
+/** An answer's (or a chunk's) JSON with `usage.cost` written in (key order kept). */
+export function withUsageCost(obj: Record<string, unknown>, micros: number): string {
   const mark = '\u0000usage';
   const text = JSON.stringify({ ...obj, usage: mark });
   return text.replace(JSON.stringify(mark), usageWithCost(obj.usage as Record<string, unknown>, micros));

@@ -310,3 +310,22 @@ test('an upstream 103 Early Hints is not taken for the answer: the client gets t
   const [row] = await waitForUsageRows(cp.dbPath, k.keyId, 1);
   assert.deepEqual([row.status, row.cost_micros], [200, 40_012]);
 });
+
+test('the built-in demo models show usage.cost too, equal to what is recorded', async () => {
+  const k = await createKey(admin, { tier: 'free' });
+  await waitUntilKnown(node.url, k.key);
+  const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
+  const chat = await client.chat.completions.create({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there, gateway!' }] });
+  const stream = await client.chat.completions.create({ model: 'demo-chat', stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'Hello there, gateway!' }] });
+  let streamed: any = null;
+  for await (const c of stream) if (c.usage) streamed = c.usage;
+  const emb = await fetch(`${node.url}/v1/embeddings`, { method: 'POST', headers: { ...bearer(k.key), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'demo-embed', input: 'alpha beta' }) });
+  const embText = await emb.text();
+  assert.match(embText, /"usage":\{"prompt_tokens":2,"total_tokens":2,"cost":0\.000001\}/);
+  const rows = await waitForUsageRows(cp.dbPath, k.keyId, 3);
+  // demo-chat: $0.50 in, $1.50 out per million tokens.
+  const chatCost = Math.ceil((chat.usage!.prompt_tokens * 500_000 + chat.usage!.completion_tokens * 1_500_000) / 1_000_000);
+  assert.equal((chat.usage as any).cost, chatCost / 1_000_000);
+  assert.equal(streamed.cost, chatCost / 1_000_000);
+  assert.deepEqual(rows.map((r) => r.cost_micros), [chatCost, chatCost, 1]);
+});
