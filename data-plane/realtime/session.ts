@@ -403,8 +403,7 @@ export function eventTypeOf(data: Buffer): string | undefined {
 function isTypeKey(data: Buffer, start: number, end: number): boolean {
   if (end - start === 6) return data[start + 1] === 116 && data[start + 2] === 121 && data[start + 3] === 112 && data[start + 4] === 101;
   if (end - start > 64) return false;
-  const slash = data.indexOf(92, start);
-  return slash >= 0 && slash < end && decodeString(data, start, end) === 'type';
+  return data.subarray(start, end).includes(92) && decodeString(data, start, end) === 'type';
 }
 
 function skipSpace(data: Buffer, from: number): number {
