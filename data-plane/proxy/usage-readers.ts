@@ -279,14 +279,14 @@ export class JsonUsageReader implements BodyInspector {
     return out.length === 1 ? out[0] : Buffer.concat(out);
   }
 
-  flush(): string {
+  flush(): Buffer {
     // An answer that ended inside a held usage object (truncated): passed on as it came.
     const cap = this.capture;
-    if (cap?.held) {
+    if (cap?.held && !cap.overflow) {
       this.capture = null;
-      return Buffer.concat(cap.parts).toString('latin1');
+      return Buffer.concat(cap.parts);
     }
-    return '';
+    return EMPTY;
   }
 
   private emit(b: Buffer): void {

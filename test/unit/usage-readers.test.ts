@@ -163,3 +163,10 @@ test('JSON: an answer of 64 MiB with its usage after the content: read, with a b
   assert.deepEqual(r.usage, { promptTokens: 12, completionTokens: 4000 });
   assert.ok(maxHeld <= 1024 * 1024 + 64 * 1024, `held at most ${maxHeld} bytes`);
 });
+
+test('JSON with a pricer: an answer cut inside its usage object is passed on as it came, bytes intact', () => {
+  const text = '{"id":"é","usage":{"prompt_tokens":1,"note":"ü"';
+  const r = new JsonUsageReader([], () => 1);
+  const out = Buffer.concat([r.transform(Buffer.from(text)), Buffer.from(r.flush())]);
+  assert.equal(out.toString('utf8'), text);
+});
