@@ -179,6 +179,11 @@ export interface ModelSettings {
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
   audioMicrosPerUnit: number;
+  /** Prices of usage parts the upstream bills apart; undefined: the fallback (proto/lib/money.ts TokenPrices). */
+  cachedInputMicrosPerMtok?: number;
+  cacheWriteMicrosPerMtok?: number;
+  inputAudioMicrosPerMtok?: number;
+  outputAudioMicrosPerMtok?: number;
   timeoutMs: number;
   voices: string[];
 }
@@ -250,6 +255,10 @@ const MODEL_KEYS = new Set([
   'input_usd_per_mtok',
   'output_usd_per_mtok',
   'audio_usd_per_unit',
+  'cached_input_usd_per_mtok',
+  'cache_write_usd_per_mtok',
+  'input_audio_usd_per_mtok',
+  'output_audio_usd_per_mtok',
   'timeout_ms',
   'voices',
 ]);
@@ -273,6 +282,11 @@ function checkKeys(where: string, obj: Obj, allowed: Set<string>): void {
 function posInt(where: string, v: unknown, min = 1): number {
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min) fail(where, `must be a whole number >= ${min}, got ${JSON.stringify(v)}`);
   return v;
+}
+
+/** A price that may be left out (null or absent: undefined, billed at its fallback price). */
+function optionalUsd(where: string, v: unknown): number | undefined {
+  return v === undefined || v === null ? undefined : usd(where, v);
 }
 
 function usd(where: string, v: unknown, fallback: number | null = null): number {
@@ -422,6 +436,10 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       inputMicrosPerMtok: usd(`${where}.input_usd_per_mtok`, raw.input_usd_per_mtok, 0),
       outputMicrosPerMtok: usd(`${where}.output_usd_per_mtok`, raw.output_usd_per_mtok, 0),
       audioMicrosPerUnit: usd(`${where}.audio_usd_per_unit`, raw.audio_usd_per_unit, 0),
+      cachedInputMicrosPerMtok: optionalUsd(`${where}.cached_input_usd_per_mtok`, raw.cached_input_usd_per_mtok),
+      cacheWriteMicrosPerMtok: optionalUsd(`${where}.cache_write_usd_per_mtok`, raw.cache_write_usd_per_mtok),
+      inputAudioMicrosPerMtok: optionalUsd(`${where}.input_audio_usd_per_mtok`, raw.input_audio_usd_per_mtok),
+      outputAudioMicrosPerMtok: optionalUsd(`${where}.output_audio_usd_per_mtok`, raw.output_audio_usd_per_mtok),
       timeoutMs: raw.timeout_ms === undefined ? DEFAULT_UPSTREAM_TIMEOUT_MS : posInt(`${where}.timeout_ms`, raw.timeout_ms),
       voices: strList(`${where}.voices`, raw.voices),
     });
@@ -512,6 +530,10 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       inputMicrosPerMtok: m.inputMicrosPerMtok,
       outputMicrosPerMtok: m.outputMicrosPerMtok,
       audioMicrosPerUnit: m.audioMicrosPerUnit,
+      cachedInputMicrosPerMtok: m.cachedInputMicrosPerMtok,
+      cacheWriteMicrosPerMtok: m.cacheWriteMicrosPerMtok,
+      inputAudioMicrosPerMtok: m.inputAudioMicrosPerMtok,
+      outputAudioMicrosPerMtok: m.outputAudioMicrosPerMtok,
       timeoutMs: m.timeoutMs,
       voices: m.voices,
     })),

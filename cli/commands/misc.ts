@@ -79,28 +79,60 @@ export const miscCommands: Command[] = [
     synopsis: '',
     async run(ctx) {
       const res = await ctx.client().listModels();
-      const models = res.models.map((m) => ({
-        id: m.id,
-        provider: m.provider,
-        upstream_model: m.upstreamModel,
-        kind: m.kind,
-        input_usd_per_mtok: formatUsd(m.inputMicrosPerMtok),
-        output_usd_per_mtok: formatUsd(m.outputMicrosPerMtok),
-        audio_usd_per_unit: formatUsd(m.audioMicrosPerUnit),
-        tiers: m.tiers,
-      }));
+      // Prices the upstream bills apart: the configured price, else the one it is billed at (money.ts).
+      const part = (own: number | undefined, fallback: number) => ({ usd: formatUsd(own ?? fallback), own: own !== undefined });
+      const models = res.models.map((m) => {
+        const cached = part(m.cachedInputMicrosPerMtok, m.inputMicrosPerMtok);
+        const write = part(m.cacheWriteMicrosPerMtok, m.inputMicrosPerMtok);
+        const audioIn = part(m.inputAudioMicrosPerMtok, m.inputMicrosPerMtok);
+        const audioOut = part(m.outputAudioMicrosPerMtok, m.outputMicrosPerMtok);
+        return {
+          id: m.id,
+          provider: m.provider,
+          upstream_model: m.upstreamModel,
+          kind: m.kind,
+          input_usd_per_mtok: formatUsd(m.inputMicrosPerMtok),
+          output_usd_per_mtok: formatUsd(m.outputMicrosPerMtok),
+          audio_usd_per_unit: formatUsd(m.audioMicrosPerUnit),
+          // What each part is billed at; the `*_set` flags say whether the config names it or it falls back.
+          cached_input_usd_per_mtok: cached.usd,
+          cache_write_usd_per_mtok: write.usd,
+          input_audio_usd_per_mtok: audioIn.usd,
+          output_audio_usd_per_mtok: audioOut.usd,
+          prices_set: {
+            cached_input: cached.own,
+            cache_write: write.own,
+            input_audio: audioIn.own,
+            output_audio: audioOut.own,
+          },
+          tiers: m.tiers,
+        };
+      });
       if (ctx.out.json) {
         printJson(ctx.out, { models });
         return;
       }
       // Models billed per unit of audio show that price; the per-token columns would only say 0.00.
       const perUnit = (kind: string) => kind === 'transcription' || kind === 'speech';
+      const shown = (usd: string, own: boolean, of: string) => (own ? usd : `${usd} (=${of})`);
       ctx.out.write(formatTable(
-        ['id', 'kind', 'provider', 'input_usd_per_mtok', 'output_usd_per_mtok', 'audio_usd_per_unit', 'tiers'],
+        ['id', 'kind', 'provider', 'input_usd_per_mtok', 'output_usd_per_mtok', 'audio_usd_per_unit', 'cached_input_usd_per_mtok', 'cache_write_usd_per_mtok', 'input_audio_usd_per_mtok', 'output_audio_usd_per_mtok', 'tiers'],
         models.map((m) =>
           perUnit(m.kind)
-            ? [m.id, m.kind, m.provider, null, null, `${m.audio_usd_per_unit} ${m.kind === 'speech' ? '/1k chars' : '/second'}`, m.tiers.join(',')]
-            : [m.id, m.kind, m.provider, m.input_usd_per_mtok, m.output_usd_per_mtok, null, m.tiers.join(',')],
+            ? [m.id, m.kind, m.provider, null, null, `${m.audio_usd_per_unit} ${m.kind === 'speech' ? '/1k chars' : '/second'}`, null, null, null, null, m.tiers.join(',')]
+            : [
+                m.id,
+                m.kind,
+                m.provider,
+                m.input_usd_per_mtok,
+                m.output_usd_per_mtok,
+                null,
+                shown(m.cached_input_usd_per_mtok, m.prices_set.cached_input, 'input'),
+                shown(m.cache_write_usd_per_mtok, m.prices_set.cache_write, 'input'),
+                shown(m.input_audio_usd_per_mtok, m.prices_set.input_audio, 'input'),
+                shown(m.output_audio_usd_per_mtok, m.prices_set.output_audio, 'output'),
+                m.tiers.join(','),
+              ],
         ),
       ));
     },

@@ -576,6 +576,10 @@ export class ConsoleService {
             inputMicrosPerMtok: m.inputMicrosPerMtok,
             outputMicrosPerMtok: m.outputMicrosPerMtok,
             audioMicrosPerUnit: m.audioMicrosPerUnit,
+            cachedInputMicrosPerMtok: m.cachedInputMicrosPerMtok,
+            cacheWriteMicrosPerMtok: m.cacheWriteMicrosPerMtok,
+            inputAudioMicrosPerMtok: m.inputAudioMicrosPerMtok,
+            outputAudioMicrosPerMtok: m.outputAudioMicrosPerMtok,
             tiers: [...tiers.values()].filter((t) => t.models.includes(m.id)).map((t) => t.name),
           })),
         };

@@ -31,7 +31,8 @@ export class Admission {
 
   constructor(
     private readonly deps: AdmissionDeps,
-    private readonly newContext: (key: KeyRecord, path: string, ticket: Ticket, minute: number) => RequestContext,
+    /** `requestId`: the reply's (Reply.requestId), so the answer's `x-request-id` is the logged id. */
+    private readonly newContext: (key: KeyRecord, path: string, ticket: Ticket, minute: number, requestId: string) => RequestContext,
   ) {}
 
   /**
@@ -59,7 +60,7 @@ export class Admission {
       const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
       if (a.ok) {
         reply.rateHeaders = a.headers;
-        const ctx = this.newContext(key, path, a.ticket, minuteOf(deps.clock.now()));
+        const ctx = this.newContext(key, path, a.ticket, minuteOf(deps.clock.now()), reply.requestId);
         ctx.spend = leases?.reserveSpend(key.orgId);
         ctx.attach(reply);
         try {
@@ -105,7 +106,7 @@ export class Admission {
         const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
         reply.rateHeaders = a.headers;
         if (a.ok) {
-          const ctx = this.newContext(key, path, a.ticket, minuteOf(now));
+          const ctx = this.newContext(key, path, a.ticket, minuteOf(now), reply.requestId);
           ctx.spend = leases?.reserveSpend(key.orgId);
           ctx.attach(reply);
           return finish(ctx);

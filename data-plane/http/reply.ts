@@ -43,6 +43,11 @@ export class Reply implements ReplyMeter {
   aborted = false;
   /** Headers added to every response. */
   extraHeaders: HeaderList | null = null;
+  /**
+   * The request's id (the one `tollgate logs` shows), sent as `x-request-id` on every answer; an
+   * upstream's own `x-request-id` is not passed on.
+   */
+  requestId = '';
   /** For the request log: body bytes written, and why it was refused (request-log.ts, refusalReason). */
   bytesOut = 0;
   refusal = '';
@@ -99,6 +104,7 @@ export class Reply implements ReplyMeter {
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
       if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
+      if (this.requestId) this.res.writeHeader('x-request-id', this.requestId);
       this.res.end(body, closeConnection || draining);
     });
     this.finish();
@@ -130,9 +136,11 @@ export class Reply implements ReplyMeter {
     if (this.headWritten || !this.head) return;
     this.headWritten = true;
     this.res.writeStatus(this.head.statusLine);
-    for (const [k, v] of this.head.headers) this.res.writeHeader(k, v);
+    const id = this.requestId;
+    for (const [k, v] of this.head.headers) if (!id || k !== 'x-request-id') this.res.writeHeader(k, v);
     if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
     if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
+    if (id) this.res.writeHeader('x-request-id', id);
   }
 
   /**

@@ -2,7 +2,7 @@
 // reservation are settled exactly once, whichever way the request ends (the provider completes, the
 // client aborts, a later check refuses it, the response is sent before the upstream finished).
 import type { ModelConfig, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
-import { tokenCostMicros } from '../../proto/lib/money.js';
+import { usageCostMicros } from '../../proto/lib/money.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import type { Clock } from '../limits/clock.js';
 import type { Ticket } from '../limits/key-budgets.js';
@@ -58,7 +58,7 @@ export const PROVIDER_REPORT_GRACE_MS = 120_000;
 export function costOf(m: ModelConfig, r: CallResult): number {
   if (m.kind === 'speech') return Math.ceil(((r.audioUnits ?? 0) * m.audioMicrosPerUnit) / 1000);
   if (m.kind === 'transcription') return (r.audioUnits ?? 0) * m.audioMicrosPerUnit;
-  return tokenCostMicros(r.promptTokens, r.completionTokens, m.inputMicrosPerMtok, m.outputMicrosPerMtok);
+  return usageCostMicros(r, m);
 }
 
 export class RequestContext {
@@ -147,6 +147,12 @@ export class RequestContext {
       promptTokens: cleanCount(reported.promptTokens, 'usage.prompt_tokens', this.requestId),
       completionTokens: cleanCount(reported.completionTokens, 'usage.completion_tokens', this.requestId),
       audioUnits: reported.audioUnits === undefined ? undefined : cleanCount(reported.audioUnits, 'audio units', this.requestId),
+      // Parts of the counts above, priced apart; money.ts cuts each to its whole.
+      cachedPromptTokens: reported.cachedPromptTokens,
+      cacheWriteTokens: reported.cacheWriteTokens,
+      audioPromptTokens: reported.audioPromptTokens,
+      cachedAudioPromptTokens: reported.cachedAudioPromptTokens,
+      audioCompletionTokens: reported.audioCompletionTokens,
     };
     this.ticket.settle(r.promptTokens + r.completionTokens);
     if (r.status >= 500) logRequestError({ requestId: this.requestId, keyId: this.key.keyId, path: this.path, status: r.status, model: this.model?.id }, `request ${this.requestId} ended with status ${r.status}`);

@@ -109,7 +109,7 @@ export class ApiServer {
   private readonly newRequestId = (): string => this.nextRequestId();
 
   constructor(private readonly deps: ServerDeps) {
-    this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
+    this.admission = new Admission(deps, (key, path, ticket, minute, requestId) => new RequestContext(deps, requestId || this.nextRequestId(), key, path, ticket, minute));
     this.toolBackends = deps.toolBackends ?? new ToolBackends();
     this.app = uWS.App();
     this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
@@ -141,6 +141,8 @@ export class ApiServer {
         req.forEach((k, v) => allHeaders!.push([k, v]));
       }
       reply = new Reply(res);
+      // Every answer carries it (x-request-id); the request's log entry and usage use the same id.
+      reply.requestId = this.nextRequestId();
       reply.family = familyOf(head.path);
       requestStarted();
       // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
@@ -188,6 +190,7 @@ export class ApiServer {
     }
     // Every request of a known key is logged once it has ended (request-log.ts).
     const draft = new LogDraft(deps.reporter, head, key, this.now, this.newRequestId);
+    draft.requestId = reply.requestId;
     reply.logDraft = draft;
     // From here every answer carries the key's rate headers (admission refreshes them).
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
@@ -253,11 +256,11 @@ export class ApiServer {
     const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
     if (dead) {
-      deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), head, dead, outcome, null));
+      deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), head, dead, outcome, null));
       return;
     }
     if (!this.unknownKeys.take(deps.clock.now())) return;
-    deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), head, { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
+    deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), head, { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
   }
 
   /** GET /v1/models/{id}. */

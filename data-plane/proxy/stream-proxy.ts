@@ -8,6 +8,8 @@ import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
 import { logBug, type HeaderList, type Reply } from '../http/reply.js';
+import { log } from '../log.js';
+import { MAX_UPSTREAM_ERROR_BYTES, upstreamErrorAnswer } from './upstream-errors.js';
 
 /** Observes (and may rewrite) a response body, e.g. to read usage out of an SSE stream. */
 export interface BodyInspector {
@@ -38,6 +40,12 @@ export interface ProxyRequest {
   shape: ErrorShape;
   /** Pass every end-to-end response header (tools) or only content-type (model endpoints). */
   passAllHeaders: boolean;
+  /**
+   * Model upstreams: an answer with status 400 or above is read (bounded) and answered by
+   * upstream-errors.ts (401/403 become 502, account identifiers masked, retry-after kept), its own
+   * body logged for the operator. Tool backends' answers pass through unchanged (Shape C).
+   */
+  upstreamErrors?: boolean;
   /** Chosen once the status and content-type are known; null passes the body through untouched. */
   inspect?: (status: number, contentType: string) => BodyInspector | null;
   /** Called exactly once: the upstream status (or the error status we answered), and how it ended. */
@@ -105,6 +113,11 @@ class Exchange {
   // A known-length answer: its length, and how much of it has come from the upstream.
   private total = -1;
   private received = 0;
+  // An upstream error answer being read (ProxyRequest.upstreamErrors).
+  private errorParts: Buffer[] | null = null;
+  private errorSize = 0;
+  private errorType = '';
+  private retryAfter: string | undefined;
 
   constructor(private readonly req: ProxyRequest) {
     this.reply = req.reply;
@@ -184,18 +197,29 @@ class Exchange {
         this.abort(new Error('client closed the connection'));
         return true;
       }
+      // An informational answer (103 Early Hints, …) is not the answer: the final head follows.
+      if (statusCode < 200) return true;
       this.resumeUpstream = resume;
       this.status = statusCode;
       req.onResponseHead?.(statusCode);
       let contentType: string | undefined;
       let len: string | undefined;
+      let retryAfter: string | undefined;
       for (let i = 0; i < rawHeaders.length; i += 2) {
         const n = rawHeaders[i].length;
         // Only names of the right length are decoded (the first line of each wins, as undici's parser).
         if (n === 12 && contentType === undefined && rawHeaders[i].toString('latin1').toLowerCase() === 'content-type') contentType = rawHeaders[i + 1].toString('latin1');
         else if (n === 14 && len === undefined && rawHeaders[i].toString('latin1').toLowerCase() === 'content-length') len = rawHeaders[i + 1].toString('latin1');
+        else if (n === 11 && retryAfter === undefined && rawHeaders[i].toString('latin1').toLowerCase() === 'retry-after') retryAfter = rawHeaders[i + 1].toString('latin1');
       }
       contentType ??= '';
+      if (req.upstreamErrors && statusCode >= 400) {
+        // Read (bounded) and answered when it ends: nothing of it goes out as it came.
+        this.errorParts = [];
+        this.errorType = contentType;
+        this.retryAfter = retryAfter;
+        return true;
+      }
       this.sse = contentType.startsWith('text/event-stream');
       const inspector = (this.inspector = req.inspect ? req.inspect(statusCode, contentType) : null);
       const out = req.passAllHeaders ? endToEndHeaders(rawHeaders) : contentTypeHeader(contentType);
@@ -215,6 +239,14 @@ class Exchange {
     try {
       if (reply.done) {
         this.abort(new Error('client closed the connection'));
+        return true;
+      }
+      if (this.errorParts) {
+        if (this.errorSize < MAX_UPSTREAM_ERROR_BYTES) {
+          const part = chunk.subarray(0, MAX_UPSTREAM_ERROR_BYTES - this.errorSize);
+          this.errorParts.push(Buffer.from(part));
+          this.errorSize += part.length;
+        }
         return true;
       }
       const out = this.inspector ? this.inspector.transform(chunk) : chunk;
@@ -243,6 +275,7 @@ class Exchange {
 
   onComplete(): void {
     const reply = this.reply;
+    if (this.errorParts) return this.answerUpstreamError();
     try {
       const tail = !reply.done && this.inspector ? this.inspector.flush() : '';
       // Reported before the response ends, so the request is settled when its cleanup runs.
@@ -251,6 +284,25 @@ class Exchange {
     } catch (err) {
       logBug(err);
       this.done(this.status, 'error');
+    }
+  }
+
+  /** The upstream answered an error, read whole (bounded): answered as upstream-errors.ts says. */
+  private answerUpstreamError(): void {
+    const { reply, req } = this;
+    try {
+      const body = Buffer.concat(this.errorParts!);
+      this.errorParts = null;
+      // For the operator only: what the upstream said, tied to the request.
+      log.warn({ requestId: reply.requestId, upstreamStatus: this.status, upstreamBody: body.toString('utf8', 0, Math.min(body.length, 4096)) }, `upstream answered ${this.status}`);
+      const a = upstreamErrorAnswer(this.status, this.errorType, body, this.retryAfter, req.shape);
+      if (a.status >= 500) reply.upstreamError = true;
+      this.done(a.status, 'ok');
+      reply.send(a.status, a.headers, a.body);
+    } catch (err) {
+      logBug(err);
+      this.done(this.status, 'error');
+      reply.close();
     }
   }
 

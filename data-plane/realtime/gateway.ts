@@ -166,6 +166,7 @@ export class RealtimeGateway {
       };
       const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
       reply = new Reply(res);
+      reply.requestId = this.nextRequestId();
       head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () => headerLines(req, 'x-forwarded-for'));
       this.check(res, reply, head, hasCredential, context);
     } catch (err) {
@@ -209,6 +210,7 @@ export class RealtimeGateway {
     // session by the session itself when it closes (an upgraded reply never ends, so its entry is
     // never written twice).
     const draft = new LogDraft(deps.reporter, logHeadOf(head), key, () => deps.clock.now(), () => this.nextRequestId());
+    draft.requestId = reply.requestId;
     reply.logDraft = draft;
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
     if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
@@ -289,9 +291,9 @@ export class RealtimeGateway {
     const deps = this.deps;
     const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
-    if (dead) return deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), logHeadOf(head), dead, outcome, null));
+    if (dead) return deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), logHeadOf(head), dead, outcome, null));
     if (!this.unknownKeys.take(deps.clock.now())) return;
-    deps.reporter.log(logRow(this.nextRequestId(), deps.clock.now(), logHeadOf(head), { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
+    deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), logHeadOf(head), { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
   }
 
   /** Upgrades the client (inside one cork, with the rate headers on the 101) and starts the session. */
@@ -347,11 +349,13 @@ export class RealtimeGateway {
     );
     const headers = reply.extraHeaders;
     const rate = reply.rateHeaders;
+    const requestId = reply.requestId;
     reply.markUpgraded();
     res.cork(() => {
       res.writeStatus('101 Switching Protocols');
       if (headers) for (const [k, v] of headers) res.writeHeader(k, v);
       if (rate) writeRateHeaders(rate, res);
+      if (requestId) res.writeHeader('x-request-id', requestId);
       res.upgrade<UserData>({ session }, head.wsKey, firstProtocol(head.protocol), head.extensions, context);
     });
   }

@@ -16,7 +16,8 @@
 // with a reason that says why.
 import type { WebSocket } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { tokenCostMicros } from '../../proto/lib/money.js';
+import { usageCostMicros } from '../../proto/lib/money.js';
+import { tokenUsageOf } from '../proxy/usage-readers.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { logBug } from '../http/reply.js';
 import { findDuplicateKey } from '../http/validate-request.js';
@@ -154,7 +155,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     this.counts.bytesFromClient += data.length;
     // The model is the one the session was admitted and is billed for: a client may not switch it,
     // however the event is spelled (a `\u` escape can write any of its characters) or framed (binary).
-    if (data.includes('"session.update"') || data.includes('\\u')) {
+    if (data.includes('"session.update"') || data.includes('\\u') || data.includes('transcription')) {
       const refusal = clientEventRefusal(data, this.model);
       if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
     }
@@ -237,16 +238,20 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
   private fromUpstream(data: Buffer, isBinary: boolean): void {
     if (this.ended) return;
     let done: Obj | null = null;
+    let transcribed: Obj | null = null;
     if (!isBinary) {
-      if (data.includes('"response.created"')) {
-        if (typeOf(data) === 'response.created') this.responsesInFlight++;
-      } else if (data.includes('"response.done"')) {
-        const ev = parse(data);
-        if (ev?.type === 'response.done') done = ev;
-      }
+      // Told apart by the event's own `type` member, never by text found anywhere in it (a client's
+      // metadata, echoed back, can hold any text).
+      const type = eventTypeOf(data);
+      if (type === 'response.created') this.responsesInFlight++;
+      else if (type === 'response.done') done = parse(data);
+      else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
     }
     this.sendToClient(data, isBinary);
     if (done) this.account(done);
+    // Input-audio transcription is refused (clientEventRefusal); one the upstream ran anyway (its
+    // own session default) is billed at the session's prices, never given away.
+    if (transcribed) this.accountTranscription(transcribed);
   }
 
   private sendToClient(data: Buffer, isBinary: boolean): void {
@@ -281,12 +286,23 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
 
   /** One `response.done`: tokens against tpm, cost to the organisation, then the limits checked. */
   private account(ev: Obj): void {
-    const deps = this.deps;
     this.responsesInFlight = Math.max(0, this.responsesInFlight - 1);
-    const usage = ev.response?.usage;
-    const prompt = tokens(usage?.input_tokens);
-    const completion = tokens(usage?.output_tokens);
-    const cost = tokenCostMicros(prompt, completion, this.model.inputMicrosPerMtok, this.model.outputMicrosPerMtok);
+    this.charge(ev.response?.usage);
+  }
+
+  /** A transcription of input audio the upstream reports with token usage. */
+  private accountTranscription(ev: Obj): void {
+    if (tokenUsageOf(ev.usage)) this.charge(ev.usage);
+    else this.checkLimits();
+  }
+
+  /** Usage as the upstream reported it: each part at its price (audio as audio, cached as cached). */
+  private charge(reported: unknown): void {
+    const deps = this.deps;
+    const usage = tokenUsageOf(reported) ?? { promptTokens: 0, completionTokens: 0 };
+    const prompt = usage.promptTokens;
+    const completion = usage.completionTokens;
+    const cost = usageCostMicros(usage, this.model);
     const now = deps.clock.now();
     const n = ++this.counts.responses;
     this.counts.prompt += prompt;
@@ -314,6 +330,10 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
       const retry = secondsToNextMinute(now);
       this.closeAfterResponse(CLOSE.TRY_AGAIN_LATER, `tokens: the key's tokens per minute (${headers.limitTokens}) are spent; retry after ${retry} s`);
     }
+    this.checkLimits();
+  }
+
+  private checkLimits(): void {
     this.checkMoney();
     if (this.pendingClose && this.responsesInFlight === 0) this.close(this.pendingClose.code, this.pendingClose.reason);
   }
@@ -401,9 +421,95 @@ function parseText(text: string): Obj | null {
   }
 }
 
-function typeOf(data: Buffer): string | undefined {
-  const ev = parse(data);
-  return typeof ev?.type === 'string' ? ev.type : undefined;
+/**
+ * The top-level `type` of a JSON event, as JSON.parse would read it (the last `type` member wins),
+ * found by one scan that skips every value without decoding it: strings by the native indexOf of their
+ * closing quote, so large audio deltas cost little. Undefined when the text is not a JSON object with a
+ * string `type`.
+ */
+export function eventTypeOf(data: Buffer): string | undefined {
+  const n = data.length;
+  let i = skipSpace(data, 0);
+  if (data[i] !== 123 /* { */) return undefined;
+  i = skipSpace(data, i + 1);
+  if (data[i] === 125 /* } */) return undefined;
+  let type: string | undefined;
+  while (i < n) {
+    if (data[i] !== 34 /* " */) return undefined;
+    const keyEnd = stringEnd(data, i);
+    if (keyEnd < 0) return undefined;
+    const isType = isTypeKey(data, i, keyEnd);
+    i = skipSpace(data, keyEnd);
+    if (data[i] !== 58 /* : */) return undefined;
+    i = skipSpace(data, i + 1);
+    const valueEnd = skipValue(data, i);
+    if (valueEnd < 0) return undefined;
+    if (isType) type = data[i] === 34 ? decodeString(data, i, valueEnd) : undefined;
+    i = skipSpace(data, valueEnd);
+    if (data[i] === 125) return skipSpace(data, i + 1) === n ? type : undefined;
+    if (data[i] !== 44 /* , */) return undefined;
+    i = skipSpace(data, i + 1);
+  }
+  return undefined;
+}
+
+/** Whether the key string in [start, end) is `"type"`, spelled plainly or with escapes. */
+function isTypeKey(data: Buffer, start: number, end: number): boolean {
+  if (end - start === 6) return data[start + 1] === 116 && data[start + 2] === 121 && data[start + 3] === 112 && data[start + 4] === 101;
+  if (end - start > 64) return false;
+  return data.subarray(start, end).includes(92) && decodeString(data, start, end) === 'type';
+}
+
+function skipSpace(data: Buffer, from: number): number {
+  let i = from;
+  while (i < data.length && (data[i] === 32 || data[i] === 10 || data[i] === 13 || data[i] === 9)) i++;
+  return i;
+}
+
+/** The index after the closing quote of the string opening at `at`, or -1. */
+function stringEnd(data: Buffer, at: number): number {
+  let i = at + 1;
+  for (;;) {
+    const q = data.indexOf(34, i);
+    if (q < 0) return -1;
+    // Escaped when an odd number of backslashes precede it.
+    let b = q - 1;
+    while (b > at && data[b] === 92) b--;
+    if ((q - 1 - b) % 2 === 0) return q + 1;
+    i = q + 1;
+  }
+}
+
+function decodeString(data: Buffer, start: number, end: number): string | undefined {
+  try {
+    const v = JSON.parse(data.toString('utf8', start, end)) as unknown;
+    return typeof v === 'string' ? v : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The index after the JSON value starting at `at`, or -1 (nested values by their brackets). */
+function skipValue(data: Buffer, at: number): number {
+  const c = data[at];
+  if (c === 34) return stringEnd(data, at);
+  if (c === 123 || c === 91 /* [ */) {
+    let depth = 0;
+    for (let i = at; i < data.length; i++) {
+      const d = data[i];
+      if (d === 34) {
+        i = stringEnd(data, i);
+        if (i < 0) return -1;
+        i--;
+      } else if (d === 123 || d === 91) depth++;
+      else if ((d === 125 || d === 93) && --depth === 0) return i + 1;
+    }
+    return -1;
+  }
+  // A number or a literal: up to the next delimiter.
+  let i = at;
+  while (i < data.length && data[i] !== 44 && data[i] !== 125 && data[i] !== 93 && data[i] !== 32 && data[i] !== 10 && data[i] !== 13 && data[i] !== 9) i++;
+  return i > at ? i : -1;
 }
 
 /**
@@ -420,10 +526,30 @@ export function clientEventRefusal(data: Buffer, model: ModelConfig): Obj | null
   if (repeated !== null) {
     return errorEvent('invalid_request_error', `The event repeats the key \`${repeated.slice(0, 64)}\`; send each key once.`, repeated.slice(0, 64), eventId);
   }
+  if (ev.type === 'transcription_session.update' || (ev.type === 'session.update' && turnsOnTranscription(ev.session))) {
+    return errorEvent(
+      'feature_not_available',
+      'Input audio transcription is not available through this gateway: it is billed by the upstream apart from the session. Transcribe with /v1/audio/transcriptions instead.',
+      'session.audio.input.transcription',
+      eventId,
+    );
+  }
   if (ev.type !== 'session.update') return null;
   const wanted = ev.session?.model;
   if (wanted === undefined || wanted === model.id || wanted === model.upstreamModel) return null;
   return errorEvent('model_not_allowed', `This session is for the model \`${model.id}\`; open a new session to use another model.`, 'session.model', eventId);
+}
+
+/** The upstream event that reports a transcription of the input audio (with its own usage). */
+const TRANSCRIPTION_DONE = 'conversation.item.input_audio_transcription.completed';
+
+/** Whether a session.update's session asks for input audio transcription (beta and GA shapes). */
+function turnsOnTranscription(session: unknown): boolean {
+  if (!session || typeof session !== 'object') return false;
+  const s = session as Obj;
+  if (s.input_audio_transcription !== undefined && s.input_audio_transcription !== null) return true;
+  const t = s.audio?.input?.transcription;
+  return t !== undefined && t !== null;
 }
 
 function errorEvent(code: string, message: string, param: string, eventId: string | null): Obj {

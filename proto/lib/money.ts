@@ -28,3 +28,76 @@ export function monthOf(ms: number): string {
 export function tokenCostMicros(promptTokens: number, completionTokens: number, inMicrosPerMtok: number, outMicrosPerMtok: number): number {
   return Math.ceil((promptTokens * inMicrosPerMtok + completionTokens * outMicrosPerMtok) / 1_000_000);
 }
+
+/** A model's token prices in micro-dollars per million tokens; an unset part falls back as named. */
+export interface TokenPrices {
+  inputMicrosPerMtok: number;
+  outputMicrosPerMtok: number;
+  /** Cached input tokens; unset: the input price (the input audio price for cached audio). */
+  cachedInputMicrosPerMtok?: number;
+  /** Input tokens written to the cache; unset: the input price. */
+  cacheWriteMicrosPerMtok?: number;
+  /** Audio input tokens; unset: the input price. */
+  inputAudioMicrosPerMtok?: number;
+  /** Audio output tokens; unset: the output price. */
+  outputAudioMicrosPerMtok?: number;
+}
+
+/**
+ * What a request used, in tokens. The details are parts of their whole (as OpenAI reports them):
+ * cached, cache-write and audio input tokens are parts of `promptTokens`, audio output tokens part of
+ * `completionTokens`; a part larger than what is left of its whole is cut to it.
+ */
+export interface TokenCounts {
+  promptTokens: number;
+  completionTokens: number;
+  cachedPromptTokens?: number;
+  cacheWriteTokens?: number;
+  audioPromptTokens?: number;
+  /** Of the cached tokens, those that are audio. */
+  cachedAudioPromptTokens?: number;
+  audioCompletionTokens?: number;
+}
+
+/**
+ * The cost of a request's tokens: each part at its price, rounded up to a whole micro-dollar once,
+ * for the whole. Exact for any counts (BigInt when the sum leaves the safe integers).
+ */
+export function usageCostMicros(c: TokenCounts, p: TokenPrices): number {
+  const prompt = whole(c.promptTokens);
+  const completion = whole(c.completionTokens);
+  const cached = Math.min(whole(c.cachedPromptTokens), prompt);
+  const audio = Math.min(whole(c.audioPromptTokens), prompt);
+  const cachedAudio = Math.min(whole(c.cachedAudioPromptTokens), cached, audio);
+  const write = Math.min(whole(c.cacheWriteTokens), prompt - cached);
+  const freshAudio = Math.min(audio - cachedAudio, prompt - cached - write);
+  const text = prompt - cached - write - freshAudio;
+  const audioOut = Math.min(whole(c.audioCompletionTokens), completion);
+  const inAudio = p.inputAudioMicrosPerMtok ?? p.inputMicrosPerMtok;
+  const parts: Array<[number, number]> = [
+    [text, p.inputMicrosPerMtok],
+    [cached - cachedAudio, p.cachedInputMicrosPerMtok ?? p.inputMicrosPerMtok],
+    [cachedAudio, p.cachedInputMicrosPerMtok ?? inAudio],
+    [freshAudio, inAudio],
+    [write, p.cacheWriteMicrosPerMtok ?? p.inputMicrosPerMtok],
+    [completion - audioOut, p.outputMicrosPerMtok],
+    [audioOut, p.outputAudioMicrosPerMtok ?? p.outputMicrosPerMtok],
+  ];
+  let sum = 0;
+  for (const [n, price] of parts) sum += n * price;
+  if (Number.isSafeInteger(sum)) return Math.ceil(sum / 1_000_000);
+  let big = 0n;
+  for (const [n, price] of parts) big += BigInt(n) * BigInt(price);
+  return Number((big + 999_999n) / 1_000_000n);
+}
+
+function whole(n: number | undefined): number {
+  return typeof n === 'number' && Number.isFinite(n) && n > 0 ? Math.floor(n) : 0;
+}
+
+/** Micro-dollars as a JSON number with exactly six decimals: 40012 → "0.040012". */
+export function usdNumberText(micros: number): string {
+  const sign = micros < 0 ? '-' : '';
+  const abs = Math.abs(micros);
+  return `${sign}${Math.floor(abs / MICROS_PER_USD)}.${String(abs % MICROS_PER_USD).padStart(6, '0')}`;
+}

@@ -1,9 +1,31 @@
-// `npm run fuzz -- [--runs N] [--seed S]`: fuzzes a freshly started node with as many cases as asked.
+// `npm run fuzz -- [--runs N] [--seed S] [--mode requests|sse-upstream]`: fuzzes a freshly started node
+// with as many cases as asked: hostile requests (default), or a hostile upstream's SSE framing.
 import { parseArgs } from 'node:util';
 import { stopAll } from '../helpers/processes.js';
 import { fuzzNode, startFuzzStack } from './node-fuzz.js';
+import { fuzzSseUpstream, startSseFuzzStack } from './sse-upstream-fuzz.js';
 
-const { values } = parseArgs({ options: { runs: { type: 'string', default: '5000' }, seed: { type: 'string' } } });
+const { values } = parseArgs({ options: { runs: { type: 'string', default: '5000' }, seed: { type: 'string' }, mode: { type: 'string', default: 'requests' } } });
+if (values.mode !== 'requests' && values.mode !== 'sse-upstream') {
+  console.error(`--mode must be requests or sse-upstream, got ${JSON.stringify(values.mode)}`);
+  process.exit(2);
+}
+if (values.mode === 'sse-upstream') {
+  const runs = Number(values.runs);
+  const stack = await startSseFuzzStack();
+  const t0 = Date.now();
+  try {
+    const r = await fuzzSseUpstream(stack, runs, values.seed === undefined ? undefined : Number(values.seed));
+    console.log(`fuzz: ${runs} hostile SSE streams passed in ${((Date.now() - t0) / 1000).toFixed(1)} s (${r.exact} compared byte for byte, ${r.resets} upstream resets, event loop held at most ${r.loop.maxBlockedMs} ms by the node's own work, ${r.loop.maxLateMs} ms late on the wall clock); the node is still serving`);
+  } catch (err) {
+    console.error(err instanceof Error ? err.message : err);
+    process.exitCode = 1;
+  } finally {
+    await stack.close();
+    await stopAll();
+  }
+  process.exit();
+}
 const runs = Number(values.runs);
 if (!Number.isSafeInteger(runs) || runs < 1) {
   console.error(`--runs must be a positive whole number, got ${JSON.stringify(values.runs)}`);

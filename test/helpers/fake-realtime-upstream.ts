@@ -25,8 +25,8 @@ export interface FakeRealtimeUpstream {
   /** ws://127.0.0.1:PORT/v1/realtime */
   url: string;
   connections: FakeRealtimeConnection[];
-  /** Usage reported in each response.done. */
-  usage: { input_tokens: number; output_tokens: number };
+  /** Usage reported in each response.done (details such as input_token_details are passed as given). */
+  usage: { input_tokens: number; output_tokens: number; [detail: string]: unknown };
   /** Non-zero: refuse handshakes with this HTTP status. */
   refuseWith: number;
   /** True: handshakes wait (unanswered) until releaseHandshakes(). */
@@ -113,10 +113,12 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
       conn.received.push(ev);
       if (ev.type === 'response.create') {
         const id = `resp_fake_${++n}`;
-        send({ type: 'response.created', response: { object: 'realtime.response', id, status: 'in_progress', output: [], usage: null } });
+        // The client's response.metadata is echoed back in both events, as OpenAI does.
+        const metadata = ev.response?.metadata ?? null;
+        send({ type: 'response.created', response: { object: 'realtime.response', id, status: 'in_progress', output: [], metadata, usage: null } });
         for (const d of ['Hello ', 'from ', 'upstream.']) send({ type: 'response.output_text.delta', response_id: id, item_id: 'item_1', output_index: 0, content_index: 0, delta: d });
         const usage = { ...fake.usage, total_tokens: fake.usage.input_tokens + fake.usage.output_tokens };
-        send({ type: 'response.done', response: { object: 'realtime.response', id, status: 'completed', output: [], usage } });
+        send({ type: 'response.done', response: { object: 'realtime.response', id, status: 'completed', output: [], metadata, usage } });
       } else if (ev.type === 'test.flood') {
         const payload = 'x'.repeat(Math.max(0, ev.bytes - 64));
         const pump = () => {

@@ -2,7 +2,9 @@
 // gateway's tokenizer, so the embedded default works with no network.
 import { createHash } from 'node:crypto';
 import { logBug } from '../../http/reply.js';
+import { usageCostMicros } from '../../../proto/lib/money.js';
 import { countMessageTokens, countTokens, contentText, truncateTokens } from '../tokens.js';
+import { withUsageCost } from '../usage-readers.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -111,6 +113,8 @@ export class DemoProvider implements Provider {
     // Reported before the answer is written (it is written in full, synchronously), so the request is
     // settled when the response's cleanup runs.
     call.complete({ status: 200, promptTokens, completionTokens });
+    // What the ledger records for it, shown as usage.cost (docs/billing.md).
+    const micros = usageCostMicros({ promptTokens, completionTokens }, model);
     if (body.stream === true) {
       const so = body.stream_options as { include_usage?: unknown } | undefined;
       const includeUsage = !!so && so.include_usage === true;
@@ -123,7 +127,7 @@ export class DemoProvider implements Provider {
         reply.write(event([{ index: 0, delta: { content: piece }, logprobs: null, finish_reason: null }]));
       }
       reply.write(event([{ index: 0, delta: {}, logprobs: null, finish_reason: finishReason }]));
-      if (includeUsage) reply.write(event([], { usage }));
+      if (includeUsage) reply.write(`data: ${withUsageCost({ ...base, choices: [], usage }, micros)}\n\n`);
       reply.end('data: [DONE]\n\n');
     } else {
       const out = {
@@ -135,7 +139,7 @@ export class DemoProvider implements Provider {
         usage,
         system_fingerprint: null,
       };
-      reply.send(200, JSON_HEADERS, JSON.stringify(out));
+      reply.send(200, JSON_HEADERS, withUsageCost(out, micros));
     }
   }
 
@@ -153,7 +157,7 @@ export class DemoProvider implements Provider {
     });
     const out = { object: 'list', data, model: model.id, usage: { prompt_tokens: promptTokens, total_tokens: promptTokens } };
     call.complete({ status: 200, promptTokens, completionTokens: 0 });
-    reply.send(200, JSON_HEADERS, JSON.stringify(out));
+    reply.send(200, JSON_HEADERS, withUsageCost(out, usageCostMicros({ promptTokens, completionTokens: 0 }, model)));
   }
 
   speech(call: ModelCall): void {

@@ -1,19 +1,23 @@
 // Any OpenAI-compatible HTTP API: base URL and upstream key from the model's config, one undici Pool
 // (keep-alive) per origin, requests and responses streamed through stream-proxy.ts. Usage comes from the
-// upstream's `usage`; when it gives none, the gateway counts tokens with its own tokenizer.
-import { StringDecoder } from 'node:string_decoder';
+// upstream's `usage`, read by usage-readers.ts as the answer goes through; when it gives none, the
+// gateway counts tokens with its own tokenizer.
 import { Pool } from 'undici';
 import { UPSTREAM_KEEP_ALIVE_MS } from '../upstream-keep-alive.js';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import { usageCostMicros } from '../../../proto/lib/money.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { proxyRequest, type BodyInspector } from '../stream-proxy.js';
+import { proxyRequest } from '../stream-proxy.js';
 import { countMessageTokens, countTokens, contentText } from '../tokens.js';
+import { JsonUsageReader, SseUsageReader, type UsagePricer } from '../usage-readers.js';
 import { audioSecondsOf } from './demo.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
 const DEFAULT_TIMEOUT_MS = 60_000;
-/** Non-streaming JSON answers are copied up to this size to read their usage. */
-const MAX_USAGE_COPY_BYTES = 4 * 1024 * 1024;
+/** Top-level members the readers keep besides `usage`, per endpoint. */
+const CHOICES = Object.freeze(['choices']);
+const NO_MEMBERS = Object.freeze([] as string[]);
+const DURATION = Object.freeze(['duration']);
 
 /** Per-model constants, computed once per config version (ModelConfig objects change with it). */
 interface Target {
@@ -46,202 +50,24 @@ export class PoolRegistry {
   }
 }
 
-interface Usage {
-  prompt_tokens?: number;
-  completion_tokens?: number;
-}
-
-/**
- * Watches a JSON answer go through unchanged (so it keeps its length and goes out with tryEnd), holding
- * references to its chunks (bounded, no copy) to read `usage` at the end. OpenAI-compatible APIs put
- * `usage` last: it is read from the tail, and the whole answer is parsed only when it is not there.
- */
-class JsonUsage implements BodyInspector {
-  readonly passesThrough = true;
-  private parts: Buffer[] = [];
-  private size = 0;
-  transform(chunk: Buffer): Buffer {
-    if (this.size + chunk.length <= MAX_USAGE_COPY_BYTES) {
-      this.parts.push(chunk);
-      this.size += chunk.length;
-    } else {
-      this.size = Infinity;
-      this.parts = [];
-    }
-    return chunk;
-  }
-  flush(): string {
-    return '';
-  }
-  /** `usage` when it is the last member of the top-level object, read from the tail alone. */
-  usageFromTail(): Usage | null {
-    if (this.size === Infinity || this.parts.length === 0) return null;
-    const last = this.parts[this.parts.length - 1];
-    const tail = (this.parts.length === 1 || last.length >= TAIL_BYTES ? last : Buffer.concat(this.parts)).toString('utf8');
-    return usageAtEnd(tail);
-  }
-  json(): Record<string, unknown> | null {
-    if (this.size === Infinity) return null;
-    try {
-      return JSON.parse(Buffer.concat(this.parts).toString('utf8')) as Record<string, unknown>;
-    } catch {
-      return null;
-    }
-  }
-}
-
-/** Bytes of an answer's tail enough to hold its `usage` object (with its details). */
-const TAIL_BYTES = 2048;
-
-/**
- * The `usage` object of a JSON text when it is the top-level object's last member: `"usage"` whose
- * object is followed by nothing but the top-level object's closing brace. Anything else: null (the
- * caller parses the whole answer). A `"usage"` inside a string value cannot match: quotes in JSON
- * strings are escaped.
- */
-export function usageAtEnd(text: string): Usage | null {
-  const at = text.lastIndexOf('"usage"');
-  if (at === -1) return null;
-  let i = at + 7;
-  while (isSpace(text.charCodeAt(i))) i++;
-  if (text.charCodeAt(i) !== 58 /* : */) return null;
-  i++;
-  while (isSpace(text.charCodeAt(i))) i++;
-  if (text.charCodeAt(i) !== 123 /* { */) return null;
-  const start = i;
-  let depth = 0;
-  for (; i < text.length; i++) {
-    const c = text.charCodeAt(i);
-    if (c === 34 /* " */) {
-      // Skip the string, escapes included.
-      for (i++; i < text.length && text.charCodeAt(i) !== 34; i++) if (text.charCodeAt(i) === 92 /* \ */) i++;
-    } else if (c === 123) depth++;
-    else if (c === 125 /* } */ && --depth === 0) break;
-  }
-  if (depth !== 0) return null;
-  const end = i + 1;
-  let j = end;
-  while (isSpace(text.charCodeAt(j))) j++;
-  if (text.charCodeAt(j) !== 125) return null;
-  for (j++; j < text.length; j++) if (!isSpace(text.charCodeAt(j))) return null;
-  // The member before must end with a comma or be the object's opening brace.
-  let k = at - 1;
-  while (k >= 0 && isSpace(text.charCodeAt(k))) k--;
-  if (k >= 0 && text.charCodeAt(k) !== 44 /* , */ && text.charCodeAt(k) !== 123) return null;
-  try {
-    const u = JSON.parse(text.slice(start, end)) as unknown;
-    return u && typeof u === 'object' && !Array.isArray(u) ? (u as Usage) : null;
-  } catch {
-    return null;
-  }
-}
-
-function isSpace(c: number): boolean {
-  return c === 32 || c === 10 || c === 13 || c === 9;
-}
-
-/** The longest SSE event held back whole while it arrives. */
-const MAX_SSE_EVENT_CHARS = 1024 * 1024;
-
-/**
- * Passes an SSE stream on event by event (an event goes out as soon as it is complete), reads the
- * usage chunk, and drops it (and the `"usage":null` fields) when only the gateway asked for usage.
- */
-export class SseUsage implements BodyInspector {
-  usage: Usage | null = null;
-  private carry = '';
-  private readonly decoder = new StringDecoder('utf8');
-  private readonly dataEvents: string[] = [];
-  constructor(private readonly strip: boolean) {}
-
-  transform(chunk: Buffer): string {
-    const text = this.carry + this.decoder.write(chunk);
-    const end = text.lastIndexOf('\n\n');
-    if (end === -1) {
-      // An "event" this long is not one: passed on as it is, rather than held without end.
-      if (text.length > MAX_SSE_EVENT_CHARS) {
-        this.carry = '';
-        this.keep(text);
-        return text;
-      }
-      this.carry = text;
-      return '';
-    }
-    this.carry = text.slice(end + 2);
-    return this.events(text.slice(0, end + 2));
-  }
-
-  flush(): string {
-    const rest = this.carry + this.decoder.end();
-    this.carry = '';
-    return rest ? this.events(rest) : '';
-  }
-
-  private events(block: string): string {
-    // Nothing to read or strip (`"usage":null` fields included) in a block without "usage".
-    if (!block.includes('"usage"')) {
-      this.keep(block);
-      return block;
-    }
-    let out = '';
-    for (const ev of block.split('\n\n')) {
-      if (ev.length === 0) continue;
-      let e = ev;
-      if (e.includes('"usage"')) {
-        const data = dataOf(e);
-        let obj: { usage?: Usage | null; choices?: unknown[] } | null = null;
-        try {
-          obj = data ? JSON.parse(data) : null;
-        } catch {
-          obj = null;
-        }
-        if (obj && obj.usage) {
-          this.usage = obj.usage;
-          if (this.strip && Array.isArray(obj.choices) && obj.choices.length === 0) continue;
-        }
-        if (this.strip) e = e.replace(/,"usage":null|"usage":null,?/g, '');
-      }
-      this.keep(e);
-      out += e + '\n\n';
-    }
-    return out;
-  }
-
-  private keep(block: string): void {
-    // Kept only to count tokens when the upstream reports no usage (parsed lazily, at the end).
-    if (this.usage === null) this.dataEvents.push(block);
-  }
-
-  /** Completion tokens counted from the streamed deltas. */
-  countedCompletionTokens(): number {
-    let n = 0;
-    for (const block of this.dataEvents) {
-      for (const ev of block.split('\n\n')) {
-        const data = dataOf(ev);
-        if (!data || data === '[DONE]') continue;
-        try {
-          const obj = JSON.parse(data) as { choices?: Array<{ delta?: { content?: unknown } }> };
-          for (const c of obj.choices ?? []) n += countTokens(contentText(c.delta?.content));
-        } catch {
-          // not JSON: not a content event
-        }
-      }
-    }
-    return n;
-  }
-}
-
 /** Tokens of an embeddings input counted by the gateway (a string, or an array of strings and token arrays). */
 function inputTokens(input: unknown): number {
   if (typeof input === 'string') return countTokens(input);
   return Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0;
 }
 
-function dataOf(event: string): string | null {
-  const lines = event.split('\n');
-  let data: string | null = null;
-  for (const l of lines) if (l.startsWith('data:')) data = (data === null ? '' : data + '\n') + l.slice(5).trimStart();
-  return data;
+/** Completion tokens of a JSON chat answer without usage: its choices' text, or (too large to keep) its bytes / 4. */
+function choicesTokens(json: JsonUsageReader): number {
+  const choices = json.member('choices');
+  if (!Array.isArray(choices)) return Math.ceil((json.memberBytes.get('choices') ?? 0) / 4);
+  let n = 0;
+  for (const c of choices as Array<{ message?: { content?: unknown } }>) n += countTokens(contentText(c?.message?.content));
+  return n;
+}
+
+/** Prices a usage at the model's prices: what the answer shows as `usage.cost` and the ledger records. */
+function pricerOf(model: ModelConfig): UsagePricer {
+  return (usage) => usageCostMicros(usage, model);
 }
 
 export class OpenAIProvider implements Provider {
@@ -287,8 +113,9 @@ export class OpenAIProvider implements Provider {
         payload = JSON.stringify(copy);
       }
     }
-    let sse: SseUsage | null = null;
-    let json: JsonUsage | null = null;
+    let sse: SseUsageReader | null = null;
+    let json: JsonUsageReader | null = null;
+    const pricer = pricerOf(call.model);
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -299,38 +126,29 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request
       // costs a defineProperty of its name.
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
-        if (contentType.startsWith('text/event-stream')) return (sse = new SseUsage(!clientWantsUsage));
-        return (json = new JsonUsage());
+        if (contentType.startsWith('text/event-stream')) return (sse = new SseUsageReader(!clientWantsUsage, pricer));
+        return (json = new JsonUsageReader(CHOICES, pricer));
       },
       onAbort: call.onAbort,
       onDone(status, outcome) {
+        const s = sse as SseUsageReader | null;
+        const j = json as JsonUsageReader | null;
+        const usage = s?.usage ?? j?.usage ?? null;
         if (outcome === 'aborted') {
           // The client left after the request reached the upstream, which ran it: the prompt and any
           // completion streamed so far are billed (docs/design.md#client-aborts).
-          const s = sse as SseUsage | null;
-          const u = s?.usage;
-          return call.complete({ status: 499, promptTokens: u?.prompt_tokens ?? countMessageTokens(body.messages), completionTokens: u?.completion_tokens ?? (s ? s.countedCompletionTokens() : 0) });
+          if (usage) return call.complete({ ...usage, status: 499 });
+          return call.complete({ status: 499, promptTokens: countMessageTokens(body.messages), completionTokens: s ? s.countedCompletionTokens() : 0 });
         }
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        let usage: Usage | null = null;
-        let counted = 0;
-        if (sse) {
-          usage = (sse as SseUsage).usage;
-          if (!usage) counted = (sse as SseUsage).countedCompletionTokens();
-        } else if (json) {
-          usage = (json as JsonUsage).usageFromTail();
-          const obj = usage ? null : (json as JsonUsage).json();
-          usage ??= (obj?.usage as Usage | undefined) ?? null;
-          if (!usage && obj && Array.isArray(obj.choices)) {
-            for (const c of obj.choices as Array<{ message?: { content?: unknown } }>) counted += countTokens(contentText(c.message?.content));
-          }
-        }
-        if (usage) call.complete({ status, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 });
-        else call.complete({ status, promptTokens: countMessageTokens(body.messages), completionTokens: counted });
+        if (usage) return call.complete({ ...usage, status });
+        const counted = s ? s.countedCompletionTokens() : j ? choicesTokens(j) : 0;
+        call.complete({ status, promptTokens: countMessageTokens(body.messages), completionTokens: counted });
       },
     });
   }
@@ -339,7 +157,8 @@ export class OpenAIProvider implements Provider {
     const t = this.target(call.model);
     const body = call.body;
     const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
-    let json: JsonUsage | null = null;
+    let json: JsonUsageReader | null = null;
+    const pricer = pricerOf(call.model);
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -350,16 +169,16 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       inspect(status) {
-        return status >= 200 && status < 300 ? (json = new JsonUsage()) : null;
+        return status >= 200 && status < 300 ? (json = new JsonUsageReader(NO_MEMBERS, pricer)) : null;
       },
       onAbort: call.onAbort,
       onDone(status, outcome) {
-        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: inputTokens(body.input), completionTokens: 0 });
+        const usage = (json as JsonUsageReader | null)?.usage ?? null;
+        if (outcome === 'aborted') return call.complete(usage ? { ...usage, status: 499 } : { status: 499, promptTokens: inputTokens(body.input), completionTokens: 0 });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        const j = json as JsonUsage | null;
-        const usage = j ? (j.usageFromTail() ?? ((j.json()?.usage as Usage | undefined) ?? null)) : null;
-        call.complete({ status, promptTokens: usage?.prompt_tokens ?? inputTokens(body.input), completionTokens: 0 });
+        call.complete(usage ? { ...usage, status } : { status, promptTokens: inputTokens(body.input), completionTokens: 0 });
       },
     });
   }
@@ -379,6 +198,7 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       onAbort: call.onAbort,
       onDone(status, outcome) {
         // An aborted synthesis still ran upstream: its input characters are billed.
@@ -412,7 +232,7 @@ export class OpenAIProvider implements Provider {
     })();
     const headers = ['content-type', call.contentType];
     if (t.authHeader) headers.push('authorization', t.authHeader);
-    let json: JsonUsage | null = null;
+    let json: JsonUsageReader | null = null;
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -423,15 +243,16 @@ export class OpenAIProvider implements Provider {
       reply: call.reply,
       shape: 'A',
       passAllHeaders: false,
+      upstreamErrors: true,
       inspect(status, contentType) {
-        return status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsage()) : null;
+        return status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsageReader(DURATION)) : null;
       },
       onAbort: call.onAbort,
       onDone(status, outcome) {
         // Aborted: the audio uploaded so far is billed.
         if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: 0, completionTokens: 0, audioUnits: audioSecondsOf(bytes) });
         if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        const duration = (json as JsonUsage | null)?.json()?.duration;
+        const duration = (json as JsonUsageReader | null)?.member('duration');
         const seconds = typeof duration === 'number' && duration > 0 ? Math.ceil(duration) : audioSecondsOf(bytes);
         call.complete({ status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
       },

@@ -1,11 +1,15 @@
 // What a model provider gets for one request, and what it reports back. The HTTP layer has already
 // authenticated, admitted, validated and scope-checked the request; the provider only answers it.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { TokenCounts } from '../../../proto/lib/money.js';
 import type { Reply } from '../../http/reply.js';
 import type { ModelField } from '../multipart-model.js';
 
-/** How a request ended, for usage and cost. Tokens for chat/embeddings; units for audio. */
-export interface CallResult {
+/**
+ * How a request ended, for usage and cost. Tokens for chat/embeddings; units for audio. The token
+ * details are the parts of the tokens the upstream prices apart (proto/lib/money.ts, TokenCounts).
+ */
+export interface CallResult extends TokenCounts {
   status: number;
   promptTokens: number;
   completionTokens: number;

@@ -384,6 +384,11 @@ export interface ModelInfo {
   tiers: string[];
   /** Models billed per unit of audio (seconds for transcription, 1,000 characters for speech). */
   audioMicrosPerUnit: number;
+  /** The prices of ModelConfig 300–303 (unset: billed at the fallback price ModelConfig names). */
+  cachedInputMicrosPerMtok?: number | undefined;
+  cacheWriteMicrosPerMtok?: number | undefined;
+  inputAudioMicrosPerMtok?: number | undefined;
+  outputAudioMicrosPerMtok?: number | undefined;
 }
 
 export interface ListModelsRequest {
@@ -5876,6 +5881,10 @@ function createBaseModelInfo(): ModelInfo {
     outputMicrosPerMtok: 0,
     tiers: [],
     audioMicrosPerUnit: 0,
+    cachedInputMicrosPerMtok: undefined,
+    cacheWriteMicrosPerMtok: undefined,
+    inputAudioMicrosPerMtok: undefined,
+    outputAudioMicrosPerMtok: undefined,
   };
 }
 
@@ -5904,6 +5913,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     }
     if (message.audioMicrosPerUnit !== 0) {
       writer.uint32(64).int64(message.audioMicrosPerUnit);
+    }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      writer.uint32(2400).int64(message.cachedInputMicrosPerMtok);
+    }
+    if (message.cacheWriteMicrosPerMtok !== undefined) {
+      writer.uint32(2408).int64(message.cacheWriteMicrosPerMtok);
+    }
+    if (message.inputAudioMicrosPerMtok !== undefined) {
+      writer.uint32(2416).int64(message.inputAudioMicrosPerMtok);
+    }
+    if (message.outputAudioMicrosPerMtok !== undefined) {
+      writer.uint32(2424).int64(message.outputAudioMicrosPerMtok);
     }
     return writer;
   },
@@ -5985,6 +6006,38 @@ export const ModelInfo: MessageFns<ModelInfo> = {
             message.audioMicrosPerUnit = longToNumber(reader.int64());
             continue;
           }
+          case 300: {
+            if (tag !== 2400) {
+              break;
+            }
+
+            message.cachedInputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 301: {
+            if (tag !== 2408) {
+              break;
+            }
+
+            message.cacheWriteMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 302: {
+            if (tag !== 2416) {
+              break;
+            }
+
+            message.inputAudioMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 303: {
+            if (tag !== 2424) {
+              break;
+            }
+
+            message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6023,6 +6076,26 @@ export const ModelInfo: MessageFns<ModelInfo> = {
         : isSet(object.audio_micros_per_unit)
         ? globalThis.Number(object.audio_micros_per_unit)
         : 0,
+      cachedInputMicrosPerMtok: isSet(object.cachedInputMicrosPerMtok)
+        ? globalThis.Number(object.cachedInputMicrosPerMtok)
+        : isSet(object.cached_input_micros_per_mtok)
+        ? globalThis.Number(object.cached_input_micros_per_mtok)
+        : undefined,
+      cacheWriteMicrosPerMtok: isSet(object.cacheWriteMicrosPerMtok)
+        ? globalThis.Number(object.cacheWriteMicrosPerMtok)
+        : isSet(object.cache_write_micros_per_mtok)
+        ? globalThis.Number(object.cache_write_micros_per_mtok)
+        : undefined,
+      inputAudioMicrosPerMtok: isSet(object.inputAudioMicrosPerMtok)
+        ? globalThis.Number(object.inputAudioMicrosPerMtok)
+        : isSet(object.input_audio_micros_per_mtok)
+        ? globalThis.Number(object.input_audio_micros_per_mtok)
+        : undefined,
+      outputAudioMicrosPerMtok: isSet(object.outputAudioMicrosPerMtok)
+        ? globalThis.Number(object.outputAudioMicrosPerMtok)
+        : isSet(object.output_audio_micros_per_mtok)
+        ? globalThis.Number(object.output_audio_micros_per_mtok)
+        : undefined,
     };
   },
 
@@ -6052,6 +6125,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     if (message.audioMicrosPerUnit !== 0) {
       obj.audioMicrosPerUnit = Math.round(message.audioMicrosPerUnit);
     }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      obj.cachedInputMicrosPerMtok = Math.round(message.cachedInputMicrosPerMtok);
+    }
+    if (message.cacheWriteMicrosPerMtok !== undefined) {
+      obj.cacheWriteMicrosPerMtok = Math.round(message.cacheWriteMicrosPerMtok);
+    }
+    if (message.inputAudioMicrosPerMtok !== undefined) {
+      obj.inputAudioMicrosPerMtok = Math.round(message.inputAudioMicrosPerMtok);
+    }
+    if (message.outputAudioMicrosPerMtok !== undefined) {
+      obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
+    }
     return obj;
   },
 
@@ -6068,6 +6153,10 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     message.outputMicrosPerMtok = object.outputMicrosPerMtok ?? 0;
     message.tiers = object.tiers?.map((e) => e) || [];
     message.audioMicrosPerUnit = object.audioMicrosPerUnit ?? 0;
+    message.cachedInputMicrosPerMtok = object.cachedInputMicrosPerMtok ?? undefined;
+    message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
+    message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
+    message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
     return message;
   },
 };

@@ -206,6 +206,24 @@ export interface ModelConfig {
   audioMicrosPerUnit: number;
   timeoutMs: number;
   voices: string[];
+  /**
+   * Prices of the parts of a model's usage the upstream bills apart (unset: the fallback named).
+   * Input tokens read from the upstream's cache (unset: the input price, or the input audio price
+   * for cached audio tokens).
+   */
+  cachedInputMicrosPerMtok?:
+    | number
+    | undefined;
+  /** Input tokens written to the upstream's cache (unset: the input price). */
+  cacheWriteMicrosPerMtok?:
+    | number
+    | undefined;
+  /** Audio input tokens (chat, realtime; unset: the input price). */
+  inputAudioMicrosPerMtok?:
+    | number
+    | undefined;
+  /** Audio output tokens (chat, realtime; unset: the output price). */
+  outputAudioMicrosPerMtok?: number | undefined;
 }
 
 export interface ToolBackend {
@@ -2794,6 +2812,10 @@ function createBaseModelConfig(): ModelConfig {
     audioMicrosPerUnit: 0,
     timeoutMs: 0,
     voices: [],
+    cachedInputMicrosPerMtok: undefined,
+    cacheWriteMicrosPerMtok: undefined,
+    inputAudioMicrosPerMtok: undefined,
+    outputAudioMicrosPerMtok: undefined,
   };
 }
 
@@ -2831,6 +2853,18 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     }
     for (const v of message.voices) {
       writer.uint32(90).string(v!);
+    }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      writer.uint32(2400).int64(message.cachedInputMicrosPerMtok);
+    }
+    if (message.cacheWriteMicrosPerMtok !== undefined) {
+      writer.uint32(2408).int64(message.cacheWriteMicrosPerMtok);
+    }
+    if (message.inputAudioMicrosPerMtok !== undefined) {
+      writer.uint32(2416).int64(message.inputAudioMicrosPerMtok);
+    }
+    if (message.outputAudioMicrosPerMtok !== undefined) {
+      writer.uint32(2424).int64(message.outputAudioMicrosPerMtok);
     }
     return writer;
   },
@@ -2936,6 +2970,38 @@ export const ModelConfig: MessageFns<ModelConfig> = {
             message.voices.push(reader.string());
             continue;
           }
+          case 300: {
+            if (tag !== 2400) {
+              break;
+            }
+
+            message.cachedInputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 301: {
+            if (tag !== 2408) {
+              break;
+            }
+
+            message.cacheWriteMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 302: {
+            if (tag !== 2416) {
+              break;
+            }
+
+            message.inputAudioMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 303: {
+            if (tag !== 2424) {
+              break;
+            }
+
+            message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2991,6 +3057,26 @@ export const ModelConfig: MessageFns<ModelConfig> = {
       voices: globalThis.Array.isArray(object?.voices)
         ? object.voices.map((e: any) => globalThis.String(e))
         : [],
+      cachedInputMicrosPerMtok: isSet(object.cachedInputMicrosPerMtok)
+        ? globalThis.Number(object.cachedInputMicrosPerMtok)
+        : isSet(object.cached_input_micros_per_mtok)
+        ? globalThis.Number(object.cached_input_micros_per_mtok)
+        : undefined,
+      cacheWriteMicrosPerMtok: isSet(object.cacheWriteMicrosPerMtok)
+        ? globalThis.Number(object.cacheWriteMicrosPerMtok)
+        : isSet(object.cache_write_micros_per_mtok)
+        ? globalThis.Number(object.cache_write_micros_per_mtok)
+        : undefined,
+      inputAudioMicrosPerMtok: isSet(object.inputAudioMicrosPerMtok)
+        ? globalThis.Number(object.inputAudioMicrosPerMtok)
+        : isSet(object.input_audio_micros_per_mtok)
+        ? globalThis.Number(object.input_audio_micros_per_mtok)
+        : undefined,
+      outputAudioMicrosPerMtok: isSet(object.outputAudioMicrosPerMtok)
+        ? globalThis.Number(object.outputAudioMicrosPerMtok)
+        : isSet(object.output_audio_micros_per_mtok)
+        ? globalThis.Number(object.output_audio_micros_per_mtok)
+        : undefined,
     };
   },
 
@@ -3029,6 +3115,18 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     if (message.voices?.length) {
       obj.voices = message.voices;
     }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      obj.cachedInputMicrosPerMtok = Math.round(message.cachedInputMicrosPerMtok);
+    }
+    if (message.cacheWriteMicrosPerMtok !== undefined) {
+      obj.cacheWriteMicrosPerMtok = Math.round(message.cacheWriteMicrosPerMtok);
+    }
+    if (message.inputAudioMicrosPerMtok !== undefined) {
+      obj.inputAudioMicrosPerMtok = Math.round(message.inputAudioMicrosPerMtok);
+    }
+    if (message.outputAudioMicrosPerMtok !== undefined) {
+      obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
+    }
     return obj;
   },
 
@@ -3048,6 +3146,10 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     message.audioMicrosPerUnit = object.audioMicrosPerUnit ?? 0;
     message.timeoutMs = object.timeoutMs ?? 0;
     message.voices = object.voices?.map((e) => e) || [];
+    message.cachedInputMicrosPerMtok = object.cachedInputMicrosPerMtok ?? undefined;
+    message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
+    message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
+    message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
     return message;
   },
 };
