@@ -7,6 +7,7 @@
 // those cells). A response costs a few Map lookups, increments and two bucket searches. States (sync,
 // journal depth, edge windows, open streams) are read only when scraped, through sources registered
 // once at start.
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Counter, Gauge, Registry, type Metric } from 'prom-client';
 import { isDraining } from './drain.js';
 import type { PathFamily } from './routing/path-families.js';
@@ -243,6 +244,20 @@ new Gauge({
   registers: [registry],
   collect() {
     this.set(isDraining() ? 1 : 0);
+  },
+});
+
+// How long the event loop was held up: a request that blocks it (a quadratic parse, a sync call)
+// delays every other request on the node. Sampled by a libuv timer, off the request path.
+const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+loopDelay.enable();
+new Gauge({
+  name: 'tollgate_node_event_loop_delay_max_seconds',
+  help: 'The longest event-loop delay seen since the previous scrape (sampled every 10 ms, so at least about 0.01).',
+  registers: [registry],
+  collect() {
+    this.set(loopDelay.count > 0 ? loopDelay.max / 1e9 : 0);
+    loopDelay.reset();
   },
 });
 

@@ -7,7 +7,7 @@ import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWe
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { bearerToken } from '../auth/bearer.js';
 import type { GatewayState, KeyRecord, StateHolder } from '../auth/key-table.js';
-import { GatewayError } from '../errors.js';
+import { CATALOG, GatewayError } from '../errors.js';
 import type { Clock } from '../limits/clock.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import { bodyCapBytes, presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
@@ -376,7 +376,10 @@ export class ApiServer {
           if (estimate > 0) reply.rateHeaders = deps.keyBudgets.headers(key.limits);
           const state = deps.holder.current;
           const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
-          if (invalid) return reply.sendError(invalid, 'A');
+          if (invalid) {
+            countRefused(ctx);
+            return reply.sendError(invalid, 'A');
+          }
           const obj = body as Record<string, unknown>;
           const model = state.view.models.get(obj.model as string)!;
           const scope = this.checkScope(key, model);
@@ -428,9 +431,11 @@ export class ApiServer {
     findModelField(stream, boundary, spill, (err, field) => {
       try {
         if (reply.done) return;
-        // Answered before the body was read to its end: the rest is not wanted.
+        // Answered before the body was read to its end: the rest is not wanted. A 400 for what the
+        // body holds keeps its one request of rpm (design.md, what counts as a request).
         const refuse = (e: unknown) => {
           stream.discard();
+          if (isContentRefusal(e)) countRefused(ctx);
           reply.sendError(e, 'A', isTooLarge(e));
         };
         if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
@@ -619,6 +624,15 @@ function failCall(ctx: RequestContext, reply: Reply, shape: ErrorShape, err: unk
   if (!reply.headersSent) reply.sendError(err, shape, isTooLarge(err));
   else reply.close();
   ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
+}
+
+/** A 400 for what a body holds, once it was read: it counts one request (rpm), no tokens, no money. */
+function isContentRefusal(err: unknown): boolean {
+  return err instanceof GatewayError && CATALOG[err.code].status === 400;
+}
+
+function countRefused(ctx: RequestContext): void {
+  ctx.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
 }
 
 function isTooLarge(err: unknown): boolean {
