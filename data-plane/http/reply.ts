@@ -22,6 +22,14 @@ import { refusalReason, type LogDraft } from './request-log.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
 
+/**
+ * The most of a request body left unread that an early answer (503, 413, 429, 401 before the body was
+ * read) still reads and drops, so the client, which is still writing, can read the answer: a lingering
+ * close, as nginx calls it. Closing at once would reset the connection under the client's writes, and
+ * it would see a broken pipe instead of the answer. Past this the connection is closed.
+ */
+export const LINGER_MAX_BYTES = 64 * 1024 * 1024;
+
 export class Reply implements ReplyMeter {
   // Metrics (metrics.ts): `family` is set by the API server; replies without one are not counted.
   family: PathFamily | null = null;
@@ -53,6 +61,11 @@ export class Reply implements ReplyMeter {
   logDraft: LogDraft | null = null;
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
+  /** Close without lingering when answering before the body was read (a client too slow to wait for). */
+  noLinger = false;
+  /** Request body bytes declared and not yet received (-1: a chunked body not yet ended). */
+  private bodyLeft = 0;
+  private paused = false;
 
   private readonly res: HttpResponse;
   private cleanups: Array<(aborted: boolean) => void> = [];
@@ -99,9 +112,37 @@ export class Reply implements ReplyMeter {
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
       if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
-      this.res.end(body, closeConnection || draining);
+      this.res.end(body, this.closesAfter(closeConnection));
     });
     this.finish();
+  }
+
+  /** The request declares a body (`contentLength` ≥ 0, or chunked): what an early answer lingers for. */
+  expectBody(contentLength: number, chunked: boolean): void {
+    this.bodyLeft = contentLength > 0 ? contentLength : chunked ? -1 : 0;
+  }
+
+  /** Body bytes arrived (the readers of request-body.ts tell). */
+  bodyArrived(bytes: number, isLast: boolean): void {
+    if (isLast) this.bodyLeft = 0;
+    else if (this.bodyLeft > 0) this.bodyLeft = Math.max(0, this.bodyLeft - bytes);
+  }
+
+  /**
+   * Whether the connection closes after an answer that asked to close it. With a known rest of the
+   * body within LINGER_MAX_BYTES it stays open instead: uWS reads the rest and drops it (nobody reads
+   * it any more), then serves the connection's next request; the socket must not stay paused for that.
+   */
+  private closesAfter(requested: boolean): boolean {
+    if (draining) return true;
+    if (!requested || this.noLinger) return requested;
+    const left = this.bodyLeft;
+    if (left <= 0 || left > LINGER_MAX_BYTES) return true;
+    if (this.paused) {
+      this.paused = false;
+      this.res.resume();
+    }
+    return false;
   }
 
   /** Renders an error through error-shapes.ts and sends it. */
@@ -264,11 +305,15 @@ export class Reply implements ReplyMeter {
   }
 
   pause(): void {
-    if (!this.done) this.res.pause();
+    if (this.done) return;
+    this.paused = true;
+    this.res.pause();
   }
 
   resume(): void {
-    if (!this.done) this.res.resume();
+    if (this.done) return;
+    this.paused = false;
+    this.res.resume();
   }
 
   /** The single cleanup path: runs the cleanups exactly once. */

@@ -92,6 +92,7 @@ class BodyCollector {
       if (this.settled || this.reply.done) return;
       const { buf, budget } = this;
       const n = chunk.byteLength;
+      this.reply.bodyArrived(n, isLast);
       if (this.received + n > this.capBytes || (buf && this.received + n > buf.length)) return this.settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
       if (budget && !buf && n > 0) {
         const refused = budget.tryTake(n, this.owner);
@@ -142,6 +143,7 @@ export class BodyStream extends Readable {
       try {
         if (this.destroyed || reply.done) return;
         const n = chunk.byteLength;
+        reply.bodyArrived(n, isLast);
         this.received += n;
         if (this.received > capBytes) {
           this.destroy(new GatewayError('BODY_TOO_LARGE'));

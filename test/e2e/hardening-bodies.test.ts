@@ -95,3 +95,125 @@ test('uploads refused for their content after they were read count against rpm',
     assert.equal((await r.json()).error.type, 'requests');
   }
 });
+
+/** One keep-alive connection: writes with backpressure, reads content-length answers in order. */
+class KeepAlive {
+  private readonly sock: Socket;
+  private data = Buffer.alloc(0);
+  private wake: (() => void) | null = null;
+  closed = false;
+
+  constructor(on: DataPlane) {
+    this.sock = connect(Number(on.address.split(':')[1]), '127.0.0.1');
+    this.sock.on('data', (c: Buffer) => {
+      this.data = Buffer.concat([this.data, c]);
+      this.wake?.();
+    });
+    this.sock.on('error', () => {});
+    this.sock.on('close', () => {
+      this.closed = true;
+      this.wake?.();
+    });
+  }
+
+  /** Writes everything, waiting for 'drain'; false if the connection closed meanwhile. */
+  async write(bytes: Buffer | string): Promise<boolean> {
+    const buf = typeof bytes === 'string' ? Buffer.from(bytes) : bytes;
+    for (let at = 0; at < buf.length; at += 256 * KIB) {
+      if (this.closed) return false;
+      if (!this.sock.write(buf.subarray(at, at + 256 * KIB))) {
+        await new Promise<void>((resolve) => {
+          const done = () => {
+            this.sock.off('drain', done);
+            this.sock.off('close', done);
+            resolve();
+          };
+          this.sock.on('drain', done);
+          this.sock.on('close', done);
+        });
+      }
+    }
+    return !this.closed;
+  }
+
+  /** The next whole answer: its status, headers (lower-cased names) and body text. */
+  async next(): Promise<{ status: number; headers: Map<string, string>; text: string }> {
+    for (;;) {
+      const end = this.data.indexOf('\r\n\r\n');
+      if (end !== -1) {
+        const head = this.data.subarray(0, end).toString('latin1').split('\r\n');
+        const headers = new Map(head.slice(1).map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()] as [string, string]));
+        const len = Number(headers.get('content-length') ?? 0);
+        if (this.data.length >= end + 4 + len) {
+          const text = this.data.subarray(end + 4, end + 4 + len).toString('utf8');
+          this.data = this.data.subarray(end + 4 + len);
+          return { status: Number(head[0].split(' ')[1]), headers, text };
+        }
+      }
+      if (this.closed) throw new Error(`the node closed the connection; unread: ${JSON.stringify(this.data.toString('latin1').slice(0, 200))}`);
+      await new Promise<void>((resolve) => (this.wake = resolve));
+    }
+  }
+
+  close(): void {
+    this.sock.destroy();
+  }
+}
+
+const chatHead = (key: string, length: number) =>
+  `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n`;
+
+/** A chat body of `bytes`, large in bytes and small in tokens. */
+function bigChat(bytes: number): string {
+  const shell = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'hi' }], user: '' });
+  return shell.replace('"user":""', `"user":"${'y'.repeat(bytes - shell.length)}"`);
+}
+
+test('an early 413 reaches a client still writing its body, and the connection serves its next request', async () => {
+  // Before the fix the node closed the connection right after answering, while the client was still
+  // writing: the client's writes failed (EPIPE) and it could not count on reading the answer.
+  const { key } = await keyOf('paid');
+  const conn = new KeepAlive(node);
+  const length = 33 * MIB; // over the 32 MiB cap of the path
+  assert.ok(await conn.write(chatHead(key, length)));
+  const answer = await conn.next();
+  assert.equal(answer.status, 413);
+  assert.equal(JSON.parse(answer.text).error.code, '413');
+  assert.ok(await conn.write(Buffer.alloc(length, 0x20)), 'the node still reads the refused body');
+  assert.ok(await conn.write(`GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n\r\n`));
+  const models = await conn.next();
+  assert.equal(models.status, 200);
+  conn.close();
+});
+
+test('a 503 refusal of a body that does not fit reaches fetch, the openai client and a raw client whole, with retry-after', async (t) => {
+  // Before the fix the 503 closed the connection under the client's writes: fetch failed now and then
+  // with "write EPIPE" instead of reading the 503 (test "one organisation holding slow bodies …").
+  const small = await startDataPlane(cp, { extraArgs: ['--max-buffered-body-mib', '8'] });
+  t.after(() => small.proc.kill('SIGKILL'));
+  const { key } = await keyOf('paid', small);
+  // 3 MiB: more than one organisation's share (a quarter of 8 MiB).
+  const body = bigChat(3 * MIB);
+  for (let i = 0; i < 5; i++) {
+    const r = await fetch(`${small.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(key), 'content-type': 'application/json' }, body });
+    assert.equal(r.status, 503);
+    assert.equal(r.headers.get('retry-after'), '1');
+    assert.equal((await r.json()).error.code, '503');
+  }
+  const { default: OpenAI } = await import('openai');
+  const client = new OpenAI({ apiKey: key, baseURL: `${small.url}/v1`, maxRetries: 0 });
+  await assert.rejects(
+    client.chat.completions.create({ model: 'demo-chat', messages: [{ role: 'user', content: 'hi' }], user: 'y'.repeat(3 * MIB) }),
+    (err: any) => err.status === 503 && err.headers.get('retry-after') === '1' && err.error?.code === '503',
+  );
+  const conn = new KeepAlive(small);
+  assert.ok(await conn.write(chatHead(key, Buffer.byteLength(body))));
+  assert.ok(await conn.write(body), 'the node reads the rest of the refused body');
+  const refused = await conn.next();
+  assert.equal(refused.status, 503);
+  assert.equal(refused.headers.get('retry-after'), '1');
+  const ok = bigChat(64 * KIB);
+  assert.ok(await conn.write(chatHead(key, Buffer.byteLength(ok)) + ok));
+  assert.equal((await conn.next()).status, 200);
+  conn.close();
+});
