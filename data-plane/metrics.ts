@@ -247,6 +247,53 @@ new Gauge({
   },
 });
 
+/** What the request-body gauges read: the body budget (bytes held in memory) and the upload spill budget (on disk). */
+export interface BodyState {
+  bufferedBytes: number;
+  bufferedLimitBytes: number;
+  spilledBytes: number;
+  spillLimitBytes: number;
+}
+let bodySource: () => BodyState = () => ({ bufferedBytes: 0, bufferedLimitBytes: 0, spilledBytes: 0, spillLimitBytes: 0 });
+
+/** Where the request-body gauges read from (main.ts wires the body budget and the spill budget). */
+export function setBodySource(fn: () => BodyState): void {
+  bodySource = fn;
+}
+
+new Gauge({
+  name: 'tollgate_node_body_buffered_bytes',
+  help: 'Bytes of request bodies held in memory now (taken as they arrive, given back when the request ends).',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().bufferedBytes);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_body_buffered_limit_bytes',
+  help: 'The node-wide budget for request bodies in memory (--max-buffered-body-mib).',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().bufferedLimitBytes);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_upload_spill_bytes',
+  help: 'Bytes of uploads spilled to temporary files now.',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().spilledBytes);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_upload_spill_limit_bytes',
+  help: 'The node-wide budget for spilled uploads (--max-spill-mib).',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().spillLimitBytes);
+  },
+});
+
 // How long the event loop was held up: a request that blocks it (a quadratic parse, a sync call)
 // delays every other request on the node. Sampled by a libuv timer, off the request path.
 const loopDelay = monitorEventLoopDelay({ resolution: 10 });

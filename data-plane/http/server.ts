@@ -31,7 +31,7 @@ import { logBug, Reply } from './reply.js';
 import { RequestContext } from './request-context.js';
 import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
-import { collectBody, streamBody } from './request-body.js';
+import { closesConnection, collectBody, streamBody, type BodyWatch } from './request-body.js';
 import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
@@ -46,6 +46,8 @@ export interface ServerDeps {
   keyBudgets: KeyBudgets;
   /** Node-wide budget for request bodies held in memory. */
   bodyBudget?: BodyBudget;
+  /** The least pace of a body read whole (408 below it). */
+  bodyWatch?: BodyWatch;
   /** Money slices per organisation (and key minute slices, through keyBudgets) from the control plane. */
   leases?: LeaseClient;
   reporter: Reporter;
@@ -353,7 +355,8 @@ export class ApiServer {
         bodyRaw = raw;
         if (ctx) this.jsonBody(ctx, reply, head, key, route, err, raw);
       },
-      deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId },
+      deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId, account: key.org.ownerAccountId },
+      deps.bodyWatch,
     );
   }
 
@@ -361,7 +364,7 @@ export class ApiServer {
     const deps = this.deps;
     try {
       if (reply.done) return;
-      if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
+      if (err) return reply.sendError(err, 'A', closesConnection(err));
       const text = raw.length > 0 ? raw.toString('utf8') : '';
       let body: unknown;
       let parseError = false;
@@ -508,7 +511,7 @@ export class ApiServer {
     let bodyDone = false;
     const proceed = () => {
       if (!ctx || body === undefined || reply.done) return;
-      if (body.err) return reply.sendError(body.err, 'B', body.err.code === 'BODY_TOO_LARGE' || body.err.code === 'NODE_BUSY');
+      if (body.err) return reply.sendError(body.err, 'B', closesConnection(body.err));
       const encoded = encodedBodyRefusal(headers);
       if (encoded) return reply.sendError(encoded, 'C');
       const found = findRemoteInBody(body.raw, head.contentType);
@@ -541,7 +544,8 @@ export class ApiServer {
         body = { err, raw };
         proceed();
       },
-      this.deps.bodyBudget && { budget: this.deps.bodyBudget, owner: key.orgId },
+      this.deps.bodyBudget && { budget: this.deps.bodyBudget, owner: key.orgId, account: key.org.ownerAccountId },
+      this.deps.bodyWatch,
     );
   }
 

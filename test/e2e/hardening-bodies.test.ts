@@ -7,7 +7,7 @@ import { connect, type Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer } from '../helpers/http.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
@@ -26,7 +26,10 @@ let admin: Console;
 before(async () => {
   up = await startFakeUpstream();
   cp = await startControlPlane({
-    configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' })),
+    configYaml: configYaml((cfg) => {
+      addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' });
+      addUpstreamModel(cfg, 'up-chat', up.baseUrl);
+    }),
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
   });
   // The injected clock stands still: a run never crosses a minute of rpm.
@@ -216,4 +219,104 @@ test('a 503 refusal of a body that does not fit reaches fetch, the openai client
   assert.ok(await conn.write(chatHead(key, Buffer.byteLength(ok)) + ok));
   assert.equal((await conn.next()).status, 200);
   conn.close();
+});
+
+/** A node with an 8 MiB body budget: an organisation's share, and an account's, is 2 MiB. */
+async function smallNode(t: { after(fn: () => void): void }, extraArgs: string[] = []): Promise<DataPlane> {
+  const small = await startDataPlane(cp, { adminListen: true, extraArgs: ['--max-buffered-body-mib', '8', ...extraArgs] });
+  t.after(() => small.proc.kill('SIGKILL'));
+  return small;
+}
+
+async function bufferedBytes(on: DataPlane): Promise<number> {
+  return (await scrapeMetrics(`${on.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')!;
+}
+
+/** A raw client that declares `length` bytes of chat body and sends `sent` of them. */
+function trickle(on: DataPlane, key: string, length: number, sent: number) {
+  const body = bigChat(length);
+  const conn = new KeepAlive(on);
+  void conn.write(chatHead(key, length) + body.slice(0, sent));
+  return { conn, rest: () => conn.write(body.slice(sent)) };
+}
+
+function chatOf(on: DataPlane, key: string, bytes: number, model = 'demo-chat', signal?: AbortSignal) {
+  const body = bigChat(bytes).replace('"demo-chat"', JSON.stringify(model));
+  return fetch(`${on.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(key), 'content-type': 'application/json' }, body, signal });
+}
+
+test('a trickled body holds only the bytes it sent, not the length it declares', async (t) => {
+  // Before the fix each body took its whole Content-Length from the budget before a byte arrived: four
+  // slow 2 MiB bodies that had sent 1,000 bytes each spent the organisation's share, and its other
+  // requests got 503 while the attacker had sent almost nothing.
+  const small = await smallNode(t);
+  const { key } = await keyOf('paid', small);
+  const slow = [0, 1, 2, 3].map(() => trickle(small, key, 2 * MIB, 1000));
+  await eventually(async () => (await bufferedBytes(small)) >= 4000, 'the node to hold the slow bodies');
+  const r = await chatOf(small, key, 1 * MIB);
+  assert.equal(r.status, 200, await r.text());
+  for (const s of slow) s.conn.close();
+  await eventually(async () => (await bufferedBytes(small)) === 0, 'the budget to be given back');
+});
+
+test('a body below the minimum rate after its grace gets 408 and gives its budget back', async (t) => {
+  // Before the fix nothing bounded how long a trickled body could hold its budget, slot and connection.
+  const small = await smallNode(t, ['--body-grace-seconds', '1', '--body-min-rate-kib', '16']);
+  const { key } = await keyOf('paid', small);
+  const slow = trickle(small, key, 64 * KIB, 100);
+  const answer = await Promise.race([slow.conn.next(), new Promise<null>((resolve) => setTimeout(resolve, 8000, null))]);
+  assert.ok(answer, 'the node answered the slow body');
+  assert.equal(answer.status, 408);
+  const err = JSON.parse(answer.text).error;
+  assert.equal(err.code, '408');
+  assert.equal(err.type, 'invalid_request_error');
+  await eventually(async () => slow.conn.closed, 'the node to close the slow connection');
+  assert.equal(await bufferedBytes(small), 0);
+  const r = await chatOf(small, key, 64 * KIB);
+  assert.equal(r.status, 200);
+});
+
+test("one account's organisations together hold at most one share of the body budget", async (t) => {
+  // Before the fix each organisation had its own quarter: one account creating four organisations
+  // could hold the whole budget.
+  const small = await smallNode(t);
+  const acct = (await admin.createAccount({ name: 'many-orgs' })).account!.id;
+  const keys: string[] = [];
+  for (let i = 0; i < 2; i++) {
+    const org = await admin.createOrg({ name: `org-${i}`, ownerAccountId: acct, tier: 'paid' });
+    await admin.creditOrg({ orgId: org.id, amountMicros: 10_000_000, note: 'test' });
+    const k = await createKey(admin, { orgId: org.id });
+    await waitUntilKnown(small.url, k.key);
+    keys.push(k.key);
+  }
+  const slow = trickle(small, keys[0], 1536 * KIB + 1000, 1536 * KIB);
+  await eventually(async () => (await bufferedBytes(small)) >= 1536 * KIB, 'the node to hold the slow body');
+  const refused = await chatOf(small, keys[1], 1 * MIB);
+  assert.equal(refused.status, 503);
+  assert.equal(refused.headers.get('retry-after'), '1');
+  assert.match((await refused.json()).error.message, /account/);
+  const { key: stranger } = await keyOf('paid', small);
+  const served = await chatOf(small, stranger, 1 * MIB);
+  assert.equal(served.status, 200);
+  slow.conn.close();
+});
+
+test('a body forwarded upstream holds its budget until the request ends', async (t) => {
+  // Before the fix the budget was given back once the body was parsed, while the body was still held
+  // for forwarding: with a 16 MiB budget the node's memory grew by 57 MiB.
+  const small = await smallNode(t);
+  const { key } = await keyOf('paid', small);
+  up.setMode('stall');
+  t.after(() => up.setMode('normal'));
+  const before = up.requests.length;
+  const abort = new AbortController();
+  const held = chatOf(small, key, 1536 * KIB, 'up-chat', abort.signal).catch(() => null);
+  await up.waitForRequests(before + 1);
+  assert.ok((await bufferedBytes(small)) >= 1500 * KIB, 'the forwarded body is still counted');
+  const second = chatOf(small, key, 1536 * KIB, 'up-chat');
+  const outcome = await Promise.race([second.then((r) => r.status), up.waitForRequests(before + 2).then(() => 'forwarded')]);
+  assert.equal(outcome, 503, "the organisation's share is held by the body in flight");
+  abort.abort();
+  await held;
+  await eventually(async () => (await bufferedBytes(small)) === 0, 'the budget to be given back when the request ended');
 });
