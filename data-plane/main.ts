@@ -75,6 +75,7 @@ async function main(): Promise<void> {
 
   const edge = new EdgeBudgets(clock);
   const bodyBudget = new BodyBudget(config.maxBufferedBodyBytes);
+  const spillBudget = new BodyBudget(config.maxSpillBytes);
   const api = new ApiServer({
     holder,
     pepper: config.pepper,
@@ -91,6 +92,7 @@ async function main(): Promise<void> {
     openStreams,
     instanceId: config.instanceId,
     spillDir: config.spillDir,
+    spillBudget,
     isStale: () => {
       const max = holder.current.view.config.maxStalenessMs;
       const since = sync?.disconnectedSince ?? null;
@@ -115,7 +117,7 @@ async function main(): Promise<void> {
 
   // Metrics read these states when scraped; never on the request path.
   setEdgeWindowsSource(() => edge.trackedWindows());
-  setBodySource(() => ({ bufferedBytes: bodyBudget.held(), bufferedLimitBytes: bodyBudget.maxBytes, spilledBytes: 0, spillLimitBytes: config.maxSpillBytes }));
+  setBodySource(() => ({ bufferedBytes: bodyBudget.held(), bufferedLimitBytes: bodyBudget.maxBytes, spilledBytes: spillBudget.held(), spillLimitBytes: spillBudget.maxBytes }));
   // Unacknowledged usage: the reporter's queue of reports (the node-local journal, when it lands, feeds this).
   setJournalDepthSource(() => reporter.unackedCount);
   setSyncSource(() => {

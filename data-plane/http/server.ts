@@ -56,6 +56,8 @@ export interface ServerDeps {
   instanceId: string;
   /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
   spillDir: string;
+  /** Node-wide budget for spilled upload bytes (a share per organisation and per account). */
+  spillBudget?: BodyBudget;
   /** True when the node was cut off from the control plane longer than the configured maximum. */
   isStale(): boolean;
   /** GET /v1/usage reads the control plane's durable usage through this; absent: 503. */
@@ -430,7 +432,8 @@ export class ApiServer {
       return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'A');
     }
     // The parts before `model` may go to a temporary file: deleted however the request ends.
-    const spill = new UploadSpill(this.deps.spillDir);
+    const spillBudget = this.deps.spillBudget;
+    const spill = new UploadSpill(this.deps.spillDir, undefined, spillBudget && { budget: spillBudget, owner: key.orgId, account: key.org.ownerAccountId });
     reply.onFinish(() => spill.remove());
     findModelField(stream, boundary, spill, (err, field) => {
       try {
@@ -440,7 +443,7 @@ export class ApiServer {
         const refuse = (e: unknown) => {
           stream.discard();
           if (isContentRefusal(e)) countRefused(ctx);
-          reply.sendError(e, 'A', isTooLarge(e));
+          reply.sendError(e, 'A', e instanceof GatewayError && closesConnection(e));
         };
         if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
         const state = this.deps.holder.current;

@@ -320,3 +320,32 @@ test('a body forwarded upstream holds its budget until the request ends', async 
   await held;
   await eventually(async () => (await bufferedBytes(small)) === 0, 'the budget to be given back when the request ended');
 });
+
+/** A transcription upload whose `file` part (`fileBytes`) comes before its model field. */
+function fileUpload(fileBytes: number): Buffer {
+  return Buffer.concat([
+    Buffer.from(`--${BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\n`),
+    Buffer.alloc(fileBytes, 0x41),
+    Buffer.from(`\r\n--${BOUNDARY}\r\nContent-Disposition: form-data; name="model"\r\n\r\nup-transcribe\r\n--${BOUNDARY}--\r\n`),
+  ]);
+}
+
+test("upload spills are bounded node-wide and per organisation: past its share, 503 with retry-after", async (t) => {
+  // Before the fix nothing bounded what uploads put in TMPDIR: five held 20 MiB uploads left 101 MB
+  // there, and one key could hold 100 uploads of up to 200 MiB each.
+  const small = await startDataPlane(cp, { adminListen: true, extraArgs: ['--max-spill-mib', '8'] });
+  t.after(() => small.proc.kill('SIGKILL'));
+  const m = await scrapeMetrics(`${small.adminUrl}/metrics`);
+  assert.equal(m.value('tollgate_node_upload_spill_limit_bytes'), 8 * MIB);
+  const { key } = await keyOf('paid', small);
+  // Past its first MiB an upload goes to disk, where an organisation may hold a quarter of the 8 MiB.
+  const refused = await upload(key, fileUpload(3 * MIB), small);
+  assert.equal(refused.status, 503);
+  assert.equal(refused.headers.get('retry-after'), '1');
+  const err = (await refused.json()).error;
+  assert.equal(err.code, '503');
+  assert.match(err.message, /organisation/);
+  const served = await upload(key, fileUpload(1536 * KIB), small);
+  assert.equal(served.status, 200, await served.text());
+  await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_upload_spill_bytes') === 0, 'the spill budget to be given back');
+});
