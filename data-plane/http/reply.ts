@@ -61,6 +61,8 @@ export class Reply implements ReplyMeter {
   logDraft: LogDraft | null = null;
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
+  /** A HEAD request: answers carry their head (and the length a GET would have) but never a body. */
+  headRequest = false;
   /** Close without lingering when answering before the body was read (a client too slow to wait for). */
   noLinger = false;
   /** Request body bytes declared and not yet received (-1: a chunked body not yet ended). */
@@ -112,7 +114,9 @@ export class Reply implements ReplyMeter {
       if (headers) for (const [k, v] of headers) this.res.writeHeader(k, v);
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
       if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
-      this.res.end(body, this.closesAfter(closeConnection));
+      const close = this.closesAfter(closeConnection);
+      if (this.headRequest && !close) this.endHead(typeof body === 'string' ? Buffer.byteLength(body) : byteLength(body));
+      else this.res.end(body, close);
     });
     this.finish();
   }
@@ -263,10 +267,22 @@ export class Reply implements ReplyMeter {
       }
       // uWS writes `Connection: close` as a header line: only possible before the head went out.
       const closeConnection = draining && !this.headWritten;
+      const headOnly = this.headRequest && !this.headWritten && !closeConnection && (chunk === undefined || byteLength(chunk) === 0);
       this.writeHead();
-      this.res.end(chunk ?? '', closeConnection);
+      if (headOnly) this.endHead(this.totalSize);
+      else this.res.end(chunk ?? '', closeConnection);
     });
     this.finish();
+  }
+
+  /**
+   * Ends the answer to a HEAD request without a body, saying the length a GET would have had (-1:
+   * unknown). (uWS 20.30's `endWithoutBody(length)` drops the connection, and `end('')` would say
+   * `Content-Length: 0`; so the length goes out as a header of ours.) Inside a cork, head written.
+   */
+  private endHead(length: number): void {
+    if (length >= 0) this.res.writeHeader('content-length', String(length));
+    this.res.endWithoutBody();
   }
 
   /** Whether the response streaming out is an event stream (SSE): it can end with an error event. */

@@ -11,6 +11,7 @@ import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer } from '../helpers/http.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
+import { startRecordingBackend, type RecordingBackend } from '../helpers/recording-backend.js';
 import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 
 const KIB = 1024;
@@ -22,13 +23,16 @@ let up: FakeUpstream;
 let cp: ControlPlane;
 let node: DataPlane;
 let admin: Console;
+let backend: RecordingBackend;
 
 before(async () => {
   up = await startFakeUpstream();
+  backend = await startRecordingBackend();
   cp = await startControlPlane({
     configYaml: configYaml((cfg) => {
       addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' });
       addUpstreamModel(cfg, 'up-chat', up.baseUrl);
+      cfg.tool_backends = [{ prefix: '/v1/files', base_url: backend.baseUrl, timeout_ms: 5000 }];
     }),
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
   });
@@ -40,6 +44,7 @@ after(async () => {
   admin?.close();
   await stopAll();
   await up?.close();
+  await backend?.close();
 });
 
 async function keyOf(tier: 'free' | 'paid', on: DataPlane = node): Promise<{ key: string; orgId: string }> {
@@ -154,6 +159,21 @@ class KeepAlive {
         }
       }
       if (this.closed) throw new Error(`the node closed the connection; unread: ${JSON.stringify(this.data.toString('latin1').slice(0, 200))}`);
+      await new Promise<void>((resolve) => (this.wake = resolve));
+    }
+  }
+
+  /** The next answer's head only (the answer to a HEAD request has no body whatever it says). */
+  async nextHead(): Promise<{ status: number; headers: Map<string, string> }> {
+    for (;;) {
+      const end = this.data.indexOf('\r\n\r\n');
+      if (end !== -1) {
+        const head = this.data.subarray(0, end).toString('latin1').split('\r\n');
+        this.data = this.data.subarray(end + 4);
+        const headers = new Map(head.slice(1).map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()] as [string, string]));
+        return { status: Number(head[0].split(' ')[1]), headers };
+      }
+      if (this.closed) throw new Error(`the node closed the connection; unread: ${JSON.stringify(this.data.toString('latin1').slice(0, 300))}`);
       await new Promise<void>((resolve) => (this.wake = resolve));
     }
   }
@@ -348,4 +368,23 @@ test("upload spills are bounded node-wide and per organisation: past its share, 
   const served = await upload(key, fileUpload(1536 * KIB), small);
   assert.equal(served.status, 200, await served.text());
   await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_upload_spill_bytes') === 0, 'the spill budget to be given back');
+});
+
+test("HEAD on a tool path answers the backend's head: its length, no body, and the connection goes on", async () => {
+  // Before the fix the node ended a HEAD answer as an empty body: `Content-Length: 0` whatever the
+  // backend said.
+  const { key } = await keyOf('paid');
+  const get = await fetch(`${node.url}/v1/files/file-1`, { headers: bearer(key) });
+  const length = (await get.text()).length;
+  assert.equal(get.headers.get('content-length'), String(length));
+  const conn = new KeepAlive(node);
+  await conn.write(`HEAD /v1/files/file-1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n\r\n`);
+  // A HEAD answer has no body: read its head alone, then the next answer on the same connection.
+  const head = await conn.nextHead();
+  assert.equal(head.status, 200);
+  assert.equal(head.headers.get('content-length'), String(length));
+  assert.equal(head.headers.get('content-type'), 'application/json');
+  await conn.write(`GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n\r\n`);
+  assert.equal((await conn.next()).status, 200, 'the next answer follows the head at once: no body was sent');
+  conn.close();
 });
