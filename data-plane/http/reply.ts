@@ -63,11 +63,15 @@ export class Reply implements ReplyMeter {
   rateHeaders: RateHeaders | null = null;
   /** A HEAD request: answers carry their head (and the length a GET would have) but never a body. */
   headRequest = false;
+  /** The client sent `Connection: close`: uWS closes the connection as soon as the answer ends. */
+  clientCloses = false;
   /** Close without lingering when answering before the body was read (a client too slow to wait for). */
   noLinger = false;
   /** Request body bytes declared and not yet received (-1: a chunked body not yet ended). */
   private bodyLeft = 0;
   private paused = false;
+  /** An answer waiting for the rest of the body to be read (clientCloses). */
+  private deferred: (() => void) | null = null;
 
   private readonly res: HttpResponse;
   private cleanups: Array<(aborted: boolean) => void> = [];
@@ -105,8 +109,20 @@ export class Reply implements ReplyMeter {
 
   /** Sends a whole response in one cork. */
   send(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection = false): void {
-    if (this.done) return;
+    if (this.done || this.deferred) return;
     this.status = status;
+    if (this.clientCloses && !this.noLinger && this.bodyLeft !== 0 && this.bodyLeft <= LINGER_MAX_BYTES) {
+      // The client said `Connection: close`, so uWS closes as soon as the answer ends, and a close
+      // with its body unread resets the connection: the answer waits until the rest has been read.
+      this.deferred = () => this.sendNow(status, headers, body, closeConnection);
+      this.readRestThenAnswer();
+      return;
+    }
+    this.sendNow(status, headers, body, closeConnection);
+  }
+
+  private sendNow(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection: boolean): void {
+    if (this.done) return;
     this.bytesOut += byteLength(body);
     this.headAt = performance.now();
     this.res.cork(() => {
@@ -119,6 +135,29 @@ export class Reply implements ReplyMeter {
       else this.res.end(body, close);
     });
     this.finish();
+  }
+
+  /**
+   * Drops what is left of the body as it arrives, then sends the deferred answer; a chunked body
+   * gets LINGER_MAX_BYTES at most, then the answer goes out anyway.
+   */
+  private readRestThenAnswer(): void {
+    let dropped = 0;
+    this.res.onData((chunk, isLast) => {
+      try {
+        dropped += chunk.byteLength;
+        if ((!isLast && dropped <= LINGER_MAX_BYTES) || this.done) return;
+        const answer = this.deferred;
+        this.deferred = null;
+        answer?.();
+      } catch (err) {
+        logBug(err);
+      }
+    });
+    if (this.paused) {
+      this.paused = false;
+      this.res.resume();
+    }
   }
 
   /** The request declares a body (`contentLength` ≥ 0, or chunked): what an early answer lingers for. */

@@ -148,6 +148,7 @@ export class ApiServer {
       reply.family = familyOf(head.path);
       reply.expectBody(head.contentLength, req.getHeader('transfer-encoding') !== '');
       reply.headRequest = head.method === 'HEAD';
+      reply.clientCloses = /close/i.test(req.getHeader('connection'));
       requestStarted();
       // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
       head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () =>

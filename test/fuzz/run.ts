@@ -1,9 +1,12 @@
 // `npm run fuzz -- [--runs N] [--seed S]`: fuzzes a freshly started node with as many cases as asked.
 import { parseArgs } from 'node:util';
 import { stopAll } from '../helpers/processes.js';
+import { fuzzMultipart } from './multipart-fuzz.js';
 import { fuzzNode, startFuzzStack } from './node-fuzz.js';
 
-const { values } = parseArgs({ options: { runs: { type: 'string', default: '5000' }, seed: { type: 'string' } } });
+const { values } = parseArgs({ options: { runs: { type: 'string', default: '5000' }, seed: { type: 'string' }, mode: { type: 'string', default: 'requests' } } });
+// `--mode multipart`: random transcription uploads (multipart-fuzz.ts).
+const fuzz = values.mode === 'multipart' ? fuzzMultipart : fuzzNode;
 const runs = Number(values.runs);
 if (!Number.isSafeInteger(runs) || runs < 1) {
   console.error(`--runs must be a positive whole number, got ${JSON.stringify(values.runs)}`);
@@ -12,7 +15,7 @@ if (!Number.isSafeInteger(runs) || runs < 1) {
 const stack = await startFuzzStack();
 const t0 = Date.now();
 try {
-  await fuzzNode(stack, runs, values.seed === undefined ? undefined : Number(values.seed));
+  await fuzz(stack, runs, values.seed === undefined ? undefined : Number(values.seed));
   console.log(`fuzz: ${runs} cases passed in ${((Date.now() - t0) / 1000).toFixed(1)} s; the node is still serving`);
 } catch (err) {
   console.error(err instanceof Error ? err.message : err);
