@@ -245,7 +245,9 @@ test('the node-wide body budget refuses a body that does not fit with 503 and re
   const slow = keys.slice(0, 4).map((k) => slowClient(small, k));
   // The budget is taken as bytes arrive: wait until the node holds what the slow clients sent.
   const sent = 4 * (Buffer.byteLength(BIG_BODY) - 1000);
-  await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')! >= sent, 'the node to hold the slow bodies');
+  let held = 0;
+  const answered = () => slow.map((s) => s.answer().slice(0, 12)).join(', ');
+  await eventually(async () => (held = (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')!) >= sent, `the node to hold the slow bodies (${held} of ${sent} bytes; answers: ${answered()})`, 30_000);
   const refused = await until503(small, keys[4]);
   assert.ok(refused, 'a body that does not fit the node-wide budget is refused');
   assert.equal(refused.headers.get('retry-after'), '1');
@@ -269,7 +271,7 @@ test('one organisation holding slow bodies cannot take the node-wide budget from
   // The budget is taken as bytes arrive: one slow body holds the share, the three others are refused.
   await eventually(async () => slow.filter((s) => /^HTTP\/1\.1 503/.test(s.answer())).length === 3, 'three slow bodies to be refused');
   const sent = Buffer.byteLength(BIG_BODY) - 1000;
-  await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')! >= sent, 'the node to hold the fourth');
+  await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')! >= sent, 'the node to hold the fourth', 30_000);
   // The first slow body fits the hog's share (a quarter of the budget); its next ones are refused.
   const refused = await until503(small, hog);
   assert.ok(refused, "the organisation's own share is spent");
