@@ -8,7 +8,7 @@ import { ConfigError, readGatewayConfig, redactGatewayConfig, type LoadedGateway
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from './store/db.js';
 import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from './store/keys-repo.js';
-import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow } from './store/orgs-repo.js';
+import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, orgOwner, orgOwners, setSyncedBlockedReason, tiersInUse, type OrgRow } from './store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
 import { SnapshotStore } from './sync/snapshot-store.js';
 
@@ -70,6 +70,7 @@ export class ControlState {
       while (start > 0 && changes[start - 1].version === version - (changes.length - start)) start--;
       changes = changes.slice(start);
       const keys = (await credentialedKeys(q)).map((r) => keyEntryOf(r, r.key_hash));
+      const owners = await orgOwners(q);
       const orgs = (await listAllOrgs(q)).map(
         (o): OrgEntry => ({
           orgId: o.id,
@@ -77,6 +78,7 @@ export class ControlState {
           blocked: o.synced_blocked_reason !== '',
           blockedReason: o.synced_blocked_reason,
           fundsVersion: o.funds_version,
+          ownerAccountId: owners.get(o.id) ?? '',
         }),
       );
       const tombstones = (await tombstonedKeys(q)).map((t) => ({ keyHash: t.key_hash, keyId: t.key_id, projectId: t.project_id, orgId: t.org_id }));
@@ -161,6 +163,7 @@ export class ControlState {
         if (row) rows.push(row);
       }
     }
+    const owners = orgIds === 'all' ? await orgOwners(tx) : null;
     let emitted = 0;
     for (const row of rows) {
       const { state, monthSpendMicros, month } = await this.orgState(tx, row);
@@ -171,6 +174,7 @@ export class ControlState {
         blocked: state.blocked,
         blockedReason: state.blockedReason,
         fundsVersion: row.funds_version,
+        ownerAccountId: owners ? (owners.get(row.id) ?? '') : await orgOwner(tx, row.id),
       };
       const prev = this.snapshots.org(row.id);
       if (
@@ -178,7 +182,8 @@ export class ControlState {
         prev.tier === next.tier &&
         prev.blocked === next.blocked &&
         prev.blockedReason === next.blockedReason &&
-        prev.fundsVersion === next.fundsVersion
+        prev.fundsVersion === next.fundsVersion &&
+        prev.ownerAccountId === next.ownerAccountId
       ) {
         continue;
       }

@@ -28,6 +28,12 @@ export interface NodeConfig {
   testClock: boolean;
   /** Node-wide cap on request bodies held in memory at once (`--max-buffered-body-mib`, default 256). */
   maxBufferedBodyBytes: number;
+  /** Least average rate of a body read whole, after the grace (`--body-min-rate-kib`, KiB/s, default 16; 0: none): 408 below it. */
+  bodyMinBytesPerSec: number;
+  /** Slack before and within the minimum body rate (`--body-grace-seconds`, default 10). */
+  bodyGraceMs: number;
+  /** Node-wide cap on upload bytes spilled to disk at once (`--max-spill-mib`, default 4096): 503 past it. */
+  maxSpillBytes: number;
   /** Where uploads too large to hold in memory are spilled: the OS temporary directory (TMPDIR). */
   spillDir: string;
   /** Bytes held for one realtime client before its upstream is paused (`--realtime-max-buffered-kib`, default 1024). */
@@ -50,8 +56,8 @@ export interface NodeConfig {
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--data-dir', '--journal-max-mib', '--realtime-max-buffered-kib', '--realtime-max-node-buffered-mib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--body-min-rate-kib N] [--body-grace-seconds N] [--max-spill-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--body-min-rate-kib', '--body-grace-seconds', '--max-spill-mib', '--data-dir', '--journal-max-mib', '--realtime-max-buffered-kib', '--realtime-max-node-buffered-mib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -99,6 +105,13 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   const bufferedMib = flags.get('--max-buffered-body-mib') ?? '256';
   if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);
 
+  const minRateKib = flags.get('--body-min-rate-kib') ?? '16';
+  if (!/^\d{1,7}$/.test(minRateKib)) throw new ConfigError(`--body-min-rate-kib must be a whole number of KiB per second (0: no minimum), got ${JSON.stringify(minRateKib)}`);
+  const graceSeconds = flags.get('--body-grace-seconds') ?? '10';
+  if (!/^\d{1,5}$/.test(graceSeconds) || Number(graceSeconds) < 1) throw new ConfigError(`--body-grace-seconds must be a whole number of seconds, at least 1, got ${JSON.stringify(graceSeconds)}`);
+  const spillMib = flags.get('--max-spill-mib') ?? '4096';
+  if (!/^\d{1,7}$/.test(spillMib) || Number(spillMib) < 1) throw new ConfigError(`--max-spill-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(spillMib)}`);
+
   const dataDir = flags.get('--data-dir') ?? null;
   if (dataDir !== null && dataDir.trim() === '') throw new ConfigError('--data-dir must not be empty');
   const journalMib = flags.get('--journal-max-mib') ?? (dataDir === null ? '64' : '1024');
@@ -125,6 +138,9 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     nodeToken,
     testClock: env.TOLLGATE_TEST_CLOCK === '1',
     maxBufferedBodyBytes: Number(bufferedMib) * 1024 * 1024,
+    bodyMinBytesPerSec: Number(minRateKib) * 1024,
+    bodyGraceMs: Number(graceSeconds) * 1000,
+    maxSpillBytes: Number(spillMib) * 1024 * 1024,
     spillDir: tmpdir(),
     dataDir,
     journalMaxBytes: Number(journalMib) * 1024 * 1024,

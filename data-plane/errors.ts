@@ -7,6 +7,7 @@ export type ErrorCode =
   | 'EDGE_RATE_LIMITED'
   | 'KEY_RATE_LIMITED'
   | 'BODY_TOO_LARGE'
+  | 'BODY_TOO_SLOW'
   | 'BAD_PATH'
   | 'KEY_MISSING'
   | 'KEY_INVALID'
@@ -40,6 +41,7 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   EDGE_RATE_LIMITED: { status: 429, typeA: 'api_error', codeB: 'rate_limited', message: 'Too many requests from this address; retry after the time in the retry-after header.' },
   KEY_RATE_LIMITED: { status: 429, typeA: 'requests', codeB: 'rate_limited', message: 'Rate limit reached for this API key.' },
   BODY_TOO_LARGE: { status: 413, typeA: 'invalid_request_error', codeB: 'payload_too_large', message: 'Request body is larger than this path allows.' },
+  BODY_TOO_SLOW: { status: 408, typeA: 'invalid_request_error', codeB: 'request_timeout', message: 'The request body arrived too slowly; send it at a steady rate.' },
   BAD_PATH: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_path', message: 'Malformed request path.' },
   KEY_MISSING: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Missing API key: send it as "Authorization: Bearer <API_KEY>".' },
   KEY_INVALID: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Invalid API key: the key does not exist or was revoked.' },

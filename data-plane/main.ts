@@ -12,13 +12,14 @@ import { heapWatch } from './heap-watch.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
 import { closeConnectionsAfterResponses, closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
+import { BodyWatch } from './http/request-body.js';
 import { BodyBudget } from './limits/body-budget.js';
 import { ManualClock, systemClock, type Clock } from './limits/clock.js';
 import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './limits/lease-client.js';
 import { log } from './log.js';
-import { setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
+import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
@@ -73,13 +74,16 @@ async function main(): Promise<void> {
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const edge = new EdgeBudgets(clock);
+  const bodyBudget = new BodyBudget(config.maxBufferedBodyBytes);
+  const spillBudget = new BodyBudget(config.maxSpillBytes);
   const api = new ApiServer({
     holder,
     pepper: config.pepper,
     clock,
     edge,
     keyBudgets: new KeyBudgets(clock, { allowance: leases }),
-    bodyBudget: new BodyBudget(config.maxBufferedBodyBytes),
+    bodyBudget,
+    bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
     providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
@@ -88,6 +92,7 @@ async function main(): Promise<void> {
     openStreams,
     instanceId: config.instanceId,
     spillDir: config.spillDir,
+    spillBudget,
     isStale: () => {
       const max = holder.current.view.config.maxStalenessMs;
       const since = sync?.disconnectedSince ?? null;
@@ -112,6 +117,7 @@ async function main(): Promise<void> {
 
   // Metrics read these states when scraped; never on the request path.
   setEdgeWindowsSource(() => edge.trackedWindows());
+  setBodySource(() => ({ bufferedBytes: bodyBudget.held(), bufferedLimitBytes: bodyBudget.maxBytes, spilledBytes: spillBudget.held(), spillLimitBytes: spillBudget.maxBytes }));
   // Unacknowledged usage: the reporter's queue of reports (the node-local journal, when it lands, feeds this).
   setJournalDepthSource(() => reporter.unackedCount);
   setSyncSource(() => {

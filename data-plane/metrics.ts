@@ -7,6 +7,7 @@
 // those cells). A response costs a few Map lookups, increments and two bucket searches. States (sync,
 // journal depth, edge windows, open streams) are read only when scraped, through sources registered
 // once at start.
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { Counter, Gauge, Registry, type Metric } from 'prom-client';
 import { isDraining } from './drain.js';
 import type { PathFamily } from './routing/path-families.js';
@@ -243,6 +244,67 @@ new Gauge({
   registers: [registry],
   collect() {
     this.set(isDraining() ? 1 : 0);
+  },
+});
+
+/** What the request-body gauges read: the body budget (bytes held in memory) and the upload spill budget (on disk). */
+export interface BodyState {
+  bufferedBytes: number;
+  bufferedLimitBytes: number;
+  spilledBytes: number;
+  spillLimitBytes: number;
+}
+let bodySource: () => BodyState = () => ({ bufferedBytes: 0, bufferedLimitBytes: 0, spilledBytes: 0, spillLimitBytes: 0 });
+
+/** Where the request-body gauges read from (main.ts wires the body budget and the spill budget). */
+export function setBodySource(fn: () => BodyState): void {
+  bodySource = fn;
+}
+
+new Gauge({
+  name: 'tollgate_node_body_buffered_bytes',
+  help: 'Bytes of request bodies held in memory now (taken as they arrive, given back when the request ends).',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().bufferedBytes);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_body_buffered_limit_bytes',
+  help: 'The node-wide budget for request bodies in memory (--max-buffered-body-mib).',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().bufferedLimitBytes);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_upload_spill_bytes',
+  help: 'Bytes of uploads spilled to temporary files now.',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().spilledBytes);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_upload_spill_limit_bytes',
+  help: 'The node-wide budget for spilled uploads (--max-spill-mib).',
+  registers: [registry],
+  collect() {
+    this.set(bodySource().spillLimitBytes);
+  },
+});
+
+// How long the event loop was held up: a request that blocks it (a quadratic parse, a sync call)
+// delays every other request on the node. Sampled by a libuv timer, off the request path.
+const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+loopDelay.enable();
+new Gauge({
+  name: 'tollgate_node_event_loop_delay_max_seconds',
+  help: 'The longest event-loop delay seen since the previous scrape (sampled every 10 ms, so at least about 0.01).',
+  registers: [registry],
+  collect() {
+    this.set(loopDelay.count > 0 ? loopDelay.max / 1e9 : 0);
+    loopDelay.reset();
   },
 });
 

@@ -101,3 +101,16 @@ export function getProject(q: Queryable, id: string): Promise<ProjectRow | undef
 export function listProjects(q: Queryable, orgId: string): Promise<ProjectRow[]> {
   return q.all<ProjectRow>('SELECT * FROM projects WHERE org_id = ? ORDER BY created_at, id', [orgId]);
 }
+
+/** Each organisation's owning account: its first owner (issue 21: nodes cap an account's organisations together). */
+export async function orgOwners(q: Queryable): Promise<Map<string, string>> {
+  const rows = await q.all<{ org_id: string; account_id: string }>(
+    "SELECT org_id, account_id FROM memberships WHERE role = 'owner' AND rowid IN (SELECT MIN(rowid) FROM memberships WHERE role = 'owner' GROUP BY org_id)",
+  );
+  return new Map(rows.map((r) => [r.org_id, r.account_id]));
+}
+
+export async function orgOwner(q: Queryable, orgId: string): Promise<string> {
+  const row = await q.get<{ account_id: string }>("SELECT account_id FROM memberships WHERE org_id = ? AND role = 'owner' ORDER BY rowid LIMIT 1", [orgId]);
+  return row?.account_id ?? '';
+}

@@ -14,6 +14,8 @@ export interface OrgState {
   tier: string;
   blocked: boolean;
   blockedReason: string;
+  /** The account owning the organisation ('' when unknown): its organisations share body-budget caps. */
+  ownerAccountId: string;
 }
 
 export interface KeyRecord {
@@ -120,8 +122,9 @@ export class GatewayState {
       cur.tier = o.tier;
       cur.blocked = o.blocked;
       cur.blockedReason = o.blockedReason;
+      cur.ownerAccountId = o.ownerAccountId;
     } else {
-      this.orgs.set(o.orgId, { orgId: o.orgId, tier: o.tier, blocked: o.blocked, blockedReason: o.blockedReason });
+      this.orgs.set(o.orgId, { orgId: o.orgId, tier: o.tier, blocked: o.blocked, blockedReason: o.blockedReason, ownerAccountId: o.ownerAccountId });
     }
   }
 
@@ -129,7 +132,7 @@ export class GatewayState {
     let org = this.orgs.get(orgId);
     if (!org) {
       // Not announced yet: no tier, so no plan, so no model is allowed until it arrives.
-      org = { orgId, tier: '', blocked: false, blockedReason: '' };
+      org = { orgId, tier: '', blocked: false, blockedReason: '', ownerAccountId: '' };
       this.orgs.set(orgId, org);
     }
     return org;

@@ -22,6 +22,14 @@ import { refusalReason, type LogDraft } from './request-log.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
 
+/**
+ * The most of a request body left unread that an early answer (503, 413, 429, 401 before the body was
+ * read) still reads and drops, so the client, which is still writing, can read the answer: a lingering
+ * close, as nginx calls it. Closing at once would reset the connection under the client's writes, and
+ * it would see a broken pipe instead of the answer. Past this the connection is closed.
+ */
+export const LINGER_MAX_BYTES = 64 * 1024 * 1024;
+
 export class Reply implements ReplyMeter {
   // Metrics (metrics.ts): `family` is set by the API server; replies without one are not counted.
   family: PathFamily | null = null;
@@ -58,6 +66,17 @@ export class Reply implements ReplyMeter {
   logDraft: LogDraft | null = null;
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
+  /** A HEAD request: answers carry their head (and the length a GET would have) but never a body. */
+  headRequest = false;
+  /** The client sent `Connection: close`: uWS closes the connection as soon as the answer ends. */
+  clientCloses = false;
+  /** Close without lingering when answering before the body was read (a client too slow to wait for). */
+  noLinger = false;
+  /** Request body bytes declared and not yet received (-1: a chunked body not yet ended). */
+  private bodyLeft = 0;
+  private paused = false;
+  /** An answer waiting for the rest of the body to be read (clientCloses). */
+  private deferred: (() => void) | null = null;
 
   private readonly res: HttpResponse;
   private cleanups: Array<(aborted: boolean) => void> = [];
@@ -95,8 +114,20 @@ export class Reply implements ReplyMeter {
 
   /** Sends a whole response in one cork. */
   send(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection = false): void {
-    if (this.done) return;
+    if (this.done || this.deferred) return;
     this.status = status;
+    if (this.clientCloses && !this.noLinger && this.bodyLeft !== 0 && this.bodyLeft <= LINGER_MAX_BYTES) {
+      // The client said `Connection: close`, so uWS closes as soon as the answer ends, and a close
+      // with its body unread resets the connection: the answer waits until the rest has been read.
+      this.deferred = () => this.sendNow(status, headers, body, closeConnection);
+      this.readRestThenAnswer();
+      return;
+    }
+    this.sendNow(status, headers, body, closeConnection);
+  }
+
+  private sendNow(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection: boolean): void {
+    if (this.done) return;
     this.bytesOut += byteLength(body);
     this.headAt = performance.now();
     this.res.cork(() => {
@@ -105,9 +136,62 @@ export class Reply implements ReplyMeter {
       if (this.extraHeaders) for (const [k, v] of this.extraHeaders) this.res.writeHeader(k, v);
       if (this.rateHeaders) writeRateHeaders(this.rateHeaders, this.res);
       if (this.requestId) this.res.writeHeader('x-request-id', this.requestId);
-      this.res.end(body, closeConnection || draining);
+      const close = this.closesAfter(closeConnection);
+      if (this.headRequest && !close) this.endHead(typeof body === 'string' ? Buffer.byteLength(body) : byteLength(body));
+      else this.res.end(body, close);
     });
     this.finish();
+  }
+
+  /**
+   * Drops what is left of the body as it arrives, then sends the deferred answer; a chunked body
+   * gets LINGER_MAX_BYTES at most, then the answer goes out anyway.
+   */
+  private readRestThenAnswer(): void {
+    let dropped = 0;
+    this.res.onData((chunk, isLast) => {
+      try {
+        dropped += chunk.byteLength;
+        if ((!isLast && dropped <= LINGER_MAX_BYTES) || this.done) return;
+        const answer = this.deferred;
+        this.deferred = null;
+        answer?.();
+      } catch (err) {
+        logBug(err);
+      }
+    });
+    if (this.paused) {
+      this.paused = false;
+      this.res.resume();
+    }
+  }
+
+  /** The request declares a body (`contentLength` ≥ 0, or chunked): what an early answer lingers for. */
+  expectBody(contentLength: number, chunked: boolean): void {
+    this.bodyLeft = contentLength > 0 ? contentLength : chunked ? -1 : 0;
+  }
+
+  /** Body bytes arrived (the readers of request-body.ts tell). */
+  bodyArrived(bytes: number, isLast: boolean): void {
+    if (isLast) this.bodyLeft = 0;
+    else if (this.bodyLeft > 0) this.bodyLeft = Math.max(0, this.bodyLeft - bytes);
+  }
+
+  /**
+   * Whether the connection closes after an answer that asked to close it. With a known rest of the
+   * body within LINGER_MAX_BYTES it stays open instead: uWS reads the rest and drops it (nobody reads
+   * it any more), then serves the connection's next request; the socket must not stay paused for that.
+   */
+  private closesAfter(requested: boolean): boolean {
+    if (draining) return true;
+    if (!requested || this.noLinger) return requested;
+    const left = this.bodyLeft;
+    if (left <= 0 || left > LINGER_MAX_BYTES) return true;
+    if (this.paused) {
+      this.paused = false;
+      this.res.resume();
+    }
+    return false;
   }
 
   /** Renders an error through error-shapes.ts and sends it. */
@@ -230,10 +314,22 @@ export class Reply implements ReplyMeter {
       }
       // uWS writes `Connection: close` as a header line: only possible before the head went out.
       const closeConnection = draining && !this.headWritten;
+      const headOnly = this.headRequest && !this.headWritten && !closeConnection && (chunk === undefined || byteLength(chunk) === 0);
       this.writeHead();
-      this.res.end(chunk ?? '', closeConnection);
+      if (headOnly) this.endHead(this.totalSize);
+      else this.res.end(chunk ?? '', closeConnection);
     });
     this.finish();
+  }
+
+  /**
+   * Ends the answer to a HEAD request without a body, saying the length a GET would have had (-1:
+   * unknown). (uWS 20.30's `endWithoutBody(length)` drops the connection, and `end('')` would say
+   * `Content-Length: 0`; so the length goes out as a header of ours.) Inside a cork, head written.
+   */
+  private endHead(length: number): void {
+    if (length >= 0) this.res.writeHeader('content-length', String(length));
+    this.res.endWithoutBody();
   }
 
   /** Whether the response streaming out is an event stream (SSE): it can end with an error event. */
@@ -274,11 +370,15 @@ export class Reply implements ReplyMeter {
   }
 
   pause(): void {
-    if (!this.done) this.res.pause();
+    if (this.done) return;
+    this.paused = true;
+    this.res.pause();
   }
 
   resume(): void {
-    if (!this.done) this.res.resume();
+    if (this.done) return;
+    this.paused = false;
+    this.res.resume();
   }
 
   /** The single cleanup path: runs the cleanups exactly once. */

@@ -13,52 +13,124 @@ export type BodyCallback = (err: GatewayError | null, body: Buffer) => void;
 
 const EMPTY = Buffer.alloc(0);
 
-/** The node-wide body budget and whose bytes these are (an organisation). */
+/** The node-wide body budget and whose bytes these are (an organisation, and the account owning it). */
 export interface BodyBudgetShare {
   budget: BodyBudget;
   owner: string;
+  /** The account that owns the organisation ('' when unknown): its organisations share one cap. */
+  account?: string;
 }
 
 function budgetRefused(why: BodyBudgetRefusal, budget: BodyBudget): GatewayError {
   const message =
     why === 'owner'
       ? `This organisation's requests are holding their share of this node's memory for request bodies (${Math.floor(budget.maxOwnerBytes / 1048576)} MiB); retry after the time in the retry-after header.`
-      : undefined;
+      : why === 'account'
+        ? `The organisations of this account are holding their share of this node's memory for request bodies (${Math.floor(budget.maxAccountBytes / 1048576)} MiB); retry after the time in the retry-after header.`
+        : undefined;
   return new GatewayError('NODE_BUSY', message, { retryAfterSec: 1 });
+}
+
+/** Errors after which a body's connection is closed (the rest of the body is not read, or not all of it). */
+export function closesConnection(err: GatewayError): boolean {
+  return err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY' || err.code === 'BODY_TOO_SLOW';
+}
+
+/** The least pace a body read whole must keep (BodyWatch): a grace, then a minimum average rate. */
+export interface BodyPace {
+  /** Bytes per second; 0: no minimum. */
+  minBytesPerSec: number;
+  /** Slack before the rate applies, and kept after: a body must have `rate × (elapsed − grace)` bytes. */
+  graceMs: number;
+}
+
+/** What BodyWatch watches: a body being read, and how to give up on it. */
+export interface PacedBody {
+  readonly startedAt: number;
+  readonly received: number;
+  tooSlow(): void;
+}
+
+/**
+ * Bodies being read whole, swept once a second by one timer for the node: a body below its pace is
+ * refused with 408 and its connection closed, so a client trickling bytes cannot keep budget, a slot
+ * and a connection for as long as it likes. Taking the budget as bytes arrive bounds what it holds;
+ * this bounds for how long.
+ */
+export class BodyWatch {
+  private readonly reading = new Set<PacedBody>();
+  private timer: NodeJS.Timeout | null = null;
+
+  constructor(
+    readonly pace: BodyPace,
+    readonly now: () => number = () => performance.now(),
+    private readonly sweepMs = 1000,
+  ) {}
+
+  add(body: PacedBody): void {
+    if (this.pace.minBytesPerSec <= 0) return;
+    this.reading.add(body);
+    if (!this.timer) {
+      this.timer = setInterval(() => this.sweep(), this.sweepMs);
+      this.timer.unref();
+    }
+  }
+
+  remove(body: PacedBody): void {
+    this.reading.delete(body);
+    if (this.reading.size === 0 && this.timer) {
+      clearInterval(this.timer);
+      this.timer = null;
+    }
+  }
+
+  /** Refuses every body below its pace at `now`; returns how many. */
+  sweep(now: number = this.now()): number {
+    const { minBytesPerSec, graceMs } = this.pace;
+    let refused = 0;
+    for (const body of this.reading) {
+      const owed = ((now - body.startedAt - graceMs) * minBytesPerSec) / 1000;
+      if (owed <= 0 || body.received >= owed) continue;
+      this.remove(body);
+      refused++;
+      try {
+        body.tooSlow();
+      } catch (err) {
+        logBug(err);
+      }
+    }
+    return refused;
+  }
+
+  get watching(): number {
+    return this.reading.size;
+  }
 }
 
 /**
  * Collects the whole body, at most `capBytes`. `cb` is called once, unless the client aborts first
- * (then cleanup belongs to the Reply's finish path). With a budget share, the bytes held count against
- * the node-wide budget and the owner's share of it until `cb` has returned or the request ended; a body
- * that does not fit gets NODE_BUSY (a known length is refused before anything is read).
+ * (then cleanup belongs to the Reply's finish path). With a budget share, bytes are taken from the
+ * node-wide budget (and the organisation's and account's shares of it) as they arrive, and given back
+ * when the response has ended, since the body is held until then (parsed, forwarded, kept for
+ * billing); a refused body's bytes go back at once. A chunk that does not fit gets NODE_BUSY. With a
+ * watch, a body below its pace gets BODY_TOO_SLOW (408).
  */
-export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback, share?: BodyBudgetShare): void {
-  const c = new BodyCollector(reply, capBytes, cb, share);
-  const budget = share?.budget;
-  if (budget && contentLength > 0 && contentLength <= capBytes) {
-    const refused = budget.tryTake(contentLength, c.owner);
-    if (refused) {
-      cb(budgetRefused(refused, budget), EMPTY);
-      return;
-    }
-    c.heldBytes = contentLength;
-  }
-  if (budget) reply.onFinish(() => c.release());
-  // With a known length, one buffer of the right size; otherwise a list of copies.
-  if (contentLength > 0 && contentLength <= capBytes) c.buf = Buffer.allocUnsafe(contentLength);
-  else c.parts = [];
+export function collectBody(res: HttpResponse, reply: Reply, capBytes: number, contentLength: number, cb: BodyCallback, share?: BodyBudgetShare, watch?: BodyWatch): void {
+  const c = new BodyCollector(reply, capBytes, cb, share, watch);
+  if (share || watch) reply.onFinish(() => c.release());
+  watch?.add(c);
   res.onData((chunk, isLast) => c.data(chunk, isLast));
 }
 
 /** One body being collected (a class: no closures per request beyond the two uWS and Reply need). */
-class BodyCollector {
+class BodyCollector implements PacedBody {
   readonly owner: string;
+  readonly account: string;
   private readonly budget: BodyBudget | undefined;
+  readonly startedAt: number;
   heldBytes = 0;
-  buf: Buffer | null = null;
-  parts: Buffer[] | null = null;
-  private received = 0;
+  private parts: Buffer[] = [];
+  received = 0;
   private settled = false;
 
   constructor(
@@ -66,49 +138,58 @@ class BodyCollector {
     private readonly capBytes: number,
     private readonly cb: BodyCallback,
     share: BodyBudgetShare | undefined,
+    private readonly watch: BodyWatch | undefined,
   ) {
     this.budget = share?.budget;
     this.owner = share?.owner ?? '';
+    this.account = share?.account ?? '';
+    this.startedAt = watch ? watch.now() : 0;
   }
 
   release(): void {
-    if (this.budget && this.heldBytes > 0) this.budget.give(this.heldBytes, this.owner);
+    this.watch?.remove(this);
+    if (this.budget && this.heldBytes > 0) this.budget.give(this.heldBytes, this.owner, this.account);
     this.heldBytes = 0;
+  }
+
+  tooSlow(): void {
+    if (this.settled || this.reply.done) return;
+    // A client this slow is not waited for: no lingering close.
+    this.reply.noLinger = true;
+    this.settle(new GatewayError('BODY_TOO_SLOW'), EMPTY);
   }
 
   private settle(err: GatewayError | null, body: Buffer): void {
     this.settled = true;
-    this.buf = null;
-    this.parts = null;
+    this.parts = [];
+    this.watch?.remove(this);
     try {
       this.cb(err, body);
     } finally {
-      this.release();
+      // A refused body is dropped now; a read one is held until the response ends.
+      if (err) this.release();
     }
   }
 
   data(chunk: ArrayBuffer, isLast: boolean): void {
     try {
       if (this.settled || this.reply.done) return;
-      const { buf, budget } = this;
+      const { budget } = this;
       const n = chunk.byteLength;
-      if (this.received + n > this.capBytes || (buf && this.received + n > buf.length)) return this.settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
-      if (budget && !buf && n > 0) {
-        const refused = budget.tryTake(n, this.owner);
+      this.reply.bodyArrived(n, isLast);
+      if (this.received + n > this.capBytes) return this.settle(new GatewayError('BODY_TOO_LARGE'), EMPTY);
+      if (budget && n > 0) {
+        const refused = budget.tryTake(n, this.owner, this.account);
         if (refused) return this.settle(budgetRefused(refused, budget), EMPTY);
         this.heldBytes += n;
       }
       // Copy: uWS detaches the ArrayBuffer when this callback returns (rule 5).
-      if (n > 0) {
-        if (buf) Buffer.from(chunk).copy(buf, this.received);
-        else this.parts!.push(Buffer.from(new Uint8Array(chunk)));
-      }
+      if (n > 0) this.parts.push(Buffer.from(new Uint8Array(chunk)));
       this.received += n;
       if (isLast) {
-        const received = this.received;
-        let body: Buffer;
-        if (buf) body = received === buf.length ? buf : buf.subarray(0, received);
-        else body = this.parts!.length === 1 ? this.parts![0] : Buffer.concat(this.parts!, received);
+        const parts = this.parts;
+        // Usually one chunk: no second copy.
+        const body = parts.length === 0 ? EMPTY : parts.length === 1 ? parts[0] : Buffer.concat(parts, this.received);
         this.settle(null, body);
       }
     } catch (err) {
@@ -142,6 +223,7 @@ export class BodyStream extends Readable {
       try {
         if (this.destroyed || reply.done) return;
         const n = chunk.byteLength;
+        reply.bodyArrived(n, isLast);
         this.received += n;
         if (this.received > capBytes) {
           this.destroy(new GatewayError('BODY_TOO_LARGE'));

@@ -7,7 +7,7 @@ import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWe
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { bearerToken } from '../auth/bearer.js';
 import type { GatewayState, KeyRecord, StateHolder } from '../auth/key-table.js';
-import { GatewayError } from '../errors.js';
+import { CATALOG, GatewayError } from '../errors.js';
 import type { Clock } from '../limits/clock.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import { bodyCapBytes, presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
@@ -31,7 +31,7 @@ import { logBug, Reply } from './reply.js';
 import { RequestContext } from './request-context.js';
 import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
-import { collectBody, streamBody } from './request-body.js';
+import { closesConnection, collectBody, streamBody, type BodyWatch } from './request-body.js';
 import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
@@ -46,6 +46,8 @@ export interface ServerDeps {
   keyBudgets: KeyBudgets;
   /** Node-wide budget for request bodies held in memory. */
   bodyBudget?: BodyBudget;
+  /** The least pace of a body read whole (408 below it). */
+  bodyWatch?: BodyWatch;
   /** Money slices per organisation (and key minute slices, through keyBudgets) from the control plane. */
   leases?: LeaseClient;
   reporter: Reporter;
@@ -54,6 +56,8 @@ export interface ServerDeps {
   instanceId: string;
   /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
   spillDir: string;
+  /** Node-wide budget for spilled upload bytes (a share per organisation and per account). */
+  spillBudget?: BodyBudget;
   /** True when the node was cut off from the control plane longer than the configured maximum. */
   isStale(): boolean;
   /** GET /v1/usage reads the control plane's durable usage through this; absent: 503. */
@@ -144,6 +148,9 @@ export class ApiServer {
       // Every answer carries it (x-request-id); the request's log entry and usage use the same id.
       reply.requestId = this.nextRequestId();
       reply.family = familyOf(head.path);
+      reply.expectBody(head.contentLength, req.getHeader('transfer-encoding') !== '');
+      reply.headRequest = head.method === 'HEAD';
+      reply.clientCloses = /close/i.test(req.getHeader('connection'));
       requestStarted();
       // Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer.
       head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () =>
@@ -355,7 +362,8 @@ export class ApiServer {
         bodyRaw = raw;
         if (ctx) this.jsonBody(ctx, reply, head, key, route, err, raw);
       },
-      deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId },
+      deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId, account: key.org.ownerAccountId },
+      deps.bodyWatch,
     );
   }
 
@@ -363,7 +371,7 @@ export class ApiServer {
     const deps = this.deps;
     try {
       if (reply.done) return;
-      if (err) return reply.sendError(err, 'A', err.code === 'BODY_TOO_LARGE' || err.code === 'NODE_BUSY');
+      if (err) return reply.sendError(err, 'A', closesConnection(err));
       const text = raw.length > 0 ? raw.toString('utf8') : '';
       let body: unknown;
       let parseError = false;
@@ -379,7 +387,10 @@ export class ApiServer {
           if (estimate > 0) reply.rateHeaders = deps.keyBudgets.headers(key.limits);
           const state = deps.holder.current;
           const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
-          if (invalid) return reply.sendError(invalid, 'A');
+          if (invalid) {
+            countRefused(ctx);
+            return reply.sendError(invalid, 'A');
+          }
           const obj = body as Record<string, unknown>;
           const model = state.view.models.get(obj.model as string)!;
           const scope = this.checkScope(key, model);
@@ -426,15 +437,18 @@ export class ApiServer {
       return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'A');
     }
     // The parts before `model` may go to a temporary file: deleted however the request ends.
-    const spill = new UploadSpill(this.deps.spillDir);
+    const spillBudget = this.deps.spillBudget;
+    const spill = new UploadSpill(this.deps.spillDir, undefined, spillBudget && { budget: spillBudget, owner: key.orgId, account: key.org.ownerAccountId });
     reply.onFinish(() => spill.remove());
     findModelField(stream, boundary, spill, (err, field) => {
       try {
         if (reply.done) return;
-        // Answered before the body was read to its end: the rest is not wanted.
+        // Answered before the body was read to its end: the rest is not wanted. A 400 for what the
+        // body holds keeps its one request of rpm (design.md, what counts as a request).
         const refuse = (e: unknown) => {
           stream.discard();
-          reply.sendError(e, 'A', isTooLarge(e));
+          if (isContentRefusal(e)) countRefused(ctx);
+          reply.sendError(e, 'A', e instanceof GatewayError && closesConnection(e));
         };
         if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
         const state = this.deps.holder.current;
@@ -505,7 +519,7 @@ export class ApiServer {
     let bodyDone = false;
     const proceed = () => {
       if (!ctx || body === undefined || reply.done) return;
-      if (body.err) return reply.sendError(body.err, 'B', body.err.code === 'BODY_TOO_LARGE' || body.err.code === 'NODE_BUSY');
+      if (body.err) return reply.sendError(body.err, 'B', closesConnection(body.err));
       const encoded = encodedBodyRefusal(headers);
       if (encoded) return reply.sendError(encoded, 'C');
       const found = findRemoteInBody(body.raw, head.contentType);
@@ -538,7 +552,8 @@ export class ApiServer {
         body = { err, raw };
         proceed();
       },
-      this.deps.bodyBudget && { budget: this.deps.bodyBudget, owner: key.orgId },
+      this.deps.bodyBudget && { budget: this.deps.bodyBudget, owner: key.orgId, account: key.org.ownerAccountId },
+      this.deps.bodyWatch,
     );
   }
 
@@ -622,6 +637,15 @@ function failCall(ctx: RequestContext, reply: Reply, shape: ErrorShape, err: unk
   if (!reply.headersSent) reply.sendError(err, shape, isTooLarge(err));
   else reply.close();
   ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
+}
+
+/** A 400 for what a body holds, once it was read: it counts one request (rpm), no tokens, no money. */
+function isContentRefusal(err: unknown): boolean {
+  return err instanceof GatewayError && CATALOG[err.code].status === 400;
+}
+
+function countRefused(ctx: RequestContext): void {
+  ctx.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
 }
 
 function isTooLarge(err: unknown): boolean {

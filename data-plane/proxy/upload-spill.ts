@@ -13,6 +13,17 @@ import { createWriteStream, unlink, type WriteStream } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { GatewayError } from '../errors.js';
+import type { BodyBudget } from '../limits/body-budget.js';
+
+/**
+ * The node-wide budget for spilled bytes (a BodyBudget counting bytes on disk: `--max-spill-mib`) and
+ * whose upload this is: an organisation, and the account owning it, each held to a share of it.
+ */
+export interface SpillShare {
+  budget: BodyBudget;
+  owner: string;
+  account?: string;
+}
 
 /** Held in memory up to this; past it an upload goes to disk. */
 export const SPILL_MEMORY_BYTES = 1024 * 1024;
@@ -42,10 +53,13 @@ export class UploadSpill {
   private failure: GatewayError | null = null;
   private errorCb: ((err: GatewayError) => void) | null = null;
   private drainCb: (() => void) | null = null;
+  /** Bytes taken from the spill budget (given back when the file is removed). */
+  private budgeted = 0;
 
   constructor(
     private readonly dir: string,
     private readonly memoryBytes = SPILL_MEMORY_BYTES,
+    private readonly share?: SpillShare,
   ) {}
 
   /** Whether some bytes went to disk. */
@@ -148,6 +162,8 @@ export class UploadSpill {
   remove(): void {
     if (this.removed) return;
     this.removed = true;
+    if (this.share && this.budgeted > 0) this.share.budget.give(this.budgeted, this.share.owner, this.share.account);
+    this.budgeted = 0;
     this.held = [];
     this.free = [];
     this.current = null;
@@ -182,13 +198,25 @@ export class UploadSpill {
     file.on('error', (err) => {
       if (this.failure || this.removed) return;
       logSpillFailure(this.dir, err);
-      this.failure = new GatewayError('INTERNAL', 'The gateway could not store the upload for forwarding; retry later.');
-      this.errorCb?.(this.failure);
+      this.fail(new GatewayError('INTERNAL', 'The gateway could not store the upload for forwarding; retry later.'));
     });
     this.file = file;
   }
 
+  private fail(err: GatewayError): void {
+    if (this.failure || this.removed) return;
+    this.failure = err;
+    this.errorCb?.(err);
+  }
+
   private toFile(block: Buffer): void {
+    if (this.failure) return;
+    const share = this.share;
+    if (share) {
+      const refused = share.budget.tryTake(block.length, share.owner, share.account);
+      if (refused) return this.fail(spillRefused(refused, share.budget));
+      this.budgeted += block.length;
+    }
     this.fileBytes += block.length;
     this.writing++;
     this.file!.write(block, (err) => {
@@ -202,6 +230,15 @@ export class UploadSpill {
       }
     });
   }
+}
+
+function spillRefused(why: 'node' | 'owner' | 'account', budget: BodyBudget): GatewayError {
+  const mib = (n: number) => Math.floor(n / 1048576);
+  const message =
+    why === 'node'
+      ? "This gateway node's room for uploads in progress is spent; retry after the time in the retry-after header."
+      : `The ${why === 'owner' ? "organisation's" : "account's"} uploads in progress are holding their share of this gateway node's room for uploads (${mib(why === 'owner' ? budget.maxOwnerBytes : budget.maxAccountBytes)} MiB); retry after the time in the retry-after header.`;
+  return new GatewayError('NODE_BUSY', message, { retryAfterSec: 1 });
 }
 
 let failuresLogged = 0;

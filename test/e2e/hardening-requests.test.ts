@@ -8,7 +8,8 @@ import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { scrapeMetrics } from '../helpers/prometheus.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer, rawRequest, request } from '../helpers/http.js';
 import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
@@ -197,20 +198,23 @@ async function fundedKey(node: DataPlane): Promise<string> {
 // Large in bytes, small in tokens (the bulk is a field that is not prompt), so tpm slices play no part.
 const BIG_BODY = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'hi' }], user: 'y'.repeat(2 * 1024 * 1024 - 100) });
 
-/** A client that declares BIG_BODY's length, sends its first 1,000 bytes and waits. */
+/**
+ * A client that declares BIG_BODY's length, sends all of it but the last 1,000 bytes and waits: the
+ * node holds what arrived (the budget is taken as bytes arrive, issue 21).
+ */
 function slowClient(node: DataPlane, key: string) {
   const sock = connect(Number(node.address.split(':')[1]), '127.0.0.1');
   sock.on('error', () => {});
   let answer = '';
   sock.on('data', (c: Buffer) => (answer += c.toString()));
   sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(BIG_BODY)}\r\n\r\n`);
-  sock.write(BIG_BODY.slice(0, 1000));
+  sock.write(BIG_BODY.slice(0, -1000));
   return {
     sock,
     answer: () => answer,
     /** Sends the rest and resolves with the whole answer. */
     finish: () => {
-      sock.write(BIG_BODY.slice(1000));
+      sock.write(BIG_BODY.slice(-1000));
       return new Promise<string>((resolve) => {
         const check = () => (/\r\n\r\n\{/.test(answer) ? resolve(answer) : setTimeout(check, 10));
         check();
@@ -234,11 +238,14 @@ async function until503(node: DataPlane, key: string) {
 
 test('the node-wide body budget refuses a body that does not fit with 503 and retry-after, and frees on completion', async (t) => {
   // 8 MiB: each organisation may hold a quarter, so four organisations' slow 2 MiB bodies fill it.
-  const small = await startDataPlane(cp, { extraArgs: ['--max-buffered-body-mib', '8'] });
+  const small = await startDataPlane(cp, { adminListen: true, extraArgs: ['--max-buffered-body-mib', '8'] });
   t.after(() => small.proc.kill('SIGKILL'));
   const keys = [];
   for (let i = 0; i < 5; i++) keys.push(await fundedKey(small));
   const slow = keys.slice(0, 4).map((k) => slowClient(small, k));
+  // The budget is taken as bytes arrive: wait until the node holds what the slow clients sent.
+  const sent = 4 * (Buffer.byteLength(BIG_BODY) - 1000);
+  await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')! >= sent, `the node to hold the ${sent} bytes the slow clients sent`, 30_000);
   const refused = await until503(small, keys[4]);
   assert.ok(refused, 'a body that does not fit the node-wide budget is refused');
   assert.equal(refused.headers.get('retry-after'), '1');
@@ -254,11 +261,15 @@ test('the node-wide body budget refuses a body that does not fit with 503 and re
 test('one organisation holding slow bodies cannot take the node-wide budget from the others', async (t) => {
   // Before the fix, one organisation's slow clients (a key may run 100 in parallel) could hold the
   // whole budget, and every other organisation's JSON requests were refused with 503.
-  const small = await startDataPlane(cp, { extraArgs: ['--max-buffered-body-mib', '8'] });
+  const small = await startDataPlane(cp, { adminListen: true, extraArgs: ['--max-buffered-body-mib', '8'] });
   t.after(() => small.proc.kill('SIGKILL'));
   const hog = await fundedKey(small);
   const other = await fundedKey(small);
   const slow = [0, 1, 2, 3].map(() => slowClient(small, hog));
+  // The budget is taken as bytes arrive: one slow body holds the share, the three others are refused.
+  await eventually(async () => slow.filter((s) => /^HTTP\/1\.1 503/.test(s.answer())).length === 3, 'three slow bodies to be refused');
+  const sent = Buffer.byteLength(BIG_BODY) - 1000;
+  await eventually(async () => (await scrapeMetrics(`${small.adminUrl}/metrics`)).value('tollgate_node_body_buffered_bytes')! >= sent, 'the node to hold the fourth', 30_000);
   // The first slow body fits the hog's share (a quarter of the budget); its next ones are refused.
   const refused = await until503(small, hog);
   assert.ok(refused, "the organisation's own share is spent");

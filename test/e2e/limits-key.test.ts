@@ -172,7 +172,9 @@ test('a chunked body that grows over the 32 MB cap is refused with 413 while str
   assert.equal(next.status, 200, 'the node still serves');
 });
 
-test('a request refused by validation or model scope consumes no rpm, tpm or slot', async () => {
+test('a body refused by validation keeps its one request of rpm; model scope refusals consume nothing', async () => {
+  // Issue 21: a body read and then refused for its content (400) counts one request, so bad bodies are
+  // not free to send (design.md, what counts as a request); before, it gave its request back.
   await nextMinute();
   const { key } = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
   const missing = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: { model: 'demo-chat' } });
@@ -184,5 +186,5 @@ test('a request refused by validation or model scope consumes no rpm, tpm or slo
   assert.equal(outOfScope.body.error.type, 'model_not_allowed');
   const ok = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
   assert.equal(ok.status, 200);
-  assert.equal(ok.headers.get('x-ratelimit-remaining-requests'), '19', 'only the admitted request counts');
+  assert.equal(ok.headers.get('x-ratelimit-remaining-requests'), '17', 'the two 400s and the admitted request count');
 });

@@ -34,7 +34,7 @@ test('apply moves the version and the state; a delta is published per change', (
   const seen: Delta[] = [];
   const off = s.subscribe((d) => seen.push(d));
   s.apply(1, { keyUpsert: key('a') });
-  s.apply(2, { orgUpsert: { orgId: 'o', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 0 } });
+  s.apply(2, { orgUpsert: { orgId: 'o', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 0, ownerAccountId: '' } });
   s.apply(3, { keyRemoved: 'hash-a' });
   s.apply(4, { config: config('other') });
   off();

@@ -9,7 +9,7 @@ import type { Reply } from '../../data-plane/http/reply.js';
 function fakes() {
   let onData: ((chunk: ArrayBuffer, isLast: boolean) => void) | null = null;
   const res = { onData: (cb: typeof onData) => void (onData = cb) } as unknown as HttpResponse;
-  const reply = { done: false, paused: false, pause() { this.paused = true; }, resume() { this.paused = false; }, onFinish() {} };
+  const reply = { done: false, paused: false, pause() { this.paused = true; }, resume() { this.paused = false; }, onFinish() {}, bodyArrived() {} };
   const send = (text: string, isLast = false) => {
     const b = Buffer.from(text);
     onData!(b.buffer.slice(b.byteOffset, b.byteOffset + b.length), isLast);

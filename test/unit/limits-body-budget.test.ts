@@ -24,3 +24,23 @@ test('bytes fit the node budget and the owner\'s quarter of it; giving back free
   assert.equal(b.tryTake(10, 'd'), null);
   assert.equal(b.held(), 80);
 });
+
+test("one account's organisations share one cap: a quarter of the budget together", () => {
+  // Issue 21: before, each organisation had its own quarter, so an account with four organisations
+  // could hold the whole budget.
+  const b = new BodyBudget(100);
+  assert.equal(b.maxAccountBytes, 25);
+  const rows: Array<[string, string, number, 'node' | 'owner' | 'account' | null]> = [
+    ['o1', 'acct', 20, null],
+    ['o2', 'acct', 6, 'account'],
+    ['o2', 'acct', 5, null],
+    ['o3', '', 25, null],
+    ['o4', 'other', 25, null],
+  ];
+  for (const [owner, account, bytes, want] of rows) assert.equal(b.tryTake(bytes, owner, account), want, `${owner} ${account} ${bytes}`);
+  assert.equal(b.heldByAccount('acct'), 25);
+  assert.deepEqual(b.refusals, { node: 0, owner: 0, account: 1 });
+  b.give(20, 'o1', 'acct');
+  assert.equal(b.heldByAccount('acct'), 5);
+  assert.equal(b.tryTake(20, 'o2', 'acct'), null);
+});

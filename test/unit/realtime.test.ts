@@ -132,7 +132,7 @@ test('open sockets: enforce closes those of removed keys, blocked organisations 
     tpmLimit: 100,
     maxParallelRequests: 100,
   });
-  for (const o of ['o1', 'o2']) state.upsertOrg({ orgId: o, tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0 });
+  for (const o of ['o1', 'o2']) state.upsertOrg({ orgId: o, tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0, ownerAccountId: '' });
   for (const k of [entry('a', 'o1'), entry('b', 'o1'), entry('c', 'o2'), entry('d', 'o2')]) state.upsertKey(k);
   const closed: Array<[string, string]> = [];
   const reg = new OpenSockets();
@@ -151,7 +151,7 @@ test('open sockets: enforce closes those of removed keys, blocked organisations 
   assert.equal(closed.length, 0, 'nothing changed: nothing closes');
 
   state.removeKey(hashKey(pepper, 'sk-a'));
-  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1 });
+  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1, ownerAccountId: '' });
   reg.enforce(state);
   assert.deepEqual(closed.map(([id]) => id).sort(), ['a', 'a', 'c', 'd']);
   assert.match(closed.find(([id]) => id === 'a')![1], /^invalid_api_key: .*revoked/);

@@ -37,7 +37,7 @@ class Events<T> {
 }
 
 const KEY = { keyId: 'key_1', keyHash: 'a'.repeat(64), projectId: 'proj_1', orgId: 'org_1', allowedModels: [], rpmLimit: 20, tpmLimit: 60_000, maxParallelRequests: 100 };
-const ORG = { orgId: 'org_1', tier: 'free', blocked: false, blockedReason: '', fundsVersion: 1 };
+const ORG = { orgId: 'org_1', tier: 'free', blocked: false, blockedReason: '', fundsVersion: 1, ownerAccountId: '' };
 
 async function setUp(t: import('node:test').TestContext) {
   const streams = new Events<Call>();

@@ -163,6 +163,11 @@ export interface OrgEntry {
    * config): a node that was told nothing is left to lease asks again.
    */
   fundsVersion: number;
+  /**
+   * The account that owns the organisation (its first owner): a node caps what one account's
+   * organisations hold together of its request-body memory. Empty when unknown.
+   */
+  ownerAccountId: string;
 }
 
 export interface GatewayConfig {
@@ -2273,7 +2278,7 @@ export const KeyEntry: MessageFns<KeyEntry> = {
 };
 
 function createBaseOrgEntry(): OrgEntry {
-  return { orgId: "", tier: "", blocked: false, blockedReason: "", fundsVersion: 0 };
+  return { orgId: "", tier: "", blocked: false, blockedReason: "", fundsVersion: 0, ownerAccountId: "" };
 }
 
 export const OrgEntry: MessageFns<OrgEntry> = {
@@ -2292,6 +2297,9 @@ export const OrgEntry: MessageFns<OrgEntry> = {
     }
     if (message.fundsVersion !== 0) {
       writer.uint32(40).int64(message.fundsVersion);
+    }
+    if (message.ownerAccountId !== "") {
+      writer.uint32(4002).string(message.ownerAccountId);
     }
     return writer;
   },
@@ -2349,6 +2357,14 @@ export const OrgEntry: MessageFns<OrgEntry> = {
             message.fundsVersion = longToNumber(reader.int64());
             continue;
           }
+          case 500: {
+            if (tag !== 4002) {
+              break;
+            }
+
+            message.ownerAccountId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2380,6 +2396,11 @@ export const OrgEntry: MessageFns<OrgEntry> = {
         : isSet(object.funds_version)
         ? globalThis.Number(object.funds_version)
         : 0,
+      ownerAccountId: isSet(object.ownerAccountId)
+        ? globalThis.String(object.ownerAccountId)
+        : isSet(object.owner_account_id)
+        ? globalThis.String(object.owner_account_id)
+        : "",
     };
   },
 
@@ -2400,6 +2421,9 @@ export const OrgEntry: MessageFns<OrgEntry> = {
     if (message.fundsVersion !== 0) {
       obj.fundsVersion = Math.round(message.fundsVersion);
     }
+    if (message.ownerAccountId !== "") {
+      obj.ownerAccountId = message.ownerAccountId;
+    }
     return obj;
   },
 
@@ -2413,6 +2437,7 @@ export const OrgEntry: MessageFns<OrgEntry> = {
     message.blocked = object.blocked ?? false;
     message.blockedReason = object.blockedReason ?? "";
     message.fundsVersion = object.fundsVersion ?? 0;
+    message.ownerAccountId = object.ownerAccountId ?? "";
     return message;
   },
 };
