@@ -5,8 +5,8 @@ import { StringDecoder } from 'node:string_decoder';
 import { Pool } from 'undici';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { proxyRequest, type BodyInspector } from '../stream-proxy.js';
-import { countMessageTokens, countTokens, contentText } from '../tokens.js';
+import { proxyRequest, USAGE_GRACE_MS, type BodyInspector } from '../stream-proxy.js';
+import { estimateOutputTokens, estimateTokens } from '../tokens.js';
 import { audioSecondsOf } from './demo.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
@@ -211,7 +211,7 @@ export class SseUsage implements BodyInspector {
     if (this.usage === null) this.dataEvents.push(block);
   }
 
-  /** Completion tokens counted from the streamed deltas. */
+  /** Completion tokens estimated from the streamed deltas (text, reasoning, tool calls: tokens.ts). */
   countedCompletionTokens(): number {
     let n = 0;
     for (const block of this.dataEvents) {
@@ -219,8 +219,7 @@ export class SseUsage implements BodyInspector {
         const data = dataOf(ev);
         if (!data || data === '[DONE]') continue;
         try {
-          const obj = JSON.parse(data) as { choices?: Array<{ delta?: { content?: unknown } }> };
-          for (const c of obj.choices ?? []) n += countTokens(contentText(c.delta?.content));
+          n += estimateOutputTokens(JSON.parse(data));
         } catch {
           // not JSON: not a content event
         }
@@ -230,10 +229,27 @@ export class SseUsage implements BodyInspector {
   }
 }
 
-/** Tokens of an embeddings input counted by the gateway (a string, or an array of strings and token arrays). */
-function inputTokens(input: unknown): number {
-  if (typeof input === 'string') return countTokens(input);
-  return Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0;
+/**
+ * What an exchange that reached its upstream bills, however it ended (docs/billing-endings.md): the
+ * upstream's usage when it reported it (in time, for a client gone), else the estimate of everything
+ * sent and everything received (tokens.ts). An upstream that answered an error status, or never
+ * answered, did no billable work.
+ */
+function billedTokens(
+  status: number,
+  outcome: 'ok' | 'error' | 'aborted',
+  upstreamStatus: number,
+  usage: Usage | null,
+  estimate: () => { prompt: number; completion: number },
+): { status: number; promptTokens: number; completionTokens: number } {
+  const st = outcome === 'aborted' ? 499 : status;
+  const served = upstreamStatus >= 200 && upstreamStatus < 300;
+  // An error status, or (not a client gone) no answer at all: nothing was served.
+  if (upstreamStatus !== 0 && !served) return { status: st, promptTokens: 0, completionTokens: 0 };
+  if (upstreamStatus === 0 && outcome !== 'aborted') return { status: st, promptTokens: 0, completionTokens: 0 };
+  if (usage) return { status: st, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 };
+  const e = estimate();
+  return { status: st, promptTokens: e.prompt, completionTokens: e.completion };
 }
 
 function dataOf(event: string): string | null {
@@ -306,30 +322,23 @@ export class OpenAIProvider implements Provider {
         return (json = new JsonUsage());
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
-        if (outcome === 'aborted') {
-          // The client left after the request reached the upstream, which ran it: the prompt and any
-          // completion streamed so far are billed (design.md, client aborts).
-          const s = sse as SseUsage | null;
-          const u = s?.usage;
-          return call.complete({ status: 499, promptTokens: u?.prompt_tokens ?? countMessageTokens(body.messages), completionTokens: u?.completion_tokens ?? (s ? s.countedCompletionTokens() : 0) });
-        }
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
+      // A client gone: the upstream is read on for its usage (stream-proxy.ts).
+      usageGraceMs: USAGE_GRACE_MS,
+      onDone(status, outcome, upstreamStatus) {
         let usage: Usage | null = null;
-        let counted = 0;
-        if (sse) {
-          usage = (sse as SseUsage).usage;
-          if (!usage) counted = (sse as SseUsage).countedCompletionTokens();
-        } else if (json) {
+        let obj: Record<string, unknown> | null = null;
+        if (sse) usage = (sse as SseUsage).usage;
+        else if (json) {
           usage = (json as JsonUsage).usageFromTail();
-          const obj = usage ? null : (json as JsonUsage).json();
+          obj = usage ? null : (json as JsonUsage).json();
           usage ??= (obj?.usage as Usage | undefined) ?? null;
-          if (!usage && obj && Array.isArray(obj.choices)) {
-            for (const c of obj.choices as Array<{ message?: { content?: unknown } }>) counted += countTokens(contentText(c.message?.content));
-          }
         }
-        if (usage) call.complete({ status, promptTokens: usage.prompt_tokens ?? 0, completionTokens: usage.completion_tokens ?? 0 });
-        else call.complete({ status, promptTokens: countMessageTokens(body.messages), completionTokens: counted });
+        call.complete(
+          billedTokens(status, outcome, upstreamStatus, usage, () => ({
+            prompt: estimateTokens(body),
+            completion: sse ? (sse as SseUsage).countedCompletionTokens() : estimateOutputTokens(obj),
+          })),
+        );
       },
     });
   }
@@ -353,12 +362,12 @@ export class OpenAIProvider implements Provider {
         return status >= 200 && status < 300 ? (json = new JsonUsage()) : null;
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
-        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: inputTokens(body.input), completionTokens: 0 });
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
+      usageGraceMs: USAGE_GRACE_MS,
+      onDone(status, outcome, upstreamStatus) {
         const j = json as JsonUsage | null;
         const usage = j ? (j.usageFromTail() ?? ((j.json()?.usage as Usage | undefined) ?? null)) : null;
-        call.complete({ status, promptTokens: usage?.prompt_tokens ?? inputTokens(body.input), completionTokens: 0 });
+        const r = billedTokens(status, outcome, upstreamStatus, usage, () => ({ prompt: estimateTokens(body), completion: 0 }));
+        call.complete({ ...r, completionTokens: 0 });
       },
     });
   }
