@@ -7,7 +7,8 @@ import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS, type BodyInspector } from '../stream-proxy.js';
 import { estimateOutputTokens, estimateTokens } from '../tokens.js';
-import { audioSecondsOf } from './demo.js';
+import { AudioDurationProbe } from '../audio-duration.js';
+import { boundaryOf } from '../multipart-model.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
 const DEFAULT_TIMEOUT_MS = 60_000;
@@ -406,17 +407,24 @@ export class OpenAIProvider implements Provider {
       Buffer.from(t.upstreamModel),
       upload.head.subarray(upload.modelValueEnd),
     ]);
-    let bytes = upload.prefixBytes;
     const rest = upload.rest;
+    // What the upload is billed when the upstream reports no duration: read from the file's container
+    // as its bytes go by (audio-duration.ts).
+    const probe = new AudioDurationProbe(boundaryOf(call.contentType));
     // An async iterable, which undici pulls one chunk at a time: what the spill's reused read buffers
     // need (upload-spill.ts, `chunks`). A Readable in between would read ahead.
     const body = (async function* () {
-      yield* upload.spill.chunks();
+      for await (const chunk of upload.spill.chunks()) {
+        probe.feed(chunk);
+        yield chunk;
+      }
+      probe.feed(head);
       yield head;
       for await (const chunk of rest) {
-        bytes += (chunk as Buffer).length;
+        probe.feed(chunk as Buffer);
         yield chunk as Buffer;
       }
+      probe.end();
     })();
     const headers = ['content-type', call.contentType];
     if (t.authHeader) headers.push('authorization', t.authHeader);
@@ -435,13 +443,18 @@ export class OpenAIProvider implements Provider {
         return status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsage()) : null;
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
-        // Aborted: the audio uploaded so far is billed.
-        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: 0, completionTokens: 0, audioUnits: audioSecondsOf(bytes) });
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        const duration = (json as JsonUsage | null)?.json()?.duration;
-        const seconds = typeof duration === 'number' && duration > 0 ? Math.ceil(duration) : audioSecondsOf(bytes);
-        call.complete({ status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
+      onDone(status, outcome, upstreamStatus) {
+        const st = outcome === 'aborted' ? 499 : status;
+        // An error status, or no answer and the client still there: nothing was transcribed.
+        if ((upstreamStatus !== 0 && (upstreamStatus < 200 || upstreamStatus >= 300)) || (upstreamStatus === 0 && outcome !== 'aborted')) {
+          return call.complete({ status: st, promptTokens: 0, completionTokens: 0 });
+        }
+        // The upstream's duration (verbose_json); else the file's, once its parser is done with it.
+        const duration = outcome === 'ok' ? (json as JsonUsage | null)?.json()?.duration : undefined;
+        if (typeof duration === 'number' && Number.isFinite(duration) && duration > 0) {
+          return call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: Math.ceil(duration) });
+        }
+        probe.whenSettled((seconds) => call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: seconds }));
       },
     });
   }
