@@ -10,7 +10,7 @@
 // The floor keeps a header that lies about a short length (a WAV `data` size, an MP3 Xing frame
 // count) from billing less than the bytes could hold; the rates are in docs/billing-endings.md.
 import { Readable } from 'node:stream';
-import { parseStream } from 'music-metadata';
+import { parseBuffer, parseStream } from 'music-metadata';
 
 export type AudioFormat = 'wav' | 'mp3' | 'ogg' | 'flac' | 'm4a' | 'webm' | 'unknown';
 
@@ -275,6 +275,25 @@ export class AudioDurationProbe {
     this.waiters.push(go);
   }
 }
+
+/**
+ * Loads music-metadata's parser of each format now, at start: it imports a parser the first time a
+ * format is seen, and a parser still loading reads nothing while the upload streams on (the first
+ * large upload of a format would then be billed by its size). Each parse fails on the few bytes given;
+ * only the loading matters.
+ */
+export function preloadAudioParsers(): Promise<void> {
+  const samples: Array<[string, Buffer]> = [
+    ['audio/wav', Buffer.from('RIFF\0\0\0\0WAVEfmt ', 'latin1')],
+    ['audio/mpeg', Buffer.from([0x49, 0x44, 0x33, 4, 0, 0, 0, 0, 0, 0, 0xff, 0xfb, 0x90, 0xc0])],
+    ['audio/ogg', Buffer.from('OggS\0\x02', 'latin1')],
+    ['audio/flac', Buffer.from('fLaC', 'latin1')],
+    ['audio/mp4', Buffer.from('\0\0\0\x10ftypM4A \0\0\0\0', 'latin1')],
+    ['audio/webm', Buffer.from([0x1a, 0x45, 0xdf, 0xa3, 0x80])],
+  ];
+  return Promise.allSettled(samples.map(([mimeType, b]) => parseBuffer(b, { mimeType }, { duration: true }))).then(() => undefined);
+}
+void preloadAudioParsers();
 
 const MIME: Readonly<Record<AudioFormat, string | undefined>> = {
   wav: 'audio/wav',

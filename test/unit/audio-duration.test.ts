@@ -4,7 +4,7 @@
 // was billed 1 s.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { AudioDurationProbe, MIN_BYTES_PER_SECOND, sniffFormat } from '../../data-plane/proxy/audio-duration.js';
+import { AudioDurationProbe, MIN_BYTES_PER_SECOND, preloadAudioParsers, sniffFormat } from '../../data-plane/proxy/audio-duration.js';
 import { flacFile, m4aFile, mp3File, oggOpusFile, wavFile, webmFile } from '../helpers/audio-files.js';
 
 const BOUNDARY = '----tollgate-test-7MA4YWxkTrZu0gW';
@@ -73,4 +73,28 @@ test('a container that says less than its bytes can hold is billed by its bytes'
   const { seconds, p } = await probe(multipart(liar), 64 * 1024);
   assert.equal(p.containerSeconds, 1);
   assert.equal(seconds, Math.ceil(liar.length / 64_000));
+});
+
+test('large files forwarded at network pace are read to their container length with a bounded backlog', async () => {
+  await preloadAudioParsers();
+  const files: Array<[string, Buffer, number]> = [
+    ['WAV, 18 MiB', wavFile(600, 16000, 16), 600],
+    ['MP3, 2 MiB', mp3File(120), 120],
+    ['Ogg/Opus, 8 MiB', oggOpusFile(600, 2000, 4000), 600],
+    ['M4A, 3 MiB', m4aFile(600, 3_000_000), 600],
+    ['WebM, 3 MiB', webmFile(600, 3_000_000), 600],
+  ];
+  for (const [name, file, want] of files) {
+    const body = multipart(file);
+    const p = new AudioDurationProbe(BOUNDARY);
+    // A chunk per turn of the event loop, as the upstream's socket takes them.
+    for (let i = 0; i < body.length; i += 64 * 1024) {
+      p.feed(body.subarray(i, i + 64 * 1024));
+      await new Promise((r) => setImmediate(r));
+    }
+    p.end();
+    const seconds = await new Promise<number>((resolve) => p.whenSettled(resolve));
+    assert.equal(Math.round(p.containerSeconds ?? 0), want, name);
+    assert.equal(seconds, Math.ceil(p.containerSeconds!), name);
+  }
 });
