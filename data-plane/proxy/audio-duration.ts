@@ -165,6 +165,7 @@ export class AudioDurationProbe {
   /** The container's duration in seconds, once the parser found one. */
   containerSeconds: number | null = null;
   private settled = false;
+  private ended = false;
   private waiters: Array<() => void> = [];
 
   constructor(boundary: string | null) {
@@ -182,10 +183,12 @@ export class AudioDurationProbe {
     if (r.complete) this.end();
   }
 
-  /** The file part (or the upload) ended: the parser gets the end of its stream. */
+  /** The file part (or the upload, however it ended) ended: the parser gets the end of its stream. Idempotent. */
   end(): void {
+    if (this.ended) return;
+    this.ended = true;
     if (this.stream) {
-      if (!this.stream.readableEnded && !this.stream.destroyed) this.stream.push(null);
+      if (!this.stream.destroyed) this.stream.push(null);
     } else if (this.first.length > 0) {
       // A file shorter than the sniffing needs: parsed as it is.
       const head = Buffer.concat(this.first);
@@ -209,6 +212,7 @@ export class AudioDurationProbe {
       this.startParser(head);
       return;
     }
+    if (this.ended) return;
     if (this.stream.readableLength > PARSER_BACKLOG_BYTES) {
       // The parser lags: given up, the size rate bills (never slow the forward down).
       this.giveUp();
@@ -221,7 +225,7 @@ export class AudioDurationProbe {
     const stream = new Readable({ read() {} });
     this.stream = stream;
     stream.push(head);
-    if (this.reader?.complete) stream.push(null);
+    if (this.ended) stream.push(null);
     if (this.settled) return;
     parseStream(stream, { mimeType: MIME[this.format] }, { duration: true, skipCovers: true, skipPostHeaders: true }).then(
       (m) => {

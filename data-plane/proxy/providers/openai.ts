@@ -454,6 +454,8 @@ export class OpenAIProvider implements Provider {
         if (typeof duration === 'number' && Number.isFinite(duration) && duration > 0) {
           return call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: Math.ceil(duration) });
         }
+        // However the upload ended, the parser has all it will get.
+        probe.end();
         probe.whenSettled((seconds) => call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: seconds }));
       },
     });
