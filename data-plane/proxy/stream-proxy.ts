@@ -181,6 +181,7 @@ class Exchange {
 
   /** The client is gone and no more is waited for: the exchange ends as aborted, its upstream cancelled. */
   private endGrace(): void {
+    if (this.graceTimer) clearTimeout(this.graceTimer);
     this.graceTimer = null;
     // Reported first: aborting the upstream may call onError synchronously.
     this.done(499, 'aborted');
