@@ -30,7 +30,14 @@ const NEEDS_READERS: readonly string[] = [
   'chat JSON × answer over 4 MiB',
   'embeddings × answer over 4 MiB',
   'transcription verbose_json × answer over 4 MiB',
+  // An estimate for a response.done without usage (realtime/session.ts, that branch's file).
   'realtime × upstream without usage',
+  // Finding 1: a response.done whose echoed metadata names response.created is billed 0.
+  'realtime with response.metadata naming events × normal',
+  'realtime with response.metadata naming events × key revoked mid-stream',
+  'realtime with response.metadata naming events × org blocked mid-stream',
+  'realtime with response.metadata naming events × upstream error mid-stream',
+  'realtime with response.metadata naming events × upstream without usage',
 ];
 
 const MIB = 1024 * 1024;
@@ -398,13 +405,23 @@ const REALTIME: Record<Ending, Cost> = {
   // An upstream `response.done` without usage: the estimate of the response's text.
   'upstream without usage': estimateTokens({ messages: [{ role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] }] }) * RT_IN,
 };
+// Realtime rows: a plain response, and one whose `response.metadata` (echoed back by the upstream, as
+// OpenAI does) names other event types: it is billed all the same.
+const REALTIME_ROWS: Array<[string, Record<string, string> | null]> = [
+  ['realtime', null],
+  ['realtime with response.metadata naming events', { note: 'response.created', also: 'response.output_text.delta' }],
+];
+for (const [row, metadata] of REALTIME_ROWS)
 for (const e of ENDINGS) {
-  cell(`realtime × ${e}`, REALTIME[e], async () => {
+  cell(`${row} × ${e}`, REALTIME[e], async () => {
     const k = await newKey();
     rt.usage = e === 'upstream without usage' ? ({} as typeof REALTIME_USAGE) : { ...REALTIME_USAGE };
     try {
       const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
-      s.session.say('Hello there');
+      if (metadata) {
+        s.session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] } });
+        s.session.send({ type: 'response.create', response: { metadata } });
+      } else s.session.say('Hello there');
       await s.session.waitFor('response.done');
       if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {
         await endByGateway(e, k);

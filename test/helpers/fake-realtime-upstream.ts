@@ -113,10 +113,12 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
       conn.received.push(ev);
       if (ev.type === 'response.create') {
         const id = `resp_fake_${++n}`;
-        send({ type: 'response.created', response: { object: 'realtime.response', id, status: 'in_progress', output: [], usage: null } });
+        // The client's `response.metadata` is echoed back, as OpenAI does.
+        const metadata = ev.response?.metadata ?? null;
+        send({ type: 'response.created', response: { object: 'realtime.response', id, status: 'in_progress', output: [], usage: null, metadata } });
         for (const d of ['Hello ', 'from ', 'upstream.']) send({ type: 'response.output_text.delta', response_id: id, item_id: 'item_1', output_index: 0, content_index: 0, delta: d });
         const usage = { ...fake.usage, total_tokens: fake.usage.input_tokens + fake.usage.output_tokens };
-        send({ type: 'response.done', response: { object: 'realtime.response', id, status: 'completed', output: [], usage } });
+        send({ type: 'response.done', response: { object: 'realtime.response', id, status: 'completed', output: [], usage, metadata } });
       } else if (ev.type === 'test.flood') {
         const payload = 'x'.repeat(Math.max(0, ev.bytes - 64));
         const pump = () => {
