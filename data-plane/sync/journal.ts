@@ -244,7 +244,6 @@ export class Journal {
       this.unsynced = [];
       if (fd === null || written.length === 0) return;
       await new Promise<void>((resolve) => fdatasync(fd, () => resolve()));
-      // A segment rolled over meanwhile was fsynced as it closed: durable either way.
       for (const e of written) e.durable = true;
       this.evict();
     };
@@ -336,15 +335,19 @@ export class Journal {
   private rotate(): Segment {
     const prev = this.current;
     if (this.fd !== null) {
+      // The closed segment is fsynced off the event loop, then closed; nothing writes to it any more.
       const fd = this.fd;
+      const written = this.unsynced;
       this.fd = null;
-      try {
-        fdatasyncSync(fd);
-        for (const e of this.unsynced) e.durable = true;
-        this.unsynced = [];
-      } finally {
-        closeSync(fd);
-      }
+      this.unsynced = [];
+      fdatasync(fd, () => {
+        for (const e of written) e.durable = true;
+        try {
+          closeSync(fd);
+        } catch {
+          // closed already
+        }
+      });
     }
     const id = Math.max(0, ...this.segments.keys()) + 1;
     const path = join(this.opts.dir!, segmentName(id));
