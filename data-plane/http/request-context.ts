@@ -9,7 +9,7 @@ import type { Ticket } from '../limits/key-budgets.js';
 import type { SpendReservation } from '../limits/lease-client.js';
 import type { CallResult } from '../proxy/providers/provider.js';
 import { logRequestError } from '../log.js';
-import { countMessageTokens } from '../proxy/tokens.js';
+import { estimateTokens } from '../proxy/tokens.js';
 import { logBug } from './reply.js';
 import type { LogDraft } from './request-log.js';
 
@@ -74,7 +74,7 @@ export class RequestContext {
   private promptTokens: number | undefined;
   /** Prompt tokens billed when the request ends without a provider report (an abort). */
   get estimatedPromptTokens(): number {
-    this.promptTokens ??= this.promptMessages === undefined ? 0 : countMessageTokens(this.promptMessages);
+    this.promptTokens ??= this.promptMessages === undefined ? 0 : estimateTokens({ messages: this.promptMessages });
     return this.promptTokens;
   }
   set estimatedPromptTokens(n: number) {
@@ -117,9 +117,12 @@ export class RequestContext {
     // Ended before any upstream call (refused by a later check, too large, aborted while reading the
     // body): it consumes no request, tokens, slot or money.
     if (!this.providerStarted) return this.refuse();
-    if (aborted) return this.complete({ status: 499, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
-    // Sent in full before the provider reported (a known-length answer finished while the upstream's
-    // end is still on its way): the provider reports soon; settle on our own only if it never does.
+    // Aborted with no provider to say what the upstream did: the estimate of what was sent.
+    if (aborted && this.abortFns.length === 0) return this.complete({ status: 499, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
+    // Aborted, the provider reports how it ended (at once, or after reading its upstream's usage for
+    // a short grace: stream-proxy.ts). Or sent in full before the provider reported (a known-length
+    // answer finished while the upstream's end is still on its way): the provider reports soon.
+    // Either way, settle on our own only if it never does.
     this.graceTimer = setTimeout(() => {
       if (this.completed) return;
       logBug(new Error(`request ${this.requestId}: the provider never reported how it ended`));

@@ -18,6 +18,7 @@ import type { PoolRegistry } from '../proxy/providers/openai.js';
 import { UploadSpill } from '../proxy/upload-spill.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
 import { forwardTool } from '../proxy/tool-router.js';
+import { cancelUpstreamAtOnce } from '../proxy/stream-proxy.js';
 import { ToolBackends } from '../proxy/tool-backends.js';
 import { encodedBodyRefusal, findRemoteInBody } from '../proxy/pdf-guard.js';
 import type { OpenStreams, StreamEndReason } from '../auth/open-streams.js';
@@ -399,7 +400,8 @@ export class ApiServer {
           if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
           ctx.model = model;
           ctx.providerStarted = true;
-          if (route.kind === 'chat') ctx.promptMessages = obj.messages;
+          // What an end without the upstream's usage bills: the estimate the tpm reservation took.
+          ctx.estimatedPromptTokens = estimate;
           const call = this.modelCall(ctx, reply, model, route.shape, obj, raw, text);
           if (route.kind === 'chat') provider.chat(call);
           else if (route.kind === 'embeddings') provider.embeddings(call);
@@ -618,15 +620,21 @@ export class ApiServer {
  * Ends a request whose key was revoked (or whose organisation was blocked) while it ran: not yet
  * answered, a 401 in the path's shape; a model event stream (SSE chat), one terminal error event;
  * any other stream (tool downloads, tool event streams), a reset. Every way runs the request's abort
- * path (upstream stopped, usage recorded).
+ * path: the upstream is cancelled at once, as the client's answer is, and what it did is billed.
  */
 function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason): void {
   if (reply.done) return;
+  cancelUpstreamAtOnce(reply);
   const err =
     why === 'key_revoked'
       ? new GatewayError('KEY_INVALID', 'This API key was revoked while the request was running.')
       : new GatewayError('ORG_BLOCKED', "The organisation was blocked while the request was running: its balance is exhausted or its monthly spend cap was reached.");
-  if (!reply.headersSent) return reply.sendError(err, shape, true);
+  if (!reply.headersSent) {
+    // Ended as an abort: the request's cleanups stop its upstream and bill it (not a normal answer
+    // that waits for the provider to report).
+    reply.aborted = true;
+    return reply.sendError(err, shape, true);
+  }
   // Tool streams (MCP, …) speak their backend's protocol: closed, never given an event of ours.
   if (shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
   reply.close();

@@ -474,82 +474,8 @@ export function formatLimitMessage(
   return `Rate limit reached for ${parts.join('; ')}. Retry after ${retryAfterSec} s.`;
 }
 
-// Token estimate: cheap, no tokenizer (about 4 characters per token, OpenAI's rule of thumb).
-// Only the prompt is estimated and reserved; max_tokens / max_completion_tokens are NOT added. Reserving
-// the completion ceiling would refuse most requests of a low-tpm key (a 60 000 tpm key could run only a
-// handful of requests that ask for 16k output), while settle() reconciles to the real prompt + completion
-// tokens right after, so the tpm overshoot is bounded by what the requests in flight produce.
-const CHARS_PER_TOKEN = 4;
-const TOKENS_PER_MESSAGE = 4;
-const TOKENS_PER_REPLY = 3;
-
-/** Cheap estimate of a chat / completions / embeddings / responses request's prompt tokens. Never throws. */
-export function estimateTokens(body: unknown): number {
-  try {
-    if (!isObject(body)) return 0;
-    let tokens = 0;
-    if (Array.isArray(body.messages)) tokens += estimateMessages(body.messages);
-    if (body.input !== undefined) tokens += estimateInput(body.input);
-    if (body.prompt !== undefined) tokens += estimateInput(body.prompt);
-    if (typeof body.instructions === 'string') tokens += charsToTokens(body.instructions.length);
-    return tokens;
-  } catch {
-    return 0;
-  }
-}
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-function charsToTokens(chars: number): number {
-  return Math.ceil(chars / CHARS_PER_TOKEN);
-}
-
-function estimateMessages(messages: unknown[]): number {
-  let tokens = TOKENS_PER_REPLY;
-  for (const m of messages) {
-    tokens += TOKENS_PER_MESSAGE;
-    if (!isObject(m)) continue;
-    tokens += charsToTokens(contentChars(m.content));
-    if (typeof m.name === 'string') tokens += charsToTokens(m.name.length);
-    if (Array.isArray(m.tool_calls)) {
-      for (const call of m.tool_calls) {
-        if (isObject(call) && isObject(call.function) && typeof call.function.arguments === 'string') {
-          tokens += charsToTokens(call.function.arguments.length);
-        }
-      }
-    }
-  }
-  return tokens;
-}
-
-/** Characters of text in a message content: a string, or an array of parts (strings or `{ text }`). */
-function contentChars(content: unknown): number {
-  if (typeof content === 'string') return content.length;
-  if (!Array.isArray(content)) return 0;
-  let chars = 0;
-  for (const part of content) {
-    if (typeof part === 'string') chars += part.length;
-    else if (isObject(part) && typeof part.text === 'string') chars += part.text.length;
-  }
-  return chars;
-}
-
-/**
- * Embeddings / completions / responses input: a string, an array of strings (each estimated on its
- * own), an array of token ids (one token each), an array of token-id arrays, or (responses API) an
- * array of message-like items.
- */
-function estimateInput(input: unknown): number {
-  if (typeof input === 'string') return charsToTokens(input.length);
-  if (!Array.isArray(input)) return 0;
-  let tokens = 0;
-  for (const item of input) {
-    if (typeof item === 'string') tokens += charsToTokens(item.length);
-    else if (typeof item === 'number') tokens += 1;
-    else if (Array.isArray(item)) tokens += item.length;
-    else if (isObject(item)) tokens += TOKENS_PER_MESSAGE + charsToTokens(contentChars(item.content ?? item.text));
-  }
-  return tokens;
-}
+// The token estimate reserved on admission is the one billed when a request ends without the
+// upstream's usage: one estimator, in proxy/tokens.ts. Only the prompt is reserved; max_tokens /
+// max_completion_tokens are NOT added (reserving the completion ceiling would refuse most requests of
+// a low-tpm key), and settle() reconciles to the real prompt + completion tokens right after.
+export { estimateTokens } from '../proxy/tokens.js';

@@ -3,6 +3,11 @@
 // paused while the client's socket is full and resumed on drain. The client going away aborts the
 // upstream; the upstream failing before its headers becomes a 502; after the headers the status is
 // fixed, so a model SSE stream gets one terminal error event and any other stream is closed.
+//
+// How an exchange ends decides what is billed (docs/billing-endings.md). A client that goes away
+// leaves an exchange with `usageGraceMs` reading its upstream on, without a client, for that long: the
+// upstream's own usage then bills it when it arrives in time, else the provider's estimate. An end
+// the gateway imposes (a revoked key, a blocked organisation, a drain) cancels the upstream at once.
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
@@ -10,6 +15,21 @@ import { renderError, type ErrorShape } from '../http/error-shapes.js';
 import { logBug, type HeaderList, type Reply } from '../http/reply.js';
 import { log } from '../log.js';
 import { MAX_UPSTREAM_ERROR_BYTES, upstreamErrorAnswer } from './upstream-errors.js';
+import { isDraining } from '../drain.js';
+
+/**
+ * How long an upstream is read on after its client went away, for the usage it reports at its end
+ * (a model answer: the upstream bills the work whether or not anyone reads it).
+ */
+export const USAGE_GRACE_MS = 3000;
+
+/** Replies whose end the gateway imposed (revocation, a blocked organisation): their upstream is cancelled at once, no grace. */
+const cancelledReplies = new WeakSet<object>();
+
+/** Marks a reply about to be ended by the gateway: its upstream exchange is cancelled at once, never read on. */
+export function cancelUpstreamAtOnce(reply: object): void {
+  cancelledReplies.add(reply);
+}
 
 /** Observes (and may rewrite) a response body, e.g. to read usage out of an SSE stream. */
 export interface BodyInspector {
@@ -48,8 +68,18 @@ export interface ProxyRequest {
   upstreamErrors?: boolean;
   /** Chosen once the status and content-type are known; null passes the body through untouched. */
   inspect?: (status: number, contentType: string) => BodyInspector | null;
-  /** Called exactly once: the upstream status (or the error status we answered), and how it ended. */
-  onDone(status: number, outcome: 'ok' | 'error' | 'aborted'): void;
+  /**
+   * Called exactly once: the upstream status (or the error status we answered; 499 when the client
+   * went away), how it ended, and the status of the upstream's response head (0: none arrived).
+   * 'aborted' with a whole upstream answer read during the grace: the inspector has all of it.
+   */
+  onDone(status: number, outcome: 'ok' | 'error' | 'aborted', upstreamStatus: number): void;
+  /**
+   * After the client went away, read the upstream on for this long (its body through `inspect`,
+   * nothing written) so its reported usage can bill the request. 0 or absent: cancel at once. Only
+   * for a request body already whole (a Buffer or string): a streamed upload ends with its client.
+   */
+  usageGraceMs?: number;
   /** Registers the abort of this exchange on the client going away. */
   onAbort(fn: () => void): void;
   /**
@@ -118,6 +148,8 @@ class Exchange {
   private errorSize = 0;
   private errorType = '';
   private retryAfter: string | undefined;
+  /** Reading the upstream on after the client left (see usageGraceMs). */
+  private graceTimer: NodeJS.Timeout | null = null;
 
   constructor(private readonly req: ProxyRequest) {
     this.reply = req.reply;
@@ -126,8 +158,12 @@ class Exchange {
   private done(s: number, outcome: 'ok' | 'error' | 'aborted'): void {
     if (this.finished) return;
     this.finished = true;
+    if (this.graceTimer) {
+      clearTimeout(this.graceTimer);
+      this.graceTimer = null;
+    }
     try {
-      this.req.onDone(s, outcome);
+      this.req.onDone(s, outcome, this.status);
     } catch (err) {
       logBug(err);
     }
@@ -139,9 +175,27 @@ class Exchange {
     this.abortUpstream(err);
   }
 
-  /** The client went away (the Reply's abort path). */
+  /** The client went away (the Reply's abort path), or the gateway ended the reply (revocation, drain). */
   clientClosed(): void {
     this.clientGone = true;
+    if (this.finished) return;
+    const body = this.req.body;
+    const graceMs = this.req.usageGraceMs ?? 0;
+    const wholeBody = body === null || typeof body === 'string' || Buffer.isBuffer(body);
+    if (graceMs > 0 && wholeBody && !cancelledReplies.has(this.reply) && !isDraining() && !this.upstreamAborted) {
+      // Read on for the upstream's usage; the response goes nowhere. A paused upstream is resumed.
+      this.graceTimer = setTimeout(() => this.endGrace(), graceMs);
+      this.graceTimer.unref();
+      this.resume();
+      return;
+    }
+    this.endGrace();
+  }
+
+  /** The client is gone and no more is waited for: the exchange ends as aborted, its upstream cancelled. */
+  private endGrace(): void {
+    if (this.graceTimer) clearTimeout(this.graceTimer);
+    this.graceTimer = null;
     // Reported first: aborting the upstream may call onError synchronously.
     this.done(499, 'aborted');
     this.abort(new Error('client closed the connection'));
@@ -156,6 +210,7 @@ class Exchange {
     // Before the answer below: the metrics read it when the reply ends.
     if (!this.clientGone) reply.upstreamError = true;
     if (reply.done) {
+      // The client left (and any grace ends here): what the inspector holds is what arrived.
       if (this.clientGone) this.done(499, 'aborted');
       else this.done(this.status || 502, 'error');
       return;
@@ -193,6 +248,15 @@ class Exchange {
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void): boolean {
     const { reply, req } = this;
     try {
+      if (this.graceTimer) {
+        // Read on without a client: only the inspector sees the body.
+        this.status = statusCode;
+        this.resumeUpstream = resume;
+        const ct = headerValue(rawHeaders, 'content-type') ?? '';
+        this.inspector = req.inspect ? req.inspect(statusCode, ct) : null;
+        if (!this.inspector) this.endGrace();
+        return true;
+      }
       if (reply.done) {
         this.abort(new Error('client closed the connection'));
         return true;
@@ -237,6 +301,10 @@ class Exchange {
   onData(chunk: Buffer): boolean {
     const reply = this.reply;
     try {
+      if (this.graceTimer) {
+        this.inspector?.transform(chunk);
+        return true;
+      }
       if (reply.done) {
         this.abort(new Error('client closed the connection'));
         return true;
@@ -277,6 +345,12 @@ class Exchange {
     const reply = this.reply;
     if (this.errorParts) return this.answerUpstreamError();
     try {
+      if (this.graceTimer) {
+        // The whole answer arrived after its client left: the inspector read it to its end.
+        this.inspector?.flush();
+        this.done(499, 'aborted');
+        return;
+      }
       const tail = !reply.done && this.inspector ? this.inspector.flush() : '';
       // Reported before the response ends, so the request is settled when its cleanup runs.
       this.done(this.status, 'ok');
@@ -313,6 +387,12 @@ class Exchange {
       logBug(e);
     }
   }
+}
+
+/** The first value of a header in undici's raw header list (name lower-case), or undefined. */
+function headerValue(raw: Buffer[], name: string): string | undefined {
+  for (let i = 0; i < raw.length; i += 2) if (raw[i].length === name.length && raw[i].toString('latin1').toLowerCase() === name) return raw[i + 1].toString('latin1');
+  return undefined;
 }
 
 /** `content-type` alone, as a header list (the last one is reused: answers of a model share theirs; the Reply only reads it). */

@@ -11,7 +11,7 @@
 import { StringDecoder } from 'node:string_decoder';
 import { usdNumberText, type TokenCounts } from '../../proto/lib/money.js';
 import type { BodyInspector } from './stream-proxy.js';
-import { contentText, countTokens } from './tokens.js';
+import { estimateOutputTokens } from './tokens.js';
 
 /** The largest count one usage field may report (as request-context.ts MAX_TOKENS_PER_REQUEST). */
 const MAX_COUNT = 100_000_000;
@@ -560,7 +560,7 @@ export function withUsageCost(obj: Record<string, unknown>, micros: number): str
   return text.replace(JSON.stringify(mark), usageWithCost(obj.usage as Record<string, unknown>, micros));
 }
 
-/** Tokens of the text the deltas of some SSE events carry: content, refusals, reasoning, tool-call arguments. */
+/** Tokens the deltas of some SSE events carry, by the one output estimator: content, refusals, reasoning, tool calls. */
 function countDeltaTokens(blocks: readonly string[]): number {
   let n = 0;
   for (const block of blocks) {
@@ -568,19 +568,8 @@ function countDeltaTokens(blocks: readonly string[]): number {
       const data = dataOf(ev);
       if (!data || data === '[DONE]') continue;
       try {
-        const obj = JSON.parse(data) as { choices?: Array<{ delta?: Record<string, unknown> }> };
-        for (const c of obj.choices ?? []) {
-          const d = c?.delta;
-          if (!isObj(d)) continue;
-          n += countTokens(contentText(d.content));
-          for (const k of ['refusal', 'reasoning_content', 'reasoning']) if (typeof d[k] === 'string') n += countTokens(d[k] as string);
-          if (Array.isArray(d.tool_calls)) {
-            for (const t of d.tool_calls) {
-              const args = obj.choices && isObj(t) && isObj(t.function) ? t.function.arguments : undefined;
-              if (typeof args === 'string') n += countTokens(args);
-            }
-          }
-        }
+        // One estimator for what was received (tokens.ts): text, refusals, reasoning, tool calls.
+        n += estimateOutputTokens(JSON.parse(data));
       } catch {
         // not JSON: not a content event
       }

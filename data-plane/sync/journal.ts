@@ -1,19 +1,32 @@
 // The node's report journal: every report (a batch of usage, last_used_at and request logs) is
 // appended here before it is sent, and forgotten once the control plane acknowledged it. With a data
-// directory the journal is a set of append-only segment files (fsync once per flush, not per batch);
-// a node killed with SIGKILL finds its unacknowledged reports there on restart and sends them again
-// (the control plane deduplicates by node, instance and seq). Memory holds only an index entry per
-// unacknowledged report and the newest few reports' bytes, so an outage of any length costs disk,
-// not memory. Without a data directory the journal lives in memory, bounded by the same cap.
+// directory the journal is a set of append-only segment files; a node killed with SIGKILL finds its
+// unacknowledged reports there on restart and sends them again (the control plane deduplicates by
+// node, instance and seq). Memory holds only an index entry per unacknowledged report and the newest
+// few reports' bytes, so an outage of any length costs disk, not memory. Without a data directory
+// the journal lives in memory, bounded by the same cap.
 //
-// Segment file format, repeated: u32 length (LE) | u32 crc32 of the payload (LE) | payload (an
-// encoded tollgate.v1.Report with its instance_id set). A torn or corrupt tail is cut off at start.
-import { closeSync, existsSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, ftruncateSync, unlinkSync } from 'node:fs';
-import { open, unlink, type FileHandle } from 'node:fs/promises';
+// What a kill can lose (docs/billing-endings.md): nothing answered. Each usage record is written to
+// the current segment (`writeUsage`, a write(2) into the page cache, no fsync) when the request
+// completes, before its answer's last byte goes out; a report is written the same way when it is
+// sealed, and it covers every usage record before it in its segment. A restarted node seals the
+// records after the last report of its last segment into a report of its own. fsync runs once per
+// flush (every 250 ms) and at each segment's end: a machine that loses power can lose what was
+// written since the last fsync, at most one flush interval of usage; a killed process loses nothing.
+// Segments roll over only right after a report, so every closed segment ends with one.
+//
+// Segment file format, repeated: u32 length (LE) | u32 crc32 of the payload (LE) | payload. A
+// report's payload is an encoded tollgate.v1.Report with its instance_id set; a usage record's length
+// has its top bit set and its payload is an encoded tollgate.v1.UsageRecord. A torn or corrupt tail
+// is cut off at start.
+import { closeSync, existsSync, fdatasync, fdatasyncSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, ftruncateSync, unlinkSync, writevSync } from 'node:fs';
+import { open, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
 
 const HEADER_BYTES = 8;
+/** Set in a record's length: the record is a usage record, not a report. */
+const USAGE_FLAG = 0x8000_0000;
 /** A segment is closed and a new one started past this size. */
 const SEGMENT_BYTES = 4 * 1024 * 1024;
 /** Reports bigger than this are refused (a report is at most a few thousand rows). */
@@ -38,6 +51,8 @@ interface Segment {
   path: string;
   size: number;
   unacked: number;
+  /** Usage records written after the segment's last report (not yet covered by one). */
+  trailingUsage: number;
 }
 
 export interface JournalOptions {
@@ -49,19 +64,29 @@ export interface JournalOptions {
 }
 
 export class Journal {
-  /** Unacknowledged entries, oldest first. */
-  private readonly entries: JournalEntry[] = [];
+  /** Unacknowledged entries by id, oldest first (a Map keeps insertion order and deletes in O(1)). */
   private readonly byId = new Map<string, JournalEntry>();
   private readonly segments = new Map<number, Segment>();
   private current: Segment | null = null;
-  private handle: FileHandle | null = null;
+  /** The current segment's file, opened for appending. */
+  private fd: number | null = null;
   private unackedBytes = 0;
   private cachedBytes = 0;
-  /** Appended entries waiting for the next write + fsync. */
+  /** Appended entries whose write failed, retried at the next `sync()`. */
   private pending: JournalEntry[] = [];
-  private writing: Promise<void> | null = null;
+  /** Written entries waiting for the next fsync. */
+  private unsynced: JournalEntry[] = [];
+  private syncing: Promise<void> | null = null;
   private failedLogged = false;
+  private usageFailedLogged = false;
   private closed = false;
+  /** Usage records a previous process wrote after its last report: theirs to bill (takeOrphanUsage). */
+  private orphans: Buffer[] = [];
+  /**
+   * Entries looked at by `waiting()` and the lookups: the journal's work, counted so a test can see it
+   * grows with the reports, not with their square.
+   */
+  entriesVisited = 0;
 
   constructor(private readonly opts: JournalOptions) {
     if (opts.dir) {
@@ -72,7 +97,12 @@ export class Journal {
 
   /** Unacknowledged reports and their bytes (what an outage has piled up). */
   get depth(): { batches: number; bytes: number } {
-    return { batches: this.entries.length, bytes: this.unackedBytes };
+    return { batches: this.byId.size, bytes: this.unackedBytes };
+  }
+
+  /** Whether usage records are written to disk as they come (a journal with a directory). */
+  get writesUsage(): boolean {
+    return this.opts.dir !== null && !this.closed;
   }
 
   get maxBytes(): number {
@@ -83,32 +113,82 @@ export class Journal {
     return this.unackedBytes >= this.opts.maxBytes;
   }
 
-  /** The unacknowledged entries, oldest first (the caller must not change them). */
+  /** The unacknowledged entries, oldest first, as a new array (O(n): for tests and diagnosis). */
   get unacked(): readonly JournalEntry[] {
-    return this.entries;
+    return [...this.byId.values()];
   }
 
-  /** Adds a report; it is written to disk at the next `sync()` (the caller sends it meanwhile). */
+  /** An unacknowledged entry, or undefined. O(1). */
+  find(instanceId: string, seq: number): JournalEntry | undefined {
+    this.entriesVisited++;
+    return this.byId.get(idOf(instanceId, seq));
+  }
+
+  /** Whether an entry is still unacknowledged. O(1). */
+  isUnacked(e: JournalEntry): boolean {
+    this.entriesVisited++;
+    return this.byId.get(idOf(e.instanceId, e.seq)) === e;
+  }
+
+  /**
+   * The unacknowledged entries, oldest first, lazily: a caller that stops after a few has looked at
+   * only those (plus the ones it skipped).
+   */
+  *waiting(): Generator<JournalEntry> {
+    for (const e of this.byId.values()) {
+      this.entriesVisited++;
+      yield e;
+    }
+  }
+
+  /** Adds a report and writes it to the current segment at once (no fsync: `sync()` does that). */
   append(instanceId: string, seq: number, payload: Buffer): JournalEntry {
     if (payload.length > MAX_ENTRY_BYTES) throw new Error(`report ${seq} is ${payload.length} bytes, over the journal's ${MAX_ENTRY_BYTES}`);
     const e: JournalEntry = { instanceId, seq, bytes: payload.length, payload, segment: -1, offset: -1, durable: this.opts.dir === null };
-    this.entries.push(e);
     this.byId.set(idOf(instanceId, seq), e);
     this.unackedBytes += payload.length;
     this.cachedBytes += payload.length;
-    if (this.opts.dir) this.pending.push(e);
+    if (this.opts.dir && !this.closed) {
+      if (this.pending.length > 0 || !this.writeReport(e)) this.pending.push(e);
+    }
     this.evict();
     return e;
+  }
+
+  /**
+   * Writes one usage record (an encoded UsageRecord) to the current segment now, before the request's
+   * answer ends: a killed process loses nothing it answered. A write(2), not an fsync. Without a
+   * directory, or when the disk refuses, it is only in memory (said once per episode).
+   */
+  writeUsage(payload: Buffer): void {
+    if (!this.opts.dir || this.closed) return;
+    try {
+      const seg = this.segmentNow();
+      this.writeRecord(seg, payload, USAGE_FLAG);
+      seg.trailingUsage++;
+      this.usageFailedLogged = false;
+    } catch (err) {
+      if (!this.usageFailedLogged) {
+        this.usageFailedLogged = true;
+        this.opts.log(`journal: writing usage to ${this.opts.dir} failed (${(err as Error).message}); usage is kept in memory until the next report`);
+      }
+    }
+  }
+
+  /** The usage records a killed process left after its last report (each an encoded UsageRecord); taken once. */
+  takeOrphanUsage(): Buffer[] {
+    const o = this.orphans;
+    this.orphans = [];
+    return o;
   }
 
   /** Forgets an acknowledged report; a segment whose reports are all acknowledged is deleted. */
   ack(instanceId: string, seq: number): boolean {
     const id = idOf(instanceId, seq);
     const e = this.byId.get(id);
+    this.entriesVisited++;
     if (!e) return false;
     this.byId.delete(id);
-    const i = this.entries.indexOf(e);
-    if (i >= 0) this.entries.splice(i, 1);
     this.unackedBytes -= e.bytes;
     if (e.payload) this.cachedBytes -= e.bytes;
     e.payload = null;
@@ -138,31 +218,39 @@ export class Journal {
     }
   }
 
-  /** Writes every appended entry and fsyncs once. Calls do not overlap; a call during a write waits for it and writes what came since. */
+  /**
+   * Writes what a failed write left pending, then fsyncs the current segment once (off the event
+   * loop). Calls do not overlap; a call during an fsync waits for it and then runs again.
+   */
   sync(): Promise<void> {
     if (!this.opts.dir) return Promise.resolve();
     const run = async (): Promise<void> => {
-      while (this.pending.length > 0 && !this.closed) {
+      if (this.closed) return;
+      if (this.pending.length > 0) {
         const batch = this.pending;
         this.pending = [];
-        try {
-          await this.writeBatch(batch);
-          this.failedLogged = false;
-        } catch (err) {
-          // Kept in memory (and counted) until the disk takes them; said once per episode.
-          if (!this.failedLogged) {
-            this.failedLogged = true;
-            this.opts.log(`journal: write to ${this.opts.dir} failed (${(err as Error).message}); unacknowledged reports stay in memory until it works again`);
+        for (let i = 0; i < batch.length; i++) {
+          const e = batch[i];
+          // Acknowledged while waiting: nothing to keep.
+          if (e.segment === -2 || !e.payload) continue;
+          if (!this.writeReport(e)) {
+            this.pending = batch.slice(i).filter((x) => x.segment !== -2).concat(this.pending);
+            return;
           }
-          this.pending = batch.filter((e) => e.segment !== -2).concat(this.pending);
-          return;
         }
       }
+      const fd = this.fd;
+      const written = this.unsynced;
+      this.unsynced = [];
+      if (fd === null || written.length === 0) return;
+      await new Promise<void>((resolve) => fdatasync(fd, () => resolve()));
+      for (const e of written) e.durable = true;
+      this.evict();
     };
-    const prev = this.writing ?? Promise.resolve();
+    const prev = this.syncing ?? Promise.resolve();
     const next = prev.then(run);
-    this.writing = next.finally(() => {
-      if (this.writing === next) this.writing = null;
+    this.syncing = next.finally(() => {
+      if (this.syncing === next) this.syncing = null;
     });
     return next;
   }
@@ -170,60 +258,101 @@ export class Journal {
   async close(): Promise<void> {
     await this.sync().catch(() => undefined);
     this.closed = true;
-    await this.handle?.close().catch(() => undefined);
-    this.handle = null;
-  }
-
-  private async writeBatch(batch: JournalEntry[]): Promise<void> {
-    const live = batch.filter((e) => e.segment !== -2 && e.payload);
-    if (live.length === 0) return;
-    let seg = await this.segmentFor();
-    const chunks: Buffer[] = [];
-    const placed: JournalEntry[] = [];
-    for (const e of live) {
-      // Acknowledged while an earlier part of this batch was written: nothing to keep.
-      if (!e.payload || e.segment === -2) continue;
-      if (seg.size >= SEGMENT_BYTES && chunks.length > 0) {
-        await this.flushChunks(chunks, placed);
-        chunks.length = 0;
-        placed.length = 0;
+    if (this.fd !== null) {
+      try {
+        fdatasyncSync(this.fd);
+        closeSync(this.fd);
+      } catch {
+        // closing anyway
       }
-      if (seg.size >= SEGMENT_BYTES) seg = await this.rotate();
-      const head = Buffer.allocUnsafe(HEADER_BYTES);
-      head.writeUInt32LE(e.bytes, 0);
-      head.writeUInt32LE(crc32(e.payload!), 4);
-      e.segment = seg.id;
-      e.offset = seg.size;
-      seg.size += HEADER_BYTES + e.bytes;
-      seg.unacked++;
-      chunks.push(head, e.payload!);
-      placed.push(e);
+      this.fd = null;
     }
-    await this.flushChunks(chunks, placed);
+    // A last segment with nothing left to send (and no usage after its last report) is not kept.
+    const cur = this.current;
+    this.current = null;
+    if (cur && cur.unacked === 0 && cur.trailingUsage === 0) {
+      this.segments.delete(cur.id);
+      try {
+        unlinkSync(cur.path);
+      } catch {
+        // gone already
+      }
+    }
   }
 
-  private async flushChunks(chunks: Buffer[], placed: JournalEntry[]): Promise<void> {
-    if (chunks.length === 0) return;
-    await this.handle!.writev(chunks);
-    await this.handle!.datasync();
-    for (const e of placed) e.durable = true;
-    this.evict();
-    for (const seg of [...this.segments.values()]) this.maybeDelete(seg);
+  /** Writes a report record now; false (and said once per episode) when the disk refuses it. */
+  private writeReport(e: JournalEntry): boolean {
+    try {
+      const seg = this.segmentNow();
+      e.offset = this.writeRecord(seg, e.payload!, 0);
+      e.segment = seg.id;
+      seg.unacked++;
+      // The report covers the usage records before it in its segment.
+      seg.trailingUsage = 0;
+      this.unsynced.push(e);
+      this.failedLogged = false;
+      // Segments roll over only right after a report: each closed one ends with one.
+      if (seg.size >= SEGMENT_BYTES) this.rotate();
+      return true;
+    } catch (err) {
+      if (!this.failedLogged) {
+        this.failedLogged = true;
+        this.opts.log(`journal: write to ${this.opts.dir} failed (${(err as Error).message}); unacknowledged reports stay in memory until it works again`);
+      }
+      return false;
+    }
   }
 
-  private async segmentFor(): Promise<Segment> {
-    if (this.current && this.handle) return this.current;
+  /** Writes one record at the segment's end; returns its offset. A partial write is cut back off. */
+  private writeRecord(seg: Segment, payload: Buffer, flag: number): number {
+    const head = Buffer.allocUnsafe(HEADER_BYTES);
+    head.writeUInt32LE((payload.length | flag) >>> 0, 0);
+    head.writeUInt32LE(crc32(payload), 4);
+    const offset = seg.size;
+    try {
+      const n = writevSync(this.fd!, [head, payload]);
+      if (n !== HEADER_BYTES + payload.length) throw new Error(`short write (${n} of ${HEADER_BYTES + payload.length} bytes)`);
+    } catch (err) {
+      // Never leave a torn record in the middle of a segment: what follows would be unreadable.
+      try {
+        ftruncateSync(this.fd!, offset);
+      } catch {
+        // the next load cuts it off
+      }
+      throw err;
+    }
+    seg.size += HEADER_BYTES + payload.length;
+    return offset;
+  }
+
+  /** The current segment, opened (or started) if need be. */
+  private segmentNow(): Segment {
+    if (this.current && this.fd !== null) return this.current;
     return this.rotate();
   }
 
-  private async rotate(): Promise<Segment> {
+  /** Closes the current segment (fsynced) and starts the next. */
+  private rotate(): Segment {
     const prev = this.current;
-    if (this.handle) await this.handle.close();
-    this.handle = null;
+    if (this.fd !== null) {
+      // The closed segment is fsynced off the event loop, then closed; nothing writes to it any more.
+      const fd = this.fd;
+      const written = this.unsynced;
+      this.fd = null;
+      this.unsynced = [];
+      fdatasync(fd, () => {
+        for (const e of written) e.durable = true;
+        try {
+          closeSync(fd);
+        } catch {
+          // closed already
+        }
+      });
+    }
     const id = Math.max(0, ...this.segments.keys()) + 1;
     const path = join(this.opts.dir!, segmentName(id));
-    this.handle = await open(path, 'a');
-    const seg: Segment = { id, path, size: 0, unacked: 0 };
+    this.fd = openSync(path, 'a');
+    const seg: Segment = { id, path, size: 0, unacked: 0, trailingUsage: 0 };
     this.segments.set(id, seg);
     this.current = seg;
     if (prev) this.maybeDelete(prev);
@@ -231,15 +360,15 @@ export class Journal {
   }
 
   private maybeDelete(seg: Segment): void {
-    if (seg === this.current || seg.unacked > 0) return;
+    if (seg === this.current || seg.unacked > 0 || seg.trailingUsage > 0) return;
     this.segments.delete(seg.id);
     unlink(seg.path).catch(() => undefined);
   }
 
   /** Drops cached payloads of durable entries, oldest first, past the memory budget. */
   private evict(): void {
-    if (!this.opts.dir) return;
-    for (const e of this.entries) {
+    if (!this.opts.dir || this.cachedBytes <= MEMORY_CACHE_BYTES) return;
+    for (const e of this.byId.values()) {
       if (this.cachedBytes <= MEMORY_CACHE_BYTES) return;
       if (e.payload && e.durable) {
         e.payload = null;
@@ -256,27 +385,42 @@ export class Journal {
       .map((m) => Number(m[1]))
       .sort((a, b) => a - b);
     let found = 0;
+    let last: Segment | null = null;
     for (const id of ids) {
       const path = join(dir, segmentName(id));
       const data = readFileSync(path);
-      const seg: Segment = { id, path, size: 0, unacked: 0 };
+      const seg: Segment = { id, path, size: 0, unacked: 0, trailingUsage: 0 };
+      // Usage records after the segment's last report: not in any report yet.
+      let trailing: Buffer[] = [];
       let off = 0;
       while (off + HEADER_BYTES <= data.length) {
-        const len = data.readUInt32LE(off);
+        const word = data.readUInt32LE(off);
+        const isUsage = (word & USAGE_FLAG) !== 0;
+        const len = (word & ~USAGE_FLAG) >>> 0;
         const crc = data.readUInt32LE(off + 4);
         if (len > MAX_ENTRY_BYTES || off + HEADER_BYTES + len > data.length) break;
         const payload = data.subarray(off + HEADER_BYTES, off + HEADER_BYTES + len);
         if (crc32(payload) !== crc) break;
+        if (isUsage) {
+          trailing.push(Buffer.from(payload));
+          off += HEADER_BYTES + len;
+          continue;
+        }
+        trailing = [];
         const head = peekReport(payload);
         if (head && !this.byId.has(idOf(head.instanceId, head.seq))) {
           const e: JournalEntry = { instanceId: head.instanceId, seq: head.seq, bytes: len, payload: null, segment: id, offset: off, durable: true };
-          this.entries.push(e);
           this.byId.set(idOf(e.instanceId, e.seq), e);
           this.unackedBytes += len;
           seg.unacked++;
           found++;
         }
         off += HEADER_BYTES + len;
+      }
+      // Only the last segment can end with usage records (a segment rolls over right after a report).
+      if (id === ids[ids.length - 1]) {
+        this.orphans = trailing;
+        seg.trailingUsage = trailing.length;
       }
       if (off < data.length) {
         // A record cut short by a crash (or damaged): everything from it on is dropped.
@@ -289,11 +433,20 @@ export class Journal {
         }
       }
       seg.size = off;
-      if (seg.unacked === 0) {
+      if (seg.unacked === 0 && seg.trailingUsage === 0) {
         if (existsSync(path)) unlinkSync(path);
-      } else this.segments.set(id, seg);
+      } else {
+        this.segments.set(id, seg);
+        last = seg;
+      }
     }
     if (found > 0) this.opts.log(`journal: ${found} unacknowledged reports (${this.unackedBytes} bytes) found in ${dir}; sending them again`);
+    if (this.orphans.length > 0 && last) {
+      // Appended to in place: the report that takes these records over must follow them in their segment.
+      this.current = last;
+      this.fd = openSync(last.path, 'a');
+      this.opts.log(`journal: ${this.orphans.length} usage records written after the last report found in ${dir}; billing them`);
+    }
   }
 }
 

@@ -5,7 +5,11 @@
 // when its ReportAck arrives. On reconnect every unacknowledged report goes again, in order, at most
 // WINDOW at a time (the control plane deduplicates by node, instance and seq), so neither side holds
 // more than a window of reports in memory however long the control plane was away.
-import { Report, type LastUsed, type NodeMessage, type UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+// Each usage record is also written to the journal as it is recorded (journal.ts, `writeUsage`), so a
+// process killed before its next flush loses none of what it answered; the next process bills the
+// records its predecessor left after its last report. Work per acknowledgement is O(1) amortized: the
+// journal finds entries by id, and the next reports to send are the oldest not in flight.
+import { Report, UsageRecord, type LastUsed, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import { clampCount, LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import type { Clock } from '../limits/clock.js';
@@ -80,11 +84,36 @@ export class Reporter {
   ) {
     this.timer = setInterval(() => this.flush(), opts.flushEveryMs ?? 250);
     this.timer.unref();
+    this.adoptOrphans();
   }
 
-  /** Queues one usage record (in memory only: no I/O on the request path). */
+  /**
+   * Bills the usage records a killed predecessor wrote after its last report: sealed at once into a
+   * report of this process, written right after them in their segment (so they are covered once).
+   */
+  private adoptOrphans(): void {
+    const orphans = this.opts.journal.takeOrphanUsage();
+    if (orphans.length === 0) return;
+    let bad = 0;
+    for (const b of orphans) {
+      try {
+        this.usage.add(UsageRecord.decode(b));
+      } catch {
+        bad++;
+      }
+    }
+    if (bad > 0) this.opts.log(`reporter: ${bad} journaled usage records could not be read; dropped`);
+    this.seal();
+  }
+
+  /**
+   * Queues one usage record, and writes it to the journal file at once (a write, no fsync, no await):
+   * a request's usage is on disk before its answer's last byte.
+   */
   record(u: UsageRecord): void {
     this.usage.add(u);
+    const journal = this.opts.journal;
+    if (journal.writesUsage) journal.writeUsage(Buffer.from(UsageRecord.encode(u).finish()));
     this.checkFull();
   }
 
@@ -192,7 +221,7 @@ export class Reporter {
   ack(seq: number, instanceId = ''): void {
     const journal = this.opts.journal;
     const inst = instanceId || this.opts.instanceId;
-    const e = journal.unacked.find((x) => x.seq === seq && x.instanceId === inst);
+    const e = journal.find(inst, seq);
     if (e) this.inFlight.delete(e);
     journal.ack(inst, seq);
     this.pump();
@@ -235,7 +264,14 @@ export class Reporter {
     for (;;) {
       const stream = this.stream;
       if (!stream || this.waitingDrain || this.inFlight.size >= WINDOW) return;
-      const waiting = journal.unacked.filter((x) => !this.inFlight.has(x));
+      // The oldest reports not in flight, at most a message's worth: the ones in flight are the
+      // oldest (sent in order), at most WINDOW of them, so this looks at O(WINDOW) entries.
+      const waiting: JournalEntry[] = [];
+      for (const x of journal.waiting()) {
+        if (this.inFlight.has(x)) continue;
+        waiting.push(x);
+        if (waiting.length >= MAX_BATCH_REPORTS) break;
+      }
       if (waiting.length === 0) {
         this.urgent = false;
         return;
@@ -271,7 +307,7 @@ export class Reporter {
         bytes += e.bytes;
       }
       if (this.stream !== stream) continue;
-      const live = batch.filter((b) => journal.unacked.includes(b.e) && !this.inFlight.has(b.e));
+      const live = batch.filter((b) => journal.isUnacked(b.e) && !this.inFlight.has(b.e));
       if (live.length === 0) continue;
       for (const b of live) this.inFlight.add(b.e);
       this.lastSendAt = Date.now();

@@ -164,7 +164,8 @@ test("usage reaches the control plane: the upstream's, or counted when it gives 
     const u = await c.getUsage({ projectId, orgId: '', month: '' });
     const chat = u.rows.find((row) => row.model === 'up-chat');
     const emb = u.rows.find((row) => row.model === 'up-embed');
-    // Counted by the gateway's tokenizer: "one two three" = 3, "Hello from the fake upstream." = 6.
-    return !!chat && chat.promptTokens === 3 && chat.completionTokens === 6 && !!emb && emb.promptTokens === 7;
+    // The gateway's estimate (proxy/tokens.ts): the prompt's 13 characters (4) with the message's and
+    // the reply's overhead (4 + 3) = 11; "Hello from the fake upstream." = 29 characters = 8.
+    return !!chat && chat.promptTokens === 11 && chat.completionTokens === 8 && !!emb && emb.promptTokens === 7;
   }, 'usage rows in the control plane');
 });

@@ -340,14 +340,15 @@ test('estimateTokens', () => {
     [
       'content parts',
       { messages: [{ role: 'user', content: [{ type: 'text', text: 'abcd' }, { type: 'image_url', image_url: { url: 'x' } }, 'efgh'] }] },
-      3 + 4 + 2,
+      // The image at auto detail: the most an image can cost (token-estimate.test.ts).
+      3 + 4 + 2 + 1445,
     ],
     ['null content', { messages: [{ role: 'assistant', content: null }] }, 3 + 4],
     ['odd message', { messages: [null, 5, 'str'] }, 3 + 12],
     [
       'tool call arguments',
       { messages: [{ role: 'assistant', content: null, tool_calls: [{ function: { name: 'f', arguments: '{"a":1}' } }] }] },
-      3 + 4 + 2,
+      3 + 4 + 1 + 2,
     ],
     ['max_tokens is not reserved', { messages: [{ role: 'user', content: 'abcd' }], max_tokens: 4096, max_completion_tokens: 100 }, 3 + 4 + 1],
     ['embeddings string', { input: 'x'.repeat(10) }, 3],

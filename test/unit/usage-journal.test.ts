@@ -5,7 +5,7 @@ import { appendFileSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'node:test';
-import { Report } from '../../proto/gen/tollgate/v1/sync.js';
+import { Report, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
 import { Journal, peekReport } from '../../data-plane/sync/journal.js';
 
 function report(instanceId: string, seq: number, rows = 3): Buffer {
@@ -110,7 +110,7 @@ test('overCap says when the unacknowledged bytes reach the cap; memory mode keep
   assert.equal(j.depth.batches, seq - 1);
 });
 
-test('a report acknowledged before it was written is never written', async (t) => {
+test('a report acknowledged before the journal closed is not found again', async (t) => {
   const d = dir(t);
   const j = new Journal({ dir: d, maxBytes: 1 << 30, ...quiet });
   j.append('inst-f', 1, report('inst-f', 1));
@@ -119,4 +119,34 @@ test('a report acknowledged before it was written is never written', async (t) =
   await j.close();
   const j2 = new Journal({ dir: d, maxBytes: 1 << 30, ...quiet });
   assert.equal(j2.depth.batches, 0);
+});
+
+test('usage written after the last report is found by the next process, billed once in a report of its own, and never again', async (t) => {
+  // Before the fix, usage reached the journal only inside a report sealed at the next flush: a node
+  // killed in between lost what it had answered since the last one.
+  const d = dir(t);
+  const record = (i: number) => Buffer.from(UsageRecord.encode({ requestId: `r${i}`, keyId: 'key_1', orgId: 'org_1', projectId: 'proj_1', model: 'demo-chat', path: '/v1/chat/completions', status: 200, promptTokens: 10, completionTokens: 5, costMicros: 7, atMs: 1_700_000_000_000, minute: 28_333_333, leaseEpoch: 1 }).finish());
+  const j1 = new Journal({ dir: d, maxBytes: 1 << 30, ...quiet });
+  j1.writeUsage(record(1));
+  j1.writeUsage(record(2));
+  j1.append('inst-g', 1, report('inst-g', 1));
+  j1.writeUsage(record(3));
+  j1.writeUsage(record(4));
+  // Killed: no sync, no close. Records 1 and 2 are in report 1; 3 and 4 in none.
+  const j2 = new Journal({ dir: d, maxBytes: 1 << 30, ...quiet });
+  assert.deepEqual(j2.unacked.map((e) => e.seq), [1]);
+  const orphans = j2.takeOrphanUsage().map((b) => UsageRecord.decode(b).requestId);
+  assert.deepEqual(orphans, ['r3', 'r4']);
+  assert.deepEqual(j2.takeOrphanUsage(), [], 'taken once');
+  // The next process seals them in a report of its own, written after them.
+  j2.append('inst-h', 1, report('inst-h', 1));
+  // Killed again before anything was acknowledged: both reports are sent again, the records are not.
+  const j3 = new Journal({ dir: d, maxBytes: 1 << 30, ...quiet });
+  assert.deepEqual(j3.unacked.map((e) => `${e.instanceId}#${e.seq}`), ['inst-g#1', 'inst-h#1']);
+  assert.deepEqual(j3.takeOrphanUsage(), []);
+  // Both acknowledged and closed: nothing is left.
+  j3.ack('inst-g', 1);
+  j3.ack('inst-h', 1);
+  await j3.close();
+  assert.deepEqual(readdirSync(d), []);
 });

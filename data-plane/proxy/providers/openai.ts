@@ -7,10 +7,11 @@ import { UPSTREAM_KEEP_ALIVE_MS } from '../upstream-keep-alive.js';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { proxyRequest } from '../stream-proxy.js';
-import { countMessageTokens, countTokens, contentText } from '../tokens.js';
-import { JsonUsageReader, SseUsageReader, type UsagePricer } from '../usage-readers.js';
-import { audioSecondsOf } from './demo.js';
+import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
+import { estimateOutputTokens, estimateTokens } from '../tokens.js';
+import { JsonUsageReader, SseUsageReader, type TokenUsage, type UsagePricer } from '../usage-readers.js';
+import { AudioDurationProbe } from '../audio-duration.js';
+import { boundaryOf } from '../multipart-model.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
 const DEFAULT_TIMEOUT_MS = 60_000;
@@ -50,19 +51,34 @@ export class PoolRegistry {
   }
 }
 
-/** Tokens of an embeddings input counted by the gateway (a string, or an array of strings and token arrays). */
-function inputTokens(input: unknown): number {
-  if (typeof input === 'string') return countTokens(input);
-  return Array.isArray(input) ? input.reduce<number>((n, x) => n + (typeof x === 'string' ? countTokens(x) : 1), 0) : 0;
+/**
+ * What an exchange that reached its upstream bills, however it ended (docs/billing-endings.md): the
+ * upstream's usage when it reported it (in time, for a client gone), else the estimate of everything
+ * sent and everything received (tokens.ts). An upstream that answered an error status, or never
+ * answered, did no billable work.
+ */
+function billedTokens(
+  status: number,
+  outcome: 'ok' | 'error' | 'aborted',
+  upstreamStatus: number,
+  usage: TokenUsage | null,
+  estimate: () => { prompt: number; completion: number },
+): TokenUsage & { status: number } {
+  const st = outcome === 'aborted' ? 499 : status;
+  const served = upstreamStatus >= 200 && upstreamStatus < 300;
+  // An error status, or (not a client gone) no answer at all: nothing was served.
+  if (upstreamStatus !== 0 && !served) return { status: st, promptTokens: 0, completionTokens: 0 };
+  if (upstreamStatus === 0 && outcome !== 'aborted') return { status: st, promptTokens: 0, completionTokens: 0 };
+  if (usage) return { ...usage, status: st };
+  const e = estimate();
+  return { status: st, promptTokens: e.prompt, completionTokens: e.completion };
 }
 
 /** Completion tokens of a JSON chat answer without usage: its choices' text, or (too large to keep) its bytes / 4. */
 function choicesTokens(json: JsonUsageReader): number {
   const choices = json.member('choices');
   if (!Array.isArray(choices)) return Math.ceil((json.memberBytes.get('choices') ?? 0) / 4);
-  let n = 0;
-  for (const c of choices as Array<{ message?: { content?: unknown } }>) n += countTokens(contentText(c?.message?.content));
-  return n;
+  return estimateOutputTokens({ choices });
 }
 
 /** Prices a usage at the model's prices: what the answer shows as `usage.cost` and the ledger records. */
@@ -135,20 +151,18 @@ export class OpenAIProvider implements Provider {
         return (json = new JsonUsageReader(CHOICES, pricer));
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
+      // A client gone: the upstream is read on for its usage (stream-proxy.ts).
+      usageGraceMs: USAGE_GRACE_MS,
+      onDone(status, outcome, upstreamStatus) {
         const s = sse as SseUsageReader | null;
         const j = json as JsonUsageReader | null;
         const usage = s?.usage ?? j?.usage ?? null;
-        if (outcome === 'aborted') {
-          // The client left after the request reached the upstream, which ran it: the prompt and any
-          // completion streamed so far are billed (docs/design.md#client-aborts).
-          if (usage) return call.complete({ ...usage, status: 499 });
-          return call.complete({ status: 499, promptTokens: countMessageTokens(body.messages), completionTokens: s ? s.countedCompletionTokens() : 0 });
-        }
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        if (usage) return call.complete({ ...usage, status });
-        const counted = s ? s.countedCompletionTokens() : j ? choicesTokens(j) : 0;
-        call.complete({ status, promptTokens: countMessageTokens(body.messages), completionTokens: counted });
+        call.complete(
+          billedTokens(status, outcome, upstreamStatus, usage, () => ({
+            prompt: estimateTokens(body),
+            completion: s ? s.countedCompletionTokens() : j ? choicesTokens(j) : 0,
+          })),
+        );
       },
     });
   }
@@ -174,11 +188,11 @@ export class OpenAIProvider implements Provider {
         return status >= 200 && status < 300 ? (json = new JsonUsageReader(NO_MEMBERS, pricer)) : null;
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
+      usageGraceMs: USAGE_GRACE_MS,
+      onDone(status, outcome, upstreamStatus) {
         const usage = (json as JsonUsageReader | null)?.usage ?? null;
-        if (outcome === 'aborted') return call.complete(usage ? { ...usage, status: 499 } : { status: 499, promptTokens: inputTokens(body.input), completionTokens: 0 });
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        call.complete(usage ? { ...usage, status } : { status, promptTokens: inputTokens(body.input), completionTokens: 0 });
+        const r = billedTokens(status, outcome, upstreamStatus, usage, () => ({ prompt: estimateTokens(body), completion: 0 }));
+        call.complete({ ...r, completionTokens: 0 });
       },
     });
   }
@@ -218,17 +232,24 @@ export class OpenAIProvider implements Provider {
       Buffer.from(t.upstreamModel),
       upload.head.subarray(upload.modelValueEnd),
     ]);
-    let bytes = upload.prefixBytes;
     const rest = upload.rest;
+    // What the upload is billed when the upstream reports no duration: read from the file's container
+    // as its bytes go by (audio-duration.ts).
+    const probe = new AudioDurationProbe(boundaryOf(call.contentType));
     // An async iterable, which undici pulls one chunk at a time: what the spill's reused read buffers
     // need (upload-spill.ts, `chunks`). A Readable in between would read ahead.
     const body = (async function* () {
-      yield* upload.spill.chunks();
+      for await (const chunk of upload.spill.chunks()) {
+        probe.feed(chunk);
+        yield chunk;
+      }
+      probe.feed(head);
       yield head;
       for await (const chunk of rest) {
-        bytes += (chunk as Buffer).length;
+        probe.feed(chunk as Buffer);
         yield chunk as Buffer;
       }
+      probe.end();
     })();
     const headers = ['content-type', call.contentType];
     if (t.authHeader) headers.push('authorization', t.authHeader);
@@ -248,13 +269,20 @@ export class OpenAIProvider implements Provider {
         return status >= 200 && status < 300 && contentType.includes('json') ? (json = new JsonUsageReader(DURATION)) : null;
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
-        // Aborted: the audio uploaded so far is billed.
-        if (outcome === 'aborted') return call.complete({ status: 499, promptTokens: 0, completionTokens: 0, audioUnits: audioSecondsOf(bytes) });
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        const duration = (json as JsonUsageReader | null)?.member('duration');
-        const seconds = typeof duration === 'number' && duration > 0 ? Math.ceil(duration) : audioSecondsOf(bytes);
-        call.complete({ status, promptTokens: 0, completionTokens: 0, audioUnits: seconds });
+      onDone(status, outcome, upstreamStatus) {
+        const st = outcome === 'aborted' ? 499 : status;
+        // An error status, or no answer and the client still there: nothing was transcribed.
+        if ((upstreamStatus !== 0 && (upstreamStatus < 200 || upstreamStatus >= 300)) || (upstreamStatus === 0 && outcome !== 'aborted')) {
+          return call.complete({ status: st, promptTokens: 0, completionTokens: 0 });
+        }
+        // The upstream's duration (verbose_json); else the file's, once its parser is done with it.
+        const duration = outcome === 'ok' ? (json as JsonUsageReader | null)?.member('duration') : undefined;
+        if (typeof duration === 'number' && Number.isFinite(duration) && duration > 0) {
+          return call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: Math.ceil(duration) });
+        }
+        // However the upload ended, the parser has all it will get.
+        probe.end();
+        probe.whenSettled((seconds) => call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: seconds }));
       },
     });
   }
