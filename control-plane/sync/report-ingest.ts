@@ -2,9 +2,10 @@
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
 // usage and money go to the state database in one transaction: the report's cursor moved (or the
-// report found a replay) by one statement, the minutes by multi-row upserts, spend added once per
-// organisation and month, last_used_at by one statement. So
-// the work per report grows with the keys in it, not with its requests. A report at or below a cursor
+// report found a replay) by one statement, the minutes by one upsert, spend per organisation and
+// month by one upsert and all-time spend by one update, last_used_at by one statement, and the
+// organisations whose money moved read back by one query (issue 19): a fixed number of statements
+// however many keys and organisations a report holds, and nothing per request. A report at or below a cursor
 // is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
 // node sending the report again. Reports of older nodes (one UsageRecord per call, one LogColumns) are
 // summed and packed here into the same form.
@@ -15,7 +16,7 @@ import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/
 import type { ControlState } from '../control-state.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
-import { addSpend, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
+import { addSpendMany, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -119,8 +120,8 @@ export class ReportIngest {
         }
       }
       await addUsageMinutes(tx, [...minutes.values()]);
-      // Money aggregated per organisation and month: one update each, however many rows.
-      for (const m of monthly.values()) await addSpend(tx, m.orgId, m.month, m.cost);
+      // Money aggregated per organisation and month, written for all of them at once.
+      await addSpendMany(tx, [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost })));
       const lastUsed = new Map<string, number>();
       for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));

@@ -140,6 +140,18 @@ interface WaitStatsJson {
   max_ms: number;
 }
 
+/** Counters of the control plane's /metrics this run reads (summed over their labels, by name and label text). */
+async function cpCounters(adminUrl: string | undefined): Promise<Record<string, number>> {
+  if (!adminUrl) return {};
+  const text = await (await fetch(`${adminUrl}/metrics`)).text();
+  const out: Record<string, number> = {};
+  for (const line of text.split('\n')) {
+    const m = /^(tollgate_cp_(?:lease_answers_total|ingest_reports_total|db_transaction_seconds_count))(\{[^}]*\})? (\S+)$/.exec(line);
+    if (m) out[`${m[1]}${m[2] ?? ''}`] = (out[`${m[1]}${m[2] ?? ''}`] ?? 0) + Number(m[3]);
+  }
+  return out;
+}
+
 async function leaseWaits(adminUrl: string, reset = false): Promise<WaitStatsJson> {
   return (await (await fetch(`${adminUrl}/stats/lease-waits${reset ? '?reset=1' : ''}`)).json()) as WaitStatsJson;
 }
@@ -165,6 +177,8 @@ interface RunResult {
   waitedShare: number;
   waitMs: { mean: number; p99max: number; max: number };
   cpRssBytes: number | null;
+  /** What the control plane did during the run (its /metrics counters: reports, lease answers, transactions). */
+  cpWork: Record<string, number>;
 }
 
 /** CPU of a set of processes, summed, in µs (null if /proc is not there). */
@@ -200,6 +214,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   const idleNodes = idleNodes0 === null ? null : (cpuOf(nodePids)! - idleNodes0) / idleSec;
 
   for (const n of nodes) await leaseWaits(n.adminUrl!, true);
+  const counters0 = await cpCounters(cp.adminUrl);
   const pools = nodes.map((n) => new Pool(n.url, { connections: 64, pipelining: 1 }));
   const latencies: number[] = [];
   const refusals: Record<string, number> = {};
@@ -253,6 +268,9 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   const nodes1 = cpuOf(nodePids);
   await Promise.all(pools.map((p) => p.close()));
   const waits = await Promise.all(nodes.map((n) => leaseWaits(n.adminUrl!)));
+  const counters1 = await cpCounters(cp.adminUrl);
+  const cpWork: Record<string, number> = {};
+  for (const [k, v] of Object.entries(counters1)) if (v - (counters0[k] ?? 0) > 0) cpWork[k.replace('tollgate_cp_', '')] = v - (counters0[k] ?? 0);
 
   latencies.sort((a, b) => a - b);
   const at = (q: number) => (latencies.length === 0 ? 0 : latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))]);
@@ -283,6 +301,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
       max: Math.max(0, ...waits.map((w) => w.max_ms)),
     },
     cpRssBytes: rssBytes(cpPid),
+    cpWork,
   };
   const f = (n: number | null, d = 0) => (n === null ? 'n/a' : n.toFixed(d));
   const refused = Object.entries(refusals).map(([k, v]) => `${v}×${k}`).join(', ') || 'none';
@@ -293,6 +312,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
       `waited for the control plane: ${waited} (${(r.waitedShare * 100).toFixed(2)}%, mean ${r.waitMs.mean.toFixed(1)} ms, p99 ≤ ${r.waitMs.p99max.toFixed(1)} ms, max ${r.waitMs.max.toFixed(1)} ms); refused: ${refused}` +
       `; control-plane RSS ${f(r.cpRssBytes === null ? null : r.cpRssBytes / MB)} MB`,
   );
+  console.log(`    control plane's work: ${Object.entries(cpWork).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`);
   if (firstRefusal) console.log(`    first refusal: ${firstRefusal}`);
   return r;
 }
@@ -320,14 +340,14 @@ async function main(): Promise<void> {
   const seed0 = performance.now();
   await seedTenants(first.dbPath, first.secrets.pepper, KEYS, ORGS);
   console.log(`  seeded ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations in ${((performance.now() - seed0) / 1000).toFixed(1)} s`);
-  const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets, configPath: first.configPath, nodeArgs: profArgs });
+  const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets, configPath: first.configPath, adminListen: true, nodeArgs: profArgs });
 
   const zipf = zipfSampler(KEYS, ZIPF);
   const tenantKeys = Array.from({ length: KEYS }, (_, i) => tenantKey(i));
   const results: RunResult[] = [];
   for (const n of NODE_COUNTS) {
     const nodes: DataPlane[] = [];
-    for (let i = 0; i < n; i++) nodes.push(await startDataPlane(cp, { adminListen: true, nodeId: `bench-${n}-${i}`, nodeArgs: profArgs }));
+    for (let i = 0; i < n; i++) nodes.push(await startDataPlane(cp, { adminListen: true, nodeId: `bench-${n}-${i}` }));
     for (const node of nodes) await waitForKeys(node, [control.key, tenantKeys[0], tenantKeys[KEYS - 1]]);
     console.log(`\n${n} node${n > 1 ? 's' : ''}:`);
     if (!opts['no-control']) results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, one key`, cp, nodes, () => control.key, 1, 1));
