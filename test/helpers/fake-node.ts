@@ -14,6 +14,8 @@ export interface FakeNodeOptions {
   holdAcks?: boolean;
   /** Listen address reported in Hello (shown by `tollgate nodes list`). */
   listenAddress?: string;
+  /** Told every message from the control plane (lease grants, for a fake node that plays leases). */
+  onMessage?: (msg: ControlMessage) => void;
 }
 
 export interface FakeNode {
@@ -93,7 +95,8 @@ export async function startFakeNode(
       reportAcks.push(msg.reportAck.seq);
       notify();
     }
-    // Lease grants are not part of what this fake node plays.
+    // Lease grants are not part of what this fake node plays, unless its owner does.
+    opts.onMessage?.(msg);
   });
   stream.on('error', (err: Error) => {
     failure = err;
