@@ -79,6 +79,8 @@ export class ReportIngest {
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
       let calls = 0;
+      // A report's totals fall in a minute or two: the month of each is computed once.
+      const monthOfMinute = new Map<number, string>();
       for (const t of totals) {
         const requests = clampCount(t.requests);
         if (requests === 0 || !t.keyId) continue;
@@ -107,7 +109,8 @@ export class ReportIngest {
           });
         }
         if (cost > 0 && t.orgId) {
-          const month = monthOf(minute * 60_000);
+          let month = monthOfMinute.get(minute);
+          if (month === undefined) monthOfMinute.set(minute, (month = monthOf(minute * 60_000)));
           const mk = `${t.orgId}\u0000${month}`;
           const mo = monthly.get(mk) ?? { orgId: t.orgId, month, cost: 0 };
           mo.cost += cost;

@@ -31,7 +31,7 @@ import { configYaml } from '../helpers/config.js';
 import { startControlPlane, startDataPlane, stopAll, ROOT, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
-import type { KeyLeaseWant, LeaseRequest, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { nextIp } from './load.js';
 import { cpuMicros, rssBytes, watchRss } from './procstat.js';
 
@@ -49,7 +49,6 @@ const { values: opts } = parseArgs({
     'cpu-prof': { type: 'string' },
     'fake-nodes': { type: 'boolean', default: false },
     'fake-leases': { type: 'string', default: 'per-minute' },
-    'fake-logs': { type: 'boolean', default: true },
     'no-fake-logs': { type: 'boolean', default: false },
   },
 });
@@ -161,7 +160,7 @@ async function cpCounters(adminUrl: string | undefined): Promise<Record<string, 
   const text = await (await fetch(`${adminUrl}/metrics`)).text();
   const out: Record<string, number> = {};
   for (const line of text.split('\n')) {
-    const m = /^(tollgate_cp_(?:lease_answers_total|ingest_reports_total|db_transaction_seconds_count))(\{[^}]*\})? (\S+)$/.exec(line);
+    const m = /^(tollgate_cp_(?:lease_answers_total|ingest_reports_total|db_transaction_seconds_count|db_transaction_seconds_sum|ingest_backlog_reports))(\{[^}]*\})? (\S+)$/.exec(line);
     if (m) out[`${m[1]}${m[2] ?? ''}`] = (out[`${m[1]}${m[2] ?? ''}`] ?? 0) + Number(m[3]);
   }
   return out;
@@ -366,7 +365,8 @@ interface FakeSim {
   sentReports: number;
   usage: Map<string, UsageTotal>;
   lastUsed: Map<number, number>;
-  logs: LogBlocksBuilder;
+  /** A second's request logs of this node, built once and sent with every report (building 100,000 rows a second would cost this process more than the control plane). */
+  logBlocks: LogBlock[];
   minute: number;
   seenThisMinute: Set<number>;
   usedThisMinute: Map<number, number>;
@@ -400,7 +400,7 @@ async function fakeNodesBench(): Promise<void> {
 
   const sims: FakeSim[] = [];
   for (let i = 0; i < nodesCount; i++) {
-    const sim = { seq: 0, usedSeq: 0, sentReports: 0, usage: new Map(), lastUsed: new Map(), logs: new LogBlocksBuilder(), minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [] } as unknown as FakeSim;
+    const sim = { seq: 0, usedSeq: 0, sentReports: 0, usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [] } as unknown as FakeSim;
     sim.node = await startFakeNode(
       cp,
       {
@@ -426,6 +426,20 @@ async function fakeNodesBench(): Promise<void> {
 
   const zipf = zipfSampler(KEYS, ZIPF);
   const perNodeTick = RATE / nodesCount / 10;
+  if (withLogs) {
+    const at = Date.now();
+    for (const sim of sims) {
+      const b = new LogBlocksBuilder();
+      for (let n = 0; n < RATE / nodesCount; n++) {
+        const r = zipf();
+        b.add({
+          requestId: `req_${sim.node.nodeId}_${n}`, atMs: at + Math.floor(n / (RATE / nodesCount / 1000)), keyId: keyIdOf(r), projectId: projectIdOf(r), orgId: orgIdOf(r), clientIp: '10.1.2.3', userAgent: 'bench', method: 'POST',
+          path: '/v1/chat/completions', status: 200, latencyUs: 400, bytesIn: 190, bytesOut: 400, model: 'demo-chat', promptTokens: DEMO_PROMPT_TOKENS, completionTokens: DEMO_COMPLETION_TOKENS, costMicros: DEMO_COST_MICROS, reason: '', keyPrefix: 'sk-tollgate-...0000',
+        });
+      }
+      sim.logBlocks = b.blocks();
+    }
+  }
   const tick = (sim: FakeSim, count: number, nowMs: number) => {
     const minute = Math.floor(nowMs / 60_000);
     if (minute !== sim.minute) {
@@ -447,12 +461,6 @@ async function fakeNodesBench(): Promise<void> {
       t.completionTokens += DEMO_COMPLETION_TOKENS;
       t.costMicros += DEMO_COST_MICROS;
       sim.lastUsed.set(r, nowMs);
-      if (withLogs) {
-        sim.logs.add({
-          requestId: `req_${sim.node.nodeId}_${sim.seq}_${n}`, atMs: nowMs, keyId: t.keyId, projectId: t.projectId, orgId: t.orgId, clientIp: '10.1.2.3', userAgent: 'bench', method: 'POST',
-          path: '/v1/chat/completions', status: 200, latencyUs: 400, bytesIn: 190, bytesOut: 400, model: 'demo-chat', promptTokens: DEMO_PROMPT_TOKENS, completionTokens: DEMO_COMPLETION_TOKENS, costMicros: DEMO_COST_MICROS, reason: '', keyPrefix: 'sk-tollgate-...0000',
-        });
-      }
       if (leases === 'none') continue;
       if (!sim.seenThisMinute.has(r)) {
         sim.seenThisMinute.add(r);
@@ -488,9 +496,8 @@ async function fakeNodesBench(): Promise<void> {
     sim.usage.clear();
     const lastUsed = [...sim.lastUsed].map(([r, atMs]) => ({ keyId: keyIdOf(r), atMs }));
     sim.lastUsed.clear();
-    const logBlocks = sim.logs.rows > 0 ? sim.logs.blocks() : [];
-    sim.logs = new LogBlocksBuilder();
-    if (usageTotals.length === 0 && logBlocks.length === 0) return;
+    const logBlocks = withLogs ? sim.logBlocks : [];
+    if (usageTotals.length === 0) return;
     sim.node.write({ reports: { reports: [{ seq: ++sim.seq, usage: [], lastUsed, logs: undefined, instanceId: '', usageTotals, logBlocks }] } });
     sim.sentReports++;
   };
@@ -533,6 +540,7 @@ async function fakeNodesBench(): Promise<void> {
   const tailSec = (performance.now() - tail0) / 1000;
   const cpu1 = cpuMicros(cpPid);
   const peakRss = stopRss();
+  console.log(`  control plane's counters: ${JSON.stringify(await cpCounters(cp.adminUrl))}`);
   const measuredSec = loadSec + tailSec;
   const used = cpu0 === null || cpu1 === null || idleRate === null ? null : cpu1 - cpu0 - idleRate * measuredSec;
   const acked = sims.reduce((s, x) => s + x.node.reportAcks.length, 0);
@@ -562,7 +570,12 @@ async function fakeNodesBench(): Promise<void> {
       `${acked}/${sentReports} reports acknowledged, the last ${tailSec.toFixed(1)} s after the load; ` +
       `control plane: ${result.coreShare === null ? 'n/a' : `${(result.coreShare * 100).toFixed(1)}% of one core`}, ${result.cpUsPerRequest === null ? 'n/a' : result.cpUsPerRequest.toFixed(2)} µs per request, peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB`,
   );
-  for (const sim of sims) sim.node.close();
+  for (const sim of sims) {
+    const err = sim.node.streamError();
+    if (err) console.log(`  ${sim.node.nodeId}: its stream failed: ${err.message}`);
+    sim.node.close();
+  }
+  if (acked < sentReports) console.log(`  the control plane's last lines:\n${cp.proc.output().split('\n').slice(-8).join('\n')}`);
   await cp.proc.kill('SIGTERM');
   const dir = join(ROOT, 'test', 'bench', 'out');
   mkdirSync(dir, { recursive: true });

@@ -57,7 +57,8 @@ export async function startFakeNode(
 ): Promise<FakeNode> {
   const nodeId = opts.nodeId ?? `fake-${randomBytes(3).toString('hex')}`;
   let holding = opts.holdAcks ?? true;
-  const client = new SyncServiceClient(cp.address, credentials.createInsecure());
+  // As a real node: snapshots of many keys are larger than gRPC's default 4 MB.
+  const client = new SyncServiceClient(cp.address, credentials.createInsecure(), { 'grpc.max_receive_message_length': 256 * 1024 * 1024 });
   const md = new Metadata();
   md.set('authorization', `Bearer ${cp.secrets.nodeToken}`);
   const stream: ClientDuplexStream<NodeMessage, ControlMessage> = client.connect(md);
