@@ -31,7 +31,13 @@ export interface IngestResult {
   logs: number;
 }
 
+/** last_used_at is kept to this resolution (design: a convenience for operators, not money). */
+export const LAST_USED_RESOLUTION_MS = 60_000;
+
 export class ReportIngest {
+  /** When this process last wrote each key's last_used_at (committed), as ms since the epoch. */
+  private readonly lastUsedWritten = new Map<string, number>();
+
   constructor(
     private readonly state: ControlState,
     private readonly logs: LogStore | null = null,
@@ -129,7 +135,18 @@ export class ReportIngest {
       for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
-      await touchLastUsedMany(tx, [...lastUsed].map(([keyId, atMs]) => [keyId, new Date(atMs).toISOString()]));
+      // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
+      // process last wrote it: a busy key costs one row update a minute, not one per report (issue
+      // 19: updating rows scattered over api_keys was most of a large report's cost).
+      const touched: [string, string][] = [];
+      for (const [keyId, atMs] of lastUsed) {
+        const written = this.lastUsedWritten.get(keyId);
+        if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
+      }
+      await touchLastUsedMany(tx, touched);
+      tx.afterCommit(() => {
+        for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
+      });
       if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       return { duplicate: false, inserted: calls };
