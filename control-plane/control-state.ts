@@ -8,7 +8,7 @@ import { ConfigError, readGatewayConfig, redactGatewayConfig, type LoadedGateway
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from './store/db.js';
 import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from './store/keys-repo.js';
-import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, orgOwner, orgOwners, setSyncedBlockedReason, tiersInUse, type OrgRow } from './store/orgs-repo.js';
+import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from './store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
 import { SnapshotStore } from './sync/snapshot-store.js';
 
@@ -40,6 +40,8 @@ export type OrgObserver = (tx: Tx, now: { orgId: string; state: OrgState; monthS
 export class ControlState {
   private lastMonth: string;
   orgObserver: OrgObserver | null = null;
+  /** Organisations' money as last committed (see spendableFromMemory). */
+  private readonly committedOrgs = new Map<string, OrgWithMonthSpend & { month: string }>();
 
   private constructor(
     readonly db: Db,
@@ -135,46 +137,87 @@ export class ControlState {
     return { state, monthSpendMicros, month };
   }
 
+  /** The state of an organisation read with its month's spend (no I/O). */
+  private stateOf(org: OrgRow, monthSpendMicros: number): OrgState {
+    return computeOrgState(
+      { creditsMicros: org.credits_micros, spendTotalMicros: org.spend_total_micros, monthSpendMicros, ownCapMicros: org.own_cap_micros },
+      this.tier(org.tier),
+    );
+  }
+
   /**
    * What the organisation may still spend: the smaller of its available balance and what is left
    * under its monthly cap; 0 when blocked or unknown. Money leases are slices of this.
    */
   async spendableMicros(q: Queryable, orgId: string): Promise<number> {
-    const row = await getOrg(q, orgId);
-    if (!row) return 0;
-    const { state, monthSpendMicros } = await this.orgState(q, row);
+    return (await this.spendableMany(q, [orgId])).get(orgId) ?? 0;
+  }
+
+  /** spendableMicros of several organisations, read by one statement (absent: unknown, so 0). */
+  async spendableMany(q: Queryable, orgIds: readonly string[], opts: { committed?: boolean } = {}): Promise<Map<string, number>> {
+    const out = new Map<string, number>();
+    const month = monthOf(this.opts.now());
+    for (const row of await orgsWithMonthSpend(q, [...new Set(orgIds)], month)) {
+      // Read in a job of its own (not a transaction): what it read is committed, so it may be kept.
+      if (opts.committed) this.committedOrgs.set(row.id, { ...row, month });
+      out.set(row.id, this.spendableOf(row));
+    }
+    return out;
+  }
+
+  /**
+   * spendableMicros of these organisations from their committed money kept in memory, or null when
+   * one of them is not known for the current month (then read them with spendableMany). Kept
+   * entries change only right after a COMMIT (refreshOrgs' hook), so a caller that decides and
+   * records a money slice synchronously sees no usage report commit in between.
+   */
+  spendableFromMemory(orgIds: readonly string[]): Map<string, number> | null {
+    const month = monthOf(this.opts.now());
+    const out = new Map<string, number>();
+    for (const id of orgIds) {
+      const row = this.committedOrgs.get(id);
+      if (!row || row.month !== month) return null;
+      out.set(id, this.spendableOf(row));
+    }
+    return out;
+  }
+
+  private spendableOf(row: OrgWithMonthSpend): number {
+    const state = this.stateOf(row, row.month_spend_micros);
     if (state.blocked) return 0;
-    const underCap = state.effectiveCapMicros === null ? Infinity : state.effectiveCapMicros - monthSpendMicros;
+    const underCap = state.effectiveCapMicros === null ? Infinity : state.effectiveCapMicros - row.month_spend_micros;
     return Math.max(0, Math.min(state.balanceMicros, underCap));
   }
 
   /**
    * Publishes an org_upsert for each organisation whose tier, blocked state or funds version differs
-   * from what nodes hold. `fundsChanged`: money changed other than by usage (credit, cap, tier,
-   * config), so the funds version is bumped first.
+   * from what nodes hold (what a node enforces; spend alone changes none of it). `fundsChanged`:
+   * money changed other than by usage (credit, cap, tier, config), so the funds version is bumped
+   * first. The organisations are read by one statement however many they are.
    */
   async refreshOrgs(tx: Tx, orgIds: Iterable<string> | 'all', opts: { fundsChanged?: boolean } = {}): Promise<number> {
-    if (opts.fundsChanged) await bumpFundsVersion(tx, orgIds === 'all' ? 'all' : [...new Set(orgIds)]);
-    const rows: OrgRow[] = [];
-    if (orgIds === 'all') rows.push(...(await listAllOrgs(tx)));
-    else {
-      for (const id of new Set(orgIds)) {
-        const row = await getOrg(tx, id);
-        if (row) rows.push(row);
-      }
-    }
+    const ids = orgIds === 'all' ? 'all' : [...new Set(orgIds)];
+    if (opts.fundsChanged) await bumpFundsVersion(tx, ids);
+    const month = monthOf(this.opts.now());
+    const rows = await orgsWithMonthSpend(tx, ids, month);
+    // Every change of an organisation's money goes through here (usage, credit, cap, tier, config):
+    // what was read in the transaction is what is committed once it commits.
+    tx.afterCommit(() => {
+      for (const row of rows) this.committedOrgs.set(row.id, { ...row, month });
+    });
     const owners = orgIds === 'all' ? await orgOwners(tx) : null;
     let emitted = 0;
     for (const row of rows) {
-      const { state, monthSpendMicros, month } = await this.orgState(tx, row);
-      await this.orgObserver?.(tx, { orgId: row.id, state, monthSpendMicros, month }, this.snapshots.org(row.id));
+      const state = this.stateOf(row, row.month_spend_micros);
+      await this.orgObserver?.(tx, { orgId: row.id, state, monthSpendMicros: row.month_spend_micros, month }, this.snapshots.org(row.id));
       const next: OrgEntry = {
         orgId: row.id,
         tier: row.tier,
         blocked: state.blocked,
         blockedReason: state.blockedReason,
         fundsVersion: row.funds_version,
-        ownerAccountId: owners ? (owners.get(row.id) ?? '') : await orgOwner(tx, row.id),
+        // Read only for an organisation nodes do not hold yet: ingest reads no owner per organisation.
+        ownerAccountId: owners ? (owners.get(row.id) ?? '') : (this.snapshots.org(row.id)?.ownerAccountId ?? (await orgOwner(tx, row.id))),
       };
       const prev = this.snapshots.org(row.id);
       if (

@@ -31,6 +31,11 @@ export class Db implements Queryable {
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
   private readonly statements = new Map<string, sqlite3.Statement>();
+  /**
+   * Statements sent to SQLite so far (each run, get, all, exec, prepared run, BEGIN and COMMIT): what
+   * a caller's work costs on the queue, counted by tests that must not grow with their input.
+   */
+  statementsIssued = 0;
   /** Told how long each write transaction took (BEGIN to COMMIT or ROLLBACK): for metrics. */
   txObserver: ((seconds: number, committed: boolean) => void) | null = null;
 
@@ -60,6 +65,7 @@ export class Db implements Queryable {
   private readonly direct: Queryable = {
     run: (sql, params = []) =>
       new Promise((resolve, reject) => {
+        this.statementsIssued++;
         this.raw.run(sql, params, function (this: sqlite3.RunResult, err: Error | null) {
           if (err) reject(err);
           else resolve({ changes: this.changes, lastID: this.lastID });
@@ -67,15 +73,22 @@ export class Db implements Queryable {
       }),
     get: <T>(sql: string, params: Param[] = []) =>
       new Promise<T | undefined>((resolve, reject) => {
+        this.statementsIssued++;
         this.raw.get(sql, params, (err: Error | null, row: T) => (err ? reject(err) : resolve(row)));
       }),
     all: <T>(sql: string, params: Param[] = []) =>
       new Promise<T[]>((resolve, reject) => {
+        this.statementsIssued++;
         this.raw.all(sql, params, (err: Error | null, rows: T[]) => (err ? reject(err) : resolve(rows)));
       }),
-    exec: (sql) => new Promise((resolve, reject) => this.raw.exec(sql, (err) => (err ? reject(err) : resolve()))),
+    exec: (sql) =>
+      new Promise((resolve, reject) => {
+        this.statementsIssued++;
+        this.raw.exec(sql, (err) => (err ? reject(err) : resolve()));
+      }),
     runPrepared: (sql, params) =>
       new Promise((resolve, reject) => {
+        this.statementsIssued++;
         let stmt = this.statements.get(sql);
         if (!stmt) {
           stmt = this.raw.prepare(sql);

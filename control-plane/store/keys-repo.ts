@@ -65,16 +65,14 @@ export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash:
   return q.all<ApiKeyRow & { key_hash: string }>('SELECT k.*, c.key_hash FROM credentials c JOIN api_keys k ON k.id = c.key_id');
 }
 
-/** Moves keys' last_used_at forward (never back), up to 64 keys per statement. */
+const TOUCH_LAST_USED_SQL = `UPDATE api_keys SET last_used_at = v.at
+  FROM (SELECT value ->> 0 AS id, value ->> 1 AS at FROM json_each(?)) AS v
+  WHERE api_keys.id = v.id AND api_keys.last_used_at < v.at`;
+
+/** Moves keys' last_used_at forward (never back), in one statement however many keys. */
 export async function touchLastUsedMany(q: Queryable, entries: readonly (readonly [keyId: string, at: string])[]): Promise<void> {
-  for (let i = 0; i < entries.length; i += 64) {
-    const part = entries.slice(i, i + 64);
-    await q.runPrepared(
-      `UPDATE api_keys SET last_used_at = v.column2 FROM (VALUES ${part.map(() => '(?, ?)').join(', ')}) AS v
-       WHERE api_keys.id = v.column1 AND api_keys.last_used_at < v.column2`,
-      part.flat(),
-    );
-  }
+  if (entries.length === 0) return;
+  await q.runPrepared(TOUCH_LAST_USED_SQL, [JSON.stringify(entries)]);
 }
 
 /** Revoked keys' hashes with the key they belonged to (nodes log attempts made with them). */

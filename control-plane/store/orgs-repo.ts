@@ -78,7 +78,29 @@ export async function setSyncedBlockedReason(q: Queryable, orgId: string, reason
 
 export async function bumpFundsVersion(q: Queryable, orgIds: string[] | 'all'): Promise<void> {
   if (orgIds === 'all') await q.run('UPDATE orgs SET funds_version = funds_version + 1');
-  else for (const id of orgIds) await q.run('UPDATE orgs SET funds_version = funds_version + 1 WHERE id = ?', [id]);
+  else if (orgIds.length > 0) await q.run('UPDATE orgs SET funds_version = funds_version + 1 WHERE id IN (SELECT value FROM json_each(?))', [JSON.stringify(orgIds)]);
+}
+
+/** An organisation with what it spent in one month. */
+export type OrgWithMonthSpend = OrgRow & { month_spend_micros: number };
+
+const ORGS_WITH_MONTH_SPEND_SQL = `SELECT o.*, COALESCE(s.spend_micros, 0) AS month_spend_micros
+  FROM orgs o LEFT JOIN org_spend s ON s.org_id = o.id AND s.month = ?2
+  WHERE o.id IN (SELECT value FROM json_each(?1))`;
+
+/**
+ * Organisations (those of `orgIds` that exist, or all) with their spend in `month`: one statement
+ * however many.
+ */
+export function orgsWithMonthSpend(q: Queryable, orgIds: readonly string[] | 'all', month: string): Promise<OrgWithMonthSpend[]> {
+  if (orgIds === 'all') {
+    return q.all<OrgWithMonthSpend>(
+      'SELECT o.*, COALESCE(s.spend_micros, 0) AS month_spend_micros FROM orgs o LEFT JOIN org_spend s ON s.org_id = o.id AND s.month = ? ORDER BY o.created_at, o.id',
+      [month],
+    );
+  }
+  if (orgIds.length === 0) return Promise.resolve([]);
+  return q.all<OrgWithMonthSpend>(ORGS_WITH_MONTH_SPEND_SQL, [JSON.stringify(orgIds), month]);
 }
 
 export async function monthSpend(q: Queryable, orgId: string, month: string): Promise<number> {

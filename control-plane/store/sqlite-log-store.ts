@@ -16,8 +16,6 @@ import { Db, type Param, type Queryable, type Tx } from './db.js';
 import type { LogFilter, LogPage, LogPart, LogSource, LogStore, StoredLog } from './log-store.js';
 
 const DAY_MS = 86_400_000;
-/** Index entries per multi-row INSERT (7 columns each: well under SQLite's bound-parameter limit). */
-const KEY_CHUNK = 64;
 /** Blocks per multi-row INSERT. */
 const BLOCK_CHUNK = 16;
 /** Blocks read per SELECT while a page fills. */
@@ -173,15 +171,13 @@ export class SqliteLogStore implements LogStore {
         `INSERT INTO logblocks_${day} (node_id, min_at, max_at, rows, columns) VALUES ${part.map(() => '(?, ?, ?, ?, ?)').join(', ')}`,
         params,
       );
-      const keys: Param[][] = [];
+      const keys: (string | number)[][] = [];
       part.forEach((b, j) => {
         const id = lastID - (part.length - 1 - j);
         for (const k of b.keys) keys.push([k.keyId, k.maxAtMs, id, k.minAtMs, k.projectId, k.orgId, k.rows]);
       });
-      for (let k = 0; k < keys.length; k += KEY_CHUNK) {
-        const chunk = keys.slice(k, k + KEY_CHUNK);
-        await q.runPrepared(keysInsertSql(day, chunk.length), chunk.flat());
-      }
+      // The blocks' key index in one statement however many keys (issue 19).
+      if (keys.length > 0) await q.runPrepared(keysInsertSql(day), [JSON.stringify(keys)]);
     }
   }
 
@@ -366,13 +362,13 @@ function oldRow(r: Record<string, string | number>): LogRow {
 }
 
 const keysSql = new Map<string, string>();
-function keysInsertSql(day: string, rows: number): string {
-  const k = `${day}/${rows}`;
-  let sql = keysSql.get(k);
+function keysInsertSql(day: string): string {
+  let sql = keysSql.get(day);
   if (!sql) {
-    sql = `INSERT OR IGNORE INTO logkeys_${day} (key_id, max_at, block, min_at, project_id, org_id, rows) VALUES ${Array.from({ length: rows }, () => '(?,?,?,?,?,?,?)').join(',')}`;
+    sql = `INSERT OR IGNORE INTO logkeys_${day} (key_id, max_at, block, min_at, project_id, org_id, rows)
+      SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM json_each(?)`;
     if (keysSql.size > 1000) keysSql.clear();
-    keysSql.set(k, sql);
+    keysSql.set(day, sql);
   }
   return sql;
 }

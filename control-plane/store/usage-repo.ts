@@ -41,36 +41,36 @@ export async function setReportCursor(q: Queryable, nodeId: string, instanceId: 
   );
 }
 
-/** Rows per multi-row upsert (9 parameters each: well under SQLite's bound-parameter limit). */
-const UPSERT_CHUNK = 64;
-const upsertSql = new Map<number, string>();
+// Rows of a report's usage and money are written by one statement per table however many keys and
+// organisations the report holds: the rows go in as one JSON array (json_each), so the work in the
+// event loop and on the database queue per report stays constant (issue 19).
+const ADD_USAGE_MINUTES_SQL = `INSERT INTO usage_minutes (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
+  SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8 FROM json_each(?) WHERE true
+  ON CONFLICT (project_id, minute, key_id, model) DO UPDATE SET requests = requests + excluded.requests,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens, completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost_micros = cost_micros + excluded.cost_micros`;
 
-/** Adds minutes of usage, several rows per statement; a (project, minute, key, model) seen before is added to. */
+/** Adds minutes of usage in one statement; a (project, minute, key, model) seen before is added to. */
 export async function addUsageMinutes(q: Queryable, rows: readonly UsageMinute[]): Promise<void> {
-  for (let i = 0; i < rows.length; i += UPSERT_CHUNK) {
-    const part = rows.slice(i, i + UPSERT_CHUNK);
-    let sql = upsertSql.get(part.length);
-    if (!sql) {
-      sql = `INSERT INTO usage_minutes (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
-        VALUES ${part.map(() => '(?, ?, ?, ?, ?, ?, ?, ?, ?)').join(', ')}
-        ON CONFLICT (project_id, minute, key_id, model) DO UPDATE SET requests = requests + excluded.requests,
-          prompt_tokens = prompt_tokens + excluded.prompt_tokens, completion_tokens = completion_tokens + excluded.completion_tokens,
-          cost_micros = cost_micros + excluded.cost_micros`;
-      upsertSql.set(part.length, sql);
-    }
-    const params: (string | number)[] = [];
-    for (const r of part) params.push(r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros);
-    await q.runPrepared(sql, params);
-  }
+  if (rows.length === 0) return;
+  const json = JSON.stringify(rows.map((r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]));
+  await q.runPrepared(ADD_USAGE_MINUTES_SQL, [json]);
 }
 
 export async function addSpend(q: Queryable, orgId: string, month: string, micros: number): Promise<void> {
-  await q.run(
-    `INSERT INTO org_spend (org_id, month, spend_micros) VALUES (?, ?, ?)
-     ON CONFLICT (org_id, month) DO UPDATE SET spend_micros = spend_micros + excluded.spend_micros`,
-    [orgId, month, micros],
-  );
-  await q.run('UPDATE orgs SET spend_total_micros = spend_total_micros + ? WHERE id = ?', [micros, orgId]);
+  await addSpendMany(q, [{ orgId, month, micros }]);
+}
+
+const ADD_MONTH_SPEND_SQL = `INSERT INTO org_spend (org_id, month, spend_micros) SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?) WHERE true
+  ON CONFLICT (org_id, month) DO UPDATE SET spend_micros = spend_micros + excluded.spend_micros`;
+const ADD_TOTAL_SPEND_SQL = `UPDATE orgs SET spend_total_micros = spend_total_micros + v.micros
+  FROM (SELECT value ->> 0 AS id, SUM(value ->> 1) AS micros FROM json_each(?) GROUP BY 1) AS v WHERE orgs.id = v.id`;
+
+/** Adds spend per organisation and month (and to each organisation's all-time spend): two statements in all. */
+export async function addSpendMany(q: Queryable, rows: readonly { orgId: string; month: string; micros: number }[]): Promise<void> {
+  if (rows.length === 0) return;
+  await q.runPrepared(ADD_MONTH_SPEND_SQL, [JSON.stringify(rows.map((r) => [r.orgId, r.month, r.micros]))]);
+  await q.runPrepared(ADD_TOTAL_SPEND_SQL, [JSON.stringify(rows.map((r) => [r.orgId, r.micros]))]);
 }
 
 /** How usage is grouped when read: per key and model (the console's default), or by one column. */

@@ -2,9 +2,10 @@
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
 // usage and money go to the state database in one transaction: the report's cursor moved (or the
-// report found a replay) by one statement, the minutes by multi-row upserts, spend added once per
-// organisation and month, last_used_at by one statement. So
-// the work per report grows with the keys in it, not with its requests. A report at or below a cursor
+// report found a replay) by one statement, the minutes by one upsert, spend per organisation and
+// month by one upsert and all-time spend by one update, last_used_at by one statement, and the
+// organisations whose money moved read back by one query (issue 19): a fixed number of statements
+// however many keys and organisations a report holds, and nothing per request. A report at or below a cursor
 // is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
 // node sending the report again. Reports of older nodes (one UsageRecord per call, one LogColumns) are
 // summed and packed here into the same form.
@@ -15,7 +16,7 @@ import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/
 import type { ControlState } from '../control-state.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
-import { addSpend, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
+import { addSpendMany, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -30,7 +31,13 @@ export interface IngestResult {
   logs: number;
 }
 
+/** last_used_at is kept to this resolution (design: a convenience for operators, not money). */
+export const LAST_USED_RESOLUTION_MS = 60_000;
+
 export class ReportIngest {
+  /** When this process last wrote each key's last_used_at (committed), as ms since the epoch. */
+  private readonly lastUsedWritten = new Map<string, number>();
+
   constructor(
     private readonly state: ControlState,
     private readonly logs: LogStore | null = null,
@@ -78,6 +85,8 @@ export class ReportIngest {
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
       let calls = 0;
+      // A report's totals fall in a minute or two: the month of each is computed once.
+      const monthOfMinute = new Map<number, string>();
       for (const t of totals) {
         const requests = clampCount(t.requests);
         if (requests === 0 || !t.keyId) continue;
@@ -106,7 +115,8 @@ export class ReportIngest {
           });
         }
         if (cost > 0 && t.orgId) {
-          const month = monthOf(minute * 60_000);
+          let month = monthOfMinute.get(minute);
+          if (month === undefined) monthOfMinute.set(minute, (month = monthOf(minute * 60_000)));
           const mk = `${t.orgId}\u0000${month}`;
           const mo = monthly.get(mk) ?? { orgId: t.orgId, month, cost: 0 };
           mo.cost += cost;
@@ -119,13 +129,24 @@ export class ReportIngest {
         }
       }
       await addUsageMinutes(tx, [...minutes.values()]);
-      // Money aggregated per organisation and month: one update each, however many rows.
-      for (const m of monthly.values()) await addSpend(tx, m.orgId, m.month, m.cost);
+      // Money aggregated per organisation and month, written for all of them at once.
+      await addSpendMany(tx, [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost })));
       const lastUsed = new Map<string, number>();
       for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
-      await touchLastUsedMany(tx, [...lastUsed].map(([keyId, atMs]) => [keyId, new Date(atMs).toISOString()]));
+      // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
+      // process last wrote it: a busy key costs one row update a minute, not one per report (issue
+      // 19: updating rows scattered over api_keys was most of a large report's cost).
+      const touched: [string, string][] = [];
+      for (const [keyId, atMs] of lastUsed) {
+        const written = this.lastUsedWritten.get(keyId);
+        if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
+      }
+      await touchLastUsedMany(tx, touched);
+      tx.afterCommit(() => {
+        for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
+      });
       if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       return { duplicate: false, inserted: calls };

@@ -542,20 +542,19 @@ export class SyncService implements NodeFleet {
 
   private async grantOrgs(s: NodeSession, wants: OrgLeaseWant[], afterReclaim: boolean): Promise<Array<[OrgLeaseWant, OrgLease | { from: string[] }]>> {
     const nodes = this.sessions.size;
-    try {
-      return await this.state.db.read(async (q) => {
-        const out: Array<[OrgLeaseWant, OrgLease | { from: string[] }]> = [];
-        for (const w of wants) {
-          const spendable = await this.state.spendableMicros(q, w.orgId);
-          if (s.closed || s.leaving) {
-            out.push([w, { orgId: w.orgId, micros: 0, exhausted: false }]);
-            continue;
-          }
-          const r = this.moneyLeases.grant(s.connId, w.orgId, spendable, nodes, w.micros, afterReclaim);
-          out.push([w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.micros === 0 }]);
-        }
-        return out;
+    const decide = (spendableOf: Map<string, number>) =>
+      wants.map((w): [OrgLeaseWant, OrgLease | { from: string[] }] => {
+        if (s.closed || s.leaving) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
+        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w.micros, afterReclaim);
+        return [w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.micros === 0 }];
       });
+    // Usually every organisation's committed money is in memory: decided and recorded in one
+    // synchronous step, so no report commits in between, and no statement is run.
+    const known = this.state.spendableFromMemory(wants.map((w) => w.orgId));
+    if (known) return decide(known);
+    try {
+      // Else inside one serialised database job (one statement for all of them), for the same reason.
+      return await this.state.db.read(async (q) => decide(await this.state.spendableMany(q, wants.map((w) => w.orgId), { committed: true })));
     } catch (err) {
       this.log(`sync: money lease of node ${s.nodeId} failed: ${(err as Error).message}`);
       // Not exhausted: the node asks again after its back-off.

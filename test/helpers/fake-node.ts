@@ -14,6 +14,8 @@ export interface FakeNodeOptions {
   holdAcks?: boolean;
   /** Listen address reported in Hello (shown by `tollgate nodes list`). */
   listenAddress?: string;
+  /** Told every message from the control plane (lease grants, for a fake node that plays leases). */
+  onMessage?: (msg: ControlMessage) => void;
 }
 
 export interface FakeNode {
@@ -55,7 +57,8 @@ export async function startFakeNode(
 ): Promise<FakeNode> {
   const nodeId = opts.nodeId ?? `fake-${randomBytes(3).toString('hex')}`;
   let holding = opts.holdAcks ?? true;
-  const client = new SyncServiceClient(cp.address, credentials.createInsecure());
+  // As a real node: snapshots of many keys are larger than gRPC's default 4 MB.
+  const client = new SyncServiceClient(cp.address, credentials.createInsecure(), { 'grpc.max_receive_message_length': 256 * 1024 * 1024 });
   const md = new Metadata();
   md.set('authorization', `Bearer ${cp.secrets.nodeToken}`);
   const stream: ClientDuplexStream<NodeMessage, ControlMessage> = client.connect(md);
@@ -93,7 +96,8 @@ export async function startFakeNode(
       reportAcks.push(msg.reportAck.seq);
       notify();
     }
-    // Lease grants are not part of what this fake node plays.
+    // Lease grants are not part of what this fake node plays, unless its owner does.
+    opts.onMessage?.(msg);
   });
   stream.on('error', (err: Error) => {
     failure = err;

@@ -1,0 +1,125 @@
+// Ingesting a node's report costs a fixed number of SQLite statements, however many keys and
+// organisations it carries (issue 19: each report's transaction used to issue statements per key and
+// per organisation, so the control plane's CPU per request grew with the customers). The statements
+// are counted, not timed. Spend alone publishes nothing to nodes; an organisation crossing its cap
+// publishes one change. Money leases are decided from committed money kept in memory.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { readGatewayConfig } from '../../control-plane/config.js';
+import { ControlState } from '../../control-plane/control-state.js';
+import { Db } from '../../control-plane/store/db.js';
+import { runMigrations } from '../../control-plane/store/migrate.js';
+import { ReportIngest } from '../../control-plane/sync/report-ingest.js';
+import type { Report, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
+import { ROOT } from '../helpers/processes.js';
+
+const NOW = Date.UTC(2026, 10, 26, 12, 0, 0);
+const MINUTE = Math.floor(NOW / 60_000);
+const orgId = (j: number) => `org_s${String(j).padStart(6, '0')}`;
+const projectId = (j: number) => `proj_s${String(j).padStart(6, '0')}`;
+const keyId = (i: number) => `key_s${String(i).padStart(7, '0')}`;
+
+async function setUp(t: { after(fn: () => unknown): void }, keys: number, orgs: number) {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-ingest-statements-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db);
+  // Organisations on the free tier (grant 5.00 USD, cap 5.00 USD a month); key i belongs to org i mod orgs.
+  await db.tx(async (tx) => {
+    const at = new Date(NOW).toISOString();
+    for (let j = 0; j < orgs; j++) {
+      await tx.run('INSERT INTO orgs (id, name, tier, created_at) VALUES (?, ?, ?, ?)', [orgId(j), `org ${j}`, 'free', at]);
+      await tx.run('INSERT INTO projects (id, org_id, name, created_at) VALUES (?, ?, ?, ?)', [projectId(j), orgId(j), 'p', at]);
+    }
+    for (let i = 0; i < keys; i++) {
+      await tx.run(
+        `INSERT INTO api_keys (id, project_id, org_id, name, key_prefix, allowed_models, status, rpm_limit, tpm_limit, max_parallel_requests, created_at)
+         VALUES (?, ?, ?, 'k', 'sk-tollgate-...xxxx', '[]', 'active', 20, 60000, 100, ?)`,
+        [keyId(i), projectId(i % orgs), orgId(i % orgs), at],
+      );
+      await tx.run('INSERT INTO credentials (key_hash, key_id) VALUES (?, ?)', [`hash${i}`, keyId(i)]);
+    }
+  });
+  const configPath = join(ROOT, 'control-plane', 'demo-config.yaml');
+  const state = await ControlState.open(db, readGatewayConfig(configPath), { configPath, now: () => NOW, log: () => {} });
+  return { db, state, ingest: new ReportIngest(state) };
+}
+
+/** A report with one usage total and one last-used time per key: `requests` calls of `costMicros` each. */
+function report(seq: number, keys: number, orgs: number, requests = 1, costMicros = 10): Report {
+  const usageTotals: UsageTotal[] = [];
+  const lastUsed = [];
+  for (let i = 0; i < keys; i++) {
+    usageTotals.push({ keyId: keyId(i), orgId: orgId(i % orgs), projectId: projectId(i % orgs), model: 'demo-chat', minute: MINUTE, leaseEpoch: 0, requests, promptTokens: 7, completionTokens: 9, costMicros: costMicros * requests });
+    lastUsed.push({ keyId: keyId(i), atMs: NOW + seq });
+  }
+  return { seq, usage: [], lastUsed, logs: undefined, instanceId: 'inst-1', usageTotals, logBlocks: [] } as unknown as Report;
+}
+
+/** Statements issued by ingesting reports 1 and 2 (the second: the steady state). */
+async function statementsPerReport(keys: number, orgs: number, t: { after(fn: () => unknown): void }): Promise<{ first: number; second: number; db: Db; state: ControlState }> {
+  const { db, state, ingest } = await setUp(t, keys, orgs);
+  const counted = async (seq: number) => {
+    const before = db.statementsIssued;
+    const r = await ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [report(seq, keys, orgs)]);
+    assert.equal(r.duplicate, false);
+    assert.equal(r.inserted, keys);
+    return db.statementsIssued - before;
+  };
+  return { first: await counted(1), second: await counted(2), db, state };
+}
+
+test('ingesting a report issues the same number of SQLite statements for 1 key in 1 organisation as for 2,000 keys in 500', async (t) => {
+  const small = await statementsPerReport(1, 1, t);
+  const medium = await statementsPerReport(100, 10, t);
+  const large = await statementsPerReport(2000, 500, t);
+  assert.ok(small.second > 0);
+  assert.equal(medium.first, small.first, `100 keys / 10 orgs: ${medium.first} statements, 1 key: ${small.first}`);
+  assert.equal(large.first, small.first, `2,000 keys / 500 orgs: ${large.first} statements, 1 key: ${small.first}`);
+  assert.equal(large.second, small.second);
+  assert.ok(large.second <= 10, `a report costs ${large.second} statements`);
+
+  // What was written is all of it, once: two reports of one call of 10 µ$ per key.
+  const sums = await large.db.get<{ rows: number; requests: number; cost: number }>('SELECT COUNT(*) AS rows, SUM(requests) AS requests, SUM(cost_micros) AS cost FROM usage_minutes');
+  assert.deepEqual(sums, { rows: 2000, requests: 4000, cost: 40_000 });
+  const spend = await large.db.all<{ org_id: string; spend_micros: number; spend_total_micros: number }>(
+    'SELECT s.org_id, s.spend_micros, o.spend_total_micros FROM org_spend s JOIN orgs o ON o.id = s.org_id ORDER BY s.org_id',
+  );
+  assert.equal(spend.length, 500);
+  // 2,000 keys over 500 organisations: 4 keys each, 2 calls each, 10 µ$ a call.
+  for (const s of spend) assert.deepEqual([s.spend_micros, s.spend_total_micros], [80, 80], s.org_id);
+  // last_used_at is kept to the minute: written by the first report, not moved by the second (2 ms later).
+  const touched = await large.db.get<{ n: number }>('SELECT COUNT(*) AS n FROM api_keys WHERE last_used_at = ?', [new Date(NOW + 1).toISOString()]);
+  assert.equal(touched?.n, 2000);
+});
+
+test('spend alone publishes nothing to nodes; crossing the monthly cap publishes one change; money leases read committed money from memory', async (t) => {
+  const { db, state, ingest } = await setUp(t, 300, 30);
+  const source = { nodeId: 'node-a', instanceId: 'inst-1' };
+  const version0 = state.snapshots.version;
+  await ingest.ingestMany(source, [report(1, 300, 30)]);
+  await ingest.ingestMany(source, [report(2, 300, 30)]);
+  assert.equal(state.snapshots.version, version0, 'no org change is published for spend that changes nothing a node enforces');
+
+  // Each organisation has spent 10 keys × 2 calls × 10 µ$ = 200 µ$ of its 5.00 USD (grant and cap).
+  const ids = Array.from({ length: 30 }, (_, j) => orgId(j));
+  const before = db.statementsIssued;
+  const spendable = state.spendableFromMemory(ids);
+  assert.equal(db.statementsIssued, before, 'no statement for a money lease');
+  assert.ok(spendable);
+  for (const id of ids) assert.equal(spendable.get(id), 5_000_000 - 200);
+  assert.equal(state.spendableFromMemory(['org_unknown']), null);
+
+  // Key 0 (organisation 0) spends past the 5.00 USD cap: exactly one org_upsert, blocked.
+  const big: Report = { ...report(3, 1, 30, 1, 5_000_000) };
+  await ingest.ingestMany(source, [big]);
+  assert.equal(state.snapshots.version, version0 + 1);
+  assert.equal(state.snapshots.org(orgId(0))?.blocked, true);
+  assert.equal(state.spendableFromMemory([orgId(0)])?.get(orgId(0)), 0);
+  await ingest.ingestMany(source, [report(4, 300, 30)]);
+  assert.equal(state.snapshots.version, version0 + 1, 'a blocked organisation spending more publishes nothing new');
+});
