@@ -8,7 +8,7 @@ import { ConfigError, readGatewayConfig, redactGatewayConfig, type LoadedGateway
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from './store/db.js';
 import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from './store/keys-repo.js';
-import { bumpFundsVersion, getOrg, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from './store/orgs-repo.js';
+import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from './store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
 import { SnapshotStore } from './sync/snapshot-store.js';
 
