@@ -74,6 +74,8 @@ export class Journal {
   private cachedBytes = 0;
   /** Appended entries whose write failed, retried at the next `sync()`. */
   private pending: JournalEntry[] = [];
+  /** Segments being deleted (maybeDelete), awaited by close(). */
+  private readonly unlinking = new Set<Promise<void>>();
   /** Written entries waiting for the next fsync. */
   private unsynced: JournalEntry[] = [];
   private syncing: Promise<void> | null = null;
@@ -258,6 +260,7 @@ export class Journal {
   async close(): Promise<void> {
     await this.sync().catch(() => undefined);
     this.closed = true;
+    await Promise.all(this.unlinking);
     if (this.fd !== null) {
       try {
         fdatasyncSync(this.fd);
@@ -362,7 +365,10 @@ export class Journal {
   private maybeDelete(seg: Segment): void {
     if (seg === this.current || seg.unacked > 0 || seg.trailingUsage > 0) return;
     this.segments.delete(seg.id);
-    unlink(seg.path).catch(() => undefined);
+    // Off the event loop; close() waits for it, so a closed journal leaves nothing acknowledged behind.
+    const gone = unlink(seg.path).catch(() => undefined);
+    this.unlinking.add(gone);
+    void gone.then(() => this.unlinking.delete(gone));
   }
 
   /** Drops cached payloads of durable entries, oldest first, past the memory budget. */
