@@ -110,9 +110,14 @@ export async function startGateway(t: { after(fn: () => unknown): void }, opts: 
 
 /**
  * A gateway for the whole file: started in a `before` hook, stopped in an `after` hook. The returned
- * object's fields are usable once the tests run (not at module level).
+ * object's fields are usable once the tests run (not at module level). `then` runs in the same hook
+ * once the gateway is up (file-level setup: keys, clocks, variables): on Node 20 a file's top-level
+ * `before` hooks start as they are registered, so a second `before` would not wait for this one.
  */
-export function gatewayFixture(opts: GatewayOptions | (() => GatewayOptions | Promise<GatewayOptions>) = {}): Gateway {
+export function gatewayFixture(
+  opts: GatewayOptions | (() => GatewayOptions | Promise<GatewayOptions>) = {},
+  then?: (gw: Gateway) => unknown,
+): Gateway {
   let gw: Gateway | undefined;
   const ready = (): Gateway => {
     if (!gw) throw new Error('gateway fixture used before its before() hook ran');
@@ -120,6 +125,7 @@ export function gatewayFixture(opts: GatewayOptions | (() => GatewayOptions | Pr
   };
   before(async () => {
     gw = await launchGateway(typeof opts === 'function' ? await opts() : opts);
+    await then?.(gw);
   });
   after(async () => {
     await gw?.close();
