@@ -17,5 +17,7 @@ export async function startToolGateway(toolBackends: GatewayYaml[]): Promise<{ c
     },
   });
   const key = (await gw.fundedKey({ tier: 'tools' })).key;
+  // As before: the console is not needed after the key (closing it twice, in gw.close(), is harmless).
+  gw.console.close();
   return { cp: gw.cp, node: gw.node, key, gw };
 }
