@@ -1,39 +1,26 @@
 // Every 401 of the spec's Authentication section, over HTTP against real nodes, and revocation
 // reaching every connected node before the revoking CLI call returns.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { test } from 'node:test';
 import { waitUntilKnown } from '../helpers/data-plane.js';
+import { assertShapeA, gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { runCli, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 
 let cp: ControlPlane;
 let node1: DataPlane;
 let node2: DataPlane;
-let c: Console;
-
-before(async () => {
-  cp = await startControlPlane();
-  [node1, node2] = await Promise.all([startDataPlane(cp, { nodeId: 'auth-1' }), startDataPlane(cp, { nodeId: 'auth-2' })]);
-  c = consoleClient(cp.address, cp.secrets.operatorToken);
-});
-after(async () => {
-  c.close();
-  await stopAll();
+const gw = gatewayFixture({ nodes: [{ nodeId: 'auth-1' }, { nodeId: 'auth-2' }] }, () => {
+  ({ cp } = gw);
+  [node1, node2] = gw.nodes;
 });
 
 function assert401(r: { status: number; body: any }, type: string, message?: RegExp): void {
-  assert.equal(r.status, 401, JSON.stringify(r.body));
-  assert.deepEqual(Object.keys(r.body.error).sort(), ['code', 'message', 'param', 'type']);
-  assert.equal(r.body.error.code, '401');
-  assert.equal(r.body.error.type, type);
-  assert.equal(typeof r.body.error.message, 'string');
-  if (message) assert.match(r.body.error.message, message);
+  assertShapeA(r, 401, { type, message });
 }
 
 test('no Authorization header: 401 authentication_error, and no other header or query parameter authenticates', async () => {
-  const k = await createKey(c);
-  await waitUntilKnown(node1.url, k.key);
+  const k = await gw.fundedKey();
   assert401(await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody() }), 'authentication_error', /Missing API key/);
   assert401(await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: { 'x-api-key': k.key } }), 'authentication_error');
   assert401(await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: { 'api-key': k.key } }), 'authentication_error');
@@ -68,12 +55,11 @@ test('unknown key: 401 authentication_error', async () => {
 
 test('organisation with an exhausted balance: 401 insufficient_quota', async () => {
   // The paid tier has no free grant: an organisation without credits starts blocked.
-  const k = await createKey(c, { tier: 'paid' });
-  await waitUntilKnown(node1.url, k.key);
+  const k = await gw.fundedKey({ tier: 'paid' });
   const r = await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(k.key) });
   assert401(r, 'insufficient_quota', /balance/);
   // Credits unblock it on the node (pushed by the control plane).
-  await c.creditOrg({ orgId: k.orgId, amountMicros: 1_000_000, note: 'test' });
+  await gw.console.creditOrg({ orgId: k.orgId, amountMicros: 1_000_000, note: 'test' });
   let status = 0;
   for (let i = 0; i < 200 && status !== 200; i++) {
     status = (await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(k.key) })).status;
@@ -83,8 +69,7 @@ test('organisation with an exhausted balance: 401 insufficient_quota', async () 
 });
 
 test("model outside the key's allowed_models: 401 model_not_allowed", async () => {
-  const k = await createKey(c, { allowedModels: ['demo-embed'] });
-  await waitUntilKnown(node1.url, k.key);
+  const k = await gw.fundedKey({ allowedModels: ['demo-embed'] });
   const r = await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(k.key) });
   assert401(r, 'model_not_allowed', /demo-chat/);
   assert.equal(r.body.error.param, 'model');
@@ -95,13 +80,12 @@ test("model outside the key's allowed_models: 401 model_not_allowed", async () =
 });
 
 test('model outside the plan: 401 model_not_allowed, even when allowed_models names it', async () => {
-  const k = await createKey(c);
-  await waitUntilKnown(node1.url, k.key);
+  const k = await gw.fundedKey();
   const r = await request(`${node1.url}/v1/chat/completions`, { method: 'POST', json: chatBody('hi', 'demo-chat-pro'), headers: bearer(k.key) });
   assert401(r, 'model_not_allowed', /plan/);
   let widened;
   try {
-    widened = await createKey(c, { orgId: k.orgId, projectId: k.projectId, allowedModels: ['demo-chat-pro'] });
+    widened = await gw.fundedKey({ orgId: k.orgId, projectId: k.projectId, allowedModels: ['demo-chat-pro'], knownOn: [] });
   } catch {
     return; // the console refuses such a key outright: the plan still wins
   }
@@ -111,12 +95,11 @@ test('model outside the plan: 401 model_not_allowed, even when allowed_models na
 });
 
 test('revocation through the CLI: the next request on either node after the CLI returns gets 401', async () => {
-  const k = await createKey(c);
-  await Promise.all([waitUntilKnown(node1.url, k.key), waitUntilKnown(node2.url, k.key)]);
+  const k = await gw.fundedKey();
   for (const n of [node1, node2]) {
     assert.equal((await request(`${n.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(k.key) })).status, 200);
   }
-  const out = runCli(cp, cp.secrets.operatorToken, ['--json', 'key', 'revoke', k.keyId]);
+  const out = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'key', 'revoke', k.keyId]);
   assert.equal(out.code, 0, out.stderr);
   for (const n of [node1, node2]) {
     const r = await request(`${n.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(k.key) });

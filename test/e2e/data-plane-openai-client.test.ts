@@ -1,25 +1,20 @@
 // The official `openai` npm client (v6) against a real node served by a real control plane.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import OpenAI from 'openai';
-import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { type DemoKey } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { type DataPlane } from '../helpers/processes.js';
 
 let dp: DataPlane;
 let key: DemoKey;
 let client: OpenAI;
 
-before(async () => {
-  const cp = await startControlPlane();
-  dp = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  key = await createKey(c);
-  c.close();
+const gw = gatewayFixture({}, async () => {
+  dp = gw.node;
+  key = await gw.fundedKey();
   client = new OpenAI({ apiKey: key.key, baseURL: `${dp.url}/v1`, maxRetries: 0 });
-  await waitUntilKnown(dp.url, key.key);
 });
-after(stopAll);
 
 test('models.list returns the models of the plan in OpenAI list format', async () => {
   const page = await client.models.list();

@@ -1,28 +1,20 @@
 // Routing and error shapes over HTTP: 404 / 405 + Allow / bad_path, and the exact Shape A fields of
 // every 400 of the chat endpoint (malformed JSON, wrong Content-Type, missing fields, unknown model).
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { test } from 'node:test';
+import { assertRateLimitHeaders, assertShapeA, assertShapeB, gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, rawRequest, request } from '../helpers/http.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { type DataPlane } from '../helpers/processes.js';
 
 let dp: DataPlane;
 let key: string;
 let paidKey: string;
 
-before(async () => {
-  const cp = await startControlPlane();
-  dp = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  key = (await createKey(c)).key;
+const gw = gatewayFixture({}, async () => {
+  dp = gw.node;
+  key = (await gw.fundedKey()).key;
   // A paid organisation with credits: 300 rpm, room for the many requests below.
-  const paid = await createKey(c, { tier: 'paid' });
-  await c.creditOrg({ orgId: paid.orgId, amountMicros: 10_000_000, note: 'test' });
-  paidKey = paid.key;
-  c.close();
-  await waitUntilKnown(dp.url, key);
-  await waitUntilKnown(dp.url, paidKey);
+  paidKey = (await gw.fundedKey({ tier: 'paid', creditMicros: 10_000_000 })).key;
   // Wait until the credit unblocked the paid organisation on the node.
   for (let i = 0; i < 200; i++) {
     const r = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: bearer(paidKey), json: { model: 'demo-chat', messages: [{ role: 'user', content: 'x' }] } });
@@ -30,14 +22,11 @@ before(async () => {
     await new Promise((res) => setTimeout(res, 25));
   }
 });
-after(stopAll);
 
 test('a path no route matches: 404 Shape B not_found', async () => {
   for (const path of ['/v1/nope', '/v1/chat/completionz', '/v2/chat/completions', '/']) {
     const r = await request(`${dp.url}${path}`, { headers: bearer(paidKey) });
-    assert.equal(r.status, 404, path);
-    assert.deepEqual(Object.keys(r.body.error).sort(), ['code', 'message']);
-    assert.equal(r.body.error.code, 'not_found');
+    assertShapeB(r, 404, 'not_found');
   }
 });
 
@@ -86,12 +75,7 @@ function chat(body: string | undefined, contentType = 'application/json') {
 }
 
 function assertShapeA400(r: { status: number; body: any }, param: string | null, message: RegExp): void {
-  assert.equal(r.status, 400, JSON.stringify(r.body));
-  assert.deepEqual(Object.keys(r.body.error).sort(), ['code', 'message', 'param', 'type']);
-  assert.equal(r.body.error.type, 'invalid_request_error');
-  assert.equal(r.body.error.code, '400');
-  assert.equal(r.body.error.param, param);
-  assert.match(r.body.error.message, message);
+  assertShapeA(r, 400, { type: 'invalid_request_error', param, message });
 }
 
 test('every 400 of the chat endpoint has the exact Shape A fields', async () => {
@@ -114,10 +98,7 @@ test('every response of a key with limits carries the x-ratelimit headers', asyn
   const bad = await chat('nope');
   const notFound = await request(`${dp.url}/v1/nope`, { headers: bearer(paidKey) });
   for (const r of [ok, bad, notFound]) {
-    assert.equal(r.headers.get('x-ratelimit-limit-requests'), '300');
-    assert.equal(r.headers.get('x-ratelimit-limit-tokens'), '1000000');
-    assert.ok(r.headers.get('x-ratelimit-remaining-requests'));
-    assert.ok(r.headers.get('x-ratelimit-remaining-tokens'));
+    assertRateLimitHeaders(r.headers, { requests: 300, tokens: 1_000_000 });
   }
 });
 

@@ -6,6 +6,7 @@ import { consoleClient, createKey } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeUpstream } from '../helpers/fake-upstream.js';
+import { startGateway } from '../helpers/gateway-fixture.js';
 import { bearer } from '../helpers/http.js';
 import { seedKeys } from '../helpers/seed-keys.js';
 import { startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
@@ -39,20 +40,16 @@ test('a node takes a snapshot of 60,000 keys (over 8 MiB) and serves the real ke
 
 // Before the fix a node opened at most 128 connections to one upstream: the 129th concurrent stream
 // waited for another to end, however long that took (a stream can last minutes).
-test('300 concurrent streams to one upstream all reach it at once', async () => {
+test('300 concurrent streams to one upstream all reach it at once', async (t) => {
   const up = await startFakeUpstream();
   const yaml = configYaml((cfg) => {
     addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['paid'], { timeout_ms: 30_000 });
     cfg.tiers.paid.max_parallel_requests = 1000;
     cfg.tiers.paid.rpm = 10_000;
   });
-  const cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'k' } });
-  const node = await startDataPlane(cp);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key, orgId } = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId, amountMicros: 1_000_000_000, note: 'test' });
-  admin.close();
-  await waitUntilKnown(node.url, key);
+  const gw = await startGateway(t, { controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'k' } } });
+  const node = gw.node;
+  const { key } = await gw.fundedKey({ tier: 'paid', creditMicros: 1_000_000_000 });
   up.setMode('hold-stream');
   const body = JSON.stringify({ model: 'up-chat', stream: true, messages: [{ role: 'user', content: 'Say hello' }] });
   const responses = Array.from({ length: 300 }, () =>

@@ -5,15 +5,15 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import { request as httpRequest, type ClientRequest } from 'node:http';
 import { connect, type Socket } from 'node:net';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { eventually } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream, type UploadRecord } from '../helpers/fake-upstream.js';
 import { bearer } from '../helpers/http.js';
-import { startControlPlane, startDataPlane, stopAll, tempDir, type DataPlane } from '../helpers/processes.js';
+import { tempDir, type DataPlane } from '../helpers/processes.js';
 
 const KIB = 1024;
 const MIB = 1024 * KIB;
@@ -21,34 +21,31 @@ const PATH = '/v1/audio/transcriptions';
 
 let up: FakeUpstream;
 let dp: DataPlane;
-let c: Console;
 /** The node's TMPDIR: where its spill files go, and nothing else. */
 let spillDir: string;
 
-before(async () => {
-  up = await startFakeUpstream();
-  const yaml = configYaml((cfg) => {
-    addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' });
-  });
-  const cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
-  spillDir = tempDir('tollgate-spill-');
-  // tsx would otherwise keep its compile cache in TMPDIR.
-  dp = await startDataPlane(cp, { env: { TMPDIR: spillDir, TSX_DISABLE_CACHE: '1' } });
-  c = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+const gw = gatewayFixture(
+  async () => {
+    up = await startFakeUpstream();
+    const yaml = configYaml((cfg) => {
+      addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' });
+    });
+    spillDir = tempDir('tollgate-spill-');
+    // tsx would otherwise keep its compile cache in TMPDIR.
+    return { controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } }, node: { env: { TMPDIR: spillDir, TSX_DISABLE_CACHE: '1' } } };
+  },
+  (g) => {
+    dp = g.node;
+  },
+);
 after(async () => {
-  c.close();
-  await stopAll();
   await up.close();
   rmSync(spillDir, { recursive: true, force: true });
 });
 
 async function newKey(allowedModels: string[] = []): Promise<string> {
   // Paid keys (300 rpm): the polling below counts against rpm like every admitted request.
-  const k = await createKey(c, { allowedModels, tier: 'paid' });
-  await c.creditOrg({ orgId: k.orgId, amountMicros: 10_000_000, note: 'test' });
-  await waitUntilKnown(dp.url, k.key);
-  return k.key;
+  return (await gw.fundedKey({ allowedModels, tier: 'paid', creditMicros: 10_000_000 })).key;
 }
 
 /** User plus system CPU seconds the process has used (/proc/PID/stat fields 14 and 15, in 1/100 s). */

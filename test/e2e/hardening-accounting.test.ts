@@ -5,13 +5,14 @@
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { type Console } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { eventually } from '../helpers/data-plane.js';
 import { bearer, chatBody, rawRequest, request } from '../helpers/http.js';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
 
 const SPEECH_BYTES = 4 * 1024 * 1024;
@@ -67,28 +68,31 @@ function waitForHeld(n: number): Promise<void> {
   });
 }
 
-before(async () => {
-  await new Promise<void>((resolve) => fixture.listen(0, '127.0.0.1', resolve));
-  const base = `http://127.0.0.1:${(fixture.address() as AddressInfo).port}`;
-  cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.tool_backends = [
-        { prefix: '/v1/files', base_url: `${base}/tools`, timeout_ms: 30_000 },
-        { prefix: '/v1/vector_stores', base_url: `${base}/tools`, timeout_ms: 30_000 },
-      ];
-      addUpstreamModel(cfg, 'up-chat', `${base}/v1`);
-      addUpstreamModel(cfg, 'up-speech', `${base}/v1`, ['free', 'paid'], { kind: 'speech', audio_usd_per_unit: '0.015', voices: ['alloy'], input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
-  });
-  node = await startDataPlane(cp);
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+const gw = gatewayFixture(
+  async () => {
+    await new Promise<void>((resolve) => fixture.listen(0, '127.0.0.1', resolve));
+    const base = `http://127.0.0.1:${(fixture.address() as AddressInfo).port}`;
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => {
+          cfg.tool_backends = [
+            { prefix: '/v1/files', base_url: `${base}/tools`, timeout_ms: 30_000 },
+            { prefix: '/v1/vector_stores', base_url: `${base}/tools`, timeout_ms: 30_000 },
+          ];
+          addUpstreamModel(cfg, 'up-chat', `${base}/v1`);
+          addUpstreamModel(cfg, 'up-speech', `${base}/v1`, ['free', 'paid'], { kind: 'speech', audio_usd_per_unit: '0.015', voices: ['alloy'], input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
+        }),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+      },
+    };
+  },
+  (g) => {
+    ({ cp, node, console: admin } = g);
+  },
+);
 after(async () => {
   for (const r of held) r.destroy();
-  admin?.close();
   fixture.close();
-  await stopAll();
 });
 
 /**
@@ -114,8 +118,7 @@ async function abortOnceHeld(path: string, method: string, key: string, body = '
 
 test('tool requests, model listings and voices each count one request against rpm', async () => {
   // Before the fix, tool requests refunded their rpm ticket and listings never took one.
-  const { key } = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, key);
+  const { key } = await gw.fundedKey({ tier: 'free' });
   for (let i = 1; i <= 20; i++) {
     const r = await request(`${node.url}/v1/files/f${i}?purpose=x`, { headers: bearer(key) });
     assert.equal(r.status, 200, r.text);
@@ -129,8 +132,7 @@ test('tool requests, model listings and voices each count one request against rp
     assert.ok(Number(r.headers.get('retry-after')) >= 1);
   }
 
-  const other = (await createKey(admin, { tier: 'free' })).key;
-  await waitUntilKnown(node.url, other);
+  const other = (await gw.fundedKey({ tier: 'free' })).key;
   for (let i = 1; i <= 20; i++) {
     const path = i % 2 ? '/v1/models' : '/v1/audio/voices';
     const r = await request(`${node.url}${path}`, { headers: bearer(other) });
@@ -145,9 +147,7 @@ test('tool requests, model listings and voices each count one request against rp
 test('aborted tool requests give their money reservation back: a paying organisation is not refused after 50', async () => {
   // Before the fix, each aborted tool request kept the estimated cost of the organisation's costliest
   // request reserved on the node for good, so its slice ran dry and it was refused with 401.
-  const { key, orgId } = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId, amountMicros: 200_000, note: 'test' });
-  await waitUntilKnown(node.url, key);
+  const { key } = await gw.fundedKey({ tier: 'paid', creditMicros: 200_000 });
   // One costly request (~8,000 prompt tokens at $5/Mtok: ~$0.04) sets the reservation per request.
   const big = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('word '.repeat(8000), 'demo-chat-pro') });
   assert.equal(big.status, 200, big.text);
@@ -160,8 +160,7 @@ test('aborted tool requests give their money reservation back: a paying organisa
 test('a known-length answer to a client that stops reading for 2 s is delivered whole and billed in full', async () => {
   // Before the fix, a tryEnd that finished inside onWritable never resumed the paused upstream: the
   // usage row said 500 with cost 0.
-  const { key, keyId } = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, key);
+  const { key, keyId } = await gw.fundedKey({ tier: 'free' });
   const input = 'Read this aloud, slowly.';
   const body = JSON.stringify({ model: 'up-speech', input, voice: 'alloy' });
   const received = await new Promise<number>((resolve, reject) => {
@@ -200,8 +199,7 @@ test('a known-length answer to a client that stops reading for 2 s is delivered 
 
 test('a client that aborts before the upstream answered is billed its prompt and recorded as 499', async () => {
   // Before the fix, such a request was recorded with cost 0: aborting just before the end was free.
-  const { key, keyId } = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, key);
+  const { key, keyId } = await gw.fundedKey({ tier: 'free' });
   await abortOnceHeld('/v1/chat/completions', 'POST', key, JSON.stringify({ model: 'up-chat', messages: [{ role: 'user', content: 'hold' }] }));
   const [row] = await waitForUsageRows(cp.dbPath, keyId, 1);
   assert.equal(row.status, 499);
@@ -211,8 +209,7 @@ test('a client that aborts before the upstream answered is billed its prompt and
 
 test('every answer after authentication carries the rate headers: 404, 405, 413, 400 and the blocked organisation 401', async () => {
   // Before the fix, the 413 and the blocked organisation's 401 had no x-ratelimit-* headers.
-  const { key, orgId } = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, key);
+  const { key, orgId } = await gw.fundedKey({ tier: 'free' });
   const expectHeaders = (r: { status: number; text: string; headers: Headers }, what: string) => {
     assert.equal(r.headers.get('x-ratelimit-limit-requests'), '20', `${what}: ${r.status} ${r.text}`);
     assert.ok(r.headers.get('x-ratelimit-remaining-requests') !== null, what);

@@ -1,23 +1,14 @@
 // Hardening, third round (issue 21): what a node keeps across sessions and connections. Realtime
 // sessions that closed leave nothing for a drain to wait for.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { test } from 'node:test';
+import { eventually } from '../helpers/data-plane.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { openRealtime } from '../helpers/realtime.js';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type Proc } from '../helpers/processes.js';
+import { type Proc } from '../helpers/processes.js';
 
-let cp: ControlPlane;
-let c: Console;
-
-before(async () => {
-  cp = await startControlPlane();
-  c = consoleClient(cp.address, cp.secrets.operatorToken);
-});
-after(async () => {
-  c?.close();
-  await stopAll();
-});
+// A control plane only: each test starts the nodes it needs.
+const gw = gatewayFixture({ nodes: 0 });
 
 function exitCode(proc: Proc): Promise<number | null> {
   const child = proc.child;
@@ -28,9 +19,8 @@ function exitCode(proc: Proc): Promise<number | null> {
 test('a SIGTERM after realtime sessions closed finds nothing open and exits at once', async () => {
   // Before the fix every upgraded request stayed in the node's set of open responses: after 3 closed
   // sessions the drain reported "open: 3" and waited the whole --drain-seconds.
-  const dp = await startDataPlane(cp, { adminListen: true, extraArgs: ['--drain-seconds', '120'] });
-  const k = await createKey(c, { tier: 'free' });
-  await waitUntilKnown(dp.url, k.key);
+  const dp = await gw.addNode({ adminListen: true, extraArgs: ['--drain-seconds', '120'] });
+  const k = await gw.fundedKey({ tier: 'free', knownOn: [dp] });
   for (let i = 0; i < 3; i++) {
     const s = await openRealtime(dp.address, { key: k.key });
     await s.session.waitFor('session.created');

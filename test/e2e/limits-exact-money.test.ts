@@ -5,9 +5,10 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
-import { startControlPlane, startDataPlane, stopAll, runCli, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { startDataPlane, stopAll, runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { launchGateway } from '../helpers/gateway-fixture.js';
 import { bearer, chatBody, request, type HttpResult } from '../helpers/http.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { createKey, type Console } from '../helpers/console.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 
@@ -34,12 +35,11 @@ async function allNodesCurrent(admin: Console, n: number): Promise<void> {
   }, 'every node on the current version');
 }
 
+/** A control plane and `n` nodes started one after another (stopped by stopAll after the file). */
 async function cluster(n: number): Promise<{ cp: ControlPlane; nodes: DataPlane[]; admin: Console }> {
-  const cp = await startControlPlane({ configYaml: configYaml(pricey) });
-  const nodes: DataPlane[] = [];
-  for (let i = 0; i < n; i++) nodes.push(await startDataPlane(cp, { nodeId: `node-${i}` }));
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  return { cp, nodes, admin };
+  const gw = await launchGateway({ controlPlane: { configYaml: configYaml(pricey) }, nodes: 0 });
+  for (let i = 0; i < n; i++) await gw.addNode({ nodeId: `node-${i}` });
+  return { cp: gw.cp, nodes: gw.nodes, admin: gw.console };
 }
 
 test('a node started after a lone node leased the organisation\'s whole money slice serves the organisation', async () => {
@@ -157,11 +157,11 @@ test('a config reload that lowers the tier\'s cap blocks both nodes within a sec
     pricey(cfg);
     cfg.tiers.paid.monthly_cap_usd = '1.00';
   }));
-  const reload = runCli(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']);
+  const reload = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']);
   assert.equal(reload.code, 0, reload.stderr);
   await everyNodeAnswers(nodes, key, 401, 1000, 'the lowered cap');
   writeFileSync(cp.configPath!, configYaml(pricey));
-  assert.equal(runCli(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']).code, 0);
+  assert.equal((await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload'])).code, 0);
   await everyNodeAnswers(nodes, key, 200, 1000, 'the cap raised again');
   admin.close();
 });

@@ -1,12 +1,13 @@
 // Money: spend = usage × the model's prices; the free grant, credits and the monthly cap decide
 // whether an organisation's keys authenticate, on every node, read live from the config.
-import { test, after, before } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
-import { startControlPlane, startDataPlane, stopAll, runCli, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { type Console } from '../helpers/console.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 
 let cp: ControlPlane;
 let node: DataPlane;
@@ -19,14 +20,8 @@ function pricey(cfg: GatewayYaml): void {
   cfg.tiers.paid.models.push('demo-pricey');
 }
 
-before(async () => {
-  cp = await startControlPlane({ configYaml: configYaml(pricey) });
-  node = await startDataPlane(cp);
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
-after(async () => {
-  admin?.close();
-  await stopAll();
+const gw = gatewayFixture(() => ({ controlPlane: { configYaml: configYaml(pricey) } }), () => {
+  ({ cp, node, console: admin } = gw);
 });
 
 /** Polls `probe` until it returns true, at most `ms`; for state that propagates asynchronously by design. */
@@ -40,7 +35,7 @@ async function within(ms: number, probe: () => Promise<boolean>): Promise<boolea
 }
 
 test('a free organisation spends its 5.00 USD grant and the next request gets 401 insufficient_quota', async () => {
-  const { key, orgId } = await createKey(admin, { tier: 'free' });
+  const { key, orgId } = await gw.fundedKey({ tier: 'free' });
   let admitted = 0;
   let maxCost = 0;
   let refused: Awaited<ReturnType<typeof request>> | undefined;
@@ -67,13 +62,13 @@ test('a free organisation spends its 5.00 USD grant and the next request gets 40
   assert.equal(embed.status, 401);
   assert.equal(embed.body.error.type, 'insufficient_quota');
   // The CLI shows the state.
-  const shown = JSON.parse(runCli(cp, cp.secrets.operatorToken, ['--json', 'org', 'show', orgId]).stdout);
+  const shown = JSON.parse((await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'org', 'show', orgId])).stdout);
   assert.equal(shown.blocked, true);
   assert.ok(['balance_exhausted', 'monthly_cap_reached'].includes(shown.blocked_reason));
 });
 
 test('a paid organisation with no credit is blocked; an operator credit unblocks it within a second', async () => {
-  const { key, orgId } = await createKey(admin, { tier: 'paid' });
+  const { key, orgId } = await gw.fundedKey({ tier: 'paid' });
   const before = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });
   assert.equal(before.status, 401);
   assert.equal(before.body.error.type, 'insufficient_quota');
@@ -87,7 +82,7 @@ test('a paid organisation with no credit is blocked; an operator credit unblocks
 });
 
 test('a cap lowered in the config file blocks on reload, without restarting anything', async () => {
-  const { key, orgId } = await createKey(admin, { tier: 'paid' });
+  const { key, orgId } = await gw.fundedKey({ tier: 'paid' });
   await admin.creditOrg({ orgId, amountMicros: 100_000_000, note: 'plenty' });
   assert.ok(await within(1000, async () => (await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('x', 'demo-pricey') })).status === 200));
   assert.ok(await within(2000, async () => (await admin.getOrg({ orgId })).monthSpendMicros > 1_000_000));
@@ -98,7 +93,7 @@ test('a cap lowered in the config file blocks on reload, without restarting anyt
       cfg.tiers.paid.monthly_cap_usd = '1.00';
     }),
   );
-  const reload = runCli(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']);
+  const reload = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'config', 'reload']);
   assert.equal(reload.code, 0, reload.stderr);
   const blocked = await within(1000, async () => {
     const res = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody() });

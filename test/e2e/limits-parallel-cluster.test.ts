@@ -1,15 +1,16 @@
 // A key's parallel-request limit across nodes (issue 8): the limit holds for the cluster, not per node,
 // and a node is refused only when every slot of the key is in use somewhere. Nodes lease slots from the
 // control plane, which takes idle ones back from other nodes before it says all are in use.
-import { test, after, before } from 'node:test';
+import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { startControlPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { bearer, chatBody, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { consoleClient, type Console } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 
 const LIMIT = 10;
 let cp: ControlPlane;
@@ -29,30 +30,37 @@ function release(n = held.length): void {
   }
 }
 
-before(async () => {
-  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
-  const port = (upstream.address() as AddressInfo).port;
-  cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      addUpstreamModel(cfg, 'slow-chat', `http://127.0.0.1:${port}/v1`, ['paid']);
-      cfg.tiers.paid.max_parallel_requests = LIMIT;
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
-  });
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  nodes = [];
-  for (let i = 0; i < 3; i++) {
-    const n = await startDataPlane(cp, { nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
-    await setClock(n.adminUrl!, { now_ms: minuteStart() + 5_000 });
-    nodes.push(n);
-  }
-  await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === 3, 'three nodes connected');
-});
+const gw = gatewayFixture(
+  async () => {
+    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+    const port = (upstream.address() as AddressInfo).port;
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => {
+          addUpstreamModel(cfg, 'slow-chat', `http://127.0.0.1:${port}/v1`, ['paid']);
+          cfg.tiers.paid.max_parallel_requests = LIMIT;
+        }),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+      },
+      nodes: 0,
+    };
+  },
+  async (g) => {
+    ({ cp, console: admin } = g);
+    for (let i = 0; i < 3; i++) {
+      const n = await g.addNode({ nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
+      await setClock(n.adminUrl!, { now_ms: minuteStart() + 5_000 });
+    }
+    nodes = g.nodes;
+    await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === 3, 'three nodes connected');
+  },
+);
 
 after(async () => {
   release();
   admin?.close();
   upstream.close();
+  // The control plane restarted by the last test is not the fixture's.
   await stopAll();
 });
 
@@ -64,10 +72,7 @@ async function heldAtUpstream(n: number): Promise<void> {
 }
 
 async function paidKey(): Promise<string> {
-  const { key, orgId } = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId, amountMicros: 100_000_000, note: 'test' });
-  for (const n of nodes) await waitUntilKnown(n.url, key);
-  return key;
+  return (await gw.fundedKey({ tier: 'paid', creditMicros: 100_000_000 })).key;
 }
 
 test('the parallel limit holds across three nodes: 6 + 4 in flight, the eleventh is refused on the third node', async () => {

@@ -9,30 +9,28 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { startFakeNode } from '../helpers/fake-node.js';
 import { startFakeUpstream } from '../helpers/fake-upstream.js';
+import { startGateway } from '../helpers/gateway-fixture.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { cliJson, runCli, startControlPlane, startDataPlane, stopAll, tempDir } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, tempDir } from '../helpers/processes.js';
 
 after(stopAll);
 
 test('key revoke names the connected nodes that did not confirm and the known nodes that are not connected', async (t) => {
-  const cp = await startControlPlane({ extraArgs: ['--revoke-ack-timeout-ms', '1500'] });
+  const gw = await startGateway(t, { controlPlane: { extraArgs: ['--revoke-ack-timeout-ms', '1500'] }, nodes: 0 });
+  const [cp, c] = [gw.cp, gw.console];
   const op = cp.secrets.operatorToken;
-  const c = consoleClient(cp.address, op);
-  t.after(() => c.close());
-  const live = await startDataPlane(cp, { nodeId: 'edge-live' });
-  const gone = await startDataPlane(cp, { nodeId: 'edge-gone' });
+  const live = await gw.addNode({ nodeId: 'edge-live' });
+  const gone = await gw.addNode({ nodeId: 'edge-gone' });
   await gone.proc.kill('SIGKILL');
   await eventually(async () => (await c.listNodes()).nodes.some((n) => n.id === 'edge-gone' && !n.connected), 'edge-gone to be seen as disconnected');
   const holder = await startFakeNode(cp, { nodeId: 'edge-stuck', holdAcks: true });
   t.after(() => holder.close());
 
-  const doomed = await createKey(c);
-  await waitUntilKnown(live.url, doomed.key);
-  const r = runCli(cp, op, ['--json', 'key', 'revoke', doomed.keyId]);
+  const doomed = await gw.fundedKey({ knownOn: [live] });
+  const r = await runCliAsync(cp, op, ['--json', 'key', 'revoke', doomed.keyId]);
   assert.equal(r.code, 0, r.stderr);
   const out = JSON.parse(r.stdout);
   assert.equal(out.status, 'revoked');
@@ -43,8 +41,8 @@ test('key revoke names the connected nodes that did not confirm and the known no
   assert.equal(typeof out.nodes_disconnected[0].last_seen_at, 'string');
 
   // The table form says the same in words.
-  const other = await createKey(c, { orgId: doomed.orgId, projectId: doomed.projectId });
-  const text = runCli(cp, op, ['key', 'revoke', other.keyId]);
+  const other = await gw.fundedKey({ orgId: doomed.orgId, projectId: doomed.projectId, knownOn: [] });
+  const text = await runCliAsync(cp, op, ['key', 'revoke', other.keyId]);
   assert.equal(text.code, 0, text.stderr);
   assert.match(text.stdout, /nodes:\s+1 of 2 connected confirmed, 1 known node\(s\) not connected/);
   assert.match(text.stderr, /did not confirm in time: edge-stuck;/);
@@ -58,40 +56,39 @@ test('a second node under a node id already connected is refused and named; the 
   await second.proc.waitFor(new RegExp(`refused by control plane: node id \\\\?"edge-dup\\\\?" is already connected from ${first.address.replace(/\./g, '\\.')}; give every node its own --node-id; retrying`));
   await cp.proc.waitFor(/sync: refused node \\?"edge-dup\\?" from \S+: that node id is already connected/);
   assert.doesNotMatch(second.proc.output(), /data plane ready/);
-  const nodes = cliJson(cp, cp.secrets.operatorToken, ['nodes', 'list']).nodes;
+  const nodes = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['nodes', 'list'])).nodes;
   assert.deepEqual(nodes.map((n: { id: string; address: string }) => [n.id, n.address]), [['edge-dup', first.address]]);
 });
 
 test('models list shows audio prices; nodes list shows applied version, lag, last report and journal depth', async (t) => {
-  const cp = await startControlPlane();
+  const gw = await startGateway(t, { nodes: 0 });
+  const cp = gw.cp;
   const op = cp.secrets.operatorToken;
-  const models = cliJson(cp, op, ['models', 'list']).models;
+  const models = (await cliJsonAsync(cp, op, ['models', 'list'])).models;
   const speech = models.find((m: { id: string }) => m.id === 'demo-speech');
   assert.equal(speech.audio_usd_per_unit, '0.015');
   assert.equal(models.find((m: { id: string }) => m.id === 'demo-transcribe').audio_usd_per_unit, '0.0001');
-  const table = runCli(cp, op, ['models', 'list']);
+  const table = await runCliAsync(cp, op, ['models', 'list']);
   assert.match(table.stdout, /AUDIO_USD_PER_UNIT/);
   assert.match(table.stdout, /demo-speech\s+speech\s+demo\s+-\s+-\s+0\.015 \/1k chars/);
   assert.match(table.stdout, /demo-transcribe\s+transcription\s+demo\s+-\s+-\s+0\.0001 \/second/);
 
-  const node = await startDataPlane(cp, { nodeId: 'edge-1' });
-  const c = consoleClient(cp.address, op);
-  t.after(() => c.close());
-  const key = await createKey(c);
-  await waitUntilKnown(node.url, key.key);
+  const node = await gw.addNode({ nodeId: 'edge-1' });
+  const c = gw.console;
+  const key = await gw.fundedKey();
   assert.equal((await request(`${node.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(key.key) })).status, 200);
   await eventually(async () => {
     const n = (await c.listNodes()).nodes.find((x) => x.id === 'edge-1');
     return !!n && n.lastReportAt !== '' && n.journalDepth === 0;
   }, 'the usage report to arrive and the node to say its journal is empty');
-  const listed = cliJson(cp, op, ['nodes', 'list']);
+  const listed = await cliJsonAsync(cp, op, ['nodes', 'list']);
   const n = listed.nodes.find((x: { id: string }) => x.id === 'edge-1');
   assert.equal(n.address, node.address);
   assert.equal(n.connected, true);
   assert.equal(n.lag, listed.current_version - n.acked_version);
   assert.equal(n.journal_depth, 0);
   assert.match(n.last_report_at, /^\d{4}-\d\d-\d\dT/);
-  const words = runCli(cp, op, ['nodes', 'list']);
+  const words = await runCliAsync(cp, op, ['nodes', 'list']);
   assert.match(words.stdout, /ID\s+ADDRESS\s+CONNECTED\s+APPLIED_VERSION\s+LAG\s+LAST_REPORT_AT\s+JOURNAL_DEPTH\s+LAST_SEEN_AT/);
 });
 
@@ -104,19 +101,16 @@ test("an upstream's API key comes from api_key_file, and a changed file is picke
     addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { api_key_env: undefined, api_key_file: 'upstream.key' });
     delete cfg.models.at(-1).api_key_env;
   });
-  const cp = await startControlPlane({ dir, configYaml: yaml });
-  const node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  t.after(() => c.close());
-  const key = await createKey(c);
-  await waitUntilKnown(node.url, key.key);
+  const gw = await startGateway(t, { controlPlane: { dir, configYaml: yaml } });
+  const [cp, node] = [gw.cp, gw.node];
+  const key = await gw.fundedKey();
   const chat = () => request(`${node.url}/v1/chat/completions`, { method: 'POST', json: chatBody('hi', 'up-chat'), headers: bearer(key.key) });
   assert.equal((await chat()).status, 200);
   assert.equal(upstream.requests.at(-1)!.headers.authorization, 'Bearer sk-upstream-first');
 
   // A new key in the file: no restart, a reload.
   writeFileSync(join(dir, 'upstream.key'), 'sk-upstream-second\n');
-  const reload = runCli(cp, cp.secrets.operatorToken, ['config', 'reload']);
+  const reload = await runCliAsync(cp, cp.secrets.operatorToken, ['config', 'reload']);
   assert.equal(reload.code, 0, reload.stderr);
   await eventually(async () => {
     assert.equal((await chat()).status, 200);
@@ -125,7 +119,7 @@ test("an upstream's API key comes from api_key_file, and a changed file is picke
 
   // A file that cannot be read is refused, named, and the old config stays; its contents never show.
   writeFileSync(join(dir, 'gateway.yaml'), yaml.replace('api_key_file: upstream.key', 'api_key_file: missing.key'));
-  const bad = runCli(cp, cp.secrets.operatorToken, ['config', 'reload']);
+  const bad = await runCliAsync(cp, cp.secrets.operatorToken, ['config', 'reload']);
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /config not reloaded, old config kept: .*model up-chat\.api_key_file: cannot read \S*missing\.key \(ENOENT\)/);
   assert.equal((await chat()).status, 200);
@@ -140,7 +134,7 @@ test('messages: a clean end of the stream, a pepper mismatch, and a 401 that say
   assert.match(wrong.proc.output(), /refused by control plane: pepper mismatch: the node's key pepper differs from the control plane's; check TOLLGATE_PEPPER or --pepper-file/);
   assert.doesNotMatch(wrong.proc.output(), /pepper mismatch \(/);
 
-  const noToken = runCli(cp, undefined, ['org', 'list']);
+  const noToken = await runCliAsync(cp, undefined, ['org', 'list']);
   assert.equal(noToken.code, 1);
   assert.equal(noToken.stderr.trim(), '401 missing or invalid token: pass --token or set TOLLGATE_TOKEN (npm start keeps the operator token in data/operator-token)');
 

@@ -5,28 +5,32 @@
 import assert from 'node:assert/strict';
 import { existsSync, statSync } from 'node:fs';
 import { connect } from 'node:net';
-import { after, before, test } from 'node:test';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { after, test } from 'node:test';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer } from '../helpers/http.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type Proc } from '../helpers/processes.js';
+import { startControlPlane, stopAll, type ControlPlane, type Proc } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
 
 let up: FakeUpstream;
 let cp: ControlPlane;
-let c: Console;
 
-before(async () => {
-  up = await startFakeUpstream();
-  const yaml = configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free', 'paid'], { timeout_ms: 60_000 }));
-  cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
-  c = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+// A control plane only: each test starts the node it drains.
+const gw = gatewayFixture(
+  async () => {
+    up = await startFakeUpstream();
+    const yaml = configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free', 'paid'], { timeout_ms: 60_000 }));
+    return { controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } }, nodes: 0 };
+  },
+  (g) => {
+    cp = g.cp;
+  },
+);
 after(async () => {
-  c.close();
   await stopAll();
   await up.close();
 });
@@ -77,9 +81,8 @@ async function openHeldStream(url: string, key: string) {
 }
 
 test('SIGTERM during a stream: not ready, no new connections, the stream completes, exit 0, usage arrives', async () => {
-  const dp = await startDataPlane(cp, { adminListen: true, extraArgs: ['--drain-seconds', '60'] });
-  const k = await createKey(c, { tier: 'free' });
-  await waitUntilKnown(dp.url, k.key);
+  const dp = await gw.addNode({ adminListen: true, extraArgs: ['--drain-seconds', '60'] });
+  const k = await gw.fundedKey({ tier: 'free', knownOn: [dp] });
   const stream = await openHeldStream(dp.url, k.key);
 
   dp.proc.child.kill('SIGTERM');
@@ -112,9 +115,8 @@ test('SIGTERM during a stream: not ready, no new connections, the stream complet
 });
 
 test('past --drain-seconds an open stream is closed, billed as an abort, and the node still exits 0', async () => {
-  const dp = await startDataPlane(cp, { extraArgs: ['--drain-seconds', '1'] });
-  const k = await createKey(c, { tier: 'free' });
-  await waitUntilKnown(dp.url, k.key);
+  const dp = await gw.addNode({ extraArgs: ['--drain-seconds', '1'] });
+  const k = await gw.fundedKey({ tier: 'free', knownOn: [dp] });
   const stream = await openHeldStream(dp.url, k.key);
   dp.proc.child.kill('SIGTERM');
   // The upstream never finishes; the node cuts the stream at the deadline.
@@ -131,9 +133,8 @@ test('past --drain-seconds an open stream is closed, billed as an abort, and the
 });
 
 test('a second SIGTERM exits at once, without waiting for the open stream', async () => {
-  const dp = await startDataPlane(cp, { extraArgs: ['--drain-seconds', '60'] });
-  const k = await createKey(c, { tier: 'free' });
-  await waitUntilKnown(dp.url, k.key);
+  const dp = await gw.addNode({ extraArgs: ['--drain-seconds', '60'] });
+  const k = await gw.fundedKey({ tier: 'free', knownOn: [dp] });
   const stream = await openHeldStream(dp.url, k.key);
   dp.proc.child.kill('SIGTERM');
   await dp.proc.waitFor(/"msg":"draining: no new connections/);

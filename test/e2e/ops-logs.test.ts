@@ -4,11 +4,10 @@
 // or pepper; --log-level filters.
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { startGateway } from '../helpers/gateway-fixture.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { startControlPlane, startDataPlane, startProcess, stopAll } from '../helpers/processes.js';
+import { startProcess, stopAll } from '../helpers/processes.js';
 
 after(async () => {
   await stopAll();
@@ -46,14 +45,12 @@ function events(output: string): LogLine[] {
   return out;
 }
 
-test('JSON events for start, sync, config reload, revocation with acks and request errors, and never a secret', async () => {
+test('JSON events for start, sync, config reload, revocation with acks and request errors, and never a secret', async (t) => {
   const yaml = configYaml((cfg) => addUpstreamModel(cfg, 'dead-chat', 'http://127.0.0.1:1/v1', ['free', 'paid']));
-  const cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret-value' } });
-  const dp = await startDataPlane(cp, { nodeId: 'log-node' });
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const gw = await startGateway(t, { controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret-value' } }, nodes: [{ nodeId: 'log-node' }] });
+  const [cp, dp, c] = [gw.cp, gw.node, gw.console];
   try {
-    const k = await createKey(c, { tier: 'free' });
-    await waitUntilKnown(dp.url, k.key);
+    const k = await gw.fundedKey({ tier: 'free' });
     const ok = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: bearer(k.key), json: chatBody() });
     assert.equal(ok.status, 200);
     const failed = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: bearer(k.key), json: chatBody('Hi', 'dead-chat') });
@@ -98,9 +95,8 @@ test('JSON events for start, sync, config reload, revocation with acks and reque
   }
 });
 
-test('--log-level warn leaves out info events; a bad level is refused at start', async () => {
-  const cp = await startControlPlane({ extraArgs: ['--log-level', 'warn'] });
-  const dp = await startDataPlane(cp, { extraArgs: ['--log-level', 'warn'] });
+test('--log-level warn leaves out info events; a bad level is refused at start', async (t) => {
+  const { cp, node: dp } = await startGateway(t, { controlPlane: { extraArgs: ['--log-level', 'warn'] }, node: { extraArgs: ['--log-level', 'warn'] } });
   // The process-interface lines are still printed.
   assert.match(dp.proc.output(), /data plane ready/);
   assert.ok(events(cp.proc.output()).every((e) => e.level !== 'info'));

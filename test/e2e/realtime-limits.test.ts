@@ -2,12 +2,13 @@
 // upstream instead of buffering past its configured limit; tokens from response.done count against
 // the key's tpm and money against the organisation, and a session whose key's tpm or organisation's
 // money runs out is closed after the current response with a reason saying why.
-import { test, after, before } from 'node:test';
+import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type Console } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 import { minuteStart, setClock } from '../helpers/http.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
@@ -19,27 +20,28 @@ let node: DataPlane;
 let admin: Console;
 let upstream: FakeRealtimeUpstream;
 
-before(async () => {
+const gw = gatewayFixture(async () => {
   upstream = await startFakeRealtimeUpstream();
-  cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.models.push({ id: 'rt-upstream', provider: 'openai', kind: 'realtime', input_usd_per_mtok: '1.00', output_usd_per_mtok: '1.00' });
-      // One demo response costs a few dollars: a free grant of 5.00 lasts about one.
-      cfg.models.push({ id: 'demo-realtime-pricey', provider: 'demo', kind: 'realtime', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
-      cfg.realtime_upstreams = [{ model: 'rt-upstream', url: upstream.url }];
-      cfg.tiers.free.models.push('rt-upstream', 'demo-realtime-pricey');
-      cfg.tiers['roomy'] = { rpm: 300, tpm: 1000000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000.00', models: ['demo-realtime'] };
-      cfg.tiers['tiny-tpm'] = { rpm: 300, tpm: 20, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
-    }),
-  });
-  node = await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--realtime-max-buffered-kib', String(LIMIT_KIB)] });
+  return {
+    controlPlane: {
+      configYaml: configYaml((cfg) => {
+        cfg.models.push({ id: 'rt-upstream', provider: 'openai', kind: 'realtime', input_usd_per_mtok: '1.00', output_usd_per_mtok: '1.00' });
+        // One demo response costs a few dollars: a free grant of 5.00 lasts about one.
+        cfg.models.push({ id: 'demo-realtime-pricey', provider: 'demo', kind: 'realtime', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
+        cfg.realtime_upstreams = [{ model: 'rt-upstream', url: upstream.url }];
+        cfg.tiers.free.models.push('rt-upstream', 'demo-realtime-pricey');
+        cfg.tiers['roomy'] = { rpm: 300, tpm: 1000000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000.00', models: ['demo-realtime'] };
+        cfg.tiers['tiny-tpm'] = { rpm: 300, tpm: 20, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
+      }),
+    },
+    node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--realtime-max-buffered-kib', String(LIMIT_KIB)] },
+  };
+}, async () => {
+  ({ cp, node, console: admin } = gw);
   // Inside one minute for the whole file: the tpm test reads the minute it spent.
   await setClock(node.adminUrl!, { now_ms: minuteStart() + 5_000 });
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
 });
 after(async () => {
-  admin?.close();
-  await stopAll();
   await upstream?.close();
 });
 
@@ -48,8 +50,7 @@ async function stats(): Promise<{ open: number; paused_upstreams: number; peak_b
 }
 
 test('a client that stops reading: the node holds at most its configured limit for it and pauses the upstream; everything arrives in order once it reads again', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const before = upstream.connections.length;
   const { ws, session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
   const conn = await upstream.waitForConnection(before + 1);
@@ -79,8 +80,7 @@ test('a client that stops reading: the node holds at most its configured limit f
 });
 
 test("usage: a free organisation whose grant runs out mid-session gets its socket closed after the response, with the reason; its spend is the grant plus at most that response", async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const { session } = await openRealtime(node.address, { key: k.key, model: 'demo-realtime-pricey' });
   await session.waitFor('session.created');
   let costs = 0;
@@ -115,8 +115,7 @@ test("usage: a free organisation whose grant runs out mid-session gets its socke
 });
 
 test("tpm: a session whose response spends the key's tokens per minute is closed after that response (1013, reason)", async () => {
-  const k = await createKey(admin, { tier: 'tiny-tpm' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'tiny-tpm' });
   const { session } = await openRealtime(node.address, { key: k.key });
   await session.waitFor('session.created');
   session.say('a question long enough to spend twenty tokens of the minute in one answer');
@@ -132,8 +131,7 @@ test("tpm: a session whose response spends the key's tokens per minute is closed
 
 test('a client that keeps asking for responses without reading them is closed (1008) instead of being buffered for without bound', async () => {
   // A key and organisation with room for thousands of responses: only the buffering can stop it.
-  const k = await createKey(admin, { tier: 'roomy' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'roomy' });
   const { ws, session } = await openRealtime(node.address, { key: k.key });
   await session.waitFor('session.created');
   ws.pause();
@@ -158,8 +156,7 @@ test('a client that keeps asking for responses without reading them is closed (1
 });
 
 test('a client message over the 8 MiB limit drops the connection at once and releases the session', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const { session } = await openRealtime(node.address, { key: k.key });
   await session.waitFor('session.created');
   session.send({ type: 'input_audio_buffer.append', audio: 'A'.repeat(8 * 1024 * 1024 + 1) });

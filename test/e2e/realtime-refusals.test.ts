@@ -1,31 +1,28 @@
 // Every refusal of a realtime connection attempt happens before the upgrade, as a plain HTTP answer in
 // the model endpoints' shape (A) with the key's rate headers once the key is known.
-import { test, after, before } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { cliJsonAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type Console } from '../helpers/console.js';
+import { assertShapeA as assertShapeABody, gatewayFixture } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
-import { waitUntilKnown, eventually } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { attemptRealtime, isRefusal, openRealtime, type Opened, type Refusal } from '../helpers/realtime.js';
 
 let cp: ControlPlane;
 let node: DataPlane;
 let admin: Console;
 
-before(async () => {
-  cp = await startControlPlane({
+const gw = gatewayFixture(() => ({
+  controlPlane: {
     configYaml: configYaml((cfg) => {
       // One session at a time per key, and a tier whose plan has no realtime model.
       cfg.tiers['rt-one'] = { rpm: 300, tpm: 1000000, max_parallel_requests: 1, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
       cfg.tiers['chat-only'] = { rpm: 300, tpm: 1000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-chat'] };
     }),
-  });
-  node = await startDataPlane(cp);
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
-after(async () => {
-  admin?.close();
-  await stopAll();
+  },
+}), () => {
+  ({ cp, node, console: admin } = gw);
 });
 
 async function refused(r: Promise<Opened | Refusal>): Promise<Refusal> {
@@ -38,12 +35,8 @@ async function refused(r: Promise<Opened | Refusal>): Promise<Refusal> {
 }
 
 function assertShapeA(r: Refusal, status: number, type: string): void {
-  assert.equal(r.status, status, JSON.stringify(r.body));
+  assertShapeABody(r, status, { type });
   assert.equal(r.headers['content-type'], 'application/json');
-  assert.equal(r.body.error.type, type);
-  assert.equal(r.body.error.code, String(status));
-  assert.equal(typeof r.body.error.message, 'string');
-  assert.ok('param' in r.body.error);
 }
 
 function assertRateHeaders(r: Refusal, rpm: number): void {
@@ -67,8 +60,7 @@ test('unknown key: 401 authentication_error', async () => {
 });
 
 test('a key offered as a WebSocket subprotocol (browser style) is refused, even beside a valid Authorization header', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const r = await refused(attemptRealtime(node.address, { key: k.key, protocols: ['realtime', `openai-insecure-api-key.${k.key}`] }));
   assertShapeA(r, 401, 'authentication_error');
   assert.match(r.body.error.message, /Sec-WebSocket-Protocol/);
@@ -80,16 +72,14 @@ test('a key offered as a WebSocket subprotocol (browser style) is refused, even 
 });
 
 test('revoked key: 401 authentication_error', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   await admin.revokeKey({ keyId: k.keyId });
   const r = await refused(attemptRealtime(node.address, { key: k.key }));
   assertShapeA(r, 401, 'authentication_error');
 });
 
 test('model not allowed by allowed_models, or outside the plan: 401 model_not_allowed with rate headers; missing, unknown or non-realtime model: 400', async () => {
-  const narrow = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
-  await waitUntilKnown(node.url, narrow.key);
+  const narrow = await gw.fundedKey({ tier: 'free', allowedModels: ['demo-chat'] });
   const r = await refused(attemptRealtime(node.address, { key: narrow.key }));
   assertShapeA(r, 401, 'model_not_allowed');
   assert.equal(r.body.error.param, 'model');
@@ -97,14 +87,12 @@ test('model not allowed by allowed_models, or outside the plan: 401 model_not_al
   assertRateHeaders(r, 20);
   assert.equal(r.headers['x-ratelimit-remaining-requests'], '20', 'a refused attempt costs no request');
 
-  const planless = await createKey(admin, { tier: 'chat-only' });
-  await waitUntilKnown(node.url, planless.key);
+  const planless = await gw.fundedKey({ tier: 'chat-only' });
   const p = await refused(attemptRealtime(node.address, { key: planless.key }));
   assertShapeA(p, 401, 'model_not_allowed');
   assert.match(p.body.error.message, /plan/);
 
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   for (const [model, pattern] of [
     [null, /Missing required query parameter: model/],
     ['no-such-model', /does not exist/],
@@ -119,8 +107,7 @@ test('model not allowed by allowed_models, or outside the plan: 401 model_not_al
 
 test('blocked organisation: 401 insufficient_quota', async () => {
   // A paid organisation with no credit has nothing to spend.
-  const paid = await createKey(admin, { tier: 'paid' });
-  await waitUntilKnown(node.url, paid.key);
+  const paid = await gw.fundedKey({ tier: 'paid' });
   const r = await refused(attemptRealtime(node.address, { key: paid.key }));
   assertShapeA(r, 401, 'insufficient_quota');
   assertRateHeaders(r, 300);
@@ -133,8 +120,7 @@ test('a malformed path is 400 bad_path before the credential is looked at', asyn
 });
 
 test("the key's parallel limit: the second socket of a one-at-a-time key gets 429 max_parallel_requests; closing the first frees the slot", async () => {
-  const k = await createKey(admin, { tier: 'rt-one' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'rt-one' });
   const first = await openRealtime(node.address, { key: k.key });
   const r = await refused(attemptRealtime(node.address, { key: k.key }));
   assertShapeA(r, 429, 'max_parallel_requests');
@@ -179,16 +165,15 @@ test("refused realtime attempts of a known key, and a revoked key's attempts, ar
   // upgrade (model not allowed, bad model, blocked, 429) or made with a revoked key left no trace, so
   // the leak procedure ("read the request logs of the key between leak and revoke") missed an attacker
   // who used the leaked key on /v1/realtime.
-  const k = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free', allowedModels: ['demo-chat'] });
   assertShapeA(await refused(attemptRealtime(node.address, { key: k.key, headers: { 'user-agent': 'rt-attacker/1' } })), 401, 'model_not_allowed');
   assertShapeA(await refused(attemptRealtime(node.address, { key: k.key, model: 'no-such-model' })), 400, 'invalid_request_error');
   await admin.revokeKey({ keyId: k.keyId });
   assertShapeA(await refused(attemptRealtime(node.address, { key: k.key })), 401, 'authentication_error');
   let logs: any[] = [];
   // (waitUntilKnown's own probe is in the log too.)
-  const realtimeLogs = () => cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs.filter((l: any) => l.path === '/v1/realtime');
-  await eventually(async () => (logs = realtimeLogs()).length >= 3, 'three attempts logged');
+  const realtimeLogs = async () => (await cliJsonAsync(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId])).logs.filter((l: any) => l.path === '/v1/realtime');
+  await eventually(async () => (logs = await realtimeLogs()).length >= 3, 'three attempts logged');
   const rows = logs.map((l) => [l.method, l.path, l.status, l.reason]).sort((a, b) => Number(a[2]) - Number(b[2]) || String(a[3]).localeCompare(String(b[3])));
   assert.deepEqual(rows, [
     ['GET', '/v1/realtime', 400, 'invalid_request'],

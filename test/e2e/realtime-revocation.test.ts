@@ -2,12 +2,13 @@
 // becoming blocked, closes the key's sockets on every node (1008 with a reason) before the nodes ack,
 // so they are closed by the time `tollgate key revoke` returns. A node cut off from the control plane
 // keeps its sockets (fail-static), unless the configured maximum staleness passes.
-import { test, after, before } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startControlPlane, startDataPlane, stopAll, runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type Console } from '../helpers/console.js';
+import { gatewayFixture, startGateway } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 
@@ -15,33 +16,31 @@ let cp: ControlPlane;
 let nodes: DataPlane[];
 let admin: Console;
 
-before(async () => {
-  cp = await startControlPlane({
+// Injected clocks, set inside one minute: the rpm test must not straddle the top of a minute.
+const clocked = { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } };
+const gw = gatewayFixture(() => ({
+  controlPlane: {
     configYaml: configYaml((cfg) => {
       cfg.models.push({ id: 'demo-pricey', provider: 'demo', kind: 'chat', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
       cfg.tiers.free.models.push('demo-pricey');
       cfg.tiers['rt-one'] = { rpm: 300, tpm: 1000000, max_parallel_requests: 1, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
     }),
-  });
-  // Injected clocks, set inside one minute: the rpm test must not straddle the top of a minute.
-  const clocked = { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } };
-  nodes = [await startDataPlane(cp, { nodeId: 'rt-a', ...clocked }), await startDataPlane(cp, { nodeId: 'rt-b', ...clocked })];
+  },
+  nodes: [
+    { nodeId: 'rt-a', ...clocked },
+    { nodeId: 'rt-b', ...clocked },
+  ],
+}), async () => {
+  ({ cp, nodes, console: admin } = gw);
   for (const n of nodes) await setClock(n.adminUrl!, { now_ms: minuteStart() + 5_000 });
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
-after(async () => {
-  admin?.close();
-  await stopAll();
 });
 
 test('an open socket is closed within a second of `tollgate key revoke` returning, on each of two nodes (1008, reason)', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  for (const n of nodes) await waitUntilKnown(n.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const sockets = await Promise.all(nodes.map((n) => openRealtime(n.address, { key: k.key })));
   for (const s of sockets) await s.session.waitFor('session.created');
   // Another key's socket on the same node is left alone.
-  const bystander = await createKey(admin, { tier: 'free', orgId: k.orgId, projectId: k.projectId });
-  await waitUntilKnown(nodes[0].url, bystander.key);
+  const bystander = await gw.fundedKey({ tier: 'free', orgId: k.orgId, projectId: k.projectId, knownOn: [nodes[0]] });
   const other = await openRealtime(nodes[0].address, { key: bystander.key });
 
   const r = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'key', 'revoke', k.keyId]);
@@ -61,8 +60,7 @@ test('an open socket is closed within a second of `tollgate key revoke` returnin
 });
 
 test("an organisation that becomes blocked has its keys' open sockets closed on every node (1008 insufficient_quota)", async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  for (const n of nodes) await waitUntilKnown(n.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const sockets = await Promise.all(nodes.map((n) => openRealtime(n.address, { key: k.key })));
   for (const s of sockets) await s.session.waitFor('session.created');
   // The organisation spends its grant over HTTP (a few dollars a request) until it is refused.
@@ -78,8 +76,7 @@ test("an organisation that becomes blocked has its keys' open sockets closed on 
 });
 
 test("connection attempts are requests: a free key's 20 per minute hold across two nodes (waiting for leases), the 21st gets 429 requests", async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  for (const n of nodes) await waitUntilKnown(n.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const opened = [];
   for (let i = 0; i < 20; i++) opened.push(await openRealtime(nodes[i % 2].address, { key: k.key }));
   for (const o of opened) o.ws.close(1000);
@@ -93,8 +90,7 @@ test("connection attempts are requests: a free key's 20 per minute hold across t
 });
 
 test("the parallel limit holds across nodes: a one-at-a-time key's open socket on one node refuses a second on the other until it closes", async () => {
-  const k = await createKey(admin, { tier: 'rt-one' });
-  for (const n of nodes) await waitUntilKnown(n.url, k.key);
+  const k = await gw.fundedKey({ tier: 'rt-one' });
   const first = await openRealtime(nodes[0].address, { key: k.key });
   const r = await attemptRealtime(nodes[1].address, { key: k.key });
   assert.ok(isRefusal(r), 'the second session is refused');
@@ -108,8 +104,7 @@ test("the parallel limit holds across nodes: a one-at-a-time key's open socket o
 });
 
 test('fail-static: a node that loses the control plane keeps its open sockets and keeps serving them', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(nodes[1].url, k.key);
+  const k = await gw.fundedKey({ tier: 'free', knownOn: [nodes[1]] });
   const s = await openRealtime(nodes[1].address, { key: k.key });
   await s.session.waitFor('session.created');
   await cp.proc.kill('SIGKILL');
@@ -123,12 +118,9 @@ test('fail-static: a node that loses the control plane keeps its open sockets an
 });
 
 test('fail-static with a maximum staleness: once a cut-off node passes it, its sockets close (1008) and attempts are refused', async (t) => {
-  const strict = await startControlPlane({ configYaml: configYaml((cfg) => (cfg.max_staleness_ms = 1500)) });
-  const n = await startDataPlane(strict, { nodeId: 'rt-strict' });
-  const c = consoleClient(strict.address, strict.secrets.operatorToken);
-  t.after(() => c.close());
-  const k = await createKey(c, { tier: 'free' });
-  await waitUntilKnown(n.url, k.key);
+  const strictGw = await startGateway(t, { controlPlane: { configYaml: configYaml((cfg) => (cfg.max_staleness_ms = 1500)) }, nodes: [{ nodeId: 'rt-strict' }] });
+  const [strict, n] = [strictGw.cp, strictGw.node];
+  const k = await strictGw.fundedKey({ tier: 'free' });
   const s = await openRealtime(n.address, { key: k.key });
   await s.session.waitFor('session.created');
   await strict.proc.kill('SIGKILL');

@@ -1,15 +1,16 @@
 // Realtime sessions end to end: the official `openai` package's realtime WebSocket client against the
 // demo model, and `ws` against a fake OpenAI-compatible realtime upstream; events both ways, usage
 // from response.done billed to the organisation, upstream refusal and loss.
-import { test, after, before } from 'node:test';
+import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import OpenAI from 'openai';
 import { OpenAIRealtimeWS } from 'openai/realtime/ws';
-import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { cliJsonAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type Console } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
-import { waitUntilKnown, eventually } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { waitForUsageRows, waitForUsageTotals } from '../helpers/usage-db.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
@@ -20,29 +21,28 @@ let node: DataPlane;
 let admin: Console;
 let upstream: FakeRealtimeUpstream;
 
-before(async () => {
+const gw = gatewayFixture(async () => {
   upstream = await startFakeRealtimeUpstream();
-  cp = await startControlPlane({
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: UPSTREAM_KEY },
-    configYaml: configYaml((cfg) => {
-      cfg.models.push({ id: 'rt-upstream', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: '10.00', output_usd_per_mtok: '40.00' });
-      cfg.realtime_upstreams = [{ model: 'rt-upstream', url: upstream.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
-      cfg.tiers.free.models.push('rt-upstream');
-      cfg.tiers.paid.models.push('rt-upstream');
-    }),
-  });
-  node = await startDataPlane(cp);
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
+  return {
+    controlPlane: {
+      env: { TOLLGATE_TEST_UPSTREAM_KEY: UPSTREAM_KEY },
+      configYaml: configYaml((cfg) => {
+        cfg.models.push({ id: 'rt-upstream', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: '10.00', output_usd_per_mtok: '40.00' });
+        cfg.realtime_upstreams = [{ model: 'rt-upstream', url: upstream.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
+        cfg.tiers.free.models.push('rt-upstream');
+        cfg.tiers.paid.models.push('rt-upstream');
+      }),
+    },
+  };
+}, () => {
+  ({ cp, node, console: admin } = gw);
 });
 after(async () => {
-  admin?.close();
-  await stopAll();
   await upstream?.close();
 });
 
 test('the openai realtime client talks to the demo model through the gateway; usage is billed to the organisation', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
   // The SDK always dials wss://; the test node speaks plain WebSocket, so the SDK's `ws` gets a plain
   // TCP connection to the same host and port (the Authorization header is the SDK's own).
@@ -83,15 +83,14 @@ test('the openai realtime client talks to the demo model through the gateway; us
   await eventually(async () => (await admin.getOrg({ orgId: k.orgId })).spendTotalMicros === cost, 'the organisation charged for the response');
   // The session is one request-log entry: status 101, its tokens and cost, the client's address.
   let session: any;
-  await eventually(async () => (session = cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs.find((l: any) => l.path === '/v1/realtime')) !== undefined, 'the session logged');
+  await eventually(async () => (session = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId])).logs.find((l: any) => l.path === '/v1/realtime')) !== undefined, 'the session logged');
   assert.deepEqual([session.method, session.status, session.model, session.client_ip], ['GET', 101, 'demo-realtime', '127.0.0.1']);
   assert.deepEqual([session.prompt_tokens, session.completion_tokens], [usage.input_tokens, usage.output_tokens]);
   assert.equal(Math.round(Number(session.cost_usd) * 1_000_000), cost);
 });
 
 test('a fake upstream: the gateway dials it with the configured credential and model, relays both ways, bills response.done', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   upstream.usage = { input_tokens: 1000, output_tokens: 500 };
   const before = upstream.connections.length;
   const { session, headers } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
@@ -132,8 +131,7 @@ test('a model switch cannot slip past the gateway spelled with JSON escapes or s
   // Before: the gateway looked for the literal text "session.update" in text frames only, so
   // `"session.upd\u0061te"` (the same event once parsed) and a binary frame carrying the event reached
   // the upstream: a session billed as one model could be switched to another.
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const before = upstream.connections.length;
   const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
   const conn = await upstream.waitForConnection(before + 1);
@@ -152,8 +150,7 @@ test('a model switch cannot slip past the gateway spelled with JSON escapes or s
 });
 
 test('the openai realtime client through the gateway to a fake upstream: events both ways, usage billed', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   upstream.usage = { input_tokens: 40, output_tokens: 60 };
   const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
   const [host, port] = [node.address.slice(0, node.address.lastIndexOf(':')), Number(node.address.slice(node.address.lastIndexOf(':') + 1))];
@@ -169,8 +166,7 @@ test('the openai realtime client through the gateway to a fake upstream: events 
 });
 
 test('an upstream that refuses the handshake: the client gets 502 in the model shape before any upgrade, and nothing is billed', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   upstream.refuseWith = 403;
   try {
     const r = await attemptRealtime(node.address, { key: k.key, model: 'rt-upstream' });
@@ -190,8 +186,7 @@ test('a key revoked while its upstream handshake is in progress never gets a ses
   // Before: the key was checked only before the upstream was dialled; revoked while the upstream's
   // handshake was under way (up to its connect timeout), the client was upgraded anyway and its session
   // stayed open after `tollgate key revoke` had returned, until some later change made the node look again.
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   upstream.holdHandshakes = true;
   const attempt = attemptRealtime(node.address, { key: k.key, model: 'rt-upstream' });
   try {
@@ -211,8 +206,7 @@ test('a key revoked while its upstream handshake is in progress never gets a ses
 });
 
 test('an upstream lost mid-session closes the client with 1014 and a reason', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const before = upstream.connections.length;
   const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
   await upstream.waitForConnection(before + 1);
@@ -227,8 +221,7 @@ test('an upstream lost mid-session closes the client with 1014 and a reason', as
 });
 
 test('an upstream message over the 8 MiB limit ends the session with 1009 and says so', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-upstream' });
   await session.waitFor('session.created');
   session.send({ type: 'test.big', bytes: 9 * 1024 * 1024 });

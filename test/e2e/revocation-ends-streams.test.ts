@@ -4,14 +4,14 @@
 // revoke` returning (in practice before it returns). Another key's open download is untouched. An organisation becoming blocked (its cap set to
 // 0) ends its keys' streams the same way.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import OpenAI from 'openai';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { type DemoKey } from '../helpers/console.js';
 import { startFastApiBackend, type FastApiBackend } from '../helpers/fastapi-backend.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
-import { runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 
 let up: FakeUpstream;
 let backend: FastApiBackend;
@@ -23,24 +23,22 @@ let victim: DemoKey;
 let bystander: DemoKey;
 let blockedOrgKey: DemoKey;
 
-before(async () => {
+const gw = gatewayFixture(async () => {
   [up, backend] = await Promise.all([startFakeUpstream(), startFastApiBackend()]);
   const yaml = configYaml((cfg) => {
     cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
     addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free', 'paid', 'tools']);
     cfg.tool_backends = [{ prefix: '/v1/files', base_urls: [backend.baseUrl], idle_timeout_ms: 60_000 }];
   });
-  cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
-  [node, node2] = await Promise.all([startDataPlane(cp), startDataPlane(cp)]);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  victim = await createKey(c, { tier: 'tools' });
-  bystander = await createKey(c, { tier: 'tools', orgId: victim.orgId, projectId: victim.projectId, name: 'bystander' });
-  blockedOrgKey = await createKey(c, { tier: 'tools' });
-  c.close();
-  await Promise.all([victim, bystander, blockedOrgKey].flatMap((k) => [waitUntilKnown(node.url, k.key), waitUntilKnown(node2.url, k.key)]));
+  return { controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } }, nodes: 2 };
+}, async () => {
+  cp = gw.cp;
+  [node, node2] = gw.nodes;
+  victim = await gw.fundedKey({ tier: 'tools' });
+  bystander = await gw.fundedKey({ tier: 'tools', orgId: victim.orgId, projectId: victim.projectId, name: 'bystander' });
+  blockedOrgKey = await gw.fundedKey({ tier: 'tools' });
 });
 after(async () => {
-  await stopAll();
   await Promise.all([up?.close(), backend?.close()]);
 });
 

@@ -4,13 +4,13 @@
 // (inside the trusted range 127.0.0.0/31) or 127.0.0.2 (outside it), to a node on 127.0.0.1 and to a
 // dual-stack node on [::], which sees them as IPv4-mapped addresses.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { rawRequest } from '../helpers/http.js';
 import { BAD_PATHS } from '../helpers/paths.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { type DataPlane } from '../helpers/processes.js';
 import { startRecordingBackend, type RecordingBackend } from '../helpers/recording-backend.js';
 
 let backend: RecordingBackend;
@@ -21,26 +21,30 @@ let key: string;
 const TRUSTED_PEER = '127.0.0.1';
 const UNTRUSTED_PEER = '127.0.0.2';
 
-before(async () => {
-  backend = await startRecordingBackend();
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.tool_backends = ['/v1/files', '/v1/pdf', '/v1/route', '/v1/vector_stores'].map((prefix) => ({ prefix, base_url: backend.baseUrl, timeout_ms: 5000 }));
-      // Room for every request below, and no money needed.
-      cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
-      cfg.trusted_proxies = ['127.0.0.0/31'];
-    }),
-  });
-  const [n, dual] = await Promise.all([startDataPlane(cp), startDataPlane(cp, { listen: '[::]:0' })]);
-  node = n;
-  dualStackAddress = `127.0.0.1:${dual.address.slice(dual.address.lastIndexOf(':') + 1)}`;
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  key = (await createKey(c, { tier: 'tools' })).key;
-  c.close();
-  await Promise.all([waitUntilKnown(node.url, key), waitUntilKnown(`http://${dualStackAddress}`, key)]);
-});
+gatewayFixture(
+  async () => {
+    backend = await startRecordingBackend();
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => {
+          cfg.tool_backends = ['/v1/files', '/v1/pdf', '/v1/route', '/v1/vector_stores'].map((prefix) => ({ prefix, base_url: backend.baseUrl, timeout_ms: 5000 }));
+          // Room for every request below, and no money needed.
+          cfg.tiers.tools = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
+          cfg.trusted_proxies = ['127.0.0.0/31'];
+        }),
+      },
+      nodes: [{}, { listen: '[::]:0' }],
+    };
+  },
+  async (g) => {
+    const [n, dual] = g.nodes;
+    node = n;
+    dualStackAddress = `127.0.0.1:${dual.address.slice(dual.address.lastIndexOf(':') + 1)}`;
+    key = (await g.fundedKey({ tier: 'tools', knownOn: [node] })).key;
+    await waitUntilKnown(`http://${dualStackAddress}`, key);
+  },
+);
 after(async () => {
-  await stopAll();
   await backend?.close();
 });
 

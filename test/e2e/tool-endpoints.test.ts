@@ -6,13 +6,13 @@
 import assert from 'node:assert/strict';
 import { gzipSync } from 'node:zlib';
 import { writeFileSync } from 'node:fs';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { type DemoKey } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { startFastApiBackend, SERVER_ERROR, VALIDATION_ERROR, type FastApiBackend } from '../helpers/fastapi-backend.js';
 import { rawRequest } from '../helpers/http.js';
-import { runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 
 let main: FastApiBackend;
 let second: FastApiBackend;
@@ -41,19 +41,19 @@ function gatewayConfig(backends: { files: string[] }): string {
   });
 }
 
-before(async () => {
-  [main, second, stopped, hanging, stoppedFirst] = await Promise.all(['main', 'second', 'stopped', 'hanging', 'stopped-first'].map((n) => startFastApiBackend(n)));
-  hanging.hang = true;
-  await Promise.all([stopped.close(), stoppedFirst.close()]);
-  cp = await startControlPlane({ configYaml: gatewayConfig({ files: [main.baseUrl] }) });
-  node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  caller = await createKey(c, { tier: 'tools' });
-  c.close();
-  await waitUntilKnown(node.url, caller.key);
-});
+const gw = gatewayFixture(
+  async () => {
+    [main, second, stopped, hanging, stoppedFirst] = await Promise.all(['main', 'second', 'stopped', 'hanging', 'stopped-first'].map((n) => startFastApiBackend(n)));
+    hanging.hang = true;
+    await Promise.all([stopped.close(), stoppedFirst.close()]);
+    return { controlPlane: { configYaml: gatewayConfig({ files: [main.baseUrl] }) } };
+  },
+  async (g) => {
+    ({ cp, node } = g);
+    caller = await g.fundedKey({ tier: 'tools' });
+  },
+);
 after(async () => {
-  await stopAll();
   await Promise.all([main?.close(), second?.close(), hanging?.close()]);
 });
 

@@ -2,11 +2,10 @@
 // a backend gets a connection of its own, as many as the keys' parallel limits allow in flight.
 import assert from 'node:assert/strict';
 import { request as httpRequest, type ClientRequest, type IncomingMessage } from 'node:http';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { type DataPlane } from '../helpers/processes.js';
 import { startFastApiBackend, type FastApiBackend } from '../helpers/fastapi-backend.js';
 
 let backend: FastApiBackend;
@@ -14,26 +13,27 @@ let node: DataPlane;
 let heavy: string;
 let other: string;
 
-before(async () => {
-  backend = await startFastApiBackend('files');
-  const cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      cfg.tool_backends = [{ prefix: '/v1/files', base_url: backend.baseUrl, timeout_ms: 30_000 }];
-      cfg.tiers.streams = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 1000, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
-      // Each request comes "from" its own client behind this proxy, so edge budgets stay out of the way.
-      cfg.trusted_proxies = ['127.0.0.0/31'];
-    }),
-  });
-  node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  heavy = (await createKey(c, { tier: 'streams' })).key;
-  other = (await createKey(c, { tier: 'streams' })).key;
-  c.close();
-  await Promise.all([waitUntilKnown(node.url, heavy), waitUntilKnown(node.url, other)]);
-});
+gatewayFixture(
+  async () => {
+    backend = await startFastApiBackend('files');
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => {
+          cfg.tool_backends = [{ prefix: '/v1/files', base_url: backend.baseUrl, timeout_ms: 30_000 }];
+          cfg.tiers.streams = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 1000, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
+          // Each request comes "from" its own client behind this proxy, so edge budgets stay out of the way.
+          cfg.trusted_proxies = ['127.0.0.0/31'];
+        }),
+      },
+    };
+  },
+  async (g) => {
+    node = g.node;
+    [heavy, other] = (await Promise.all([g.fundedKey({ tier: 'streams' }), g.fundedKey({ tier: 'streams' })])).map((k) => k.key);
+  },
+);
 after(async () => {
   backend?.release();
-  await stopAll();
   await backend?.close();
 });
 

@@ -54,10 +54,15 @@ test('a control plane that cannot write stops reading the node: its memory stays
   const bytes = reports.reduce((n, r) => n + r.logBlocks[0].columns.length, 0);
   let refused = 0;
   for (const r of reports) if (!node.write({ report: r })) refused++;
-  // Give the control plane time to read whatever it is going to read.
-  await new Promise((r) => setTimeout(r, 1500));
-  const metrics = await scrapeMetrics(`${cp.adminUrl}/metrics`);
-  const backlog = metrics.value('tollgate_cp_ingest_backlog_reports');
+  // The control plane has read up to where it pauses the stream: two reports waiting (one being
+  // written, blocked on the lock, and one more). Waiting for that count, not for a time: a control
+  // plane that kept reading would show more here, or its memory below.
+  let backlog: number | undefined;
+  await eventually(async () => {
+    backlog = (await scrapeMetrics(`${cp.adminUrl}/metrics`)).value('tollgate_cp_ingest_backlog_reports');
+    return backlog !== undefined && backlog >= 2;
+  }, 'the control plane holding two reports it cannot write');
+  backlog = (await scrapeMetrics(`${cp.adminUrl}/metrics`)).value('tollgate_cp_ingest_backlog_reports');
   const grown = rssMiB(pid) - rssBefore;
   await exec(lock, 'COMMIT');
   lock.close();

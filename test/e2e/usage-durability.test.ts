@@ -2,9 +2,16 @@
 // restarted twice and one node is SIGKILLed (during the second outage, with unacknowledged reports in
 // its journal) and restarted from its --data-dir. Afterwards the stored request-log rows equal the
 // responses the clients received, the usage rows equal the model calls answered 200, and the
-// organisation's spend equals the sum of the recorded costs.
+// organisation's spend equals the sum of the recorded costs. Every phase lasts until each client has
+// received a number of responses (no fixed sleeps), and node 2 is killed once its journal on disk
+// holds the rows of the last responses its client received.
 import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { crc32 } from 'node:zlib';
 import { after, test } from 'node:test';
+import { decodeLogColumns } from '../../proto/lib/log-columns.js';
+import { LogColumns, Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
@@ -18,6 +25,38 @@ async function logRows(dbPath: string, keyIds: string[], sinceMs: number): Promi
   return (await logRowsOf(dbPath, keyIds)).filter((r) => r.atMs >= sinceMs).length;
 }
 
+/**
+ * The user agents of the request-log rows in a node's journal on disk (read only: complete records
+ * with a good checksum, as the node reads them at start; a record still being written is not counted).
+ */
+function journaledAgents(dataDir: string): Set<string> {
+  const dir = join(dataDir, 'journal');
+  const agents = new Set<string>();
+  let names: string[];
+  try {
+    names = readdirSync(dir).filter((n) => /^seg-\d+\.log$/.test(n)).sort();
+  } catch {
+    return agents;
+  }
+  for (const name of names) {
+    let data: Buffer;
+    try {
+      data = readFileSync(join(dir, name));
+    } catch {
+      continue; // acknowledged and removed meanwhile
+    }
+    for (let off = 0; off + 8 <= data.length; ) {
+      const len = data.readUInt32LE(off);
+      if (off + 8 + len > data.length) break;
+      const payload = data.subarray(off + 8, off + 8 + len);
+      if (crc32(payload) !== data.readUInt32LE(off + 4)) break;
+      for (const b of Report.decode(payload).logBlocks) for (const row of decodeLogColumns(LogColumns.decode(b.columns)).rows) agents.add(row.userAgent);
+      off += 8 + len;
+    }
+  }
+  return agents;
+}
+
 /** A client that keeps sending chat requests to one node until stopped; counts what it received. */
 class Load {
   /** Responses of requests that reached authentication (an edge 429 does not: it is not logged). */
@@ -25,29 +64,40 @@ class Load {
   edgeRefused = 0;
   ok = 0;
   failed = 0;
+  /** Per worker, the user agent of its last received response (each request has its own). */
+  readonly lastAgents: string[] = [];
   private running = true;
-  private paused = false;
+  private paused: Promise<void> | null = null;
+  private unpause = () => {};
+  private inFlight = 0;
+  private readonly waiters = new Set<() => void>();
   private done: Promise<void>;
   url: string;
 
-  constructor(url: string, private readonly keys: DemoKey[], concurrency = 2) {
+  constructor(url: string, private readonly keys: DemoKey[], private readonly label: string, concurrency = 2) {
     this.url = url;
     this.done = Promise.all(Array.from({ length: concurrency }, (_, w) => this.loop(w))).then(() => undefined);
+  }
+
+  private notify(): void {
+    for (const w of [...this.waiters]) w();
   }
 
   private async loop(w: number): Promise<void> {
     let i = w;
     while (this.running) {
       if (this.paused) {
-        await new Promise((r) => setTimeout(r, 20));
+        await this.paused;
         continue;
       }
       const key = this.keys[i++ % this.keys.length];
+      const agent = `durability-${this.label}-${w}-${i}`;
+      this.inFlight++;
       try {
         const res = await fetch(`${this.url}/v1/chat/completions`, {
           method: 'POST',
           // Many client addresses behind the trusted proxy, so the per-IP edge budget rarely refuses.
-          headers: { ...bearer(key.key), 'content-type': 'application/json', 'x-forwarded-for': `10.${w}.${(i >> 8) & 255}.${i & 255}` },
+          headers: { ...bearer(key.key), 'content-type': 'application/json', 'user-agent': agent, 'x-forwarded-for': `10.${w}.${(i >> 8) & 255}.${i & 255}` },
           body: JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: `request ${i}` }] }),
         });
         const text = await res.text();
@@ -56,31 +106,63 @@ class Load {
           continue;
         }
         this.received++;
+        this.lastAgents[w] = agent;
         if (res.status === 200) this.ok++;
       } catch {
         // No answer (the node was killed mid-request): nothing was received.
         this.failed++;
         await new Promise((r) => setTimeout(r, 20));
+      } finally {
+        this.inFlight--;
+        this.notify();
       }
     }
   }
 
+  private until(check: () => boolean, what: string, timeoutMs = 120_000): Promise<void> {
+    return new Promise((resolve, reject) => {
+      const test = () => {
+        if (!check()) return;
+        this.waiters.delete(test);
+        clearTimeout(timer);
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        this.waiters.delete(test);
+        reject(new Error(`${this.label}: timed out waiting for ${what} (received ${this.received}, failed ${this.failed})`));
+      }, timeoutMs);
+      this.waiters.add(test);
+      test();
+    });
+  }
+
+  /** Resolves once `n` more responses than now were received. */
+  more(n: number): Promise<void> {
+    const target = this.received + n;
+    return this.until(() => this.received >= target, `${n} more responses`);
+  }
+
   /** Stops sending; resolves once no request of this client is in flight. */
   async pause(): Promise<void> {
-    this.paused = true;
-    await new Promise((r) => setTimeout(r, 300));
+    this.paused = new Promise((r) => (this.unpause = r));
+    await this.until(() => this.inFlight === 0, 'no request in flight');
   }
 
   resume(url?: string): void {
     if (url) this.url = url;
-    this.paused = false;
+    this.paused = null;
+    this.unpause();
   }
 
   async stop(): Promise<void> {
     this.running = false;
+    this.resume();
     await this.done;
   }
 }
+
+/** Each client received `n` more responses. */
+const phase = (loads: Load[], n: number) => Promise.all(loads.map((l) => l.more(n)));
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -103,24 +185,30 @@ test('three nodes under load, control plane killed and restarted twice, one node
   const loadStart = Date.now() + 1;
   while (Date.now() <= loadStart) await sleep(2);
 
-  const loads = nodes.map((n, i) => new Load(n.url, keys.slice(i * 2, i * 2 + 2)));
-  await sleep(2500);
-  // First outage.
+  const loads = nodes.map((n, i) => new Load(n.url, keys.slice(i * 2, i * 2 + 2), `node${i}`));
+  await phase(loads, 60);
+  // First outage: the nodes keep answering without their control plane.
   await cp.proc.kill('SIGKILL');
-  await sleep(2000);
+  await phase(loads, 60);
   await restartCp();
-  await sleep(2500);
+  await phase(loads, 60);
   // Second outage; meanwhile node 2 has no traffic, then is killed with unacknowledged reports in its journal.
   await cp.proc.kill('SIGKILL');
-  await sleep(1000);
+  await phase(loads, 30);
   await loads[2].pause();
-  await sleep(600);
+  // Node 2 is killed once its journal on disk holds the rows of each worker's last response (reports
+  // are journaled in order, so every earlier response's rows are there too).
+  const last = loads[2].lastAgents.filter(Boolean);
+  await eventually(async () => {
+    const agents = journaledAgents(dataDirs[2]);
+    return last.every((a) => agents.has(a));
+  }, `node 2 journaled the rows of its last responses (${last.join(', ')})`, 30_000);
   await nodes[2].proc.kill('SIGKILL');
   await restartCp();
   nodes[2] = await startDataPlane(cp, { nodeId: 'dur-2', extraArgs: ['--data-dir', dataDirs[2]] });
   assert.match(nodes[2].proc.output() + (await nodes[2].proc.waitFor(/journal: \d+ unacknowledged reports/, 10_000))[0], /journal: \d+ unacknowledged reports/);
   loads[2].resume(nodes[2].url);
-  await sleep(2500);
+  await phase(loads, 60);
   await Promise.all(loads.map((l) => l.stop()));
 
   const received = loads.reduce((s, l) => s + l.received, 0);

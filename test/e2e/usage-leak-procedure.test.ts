@@ -10,11 +10,12 @@ import { after, test } from 'node:test';
 import OpenAI from 'openai';
 import { Agent, fetch as freshFetch } from 'undici';
 import { configYaml } from '../helpers/config.js';
-import { assertFails, createAccount } from '../helpers/console-cli.js';
+import { assertFails, createAccountAsync } from '../helpers/console-cli.js';
+import { startGateway } from '../helpers/gateway-fixture.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { cliJson, runCli, startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
 
 after(stopAll);
 
@@ -23,17 +24,13 @@ async function passTime(ms: number): Promise<void> {
   while (Date.now() <= ms) await new Promise((r) => setTimeout(r, 2));
 }
 
-test('leak procedure: revoke, then the logs of the key for the window show every use with IP and status, the 401 after revocation included', async () => {
-  const cp = await startControlPlane({ configYaml: configYaml((c) => (c.trusted_proxies = ['127.0.0.1/32', '::1/128'])) });
-  const dp = await startDataPlane(cp, { nodeId: 'leak-node' });
+test('leak procedure: revoke, then the logs of the key for the window show every use with IP and status, the 401 after revocation included', async (t) => {
+  const gw = await startGateway(t, { controlPlane: { configYaml: configYaml((c) => (c.trusted_proxies = ['127.0.0.1/32', '::1/128'])) }, nodes: [{ nodeId: 'leak-node' }] });
+  const [cp, dp] = [gw.cp, gw.node];
   const op = cp.secrets.operatorToken;
-  const c = consoleClient(cp.address, op);
-  const k = await createKey(c);
+  const k = await gw.fundedKey();
   // A second key of the same project: its requests must not show up in the first key's logs.
-  const other = await createKey(c, { orgId: k.orgId, projectId: k.projectId });
-  c.close();
-  await waitUntilKnown(dp.url, k.key);
-  await waitUntilKnown(dp.url, other.key);
+  const other = await gw.fundedKey({ orgId: k.orgId, projectId: k.projectId });
 
   // Before the leak: outside the window asked for.
   assert.equal((await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(k.key), 'x-forwarded-for': '192.0.2.1' }, json: chatBody('before') })).status, 200);
@@ -50,7 +47,7 @@ test('leak procedure: revoke, then the logs of the key for the window show every
   assert.equal((await request(`${dp.url}/v1/models`, { headers: { ...bearer(other.key), 'x-forwarded-for': '203.0.113.7' } })).status, 200);
 
   // Revoke first (the spec's order), with the CLI.
-  const revoked = cliJson(cp, op, ['key', 'revoke', k.keyId]);
+  const revoked = await cliJsonAsync(cp, op, ['key', 'revoke', k.keyId]);
   assert.equal(revoked.status, 'revoked');
   // The attacker is still trying.
   const after401 = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(k.key), 'x-forwarded-for': '203.0.113.7' }, json: chatBody('three') });
@@ -63,7 +60,7 @@ test('leak procedure: revoke, then the logs of the key for the window show every
 
   const args = ['logs', '--key', k.keyId, '--since', new Date(leakAt).toISOString(), '--until', String(until)];
   let logs: any[] = [];
-  await eventually(async () => (logs = cliJson(cp, op, args).logs).length >= 4, 'the window\'s four log rows', 20_000);
+  await eventually(async () => (logs = (await cliJsonAsync(cp, op, args)).logs).length >= 4, 'the window\'s four log rows', 20_000);
   // Exactly those requests, newest first.
   assert.deepEqual(
     logs.map((l) => [l.client_ip, l.method, l.path, l.status]),
@@ -97,34 +94,34 @@ test('leak procedure: revoke, then the logs of the key for the window show every
     assert.ok(l.bytes_in > 0 && l.bytes_out > 0);
   }
   // The 401 filter alone answers "did they keep trying after I revoked?".
-  const only401 = cliJson(cp, op, [...args, '--status', '401']).logs;
+  const only401 = (await cliJsonAsync(cp, op, [...args, '--status', '401'])).logs;
   assert.deepEqual(only401.map((l: any) => l.request_id), [denied.request_id]);
-  const fromB = cliJson(cp, op, [...args, '--ip', '198.51.100.9']).logs;
+  const fromB = (await cliJsonAsync(cp, op, [...args, '--ip', '198.51.100.9'])).logs;
   assert.deepEqual(fromB.map((l: any) => l.request_id), [listing.request_id]);
   // Paging: one row per page walks the same four rows.
   const paged: string[] = [];
   let page: string | null = null;
   do {
-    const res: any = cliJson(cp, op, [...args, '--limit', '1', ...(page ? ['--page', page] : [])]);
+    const res: any = await cliJsonAsync(cp, op, [...args, '--limit', '1', ...(page ? ['--page', page] : [])]);
     paged.push(...res.logs.map((l: any) => l.request_id));
     page = res.next_page_token;
   } while (page);
   assert.deepEqual(paged, logs.map((l) => l.request_id));
   // The table form names the same rows.
-  const table = runCli(cp, op, args);
+  const table = await runCliAsync(cp, op, args);
   assert.equal(table.code, 0, table.stderr);
   assert.match(table.stdout, /203\.0\.113\.7 .*401 .*authentication_error/);
 
   // Roles: the owner (a member) may read them; an account outside the organisation is told the key does not exist.
-  const outsider = createAccount(cp, op, 'outsider');
-  assertFails(runCli(cp, outsider.token, ['logs', '--key', k.keyId]), 404, 'outsider reads the logs of a key of another organisation');
-  assertFails(runCli(cp, outsider.token, ['logs', '--org', k.orgId]), 404, 'outsider reads the logs of another organisation');
-  assertFails(runCli(cp, outsider.token, ['logs', '--unknown-keys']), 403, 'an account reads unknown-key 401s');
-  const member = createAccount(cp, op, 'member');
-  cliJson(cp, op, ['member', 'add', k.orgId, '--account', member.id, '--role', 'member']);
-  const asMember = cliJson(cp, member.token, args).logs;
+  const outsider = await createAccountAsync(cp, op, 'outsider');
+  assertFails(await runCliAsync(cp, outsider.token, ['logs', '--key', k.keyId]), 404, 'outsider reads the logs of a key of another organisation');
+  assertFails(await runCliAsync(cp, outsider.token, ['logs', '--org', k.orgId]), 404, 'outsider reads the logs of another organisation');
+  assertFails(await runCliAsync(cp, outsider.token, ['logs', '--unknown-keys']), 403, 'an account reads unknown-key 401s');
+  const member = await createAccountAsync(cp, op, 'member');
+  await cliJsonAsync(cp, op, ['member', 'add', k.orgId, '--account', member.id, '--role', 'member']);
+  const asMember = (await cliJsonAsync(cp, member.token, args)).logs;
   assert.deepEqual(asMember.map((l: any) => l.request_id), logs.map((l) => l.request_id));
-  const byProject = cliJson(cp, member.token, ['logs', '--project', k.projectId, '--since', String(leakAt), '--until', String(until)]).logs;
+  const byProject = (await cliJsonAsync(cp, member.token, ['logs', '--project', k.projectId, '--since', String(leakAt), '--until', String(until)])).logs;
   assert.equal(byProject.length, 5, 'the project view has the other key\'s request too');
 
   // A key that never existed: a sampled 401 with the IP and a short prefix only, for the operator.
@@ -136,7 +133,7 @@ test('leak procedure: revoke, then the logs of the key for the window show every
   await bogusRes.text();
   await agent.close();
   let unknown: any[] = [];
-  await eventually(async () => (unknown = cliJson(cp, op, ['logs', '--unknown-keys']).logs).length >= 1, 'the unknown-key 401', 20_000);
+  await eventually(async () => (unknown = (await cliJsonAsync(cp, op, ['logs', '--unknown-keys'])).logs).length >= 1, 'the unknown-key 401', 20_000);
   assert.equal(unknown[0].client_ip, '198.18.0.5');
   assert.equal(unknown[0].status, 401);
   assert.equal(unknown[0].key_id, null);
@@ -164,7 +161,7 @@ test('a key revoked before a node started (and before the control plane restarte
   assert.equal(r.status, 401);
   assert.equal(r.body.error.type, 'authentication_error');
   let logs: any[] = [];
-  await eventually(async () => (logs = cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs).length >= 1, 'the attempt in the logs', 20_000);
+  await eventually(async () => (logs = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId])).logs).length >= 1, 'the attempt in the logs', 20_000);
   assert.equal(logs.length, 1);
   assert.equal(logs[0].status, 401);
   assert.equal(logs[0].reason, 'authentication_error');

@@ -4,15 +4,13 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ListRequestLogsRequest } from '../../proto/gen/tollgate/v1/console.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { assertFails, assertUsageError, createOrgWithProject, runMany } from '../helpers/console-cli.js';
-import { startControlPlane, stopAll } from '../helpers/processes.js';
+import { assertFails, assertUsageError, createOrgWithProjectAsync, runMany } from '../helpers/console-cli.js';
+import { startGateway } from '../helpers/gateway-fixture.js';
 
 test('tollgate logs: bad input gets one clear line', async (t) => {
-  t.after(stopAll);
-  const cp = await startControlPlane();
+  const { cp } = await startGateway(t, { nodes: 0 });
   const op = cp.secrets.operatorToken;
-  const { owner, orgId } = createOrgWithProject(cp, op, 'logs-input');
+  const { owner, orgId } = await createOrgWithProjectAsync(cp, op, 'logs-input');
   const [since, status, limit, order, noScope, unknownKey, page] = await runMany(cp, [
     [op, ['logs', '--key', 'key_x', '--since', 'yesterday']],
     [op, ['logs', '--org', orgId, '--status', '999']],
@@ -34,12 +32,10 @@ test('tollgate logs: bad input gets one clear line', async (t) => {
 test('a key value given where a key id belongs is refused without being echoed, by the CLI and the control plane', async (t) => {
   // Before: `tollgate key show sk-…`, `key revoke sk-…` and `logs --key sk-…` answered
   // "404 key sk-tollgate-… not found": the full key value came back in the error message.
-  t.after(stopAll);
-  const cp = await startControlPlane();
+  const gw = await startGateway(t, { nodes: 0 });
+  const [cp, c] = [gw.cp, gw.console];
   const op = cp.secrets.operatorToken;
-  const c = consoleClient(cp.address, op);
-  t.after(() => c.close());
-  const { key } = await createKey(c);
+  const { key } = await gw.fundedKey();
   const secret = key.slice(key.length - 20);
   const runs = await runMany(cp, [
     [op, ['key', 'show', key]],

@@ -7,15 +7,12 @@
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { after, test } from 'node:test';
+import { test } from 'node:test';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { startGateway } from '../helpers/gateway-fixture.js';
 import { bearer, request } from '../helpers/http.js';
-import { cliJson, startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
+import { cliJsonAsync } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
-
-after(stopAll);
 
 /** An OpenAI-compatible upstream whose `usage` is whatever the test queued next (raw JSON text). */
 async function oddUpstream(usages: string[]): Promise<{ baseUrl: string; close(): void }> {
@@ -31,19 +28,19 @@ async function oddUpstream(usages: string[]): Promise<{ baseUrl: string; close()
   return { baseUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`, close: () => server.close() };
 }
 
-test('usage of 1.5, "12", -3 and 1e30 tokens: recorded as safe integers, the sync stream stays up, a later revocation reaches the node within 2 s', async () => {
+test('usage of 1.5, "12", -3 and 1e30 tokens: recorded as safe integers, the sync stream stays up, a later revocation reaches the node within 2 s', async (t) => {
   const upstream = await oddUpstream([
     '{"prompt_tokens":1.5,"completion_tokens":2}',
     '{"prompt_tokens":"12","completion_tokens":-3}',
     '{"prompt_tokens":1e30,"completion_tokens":null}',
   ]);
-  after(() => upstream.close());
-  const cp = await startControlPlane({ configYaml: configYaml((c) => addUpstreamModel(c, 'odd-chat', upstream.baseUrl)), env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' } });
-  const dp = await startDataPlane(cp, { nodeId: 'poisoned-node' });
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  after(() => c.close());
-  const k = await createKey(c);
-  await waitUntilKnown(dp.url, k.key);
+  t.after(() => upstream.close());
+  const gw = await startGateway(t, {
+    controlPlane: { configYaml: configYaml((c) => addUpstreamModel(c, 'odd-chat', upstream.baseUrl)), env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' } },
+    nodes: [{ nodeId: 'poisoned-node' }],
+  });
+  const [cp, dp, c] = [gw.cp, gw.node, gw.console];
+  const k = await gw.fundedKey();
 
   for (let i = 0; i < 3; i++) {
     const r = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', headers: bearer(k.key), json: { model: 'odd-chat', messages: [{ role: 'user', content: 'hi' }] } });
@@ -67,7 +64,7 @@ test('usage of 1.5, "12", -3 and 1e30 tokens: recorded as safe integers, the syn
   const refusedAfterMs = Date.now() - started;
   assert.equal(status, 401, 'the revoked key is refused by the node');
   assert.ok(refusedAfterMs < 2000, `refused ${refusedAfterMs} ms after the revocation started (at most 2000)`);
-  const nodes = cliJson(cp, cp.secrets.operatorToken, ['nodes', 'list']).nodes;
+  const nodes = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['nodes', 'list'])).nodes;
   const node = nodes.find((n: any) => n.id === 'poisoned-node');
   assert.equal(node?.connected, true);
   assert.doesNotMatch(dp.proc.output(), /serialization failure|cannot be converted to a BigInt|connection lost/);

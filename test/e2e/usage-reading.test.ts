@@ -6,17 +6,17 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import { pathToFileURL } from 'node:url';
 import { credentials, Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import OpenAI from 'openai';
 import { QueryUsageRequest, SyncServiceClient, type QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import { tokenCostMicros } from '../../proto/lib/money.js';
 import { assertFails, assertNoStackTrace, assertUsageError } from '../helpers/console-cli.js';
-import { consoleClient, createKey, type Console, type DemoKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { consoleClient, type Console, type DemoKey } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, rawRequest, request, setClock } from '../helpers/http.js';
-import { cliJson, ROOT, runCli, startControlPlane, startDataPlane, stopAll, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, ROOT, runCliAsync, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 
 // 2026-03-10T23:58:00Z: two minutes before a UTC day ends, so usage falls on two days.
@@ -127,24 +127,21 @@ function cliWithStdin(token: string, args: string[], input: string): CliResult {
   return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
 
-before(async () => {
-  cp = await startControlPlane();
-  node = await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
+gatewayFixture({ node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } } }, async (g) => {
+  ({ cp, node, console: op } = g);
   await setClock(node.adminUrl!, { now_ms: T0 });
-  op = consoleClient(cp.address, cp.secrets.operatorToken);
-  a = await createKey(op, { name: 'a' });
-  a2 = await createKey(op, { orgId: a.orgId, projectId: a.projectId, name: 'a2' });
-  b = await createKey(op, { orgId: a.orgId, name: 'b' });
+  a = await g.fundedKey({ name: 'a' });
+  a2 = await g.fundedKey({ orgId: a.orgId, projectId: a.projectId, name: 'a2' });
+  b = await g.fundedKey({ orgId: a.orgId, name: 'b' });
   assert.notEqual(a.projectId, b.projectId);
   const member = await op.createAccount({ name: 'member' });
   await op.addMember({ orgId: a.orgId, accountId: member.account!.id, role: 'member' });
   memberToken = member.token;
   // The owner of another organisation: a console user, but no member of A's.
-  const outsider = await createKey(op, { name: 'outsider-key' });
+  const outsider = await g.fundedKey({ name: 'outsider-key', knownOn: [] });
   const outsiderAcct = await op.createAccount({ name: 'outsider' });
   await op.addMember({ orgId: outsider.orgId, accountId: outsiderAcct.account!.id, role: 'owner' });
   outsiderToken = outsiderAcct.token;
-  for (const k of [a, a2, b]) await waitUntilKnown(node.url, k.key);
 
   await chat(a, DAY1, 'Hello from project A');
   await chat(a, DAY1, 'A second question from project A, a little longer');
@@ -162,10 +159,6 @@ before(async () => {
   await waitForUsageTotals(cp.dbPath, b.keyId, 4);
 });
 
-after(async () => {
-  op?.close();
-  await stopAll();
-});
 
 test('GET /v1/usage answers each key with its own project only, grouped by model, day or key', async () => {
   for (const k of [a, b]) {
@@ -270,7 +263,7 @@ test('console: members of the organisation read usage, key show and key find; no
   const until = new Date(RANGE_END * 1000).toISOString();
   // A member (the lowest role) reads any project of the organisation.
   for (const k of [a, b]) {
-    const u = cliJson(cp, memberToken, ['usage', '--project', k.projectId, '--since', since, '--until', until, '--by', 'model']);
+    const u = await cliJsonAsync(cp, memberToken, ['usage', '--project', k.projectId, '--since', since, '--until', until, '--by', 'model']);
     const t = seen.get(k.projectId)!.all;
     assert.deepEqual(u.totals, { requests: t.requests, input_tokens: t.input, output_tokens: t.output, cost_usd: usd(t.cost) });
     assert.deepEqual(
@@ -280,17 +273,17 @@ test('console: members of the organisation read usage, key show and key find; no
     assert.equal(u.since, since);
     assert.equal(u.until, until);
   }
-  const byDay = cliJson(cp, memberToken, ['usage', '--project', a.projectId, '--since', DAY1, '--by', 'day']);
+  const byDay = await cliJsonAsync(cp, memberToken, ['usage', '--project', a.projectId, '--since', DAY1, '--by', 'day']);
   assert.deepEqual(byDay.rows.map((r: any) => [r.day, r.requests]), [[DAY1, 4], [DAY2, 1]]);
-  const byKey = cliJson(cp, memberToken, ['usage', '--org', a.orgId, '--since', since, '--until', until, '--by', 'key']);
+  const byKey = await cliJsonAsync(cp, memberToken, ['usage', '--org', a.orgId, '--since', since, '--until', until, '--by', 'key']);
   assert.deepEqual(byKey.rows.map((r: any) => r.key_id).sort(), [a.keyId, a2.keyId, b.keyId].sort());
-  const table = runCli(cp, memberToken, ['usage', '--project', a.projectId, '--since', since, '--until', until, '--by', 'model']);
+  const table = await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--since', since, '--until', until, '--by', 'model']);
   assert.equal(table.code, 0, table.stderr);
   assert.match(table.stdout, /^MODEL\s+REQUESTS\s+INPUT_TOKENS\s+OUTPUT_TOKENS\s+COST_USD$/m);
   assert.match(table.stdout, /^total: 5 requests, \d+ input tokens, \d+ output tokens, [\d.]+ USD$/m);
 
   // key show: the record with revoked_at and limits, the prefix only.
-  const shown = cliJson(cp, memberToken, ['key', 'show', a.keyId]);
+  const shown = await cliJsonAsync(cp, memberToken, ['key', 'show', a.keyId]);
   assert.equal(shown.id, a.keyId);
   assert.equal(shown.project_id, a.projectId);
   assert.equal(shown.org_id, a.orgId);
@@ -305,7 +298,7 @@ test('console: members of the organisation read usage, key show and key find; no
   assert.equal(foundActive.code, 0, foundActive.stderr);
   const fa = JSON.parse(foundActive.stdout);
   assert.deepEqual([fa.id, fa.project_id, fa.org_id, fa.status, fa.revoked_at], [a.keyId, a.projectId, a.orgId, 'active', null]);
-  const revoked = runCli(cp, cp.secrets.operatorToken, ['key', 'revoke', a2.keyId]);
+  const revoked = await runCliAsync(cp, cp.secrets.operatorToken, ['key', 'revoke', a2.keyId]);
   assert.equal(revoked.code, 0, revoked.stderr);
   const foundRevoked = cliWithStdin(memberToken, ['--json', 'key', 'find'], `  ${a2.key}  \r\n`);
   assert.equal(foundRevoked.code, 0, foundRevoked.stderr);
@@ -324,20 +317,20 @@ test('console: members of the organisation read usage, key show and key find; no
   assert.equal(afterRevoke.status, 401);
 
   // Non-members: the same "not found" as for something that does not exist.
-  assertFails(runCli(cp, outsiderToken, ['usage', '--project', a.projectId]), 404, 'usage of another organisation');
-  assertFails(runCli(cp, outsiderToken, ['usage', '--org', a.orgId]), 404, 'usage of another organisation');
-  assertFails(runCli(cp, outsiderToken, ['key', 'show', a.keyId]), 404, 'key show of another organisation');
+  assertFails(await runCliAsync(cp, outsiderToken, ['usage', '--project', a.projectId]), 404, 'usage of another organisation');
+  assertFails(await runCliAsync(cp, outsiderToken, ['usage', '--org', a.orgId]), 404, 'usage of another organisation');
+  assertFails(await runCliAsync(cp, outsiderToken, ['key', 'show', a.keyId]), 404, 'key show of another organisation');
   const outsiderFind = cliWithStdin(outsiderToken, ['key', 'find'], a.key);
   const unknownFind = cliWithStdin(outsiderToken, ['key', 'find'], `${a.key.slice(0, -4)}zzzz`);
   assertFails(outsiderFind, 404, 'key find of another organisation');
   assertFails(unknownFind, 404, 'key find of no key');
   assert.equal(outsiderFind.stderr, unknownFind.stderr, 'a non-member cannot tell a key of another organisation from no key');
-  assertFails(runCli(cp, outsiderToken, ['key', 'show', 'key_doesnotexist']), 404, 'key show of no key');
+  assertFails(await runCliAsync(cp, outsiderToken, ['key', 'show', 'key_doesnotexist']), 404, 'key show of no key');
   // No token at all.
   assertFails(cliWithStdin('', ['key', 'find'], a.key), 401, 'key find without a token');
 
   // Never an argument, and the refusal does not echo it.
-  const asArg = runCli(cp, memberToken, ['key', 'find', a.key]);
+  const asArg = await runCliAsync(cp, memberToken, ['key', 'find', a.key]);
   assertUsageError(asArg, 'key find with the value as an argument', /standard input/);
   assert.ok(!`${asArg.stdout}${asArg.stderr}`.includes(a.key.slice(13)), 'the value is not echoed');
   assertUsageError(cliWithStdin(memberToken, ['key', 'find'], '\n\n'), 'key find with nothing on stdin', /no key value/);
@@ -349,10 +342,10 @@ test('console: members of the organisation read usage, key show and key find; no
   assert.match(tty.stdout, /^400 key find reads the key value from standard input, and standard input is a terminal/);
   assertUsageError(cliWithStdin(memberToken, ['key', 'find'], 'x'.repeat(5000)), 'key find with a huge stdin', /not one key value/);
   // Bad flags of usage.
-  assertUsageError(runCli(cp, memberToken, ['usage', '--project', a.projectId, '--by', 'project']), 'usage --by project', /--by/);
-  assertUsageError(runCli(cp, memberToken, ['usage', '--project', a.projectId, '--since', 'yesterday']), 'usage --since yesterday', /--since/);
-  assertUsageError(runCli(cp, memberToken, ['usage', '--project', a.projectId, '--month', '2026-03', '--since', DAY1]), 'usage --month with --since', /either/);
-  const backwards = runCli(cp, memberToken, ['usage', '--project', a.projectId, '--since', DAY2, '--until', DAY1]);
+  assertUsageError(await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--by', 'project']), 'usage --by project', /--by/);
+  assertUsageError(await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--since', 'yesterday']), 'usage --since yesterday', /--since/);
+  assertUsageError(await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--month', '2026-03', '--since', DAY1]), 'usage --month with --since', /either/);
+  const backwards = await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--since', DAY2, '--until', DAY1]);
   assertFails(backwards, 400, 'until before since', { message: /later than since/ });
 });
 

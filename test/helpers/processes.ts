@@ -238,7 +238,13 @@ export interface CliResult {
   stderr: string;
 }
 
-/** Runs the CLI as a process (synchronously: the CLI is short-lived). */
+/**
+ * Runs the CLI as a process, synchronously. Prefer `runCliAsync`/`cliJsonAsync`: `spawnSync` blocks
+ * this test process's event loop for the whole CLI call (about half a second), so an in-process fake
+ * upstream, fake node or backend cannot answer meanwhile, and a CLI call that waits on one of them
+ * (revoking while a stream is open, say) stalls until the timeout. It remains because tests on other
+ * branches still call it; the integrator converts them to the async runner after merging.
+ */
 export function runCli(cp: { address: string }, token: string | undefined, args: string[], env: Record<string, string> = {}): CliResult {
   const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
   const r = spawnSync(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
@@ -250,25 +256,50 @@ export function runCli(cp: { address: string }, token: string | undefined, args:
   return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
 
-/** Async variant, for a CLI call that must run while the test does something else. */
-export function runCliAsync(cp: { address: string }, token: string | undefined, args: string[]): Promise<CliResult> {
+/**
+ * Runs the CLI as a process without blocking the event loop (the runner for every test: in-process
+ * fakes keep answering while it runs). Killed after `timeoutMs` (code -1 then, as with runCli).
+ */
+export function runCliAsync(
+  cp: { address: string },
+  token: string | undefined,
+  args: string[],
+  env: Record<string, string> = {},
+  timeoutMs = 60_000,
+): Promise<CliResult> {
   const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
-  return new Promise((resolve) => {
+  return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
       cwd: ROOT,
-      env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '' },
+      env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
     });
     let stdout = '';
     let stderr = '';
-    child.stdout.on('data', (c) => (stdout += c));
-    child.stderr.on('data', (c) => (stderr += c));
-    child.on('exit', (code) => resolve({ code: code ?? -1, stdout, stderr }));
+    child.stdout.setEncoding('utf8').on('data', (c: string) => (stdout += c));
+    child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr += c));
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    // 'close' (not 'exit'): the output pipes are drained by then.
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code: code ?? -1, stdout, stderr });
+    });
   });
 }
 
-/** Runs the CLI with --json and parses its one JSON object; throws with the output on failure. */
+/** Runs the CLI with --json and parses its one JSON object; throws with the output on failure. Blocks: see runCli. */
 export function cliJson<T = any>(cp: { address: string }, token: string, args: string[]): T {
   const r = runCli(cp, token, ['--json', ...args]);
+  if (r.code !== 0) throw new Error(`tollgate ${args.join(' ')} failed (${r.code}): ${r.stderr}${r.stdout}`);
+  return JSON.parse(r.stdout) as T;
+}
+
+/** Runs the CLI with --json without blocking and parses its one JSON object; throws with the output on failure. */
+export async function cliJsonAsync<T = any>(cp: { address: string }, token: string, args: string[], env: Record<string, string> = {}): Promise<T> {
+  const r = await runCliAsync(cp, token, ['--json', ...args], env);
   if (r.code !== 0) throw new Error(`tollgate ${args.join(' ')} failed (${r.code}): ${r.stderr}${r.stdout}`);
   return JSON.parse(r.stdout) as T;
 }
