@@ -446,7 +446,7 @@ export class ApiServer {
       try {
         if (reply.done) return;
         // Answered before the body was read to its end: the rest is not wanted. A 400 for what the
-        // body holds keeps its one request of rpm (design.md, what counts as a request).
+        // body holds keeps its one request of rpm (docs/design.md#what-counts-as-a-request).
         const refuse = (e: unknown) => {
           stream.discard();
           if (isContentRefusal(e)) countRefused(ctx);

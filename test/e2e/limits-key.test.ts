@@ -174,7 +174,7 @@ test('a chunked body that grows over the 32 MB cap is refused with 413 while str
 
 test('a body refused by validation keeps its one request of rpm; model scope refusals consume nothing', async () => {
   // Issue 21: a body read and then refused for its content (400) counts one request, so bad bodies are
-  // not free to send (design.md, what counts as a request); before, it gave its request back.
+  // not free to send (docs/design.md#what-counts-as-a-request); before, it gave its request back.
   await nextMinute();
   const { key } = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
   const missing = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: { model: 'demo-chat' } });
