@@ -66,6 +66,8 @@ export class RequestContext {
   /** Set once the request was handed to a provider or backend: from then on it counts. */
   providerStarted = false;
   model: ModelConfig | null = null;
+  /** The Responses API: the id of the response this request created or read (for the request log). */
+  responseId: string | null = null;
   /**
    * The chat messages whose tokens are billed when the request ends without a provider report (an
    * abort): counted only then, not on every request.

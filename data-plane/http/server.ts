@@ -37,6 +37,10 @@ import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
 import { requestStarted } from '../metrics.js';
+import { estimateResponseTokens, ResponsesEndpoint } from '../endpoints/responses.js';
+import { ResponseOwners } from '../endpoints/response-owners.js';
+import { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
+import { OpenAIResponsesProvider } from '../proxy/providers/openai-responses.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -64,6 +68,8 @@ export interface ServerDeps {
   toolBackends?: ToolBackends;
   /** Every request of a key from authentication to its end, so revocation can end it (open-streams.ts). */
   openStreams?: OpenStreams;
+  /** Who owns each stored response (endpoints/response-owners.ts); shared with the sync client. */
+  responseOwners?: ResponseOwners;
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -103,6 +109,8 @@ export class ApiServer {
 
   /** The `/v1/realtime` WebSocket gateway (data-plane/realtime/). */
   readonly realtime: RealtimeGateway;
+  /** The Responses API (data-plane/endpoints/responses.ts). */
+  readonly responses: ResponsesEndpoint;
 
   // What every request's log entry asks for, built once rather than per request.
   private readonly now = (): number => this.deps.clock.now();
@@ -111,6 +119,11 @@ export class ApiServer {
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
     this.toolBackends = deps.toolBackends ?? new ToolBackends();
+    this.responses = new ResponsesEndpoint({
+      clock: deps.clock,
+      owners: deps.responseOwners ?? new ResponseOwners(),
+      providers: { demo: new DemoResponsesProvider(() => deps.clock.now()), openai: new OpenAIResponsesProvider(deps.pools) },
+    });
     this.app = uWS.App();
     this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
     this.realtime.register(this.app);
@@ -210,7 +223,13 @@ export class ApiServer {
       case 'chat':
       case 'embeddings':
       case 'speech':
+      case 'responses':
         return this.jsonEndpoint(res, reply, head, key, route, capBytes);
+      case 'stored-response':
+        // One rpm, like the listings; the key's own project's responses only.
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (ctx) this.responses.stored(ctx, reply, head.path, head.method, head.query, state, (err) => failCall(ctx, reply, 'A', err));
+        });
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
       case 'model':
@@ -369,7 +388,7 @@ export class ApiServer {
       } catch {
         parseError = true;
       }
-      const estimate = estimateTokens(body);
+      const estimate = route.kind === 'responses' ? estimateResponseTokens(body) : estimateTokens(body);
       this.admission.reserveOrWait(ctx, reply, key, estimate, (ok) => {
         if (!ok) return;
         try {
@@ -381,6 +400,7 @@ export class ApiServer {
           const model = state.view.models.get(obj.model as string)!;
           const scope = this.checkScope(key, model);
           if (scope) return reply.sendError(scope, 'A');
+          if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
           const provider = deps.providers[model.provider];
           if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
           ctx.model = model;
@@ -399,6 +419,17 @@ export class ApiServer {
       logBug(e);
       reply.sendError(e, route.shape);
     }
+  }
+
+  /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
+  private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
+    const prev = this.responses.checkPrevious(ctx.key, obj, state);
+    if (prev) return reply.sendError(prev, 'A');
+    const provider = this.responses.providerOf(model);
+    if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
+    ctx.model = model;
+    ctx.providerStarted = true;
+    this.responses.create(ctx, provider, this.modelCall(ctx, reply, model, 'A', obj, raw, text));
   }
 
   private transcription(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, capBytes: number): void {
