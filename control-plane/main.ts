@@ -15,6 +15,7 @@ import { runMigrations } from './store/migrate.js';
 import { SqliteLogStore } from './store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
+import { StoredResponsesFanout } from './sync/stored-responses.js';
 
 const log = logLine;
 
@@ -29,7 +30,9 @@ async function main(): Promise<void> {
   // Request logs: their own file, one table per UTC day, older days dropped whole.
   const logs = await SqliteLogStore.open(cfg.logsDbPath, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
   await logs.applyRetention();
-  const sync = new SyncService(state, new ReportIngest(state, logs), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log });
+  const storedResponses = new StoredResponsesFanout(db, () => state.now(), log);
+  storedResponses.start();
+  const sync = new SyncService(state, new ReportIngest(state, logs, storedResponses), { nodeToken: cfg.nodeToken, pepperCheck: pepperCheck(cfg.pepper), log, storedResponses });
   const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs });
   setFleetSource({
     connectedCount: () => sync.connectedCount(),

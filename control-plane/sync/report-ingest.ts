@@ -15,6 +15,7 @@ import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/
 import type { ControlState } from '../control-state.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
+import type { StoredResponsesFanout } from './stored-responses.js';
 import { addSpend, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
@@ -34,6 +35,8 @@ export class ReportIngest {
   constructor(
     private readonly state: ControlState,
     private readonly logs: LogStore | null = null,
+    /** Where the responses nodes created are kept and sent on (the Responses API). */
+    private readonly storedResponses: StoredResponsesFanout | null = null,
   ) {}
 
   /**
@@ -126,6 +129,10 @@ export class ReportIngest {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
       await touchLastUsedMany(tx, [...lastUsed].map(([keyId, atMs]) => [keyId, new Date(atMs).toISOString()]));
+      if (this.storedResponses) {
+        const stored = fresh.flatMap((r) => r.storedResponses?.responses ?? []);
+        if (stored.length > 0) await this.storedResponses.write(tx, stored);
+      }
       if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       return { duplicate: false, inserted: calls };

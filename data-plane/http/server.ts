@@ -123,6 +123,7 @@ export class ApiServer {
       clock: deps.clock,
       owners: deps.responseOwners ?? new ResponseOwners(),
       providers: { demo: new DemoResponsesProvider(() => deps.clock.now()), openai: new OpenAIResponsesProvider(deps.pools) },
+      reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
     });
     this.app = uWS.App();
     this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);

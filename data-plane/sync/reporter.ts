@@ -5,7 +5,7 @@
 // when its ReportAck arrives. On reconnect every unacknowledged report goes again, in order, at most
 // WINDOW at a time (the control plane deduplicates by node, instance and seq), so neither side holds
 // more than a window of reports in memory however long the control plane was away.
-import { Report, type LastUsed, type NodeMessage, type UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
+import { Report, type LastUsed, type NodeMessage, type StoredResponse, type UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
 import { clampCount, LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import type { Clock } from '../limits/clock.js';
@@ -56,6 +56,8 @@ export class Reporter {
   private seq = 0;
   private usage = new UsageTotals();
   private lastUsed: LastUsed[] = [];
+  /** Responses created here since the last report (the Responses API). */
+  private storedResponses: StoredResponse[] = [];
   private logs = new LogBlocksBuilder();
   /** key id → the second its last_used_at was last queued (at most once per key per second). */
   private touchedSec = new Map<string, number>();
@@ -94,6 +96,12 @@ export class Reporter {
     this.checkFull();
   }
 
+  /** Queues a response this node created, for the control plane to keep and send to the other nodes. */
+  recordStoredResponse(responseId: string, projectId: string, model: string, createdAtMs: number): void {
+    this.storedResponses.push({ responseId, projectId, model, createdAtMs, seq: 0 });
+    this.checkFull();
+  }
+
   /** Notes that a key authenticated a request now. */
   touch(keyId: string): void {
     const nowMs = this.clock.now();
@@ -105,7 +113,7 @@ export class Reporter {
   }
 
   private checkFull(): void {
-    if (this.flushScheduled || this.usage.size + this.logs.rows < MAX_ROWS_PER_REPORT) return;
+    if (this.flushScheduled || this.usage.size + this.logs.rows + this.storedResponses.length < MAX_ROWS_PER_REPORT) return;
     this.flushScheduled = true;
     setImmediate(() => this.flush());
   }
@@ -117,14 +125,14 @@ export class Reporter {
   }
 
   get unackedCount(): number {
-    return this.opts.journal.depth.batches + (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 ? 1 : 0);
+    return this.opts.journal.depth.batches + (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 || this.storedResponses.length > 0 ? 1 : 0);
   }
 
   /** Turns what is queued into a numbered report, journals it and sends what the window allows. */
   flush(): void {
     this.flushScheduled = false;
     try {
-      if (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0) this.seal();
+      if (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 || this.storedResponses.length > 0) this.seal();
     } catch (err) {
       this.opts.log(`reporter: a report could not be made and was dropped: ${(err as Error).message}`);
     }
@@ -137,6 +145,8 @@ export class Reporter {
     const usageTotals = this.usage.totals();
     const lastUsed = this.lastUsed.map((l) => ({ keyId: l.keyId, atMs: clampCount(l.atMs) }));
     let logs = this.logs;
+    const storedResponses = this.storedResponses;
+    this.storedResponses = [];
     this.usage = new UsageTotals();
     this.lastUsed = [];
     this.logs = new LogBlocksBuilder();
@@ -157,13 +167,14 @@ export class Reporter {
         }
         return;
       }
-      if (usageTotals.length === 0 && lastUsed.length === 0) return;
+      if (usageTotals.length === 0 && lastUsed.length === 0 && storedResponses.length === 0) return;
     } else if (this.capEpisode) {
       this.capEpisode = false;
       this.opts.log(`journal below its cap again (${depth} bytes unacknowledged): request logs are kept again; ${this.droppedLogRows} rows were dropped`);
     }
     const seq = ++this.seq;
     const report: Report = { seq, usage: [], lastUsed, logs: undefined, instanceId: this.opts.instanceId, usageTotals, logBlocks: logs.rows > 0 ? logs.blocks() : [] };
+    if (storedResponses.length > 0) report.storedResponses = { responses: storedResponses };
     const bytes = Report.encode(report).finish();
     // A view of the encoded bytes, not a copy: under load, reports are the node's largest garbage.
     journal.append(this.opts.instanceId, seq, Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));

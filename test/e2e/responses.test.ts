@@ -8,7 +8,7 @@ import { tokenCostMicros } from '../../proto/lib/money.js';
 import { countTokens } from '../../data-plane/proxy/tokens.js';
 import { configYaml, addUpstreamModel } from '../helpers/config.js';
 import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
 import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
@@ -221,4 +221,21 @@ test('refusals: 400 unknown model, 400 missing input, 401 model not allowed, 405
   assertShapeA(big, 429, null, 'tpm');
   assert.equal(big.body.error.type, 'tokens');
   assert.match(big.headers.get('retry-after') ?? '', /^\d+$/);
+});
+
+test('another node learns who owns a response from the control plane: at connect, and as it is created', async () => {
+  const early = await client(a).responses.create({ model: 'up-chat', input: 'made before node 2 started' });
+  const node2 = await startDataPlane(cp, { nodeId: 'responses-node-2' });
+  await waitUntilKnown(node2.url, a.key);
+  await waitUntilKnown(node2.url, b.key);
+  const late = await client(a).responses.create({ model: 'up-chat', input: 'made while node 2 runs' });
+  for (const r of [early, late]) {
+    // Until the record arrives, node 2 answers 404 (it never guesses); then A reads it there.
+    await eventually(async () => (await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(a.key) })).status === 200, `${r.id} on node 2`);
+    assertShapeA(await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(b.key) }), 404, null, `B on node 2`);
+    const prev = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: { model: 'up-chat', input: 'x', previous_response_id: r.id } });
+    assertShapeA(prev, 404, 'previous_response_id', 'previous_response_id by B on node 2');
+  }
+  const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
+  assert.equal(cont.status, 200, cont.text);
 });
