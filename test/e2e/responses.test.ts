@@ -2,6 +2,9 @@
 // demo provider (offline) and against a fake OpenAI-compatible upstream with known usage; stored
 // responses readable only by the project that created them; every refusal in Shape A.
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import OpenAI from 'openai';
 import { tokenCostMicros } from '../../proto/lib/money.js';
@@ -11,7 +14,7 @@ import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
-import { cliJson, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJson, ROOT, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 
 const IN_PRICE = 500_000; // up-chat: 0.50 USD per million input tokens
@@ -238,4 +241,14 @@ test('another node learns who owns a response from the control plane: at connect
   }
   const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
   assert.equal(cont.status, 200, cont.text);
+});
+
+test("README's client.responses.create example runs as written against the demo provider", () => {
+  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
+  const section = readme.slice(readme.indexOf('### The Responses API'));
+  const block = /```js\n([\s\S]*?)```/.exec(section)![1].replace('http://127.0.0.1:8080/v1', `${node.url}/v1`);
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', block], { cwd: ROOT, env: { ...process.env, TOLLGATE_KEY: a.key }, encoding: 'utf8', timeout: 30_000 });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /^resp_\S+ You said: "Hello"\./);
+  assert.match(r.stdout, /You said: "Stream please"/);
 });
