@@ -174,6 +174,6 @@ export class RequestContext {
     }
     // Every reservation is settled, with or without a model (a tool call costs nothing but held one).
     this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
-    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined);
+    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined, this.responseId);
   }
 }

@@ -14,7 +14,7 @@ import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
-import { cliJson, ROOT, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { ROOT, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 
 const IN_PRICE = 500_000; // up-chat: 0.50 USD per million input tokens
@@ -30,6 +30,13 @@ let billed: DemoKey; // project C: only the fake upstream's traffic, for exact b
 
 function client(k: DemoKey): OpenAI {
   return new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
+}
+
+/** The CLI as a process, with --json and the operator's token, without blocking this process. */
+async function cliJsonAsync(args: string[]): Promise<any> {
+  const r = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', ...args]);
+  assert.equal(r.code, 0, `tollgate ${args.join(' ')}: ${r.stderr}`);
+  return JSON.parse(r.stdout);
 }
 
 function assertShapeA(r: HttpResult, status: number, param: string | null | undefined, what: string): void {
@@ -161,17 +168,22 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
     rows.map((x) => [x.model, x.requests, x.prompt_tokens, x.completion_tokens, x.cost_micros]),
     [['up-chat', 2, 2 * USAGE.input_tokens, 2 * USAGE.output_tokens, 2 * cost]],
   );
-  const u = cliJson(cp, cp.secrets.operatorToken, ['usage', '--project', billed.projectId, '--by', 'model']);
-  assert.deepEqual(
-    u.rows.map((x: any) => [x.model, x.requests, x.input_tokens, x.output_tokens]),
-    [['up-chat', 2, 2 * USAGE.input_tokens, 2 * USAGE.output_tokens]],
-  );
   const own = await request(`${node.url}/v1/usage?group_by=model`, { headers: bearer(billed.key) });
   assert.equal(own.status, 200, own.text);
   assert.deepEqual(
     own.body.data.map((x: any) => [x.model, x.requests, x.input_tokens, x.output_tokens, x.cost_micros]),
     [['up-chat', 2, 2 * USAGE.input_tokens, 2 * USAGE.output_tokens, 2 * cost]],
   );
+  const u = await cliJsonAsync(['usage', '--project', billed.projectId, '--by', 'model']);
+  assert.deepEqual(
+    u.rows.map((x: any) => [x.model, x.requests, x.input_tokens, x.output_tokens]),
+    [['up-chat', 2, 2 * USAGE.input_tokens, 2 * USAGE.output_tokens]],
+  );
+  // The request log holds each response's id (the JSON one and the streamed one).
+  let logs: any[] = [];
+  await eventually(async () => (logs = (await cliJsonAsync(['logs', '--key', billed.keyId])).logs.filter((l: any) => l.path === '/v1/responses')).length >= 2, 'two Responses log rows');
+  assert.deepEqual(logs.map((l) => l.response_id).sort(), [r.id, final!.id].sort());
+  assert.deepEqual(logs.map((l) => [l.model, l.prompt_tokens, l.completion_tokens]), [['up-chat', USAGE.input_tokens, USAGE.output_tokens], ['up-chat', USAGE.input_tokens, USAGE.output_tokens]]);
 });
 
 test('an upstream failing mid-stream: the input and the output streamed so far are billed, as for chat', async () => {

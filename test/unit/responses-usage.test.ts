@@ -8,6 +8,9 @@ import { parseStoredResponsePath } from '../../data-plane/endpoints/responses-pa
 import { RESPONSE_RETENTION_MS, ResponseOwners } from '../../data-plane/endpoints/response-owners.js';
 import { ResponsesJsonReader, ResponsesSseReader, responsesUsageOf } from '../../data-plane/proxy/responses-usage.js';
 import { estimateTokens } from '../../data-plane/limits/key-budgets.js';
+import { LogColumns } from '../../proto/gen/tollgate/v1/sync.js';
+import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
+import { decodeLogColumns, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 
 test('responsesUsageOf reads input, cached, output and reasoning tokens', () => {
   const rows: Array<[unknown, unknown]> = [
@@ -108,4 +111,21 @@ test('the tpm estimate adds tools and max_output_tokens to the input and instruc
   assert.equal(estimateResponseTokens({ ...body, max_output_tokens: 100 }), estimateTokens(body) + 100);
   const tools = [{ type: 'function', name: 'f', parameters: {} }];
   assert.equal(estimateResponseTokens({ ...body, tools }), estimateTokens(body) + Math.ceil(JSON.stringify(tools).length / 4));
+});
+
+test('request-log rows keep a response id through the columns and the block scanner; rows without one stay as they were', () => {
+  const base: LogRow = {
+    requestId: 'r1', atMs: 1000, keyId: 'k', projectId: 'p', orgId: 'o', clientIp: '1.2.3.4', userAgent: 'ua', method: 'POST', path: '/v1/chat/completions',
+    status: 200, latencyUs: 5, bytesIn: 1, bytesOut: 2, model: 'm', promptTokens: 3, completionTokens: 4, costMicros: 5, reason: '', keyPrefix: '',
+  };
+  const rows: LogRow[] = [base, { ...base, requestId: 'r2', path: '/v1/responses', responseId: 'resp_abc' }, { ...base, requestId: 'r3' }];
+  const only = new LogColumnsBuilder();
+  only.add(base);
+  const plain = only.block();
+  assert.deepEqual(scanLogBlock(plain.columns, {}).map((x) => x.row), [base]);
+  const b = new LogColumnsBuilder();
+  for (const r of rows) b.add(r);
+  const block = b.block();
+  assert.deepEqual(scanLogBlock(block.columns, {}).map((x) => x.row), rows);
+  assert.deepEqual(decodeLogColumns(LogColumns.decode(block.columns)).rows, rows);
 });

@@ -586,6 +586,11 @@ export interface LogColumns {
   reason: number[];
   /** For a sampled 401 of an unknown key (key_id ""): the first characters of the presented value. */
   keyPrefix: number[];
+  /**
+   * The Responses API: the response id of each row, as an index into `strings`. Absent when no row
+   * of the block has one; else one per row from the first (the index of "" for rows without).
+   */
+  responseId: number[];
 }
 
 export interface QueryUsageRequest {
@@ -7080,6 +7085,7 @@ function createBaseLogColumns(): LogColumns {
     costMicros: [],
     reason: [],
     keyPrefix: [],
+    responseId: [],
   };
 }
 
@@ -7213,6 +7219,13 @@ export const LogColumns: MessageFns<LogColumns> = {
     if (message.keyPrefix.length !== 0) {
       writer.uint32(162).fork();
       for (const v of message.keyPrefix) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.responseId.length !== 0) {
+      writer.uint32(6402).fork();
+      for (const v of message.responseId) {
         writer.uint32(v);
       }
       writer.join();
@@ -7573,6 +7586,24 @@ export const LogColumns: MessageFns<LogColumns> = {
 
             break;
           }
+          case 800: {
+            if (tag === 6400) {
+              message.responseId.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 6402) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.responseId.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7669,6 +7700,11 @@ export const LogColumns: MessageFns<LogColumns> = {
         : globalThis.Array.isArray(object?.key_prefix)
         ? object.key_prefix.map((e: any) => globalThis.Number(e))
         : [],
+      responseId: globalThis.Array.isArray(object?.responseId)
+        ? object.responseId.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.response_id)
+        ? object.response_id.map((e: any) => globalThis.Number(e))
+        : [],
     };
   },
 
@@ -7734,6 +7770,9 @@ export const LogColumns: MessageFns<LogColumns> = {
     if (message.keyPrefix?.length) {
       obj.keyPrefix = message.keyPrefix.map((e) => Math.round(e));
     }
+    if (message.responseId?.length) {
+      obj.responseId = message.responseId.map((e) => Math.round(e));
+    }
     return obj;
   },
 
@@ -7762,6 +7801,7 @@ export const LogColumns: MessageFns<LogColumns> = {
     message.costMicros = object.costMicros?.map((e) => e) || [];
     message.reason = object.reason?.map((e) => e) || [];
     message.keyPrefix = object.keyPrefix?.map((e) => e) || [];
+    message.responseId = object.responseId?.map((e) => e) || [];
     return message;
   },
 };
