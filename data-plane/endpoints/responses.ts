@@ -101,10 +101,13 @@ export class ResponsesEndpoint {
     const key = ctx.key;
     const model = call.model;
     const c = call as ResponsesCall;
+    // `store: false`: the upstream keeps nothing, so there is no owner to record (only the log's id).
+    const stored = call.body.store !== false;
     c.recordOwner = (id: string) => {
+      ctx.responseId = id;
+      if (!stored) return;
       const createdAtMs = deps.clock.now();
       deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
-      ctx.responseId = id;
       deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
     };
     provider.create(c);

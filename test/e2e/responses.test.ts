@@ -209,6 +209,36 @@ test('an upstream failing mid-stream: the input and the output streamed so far a
   );
 });
 
+test('a client leaving mid-stream: the input and the output streamed so far are billed, as for chat', async () => {
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const k = await createKey(c, { orgId: a.orgId });
+  c.close();
+  await waitUntilKnown(node.url, k.key);
+  upstream.setMode('hold-stream');
+  try {
+    const abort = new AbortController();
+    const res = await fetch(`${node.url}/v1/responses`, {
+      method: 'POST',
+      headers: { ...bearer(k.key), 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'up-chat', input: 'leave early please', stream: true }),
+      signal: abort.signal,
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body!.getReader();
+    let seen = '';
+    while (!seen.includes('response.output_text.delta')) seen += new TextDecoder().decode((await reader.read()).value);
+    abort.abort();
+    await reader.read().catch(() => undefined);
+  } finally {
+    upstream.setMode('normal');
+  }
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 1);
+  assert.deepEqual(
+    rows.map((x) => [x.model, x.requests, x.prompt_tokens, x.completion_tokens]),
+    [['up-chat', 1, countTokens('leave early please'), countTokens('Upstream says')]],
+  );
+});
+
 test('refusals: 400 unknown model, 400 missing input, 401 model not allowed, 405 with Allow, 429 with retry-after', async () => {
   const url = `${node.url}/v1/responses`;
   const post = (k: DemoKey, json: unknown) => request(url, { method: 'POST', headers: bearer(k.key), json });

@@ -1,7 +1,8 @@
 // A fake OpenAI-compatible Responses API upstream (plain node:http) with known usage: every create
 // reports USAGE (cached and reasoning tokens included), as JSON or as the Responses event stream. It
 // keeps what it created so the stored-response paths answer, and records every request it gets.
-// Mode 'cut-stream': the stream stops after its first text delta and the connection is reset.
+// Mode 'cut-stream': the stream stops after its first text delta and the connection is reset;
+// 'hold-stream': the stream stops after its first text delta and waits until the gateway goes away.
 import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -22,11 +23,13 @@ export interface ResponsesUpstreamRequest {
   body: any;
 }
 
+type Mode = 'normal' | 'cut-stream' | 'hold-stream';
+
 export interface FakeResponsesUpstream {
   /** base_url for the gateway config, ending in /v1. */
   baseUrl: string;
   requests: ResponsesUpstreamRequest[];
-  setMode(mode: 'normal' | 'cut-stream'): void;
+  setMode(mode: Mode): void;
   close(): Promise<void>;
 }
 
@@ -39,7 +42,7 @@ function send(res: ServerResponse, status: number, body: unknown): void {
 export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstream> {
   const requests: ResponsesUpstreamRequest[] = [];
   const stored = new Map<string, { response: Record<string, unknown>; input: unknown }>();
-  let mode: 'normal' | 'cut-stream' = 'normal';
+  let mode: Mode = 'normal';
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -70,6 +73,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
           setTimeout(() => res.socket?.destroy(), 50);
           return;
         }
+        if (mode === 'hold-stream') return;
         res.write(ev('response.output_text.delta', { item_id: message.id, output_index: 0, content_index: 0, delta: ' hello.' }));
         res.end(ev('response.completed', { response }));
         return;
