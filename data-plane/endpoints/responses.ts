@@ -85,9 +85,20 @@ export class ResponsesEndpoint {
   checkPrevious(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null {
     const prev = body.previous_response_id;
     if (typeof prev !== 'string' || prev === '') return null;
-    const owner = this.deps.owners.get(prev, this.deps.clock.now());
-    if (!owner || owner.projectId !== key.projectId || !state.mayUseModel(key, owner.model)) return notFound(prev, 'previous_response_id');
-    return null;
+    return this.checkPreviousId(key, prev, state) ? null : notFound(prev, 'previous_response_id');
+  }
+
+  /** Whether the key may read the stored response `id` (its project's own, a model it may use). */
+  checkPreviousId(key: KeyRecord, id: string, state: GatewayState): boolean {
+    const owner = this.deps.owners.get(id, this.deps.clock.now());
+    return !!owner && owner.projectId === key.projectId && state.mayUseModel(key, owner.model);
+  }
+
+  /** Records (and reports) that the key's project owns the response `id`. */
+  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void {
+    const createdAtMs = this.deps.clock.now();
+    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
+    this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
   }
 
   /** The provider of a model's Responses API, if it has one. */
@@ -97,7 +108,6 @@ export class ResponsesEndpoint {
 
   /** Hands a checked create to its provider, recording the owner of the id it names. */
   create(ctx: RequestContext, provider: ResponsesProvider, call: ModelCall): void {
-    const deps = this.deps;
     const key = ctx.key;
     const model = call.model;
     const c = call as ResponsesCall;
@@ -105,10 +115,7 @@ export class ResponsesEndpoint {
     const stored = call.body.store !== false;
     c.recordOwner = (id: string) => {
       ctx.responseId = id;
-      if (!stored) return;
-      const createdAtMs = deps.clock.now();
-      deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
-      deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
+      if (stored) this.recordOwnerOf(key, model, id);
     };
     provider.create(c);
   }

@@ -119,14 +119,17 @@ export class ApiServer {
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute) => new RequestContext(deps, this.nextRequestId(), key, path, ticket, minute));
     this.toolBackends = deps.toolBackends ?? new ToolBackends();
+    const demoResponses = new DemoResponsesProvider(() => deps.clock.now());
     this.responses = new ResponsesEndpoint({
       clock: deps.clock,
       owners: deps.responseOwners ?? new ResponseOwners(),
-      providers: { demo: new DemoResponsesProvider(() => deps.clock.now()), openai: new OpenAIResponsesProvider(deps.pools) },
+      providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },
       reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
     });
     this.app = uWS.App();
     this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
+    // The Responses API's WebSocket mode is the realtime gateway's (endpoints/responses-socket.ts).
+    this.realtime.responses = { hooks: this.responses, demo: demoResponses };
     this.realtime.register(this.app);
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }

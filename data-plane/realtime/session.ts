@@ -54,7 +54,12 @@ export interface SessionDeps {
   /** Largest message either way. */
   maxMessageBytes: number;
   stats: RealtimeStats;
+  /** The Responses API's WebSocket mode: each response is billed on its final event instead. */
+  responsesApi?: boolean;
 }
+
+/** The Responses API's final events (the WebSocket mode bills each): each carries the usage. */
+const RESPONSES_FINAL = ['response.completed', 'response.incomplete', 'response.failed'];
 
 /** Figures for the admin listener's GET /stats/realtime. */
 export class RealtimeStats {
@@ -194,6 +199,9 @@ export class RealtimeSession implements OpenSocket {
       } else if (data.includes('"response.done"')) {
         const ev = parse(data);
         if (ev?.type === 'response.done') done = ev;
+      } else if (this.deps.responsesApi === true && RESPONSES_FINAL.some((t) => data.includes(`"${t}"`))) {
+        const ev = parse(data);
+        if (RESPONSES_FINAL.includes(ev?.type)) done = ev;
       }
     }
     this.sendToClient(data, isBinary);

@@ -23,6 +23,19 @@ interface Stored {
   createdAtMs: number;
 }
 
+/** A demo response: its events in order, the last the final one. */
+export interface DemoResponse {
+  id: string;
+  final: Record<string, unknown>;
+  events: Array<Record<string, unknown>>;
+  promptTokens: number;
+  outputTokens: number;
+}
+
+function sseEvent(e: Record<string, unknown>): string {
+  return `event: ${String(e.type)}\ndata: ${JSON.stringify(e)}\n\n`;
+}
+
 function newId(prefix: string): string {
   return `${prefix}_${randomBytes(16).toString('hex')}`;
 }
@@ -57,8 +70,11 @@ export class DemoResponsesProvider implements ResponsesProvider {
 
   constructor(private readonly now: () => number = Date.now) {}
 
-  create(call: ResponsesCall): void {
-    const { body, model, reply } = call;
+  /**
+   * One demo response to a request body: its id, its events in order (the last is the final one,
+   * carrying the usage) and its token counts. Kept in memory when stored.
+   */
+  respond(body: Record<string, unknown>, modelId: string): DemoResponse {
     const id = newId('resp');
     const createdAtMs = this.now();
     const promptTokens = countResponsesInputTokens(body);
@@ -85,7 +101,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
       incomplete_details: null as unknown,
       instructions: typeof body.instructions === 'string' ? body.instructions : null,
       max_output_tokens: max === Number.MAX_SAFE_INTEGER ? null : max,
-      model: model.id,
+      model: modelId,
       output: [] as unknown[],
       parallel_tool_calls: true,
       previous_response_id: typeof body.previous_response_id === 'string' ? body.previous_response_id : null,
@@ -102,24 +118,36 @@ export class DemoResponsesProvider implements ResponsesProvider {
       metadata: body.metadata && typeof body.metadata === 'object' ? body.metadata : {},
     };
     const final = { ...base, status: cut.cut ? 'incomplete' : 'completed', incomplete_details: cut.cut ? { reason: 'max_output_tokens' } : null, output: [message], usage };
+    if (final.store) this.keep(id, { response: final, inputItems: inputItemsOf(body.input), createdAtMs });
+    const at = { item_id: msgId, output_index: 0, content_index: 0 };
+    const events: Array<Record<string, unknown>> = [
+      { type: 'response.created', response: base },
+      { type: 'response.in_progress', response: base },
+      { type: 'response.output_item.added', output_index: 0, item: { ...message, status: 'in_progress', content: [] } },
+      { type: 'response.content_part.added', ...at, part: { type: 'output_text', text: '', annotations: [] } },
+      ...splitText(text, 4).map((delta) => ({ type: 'response.output_text.delta', ...at, delta, logprobs: [] })),
+      { type: 'response.output_text.done', ...at, text, logprobs: [] },
+      { type: 'response.content_part.done', ...at, part },
+      { type: 'response.output_item.done', output_index: 0, item: message },
+      { type: cut.cut ? 'response.incomplete' : 'response.completed', response: final },
+    ];
+    events.forEach((e, i) => (e.sequence_number = i));
+    return { id, final, events, promptTokens, outputTokens };
+  }
+
+  create(call: ResponsesCall): void {
+    const { body, model, reply } = call;
+    const r = this.respond(body, model.id);
     // The owner is recorded before the id goes out, and the request settled before the answer is
     // written (it is written in full, synchronously).
-    call.recordOwner(id);
-    if (final.store) this.keep(id, { response: final, inputItems: inputItemsOf(body.input), createdAtMs });
-    call.complete({ status: 200, promptTokens, completionTokens: outputTokens });
-    if (body.stream !== true) return reply.send(200, JSON_HEADERS, JSON.stringify(final));
-    let seq = 0;
-    const event = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq++, ...fields })}\n\n`;
-    const at = { item_id: msgId, output_index: 0, content_index: 0 };
+    call.recordOwner(r.id);
+    call.complete({ status: 200, promptTokens: r.promptTokens, completionTokens: r.outputTokens });
+    if (body.stream !== true) return reply.send(200, JSON_HEADERS, JSON.stringify(r.final));
     reply.startStream(200, SSE_HEADERS);
-    reply.write(event('response.created', { response: base }) + event('response.in_progress', { response: base }));
-    reply.write(event('response.output_item.added', { output_index: 0, item: { ...message, status: 'in_progress', content: [] } }));
-    reply.write(event('response.content_part.added', { ...at, part: { type: 'output_text', text: '', annotations: [] } }));
-    for (const delta of splitText(text, 4)) reply.write(event('response.output_text.delta', { ...at, delta, logprobs: [] }));
-    reply.write(event('response.output_text.done', { ...at, text, logprobs: [] }));
-    reply.write(event('response.content_part.done', { ...at, part }));
-    reply.write(event('response.output_item.done', { output_index: 0, item: message }));
-    reply.end(event(cut.cut ? 'response.incomplete' : 'response.completed', { response: final }));
+    let out = '';
+    for (let i = 0; i < r.events.length - 1; i++) out += sseEvent(r.events[i]);
+    reply.write(out);
+    reply.end(sseEvent(r.events[r.events.length - 1]));
   }
 
   stored(call: StoredCall): void {
