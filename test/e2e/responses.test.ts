@@ -16,6 +16,7 @@ import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '.
 import { bearer, request, type HttpResult } from '../helpers/http.js';
 import { ROOT, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
+import { openRealtime } from '../helpers/realtime.js';
 
 const IN_PRICE = 500_000; // up-chat: 0.50 USD per million input tokens
 const OUT_PRICE = 1_500_000;
@@ -283,6 +284,30 @@ test('another node learns who owns a response from the control plane: at connect
   }
   const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
   assert.equal(cont.status, 200, cont.text);
+});
+
+test('WebSocket mode to an OpenAI-compatible upstream: {base_url}/responses over ws, the model spliced, billed from its usage', async () => {
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const k = await createKey(c, { orgId: a.orgId });
+  c.close();
+  await waitUntilKnown(node.url, k.key);
+  const s = await openRealtime(node.address, { key: k.key, model: 'up-chat', path: '/v1/responses' });
+  s.session.send({ type: 'response.create', model: 'up-chat', input: 'over the socket' });
+  const done = await s.session.waitFor('response.completed');
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  const up = upstream.sockets[upstream.sockets.length - 1];
+  assert.match(up.url, /^\/v1\/responses(\?|$)/);
+  assert.equal(up.authorization, 'Bearer sk-upstream-test');
+  assert.deepEqual(up.received, [{ type: 'response.create', model: 'upstream-up-chat', input: 'over the socket' }]);
+  // Created over the socket: the project's own, on the upstream.
+  const got = await request(`${node.url}/v1/responses/${done.response.id}`, { headers: bearer(b.key) });
+  assertShapeA(got, 404, null, 'B reads a socket-made response');
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 1);
+  assert.deepEqual(
+    rows.map((x) => [x.model, x.requests, x.prompt_tokens, x.completion_tokens]),
+    [['up-chat', 1, USAGE.input_tokens, USAGE.output_tokens]],
+  );
 });
 
 test("README's client.responses.create example runs as written against the demo provider", () => {

@@ -6,6 +6,7 @@
 import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { WebSocketServer } from 'ws';
 
 export const USAGE = {
   input_tokens: 1200,
@@ -29,6 +30,8 @@ export interface FakeResponsesUpstream {
   /** base_url for the gateway config, ending in /v1. */
   baseUrl: string;
   requests: ResponsesUpstreamRequest[];
+  /** WebSocket mode: the handshakes (URL and authorization) and every message received. */
+  sockets: Array<{ url: string; authorization: string | undefined; received: any[] }>;
   setMode(mode: Mode): void;
   close(): Promise<void>;
 }
@@ -90,16 +93,36 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       return send(res, 200, s.response);
     });
   });
+  // WebSocket mode on /v1/responses: each response.create answered with created, a delta and completed.
+  const sockets: FakeResponsesUpstream['sockets'] = [];
+  const wss = new WebSocketServer({ server, path: '/v1/responses' });
+  wss.on('connection', (ws, req) => {
+    const rec = { url: req.url ?? '', authorization: req.headers.authorization, received: [] as any[] };
+    sockets.push(rec);
+    ws.on('message', (d) => {
+      const ev = JSON.parse(d.toString());
+      rec.received.push(ev);
+      if (ev.type !== 'response.create') return;
+      const id = `resp_${randomBytes(12).toString('hex')}`;
+      const response = { id, object: 'response', status: 'completed', model: ev.model, output: [], usage: USAGE };
+      ws.send(JSON.stringify({ type: 'response.created', sequence_number: 0, response: { ...response, status: 'in_progress', usage: null } }));
+      ws.send(JSON.stringify({ type: 'response.output_text.delta', sequence_number: 1, delta: 'hi' }));
+      ws.send(JSON.stringify({ type: 'response.completed', sequence_number: 2, response }));
+    });
+  });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const port = (server.address() as AddressInfo).port;
   return {
     baseUrl: `http://127.0.0.1:${port}/v1`,
     requests,
+    sockets,
     setMode(m) {
       mode = m;
     },
     close: () =>
       new Promise<void>((resolve) => {
+        for (const c of wss.clients) c.terminate();
+        wss.close();
         server.closeAllConnections();
         server.close(() => resolve());
       }),
