@@ -107,6 +107,8 @@ test('stored responses: the creating project reads, lists input items and delete
   assert.equal(items.data.length, 1);
   const next = await ca.responses.create({ model: 'demo-chat', input: 'And again', previous_response_id: r.id });
   assert.equal(next.previous_response_id, r.id);
+  // The demo answers in the foreground: nothing to cancel (OpenAI cancels background responses only).
+  assertShapeA(await request(`${node.url}/v1/responses/${r.id}/cancel`, { method: 'POST', headers: bearer(a.key) }), 400, null, 'cancel of a finished response');
   const del = await request(`${node.url}/v1/responses/${r.id}`, { method: 'DELETE', headers: bearer(a.key) });
   assert.equal(del.status, 200, del.text);
   assert.deepEqual(del.body, { id: r.id, object: 'response', deleted: true });

@@ -157,6 +157,11 @@ export class DemoResponsesProvider implements ResponsesProvider {
       call.complete({ status: 404, promptTokens: 0, completionTokens: 0 });
       return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }), 'A');
     }
+    // Only background responses can be cancelled, and the demo answers in the foreground.
+    if (call.action === 'cancel') {
+      call.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
+      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'A');
+    }
     call.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
     switch (call.action) {
       case 'response':
@@ -170,9 +175,6 @@ export class DemoResponsesProvider implements ResponsesProvider {
         const data = inputItemsPage(s.inputItems, call.query);
         return reply.send(200, JSON_HEADERS, JSON.stringify(data));
       }
-      case 'cancel':
-        // Only background responses can be cancelled, and the demo answers in the foreground.
-        return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'A');
     }
   }
 
