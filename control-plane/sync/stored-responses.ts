@@ -29,8 +29,11 @@ export class StoredResponsesFanout {
 
   /** Writes a report's records in its transaction; they go to the nodes once it commits. */
   async write(tx: Tx, records: readonly StoredResponse[]): Promise<void> {
+    // A record already past retention (a node replaying an old journal) is not kept.
+    const oldest = this.now() - STORED_RESPONSE_RETENTION_MS;
     const clean = records.filter(
-      (r) => r.responseId.length > 0 && r.responseId.length <= MAX_ID_CHARS && r.projectId.length > 0 && r.model.length > 0 && Number.isSafeInteger(r.createdAtMs) && r.createdAtMs > 0,
+      (r) =>
+        r.createdAtMs >= oldest && r.responseId.length > 0 && r.responseId.length <= MAX_ID_CHARS && r.projectId.length > 0 && r.model.length > 0 && Number.isSafeInteger(r.createdAtMs) && r.createdAtMs > 0,
     );
     if (clean.length === 0) return;
     const added = await addStoredResponses(tx, clean);
