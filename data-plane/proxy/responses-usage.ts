@@ -141,16 +141,19 @@ export class ResponsesSseReader implements BodyInspector {
 
   private read(text: string): void {
     let s = this.carry + text;
+    // A CR ending the text may be half of a CRLF split between chunks: kept for the next one.
+    const cr = s.endsWith('\r') ? '\r' : '';
+    if (cr) s = s.slice(0, -1);
     if (s.includes('\r')) s = s.replace(/\r\n?/g, '\n');
     let start = 0;
     for (;;) {
       const end = s.indexOf('\n\n', start);
       if (end === -1) break;
       if (this.skipping) this.skipping = false;
-      else this.event(s.slice(start, end));
+      else if (end > start) this.event(s.slice(start, end));
       start = end + 2;
     }
-    this.carry = s.slice(start);
+    this.carry = s.slice(start) + cr;
     // An event this long is not read: passed on, and skipped up to its end.
     if (this.carry.length > MAX_EVENT_CHARS) {
       this.carry = '';

@@ -42,7 +42,15 @@ test('the SSE reader takes usage from the final event by its parsed type, split 
     ev('response.completed', { response: { id: 'resp_1', usage } }, false);
   for (const size of [1, 7, 64, text.length]) {
     const ids: string[] = [];
+    const names: string[] = [];
     const r = new ResponsesSseReader((id) => ids.push(id));
+    // Before the fix a CRLF split between two chunks read as two line ends, so an event's `event:`
+    // line and its data were read as two events. Every event is read whole, however CRLF is split.
+    const read = (r as any).event.bind(r);
+    (r as any).event = (ev: string) => {
+      names.push(ev.split('\n')[0]);
+      read(ev);
+    };
     let out = '';
     const bytes = Buffer.from(text.replace(/\n/g, '\r\n'));
     for (let i = 0; i < bytes.length; i += size) out += r.transform(bytes.subarray(i, i + size)).toString();
@@ -51,6 +59,7 @@ test('the SSE reader takes usage from the final event by its parsed type, split 
     assert.deepEqual(ids, ['resp_1']);
     assert.deepEqual(r.usage, { promptTokens: 7, completionTokens: 3, cachedPromptTokens: 2 });
     assert.equal(r.finalType, 'response.completed');
+    assert.deepEqual(names, ['event: response.created', 'event: response.output_text.delta', 'data: {"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":7,"output_tokens":3,"input_tokens_details":{"cached_tokens":2}}}}'], `chunks of ${size}`);
     assert.ok(r.countedOutputTokens > 0);
   }
 });
