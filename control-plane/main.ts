@@ -18,6 +18,7 @@ import { SyncService } from './sync/sync-service.js';
 import { AuditRecorder } from './audit/audit-recorder.js';
 import { startWebhooks } from './webhooks/webhooks.js';
 import { KeyExpirySweeper } from './console/key-expiry.js';
+import { StoredResponsesFanout } from './sync/stored-responses.js';
 
 const log = logLine;
 
@@ -35,10 +36,13 @@ async function main(): Promise<void> {
   const webhooks = await startWebhooks(state, log);
   const audit = new AuditRecorder(db, { now: () => state.now(), retentionDays: cfg.auditRetentionDays, log });
   await audit.applyRetention();
-  const sync: SyncService = new SyncService(state, new ReportIngest(state, webhooks.revokedKeys.wrap(logs)), {
+  const storedResponses = new StoredResponsesFanout(db, () => state.now(), log);
+  storedResponses.start();
+  const sync: SyncService = new SyncService(state, new ReportIngest(state, webhooks.revokedKeys.wrap(logs), storedResponses), {
     nodeToken: cfg.nodeToken,
     pepperCheck: pepperCheck(cfg.pepper),
     log,
+    storedResponses,
     onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
   });
   const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs, audit, webhooks });

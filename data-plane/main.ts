@@ -21,6 +21,7 @@ import { LeaseClient } from './limits/lease-client.js';
 import { log } from './log.js';
 import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
+import { ResponseOwners } from './endpoints/response-owners.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
@@ -69,6 +70,7 @@ async function main(): Promise<void> {
   const pools = new PoolRegistry();
   const toolBackends = new ToolBackends();
   const openStreams = new OpenStreams();
+  const responseOwners = new ResponseOwners();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
@@ -90,6 +92,7 @@ async function main(): Promise<void> {
     pools,
     toolBackends,
     openStreams,
+    responseOwners,
     instanceId: config.instanceId,
     spillDir: config.spillDir,
     spillBudget,
@@ -160,6 +163,7 @@ async function main(): Promise<void> {
     holder,
     reporter,
     openStreams,
+    responseOwners,
     leases,
     now: () => clock.now(),
     onApplied: () => {

@@ -36,6 +36,7 @@ function jsonOf(l: RequestLog): Record<string, unknown> {
     completion_tokens: l.completionTokens,
     cost_usd: formatUsd(l.costMicros),
     ...(l.keyPrefix ? { key_prefix: l.keyPrefix } : {}),
+    ...(l.responseId ? { response_id: l.responseId } : {}),
   };
 }
 

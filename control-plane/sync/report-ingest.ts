@@ -16,6 +16,7 @@ import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/
 import type { ControlState } from '../control-state.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
+import type { StoredResponsesFanout } from './stored-responses.js';
 import { addSpendMany, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
 
 export interface ReportSource {
@@ -41,6 +42,8 @@ export class ReportIngest {
   constructor(
     private readonly state: ControlState,
     private readonly logs: LogStore | null = null,
+    /** Where the responses nodes created are kept and sent on (the Responses API). */
+    private readonly storedResponses: StoredResponsesFanout | null = null,
   ) {}
 
   /**
@@ -147,6 +150,10 @@ export class ReportIngest {
       tx.afterCommit(() => {
         for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
       });
+      if (this.storedResponses) {
+        const stored = fresh.flatMap((r) => r.storedResponses?.responses ?? []);
+        if (stored.length > 0) await this.storedResponses.write(tx, stored);
+      }
       if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       return { duplicate: false, inserted: calls };

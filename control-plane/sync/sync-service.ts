@@ -10,6 +10,7 @@ import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
 import { touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
+import type { StoredResponsesFanout } from './stored-responses.js';
 import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
 import { queryUsageHandler } from './usage-query.js';
 import { countIngest, countLeaseAnswers } from '../metrics.js';
@@ -99,6 +100,8 @@ export interface SyncServiceOptions {
   log?: (line: string) => void;
   /** A node's stream ended (not at shutdown): webhooks. */
   onNodeDisconnected?: (node: { id: string; address: string; connectedAt: string; lastSeenAt: string }) => void;
+  /** Stored responses of the Responses API, sent to every node (stored-responses.ts). */
+  storedResponses?: StoredResponsesFanout;
 }
 
 export class SyncService implements NodeFleet {
@@ -262,6 +265,14 @@ export class SyncService implements NodeFleet {
     const first = store.catchUp(hello.haveVersion);
     s.unsubscribe = store.subscribe((delta) => this.enqueue(s, { delta }));
     this.sessions.add(s);
+    const detachResponses = this.opts.storedResponses?.attach((responses) => this.enqueue(s, { storedResponses: { responses } }), hello.storedResponsesSeq ?? 0);
+    if (detachResponses) {
+      const unsubscribe = s.unsubscribe;
+      s.unsubscribe = () => {
+        unsubscribe();
+        detachResponses();
+      };
+    }
     if (first.kind === 'snapshot') this.enqueue(s, 'snapshot');
     else {
       s.lastSentVersion = hello.haveVersion;

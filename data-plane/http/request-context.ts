@@ -66,6 +66,8 @@ export class RequestContext {
   /** Set once the request was handed to a provider or backend: from then on it counts. */
   providerStarted = false;
   model: ModelConfig | null = null;
+  /** The Responses API: the id of the response this request created or read (for the request log). */
+  responseId: string | null = null;
   /**
    * The chat messages whose tokens are billed when the request ends without a provider report (an
    * abort): counted only then, not on every request.
@@ -181,6 +183,6 @@ export class RequestContext {
     }
     // Every reservation is settled, with or without a model (a tool call costs nothing but held one).
     this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
-    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined);
+    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined, this.responseId);
   }
 }

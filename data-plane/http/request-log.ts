@@ -56,6 +56,8 @@ export class LogDraft {
   promptTokens = 0;
   completionTokens = 0;
   costMicros = 0;
+  /** The Responses API: the response the request created or read. */
+  responseId = '';
   private expectsContext = false;
   private contextDone = false;
   private replyEnded = false;
@@ -77,7 +79,8 @@ export class LogDraft {
   }
 
   /** The admitted request was settled (completed or refused). */
-  settle(usage?: { model: string; promptTokens: number; completionTokens: number; costMicros: number }): void {
+  settle(usage?: { model: string; promptTokens: number; completionTokens: number; costMicros: number }, responseId?: string | null): void {
+    if (responseId) this.responseId = responseId;
     if (usage) {
       this.model = usage.model;
       this.promptTokens = usage.promptTokens;
@@ -111,10 +114,10 @@ export function logRow(
   head: LogHead,
   owner: LogOwner,
   outcome: LogOutcome,
-  usage: { model: string; promptTokens: number; completionTokens: number; costMicros: number } | null,
+  usage: { model: string; promptTokens: number; completionTokens: number; costMicros: number; responseId?: string } | null,
   keyPrefix = '',
 ): LogRow {
-  return {
+  const row: LogRow = {
     requestId,
     atMs,
     keyId: owner.keyId,
@@ -135,6 +138,8 @@ export function logRow(
     reason: outcome.reason,
     keyPrefix,
   };
+  if (usage?.responseId) row.responseId = usage.responseId;
+  return row;
 }
 
 /**

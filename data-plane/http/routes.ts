@@ -4,9 +4,10 @@
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
 import { familyOf } from '../routing/path-families.js';
+import { storedResponsePath } from '../endpoints/responses-paths.js';
 import type { ErrorShape } from './error-shapes.js';
 
-export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime';
+export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime' | 'responses' | 'stored-response';
 
 /** How the request body is read: not at all, collected whole (JSON), or streamed. */
 export type BodyMode = 'none' | 'json' | 'stream';
@@ -55,6 +56,7 @@ export class RouteTable {
     this.exact.set('/v1/audio/speech', modelRoute('speech', 'POST', 'json'));
     this.exact.set('/v1/audio/voices', modelRoute('voices', 'GET', 'none'));
     this.exact.set('/v1/usage', modelRoute('usage', 'GET', 'none'));
+    this.exact.set('/v1/responses', modelRoute('responses', 'POST', 'json'));
     this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
     // One Route object per backend (and one for "no backend"), so matching allocates nothing.
     this.toolRoutes.set('', { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: null });
@@ -76,6 +78,12 @@ export class RouteTable {
     if (path.startsWith('/v1/models/') && path.length > 11 && path.indexOf('/', 11) === -1) {
       if (method !== 'GET') return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use GET.`, { allow: 'GET' });
       return this.model;
+    }
+    // A stored response (`/v1/responses/{id}`, `…/input_items`, `…/cancel`): responses-paths.ts.
+    const stored = storedResponsePath(path);
+    if (stored) {
+      if (stored.methods.has(method)) return stored.route;
+      return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${stored.route.allow}.`, { allow: stored.route.allow });
     }
     // Which part of the router serves a path is its family's, as for edge budgets and body caps.
     const router = familyOf(path).router;

@@ -38,6 +38,10 @@ import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
 import { requestStarted } from '../metrics.js';
+import { estimateResponseTokens, ResponsesEndpoint } from '../endpoints/responses.js';
+import { ResponseOwners } from '../endpoints/response-owners.js';
+import { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
+import { OpenAIResponsesProvider } from '../proxy/providers/openai-responses.js';
 
 export interface ServerDeps {
   holder: StateHolder;
@@ -69,6 +73,8 @@ export interface ServerDeps {
   toolBackends?: ToolBackends;
   /** Every request of a key from authentication to its end, so revocation can end it (open-streams.ts). */
   openStreams?: OpenStreams;
+  /** Who owns each stored response (endpoints/response-owners.ts); shared with the sync client. */
+  responseOwners?: ResponseOwners;
 }
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -108,6 +114,8 @@ export class ApiServer {
 
   /** The `/v1/realtime` WebSocket gateway (data-plane/realtime/). */
   readonly realtime: RealtimeGateway;
+  /** The Responses API (data-plane/endpoints/responses.ts). */
+  readonly responses: ResponsesEndpoint;
 
   // What every request's log entry asks for, built once rather than per request.
   private readonly now = (): number => this.deps.clock.now();
@@ -116,8 +124,17 @@ export class ApiServer {
   constructor(private readonly deps: ServerDeps) {
     this.admission = new Admission(deps, (key, path, ticket, minute, requestId) => new RequestContext(deps, requestId || this.nextRequestId(), key, path, ticket, minute));
     this.toolBackends = deps.toolBackends ?? new ToolBackends();
+    const demoResponses = new DemoResponsesProvider(() => deps.clock.now());
+    this.responses = new ResponsesEndpoint({
+      clock: deps.clock,
+      owners: deps.responseOwners ?? new ResponseOwners(),
+      providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },
+      reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
+    });
     this.app = uWS.App();
     this.realtime = new RealtimeGateway(deps, this.admission, deps.realtime);
+    // The Responses API's WebSocket mode is the realtime gateway's (endpoints/responses-socket.ts).
+    this.realtime.responses = { hooks: this.responses, demo: demoResponses };
     this.realtime.register(this.app);
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }
@@ -221,7 +238,13 @@ export class ApiServer {
       case 'chat':
       case 'embeddings':
       case 'speech':
+      case 'responses':
         return this.jsonEndpoint(res, reply, head, key, route, capBytes);
+      case 'stored-response':
+        // One rpm, like the listings; the key's own project's responses only.
+        return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
+          if (ctx) this.responses.stored(ctx, reply, head.path, head.method, head.query, state, (err) => failCall(ctx, reply, 'A', err));
+        });
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
       case 'model':
@@ -381,7 +404,7 @@ export class ApiServer {
       } catch {
         parseError = true;
       }
-      const estimate = estimateTokens(body);
+      const estimate = route.kind === 'responses' ? estimateResponseTokens(body) : estimateTokens(body);
       this.admission.reserveOrWait(ctx, reply, key, estimate, (ok) => {
         if (!ok) return;
         try {
@@ -396,6 +419,7 @@ export class ApiServer {
           const model = state.view.models.get(obj.model as string)!;
           const scope = this.checkScope(key, model);
           if (scope) return reply.sendError(scope, 'A');
+          if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
           const provider = deps.providers[model.provider];
           if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
           ctx.model = model;
@@ -415,6 +439,17 @@ export class ApiServer {
       logBug(e);
       reply.sendError(e, route.shape);
     }
+  }
+
+  /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
+  private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
+    const prev = this.responses.checkPrevious(ctx.key, obj, state);
+    if (prev) return reply.sendError(prev, 'A');
+    const provider = this.responses.providerOf(model);
+    if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
+    ctx.model = model;
+    ctx.providerStarted = true;
+    this.responses.create(ctx, provider, this.modelCall(ctx, reply, model, 'A', obj, raw, text));
   }
 
   private transcription(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, capBytes: number): void {

@@ -6,7 +6,8 @@ import { GatewayError } from '../errors.js';
 import type { Route } from './routes.js';
 
 const JSON_CONTENT_TYPE = /^application\/json\s*(;|$)/i;
-const KIND_OF_ROUTE: Record<string, string> = { chat: 'chat', embeddings: 'embeddings', speech: 'speech' };
+// The Responses API is served by chat models.
+const KIND_OF_ROUTE: Record<string, string> = { chat: 'chat', embeddings: 'embeddings', speech: 'speech', responses: 'chat' };
 
 function invalid(message: string, param: string | null): GatewayError {
   return new GatewayError('INVALID_REQUEST', message, { param });
@@ -36,6 +37,10 @@ export function validateJson(route: Route, contentType: string, body: unknown, p
     const bad = validateMessages(obj.messages);
     if (bad) return bad;
   }
+  if (route.kind === 'responses') {
+    const bad = validateResponsesInput(obj);
+    if (bad) return bad;
+  }
   if (route.kind === 'embeddings') {
     const input = obj.input;
     const ok = typeof input === 'string' || (Array.isArray(input) && input.length > 0);
@@ -52,6 +57,22 @@ export function validateJson(route: Route, contentType: string, body: unknown, p
       return invalid(`Unknown voice; this model has: ${model.voices.join(', ')}.`, 'voice');
     }
   }
+  return null;
+}
+
+/** A Responses API request: `input` a string or an array of items (objects); ids are strings. */
+function validateResponsesInput(obj: Record<string, unknown>): GatewayError | null {
+  const input = obj.input;
+  if (input === undefined || input === null) return invalid("Missing required parameter: 'input'.", 'input');
+  if (typeof input !== 'string' && !Array.isArray(input)) return invalid("Invalid type for 'input': expected a string or an array of input items.", 'input');
+  if (Array.isArray(input)) {
+    for (let i = 0; i < input.length; i++) {
+      const item = input[i];
+      if (typeof item !== 'object' || item === null || Array.isArray(item)) return invalid(`Invalid type for 'input[${i}]': expected an input item object.`, `input[${i}]`);
+    }
+  }
+  const prev = obj.previous_response_id;
+  if (prev !== undefined && prev !== null && typeof prev !== 'string') return invalid("Invalid type for 'previous_response_id': expected a string.", 'previous_response_id');
   return null;
 }
 

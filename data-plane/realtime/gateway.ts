@@ -31,6 +31,8 @@ import { CLOSE, RealtimeSession, RealtimeStats, type UserData } from './session.
 import type { SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import { connectWsUpstream } from './ws-upstream.js';
+import { DemoResponsesSocketLink, RESPONSES_PATH, ResponsesSocketLink, type ResponsesSocketHooks } from '../endpoints/responses-socket.js';
+import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
 
 /** The one path that accepts realtime sessions (OpenAI's: `wss://…/v1/realtime?model=…`). */
 export const REALTIME_PATH = '/v1/realtime';
@@ -92,6 +94,8 @@ export class RealtimeGateway {
   /** 401s of unknown keys are logged only as far as this allows (request-log.ts). */
   private readonly unknownKeys = new UnknownKeySampler();
   private seq = 0;
+  /** The Responses API's WebSocket mode on `/v1/responses` (endpoints/responses-socket.ts); set by the HTTP server. */
+  responses: { hooks: ResponsesSocketHooks; demo: DemoResponsesProvider } | null = null;
 
   constructor(
     private readonly deps: RealtimeDeps,
@@ -125,6 +129,7 @@ export class RealtimeGateway {
     // A plain GET (no Sec-WebSocket-Key) falls through to the HTTP pipeline (uWS yields it).
     app.ws(REALTIME_PATH, behavior);
     app.ws(`${REALTIME_PATH}/*`, behavior);
+    app.ws(RESPONSES_PATH, behavior);
     this.staleTimer = setInterval(() => {
       if (this.sockets.size > 0 && this.deps.isStale()) this.sockets.closeAll('invalid_api_key: this gateway node cannot currently verify API keys');
       this.memory.remeasureAll();
@@ -217,7 +222,7 @@ export class RealtimeGateway {
     if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');
     if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A');
     deps.reporter.touch(key.keyId);
-    if (head.path !== REALTIME_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${head.path}; connect to ${REALTIME_PATH}?model=MODEL.`), 'B');
+    if (head.path !== REALTIME_PATH && head.path !== RESPONSES_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${head.path}; connect to ${REALTIME_PATH}?model=MODEL.`), 'B');
     this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
       if (ctx) this.admitted(ctx, res, reply, head, key, context);
     });
@@ -236,6 +241,7 @@ export class RealtimeGateway {
       if (!modelId) return refuse(new GatewayError('INVALID_REQUEST', 'Missing required query parameter: model (connect to /v1/realtime?model=MODEL).', { param: 'model' }));
       const model = state.view.models.get(modelId);
       if (!model) return refuse(new GatewayError('UNKNOWN_MODEL', `The model \`${modelId}\` does not exist.`, { param: 'model' }));
+      if (head.path === RESPONSES_PATH) return this.admitResponses(ctx, res, reply, head, key, model, context, refuse);
       if (model.kind !== 'realtime') {
         return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a realtime model; /v1/realtime needs a model of kind realtime.`, { param: 'model' }));
       }
@@ -266,6 +272,38 @@ export class RealtimeGateway {
       logBug(e);
       reply.sendError(e, 'A');
     }
+  }
+
+  /** `/v1/responses` as a WebSocket: a chat model, its provider's Responses API over the socket. */
+  private admitResponses(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, context: us_socket_context_t, refuse: (err: GatewayError) => void): void {
+    const state = this.deps.holder.current;
+    const r = this.responses;
+    if (!r) return refuse(new GatewayError('NOT_FOUND', `No WebSocket endpoint at ${head.path}.`));
+    if (model.kind !== 'chat') return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a chat model; ${RESPONSES_PATH} needs one.`, { param: 'model' }));
+    if (!state.mayUseModel(key, model.id)) {
+      const why = state.view.tiers.get(key.org.tier)?.plan.has(model.id) ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
+      return refuse(new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' }));
+    }
+    const wrap = (link: UpstreamLink) => new ResponsesSocketLink(link, r.hooks, key, model, () => this.deps.holder.current);
+    if (model.provider === 'demo') return this.accept(ctx, res, reply, head, key, model, wrap(new DemoResponsesSocketLink(r.demo, model.id)), context);
+    if (model.provider !== 'openai' || !model.baseUrl) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No Responses upstream is configured for \`${model.id}\`.`));
+    const url = new URL(model.baseUrl);
+    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+    url.pathname = `${url.pathname.replace(/\/+$/, '')}/responses`;
+    const upstream = { model: model.id, url: url.toString(), upstreamApiKey: model.upstreamApiKey, upstreamModel: model.upstreamModel || model.id, connectTimeoutMs: 0 };
+    const pending = connectWsUpstream(
+      upstream,
+      model.upstreamModel || model.id,
+      { maxMessageBytes: this.maxMessageBytes },
+      (link) => this.accept(ctx, res, reply, head, key, model, wrap(link), context),
+      (err) =>
+        guard(() => {
+          ctx.providerStarted = true;
+          ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
+          reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
+        }),
+    );
+    ctx.abortFns.push(() => pending.cancel());
   }
 
   /** Why a key admitted before the upstream handshake may no longer open its session, or null. */
@@ -339,6 +377,7 @@ export class RealtimeGateway {
         maxMessageBytes: this.maxMessageBytes,
         stats: this.stats,
         memory: this.memory,
+        responsesApi: head.path === RESPONSES_PATH,
       },
       ctx,
       key,

@@ -58,7 +58,12 @@ export interface SessionDeps {
   stats: RealtimeStats;
   /** The node-wide bound on what all sessions hold together. */
   memory: RealtimeMemory;
+  /** The Responses API's WebSocket mode: each response is billed on its final event instead. */
+  responsesApi?: boolean;
 }
+
+/** The Responses API's final events (the WebSocket mode bills each): each carries the usage. */
+const RESPONSES_FINAL = ['response.completed', 'response.incomplete', 'response.failed'];
 
 /** Figures for the admin listener's GET /stats/realtime. */
 export class RealtimeStats {
@@ -241,10 +246,11 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     let transcribed: Obj | null = null;
     if (!isBinary) {
       // Told apart by the event's own `type` member, never by text found anywhere in it (a client's
-      // metadata, echoed back, can hold any text).
+      // metadata, echoed back, can hold any text). The Responses API's WebSocket mode bills each
+      // response on its final event instead of `response.done`.
       const type = eventTypeOf(data);
       if (type === 'response.created') this.responsesInFlight++;
-      else if (type === 'response.done') done = parse(data);
+      else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
       else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
     }
     this.sendToClient(data, isBinary);

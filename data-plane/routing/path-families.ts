@@ -51,6 +51,8 @@ export const PATH_FAMILIES: readonly PathFamily[] = Object.freeze([
   family('chat', 'prefix', '/v1/chat/', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
   family('embeddings', 'under', '/v1/embeddings', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
   family('completions', 'under', '/v1/completions', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
+  // The Responses API and its stored responses (`/v1/responses/{id}…`): a model endpoint, general budget.
+  family('responses', 'under', '/v1/responses', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
   // The spec gives voices no cap of its own: the general 32 MiB applies.
   family('voices', 'under', '/v1/audio/voices', 'voices', BODY_CAP_GENERAL_BYTES, 'A', 'model'),
   family('audio', 'prefix', '/v1/audio/', 'audio', BODY_CAP_AUDIO_BYTES, 'A', 'model'),

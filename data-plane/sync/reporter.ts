@@ -9,7 +9,7 @@
 // process killed before its next flush loses none of what it answered; the next process bills the
 // records its predecessor left after its last report. Work per acknowledgement is O(1) amortized: the
 // journal finds entries by id, and the next reports to send are the oldest not in flight.
-import { Report, UsageRecord, type LastUsed, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
+import { Report, UsageRecord, type LastUsed, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import { clampCount, LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import type { Clock } from '../limits/clock.js';
@@ -60,6 +60,8 @@ export class Reporter {
   private seq = 0;
   private usage = new UsageTotals();
   private lastUsed: LastUsed[] = [];
+  /** Responses created here since the last report (the Responses API). */
+  private storedResponses: StoredResponse[] = [];
   private logs = new LogBlocksBuilder();
   /** key id → the second its last_used_at was last queued (at most once per key per second). */
   private touchedSec = new Map<string, number>();
@@ -123,6 +125,12 @@ export class Reporter {
     this.checkFull();
   }
 
+  /** Queues a response this node created, for the control plane to keep and send to the other nodes. */
+  recordStoredResponse(responseId: string, projectId: string, model: string, createdAtMs: number): void {
+    this.storedResponses.push({ responseId, projectId, model, createdAtMs, seq: 0 });
+    this.checkFull();
+  }
+
   /** Notes that a key authenticated a request now. */
   touch(keyId: string): void {
     const nowMs = this.clock.now();
@@ -134,7 +142,7 @@ export class Reporter {
   }
 
   private checkFull(): void {
-    if (this.flushScheduled || this.usage.size + this.logs.rows < MAX_ROWS_PER_REPORT) return;
+    if (this.flushScheduled || this.usage.size + this.logs.rows + this.storedResponses.length < MAX_ROWS_PER_REPORT) return;
     this.flushScheduled = true;
     setImmediate(() => this.flush());
   }
@@ -146,14 +154,14 @@ export class Reporter {
   }
 
   get unackedCount(): number {
-    return this.opts.journal.depth.batches + (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 ? 1 : 0);
+    return this.opts.journal.depth.batches + (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 || this.storedResponses.length > 0 ? 1 : 0);
   }
 
   /** Turns what is queued into a numbered report, journals it and sends what the window allows. */
   flush(): void {
     this.flushScheduled = false;
     try {
-      if (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0) this.seal();
+      if (this.usage.calls > 0 || this.lastUsed.length > 0 || this.logs.rows > 0 || this.storedResponses.length > 0) this.seal();
     } catch (err) {
       this.opts.log(`reporter: a report could not be made and was dropped: ${(err as Error).message}`);
     }
@@ -166,6 +174,8 @@ export class Reporter {
     const usageTotals = this.usage.totals();
     const lastUsed = this.lastUsed.map((l) => ({ keyId: l.keyId, atMs: clampCount(l.atMs) }));
     let logs = this.logs;
+    const storedResponses = this.storedResponses;
+    this.storedResponses = [];
     this.usage = new UsageTotals();
     this.lastUsed = [];
     this.logs = new LogBlocksBuilder();
@@ -186,13 +196,14 @@ export class Reporter {
         }
         return;
       }
-      if (usageTotals.length === 0 && lastUsed.length === 0) return;
+      if (usageTotals.length === 0 && lastUsed.length === 0 && storedResponses.length === 0) return;
     } else if (this.capEpisode) {
       this.capEpisode = false;
       this.opts.log(`journal below its cap again (${depth} bytes unacknowledged): request logs are kept again; ${this.droppedLogRows} rows were dropped`);
     }
     const seq = ++this.seq;
     const report: Report = { seq, usage: [], lastUsed, logs: undefined, instanceId: this.opts.instanceId, usageTotals, logBlocks: logs.rows > 0 ? logs.blocks() : [] };
+    if (storedResponses.length > 0) report.storedResponses = { responses: storedResponses };
     const bytes = Report.encode(report).finish();
     // A view of the encoded bytes, not a copy: under load, reports are the node's largest garbage.
     journal.append(this.opts.instanceId, seq, Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));

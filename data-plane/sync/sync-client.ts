@@ -5,12 +5,13 @@
 // bad node token) is fatal: one line, exit 2.
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
-import { SyncServiceClient, type ControlMessage, type Delta, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
+import { SyncServiceClient, type ControlMessage, type Delta, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../auth/key-table.js';
 import type { OpenStreams } from '../auth/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
 import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
 import type { Reporter } from './reporter.js';
+import type { ResponseOwners } from '../endpoints/response-owners.js';
 
 /** How long before the top of a minute the next minute's first lease chunks are asked for. */
 const PREFETCH_BEFORE_TOP_MS = 3000;
@@ -27,6 +28,8 @@ export interface SyncClientOptions {
   listenAddress: string;
   holder: StateHolder;
   reporter: Reporter;
+  /** Who owns each stored response (the Responses API): fed the control plane's records. */
+  responseOwners?: ResponseOwners;
   /** What keys have open: ended when a change revokes the key or blocks its organisation, before the ack. */
   openStreams?: OpenStreams;
   /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
@@ -68,6 +71,8 @@ export class SyncClient {
   private catchUpVersion = -1;
   private retryTimer: NodeJS.Timeout | null = null;
   private lostLogged = false;
+  /** The highest stored-response record seq received from the control plane. */
+  private storedResponsesSeq = 0;
   private readonly pruneTimer: NodeJS.Timeout;
   private readonly prefetchTimer: NodeJS.Timeout;
   private readonly usedTimer: NodeJS.Timeout;
@@ -175,6 +180,7 @@ export class SyncClient {
         pepperCheck: this.opts.pepperCheck,
         haveVersion: this.opts.holder.ready ? this.opts.holder.current.version : 0,
         listenAddress: this.opts.listenAddress,
+        storedResponsesSeq: this.storedResponsesSeq,
       },
     });
     this.sendStatus();
@@ -217,6 +223,8 @@ export class SyncClient {
       this.catchUpVersion = msg.caughtUp.version;
       // Not in yet when the catch-up asked for a resync: the snapshot that answers it ends staleness.
       if (!this.awaitingSnapshot && holder.ready && holder.current.version >= this.catchUpVersion) this.markCaughtUp();
+    } else if (msg.storedResponses) {
+      this.applyStoredResponses(msg.storedResponses.responses);
     } else if (msg.reportAck) {
       this.opts.reporter.ack(msg.reportAck.seq, msg.reportAck.instanceId);
     } else if (msg.leaseGrant && leases) {
@@ -229,6 +237,15 @@ export class SyncClient {
       leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
     } else if (msg.leaseReclaim && leases) {
       leases.onReclaim(msg.leaseReclaim);
+    }
+  }
+
+  /** Stored-response records from the control plane, in ascending seq: the owners of responses made anywhere. */
+  private applyStoredResponses(records: StoredResponse[]): void {
+    const owners = this.opts.responseOwners;
+    for (const r of records) {
+      owners?.add(r.responseId, { projectId: r.projectId, model: r.model, createdAtMs: r.createdAtMs });
+      if (r.seq > this.storedResponsesSeq) this.storedResponsesSeq = r.seq;
     }
   }
 

@@ -12,6 +12,8 @@ import { assembleLogRow, matchLogColumns, type LogNumberField, type LogRow, type
 const F_STRINGS = 1;
 const F_REQUEST_ID = 2;
 const F_AT_DELTA = 3;
+/** The response-id column (an index into the strings, like the text columns): optional, may be short. */
+const F_RESPONSE_ID = 800;
 /** Packed numeric columns, fields 3..20, in field order. */
 const FIRST_PACKED = 3;
 const LAST_PACKED = 20;
@@ -82,6 +84,9 @@ interface Layout {
   /** Start and end of each packed column (-1 when absent). */
   colStart: Int32Array;
   colEnd: Int32Array;
+  /** Start and end of the response-id column (-1 when absent). */
+  responseStart: number;
+  responseEnd: number;
 }
 
 function layout(buf: Uint8Array): Layout {
@@ -89,6 +94,8 @@ function layout(buf: Uint8Array): Layout {
   const requestIds: number[] = [];
   const colStart = new Int32Array(PACKED).fill(-1);
   const colEnd = new Int32Array(PACKED).fill(-1);
+  let responseStart = -1;
+  let responseEnd = -1;
   const pos = { p: 0 };
   const end = buf.length;
   while (pos.p < end) {
@@ -107,11 +114,15 @@ function layout(buf: Uint8Array): Layout {
       if (colStart[c] !== -1) throw new Unexpected(`column ${field} in two parts`);
       colStart[c] = start;
       colEnd[c] = stop;
+    } else if (field === F_RESPONSE_ID) {
+      if (responseStart !== -1) throw new Unexpected(`column ${field} in two parts`);
+      responseStart = start;
+      responseEnd = stop;
     }
     // Unknown fields (a newer node) are skipped.
     pos.p = stop;
   }
-  return { strings, requestIds, colStart, colEnd };
+  return { strings, requestIds, colStart, colEnd, responseStart, responseEnd };
 }
 
 const decoder = new TextDecoder();
@@ -160,8 +171,11 @@ function scan(buf: Uint8Array, filter: LogRowFilter): { i: number; row: LogRow }
   const v = new Float64Array(PACKED);
   const nStrings = l.strings.length / 2;
   const str = (i: number): string | undefined => (i < nStrings ? decoder.decode(buf.subarray(l.strings[2 * i], l.strings[2 * i + 1])) : undefined);
+  const responsePos = { p: l.responseStart };
   let at = 0;
   for (let i = 0; i < rows; i++) {
+    // The response id: read in step with the rows while the column lasts.
+    const responseIndex = l.responseStart !== -1 && responsePos.p < l.responseEnd ? varint(buf, responsePos, l.responseEnd) : -1;
     // Every column's next value; a column that ended early ends the whole rows there.
     for (let c = 0; c < PACKED; c++) {
       if (l.colStart[c] === -1 || pos[c].p >= l.colEnd[c]) return out;
@@ -185,6 +199,7 @@ function scan(buf: Uint8Array, filter: LogRowFilter): { i: number; row: LogRow }
       at,
       (f) => str(v[TEXT_SLOT[f]]),
       (f) => v[NUMBER_SLOT[f]],
+      responseIndex === -1 ? '' : (str(responseIndex) ?? ''),
     );
     if (row) out.push({ i, row });
   }

@@ -78,6 +78,14 @@ export class LogColumnsBuilder {
     c.costMicros.push(clampCount(r.costMicros));
     c.reason.push(this.str(r.reason));
     c.keyPrefix.push(this.str(r.keyPrefix));
+    // The response-id column exists from the first row that has one (earlier rows get "").
+    if (r.responseId || c.responseId.length > 0) {
+      if (c.responseId.length === 0) {
+        const none = this.str('');
+        for (let i = 1; i < c.requestId.length; i++) c.responseId.push(none);
+      }
+      c.responseId.push(this.str(r.responseId ?? ''));
+    }
     if (at < this.minAt) this.minAt = at;
     if (at > this.maxAt) this.maxAt = at;
     const keyId = text(r.keyId);
@@ -191,6 +199,7 @@ export function assembleLogRow(
   at: number,
   text: (f: LogTextField) => string | undefined,
   num: (f: LogNumberField) => number | undefined,
+  responseId = '',
 ): LogRow | null {
   if (!requestId) return null;
   const t = {} as Record<LogTextField, string>;
@@ -210,11 +219,13 @@ export function assembleLogRow(
     promptTokens: clampCount(num('promptTokens')),
     completionTokens: clampCount(num('completionTokens')),
     costMicros: clampCount(num('costMicros')),
+    // Only on rows that have one (the Responses API).
+    ...(responseId ? { responseId } : {}),
   };
 }
 
 function rowAt(c: LogColumns, i: number, at: number): LogRow | null {
-  return assembleLogRow(c.requestId[i], at, (f) => c.strings[c[f][i]], (f) => c[f][i]);
+  return assembleLogRow(c.requestId[i], at, (f) => c.strings[c[f][i]], (f) => c[f][i], c.strings[c.responseId[i]] ?? '');
 }
 
 /**

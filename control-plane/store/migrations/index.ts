@@ -8,6 +8,7 @@ import { sql as freeGrants } from './010-free-grants.js';
 import { sql as webhookOutbox } from './015-webhook-outbox.js';
 import { sql as auditLog } from './016-audit-log.js';
 import { sql as keyExpiry } from './017-key-expiry.js';
+import { sql as storedResponses } from './035-stored-responses.js';
 
 export interface Migration {
   version: number;
@@ -24,4 +25,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 15, name: 'webhook-outbox', sql: webhookOutbox },
   { version: 16, name: 'audit-log', sql: auditLog },
   { version: 17, name: 'key-expiry', sql: keyExpiry },
+  { version: 35, name: 'stored-responses', sql: storedResponses },
 ];

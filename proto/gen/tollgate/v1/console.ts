@@ -479,6 +479,8 @@ export interface RequestLog {
   reason: string;
   /** Unknown-key 401s only: the first characters of the value presented. */
   keyPrefix: string;
+  /** The Responses API: the id of the response the request created or read (`resp_…`). */
+  responseId?: string | undefined;
 }
 
 export interface ListRequestLogsResponse {
@@ -7111,6 +7113,7 @@ function createBaseRequestLog(): RequestLog {
     costMicros: 0,
     reason: "",
     keyPrefix: "",
+    responseId: undefined,
   };
 }
 
@@ -7175,6 +7178,9 @@ export const RequestLog: MessageFns<RequestLog> = {
     }
     if (message.keyPrefix !== "") {
       writer.uint32(162).string(message.keyPrefix);
+    }
+    if (message.responseId !== undefined) {
+      writer.uint32(6402).string(message.responseId);
     }
     return writer;
   },
@@ -7352,6 +7358,14 @@ export const RequestLog: MessageFns<RequestLog> = {
             message.keyPrefix = reader.string();
             continue;
           }
+          case 800: {
+            if (tag !== 6402) {
+              break;
+            }
+
+            message.responseId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7446,6 +7460,11 @@ export const RequestLog: MessageFns<RequestLog> = {
         : isSet(object.key_prefix)
         ? globalThis.String(object.key_prefix)
         : "",
+      responseId: isSet(object.responseId)
+        ? globalThis.String(object.responseId)
+        : isSet(object.response_id)
+        ? globalThis.String(object.response_id)
+        : undefined,
     };
   },
 
@@ -7511,6 +7530,9 @@ export const RequestLog: MessageFns<RequestLog> = {
     if (message.keyPrefix !== "") {
       obj.keyPrefix = message.keyPrefix;
     }
+    if (message.responseId !== undefined) {
+      obj.responseId = message.responseId;
+    }
     return obj;
   },
 
@@ -7539,6 +7561,7 @@ export const RequestLog: MessageFns<RequestLog> = {
     message.costMicros = object.costMicros ?? 0;
     message.reason = object.reason ?? "";
     message.keyPrefix = object.keyPrefix ?? "";
+    message.responseId = object.responseId ?? undefined;
     return message;
   },
 };

@@ -42,6 +42,30 @@ export interface NodeMessage {
   reports?: ReportBatch | undefined;
 }
 
+/**
+ * A stored response of the Responses API (`resp_…`) and the project that created it: a node answers
+ * the stored-response paths and `previous_response_id` only for keys of that project. Nodes report
+ * the responses they create (Report.stored_responses); the control plane keeps them for the
+ * upstream's retention (30 days) and sends them to every node (ControlMessage.stored_responses).
+ */
+export interface StoredResponse {
+  responseId: string;
+  projectId: string;
+  /** The gateway's model id it was created with (a key that may not use it cannot read it). */
+  model: string;
+  createdAtMs: number;
+  /** The control plane's sequence number of the record (0 in a node's report). */
+  seq: number;
+}
+
+/**
+ * Stored-response records, in ascending seq: on connect those after Hello.stored_responses_seq, then
+ * each as the control plane writes it.
+ */
+export interface StoredResponses {
+  responses: StoredResponse[];
+}
+
 export interface ReportBatch {
   reports: Report[];
 }
@@ -64,6 +88,7 @@ export interface ControlMessage {
   roster?: Roster | undefined;
   leaseReclaim?: LeaseReclaim | undefined;
   caughtUp?: CaughtUp | undefined;
+  storedResponses?: StoredResponses | undefined;
 }
 
 /**
@@ -99,6 +124,11 @@ export interface Hello {
   haveVersion: number;
   /** The HTTP address the node serves on, for `tollgate nodes list`. */
   listenAddress: string;
+  /**
+   * The highest StoredResponse.seq the node holds from the control plane (0: none): it is sent
+   * the records after it.
+   */
+  storedResponsesSeq?: number | undefined;
 }
 
 export interface Ack {
@@ -292,6 +322,11 @@ export interface Report {
   usageTotals: UsageTotal[];
   /** The report's request logs, one block per UTC day. */
   logBlocks: LogBlock[];
+  /**
+   * Responses the node created since its last report (the Responses API), to be kept and sent to
+   * every node.
+   */
+  storedResponses?: StoredResponses | undefined;
 }
 
 export interface UsageTotal {
@@ -589,6 +624,11 @@ export interface LogColumns {
   reason: number[];
   /** For a sampled 401 of an unknown key (key_id ""): the first characters of the presented value. */
   keyPrefix: number[];
+  /**
+   * The Responses API: the response id of each row, as an index into `strings`. Absent when no row
+   * of the block has one; else one per row from the first (the index of "" for rows without).
+   */
+  responseId: number[];
 }
 
 export interface QueryUsageRequest {
@@ -801,6 +841,222 @@ export const NodeMessage: MessageFns<NodeMessage> = {
   },
 };
 
+function createBaseStoredResponse(): StoredResponse {
+  return { responseId: "", projectId: "", model: "", createdAtMs: 0, seq: 0 };
+}
+
+export const StoredResponse: MessageFns<StoredResponse> = {
+  encode(message: StoredResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.responseId !== "") {
+      writer.uint32(10).string(message.responseId);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(18).string(message.projectId);
+    }
+    if (message.model !== "") {
+      writer.uint32(26).string(message.model);
+    }
+    if (message.createdAtMs !== 0) {
+      writer.uint32(32).int64(message.createdAtMs);
+    }
+    if (message.seq !== 0) {
+      writer.uint32(40).int64(message.seq);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StoredResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStoredResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.responseId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.createdAtMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.seq = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StoredResponse {
+    return {
+      responseId: isSet(object.responseId)
+        ? globalThis.String(object.responseId)
+        : isSet(object.response_id)
+        ? globalThis.String(object.response_id)
+        : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      createdAtMs: isSet(object.createdAtMs)
+        ? globalThis.Number(object.createdAtMs)
+        : isSet(object.created_at_ms)
+        ? globalThis.Number(object.created_at_ms)
+        : 0,
+      seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
+    };
+  },
+
+  toJSON(message: StoredResponse): unknown {
+    const obj: any = {};
+    if (message.responseId !== "") {
+      obj.responseId = message.responseId;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.createdAtMs !== 0) {
+      obj.createdAtMs = Math.round(message.createdAtMs);
+    }
+    if (message.seq !== 0) {
+      obj.seq = Math.round(message.seq);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StoredResponse>, I>>(base?: I): StoredResponse {
+    return StoredResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StoredResponse>, I>>(object: I): StoredResponse {
+    const message = createBaseStoredResponse();
+    message.responseId = object.responseId ?? "";
+    message.projectId = object.projectId ?? "";
+    message.model = object.model ?? "";
+    message.createdAtMs = object.createdAtMs ?? 0;
+    message.seq = object.seq ?? 0;
+    return message;
+  },
+};
+
+function createBaseStoredResponses(): StoredResponses {
+  return { responses: [] };
+}
+
+export const StoredResponses: MessageFns<StoredResponses> = {
+  encode(message: StoredResponses, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.responses) {
+      StoredResponse.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StoredResponses {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStoredResponses();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.responses.push(StoredResponse.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StoredResponses {
+    return {
+      responses: globalThis.Array.isArray(object?.responses)
+        ? object.responses.map((e: any) => StoredResponse.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: StoredResponses): unknown {
+    const obj: any = {};
+    if (message.responses?.length) {
+      obj.responses = message.responses.map((e) => StoredResponse.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StoredResponses>, I>>(base?: I): StoredResponses {
+    return StoredResponses.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StoredResponses>, I>>(object: I): StoredResponses {
+    const message = createBaseStoredResponses();
+    message.responses = object.responses?.map((e) => StoredResponse.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 function createBaseReportBatch(): ReportBatch {
   return { reports: [] };
 }
@@ -992,6 +1248,7 @@ function createBaseControlMessage(): ControlMessage {
     roster: undefined,
     leaseReclaim: undefined,
     caughtUp: undefined,
+    storedResponses: undefined,
   };
 }
 
@@ -1017,6 +1274,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.caughtUp !== undefined) {
       CaughtUp.encode(message.caughtUp, writer.uint32(4802).fork()).join();
+    }
+    if (message.storedResponses !== undefined) {
+      StoredResponses.encode(message.storedResponses, writer.uint32(6402).fork()).join();
     }
     return writer;
   },
@@ -1090,6 +1350,14 @@ export const ControlMessage: MessageFns<ControlMessage> = {
             message.caughtUp = CaughtUp.decode(reader, reader.uint32());
             continue;
           }
+          case 800: {
+            if (tag !== 6402) {
+              break;
+            }
+
+            message.storedResponses = StoredResponses.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1127,6 +1395,11 @@ export const ControlMessage: MessageFns<ControlMessage> = {
         : isSet(object.caught_up)
         ? CaughtUp.fromJSON(object.caught_up)
         : undefined,
+      storedResponses: isSet(object.storedResponses)
+        ? StoredResponses.fromJSON(object.storedResponses)
+        : isSet(object.stored_responses)
+        ? StoredResponses.fromJSON(object.stored_responses)
+        : undefined,
     };
   },
 
@@ -1152,6 +1425,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.caughtUp !== undefined) {
       obj.caughtUp = CaughtUp.toJSON(message.caughtUp);
+    }
+    if (message.storedResponses !== undefined) {
+      obj.storedResponses = StoredResponses.toJSON(message.storedResponses);
     }
     return obj;
   },
@@ -1179,6 +1455,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
       : undefined;
     message.caughtUp = (object.caughtUp !== undefined && object.caughtUp !== null)
       ? CaughtUp.fromPartial(object.caughtUp)
+      : undefined;
+    message.storedResponses = (object.storedResponses !== undefined && object.storedResponses !== null)
+      ? StoredResponses.fromPartial(object.storedResponses)
       : undefined;
     return message;
   },
@@ -1345,7 +1624,14 @@ export const Roster: MessageFns<Roster> = {
 };
 
 function createBaseHello(): Hello {
-  return { nodeId: "", instanceId: "", pepperCheck: "", haveVersion: 0, listenAddress: "" };
+  return {
+    nodeId: "",
+    instanceId: "",
+    pepperCheck: "",
+    haveVersion: 0,
+    listenAddress: "",
+    storedResponsesSeq: undefined,
+  };
 }
 
 export const Hello: MessageFns<Hello> = {
@@ -1364,6 +1650,9 @@ export const Hello: MessageFns<Hello> = {
     }
     if (message.listenAddress !== "") {
       writer.uint32(42).string(message.listenAddress);
+    }
+    if (message.storedResponsesSeq !== undefined) {
+      writer.uint32(6400).int64(message.storedResponsesSeq);
     }
     return writer;
   },
@@ -1421,6 +1710,14 @@ export const Hello: MessageFns<Hello> = {
             message.listenAddress = reader.string();
             continue;
           }
+          case 800: {
+            if (tag !== 6400) {
+              break;
+            }
+
+            message.storedResponsesSeq = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1460,6 +1757,11 @@ export const Hello: MessageFns<Hello> = {
         : isSet(object.listen_address)
         ? globalThis.String(object.listen_address)
         : "",
+      storedResponsesSeq: isSet(object.storedResponsesSeq)
+        ? globalThis.Number(object.storedResponsesSeq)
+        : isSet(object.stored_responses_seq)
+        ? globalThis.Number(object.stored_responses_seq)
+        : undefined,
     };
   },
 
@@ -1480,6 +1782,9 @@ export const Hello: MessageFns<Hello> = {
     if (message.listenAddress !== "") {
       obj.listenAddress = message.listenAddress;
     }
+    if (message.storedResponsesSeq !== undefined) {
+      obj.storedResponsesSeq = Math.round(message.storedResponsesSeq);
+    }
     return obj;
   },
 
@@ -1493,6 +1798,7 @@ export const Hello: MessageFns<Hello> = {
     message.pepperCheck = object.pepperCheck ?? "";
     message.haveVersion = object.haveVersion ?? 0;
     message.listenAddress = object.listenAddress ?? "";
+    message.storedResponsesSeq = object.storedResponsesSeq ?? undefined;
     return message;
   },
 };
@@ -3522,7 +3828,16 @@ export const RealtimeUpstream: MessageFns<RealtimeUpstream> = {
 };
 
 function createBaseReport(): Report {
-  return { seq: 0, usage: [], lastUsed: [], logs: undefined, instanceId: "", usageTotals: [], logBlocks: [] };
+  return {
+    seq: 0,
+    usage: [],
+    lastUsed: [],
+    logs: undefined,
+    instanceId: "",
+    usageTotals: [],
+    logBlocks: [],
+    storedResponses: undefined,
+  };
 }
 
 export const Report: MessageFns<Report> = {
@@ -3547,6 +3862,9 @@ export const Report: MessageFns<Report> = {
     }
     for (const v of message.logBlocks) {
       LogBlock.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.storedResponses !== undefined) {
+      StoredResponses.encode(message.storedResponses, writer.uint32(6402).fork()).join();
     }
     return writer;
   },
@@ -3620,6 +3938,14 @@ export const Report: MessageFns<Report> = {
             message.logBlocks.push(LogBlock.decode(reader, reader.uint32()));
             continue;
           }
+          case 800: {
+            if (tag !== 6402) {
+              break;
+            }
+
+            message.storedResponses = StoredResponses.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3657,6 +3983,11 @@ export const Report: MessageFns<Report> = {
         : globalThis.Array.isArray(object?.log_blocks)
         ? object.log_blocks.map((e: any) => LogBlock.fromJSON(e))
         : [],
+      storedResponses: isSet(object.storedResponses)
+        ? StoredResponses.fromJSON(object.storedResponses)
+        : isSet(object.stored_responses)
+        ? StoredResponses.fromJSON(object.stored_responses)
+        : undefined,
     };
   },
 
@@ -3683,6 +4014,9 @@ export const Report: MessageFns<Report> = {
     if (message.logBlocks?.length) {
       obj.logBlocks = message.logBlocks.map((e) => LogBlock.toJSON(e));
     }
+    if (message.storedResponses !== undefined) {
+      obj.storedResponses = StoredResponses.toJSON(message.storedResponses);
+    }
     return obj;
   },
 
@@ -3700,6 +4034,9 @@ export const Report: MessageFns<Report> = {
     message.instanceId = object.instanceId ?? "";
     message.usageTotals = object.usageTotals?.map((e) => UsageTotal.fromPartial(e)) || [];
     message.logBlocks = object.logBlocks?.map((e) => LogBlock.fromPartial(e)) || [];
+    message.storedResponses = (object.storedResponses !== undefined && object.storedResponses !== null)
+      ? StoredResponses.fromPartial(object.storedResponses)
+      : undefined;
     return message;
   },
 };
@@ -7001,6 +7338,7 @@ function createBaseLogColumns(): LogColumns {
     costMicros: [],
     reason: [],
     keyPrefix: [],
+    responseId: [],
   };
 }
 
@@ -7134,6 +7472,13 @@ export const LogColumns: MessageFns<LogColumns> = {
     if (message.keyPrefix.length !== 0) {
       writer.uint32(162).fork();
       for (const v of message.keyPrefix) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.responseId.length !== 0) {
+      writer.uint32(6402).fork();
+      for (const v of message.responseId) {
         writer.uint32(v);
       }
       writer.join();
@@ -7494,6 +7839,24 @@ export const LogColumns: MessageFns<LogColumns> = {
 
             break;
           }
+          case 800: {
+            if (tag === 6400) {
+              message.responseId.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 6402) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.responseId.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7590,6 +7953,11 @@ export const LogColumns: MessageFns<LogColumns> = {
         : globalThis.Array.isArray(object?.key_prefix)
         ? object.key_prefix.map((e: any) => globalThis.Number(e))
         : [],
+      responseId: globalThis.Array.isArray(object?.responseId)
+        ? object.responseId.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.response_id)
+        ? object.response_id.map((e: any) => globalThis.Number(e))
+        : [],
     };
   },
 
@@ -7655,6 +8023,9 @@ export const LogColumns: MessageFns<LogColumns> = {
     if (message.keyPrefix?.length) {
       obj.keyPrefix = message.keyPrefix.map((e) => Math.round(e));
     }
+    if (message.responseId?.length) {
+      obj.responseId = message.responseId.map((e) => Math.round(e));
+    }
     return obj;
   },
 
@@ -7683,6 +8054,7 @@ export const LogColumns: MessageFns<LogColumns> = {
     message.costMicros = object.costMicros?.map((e) => e) || [];
     message.reason = object.reason?.map((e) => e) || [];
     message.keyPrefix = object.keyPrefix?.map((e) => e) || [];
+    message.responseId = object.responseId?.map((e) => e) || [];
     return message;
   },
 };

@@ -1,0 +1,51 @@
+// Stored responses of the Responses API and the project that created each (migration 035).
+import type { StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
+import type { Queryable } from './db.js';
+
+const INSERT_CHUNK = 200;
+
+interface Row {
+  seq: number;
+  response_id: string;
+  project_id: string;
+  model: string;
+  created_at_ms: number;
+}
+
+function recordOf(r: Row): StoredResponse {
+  return { seq: r.seq, responseId: r.response_id, projectId: r.project_id, model: r.model, createdAtMs: r.created_at_ms };
+}
+
+/**
+ * Records responses, each once (a replayed report, or an id already known, adds nothing); returns
+ * the records added, with their sequence numbers, in ascending seq.
+ */
+export async function addStoredResponses(q: Queryable, records: readonly StoredResponse[]): Promise<StoredResponse[]> {
+  const added: StoredResponse[] = [];
+  for (let i = 0; i < records.length; i += INSERT_CHUNK) {
+    const part = records.slice(i, i + INSERT_CHUNK);
+    const params: (string | number)[] = [];
+    for (const r of part) params.push(r.responseId, r.projectId, r.model, r.createdAtMs);
+    const rows = await q.all<Row>(
+      `INSERT INTO stored_responses (response_id, project_id, model, created_at_ms) VALUES ${part.map(() => '(?, ?, ?, ?)').join(', ')}
+       ON CONFLICT (response_id) DO NOTHING RETURNING seq, response_id, project_id, model, created_at_ms`,
+      params,
+    );
+    for (const r of rows) added.push(recordOf(r));
+  }
+  return added.sort((a, b) => a.seq - b.seq);
+}
+
+/** Up to `limit` records after `afterSeq` still within retention (created at or after `sinceMs`). */
+export async function storedResponsesAfter(q: Queryable, afterSeq: number, sinceMs: number, limit: number): Promise<StoredResponse[]> {
+  const rows = await q.all<Row>(
+    'SELECT seq, response_id, project_id, model, created_at_ms FROM stored_responses WHERE seq > ? AND created_at_ms >= ? ORDER BY seq LIMIT ?',
+    [afterSeq, sinceMs, limit],
+  );
+  return rows.map(recordOf);
+}
+
+/** Deletes the records created before `beforeMs`; returns how many. */
+export async function deleteStoredResponsesBefore(q: Queryable, beforeMs: number): Promise<number> {
+  return (await q.run('DELETE FROM stored_responses WHERE created_at_ms < ?', [beforeMs])).changes;
+}

@@ -1,0 +1,46 @@
+// The paths of stored responses (the Responses API): `/v1/responses/{id}` (GET, DELETE),
+// `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST). Pure: no I/O; the
+// route objects are built once, so matching allocates nothing but the id it reads.
+import type { Route } from '../http/routes.js';
+
+export type StoredAction = 'response' | 'input_items' | 'cancel';
+
+const BASE = '/v1/responses/';
+/** An id as the upstream makes them (`resp_…`): letters, digits, `_` and `-`, at most 128. */
+const ID_RE = /^[A-Za-z0-9_-]{1,128}$/;
+
+interface StoredRoute {
+  methods: ReadonlySet<string>;
+  route: Route;
+}
+
+function stored(allow: string[]): StoredRoute {
+  const methods = new Set(allow);
+  return { methods, route: { kind: 'stored-response', shape: 'A', methods, allow: allow.join(', '), bodyMode: 'none', backend: null } };
+}
+
+const ROUTES: Record<StoredAction, StoredRoute> = {
+  response: stored(['GET', 'DELETE']),
+  input_items: stored(['GET']),
+  cancel: stored(['POST']),
+};
+
+/** The stored response a path names and what is asked of it, or null when the path names none. */
+export function parseStoredResponsePath(path: string): { id: string; action: StoredAction } | null {
+  if (!path.startsWith(BASE)) return null;
+  const rest = path.slice(BASE.length);
+  const slash = rest.indexOf('/');
+  const id = slash === -1 ? rest : rest.slice(0, slash);
+  if (!ID_RE.test(id)) return null;
+  if (slash === -1) return { id, action: 'response' };
+  const tail = rest.slice(slash + 1);
+  if (tail === 'input_items') return { id, action: 'input_items' };
+  if (tail === 'cancel') return { id, action: 'cancel' };
+  return null;
+}
+
+/** The route of a stored-response path (for the method check and its `Allow`), or null. */
+export function storedResponsePath(path: string): StoredRoute | null {
+  const p = parseStoredResponsePath(path);
+  return p ? ROUTES[p.action] : null;
+}

@@ -1,0 +1,163 @@
+// The Responses API (`POST /v1/responses`, JSON or `stream: true`, and the stored-response paths)
+// on the node's HTTP pipeline (http/server.ts runs the checks up to the model scope, then hands the
+// request here). Stored responses belong to the project that created them: every stored-response
+// request, and every `previous_response_id`, is checked against the owner record (response-owners.ts)
+// before the upstream is asked, and anything not the key's own answers 404 Shape A.
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { GatewayState, KeyRecord } from '../auth/key-table.js';
+import { GatewayError } from '../errors.js';
+import type { Clock } from '../limits/clock.js';
+import { estimateTokens } from '../limits/key-budgets.js';
+import type { Reply } from '../http/reply.js';
+import type { RequestContext } from '../http/request-context.js';
+import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
+import { parseStoredResponsePath, type StoredAction } from './responses-paths.js';
+import type { ResponseOwners } from './response-owners.js';
+
+/** A create: a model call that also names the response's id as soon as the upstream does. */
+export interface ResponsesCall extends ModelCall {
+  /**
+   * Records that the key's project owns the response `id`; a provider calls it before the bytes
+   * naming the id reach the client, so the client can never ask for it before it is recorded.
+   */
+  recordOwner(id: string): void;
+}
+
+/** A request on a stored response, already checked to be the key's own. */
+export interface StoredCall {
+  requestId: string;
+  reply: Reply;
+  /** The model the response was created with (its provider serves the request). */
+  model: ModelConfig;
+  id: string;
+  action: StoredAction;
+  method: string;
+  /** The query string as sent (pagination of input_items), without `?`. */
+  query: string;
+  complete(result: CallResult): void;
+  onAbort(fn: () => void): void;
+  fail(err: unknown): void;
+  /** The response was deleted upstream: its owner record goes too. */
+  forget(): void;
+}
+
+export interface ResponsesProvider {
+  create(call: ResponsesCall): void;
+  stored(call: StoredCall): void;
+}
+
+export interface ResponsesDeps {
+  clock: Clock;
+  owners: ResponseOwners;
+  providers: Readonly<Record<string, ResponsesProvider>>;
+  /** A response created on this node, for the control plane to fan out to the other nodes. */
+  reportOwner?(id: string, projectId: string, model: string, createdAtMs: number): void;
+}
+
+/** The 404 of a response the key may not see: the same text whether it exists or not. */
+function notFound(id: string, param: string | null): GatewayError {
+  return new GatewayError('NOT_FOUND', `No response found with id '${id}'.`, { param });
+}
+
+/**
+ * The tokens reserved for a Responses request before it runs: its input and instructions (as chat's
+ * estimate counts them), its tools' definitions, and the most output it allows (`max_output_tokens`).
+ * The ticket is settled on the upstream's real figure.
+ */
+export function estimateResponseTokens(body: unknown): number {
+  let n = estimateTokens(body);
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) return n;
+  const b = body as Record<string, unknown>;
+  try {
+    if (Array.isArray(b.tools) && b.tools.length > 0) n += Math.ceil(JSON.stringify(b.tools).length / 4);
+  } catch {
+    // Not serialisable (cannot come from JSON.parse): nothing more to add.
+  }
+  const max = b.max_output_tokens;
+  if (typeof max === 'number' && Number.isSafeInteger(max) && max > 0) n += max;
+  return n;
+}
+
+export class ResponsesEndpoint {
+  constructor(private readonly deps: ResponsesDeps) {}
+
+  /** Whether a `previous_response_id` names one of the key's project's responses (null: it may). */
+  checkPrevious(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null {
+    const prev = body.previous_response_id;
+    if (typeof prev !== 'string' || prev === '') return null;
+    return this.checkPreviousId(key, prev, state) ? null : notFound(prev, 'previous_response_id');
+  }
+
+  /** Whether the key may read the stored response `id` (its project's own, a model it may use). */
+  checkPreviousId(key: KeyRecord, id: string, state: GatewayState): boolean {
+    const owner = this.deps.owners.get(id, this.deps.clock.now());
+    return !!owner && owner.projectId === key.projectId && state.mayUseModel(key, owner.model);
+  }
+
+  /** Records (and reports) that the key's project owns the response `id`. */
+  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void {
+    const createdAtMs = this.deps.clock.now();
+    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
+    this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
+  }
+
+  /** The provider of a model's Responses API, if it has one. */
+  providerOf(model: ModelConfig): ResponsesProvider | undefined {
+    return this.deps.providers[model.provider];
+  }
+
+  /** Hands a checked create to its provider, recording the owner of the id it names. */
+  create(ctx: RequestContext, provider: ResponsesProvider, call: ModelCall): void {
+    const key = ctx.key;
+    const model = call.model;
+    const c = call as ResponsesCall;
+    // `store: false`: the upstream keeps nothing, so there is no owner to record (only the log's id).
+    const stored = call.body.store !== false;
+    c.recordOwner = (id: string) => {
+      ctx.responseId = id;
+      if (stored) this.recordOwnerOf(key, model, id);
+    };
+    provider.create(c);
+  }
+
+  /** `GET|DELETE /v1/responses/{id}`, `GET …/input_items`, `POST …/cancel`: the key's own, or 404. */
+  stored(ctx: RequestContext, reply: Reply, path: string, method: string, query: string, state: GatewayState, fail: (err: unknown) => void): void {
+    const deps = this.deps;
+    const key = ctx.key;
+    const at = parseStoredResponsePath(path);
+    const refuse = (err: GatewayError) => {
+      ctx.refuse();
+      reply.sendError(err, 'A');
+    };
+    if (!at) return refuse(new GatewayError('NOT_FOUND', `No route for ${path}.`));
+    const owner = deps.owners.get(at.id, deps.clock.now());
+    // Another project's response, a model the key may not use, or an id nobody recorded: all alike.
+    if (!owner || owner.projectId !== key.projectId || !state.mayUseModel(key, owner.model)) return refuse(notFound(at.id, null));
+    const model = state.view.models.get(owner.model);
+    const provider = model && deps.providers[model.provider];
+    if (!model || !provider) return refuse(notFound(at.id, null));
+    ctx.providerStarted = true;
+    ctx.responseId = at.id;
+    reply.upstreamAt = performance.now();
+    const owners = deps.owners;
+    provider.stored({
+      requestId: ctx.requestId,
+      reply,
+      model,
+      id: at.id,
+      action: at.action,
+      method,
+      query,
+      complete(r: CallResult) {
+        ctx.complete(r);
+      },
+      onAbort(fn: () => void) {
+        ctx.abortFns.push(fn);
+      },
+      fail,
+      forget() {
+        owners.remove(at.id);
+      },
+    });
+  }
+}

@@ -1,0 +1,219 @@
+// The built-in `demo` provider's Responses API: answers `POST /v1/responses` locally (JSON, or the
+// Responses event stream with `stream: true`) with real token counts from the gateway's tokenizer,
+// and keeps what it created in memory (bounded, for the retention of response-owners.ts) so the
+// stored-response paths work offline too.
+import { randomBytes } from 'node:crypto';
+import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
+import { RESPONSE_RETENTION_MS } from '../../endpoints/response-owners.js';
+import { GatewayError } from '../../errors.js';
+import { countTokens, truncateTokens } from '../tokens.js';
+import { countResponsesInputTokens, responsesInputText } from '../responses-usage.js';
+
+const JSON_HEADERS = [['content-type', 'application/json']] as const;
+const SSE_HEADERS = [
+  ['content-type', 'text/event-stream; charset=utf-8'],
+  ['cache-control', 'no-cache'],
+] as const;
+/** Responses the demo keeps at most (per node); the oldest go first. */
+const MAX_STORED = 10_000;
+
+interface Stored {
+  response: Record<string, unknown>;
+  inputItems: Array<Record<string, unknown>>;
+  createdAtMs: number;
+}
+
+/** A demo response: its events in order, the last the final one. */
+export interface DemoResponse {
+  id: string;
+  final: Record<string, unknown>;
+  events: Array<Record<string, unknown>>;
+  promptTokens: number;
+  outputTokens: number;
+}
+
+function sseEvent(e: Record<string, unknown>): string {
+  return `event: ${String(e.type)}\ndata: ${JSON.stringify(e)}\n\n`;
+}
+
+function newId(prefix: string): string {
+  return `${prefix}_${randomBytes(16).toString('hex')}`;
+}
+
+/** The reply text: derived from the last user text of the input. */
+export function demoResponseText(input: unknown): string {
+  let last = '';
+  if (typeof input === 'string') last = input.trim();
+  else if (Array.isArray(input)) {
+    for (let i = input.length - 1; i >= 0 && !last; i--) {
+      const item = input[i] as { role?: unknown } | null;
+      if (item && (item.role === 'user' || item.role === undefined)) last = responsesInputText([item]).trim();
+    }
+  }
+  if (!last) return 'Hello from the Tollgate demo model.';
+  return `You said: "${last}". This is the Tollgate demo model answering.`;
+}
+
+/** The input as stored items (what `input_items` lists), each with an id. */
+function inputItemsOf(input: unknown): Array<Record<string, unknown>> {
+  const items: unknown[] = typeof input === 'string' ? [{ type: 'message', role: 'user', content: input }] : Array.isArray(input) ? input : [];
+  return items.map((x) => {
+    const it = { ...(x as Record<string, unknown>) };
+    if (it.type === undefined && it.role !== undefined) it.type = 'message';
+    if (typeof it.content === 'string') it.content = [{ type: 'input_text', text: it.content }];
+    return { id: newId('msg'), ...it };
+  });
+}
+
+export class DemoResponsesProvider implements ResponsesProvider {
+  private readonly kept = new Map<string, Stored>();
+
+  constructor(private readonly now: () => number = Date.now) {}
+
+  /**
+   * One demo response to a request body: its id, its events in order (the last is the final one,
+   * carrying the usage) and its token counts. Kept in memory when stored.
+   */
+  respond(body: Record<string, unknown>, modelId: string): DemoResponse {
+    const id = newId('resp');
+    const createdAtMs = this.now();
+    const promptTokens = countResponsesInputTokens(body);
+    const max = typeof body.max_output_tokens === 'number' && Number.isInteger(body.max_output_tokens) && body.max_output_tokens > 0 ? body.max_output_tokens : Number.MAX_SAFE_INTEGER;
+    const cut = truncateTokens(demoResponseText(body.input), max);
+    const text = cut.text;
+    const outputTokens = cut.tokens;
+    const msgId = newId('msg');
+    const part = { type: 'output_text', text, annotations: [] as unknown[] };
+    const message = { id: msgId, type: 'message', status: cut.cut ? 'incomplete' : 'completed', role: 'assistant', content: [part] };
+    const usage = {
+      input_tokens: promptTokens,
+      input_tokens_details: { cached_tokens: 0 },
+      output_tokens: outputTokens,
+      output_tokens_details: { reasoning_tokens: 0 },
+      total_tokens: promptTokens + outputTokens,
+    };
+    const base = {
+      id,
+      object: 'response',
+      created_at: Math.floor(createdAtMs / 1000),
+      status: 'in_progress',
+      error: null,
+      incomplete_details: null as unknown,
+      instructions: typeof body.instructions === 'string' ? body.instructions : null,
+      max_output_tokens: max === Number.MAX_SAFE_INTEGER ? null : max,
+      model: modelId,
+      output: [] as unknown[],
+      parallel_tool_calls: true,
+      previous_response_id: typeof body.previous_response_id === 'string' ? body.previous_response_id : null,
+      reasoning: { effort: null, summary: null },
+      store: body.store !== false,
+      temperature: typeof body.temperature === 'number' ? body.temperature : 1,
+      text: { format: { type: 'text' } },
+      tool_choice: 'auto',
+      tools: [] as unknown[],
+      top_p: typeof body.top_p === 'number' ? body.top_p : 1,
+      truncation: 'disabled',
+      usage: null as unknown,
+      user: null,
+      metadata: body.metadata && typeof body.metadata === 'object' ? body.metadata : {},
+    };
+    const final = { ...base, status: cut.cut ? 'incomplete' : 'completed', incomplete_details: cut.cut ? { reason: 'max_output_tokens' } : null, output: [message], usage };
+    if (final.store) this.keep(id, { response: final, inputItems: inputItemsOf(body.input), createdAtMs });
+    const at = { item_id: msgId, output_index: 0, content_index: 0 };
+    const events: Array<Record<string, unknown>> = [
+      { type: 'response.created', response: base },
+      { type: 'response.in_progress', response: base },
+      { type: 'response.output_item.added', output_index: 0, item: { ...message, status: 'in_progress', content: [] } },
+      { type: 'response.content_part.added', ...at, part: { type: 'output_text', text: '', annotations: [] } },
+      ...splitText(text, 4).map((delta) => ({ type: 'response.output_text.delta', ...at, delta, logprobs: [] })),
+      { type: 'response.output_text.done', ...at, text, logprobs: [] },
+      { type: 'response.content_part.done', ...at, part },
+      { type: 'response.output_item.done', output_index: 0, item: message },
+      { type: cut.cut ? 'response.incomplete' : 'response.completed', response: final },
+    ];
+    events.forEach((e, i) => (e.sequence_number = i));
+    return { id, final, events, promptTokens, outputTokens };
+  }
+
+  create(call: ResponsesCall): void {
+    const { body, model, reply } = call;
+    const r = this.respond(body, model.id);
+    // The owner is recorded before the id goes out, and the request settled before the answer is
+    // written (it is written in full, synchronously).
+    call.recordOwner(r.id);
+    call.complete({ status: 200, promptTokens: r.promptTokens, completionTokens: r.outputTokens });
+    if (body.stream !== true) return reply.send(200, JSON_HEADERS, JSON.stringify(r.final));
+    reply.startStream(200, SSE_HEADERS);
+    let out = '';
+    for (let i = 0; i < r.events.length - 1; i++) out += sseEvent(r.events[i]);
+    reply.write(out);
+    reply.end(sseEvent(r.events[r.events.length - 1]));
+  }
+
+  stored(call: StoredCall): void {
+    const s = this.kept.get(call.id);
+    const reply = call.reply;
+    if (!s || this.now() - s.createdAtMs >= RESPONSE_RETENTION_MS) {
+      call.complete({ status: 404, promptTokens: 0, completionTokens: 0 });
+      return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }), 'A');
+    }
+    // Only background responses can be cancelled, and the demo answers in the foreground.
+    if (call.action === 'cancel') {
+      call.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
+      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'A');
+    }
+    call.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+    switch (call.action) {
+      case 'response':
+        if (call.method === 'DELETE') {
+          this.kept.delete(call.id);
+          call.forget();
+          return reply.send(200, JSON_HEADERS, JSON.stringify({ id: call.id, object: 'response', deleted: true }));
+        }
+        return reply.send(200, JSON_HEADERS, JSON.stringify(s.response));
+      case 'input_items': {
+        const data = inputItemsPage(s.inputItems, call.query);
+        return reply.send(200, JSON_HEADERS, JSON.stringify(data));
+      }
+    }
+  }
+
+  private keep(id: string, s: Stored): void {
+    this.kept.set(id, s);
+    while (this.kept.size > MAX_STORED) this.kept.delete(this.kept.keys().next().value as string);
+  }
+}
+
+/** A page of input items as the API lists them: `order` (default desc), `after`, `limit` (default 20). */
+function inputItemsPage(items: Array<Record<string, unknown>>, query: string): Record<string, unknown> {
+  const q = new URLSearchParams(query);
+  const order = q.get('order') === 'asc' ? 'asc' : 'desc';
+  const limit = Math.min(100, Math.max(1, Number(q.get('limit')) || 20));
+  let list = order === 'asc' ? items : [...items].reverse();
+  const after = q.get('after');
+  if (after) {
+    const i = list.findIndex((x) => x.id === after);
+    list = i === -1 ? [] : list.slice(i + 1);
+  }
+  const data = list.slice(0, limit);
+  return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: list.length > limit };
+}
+
+/** Splits a text into up to `parts` pieces at token boundaries (for streaming). */
+function splitText(text: string, parts: number): string[] {
+  const total = countTokens(text);
+  if (total <= 1 || parts <= 1) return [text];
+  const per = Math.ceil(total / parts);
+  const out: string[] = [];
+  let rest = text;
+  while (rest.length > 0) {
+    const head = truncateTokens(rest, per);
+    if (!head.cut) {
+      out.push(rest);
+      break;
+    }
+    out.push(head.text);
+    rest = rest.slice(head.text.length);
+  }
+  return out;
+}

@@ -1,0 +1,112 @@
+// The Responses API of an OpenAI-compatible upstream: `POST {base_url}/responses` forwarded unchanged
+// apart from the model splice, streamed both ways through stream-proxy.ts, its usage read by the
+// Responses readers (responses-usage.ts); the stored-response paths forwarded as they are (the
+// gateway has already checked the response is the key's project's own).
+import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
+import { rewriteChatBody } from '../json-splice.js';
+import { countResponsesInputTokens, ResponsesJsonReader, ResponsesSseReader, type ResponsesUsage } from '../responses-usage.js';
+import { proxyRequest } from '../stream-proxy.js';
+import type { PoolRegistry } from './openai.js';
+import type { Pool } from 'undici';
+
+const DEFAULT_TIMEOUT_MS = 60_000;
+
+interface Target {
+  pool: Pool;
+  basePath: string;
+  jsonHeaders: string[];
+  /** Headers of a request without a body (stored-response paths). */
+  plainHeaders: string[];
+  upstreamModel: string;
+  timeoutMs: number;
+}
+
+export class OpenAIResponsesProvider implements ResponsesProvider {
+  private readonly targets = new WeakMap<ModelConfig, Target>();
+  constructor(private readonly pools: PoolRegistry) {}
+
+  private target(model: ModelConfig): Target {
+    let t = this.targets.get(model);
+    if (!t) {
+      const url = new URL(model.baseUrl);
+      const plainHeaders: string[] = model.upstreamApiKey ? ['authorization', `Bearer ${model.upstreamApiKey}`] : [];
+      t = {
+        pool: this.pools.get(url.origin),
+        basePath: url.pathname.replace(/\/+$/, ''),
+        jsonHeaders: ['content-type', 'application/json', ...plainHeaders],
+        plainHeaders,
+        upstreamModel: model.upstreamModel || model.id,
+        timeoutMs: model.timeoutMs > 0 ? model.timeoutMs : DEFAULT_TIMEOUT_MS,
+      };
+      this.targets.set(model, t);
+    }
+    return t;
+  }
+
+  create(call: ResponsesCall): void {
+    const t = this.target(call.model);
+    const body = call.body;
+    let payload: Buffer | string = call.rawBody;
+    if (body.model !== t.upstreamModel) payload = rewriteChatBody(call.bodyText, t.upstreamModel, false) ?? JSON.stringify({ ...body, model: t.upstreamModel });
+    let sse: ResponsesSseReader | null = null;
+    let json: ResponsesJsonReader | null = null;
+    const recordOwner = call.recordOwner;
+    proxyRequest({
+      pool: t.pool,
+      method: 'POST',
+      path: `${t.basePath}/responses`,
+      headers: t.jsonHeaders,
+      body: payload,
+      timeoutMs: t.timeoutMs,
+      reply: call.reply,
+      shape: 'A',
+      passAllHeaders: false,
+      inspect(status, contentType) {
+        if (status < 200 || status >= 300) return null;
+        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner));
+        return (json = new ResponsesJsonReader(recordOwner));
+      },
+      onAbort: call.onAbort,
+      onDone(status, outcome) {
+        const s = sse as ResponsesSseReader | null;
+        const j = json as ResponsesJsonReader | null;
+        j?.finish();
+        const usage: ResponsesUsage | null = s?.usage ?? j?.usage ?? null;
+        if (outcome === 'aborted') {
+          // The client left after the upstream took the request: the input and any output streamed
+          // so far are billed, as for chat (docs/design.md#client-aborts).
+          if (usage) return call.complete({ ...usage, status: 499 });
+          return call.complete({ status: 499, promptTokens: countResponsesInputTokens(body), completionTokens: s ? s.countedOutputTokens : 0 });
+        }
+        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
+        if (usage) return call.complete({ ...usage, status });
+        // No usage reported (an upstream failing mid-stream, or one that reports none): counted.
+        call.complete({ status, promptTokens: countResponsesInputTokens(body), completionTokens: s ? s.countedOutputTokens : 0 });
+      },
+    });
+  }
+
+  stored(call: StoredCall): void {
+    const t = this.target(call.model);
+    const suffix = call.action === 'response' ? '' : `/${call.action}`;
+    const path = `${t.basePath}/responses/${encodeURIComponent(call.id)}${suffix}${call.query ? `?${call.query}` : ''}`;
+    const method = call.method as 'GET' | 'DELETE' | 'POST';
+    proxyRequest({
+      pool: t.pool,
+      method,
+      path,
+      headers: t.plainHeaders,
+      body: null,
+      timeoutMs: t.timeoutMs,
+      reply: call.reply,
+      shape: 'A',
+      passAllHeaders: false,
+      onAbort: call.onAbort,
+      onDone(status, outcome) {
+        if (method === 'DELETE' && status >= 200 && status < 300) call.forget();
+        call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
+      },
+    });
+  }
+}
