@@ -273,8 +273,8 @@ export interface CreateKeyRequest {
    * Expiry, at most one of the two: seconds from now, or an RFC 3339 time. Neither: no expiry, or
    * the organisation's maximum key lifetime when it has one.
    */
-  expiresInSec: number;
-  expiresAt: string;
+  expiresInSec?: number | undefined;
+  expiresAt?: string | undefined;
 }
 
 export interface CreateKeyResponse {
@@ -288,7 +288,7 @@ export interface CreateKeyResponse {
 export interface ListKeysRequest {
   projectId: string;
   /** > 0: only active keys that expire within this many seconds from now. */
-  expiringWithinSec: number;
+  expiringWithinSec?: number | undefined;
 }
 
 export interface SetKeyPolicyRequest {
@@ -4386,7 +4386,7 @@ export const ApiKey: MessageFns<ApiKey> = {
 };
 
 function createBaseCreateKeyRequest(): CreateKeyRequest {
-  return { projectId: "", name: "", allowedModels: [], expiresInSec: 0, expiresAt: "" };
+  return { projectId: "", name: "", allowedModels: [], expiresInSec: undefined, expiresAt: undefined };
 }
 
 export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
@@ -4400,10 +4400,10 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     for (const v of message.allowedModels) {
       writer.uint32(26).string(v!);
     }
-    if (message.expiresInSec !== 0) {
+    if (message.expiresInSec !== undefined) {
       writer.uint32(5600).int64(message.expiresInSec);
     }
-    if (message.expiresAt !== "") {
+    if (message.expiresAt !== undefined) {
       writer.uint32(5610).string(message.expiresAt);
     }
     return writer;
@@ -4491,12 +4491,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
         ? globalThis.Number(object.expiresInSec)
         : isSet(object.expires_in_sec)
         ? globalThis.Number(object.expires_in_sec)
-        : 0,
+        : undefined,
       expiresAt: isSet(object.expiresAt)
         ? globalThis.String(object.expiresAt)
         : isSet(object.expires_at)
         ? globalThis.String(object.expires_at)
-        : "",
+        : undefined,
     };
   },
 
@@ -4511,10 +4511,10 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     if (message.allowedModels?.length) {
       obj.allowedModels = message.allowedModels;
     }
-    if (message.expiresInSec !== 0) {
+    if (message.expiresInSec !== undefined) {
       obj.expiresInSec = Math.round(message.expiresInSec);
     }
-    if (message.expiresAt !== "") {
+    if (message.expiresAt !== undefined) {
       obj.expiresAt = message.expiresAt;
     }
     return obj;
@@ -4528,8 +4528,8 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     message.projectId = object.projectId ?? "";
     message.name = object.name ?? "";
     message.allowedModels = object.allowedModels?.map((e) => e) || [];
-    message.expiresInSec = object.expiresInSec ?? 0;
-    message.expiresAt = object.expiresAt ?? "";
+    message.expiresInSec = object.expiresInSec ?? undefined;
+    message.expiresAt = object.expiresAt ?? undefined;
     return message;
   },
 };
@@ -4626,7 +4626,7 @@ export const CreateKeyResponse: MessageFns<CreateKeyResponse> = {
 };
 
 function createBaseListKeysRequest(): ListKeysRequest {
-  return { projectId: "", expiringWithinSec: 0 };
+  return { projectId: "", expiringWithinSec: undefined };
 }
 
 export const ListKeysRequest: MessageFns<ListKeysRequest> = {
@@ -4634,7 +4634,7 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
     if (message.projectId !== "") {
       writer.uint32(10).string(message.projectId);
     }
-    if (message.expiringWithinSec !== 0) {
+    if (message.expiringWithinSec !== undefined) {
       writer.uint32(5600).int64(message.expiringWithinSec);
     }
     return writer;
@@ -4692,7 +4692,7 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
         ? globalThis.Number(object.expiringWithinSec)
         : isSet(object.expiring_within_sec)
         ? globalThis.Number(object.expiring_within_sec)
-        : 0,
+        : undefined,
     };
   },
 
@@ -4701,7 +4701,7 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
     if (message.projectId !== "") {
       obj.projectId = message.projectId;
     }
-    if (message.expiringWithinSec !== 0) {
+    if (message.expiringWithinSec !== undefined) {
       obj.expiringWithinSec = Math.round(message.expiringWithinSec);
     }
     return obj;
@@ -4713,7 +4713,7 @@ export const ListKeysRequest: MessageFns<ListKeysRequest> = {
   fromPartial<I extends Exact<DeepPartial<ListKeysRequest>, I>>(object: I): ListKeysRequest {
     const message = createBaseListKeysRequest();
     message.projectId = object.projectId ?? "";
-    message.expiringWithinSec = object.expiringWithinSec ?? 0;
+    message.expiringWithinSec = object.expiringWithinSec ?? undefined;
     return message;
   },
 };
