@@ -128,20 +128,19 @@ export class ControlState {
   async orgState(q: Queryable, org: OrgRow): Promise<{ state: OrgState; monthSpendMicros: number; month: string }> {
     const month = monthOf(this.opts.now());
     const monthSpendMicros = await monthSpend(q, org.id, month);
-    const tier = this.tier(org.tier);
-    // One free grant per owning account: an organisation created without it gets the tier's cap only.
-    const state = computeOrgState(
-      { creditsMicros: org.credits_micros, spendTotalMicros: org.spend_total_micros, monthSpendMicros, ownCapMicros: org.own_cap_micros },
-      tier && org.free_grant === 0 ? { ...tier, freeGrantMicros: 0 } : tier,
-    );
-    return { state, monthSpendMicros, month };
+    return { state: this.stateOf(org, monthSpendMicros), monthSpendMicros, month };
   }
 
-  /** The state of an organisation read with its month's spend (no I/O). */
+  /**
+   * The state of an organisation read with its month's spend (no I/O): the one place its tier, grant
+   * and money are put together. One free grant per owning account: an organisation created without
+   * it gets the tier's cap only.
+   */
   private stateOf(org: OrgRow, monthSpendMicros: number): OrgState {
+    const tier = this.tier(org.tier);
     return computeOrgState(
       { creditsMicros: org.credits_micros, spendTotalMicros: org.spend_total_micros, monthSpendMicros, ownCapMicros: org.own_cap_micros },
-      this.tier(org.tier),
+      tier && org.free_grant === 0 ? { ...tier, freeGrantMicros: 0 } : tier,
     );
   }
 
