@@ -17,7 +17,7 @@ import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.j
 import { openRealtime } from '../helpers/realtime.js';
 import { runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
-import { estimateOutputTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
+import { estimateOutputTokens, estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
 import { wavFile } from '../helpers/audio-files.js';
 
 /**
@@ -26,10 +26,7 @@ import { wavFile } from '../helpers/audio-files.js';
  * branch is merged: the integrator empties this list then. A cell listed here that passes fails the
  * test, so the list cannot go stale silently.
  */
-const NEEDS_READERS: readonly string[] = [
-  // An estimate for a realtime response.done without usage (realtime/session.ts bills only reported usage).
-  'realtime × upstream without usage',
-];
+const NEEDS_READERS: readonly string[] = [];
 
 const MIB = 1024 * 1024;
 /** Prices in the test config, in micro-dollars: per token in and out, per second of audio, per character of speech. */
@@ -385,6 +382,15 @@ for (const ep of ENDPOINTS) {
 
 // Realtime: one session per cell; each `response.done` is billed as it passes.
 const RESPONSE = REALTIME_USAGE.input_tokens * RT_IN + REALTIME_USAGE.output_tokens * RT_OUT;
+/** The user message every realtime cell sends, and the text deltas the fake answers with. */
+const RT_ITEM = { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] };
+const RT_DELTAS = ['Hello ', 'from ', 'upstream.'];
+/**
+ * A realtime response without the upstream's usage (docs/billing-endings.md): what the client sent
+ * into the conversation for it (the item, by the one estimator) at the input price, and every text
+ * delta relayed for it at the output price.
+ */
+const RT_ESTIMATE = estimateTokens({ input: [RT_ITEM] }) * RT_IN + RT_DELTAS.reduce((n, d) => n + estimateTextTokens(d), 0) * RT_OUT;
 const REALTIME: Record<Ending, Cost> = {
   normal: RESPONSE,
   'answer over 4 MiB': { na: 'realtime events are read one message at a time, whatever the session has sent' },
@@ -393,8 +399,8 @@ const REALTIME: Record<Ending, Cost> = {
   'key revoked mid-stream': RESPONSE,
   'org blocked mid-stream': RESPONSE,
   'upstream error mid-stream': RESPONSE,
-  // An upstream `response.done` without usage: the estimate of the response's text.
-  'upstream without usage': estimateTokens({ messages: [{ role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] }] }) * RT_IN,
+  // Before the fix: an upstream `response.done` without usage was billed 0.
+  'upstream without usage': RT_ESTIMATE,
 };
 // Realtime rows: a plain response, and one whose `response.metadata` (echoed back by the upstream, as
 // OpenAI does) names other event types: it is billed all the same.
@@ -410,7 +416,7 @@ for (const e of ENDINGS) {
     try {
       const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
       if (metadata) {
-        s.session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] } });
+        s.session.send({ type: 'conversation.item.create', item: RT_ITEM });
         s.session.send({ type: 'response.create', response: { metadata } });
       } else s.session.say('Hello there');
       await s.session.waitFor('response.done');
@@ -426,6 +432,44 @@ for (const e of ENDINGS) {
       }
     } finally {
       rt.usage = { ...REALTIME_USAGE };
+    }
+    return k.keyId;
+  });
+}
+
+// A realtime response in flight when the session ends: `response.created` and its deltas relayed, no
+// `response.done`. Before the fix it was not billed at all; now it is billed the estimate at the end.
+const IN_FLIGHT: Record<Ending, Cost> = {
+  normal: { na: 'a response that completes is the "realtime" row' },
+  'answer over 4 MiB': { na: 'realtime events are read one message at a time, whatever the session has sent' },
+  'client abort before the head': { na: 'a realtime session has no head after its 101; see "abort mid-stream"' },
+  'abort mid-stream': RT_ESTIMATE,
+  'key revoked mid-stream': RT_ESTIMATE,
+  'org blocked mid-stream': RT_ESTIMATE,
+  'upstream error mid-stream': RT_ESTIMATE,
+  'upstream without usage': { na: 'the response never ends upstream; its usage never comes' },
+};
+for (const e of ENDINGS) {
+  cell(`realtime response in flight × ${e}`, IN_FLIGHT[e], async () => {
+    const k = await newKey();
+    rt.holdResponses = true;
+    try {
+      const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
+      s.session.say('Hello there');
+      await s.session.waitFor('response.output_text.delta', RT_DELTAS.length);
+      if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {
+        await endByGateway(e, k);
+        assert.equal(await s.session.waitClosed(), 1008);
+      } else if (e === 'upstream error mid-stream') {
+        s.session.send({ type: 'test.drop' });
+        await s.session.waitClosed();
+      } else {
+        s.ws.terminate();
+        await s.session.waitClosed();
+      }
+      assert.equal(s.session.count('response.done'), 0, 'the response was still in flight');
+    } finally {
+      rt.holdResponses = false;
     }
     return k.keyId;
   });
