@@ -5,7 +5,7 @@
 //   text (by the one estimator of proxy/tokens.ts), `instructions` and `tools`, and input audio;
 // - out of it, what the upstream relayed for it: text, transcript and function-call argument deltas
 //   (text tokens) and audio deltas (audio tokens).
-// Audio is counted by its base64 length: bytes at the lowest byte rate the realtime API accepts and
+// Audio is counted by the bytes its base64 decodes to (never decoded): bytes at the lowest byte rate the realtime API accepts and
 // tokens at OpenAI's higher audio rate, so the estimate is never below the audio's real token count.
 import type { TokenCounts } from '../../proto/lib/money.js';
 import { estimateTextTokens, estimateTokens } from '../proxy/tokens.js';
@@ -15,10 +15,18 @@ export const AUDIO_BYTES_PER_SECOND = 8_000;
 /** Audio tokens per second assumed: OpenAI's assistant-audio rate (one per 50 ms), twice its user-audio rate. */
 export const AUDIO_TOKENS_PER_SECOND = 20;
 
-/** Audio tokens of `chars` characters of base64 audio. */
-export function audioTokensOfBase64(chars: number): number {
-  const bytes = Math.floor((chars * 3) / 4);
+/** Audio tokens of `bytes` bytes of audio. */
+export function audioTokensOfBytes(bytes: number): number {
   return Math.ceil((bytes * AUDIO_TOKENS_PER_SECOND) / AUDIO_BYTES_PER_SECOND);
+}
+
+/** The bytes a base64 text of `length` characters decodes to, `padding` of them `=` at its end. */
+export function base64Bytes(length: number, padding: number): number {
+  return Math.max(0, Math.floor((length * 3) / 4) - padding);
+}
+
+function base64StringBytes(text: string): number {
+  return base64Bytes(text.length, text.endsWith('==') ? 2 : text.endsWith('=') ? 1 : 0);
 }
 
 type Obj = Record<string, unknown>;
@@ -30,23 +38,23 @@ function isObj(v: unknown): v is Obj {
 /** The counts of one response (or of what waits for the next one). */
 export class ResponseTally {
   textIn = 0;
-  /** Base64 characters of input audio. */
-  audioInChars = 0;
+  /** Bytes of input audio. */
+  audioInBytes = 0;
   textOut = 0;
-  /** Base64 characters of output audio. */
-  audioOutChars = 0;
+  /** Bytes of output audio. */
+  audioOutBytes = 0;
 
   add(o: ResponseTally): void {
     this.textIn += o.textIn;
-    this.audioInChars += o.audioInChars;
+    this.audioInBytes += o.audioInBytes;
     this.textOut += o.textOut;
-    this.audioOutChars += o.audioOutChars;
+    this.audioOutBytes += o.audioOutBytes;
   }
 
   /** The estimate as token counts, audio as its own part (priced at the model's audio prices). */
   counts(): TokenCounts {
-    const audioIn = audioTokensOfBase64(this.audioInChars);
-    const audioOut = audioTokensOfBase64(this.audioOutChars);
+    const audioIn = audioTokensOfBytes(this.audioInBytes);
+    const audioOut = audioTokensOfBytes(this.audioOutBytes);
     return {
       promptTokens: this.textIn + audioIn,
       completionTokens: this.textOut + audioOut,
@@ -62,7 +70,7 @@ export class ResponseTally {
     if (Array.isArray(item.content)) {
       for (const part of item.content) {
         if (!isObj(part)) continue;
-        if (typeof part.audio === 'string') this.audioInChars += part.audio.length;
+        if (typeof part.audio === 'string') this.audioInBytes += base64StringBytes(part.audio);
         else if (typeof part.text === 'string') parts.push({ text: part.text });
         else if (typeof part.transcript === 'string') parts.push({ text: part.transcript });
         else parts.push(part);

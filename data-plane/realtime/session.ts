@@ -34,7 +34,7 @@ import { blockedReasonText, type OpenSocket, type OpenSockets } from './open-soc
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
-import { AUDIO_DELTAS, ResponseTally, TEXT_DELTAS } from './response-estimate.js';
+import { AUDIO_DELTAS, base64Bytes, ResponseTally, TEXT_DELTAS } from './response-estimate.js';
 
 /** Close codes the gateway uses (RFC 6455 §7.4 and the IANA registry). */
 export const CLOSE = Object.freeze({
@@ -306,7 +306,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     const t = this.pendingInput;
     if (type === 'input_audio_buffer.append') {
       const [audio] = stringMemberSpans(data, ['audio']);
-      if (audio) t.audioInChars += audio[1] - audio[0] - 2;
+      if (audio) t.audioInBytes += base64SpanBytes(data, audio);
     } else if (type === 'conversation.item.create') t.addItem(parse(data)?.item);
     else if (type === 'session.update') t.addConfig(parse(data)?.session);
     else if (type === 'response.create') t.addConfig(parse(data)?.response);
@@ -330,7 +330,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     if (!delta) return;
     const id = responseId ? decodeString(data, responseId[0], responseId[1]) : undefined;
     const tally = (id !== undefined ? this.tallies.get(id) : undefined) ?? this.lastTally ?? this.pendingInput;
-    if (audio) tally.audioOutChars += delta[1] - delta[0] - 2;
+    if (audio) tally.audioOutBytes += base64SpanBytes(data, delta);
     else tally.addTextOut(decodeString(data, delta[0], delta[1]) ?? '');
   }
 
@@ -558,6 +558,13 @@ export function stringMemberSpans(data: Buffer, names: readonly string[]): Array
     i = skipSpace(data, i + 1);
   }
   return found;
+}
+
+/** The bytes the base64 JSON string at `span` (quotes included) decodes to, without decoding it. */
+function base64SpanBytes(data: Buffer, [start, end]: [number, number]): number {
+  const close = end - 1;
+  const padding = data[close - 1] === 61 /* = */ ? (data[close - 2] === 61 ? 2 : 1) : 0;
+  return base64Bytes(close - start - 1, padding);
 }
 
 /** Whether the key string in [start, end) is `"type"`, spelled plainly or with escapes. */

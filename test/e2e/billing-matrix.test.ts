@@ -43,6 +43,8 @@ const UPSTREAM_SECONDS = 42;
 const FILE_SECONDS = 5;
 const RT_IN = 3000;
 const RT_OUT = 4000;
+const RT_AUDIO_IN = 30_000;
+const RT_AUDIO_OUT = 50_000;
 
 const ENDINGS = [
   'normal',
@@ -200,7 +202,7 @@ before(async () => {
       addUpstreamModel(cfg, 'up-embed', up.baseUrl, ['matrix'], { kind: 'embeddings', ...price });
       addUpstreamModel(cfg, 'up-speech', up.baseUrl, ['matrix'], { kind: 'speech', audio_usd_per_unit: String((PER_CHAR * 1000) / 1e6), voices: ['alloy'], input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
       addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['matrix'], { kind: 'transcription', audio_usd_per_unit: String(PER_SECOND / 1e6), input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
-      cfg.models.push({ id: 'rt-chat', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: String(RT_IN), output_usd_per_mtok: String(RT_OUT) });
+      cfg.models.push({ id: 'rt-chat', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: String(RT_IN), output_usd_per_mtok: String(RT_OUT), input_audio_usd_per_mtok: String(RT_AUDIO_IN), output_audio_usd_per_mtok: String(RT_AUDIO_OUT) });
       cfg.realtime_upstreams = [{ model: 'rt-chat', url: rt.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
       cfg.tiers.matrix.models.push('rt-chat');
     }),
@@ -474,3 +476,24 @@ for (const e of ENDINGS) {
     return k.keyId;
   });
 }
+
+// Audio in flight: input audio appended and audio deltas relayed are audio tokens at the model's audio
+// prices, at the documented conservative rate (8,000 bytes a second, 20 tokens a second): 16,000 bytes
+// in are 40 tokens, 4,000 bytes out are 10. Before the fix this response was not billed at all.
+cell('realtime audio response in flight × key revoked mid-stream', estimateTokens({ input: [RT_ITEM] }) * RT_IN + 40 * RT_AUDIO_IN + RT_DELTAS.reduce((n, d) => n + estimateTextTokens(d), 0) * RT_OUT + 10 * RT_AUDIO_OUT, async () => {
+  const k = await newKey();
+  rt.holdResponses = true;
+  rt.audioDeltaBytes = 4_000;
+  try {
+    const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
+    s.session.send({ type: 'input_audio_buffer.append', audio: Buffer.alloc(16_000, 1).toString('base64') });
+    s.session.say('Hello there');
+    await s.session.waitFor('response.output_audio.delta');
+    await endByGateway('key revoked mid-stream', k);
+    assert.equal(await s.session.waitClosed(), 1008);
+  } finally {
+    rt.holdResponses = false;
+    rt.audioDeltaBytes = 0;
+  }
+  return k.keyId;
+});
