@@ -497,3 +497,23 @@ cell('realtime audio response in flight × key revoked mid-stream', estimateToke
   }
   return k.keyId;
 });
+
+// A node draining with a response in flight: its deadline closes the session (1001), and the response
+// is billed the estimate before the node's last report. Before the fix it was not billed at all.
+cell('realtime response in flight × drain', RT_ESTIMATE, async () => {
+  const k = await createKey(admin, { tier: 'matrix' });
+  const draining = await startDataPlane(cp, { nodeId: 'matrix-drain', extraArgs: ['--drain-seconds', '1'] });
+  await waitUntilKnown(draining.url, k.key);
+  rt.holdResponses = true;
+  try {
+    const s = await openRealtime(draining.address, { key: k.key, model: 'rt-chat' });
+    s.session.say('Hello there');
+    await s.session.waitFor('response.output_text.delta', RT_DELTAS.length);
+    const exited = draining.proc.kill('SIGTERM');
+    assert.equal(await s.session.waitClosed(), 1001);
+    assert.equal(await exited, 0);
+  } finally {
+    rt.holdResponses = false;
+  }
+  return k.keyId;
+});
