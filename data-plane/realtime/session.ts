@@ -14,9 +14,13 @@
 // node's money slice), each response on its own. When the key's tpm is spent or the organisation's
 // money runs out, the socket is closed after the response in flight (1008 for money, 1013 for tpm),
 // with a reason that says why.
+//
+// A response the upstream reports no usage for (none, or malformed), and every response still in
+// flight when the session ends (revoked, blocked, drained, client or upstream gone), is billed the
+// estimate of response-estimate.ts: counted as the messages pass, never kept.
 import type { WebSocket } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { usageCostMicros } from '../../proto/lib/money.js';
+import { usageCostMicros, type TokenCounts } from '../../proto/lib/money.js';
 import { tokenUsageOf } from '../proxy/usage-readers.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { logBug } from '../http/reply.js';
@@ -30,6 +34,7 @@ import { blockedReasonText, type OpenSocket, type OpenSockets } from './open-soc
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
+import { AUDIO_DELTAS, base64Bytes, ResponseTally, TEXT_DELTAS } from './response-estimate.js';
 
 /** Close codes the gateway uses (RFC 6455 §7.4 and the IANA registry). */
 export const CLOSE = Object.freeze({
@@ -43,6 +48,8 @@ export const CLOSE = Object.freeze({
 
 /** Largest token count one `response.done` may report; anything else is malformed. */
 const MAX_TOKENS_PER_RESPONSE = 100_000_000;
+/** Responses in flight tallied apart; past this many, a new one's counts join the last one's (still billed). */
+const MAX_TALLIED_RESPONSES = 64;
 
 export interface SessionDeps {
   clock: Clock;
@@ -108,6 +115,11 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
   private heldBytes = 0;
   private orgWake: (() => void) | null = null;
   private readonly startedAtMs: number;
+  /** What the client sent since the last response began: the next response's input. */
+  private pendingInput = new ResponseTally();
+  /** The responses in flight (response.created seen, no response.done), by id, with their counts. */
+  private readonly tallies = new Map<string, ResponseTally>();
+  private lastTally: ResponseTally | null = null;
   private readonly counts = { fromClient: 0, toClient: 0, bytesFromClient: 0, bytesToClient: 0, responses: 0, prompt: 0, completion: 0, cost: 0 };
 
   constructor(
@@ -164,6 +176,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
       const refusal = clientEventRefusal(data, this.model);
       if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
     }
+    if (!isBinary) this.tallyClientEvent(data);
     this.link.send(data, isBinary);
     if (this.link.bufferedAmount > this.deps.maxBufferedBytes + this.deps.maxMessageBytes) {
       this.close(CLOSE.POLICY, 'the client sends faster than the upstream accepts; slow down');
@@ -249,9 +262,12 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
       // metadata, echoed back, can hold any text). The Responses API's WebSocket mode bills each
       // response on its final event instead of `response.done`.
       const type = eventTypeOf(data);
-      if (type === 'response.created') this.responsesInFlight++;
-      else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
+      if (type === 'response.created') {
+        this.responsesInFlight++;
+        this.responseCreated(parse(data));
+      } else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
       else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
+      else if (type !== undefined && (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type))) this.tallyDelta(data, AUDIO_DELTAS.has(type));
     }
     this.sendToClient(data, isBinary);
     if (done) this.account(done);
@@ -290,22 +306,79 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     this.close(CLOSE.BAD_GATEWAY, `upstream connection lost${reason ? `: ${reason}` : ''}`);
   }
 
+  /** A client event that adds to the next response's input: counted, then forgotten. */
+  private tallyClientEvent(data: Buffer): void {
+    const type = eventTypeOf(data);
+    const t = this.pendingInput;
+    if (type === 'input_audio_buffer.append') {
+      const [audio] = stringMemberSpans(data, ['audio']);
+      if (audio) t.audioInBytes += base64SpanBytes(data, audio);
+    } else if (type === 'conversation.item.create') t.addItem(parse(data)?.item);
+    else if (type === 'session.update') t.addConfig(parse(data)?.session);
+    else if (type === 'response.create') t.addConfig(parse(data)?.response);
+  }
+
+  /** A response began upstream: what the client sent since the last one is its input. */
+  private responseCreated(ev: Obj | null): void {
+    const tally = this.pendingInput;
+    this.pendingInput = new ResponseTally();
+    const id = typeof ev?.response?.id === 'string' ? ev.response.id : `#${this.counts.toClient}`;
+    const known = this.tallies.get(id);
+    if (known) known.add(tally);
+    else if (this.tallies.size >= MAX_TALLIED_RESPONSES && this.lastTally) this.lastTally.add(tally);
+    else this.tallies.set(id, tally);
+    this.lastTally = this.tallies.get(id) ?? this.lastTally;
+  }
+
+  /** An output delta, to the response it names (else the last one begun). */
+  private tallyDelta(data: Buffer, audio: boolean): void {
+    const [delta, responseId] = stringMemberSpans(data, ['delta', 'response_id']);
+    if (!delta) return;
+    const id = responseId ? decodeString(data, responseId[0], responseId[1]) : undefined;
+    const tally = (id !== undefined ? this.tallies.get(id) : undefined) ?? this.lastTally ?? this.pendingInput;
+    if (audio) tally.audioOutBytes += base64SpanBytes(data, delta);
+    else tally.addTextOut(decodeString(data, delta[0], delta[1]) ?? '');
+  }
+
+  /**
+   * The counts of the response `ev` ends, taken out of those in flight: by its id, else the oldest in
+   * flight, else (no response.created was seen) what the client sent since the last one.
+   */
+  private takeTally(ev: Obj): ResponseTally {
+    const named = ev.response?.id;
+    const id = typeof named === 'string' && this.tallies.has(named) ? named : this.tallies.keys().next().value;
+    if (id === undefined) {
+      const waiting = this.pendingInput;
+      this.pendingInput = new ResponseTally();
+      return waiting;
+    }
+    const tally = this.tallies.get(id)!;
+    this.tallies.delete(id);
+    if (this.lastTally === tally) {
+      this.lastTally = null;
+      for (const t of this.tallies.values()) this.lastTally = t;
+    }
+    return tally;
+  }
+
   /** One `response.done`: tokens against tpm, cost to the organisation, then the limits checked. */
   private account(ev: Obj): void {
     this.responsesInFlight = Math.max(0, this.responsesInFlight - 1);
-    this.charge(ev.response?.usage);
+    const tally = this.takeTally(ev);
+    // The upstream's usage when it reports one; else the estimate of what went in and came out.
+    this.charge(tokenUsageOf(ev.response?.usage) ?? tally.counts());
   }
 
   /** A transcription of input audio the upstream reports with token usage. */
   private accountTranscription(ev: Obj): void {
-    if (tokenUsageOf(ev.usage)) this.charge(ev.usage);
+    const usage = tokenUsageOf(ev.usage);
+    if (usage) this.charge(usage);
     else this.checkLimits();
   }
 
-  /** Usage as the upstream reported it: each part at its price (audio as audio, cached as cached). */
-  private charge(reported: unknown): void {
+  /** Usage as the upstream reported it (or the estimate): each part at its price (audio as audio, cached as cached). */
+  private charge(usage: TokenCounts): void {
     const deps = this.deps;
-    const usage = tokenUsageOf(reported) ?? { promptTokens: 0, completionTokens: 0 };
     const prompt = usage.promptTokens;
     const completion = usage.completionTokens;
     const cost = usageCostMicros(usage, this.model);
@@ -375,6 +448,11 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     deps.memory.leave(this, this.heldBytes);
     this.heldBytes = 0;
     if (this.orgWake) deps.leases?.cancelOrgWait(this.key.orgId, this.orgWake);
+    // Responses the upstream had begun and not finished: the upstream did the work, so they are
+    // billed the estimate of what went in and what had come out.
+    for (const tally of this.tallies.values()) this.charge(tally.counts());
+    this.tallies.clear();
+    this.lastTally = null;
     // The session's request and slot: the slot is released, its tokens were counted per response.
     this.ctx.complete({ status: 101, promptTokens: 0, completionTokens: 0 });
     const now = deps.clock.now();
@@ -457,6 +535,42 @@ export function eventTypeOf(data: Buffer): string | undefined {
     i = skipSpace(data, i + 1);
   }
   return undefined;
+}
+
+/**
+ * The spans ([start, end), quotes included) of top-level string members of a JSON object event, one
+ * per name (the last occurrence, as JSON.parse reads it), found by the same scan as eventTypeOf
+ * without decoding any value. Undefined for a name absent, not a string, or a text that is no object.
+ */
+export function stringMemberSpans(data: Buffer, names: readonly string[]): Array<[number, number] | undefined> {
+  const found: Array<[number, number] | undefined> = names.map(() => undefined);
+  const n = data.length;
+  let i = skipSpace(data, 0);
+  if (data[i] !== 123 /* { */) return found;
+  i = skipSpace(data, i + 1);
+  while (i < n && data[i] === 34) {
+    const keyEnd = stringEnd(data, i);
+    if (keyEnd < 0) break;
+    const key = keyEnd - i <= 66 ? (data.subarray(i, keyEnd).includes(92) ? decodeString(data, i, keyEnd) : data.toString('latin1', i + 1, keyEnd - 1)) : undefined;
+    i = skipSpace(data, keyEnd);
+    if (data[i] !== 58 /* : */) break;
+    i = skipSpace(data, i + 1);
+    const valueEnd = skipValue(data, i);
+    if (valueEnd < 0) break;
+    const at = key === undefined ? -1 : names.indexOf(key);
+    if (at >= 0) found[at] = data[i] === 34 ? [i, valueEnd] : undefined;
+    i = skipSpace(data, valueEnd);
+    if (data[i] !== 44 /* , */) break;
+    i = skipSpace(data, i + 1);
+  }
+  return found;
+}
+
+/** The bytes the base64 JSON string at `span` (quotes included) decodes to, without decoding it. */
+function base64SpanBytes(data: Buffer, [start, end]: [number, number]): number {
+  const close = end - 1;
+  const padding = data[close - 1] === 61 /* = */ ? (data[close - 2] === 61 ? 2 : 1) : 0;
+  return base64Bytes(close - start - 1, padding);
 }
 
 /** Whether the key string in [start, end) is `"type"`, spelled plainly or with escapes. */

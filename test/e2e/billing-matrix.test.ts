@@ -17,7 +17,7 @@ import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.j
 import { openRealtime } from '../helpers/realtime.js';
 import { runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
-import { estimateOutputTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
+import { estimateOutputTokens, estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
 import { wavFile } from '../helpers/audio-files.js';
 
 /**
@@ -26,10 +26,7 @@ import { wavFile } from '../helpers/audio-files.js';
  * branch is merged: the integrator empties this list then. A cell listed here that passes fails the
  * test, so the list cannot go stale silently.
  */
-const NEEDS_READERS: readonly string[] = [
-  // An estimate for a realtime response.done without usage (realtime/session.ts bills only reported usage).
-  'realtime × upstream without usage',
-];
+const NEEDS_READERS: readonly string[] = [];
 
 const MIB = 1024 * 1024;
 /** Prices in the test config, in micro-dollars: per token in and out, per second of audio, per character of speech. */
@@ -46,6 +43,8 @@ const UPSTREAM_SECONDS = 42;
 const FILE_SECONDS = 5;
 const RT_IN = 3000;
 const RT_OUT = 4000;
+const RT_AUDIO_IN = 30_000;
+const RT_AUDIO_OUT = 50_000;
 
 const ENDINGS = [
   'normal',
@@ -203,7 +202,7 @@ before(async () => {
       addUpstreamModel(cfg, 'up-embed', up.baseUrl, ['matrix'], { kind: 'embeddings', ...price });
       addUpstreamModel(cfg, 'up-speech', up.baseUrl, ['matrix'], { kind: 'speech', audio_usd_per_unit: String((PER_CHAR * 1000) / 1e6), voices: ['alloy'], input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
       addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['matrix'], { kind: 'transcription', audio_usd_per_unit: String(PER_SECOND / 1e6), input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
-      cfg.models.push({ id: 'rt-chat', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: String(RT_IN), output_usd_per_mtok: String(RT_OUT) });
+      cfg.models.push({ id: 'rt-chat', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: String(RT_IN), output_usd_per_mtok: String(RT_OUT), input_audio_usd_per_mtok: String(RT_AUDIO_IN), output_audio_usd_per_mtok: String(RT_AUDIO_OUT) });
       cfg.realtime_upstreams = [{ model: 'rt-chat', url: rt.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
       cfg.tiers.matrix.models.push('rt-chat');
     }),
@@ -385,6 +384,15 @@ for (const ep of ENDPOINTS) {
 
 // Realtime: one session per cell; each `response.done` is billed as it passes.
 const RESPONSE = REALTIME_USAGE.input_tokens * RT_IN + REALTIME_USAGE.output_tokens * RT_OUT;
+/** The user message every realtime cell sends, and the text deltas the fake answers with. */
+const RT_ITEM = { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] };
+const RT_DELTAS = ['Hello ', 'from ', 'upstream.'];
+/**
+ * A realtime response without the upstream's usage (docs/billing-endings.md): what the client sent
+ * into the conversation for it (the item, by the one estimator) at the input price, and every text
+ * delta relayed for it at the output price.
+ */
+const RT_ESTIMATE = estimateTokens({ input: [RT_ITEM] }) * RT_IN + RT_DELTAS.reduce((n, d) => n + estimateTextTokens(d), 0) * RT_OUT;
 const REALTIME: Record<Ending, Cost> = {
   normal: RESPONSE,
   'answer over 4 MiB': { na: 'realtime events are read one message at a time, whatever the session has sent' },
@@ -393,8 +401,8 @@ const REALTIME: Record<Ending, Cost> = {
   'key revoked mid-stream': RESPONSE,
   'org blocked mid-stream': RESPONSE,
   'upstream error mid-stream': RESPONSE,
-  // An upstream `response.done` without usage: the estimate of the response's text.
-  'upstream without usage': estimateTokens({ messages: [{ role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] }] }) * RT_IN,
+  // Before the fix: an upstream `response.done` without usage was billed 0.
+  'upstream without usage': RT_ESTIMATE,
 };
 // Realtime rows: a plain response, and one whose `response.metadata` (echoed back by the upstream, as
 // OpenAI does) names other event types: it is billed all the same.
@@ -410,7 +418,7 @@ for (const e of ENDINGS) {
     try {
       const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
       if (metadata) {
-        s.session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }] } });
+        s.session.send({ type: 'conversation.item.create', item: RT_ITEM });
         s.session.send({ type: 'response.create', response: { metadata } });
       } else s.session.say('Hello there');
       await s.session.waitFor('response.done');
@@ -430,3 +438,82 @@ for (const e of ENDINGS) {
     return k.keyId;
   });
 }
+
+// A realtime response in flight when the session ends: `response.created` and its deltas relayed, no
+// `response.done`. Before the fix it was not billed at all; now it is billed the estimate at the end.
+const IN_FLIGHT: Record<Ending, Cost> = {
+  normal: { na: 'a response that completes is the "realtime" row' },
+  'answer over 4 MiB': { na: 'realtime events are read one message at a time, whatever the session has sent' },
+  'client abort before the head': { na: 'a realtime session has no head after its 101; see "abort mid-stream"' },
+  'abort mid-stream': RT_ESTIMATE,
+  'key revoked mid-stream': RT_ESTIMATE,
+  'org blocked mid-stream': RT_ESTIMATE,
+  'upstream error mid-stream': RT_ESTIMATE,
+  'upstream without usage': { na: 'the response never ends upstream; its usage never comes' },
+};
+for (const e of ENDINGS) {
+  cell(`realtime response in flight × ${e}`, IN_FLIGHT[e], async () => {
+    const k = await newKey();
+    rt.holdResponses = true;
+    try {
+      const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
+      s.session.say('Hello there');
+      await s.session.waitFor('response.output_text.delta', RT_DELTAS.length);
+      if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {
+        await endByGateway(e, k);
+        assert.equal(await s.session.waitClosed(), 1008);
+      } else if (e === 'upstream error mid-stream') {
+        s.session.send({ type: 'test.drop' });
+        await s.session.waitClosed();
+      } else {
+        s.ws.terminate();
+        await s.session.waitClosed();
+      }
+      assert.equal(s.session.count('response.done'), 0, 'the response was still in flight');
+    } finally {
+      rt.holdResponses = false;
+    }
+    return k.keyId;
+  });
+}
+
+// Audio in flight: input audio appended and audio deltas relayed are audio tokens at the model's audio
+// prices, at the documented conservative rate (8,000 bytes a second, 20 tokens a second): 16,000 bytes
+// in are 40 tokens, 4,000 bytes out are 10. Before the fix this response was not billed at all.
+cell('realtime audio response in flight × key revoked mid-stream', estimateTokens({ input: [RT_ITEM] }) * RT_IN + 40 * RT_AUDIO_IN + RT_DELTAS.reduce((n, d) => n + estimateTextTokens(d), 0) * RT_OUT + 10 * RT_AUDIO_OUT, async () => {
+  const k = await newKey();
+  rt.holdResponses = true;
+  rt.audioDeltaBytes = 4_000;
+  try {
+    const s = await openRealtime(node.address, { key: k.key, model: 'rt-chat' });
+    s.session.send({ type: 'input_audio_buffer.append', audio: Buffer.alloc(16_000, 1).toString('base64') });
+    s.session.say('Hello there');
+    await s.session.waitFor('response.output_audio.delta');
+    await endByGateway('key revoked mid-stream', k);
+    assert.equal(await s.session.waitClosed(), 1008);
+  } finally {
+    rt.holdResponses = false;
+    rt.audioDeltaBytes = 0;
+  }
+  return k.keyId;
+});
+
+// A node draining with a response in flight: its deadline closes the session (1001), and the response
+// is billed the estimate before the node's last report. Before the fix it was not billed at all.
+cell('realtime response in flight × drain', RT_ESTIMATE, async () => {
+  const k = await createKey(admin, { tier: 'matrix' });
+  const draining = await startDataPlane(cp, { nodeId: 'matrix-drain', extraArgs: ['--drain-seconds', '1'] });
+  await waitUntilKnown(draining.url, k.key);
+  rt.holdResponses = true;
+  try {
+    const s = await openRealtime(draining.address, { key: k.key, model: 'rt-chat' });
+    s.session.say('Hello there');
+    await s.session.waitFor('response.output_text.delta', RT_DELTAS.length);
+    const exited = draining.proc.kill('SIGTERM');
+    assert.equal(await s.session.waitClosed(), 1001);
+    assert.equal(await exited, 0);
+  } finally {
+    rt.holdResponses = false;
+  }
+  return k.keyId;
+});

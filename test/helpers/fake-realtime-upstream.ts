@@ -27,6 +27,10 @@ export interface FakeRealtimeUpstream {
   connections: FakeRealtimeConnection[];
   /** Usage reported in each response.done (details such as input_token_details are passed as given). */
   usage: { input_tokens: number; output_tokens: number; [detail: string]: unknown };
+  /** True: a response is left in flight after its deltas (no response.done), as an upstream mid-answer. */
+  holdResponses: boolean;
+  /** Non-zero: each response also sends this many bytes of audio, base64, in one response.output_audio.delta. */
+  audioDeltaBytes: number;
   /** Non-zero: refuse handshakes with this HTTP status. */
   refuseWith: number;
   /** True: handshakes wait (unanswered) until releaseHandshakes(). */
@@ -48,6 +52,8 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
     url: '',
     connections,
     usage: { input_tokens: 10, output_tokens: 20 },
+    holdResponses: false,
+    audioDeltaBytes: 0,
     refuseWith: 0,
     holdHandshakes: false,
     waitForHeldHandshakes(n) {
@@ -117,6 +123,8 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
         const metadata = ev.response?.metadata ?? null;
         send({ type: 'response.created', response: { object: 'realtime.response', id, status: 'in_progress', output: [], metadata, usage: null } });
         for (const d of ['Hello ', 'from ', 'upstream.']) send({ type: 'response.output_text.delta', response_id: id, item_id: 'item_1', output_index: 0, content_index: 0, delta: d });
+        if (fake.audioDeltaBytes > 0) send({ type: 'response.output_audio.delta', response_id: id, item_id: 'item_1', output_index: 0, content_index: 0, delta: Buffer.alloc(fake.audioDeltaBytes, 7).toString('base64') });
+        if (fake.holdResponses) return;
         const usage = { ...fake.usage, total_tokens: fake.usage.input_tokens + fake.usage.output_tokens };
         send({ type: 'response.done', response: { object: 'realtime.response', id, status: 'completed', output: [], metadata, usage } });
       } else if (ev.type === 'test.flood') {

@@ -1,6 +1,7 @@
 // The realtime gateway's pure parts: which subprotocols carry credentials, token counts from an
 // upstream, the in-band refusal of a model switch, close reasons, the open-socket registry's
-// enforcement, the realtime_upstreams config, KeyBudgets.useTokens, and the demo model's events.
+// enforcement, the realtime_upstreams config, KeyBudgets.useTokens, the demo model's events, and the
+// estimate a response without usage is billed.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -13,7 +14,10 @@ import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
 import { offersKeyInProtocol } from '../../data-plane/realtime/gateway.js';
 import { OpenSockets, type OpenSocket } from '../../data-plane/realtime/open-sockets.js';
-import { clientEventRefusal, tokens, truncateReason } from '../../data-plane/realtime/session.js';
+import { clientEventRefusal, stringMemberSpans, tokens, truncateReason } from '../../data-plane/realtime/session.js';
+import { audioTokensOfBytes, ResponseTally } from '../../data-plane/realtime/response-estimate.js';
+import { estimateTextTokens } from '../../data-plane/proxy/tokens.js';
+import { usageCostMicros } from '../../proto/lib/money.js';
 import { upstreamUrl } from '../../data-plane/realtime/ws-upstream.js';
 import { DemoRealtimeLink } from '../../data-plane/proxy/providers/demo-realtime.js';
 
@@ -244,4 +248,35 @@ test('the demo realtime model answers in OpenAI realtime event style with usage'
   link.resume();
   assert.ok(events.length > before);
   assert.equal(events.filter((e) => e.type === 'response.done').length, 2);
+});
+
+test('stringMemberSpans finds top-level string members without decoding them, as JSON.parse reads them', () => {
+  const text = '{"type":"response.output_audio.delta","nested":{"delta":"no"},"response_id":"resp_1","delta":"QUJD","n":3}';
+  const data = Buffer.from(text);
+  const [delta, id, n, nested] = stringMemberSpans(data, ['delta', 'response_id', 'n', 'nested']);
+  assert.equal(text.slice(...delta!), '"QUJD"', 'the top-level delta, not the nested one');
+  assert.equal(text.slice(...id!), '"resp_1"');
+  assert.equal(n, undefined, 'a number is not a string member');
+  assert.equal(nested, undefined, 'an object is not a string member');
+  // The last copy wins, as in JSON.parse; an escaped key is read decoded.
+  const twice = Buffer.from('{"delta":"a","\\u0064elta":"bb"}');
+  assert.equal(twice.toString().slice(...stringMemberSpans(twice, ['delta'])[0]!), '"bb"');
+  for (const bad of ['', '[1]', '{"delta":', '{"delta":"unterminated']) assert.deepEqual(stringMemberSpans(Buffer.from(bad), ['delta']), [undefined]);
+});
+
+test('a response tally counts items, instructions, tools and audio in, deltas out, and prices audio as audio', () => {
+  const t = new ResponseTally();
+  t.addItem({ type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Hello there' }, { type: 'input_audio', audio: Buffer.alloc(8_000).toString('base64') }] });
+  t.addItem({ type: 'function_call_output', call_id: 'c1', output: '{"temp":21}' });
+  t.addConfig({ instructions: 'Be brief.', tools: [{ type: 'function', name: 'f' }], metadata: { ignored: 'x'.repeat(400) } });
+  t.addTextOut('Hello ');
+  t.audioOutBytes += 16_000;
+  // Items: 4 each plus their text; instructions and tools as text; metadata is not sent to the model.
+  const textIn = 4 + estimateTextTokens('Hello there') + 4 + estimateTextTokens('{"temp":21}') + estimateTextTokens('Be brief.') + estimateTextTokens(JSON.stringify([{ type: 'function', name: 'f' }]));
+  // 8,000 bytes of audio: one second at the assumed 8,000 B/s, 20 tokens; 16,000 bytes out: 40.
+  assert.equal(audioTokensOfBytes(8_000), 20);
+  const counts = t.counts();
+  assert.deepEqual(counts, { promptTokens: textIn + 20, completionTokens: estimateTextTokens('Hello ') + 40, audioPromptTokens: 20, audioCompletionTokens: 40 });
+  const prices = { inputMicrosPerMtok: 1_000_000, outputMicrosPerMtok: 2_000_000, inputAudioMicrosPerMtok: 10_000_000, outputAudioMicrosPerMtok: 20_000_000 };
+  assert.equal(usageCostMicros(counts, prices), textIn * 1 + 20 * 10 + estimateTextTokens('Hello ') * 2 + 40 * 20);
 });
