@@ -128,12 +128,30 @@ export class KeyLeaseLedger {
     mine.usedTokens = mine.tokens;
   }
 
+  /**
+   * A node admitted in advance of a late answer (docs/leases.md): what it took counts as held by it.
+   * The pool may pass the limit by that much; nothing more is granted until it is back under.
+   */
+  applyTaken(connId: string, t: KeyMinuteUsed): void {
+    const pool = this.poolFor(t.keyId, t.minute);
+    if (!pool.held.has(connId)) this.register(pool, connId, 0, 0);
+    const h = pool.held.get(connId)!;
+    const req = Math.max(0, t.requests);
+    const tok = Math.max(0, t.tokens);
+    h.requests += req;
+    h.tokens += tok;
+    pool.totalRequests += req;
+    pool.totalTokens += tok;
+  }
+
   /** A node says what it used of pools it holds (ignored for pools it is not registered in). */
   recordUsed(connId: string, u: KeyMinuteUsed): void {
-    const h = this.pools.get(`${u.keyId}:${u.minute}`)?.held.get(connId);
-    if (!h) return;
+    const pool = this.pools.get(`${u.keyId}:${u.minute}`);
+    const h = pool?.held.get(connId);
+    if (!pool || !h) return;
     h.usedRequests = Math.max(0, u.requests);
     h.usedTokens = Math.max(0, u.tokens);
+
   }
 
   /**
@@ -274,7 +292,8 @@ export class SlotLedger {
       pool = { total: 0, held: new Map() };
     }
     const counted = pool.held.get(connId);
-    const held = counted === undefined ? r.held : Math.max(counted - Math.max(0, r.returned), r.held);
+    // A negative `returned`: slots the node took in advance of a late answer (docs/leases.md).
+    const held = counted === undefined ? r.held : Math.max(counted - r.returned, r.held);
     this.setHeld(r.keyId, pool, connId, held);
   }
 

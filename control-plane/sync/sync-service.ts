@@ -368,6 +368,7 @@ export class SyncService implements NodeFleet {
     if (grown.length > 0) this.announceFree(grown, s.connId);
     for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
     for (const u of req.used) this.keyLeases.recordUsed(s.connId, u);
+    for (const t of req.taken) this.keyLeases.applyTaken(s.connId, t);
     for (const r of req.slotReturns) this.slotLeases.applyHeld(s.connId, r);
     if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq, slots: [] } });
     if (req.reclaimId) {

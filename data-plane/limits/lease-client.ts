@@ -32,7 +32,7 @@ import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 
-import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLease, KeyLeaseReturn, KeyMinuteUsed, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** What the node sends: the generated LeaseRequest message. */
 export type LeaseRequestOut = LeaseRequest;
@@ -56,6 +56,12 @@ interface KeyMinute {
   freeTokens: number;
   /** Requests waiting for this key minute's next grant. */
   waiters: Array<() => void>;
+  /**
+   * A want of this key minute went unanswered past the wait bound: until the next answer the node
+   * admits against the key's own limits counted here (fail-static for this key minute), and the
+   * control plane counts what it used from the node's used reports (docs/leases.md).
+   */
+  advancing: boolean;
 }
 
 interface OrgSlice {
@@ -92,6 +98,8 @@ interface KeySlots {
   dryAtMs: number;
   idleSinceMs: number;
   waiters: Array<() => void>;
+  /** A slot want went unanswered past the wait bound; until the next answer slots are taken (advanceSlot). */
+  advancing: boolean;
 }
 
 /** A key idle this long gives its slots back. */
@@ -144,6 +152,8 @@ export class LeaseClient implements AllowanceSource {
   private readonly slots = new Map<string, KeySlots>();
   private slotWants = new Map<string, SlotWant>();
   private slotReturns: SlotHeld[] = [];
+  /** Key minutes' allowance taken in advance of late answers, not yet told (advanceKey). */
+  private taken = new Map<string, KeyMinuteUsed>();
 
   constructor(
     private readonly clock: Clock,
@@ -161,14 +171,17 @@ export class LeaseClient implements AllowanceSource {
       this.wantOrgs.clear();
       this.keyReturns = [];
       this.orgReturns = [];
+      this.taken.clear();
       // Alone or not: the next roster says.
       this.loneFromMinute = Infinity;
       // Whatever was held belonged to the old connection; the control plane released it. What was
       // used stays used, and is what the node says it holds when it next asks.
       for (const k of this.keys.values()) {
         k.pending = false;
-        if (Number.isFinite(k.allowRequests)) k.allowRequests = Math.min(k.allowRequests, k.usedRequests);
-        if (Number.isFinite(k.allowTokens)) k.allowTokens = Math.min(k.allowTokens, k.usedTokens);
+        k.advancing = false;
+        // (What was admitted in advance of an answer is used, and held like the rest.)
+        if (Number.isFinite(k.allowRequests)) k.allowRequests = k.usedRequests;
+        if (Number.isFinite(k.allowTokens)) k.allowTokens = k.usedTokens;
         k.finalRequests = false;
         k.finalTokensNeed = Infinity;
       }
@@ -181,6 +194,7 @@ export class LeaseClient implements AllowanceSource {
       for (const sl of this.slots.values()) {
         sl.held = sl.inUse;
         sl.pending = false;
+        sl.advancing = false;
         sl.finalAtMs = 0;
         sl.dryAtMs = -Infinity;
       }
@@ -294,7 +308,7 @@ export class LeaseClient implements AllowanceSource {
     }
     this.usedDirty.clear();
     if (used.length === 0) return;
-    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [] });
+    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [] });
   }
 
   applyUsedAck(seq: number): void {
@@ -315,6 +329,8 @@ export class LeaseClient implements AllowanceSource {
     if (!this.connected) return false;
     const k = this.keyMinute(keyId, minute, limits);
     if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
+    // A want of this key minute already went unanswered past the bound: no more waiting (advanceKey).
+    if (k.advancing) return false;
     k.waiters.push(wake);
     if (!k.pending || this.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
     return true;
@@ -324,6 +340,35 @@ export class LeaseClient implements AllowanceSource {
   cancelKeyWait(keyId: string, wake: () => void): void {
     const k = this.keys.get(keyId);
     if (k) k.waiters = k.waiters.filter((w) => w !== wake);
+  }
+
+  /**
+   * Admission in advance of a late answer (docs/leases.md). `timedOut`: a request waited the whole
+   * bound for this key minute's want and no answer came (the control plane is slow or stalled; it did
+   * not say the key is spent). From then until the answer comes, requests of the key minute that this
+   * node cannot cover do not wait: the node takes what each needs, within the key's own limits
+   * counted here (KeyBudgets checks them first), as it would with the connection down (fail-static),
+   * and tells the control plane what it took, which counts it as held by this node. False when there
+   * is nothing to take (not connected, the pool said it is spent, or no want has timed out).
+   */
+  advanceKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
+    if (!this.connected || this.leaving) return false;
+    const k = this.keyMinute(keyId, minute, limits);
+    if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
+    if (!timedOut && !k.advancing) return false;
+    k.advancing = true;
+    const requests = Number.isFinite(k.allowRequests) ? Math.max(0, needRequests) : 0;
+    const tokens = Number.isFinite(k.allowTokens) ? Math.max(0, needTokens) : 0;
+    k.allowRequests += requests;
+    k.allowTokens += tokens;
+    const id = `${keyId}:${minute}`;
+    const t = this.taken.get(id);
+    if (t) {
+      t.requests += requests;
+      t.tokens += tokens;
+    } else this.taken.set(id, { keyId, minute, requests, tokens });
+    this.queueFlush();
+    return true;
   }
 
   applyKeyGrant(g: KeyLease): void {
@@ -336,6 +381,8 @@ export class LeaseClient implements AllowanceSource {
     if (!k || k.minute !== g.minute) k = this.nextKeys.get(g.keyId);
     if (!k || k.minute !== g.minute) return;
     k.pending = false;
+    // The answer came: requests wait for the next one again (within the bound).
+    k.advancing = false;
     k.allowRequests += g.requests;
     k.allowTokens += g.tokens;
     k.freeRequests = g.freeRequests;
@@ -389,7 +436,7 @@ export class LeaseClient implements AllowanceSource {
    * when last heard (a request that finds nothing here asks with its need, which reclaims).
    */
   private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
-    if (k.pending || !this.connected) return;
+    if ((k.pending && !this.stale(k.askedAtMs)) || !this.connected) return;
     const chunkReq = leaseChunk(k.rpm, this.nodes);
     const chunkTok = leaseChunk(k.tpm, this.nodes);
     const lowReq = !k.finalRequests && k.freeRequests > 0 && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
@@ -533,11 +580,29 @@ export class LeaseClient implements AllowanceSource {
   waitForSlot(keyId: string, limits: KeyLimits, wake: () => void, startedAt = performance.now()): boolean {
     if (!this.connected || this.nodes <= 1) return false;
     const sl = this.slotsOf(keyId, limits.maxParallel);
-    if (sl.finalAtMs >= startedAt) return false;
+    if (sl.finalAtMs >= startedAt || sl.advancing) return false;
     sl.waiters.push(wake);
     // Enough for every request waiting here (a total), asked again when more wait than the pending want covers.
     const need = sl.inUse + sl.waiters.length;
     if (!sl.pending || need > sl.askedNeed || performance.now() - sl.askedAtMs >= PENDING_STALE_MS) this.askSlots(keyId, sl, need);
+    return true;
+  }
+
+  /**
+   * Slots in advance of a late answer (as advanceKey): after a request waited the whole bound for a
+   * slot and no answer came, the node takes one slot for each request of the key that finds none
+   * free, until the answer comes, within the key's own limit (KeyBudgets checks it), and tells the
+   * control plane, which counts them as held here (a negative `returned`, SlotLedger.applyHeld).
+   */
+  advanceSlot(keyId: string, limits: KeyLimits, timedOut: boolean, startedAt = performance.now()): boolean {
+    if (!this.connected || this.leaving || this.nodes <= 1) return false;
+    const sl = this.slotsOf(keyId, limits.maxParallel);
+    if (sl.finalAtMs >= startedAt || !sl.leased || (!timedOut && !sl.advancing)) return false;
+    sl.advancing = true;
+    const took = Math.max(0, sl.inUse + 1 - sl.held);
+    sl.held += took;
+    this.slotReturns.push({ keyId, held: sl.held, returned: -took });
+    this.queueFlush();
     return true;
   }
 
@@ -555,6 +620,7 @@ export class LeaseClient implements AllowanceSource {
       return;
     }
     sl.pending = false;
+    sl.advancing = false;
     sl.askedNeed = 0;
     sl.held += g.slots;
     if (g.final) sl.finalAtMs = performance.now();
@@ -571,7 +637,7 @@ export class LeaseClient implements AllowanceSource {
   private slotsOf(keyId: string, maxParallel: number): KeySlots {
     let sl = this.slots.get(keyId);
     if (!sl) {
-      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [] };
+      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [], advancing: false };
       this.slots.set(keyId, sl);
     }
     return sl;
@@ -739,7 +805,7 @@ export class LeaseClient implements AllowanceSource {
     const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
     const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
     const announceLeaving = this.leaving && !this.leavingSent;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
+    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && this.taken.size === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
     this.leavingSent = this.leaving;
     const req: LeaseRequestOut = {
       keys: [...this.wantKeys.values()],
@@ -753,7 +819,10 @@ export class LeaseClient implements AllowanceSource {
       usedSeq: 0,
       slotWants: [...this.slotWants.values()],
       slotReturns: this.slotReturns,
+      // Before any return in the same request is applied? Order does not matter: both are amounts.
+      taken: [...this.taken.values()],
     };
+    this.taken = new Map();
     this.slotWants = new Map();
     this.slotReturns = [];
     this.wantKeys = new Map();
@@ -832,5 +901,6 @@ function newKeyMinute(minute: number, rpm: number, tpm: number, allowRequests: n
     freeRequests,
     freeTokens,
     waiters: [],
+    advancing: false,
   };
 }

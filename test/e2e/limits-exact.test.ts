@@ -132,16 +132,19 @@ test('a request waits for a lease at most 250 ms; a client that leaves while it 
     // The client leaves while its request waits (no lease can come while the control plane is stopped).
     setTimeout(() => gone.abort(), 50);
     const waited = await chat(a, key, 'waits');
-    assert.equal(waited.status, 429, waited.text);
+    // No answer within the bound is not the key's minute being spent: admitted in advance of the
+    // answer (issue 19, docs/leases.md), never a 429 saying "0/20 used".
+    assert.equal(waited.status, 200, waited.text);
     assert.ok(Date.now() - t0 < 1000, `waited ${Date.now() - t0} ms`);
     assert.ok((await abandoned) instanceof Error, 'the abandoned request got no answer');
   } finally {
     cp.proc.child.kill('SIGCONT');
   }
-  // Nothing was consumed by the request that waited nor by the one whose client left.
+  // Nothing was consumed by the one whose client left: the request that waited and this one are the
+  // key's only two of the minute.
   let ok: HttpResult | undefined;
   await eventually(async () => (ok = await chat(a, key, 'after')).status === 200, 'the node serves again');
-  assert.equal(remaining(ok!, 'requests'), 19, ok!.text);
+  assert.equal(remaining(ok!, 'requests'), 18, ok!.text);
 });
 
 test('the first transcription of a key\'s minute on a node of three waits for a lease instead of being refused', async () => {

@@ -356,6 +356,11 @@ export interface LeaseRequest {
    */
   slotWants: SlotWant[];
   slotReturns: SlotHeld[];
+  /**
+   * What the node admitted of key minutes in advance of an answer that did not come within its wait
+   * bound (docs/leases.md): counted as held by the node, in addition to what it was granted.
+   */
+  taken: KeyMinuteUsed[];
 }
 
 export interface SlotWant {
@@ -382,6 +387,7 @@ export interface SlotHeld {
    * How many slots it gave back. The control plane takes these off what it counts for the node (a
    * grant on its way to the node when it answered stays counted); `held` registers a node not yet
    * counted in the key's pool, and raises the count of one that admitted more while alone.
+   * Negative: slots the node took in advance of an answer that did not come in time (docs/leases.md).
    */
   returned: number;
 }
@@ -4519,6 +4525,7 @@ function createBaseLeaseRequest(): LeaseRequest {
     usedSeq: 0,
     slotWants: [],
     slotReturns: [],
+    taken: [],
   };
 }
 
@@ -4556,6 +4563,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     for (const v of message.slotReturns) {
       SlotHeld.encode(v!, writer.uint32(90).fork()).join();
+    }
+    for (const v of message.taken) {
+      KeyMinuteUsed.encode(v!, writer.uint32(1602).fork()).join();
     }
     return writer;
   },
@@ -4661,6 +4671,14 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.slotReturns.push(SlotHeld.decode(reader, reader.uint32()));
             continue;
           }
+          case 200: {
+            if (tag !== 1602) {
+              break;
+            }
+
+            message.taken.push(KeyMinuteUsed.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4716,6 +4734,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         : globalThis.Array.isArray(object?.slot_returns)
         ? object.slot_returns.map((e: any) => SlotHeld.fromJSON(e))
         : [],
+      taken: globalThis.Array.isArray(object?.taken)
+        ? object.taken.map((e: any) => KeyMinuteUsed.fromJSON(e))
+        : [],
     };
   },
 
@@ -4754,6 +4775,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.slotReturns?.length) {
       obj.slotReturns = message.slotReturns.map((e) => SlotHeld.toJSON(e));
     }
+    if (message.taken?.length) {
+      obj.taken = message.taken.map((e) => KeyMinuteUsed.toJSON(e));
+    }
     return obj;
   },
 
@@ -4773,6 +4797,7 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.usedSeq = object.usedSeq ?? 0;
     message.slotWants = object.slotWants?.map((e) => SlotWant.fromPartial(e)) || [];
     message.slotReturns = object.slotReturns?.map((e) => SlotHeld.fromPartial(e)) || [];
+    message.taken = object.taken?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
     return message;
   },
 };
