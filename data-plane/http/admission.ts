@@ -18,6 +18,8 @@ import type { RequestContext } from './request-context.js';
  * includes reclaiming unused allowance from other nodes) before it is refused.
  */
 export const LEASE_WAIT_MS = 250;
+/** The longest a request waits when the control plane said its answer waits for reclaims. */
+export const LEASE_WAIT_RECLAIMING_MS = 1500;
 
 export interface AdmissionDeps {
   clock: Clock;
@@ -55,7 +57,7 @@ export class Admission {
     // The common case, synchronous and without a closure: the money slice is here and the key's
     // budgets admit. Anything else (a refusal, a wait) takes the general path below, which asks again
     // (a refused admission consumed nothing).
-    if (!reply.done && (leases === undefined || leases.canSpend(key.orgId) === 'yes')) {
+    if (!reply.done && (leases === undefined || leases.spendFirst(key.orgId) || leases.canSpend(key.orgId) === 'yes')) {
       const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
       if (a.ok) {
         reply.rateHeaders = a.headers;
@@ -95,6 +97,11 @@ export class Admission {
       try {
         // The client went away while the request waited: nothing was taken, nothing to answer.
         if (reply.done) return finish(null);
+        // Out of time, but the control plane said the answer waits for reclaims: not late, wait on.
+        if (lastTry && leases?.answerDeferred(started) && performance.now() - started < LEASE_WAIT_RECLAIMING_MS) {
+          timer = setTimeout(() => attempt(true), 50);
+          return;
+        }
         const spend = leases?.canSpend(key.orgId) ?? 'yes';
         if (spend === 'no') {
           reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape, closeIfRefused());
@@ -177,6 +184,10 @@ export class Admission {
       if (finished) return;
       try {
         if (reply.done) return finish(false);
+        if (lastTry && deps.leases?.answerDeferred(started) && performance.now() - started < LEASE_WAIT_RECLAIMING_MS) {
+          timer = setTimeout(() => attempt(true), 50);
+          return;
+        }
         const refusal = ctx.ticket.reserveTokens(estimate);
         if (!refusal) return finish(true);
         if (refusal.leaseShort && !lastTry && deps.leases?.waitForKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, wake)) {

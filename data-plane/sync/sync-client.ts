@@ -211,6 +211,9 @@ export class SyncClient {
       for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
       for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);
       if (msg.leaseGrant.usedAck) leases.applyUsedAck(msg.leaseGrant.usedAck);
+      if (msg.leaseGrant.reclaiming) leases.noteReclaiming();
+      if (msg.leaseGrant.bulk) leases.applyBulk(msg.leaseGrant.bulk);
+      if (msg.leaseGrant.slotShare) leases.applySlotShare(msg.leaseGrant.slotShare);
     } else if (msg.roster && leases) {
       leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
     } else if (msg.leaseReclaim && leases) {
