@@ -377,8 +377,9 @@ export class SyncService implements NodeFleet {
     // A node that stops gave back what it used of what it touched: its untouched shares are free.
     if (req.leaving) this.keyLeases.leave(s.connId);
     if (req.bulkMinute || req.wantSlotShare) this.grantShares(s, req.bulkMinute, req.wantSlotShare);
+    if (req.wantOrgSlices) this.grantOrgSlices(s).catch((err: Error) => this.log(`sync: money slices of node ${s.nodeId} failed: ${err.message}`));
     for (const r of req.slotReturns) for (const c of this.slotLeases.applyHeld(s.connId, r)) this.reclaimUnasked(c, [], [r.keyId]);
-    if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false } });
+    if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
     if (req.reclaimId) {
       if (req.reclaimId === s.wholeReclaimId) s.mayHoldWhole = false;
       const done = s.reclaims.get(req.reclaimId);
@@ -392,7 +393,7 @@ export class SyncService implements NodeFleet {
         const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
         const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
         const slots = req.slotWants.map((w) => ({ keyId: w.keyId, slots: 0, final: false }));
-        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false } });
+        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
       });
     }
   }
@@ -417,13 +418,36 @@ export class SyncService implements NodeFleet {
         const exceptions = several ? this.slotLeases.grantShare(s.connId, nodes) : null;
         slotShare = { granted: exceptions !== null, nodes, exceptions: exceptions ?? [] };
       }
-      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk, slotShare, reclaiming: false } });
+      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk, slotShare, reclaiming: false, orgSlices: false } });
     };
     if (whole.length > 0 && this.sessions.size >= 2) {
-      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true } });
+      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
       void Promise.all(whole).then(answer);
     }
     else answer();
+  }
+
+  /**
+   * A money slice of every organisation with money left, in one database job (so no usage report
+   * commits between reading what is spendable and recording the slice), once per connection, with
+   * several nodes: an organisation's first requests on the node do not wait (docs/leases.md).
+   */
+  private async grantOrgSlices(s: NodeSession): Promise<void> {
+    const whole = [...this.sessions].filter((x) => x.mayHoldWhole).map((x) => x.wholeReclaim);
+    if (whole.length > 0) await Promise.all(whole);
+    if (s.closed || s.leaving || this.sessions.size < 2) return;
+    const orgs = await this.state.db.read(async (q) => {
+      const out: OrgLease[] = [];
+      for (const orgId of this.state.snapshots.orgIds()) {
+        const spendable = await this.state.spendableMicros(q, orgId);
+        if (s.closed || spendable <= 0) continue;
+        // No reclaim: an organisation whose money is all leased elsewhere is asked for when used.
+        const r = this.moneyLeases.grant(s.connId, orgId, spendable, this.sessions.size, 0, true);
+        if (r.kind === 'grant' && r.micros > 0) out.push({ orgId, micros: r.micros, exhausted: false });
+      }
+      return out;
+    });
+    this.enqueue(s, { leaseGrant: { keys: [], orgs, pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: true } });
   }
 
   /** Asks a node for standing shares back without waiting for its answer (a pool went past its limit). */
@@ -511,7 +535,7 @@ export class SyncService implements NodeFleet {
     }
     if (laterKeys.length > 0 || laterOrgs.length > 0 || laterSlots.length > 0) {
       // The node is told its answer waits for reclaims, so it does not take it as late.
-      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true } });
+      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
       const waits: Promise<void>[] = [];
       if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
       for (const target of this.sessions) {
@@ -533,7 +557,7 @@ export class SyncService implements NodeFleet {
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
     countLeaseAnswers(keys, orgs);
-    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false } });
+    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
   }
@@ -553,7 +577,7 @@ export class SyncService implements NodeFleet {
         updates.set(target, list);
       }
     }
-    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false } });
+    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
   }
 
   private sessionByConn(connId: string): NodeSession | undefined {

@@ -366,7 +366,7 @@ export class LeaseClient implements AllowanceSource {
     }
     this.usedDirty.clear();
     if (used.length === 0) return;
-    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false });
+    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false });
   }
 
   /**
@@ -870,6 +870,27 @@ export class LeaseClient implements AllowanceSource {
     return true;
   }
 
+  /**
+   * Money slices of every organisation with money left, granted in bulk once per connection (asked
+   * with the slot shares): each adds to the organisation's slice, as a grant does.
+   */
+  applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
+    if (!this.connected) return;
+    if (this.leaving) {
+      const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
+      if (orgReturns.length > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns });
+      return;
+    }
+    for (const { orgId, micros } of slices) {
+      if (micros <= 0) continue;
+      const o = this.orgFor(orgId);
+      o.sliceMicros += micros;
+      o.lastGrantMicros = micros;
+      o.exhaustedAtMs = 0;
+      wake(o);
+    }
+  }
+
   /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
   waitForOrg(orgId: string, wake: () => void): boolean {
     if (!this.connected) return false;
@@ -1014,6 +1035,7 @@ export class LeaseClient implements AllowanceSource {
       taken: [...this.taken.values()],
       bulkMinute: this.bulkWants.shift() ?? 0,
       wantSlotShare: this.slotShareWant,
+      wantOrgSlices: this.slotShareWant,
     };
     this.taken = new Map();
     this.slotShareWant = false;

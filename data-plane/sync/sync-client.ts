@@ -208,7 +208,8 @@ export class SyncClient {
     } else if (msg.leaseGrant && leases) {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
-      for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
+      if (msg.leaseGrant.orgSlices) leases.applyOrgSlices(msg.leaseGrant.orgs);
+      else for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
       for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);
       if (msg.leaseGrant.usedAck) leases.applyUsedAck(msg.leaseGrant.usedAck);
       if (msg.leaseGrant.reclaiming) leases.noteReclaiming();

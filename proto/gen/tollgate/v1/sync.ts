@@ -368,6 +368,11 @@ export interface LeaseRequest {
   bulkMinute: number;
   /** The node asks, once per connection, for a standing share of every key's parallel slots (SlotShare). */
   wantSlotShare: boolean;
+  /**
+   * The node asks, once per connection, for a money slice of every organisation that has money left
+   * (answered by a LeaseGrant with org_slices set), so an organisation's first requests do not wait.
+   */
+  wantOrgSlices: boolean;
 }
 
 /**
@@ -529,6 +534,8 @@ export interface LeaseGrant {
    * admitting them in advance of an answer it takes as late (docs/leases.md).
    */
   reclaiming: boolean;
+  /** `orgs` answers LeaseRequest.want_org_slices: slices of every organisation with money left. */
+  orgSlices: boolean;
 }
 
 export interface KeyPoolFree {
@@ -4579,6 +4586,7 @@ function createBaseLeaseRequest(): LeaseRequest {
     taken: [],
     bulkMinute: 0,
     wantSlotShare: false,
+    wantOrgSlices: false,
   };
 }
 
@@ -4625,6 +4633,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     if (message.wantSlotShare !== false) {
       writer.uint32(1616).bool(message.wantSlotShare);
+    }
+    if (message.wantOrgSlices !== false) {
+      writer.uint32(1624).bool(message.wantOrgSlices);
     }
     return writer;
   },
@@ -4754,6 +4765,14 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.wantSlotShare = reader.bool();
             continue;
           }
+          case 203: {
+            if (tag !== 1624) {
+              break;
+            }
+
+            message.wantOrgSlices = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4822,6 +4841,11 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         : isSet(object.want_slot_share)
         ? globalThis.Boolean(object.want_slot_share)
         : false,
+      wantOrgSlices: isSet(object.wantOrgSlices)
+        ? globalThis.Boolean(object.wantOrgSlices)
+        : isSet(object.want_org_slices)
+        ? globalThis.Boolean(object.want_org_slices)
+        : false,
     };
   },
 
@@ -4869,6 +4893,9 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.wantSlotShare !== false) {
       obj.wantSlotShare = message.wantSlotShare;
     }
+    if (message.wantOrgSlices !== false) {
+      obj.wantOrgSlices = message.wantOrgSlices;
+    }
     return obj;
   },
 
@@ -4891,6 +4918,7 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.taken = object.taken?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
     message.bulkMinute = object.bulkMinute ?? 0;
     message.wantSlotShare = object.wantSlotShare ?? false;
+    message.wantOrgSlices = object.wantOrgSlices ?? false;
     return message;
   },
 };
@@ -6467,6 +6495,7 @@ function createBaseLeaseGrant(): LeaseGrant {
     bulk: undefined,
     slotShare: undefined,
     reclaiming: false,
+    orgSlices: false,
   };
 }
 
@@ -6495,6 +6524,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     if (message.reclaiming !== false) {
       writer.uint32(1616).bool(message.reclaiming);
+    }
+    if (message.orgSlices !== false) {
+      writer.uint32(1624).bool(message.orgSlices);
     }
     return writer;
   },
@@ -6576,6 +6608,14 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.reclaiming = reader.bool();
             continue;
           }
+          case 203: {
+            if (tag !== 1624) {
+              break;
+            }
+
+            message.orgSlices = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6606,6 +6646,11 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
         ? SlotShare.fromJSON(object.slot_share)
         : undefined,
       reclaiming: isSet(object.reclaiming) ? globalThis.Boolean(object.reclaiming) : false,
+      orgSlices: isSet(object.orgSlices)
+        ? globalThis.Boolean(object.orgSlices)
+        : isSet(object.org_slices)
+        ? globalThis.Boolean(object.org_slices)
+        : false,
     };
   },
 
@@ -6635,6 +6680,9 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.reclaiming !== false) {
       obj.reclaiming = message.reclaiming;
     }
+    if (message.orgSlices !== false) {
+      obj.orgSlices = message.orgSlices;
+    }
     return obj;
   },
 
@@ -6653,6 +6701,7 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
       ? SlotShare.fromPartial(object.slotShare)
       : undefined;
     message.reclaiming = object.reclaiming ?? false;
+    message.orgSlices = object.orgSlices ?? false;
     return message;
   },
 };
