@@ -429,13 +429,14 @@ export class SyncService implements NodeFleet {
 
   /**
    * A money slice of every organisation with money left, in one database job (so no usage report
-   * commits between reading what is spendable and recording the slice), once per connection, with
-   * several nodes: an organisation's first requests on the node do not wait (docs/leases.md).
+   * commits between reading what is spendable and recording the slice), once per connection: an
+   * organisation's first requests on the node do not wait (docs/leases.md). A lone node gets all that
+   * is leasable, as with single slices; nodes that join take it back with reclaims when they need it.
    */
   private async grantOrgSlices(s: NodeSession): Promise<void> {
     const whole = [...this.sessions].filter((x) => x.mayHoldWhole).map((x) => x.wholeReclaim);
     if (whole.length > 0) await Promise.all(whole);
-    if (s.closed || s.leaving || this.sessions.size < 2) return;
+    if (s.closed || s.leaving) return;
     const orgs = await this.state.db.read(async (q) => {
       const out: OrgLease[] = [];
       for (const orgId of this.state.snapshots.orgIds()) {

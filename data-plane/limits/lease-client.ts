@@ -176,6 +176,9 @@ export class LeaseClient implements AllowanceSource {
   /** The standing share of every key's parallel slots on this connection (SlotShare). */
   private slotShare: { nodes: number; exceptions: Map<string, KeyShare> } | null = null;
   private slotShareAsked = false;
+  /** Money slices of every organisation asked for on this connection (applyOrgSlices). */
+  private orgSlicesAsked = false;
+  private orgSlicesWant = false;
   /** Keys whose slot share was given back (a reclaim) before this node had a record of them. */
   private readonly slotsForfeited = new Set<string>();
   private slotShareWant = false;
@@ -213,6 +216,8 @@ export class LeaseClient implements AllowanceSource {
       this.slotShare = null;
       this.slotShareAsked = false;
       this.slotShareWant = false;
+      this.orgSlicesAsked = false;
+      this.orgSlicesWant = false;
       this.slotsForfeited.clear();
       this.reclaimingAtMs = -Infinity;
       // Alone or not: the next roster says.
@@ -291,6 +296,7 @@ export class LeaseClient implements AllowanceSource {
       this.askBulk(minuteOf(this.clock.now()));
       this.askSlotShare();
     }
+    this.askOrgSlices();
   }
 
   get isConnected(): boolean {
@@ -561,6 +567,13 @@ export class LeaseClient implements AllowanceSource {
     if (Math.abs(minute - minuteOf(this.clock.now())) > 1) return;
     this.bulkAsked.add(minute);
     this.bulkWants.push(minute);
+    this.queueFlush();
+  }
+
+  private askOrgSlices(): void {
+    if (!this.standingShares || !this.connected || this.leaving || this.orgSlicesAsked) return;
+    this.orgSlicesAsked = true;
+    this.orgSlicesWant = true;
     this.queueFlush();
   }
 
@@ -1017,7 +1030,7 @@ export class LeaseClient implements AllowanceSource {
     const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
     const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
     const announceLeaving = this.leaving && !this.leavingSent;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && this.taken.size === 0 && this.bulkWants.length === 0 && !this.slotShareWant && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
+    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && this.taken.size === 0 && this.bulkWants.length === 0 && !this.slotShareWant && !this.orgSlicesWant && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
     this.leavingSent = this.leaving;
     const req: LeaseRequestOut = {
       keys: [...this.wantKeys.values()],
@@ -1035,8 +1048,9 @@ export class LeaseClient implements AllowanceSource {
       taken: [...this.taken.values()],
       bulkMinute: this.bulkWants.shift() ?? 0,
       wantSlotShare: this.slotShareWant,
-      wantOrgSlices: this.slotShareWant,
+      wantOrgSlices: this.orgSlicesWant,
     };
+    this.orgSlicesWant = false;
     this.taken = new Map();
     this.slotShareWant = false;
     // (One minute's shares per request: a second one goes in the next.)
