@@ -72,7 +72,7 @@ async function main(): Promise<void> {
   const openStreams = new OpenStreams();
   const responseOwners = new ResponseOwners();
   let sync: SyncClient | null = null;
-  const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false);
+  const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false, undefined, true);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const edge = new EdgeBudgets(clock);
@@ -131,7 +131,7 @@ async function main(): Promise<void> {
   registerDrainable({ open: openReplies, closeAll: closeOpenReplies });
   registerDrainable({ open: () => api.realtime.open, closeAll: () => api.realtime.closeAll('the gateway node is shutting down; reconnect') });
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState() }));
+    const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState(), standing: leases.standingState() }));
     // Open realtime sessions, paused upstreams and the most bytes held for one client (`?reset=1`).
     admin.get('/stats/realtime', (res, req) => {
       res.writeHeader('content-type', 'application/json').end(JSON.stringify(api.realtime.stats.snapshot(req.getQuery('reset') === '1')));

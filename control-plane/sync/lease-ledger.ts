@@ -18,7 +18,8 @@
 // it used (KeyMinuteUsed, sent at most every 100 ms) as a ghost in each pool and frees the rest, so
 // the other nodes can serve the rest of the minute. The ghost is replaced when the same node instance
 // reconnects and says what it holds. What the node admitted after it last said is the only error.
-import type { KeyLeaseReturn, KeyLeaseWant, KeyMinuteUsed, SlotHeld, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLeaseReturn, KeyLeaseWant, KeyMinuteUsed, KeyShare, SlotHeld, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import { standingShare } from '../../proto/lib/leases.js';
 
 export interface KeyLimitsForLease {
   rpm: number;
@@ -31,6 +32,20 @@ interface Held {
   /** What the node last said it used of this pool (-1: it never said, so all it holds may be used). */
   usedRequests: number;
   usedTokens: number;
+  /**
+   * Registered from a bulk standing share, the node not having asked for this pool yet: it was
+   * granted nothing else here, so what it says it holds is exact (a reclaim's answer sets it).
+   */
+  implicit?: boolean;
+}
+
+/** A connection's standing shares of a minute (BulkShare). */
+interface BulkHolder {
+  nodes: number;
+  instance: string;
+  closed: boolean;
+  /** What it said it used of keys whose pools did not exist yet (KeyMinuteUsed). */
+  declared: Map<string, { requests: number; tokens: number }>;
 }
 
 interface Pool {
@@ -56,6 +71,49 @@ export type KeyGrantResult = { kind: 'grant'; grant: KeyGrant } | { kind: 'recla
 export class KeyLeaseLedger {
   private pools = new Map<string, Pool>();
   private newestMinute = 0;
+  /** minute → connection → its standing shares of every key of that minute. */
+  private bulk = new Map<number, Map<string, BulkHolder>>();
+
+  /** `limitsOf`: a key's limits (from the snapshot), to size standing shares in pools made later. */
+  constructor(private readonly limitsOf: (keyId: string) => KeyLimitsForLease | undefined = () => undefined) {}
+
+  /**
+   * Grants connection `connId` its standing share of every key's budget of `minute` (docs/leases.md),
+   * `nodes` being the number of nodes connected now. In pools of the minute that exist already it is
+   * counted at once: where the connection is registered already, or the pool has not that much free,
+   * the answer lists what it holds instead (`exceptions`). Null: it holds the minute's shares already.
+   */
+  grantBulk(connId: string, minute: number, nodes: number): KeyShare[] | null {
+    let holders = this.bulk.get(minute);
+    if (!holders) {
+      holders = new Map();
+      this.bulk.set(minute, holders);
+    }
+    if (holders.has(connId)) return null;
+    holders.set(connId, { nodes, instance: instanceOf(connId), closed: false, declared: new Map() });
+    const exceptions: KeyShare[] = [];
+    for (const [id, pool] of this.pools) {
+      if (pool.minute !== minute) continue;
+      const keyId = id.slice(0, id.lastIndexOf(':'));
+      if (pool.held.has(connId)) {
+        exceptions.push({ keyId, requests: 0, tokens: 0 });
+        continue;
+      }
+      const limits = this.limitsOf(keyId);
+      const shareReq = limits ? standingShare(limits.rpm, nodes) : 0;
+      const shareTok = limits ? standingShare(limits.tpm, nodes) : 0;
+      const requests = limits ? clamp(shareReq, limitOf(limits.rpm) - pool.totalRequests) : 0;
+      const tokens = limits ? clamp(shareTok, limitOf(limits.tpm) - pool.totalTokens) : 0;
+      this.register(pool, connId, requests, tokens, true);
+      if (requests !== shareReq || tokens !== shareTok) exceptions.push({ keyId, requests, tokens });
+    }
+    return exceptions;
+  }
+
+  /** Connections holding standing shares of a minute (for tests). */
+  bulkHolders(minute: number): string[] {
+    return [...(this.bulk.get(minute)?.entries() ?? [])].filter(([, h]) => !h.closed).map(([c]) => c);
+  }
 
   /**
    * Grants what it can of `want` to connection `connId`, never past the key's limits. `suspects` are
@@ -74,6 +132,7 @@ export class KeyLeaseLedger {
       if (unknown.length > 0) return { kind: 'reclaim', from: unknown };
     }
     const mine = pool.held.get(connId)!;
+    mine.implicit = false;
     const freeReq = rpm - pool.totalRequests;
     const freeTok = tpm - pool.totalTokens;
     const shortReq = want.needRequests > 0 && want.needRequests > freeReq;
@@ -110,15 +169,18 @@ export class KeyLeaseLedger {
    * A node gave back unused allowance (answering a reclaim, or when it left gracefully). A connection
    * not yet registered in the pool (a former lone node) is registered with what it still holds.
    */
-  applyReturn(connId: string, r: KeyLeaseReturn): void {
+  applyReturn(connId: string, r: KeyLeaseReturn): string[] {
     const pool = this.poolFor(r.keyId, r.minute);
     const mine = pool.held.get(connId);
     if (!mine) {
       this.register(pool, connId, r.heldRequests, r.heldTokens);
-      return;
+      return this.overLimit(r.keyId, pool);
     }
-    const req = Math.min(Math.max(0, r.requests), mine.requests);
-    const tok = Math.min(Math.max(0, r.tokens), mine.tokens);
+    // Held only from the standing share: what the node says it holds is exact (it forfeits an
+    // untouched share by answering 0).
+    const req = mine.implicit ? mine.requests - Math.max(0, r.heldRequests) : Math.min(Math.max(0, r.requests), mine.requests);
+    const tok = mine.implicit ? mine.tokens - Math.max(0, r.heldTokens) : Math.min(Math.max(0, r.tokens), mine.tokens);
+    mine.implicit = false;
     mine.requests -= req;
     mine.tokens -= tok;
     pool.totalRequests -= req;
@@ -126,14 +188,47 @@ export class KeyLeaseLedger {
     // What it still holds is what it used or reserved (KeyLeaseReturn): newer than its last KeyMinuteUsed.
     mine.usedRequests = mine.requests;
     mine.usedTokens = mine.tokens;
+    return [];
+  }
+
+  /**
+   * A node registered what it holds (after a control-plane restart, or the lone node) in a pool where
+   * standing shares were counted already, past the limit: the holders of untouched shares are to be
+   * asked for them back (a reclaim), so the pool is back under before anyone is granted more.
+   */
+  private overLimit(keyId: string, pool: Pool): string[] {
+    const limits = this.limitsOf(keyId);
+    if (!limits || (pool.totalRequests <= limitOf(limits.rpm) && pool.totalTokens <= limitOf(limits.tpm))) return [];
+    return [...pool.held].filter(([, h]) => h.implicit && (h.requests > 0 || h.tokens > 0)).map(([c]) => c);
+  }
+
+  /**
+   * A node admitted in advance of a late answer (docs/leases.md): what it took counts as held by it.
+   * The pool may pass the limit by that much; nothing more is granted until it is back under.
+   */
+  applyTaken(connId: string, t: KeyMinuteUsed): void {
+    const pool = this.poolFor(t.keyId, t.minute);
+    if (!pool.held.has(connId)) this.register(pool, connId, 0, 0);
+    const h = pool.held.get(connId)!;
+    const req = Math.max(0, t.requests);
+    const tok = Math.max(0, t.tokens);
+    h.requests += req;
+    h.tokens += tok;
+    pool.totalRequests += req;
+    pool.totalTokens += tok;
   }
 
   /** A node says what it used of pools it holds (ignored for pools it is not registered in). */
   recordUsed(connId: string, u: KeyMinuteUsed): void {
-    const h = this.pools.get(`${u.keyId}:${u.minute}`)?.held.get(connId);
-    if (!h) return;
+    const pool = this.pools.get(`${u.keyId}:${u.minute}`);
+    const h = pool?.held.get(connId);
+    if (!pool || !h) {
+      this.bulk.get(u.minute)?.get(connId)?.declared.set(u.keyId, { requests: Math.max(0, u.requests), tokens: Math.max(0, u.tokens) });
+      return;
+    }
     h.usedRequests = Math.max(0, u.requests);
     h.usedTokens = Math.max(0, u.tokens);
+
   }
 
   /**
@@ -151,8 +246,10 @@ export class KeyLeaseLedger {
       // seen) said there all it holds, what it used here included: nothing stays as a ghost.
       let back = false;
       for (const c of pool.held.keys()) if (instanceOf(c) === instance) back = true;
-      const freeReq = back ? h.requests : h.usedRequests < 0 ? 0 : Math.max(0, h.requests - h.usedRequests);
-      const freeTok = back ? h.tokens : h.usedTokens < 0 ? 0 : Math.max(0, h.tokens - h.usedTokens);
+      // A standing share the node never said it used of is free (it says what it used of every key it
+      // touched, every 100 ms: what it admitted after it last said is the only error, as for leases).
+      const freeReq = back ? h.requests : h.usedRequests < 0 ? (h.implicit ? h.requests : 0) : Math.max(0, h.requests - h.usedRequests);
+      const freeTok = back ? h.tokens : h.usedTokens < 0 ? (h.implicit ? h.tokens : 0) : Math.max(0, h.tokens - h.usedTokens);
       h.requests -= freeReq;
       h.tokens -= freeTok;
       pool.totalRequests -= freeReq;
@@ -163,6 +260,11 @@ export class KeyLeaseLedger {
         ghost.tokens += h.tokens;
       } else if (!back) pool.gone.set(instance, h);
       if (freeReq > 0 || freeTok > 0) grown.push({ keyId: id.slice(0, id.lastIndexOf(':')), minute: pool.minute });
+    }
+    // Pools made later count what it said it used of their key as a ghost.
+    for (const holders of this.bulk.values()) {
+      const b = holders.get(connId);
+      if (b) b.closed = true;
     }
     return grown;
   }
@@ -188,6 +290,22 @@ export class KeyLeaseLedger {
   /** Drops pools of minutes before `minMinute`. */
   prune(minMinute: number): void {
     for (const [id, pool] of this.pools) if (pool.minute < minMinute) this.pools.delete(id);
+    for (const m of this.bulk.keys()) if (m < minMinute) this.bulk.delete(m);
+  }
+
+  /**
+   * A node that stops said what it used of every key minute it touched (its returns): its standing
+   * shares of keys it did not touch are free, now and in pools made later.
+   */
+  leave(connId: string): void {
+    for (const holders of this.bulk.values()) holders.delete(connId);
+    for (const pool of this.pools.values()) {
+      const h = pool.held.get(connId);
+      if (!h?.implicit) continue;
+      pool.held.delete(connId);
+      pool.totalRequests -= h.requests;
+      pool.totalTokens -= h.tokens;
+    }
   }
 
   get size(): number {
@@ -200,6 +318,21 @@ export class KeyLeaseLedger {
     if (!pool) {
       pool = { minute, totalRequests: 0, totalTokens: 0, held: new Map(), gone: new Map() };
       this.pools.set(id, pool);
+      // Every connection holding the minute's standing shares holds this key's (docs/leases.md).
+      const holders = this.bulk.get(minute);
+      const limits = holders && holders.size > 0 ? this.limitsOf(keyId) : undefined;
+      if (holders && limits) {
+        for (const [c, b] of holders) {
+          if (!b.closed) this.register(pool, c, standingShare(limits.rpm, b.nodes), standingShare(limits.tpm, b.nodes), true);
+          else {
+            const d = b.declared.get(keyId);
+            if (!d || pool.gone.has(b.instance) || [...holders.values()].some((x) => !x.closed && x.instance === b.instance)) continue;
+            pool.gone.set(b.instance, { requests: d.requests, tokens: d.tokens, usedRequests: d.requests, usedTokens: d.tokens });
+            pool.totalRequests += d.requests;
+            pool.totalTokens += d.tokens;
+          }
+        }
+      }
       if (minute > this.newestMinute) {
         this.newestMinute = minute;
         this.prune(minute - 2);
@@ -208,7 +341,7 @@ export class KeyLeaseLedger {
     return pool;
   }
 
-  private register(pool: Pool, connId: string, requests: number, tokens: number): void {
+  private register(pool: Pool, connId: string, requests: number, tokens: number, implicit = false): void {
     // The same node instance back on a new connection says all it holds: its ghost is replaced.
     const instance = instanceOf(connId);
     const ghost = pool.gone.get(instance);
@@ -217,7 +350,7 @@ export class KeyLeaseLedger {
       pool.totalRequests -= ghost.requests;
       pool.totalTokens -= ghost.tokens;
     }
-    const h = { requests: Math.max(0, requests), tokens: Math.max(0, tokens), usedRequests: -1, usedTokens: -1 };
+    const h: Held = { requests: Math.max(0, requests), tokens: Math.max(0, tokens), usedRequests: -1, usedTokens: -1, implicit };
     pool.held.set(connId, h);
     pool.totalRequests += h.requests;
     pool.totalTokens += h.tokens;
@@ -237,27 +370,67 @@ export type SlotGrantResult = { kind: 'grant'; slots: number; final: boolean } |
  * holding nothing is forgotten, and so is a pool nobody holds. A closed connection's slots are freed:
  * its requests died with it (a node cut off but alive counts locally, fail-static).
  */
+interface SlotPool {
+  limit: number;
+  total: number;
+  held: Map<string, number>;
+  /** Share holders that gave their standing share of this key back (a reclaim's answer of 0). */
+  forfeit: Set<string>;
+}
+
 export class SlotLedger {
-  private pools = new Map<string, { total: number; held: Map<string, number> }>();
+  private pools = new Map<string, SlotPool>();
+  /**
+   * Connections holding a standing share of every key's slots (SlotShare), with the node count it
+   * was sized by. A share holder not in a pool's `held` nor its `forfeit` holds its share there.
+   */
+  private shareHolders = new Map<string, number>();
+
+  constructor(private readonly limitOf: (keyId: string) => number | undefined = () => undefined) {}
+
+  /**
+   * Grants a connection its standing share of every key's slots for as long as it lasts. In pools
+   * that exist already, where it is registered or the pool has not that much free, the answer lists
+   * what it holds instead. Null: it holds them already.
+   */
+  grantShare(connId: string, nodes: number): KeyShare[] | null {
+    if (this.shareHolders.has(connId)) return null;
+    const exceptions: KeyShare[] = [];
+    for (const [keyId, pool] of this.pools) {
+      if (pool.held.has(connId)) {
+        exceptions.push({ keyId, requests: 0, tokens: 0 });
+        continue;
+      }
+      const share = standingShare(pool.limit, nodes);
+      const free = limitOfN(pool.limit) - pool.total - this.implicitTotal(keyId, pool);
+      if (free < share) {
+        const slots = Math.max(0, free);
+        exceptions.push({ keyId, requests: slots, tokens: 0 });
+        if (slots > 0) this.setHeld(keyId, pool, connId, slots);
+        else pool.forfeit.add(connId);
+      }
+    }
+    this.shareHolders.set(connId, nodes);
+    return exceptions;
+  }
 
   grant(connId: string, w: SlotWant, limit: number, suspects: readonly string[] = [], afterReclaim = false): SlotGrantResult {
-    const max = limitOf(limit);
-    let pool = this.pools.get(w.keyId);
-    if (!pool) {
-      pool = { total: 0, held: new Map() };
-      this.pools.set(w.keyId, pool);
-    }
-    if (!pool.held.has(connId)) this.setHeld(w.keyId, pool, connId, w.held);
+    const max = limitOfN(limit);
+    const pool = this.poolFor(w.keyId, limit);
+    // A share holder asking for the first time holds its share (the node may not have heard of the
+    // share yet when it asked, but will add it when it does); anyone else holds what it says.
+    if (!pool.held.has(connId)) this.setHeld(w.keyId, pool, connId, this.implicitOf(connId, pool) ?? w.held);
     if (!afterReclaim) {
       const unknown = suspects.filter((c) => c !== connId && !pool.held.has(c));
       if (unknown.length > 0) return { kind: 'reclaim', from: unknown };
     }
     const mine = pool.held.get(connId) ?? 0;
-    const free = max - pool.total;
+    const free = max - pool.total - this.implicitTotal(w.keyId, pool);
     // Wants are totals: what the connection already holds (granted while this want was on its way) counts.
     const short = w.need > mine && w.need - mine > free;
     if (short && !afterReclaim) {
       const from = [...pool.held].filter(([c, h]) => c !== connId && h > 0).map(([c]) => c);
+      for (const c of this.shareHolders.keys()) if (c !== connId && (this.implicitOf(c, pool) ?? 0) > 0) from.push(c);
       if (from.length > 0) return { kind: 'reclaim', from };
     }
     // Short: the free slots still seat some of the waiting requests (each needs one, unlike a budget).
@@ -267,37 +440,104 @@ export class SlotLedger {
   }
 
   /** The node gave back `returned` slots and holds `held` (its requests in flight). */
-  applyHeld(connId: string, r: SlotHeld): void {
+  applyHeld(connId: string, r: SlotHeld): string[] {
     let pool = this.pools.get(r.keyId);
+    const limit = pool?.limit ?? this.limitOf(r.keyId);
     if (!pool) {
-      if (r.held <= 0) return;
-      pool = { total: 0, held: new Map() };
+      if (r.held <= 0 && !this.shareHolders.has(connId)) return [];
+      // (A limit not known here is learnt from the next want.)
+      pool = this.poolFor(r.keyId, limit ?? Infinity);
     }
     const counted = pool.held.get(connId);
-    const held = counted === undefined ? r.held : Math.max(counted - Math.max(0, r.returned), r.held);
+    if (r.held < 0) {
+      // The node forgot the key (idle for a minute) and gave back all it held: it holds nothing, or
+      // its standing share again when it has one (as its next use of the key starts from it).
+      pool.total -= counted ?? 0;
+      pool.held.delete(connId);
+      pool.forfeit.delete(connId);
+      this.dropIfEmpty(r.keyId, pool);
+      return [];
+    }
+    if (counted === undefined && this.implicitOf(connId, pool) !== undefined) {
+      // It held only its standing share, so what it says it holds is exact; 0 gives the share back.
+      if (r.held > 0) this.setHeld(r.keyId, pool, connId, r.held);
+      else pool.forfeit.add(connId);
+      this.dropIfEmpty(r.keyId, pool);
+      return this.overLimit(connId, r.keyId, pool);
+    }
+    // A negative `returned`: slots the node took in advance of a late answer (docs/leases.md).
+    const held = counted === undefined ? r.held : Math.max(counted - r.returned, r.held);
     this.setHeld(r.keyId, pool, connId, held);
+    return counted === undefined ? this.overLimit(connId, r.keyId, pool) : [];
+  }
+
+  /**
+   * Registered past the limit where standing shares were counted (after a control-plane restart the
+   * nodes say what they hold one by one): the holders of untouched shares are asked for them back.
+   */
+  private overLimit(connId: string, keyId: string, pool: SlotPool): string[] {
+    if (!this.pools.has(keyId) || pool.total + this.implicitTotal(keyId, pool) <= limitOfN(pool.limit)) return [];
+    return [...this.shareHolders.keys()].filter((c) => c !== connId && (this.implicitOf(c, pool) ?? 0) > 0);
   }
 
   heldBy(connId: string, keyId: string): number {
-    return this.pools.get(keyId)?.held.get(connId) ?? 0;
+    const pool = this.pools.get(keyId);
+    if (!pool) return standingShare(this.limitOf(keyId) ?? 0, this.shareHolders.get(connId) ?? 1);
+    return pool.held.get(connId) ?? this.implicitOf(connId, pool) ?? 0;
   }
 
   dropConnection(connId: string): void {
-    for (const [keyId, pool] of this.pools) if (pool.held.has(connId)) this.setHeld(keyId, pool, connId, 0);
+    this.shareHolders.delete(connId);
+    for (const [keyId, pool] of this.pools) {
+      pool.forfeit.delete(connId);
+      if (pool.held.has(connId)) this.setHeld(keyId, pool, connId, 0);
+      else this.dropIfEmpty(keyId, pool);
+    }
   }
 
   get size(): number {
     return this.pools.size;
   }
 
+  /** The standing share a holder holds in a pool it is not registered in (undefined: none). */
+  private implicitOf(connId: string, pool: SlotPool): number | undefined {
+    const nodes = this.shareHolders.get(connId);
+    if (nodes === undefined || pool.held.has(connId) || pool.forfeit.has(connId)) return undefined;
+    return standingShare(pool.limit, nodes);
+  }
+
+  private implicitTotal(keyId: string, pool: SlotPool): number {
+    let sum = 0;
+    for (const c of this.shareHolders.keys()) sum += this.implicitOf(c, pool) ?? 0;
+    return sum;
+  }
+
+  private poolFor(keyId: string, limit: number): SlotPool {
+    let pool = this.pools.get(keyId);
+    if (!pool) {
+      pool = { limit, total: 0, held: new Map(), forfeit: new Set() };
+      this.pools.set(keyId, pool);
+    }
+    pool.limit = limit;
+    return pool;
+  }
+
   /** A connection holding 0 is forgotten (its next want says what it holds); so is an empty pool. */
-  private setHeld(keyId: string, pool: { total: number; held: Map<string, number> }, connId: string, held: number): void {
+  private setHeld(keyId: string, pool: SlotPool, connId: string, held: number): void {
     const before = pool.held.get(connId) ?? 0;
     const after = Number.isFinite(held) ? Math.max(0, held) : 0;
     pool.total += after - before;
     if (after > 0) pool.held.set(connId, after);
-    else pool.held.delete(connId);
-    if (pool.held.size === 0) this.pools.delete(keyId);
+    else {
+      pool.held.delete(connId);
+      // A share holder that holds none stays counted at none until it forgets the key.
+      if (this.shareHolders.has(connId)) pool.forfeit.add(connId);
+    }
+    this.dropIfEmpty(keyId, pool);
+  }
+
+  private dropIfEmpty(keyId: string, pool: SlotPool): void {
+    if (pool.held.size === 0 && pool.forfeit.size === 0) this.pools.delete(keyId);
     else this.pools.set(keyId, pool);
   }
 }
@@ -379,6 +619,8 @@ function instanceOf(connId: string): string {
 function limitOf(n: number): number {
   return Number.isFinite(n) && n > 0 ? n : Infinity;
 }
+
+const limitOfN = limitOf;
 
 function finite(n: number): number {
   return Number.isFinite(n) ? Math.max(0, n) : 0;

@@ -69,6 +69,11 @@ export class SnapshotStore {
   }
 
   /** The credentialed key with this id (lease grants look limits up by id). */
+  /** Every organisation's id (for the money slices a node is granted in bulk). */
+  orgIds(): string[] {
+    return [...this.orgs.keys()];
+  }
+
   keyById(keyId: string): KeyEntry | undefined {
     return this.keysById.get(keyId);
   }

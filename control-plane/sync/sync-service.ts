@@ -106,8 +106,11 @@ export interface SyncServiceOptions {
 
 export class SyncService implements NodeFleet {
   private readonly sessions = new Set<NodeSession>();
-  private readonly keyLeases = new KeyLeaseLedger();
-  private readonly slotLeases = new SlotLedger();
+  private readonly keyLeases = new KeyLeaseLedger((keyId) => {
+    const e = this.state.snapshots.keyById(keyId);
+    return e && { rpm: e.rpmLimit, tpm: e.tpmLimit };
+  });
+  private readonly slotLeases = new SlotLedger((keyId) => this.state.snapshots.keyById(keyId)?.maxParallelRequests);
   private readonly moneyLeases = new MoneyLeaseLedger();
   private readonly log: (line: string) => void;
   /** When several nodes were last connected (wall clock). */
@@ -380,15 +383,22 @@ export class SyncService implements NodeFleet {
   private onLeaseRequest(s: NodeSession, req: LeaseRequest): void {
     if (req.leaseEpoch) s.leaseEpoch = req.leaseEpoch;
     if (req.leaving) s.leaving = true;
-    for (const r of req.keyReturns) this.keyLeases.applyReturn(s.connId, r);
+    for (const r of req.keyReturns) {
+      for (const c of this.keyLeases.applyReturn(s.connId, r)) this.reclaimUnasked(c, [{ keyId: r.keyId, minute: r.minute }], []);
+    }
     // Budget given back: the other nodes in those pools learn it is free again (a node told the
     // minute was spent may be served again, and its rate headers go back up).
     const grown = req.keyReturns.filter((r) => r.requests > 0 || r.tokens > 0).map((r) => ({ keyId: r.keyId, minute: r.minute }));
     if (grown.length > 0) this.announceFree(grown, s.connId);
     for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
     for (const u of req.used) this.keyLeases.recordUsed(s.connId, u);
-    for (const r of req.slotReturns) this.slotLeases.applyHeld(s.connId, r);
-    if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq, slots: [] } });
+    for (const t of req.taken) this.keyLeases.applyTaken(s.connId, t);
+    // A node that stops gave back what it used of what it touched: its untouched shares are free.
+    if (req.leaving) this.keyLeases.leave(s.connId);
+    if (req.bulkMinute || req.wantSlotShare) this.grantShares(s, req.bulkMinute, req.wantSlotShare);
+    if (req.wantOrgSlices) this.grantOrgSlices(s).catch((err: Error) => this.log(`sync: money slices of node ${s.nodeId} failed: ${err.message}`));
+    for (const r of req.slotReturns) for (const c of this.slotLeases.applyHeld(s.connId, r)) this.reclaimUnasked(c, [], [r.keyId]);
+    if (req.usedSeq) this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: req.usedSeq, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
     if (req.reclaimId) {
       if (req.reclaimId === s.wholeReclaimId) s.mayHoldWhole = false;
       const done = s.reclaims.get(req.reclaimId);
@@ -402,9 +412,68 @@ export class SyncService implements NodeFleet {
         const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
         const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
         const slots = req.slotWants.map((w) => ({ keyId: w.keyId, slots: 0, final: false }));
-        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots } });
+        this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
       });
     }
+  }
+
+  /**
+   * Standing shares of every key (docs/leases.md): of the budgets of `minute` (0: not asked) and of
+   * the parallel slots. Only with several nodes; after any node that was alone said what it holds.
+   */
+  private grantShares(s: NodeSession, minute: number, slots: boolean): void {
+    const whole = [...this.sessions].filter((x) => x.mayHoldWhole).map((x) => x.wholeReclaim);
+    const answer = () => {
+      if (s.closed) return;
+      const nodes = this.sessions.size;
+      const several = nodes >= 2 && !s.leaving;
+      let bulk;
+      if (minute) {
+        const exceptions = several ? this.keyLeases.grantBulk(s.connId, minute, nodes) : null;
+        bulk = { minute, granted: exceptions !== null, nodes, exceptions: exceptions ?? [] };
+      }
+      let slotShare;
+      if (slots) {
+        const exceptions = several ? this.slotLeases.grantShare(s.connId, nodes) : null;
+        slotShare = { granted: exceptions !== null, nodes, exceptions: exceptions ?? [] };
+      }
+      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk, slotShare, reclaiming: false, orgSlices: false } });
+    };
+    if (whole.length > 0 && this.sessions.size >= 2) {
+      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
+      void Promise.all(whole).then(answer);
+    }
+    else answer();
+  }
+
+  /**
+   * A money slice of every organisation with money left, in one database job (so no usage report
+   * commits between reading what is spendable and recording the slice), once per connection: an
+   * organisation's first requests on the node do not wait (docs/leases.md). A lone node gets all that
+   * is leasable, as with single slices; nodes that join take it back with reclaims when they need it.
+   */
+  private async grantOrgSlices(s: NodeSession): Promise<void> {
+    const whole = [...this.sessions].filter((x) => x.mayHoldWhole).map((x) => x.wholeReclaim);
+    if (whole.length > 0) await Promise.all(whole);
+    if (s.closed || s.leaving) return;
+    const orgs = await this.state.db.read(async (q) => {
+      const out: OrgLease[] = [];
+      for (const orgId of this.state.snapshots.orgIds()) {
+        const spendable = await this.state.spendableMicros(q, orgId);
+        if (s.closed || spendable <= 0) continue;
+        // No reclaim: an organisation whose money is all leased elsewhere is asked for when used.
+        const r = this.moneyLeases.grant(s.connId, orgId, spendable, this.sessions.size, 0, true);
+        if (r.kind === 'grant' && r.micros > 0) out.push({ orgId, micros: r.micros, exhausted: false });
+      }
+      return out;
+    });
+    this.enqueue(s, { leaseGrant: { keys: [], orgs, pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: true } });
+  }
+
+  /** Asks a node for standing shares back without waiting for its answer (a pool went past its limit). */
+  private reclaimUnasked(connId: string, keys: KeyMinuteRef[], slotKeyIds: string[]): void {
+    const target = this.sessionByConn(connId);
+    if (target) void this.reclaim(target, keys, [], false, RECLAIM_TIMEOUT_MS, slotKeyIds).done;
   }
 
   /** Asks a node to give back unused allowance; resolves when it answered, left, or after `timeoutMs`. */
@@ -485,6 +554,8 @@ export class SyncService implements NodeFleet {
       }
     }
     if (laterKeys.length > 0 || laterOrgs.length > 0 || laterSlots.length > 0) {
+      // The node is told its answer waits for reclaims, so it does not take it as late.
+      this.enqueue(s, { leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
       const waits: Promise<void>[] = [];
       if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
       for (const target of this.sessions) {
@@ -506,7 +577,7 @@ export class SyncService implements NodeFleet {
       if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
     countLeaseAnswers(keys, orgs);
-    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots } });
+    this.enqueue(s, { leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
   }
@@ -526,7 +597,7 @@ export class SyncService implements NodeFleet {
         updates.set(target, list);
       }
     }
-    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0, slots: [] } });
+    for (const [target, list] of updates) this.enqueue(target, { leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
   }
 
   private sessionByConn(connId: string): NodeSession | undefined {

@@ -7,7 +7,7 @@
 import { GatewayError } from '../errors.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
-import type { KeyBudgets, Ticket } from '../limits/key-budgets.js';
+import type { Admission as KeyAdmission, KeyBudgets, Ticket } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, type Reply } from './reply.js';
@@ -18,6 +18,8 @@ import type { RequestContext } from './request-context.js';
  * includes reclaiming unused allowance from other nodes) before it is refused.
  */
 export const LEASE_WAIT_MS = 250;
+/** The longest a request waits when the control plane said its answer waits for reclaims. */
+export const LEASE_WAIT_RECLAIMING_MS = 1500;
 
 export interface AdmissionDeps {
   clock: Clock;
@@ -56,7 +58,7 @@ export class Admission {
     // The common case, synchronous and without a closure: the money slice is here and the key's
     // budgets admit. Anything else (a refusal, a wait) takes the general path below, which asks again
     // (a refused admission consumed nothing).
-    if (!reply.done && (leases === undefined || leases.canSpend(key.orgId) === 'yes')) {
+    if (!reply.done && (leases === undefined || leases.spendFirst(key.orgId) || leases.canSpend(key.orgId) === 'yes')) {
       const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
       if (a.ok) {
         reply.rateHeaders = a.headers;
@@ -75,6 +77,7 @@ export class Admission {
     const started = performance.now();
     let finished = false;
     let waited = false;
+    let advanced = false;
     let timer: NodeJS.Timeout | null = null;
     // Woken from inside the sync client's message handler: continue on a fresh tick. (Not a function
     // declaration: that would be created on every call, the synchronous fast path included.)
@@ -87,7 +90,7 @@ export class Admission {
       leases?.cancelKeyWait(key.keyId, wake);
       leases?.cancelOrgWait(key.orgId, wake);
       leases?.cancelSlotWait(key.keyId, wake);
-      if (waited) this.waits.note(performance.now() - started, ctx !== null);
+      if (waited) this.waits.note(performance.now() - started, ctx !== null, advanced);
       then(ctx);
     };
     const attempt = (lastTry: boolean) => {
@@ -95,6 +98,11 @@ export class Admission {
       try {
         // The client went away while the request waited: nothing was taken, nothing to answer.
         if (reply.done) return finish(null);
+        // Out of time, but the control plane said the answer waits for reclaims: not late, wait on.
+        if (lastTry && leases?.answerDeferred(started) && performance.now() - started < LEASE_WAIT_RECLAIMING_MS) {
+          timer = setTimeout(() => attempt(true), 50);
+          return;
+        }
         const spend = leases?.canSpend(key.orgId) ?? 'yes';
         if (spend === 'no') {
           reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape, closeIfRefused());
@@ -111,10 +119,33 @@ export class Admission {
           ctx.attach(reply);
           return finish(ctx);
         }
-        const short = a.leaseShort;
-        if (short && !lastTry && leases && (short.slot ? leases.waitForSlot(key.keyId, key.limits, wake, started) : leases.waitForKey(key.keyId, minuteOf(now), key.limits, short.requests, short.tokens, wake))) return park();
-        reply.sendError(new GatewayError('KEY_RATE_LIMITED', a.message, { type: a.dimension, param: null, retryAfterSec: a.retryAfterSec }), 'A', closeIfRefused());
-        finish(null);
+        // Short of this node's lease: wait for the answer (bounded). Out of time with no answer (the
+        // control plane is slow; it did not say the key is spent), or while an earlier want of the key
+        // is so: not a refusal. The node admits in advance of the answer, within the key's own limits
+        // counted here, and the control plane counts it (docs/leases.md).
+        let b: KeyAdmission = a;
+        // (At most the minute's allowance, then a slot.)
+        for (let i = 0; i < 3 && !b.ok && b.leaseShort && leases; i++) {
+          const s = b.leaseShort;
+          const took = s.slot ? leases.advanceSlot(key.keyId, key.limits, lastTry, started) : leases.advanceKey(key.keyId, minuteOf(now), key.limits, s.requests, s.tokens, lastTry);
+          if (!took) {
+            if (!lastTry && (s.slot ? leases.waitForSlot(key.keyId, key.limits, wake, started) : leases.waitForKey(key.keyId, minuteOf(now), key.limits, s.requests, s.tokens, wake))) return park();
+            break;
+          }
+          advanced = true;
+          b = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
+          reply.rateHeaders = b.headers;
+          if (b.ok) {
+            const ctx = this.newContext(key, path, b.ticket, minuteOf(now), reply.requestId);
+            ctx.spend = leases.reserveSpend(key.orgId);
+            ctx.attach(reply);
+            return finish(ctx);
+          }
+        }
+        if (!b.ok) {
+          reply.sendError(new GatewayError('KEY_RATE_LIMITED', b.message, { type: b.dimension, param: null, retryAfterSec: b.retryAfterSec }), 'A', closeIfRefused());
+          return finish(null);
+        }
       } catch (e) {
         logBug(e);
         reply.sendError(e, 'A');
@@ -154,6 +185,10 @@ export class Admission {
       if (finished) return;
       try {
         if (reply.done) return finish(false);
+        if (lastTry && deps.leases?.answerDeferred(started) && performance.now() - started < LEASE_WAIT_RECLAIMING_MS) {
+          timer = setTimeout(() => attempt(true), 50);
+          return;
+        }
         const refusal = ctx.ticket.reserveTokens(estimate);
         if (!refusal) return finish(true);
         if (refusal.leaseShort && !lastTry && deps.leases?.waitForKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, wake)) {
@@ -161,6 +196,8 @@ export class Admission {
           timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
           return;
         }
+        // Out of time with no answer: reserved in advance of it, as admitOrWait does.
+        if (refusal.leaseShort && deps.leases?.advanceKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, lastTry) && ctx.ticket.reserveTokens(estimate) === null) return finish(true);
         ctx.refuse();
         reply.rateHeaders = deps.keyBudgets.headers(key.limits);
         reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
@@ -181,17 +218,22 @@ export function blockedMessage(reason: string): string {
   return "The organisation's balance is exhausted or its monthly spend cap was reached.";
 }
 
-/** Latency added to requests that waited for a lease: count, admitted, and percentiles of a sample. */
+/**
+ * Latency added to requests that waited for a lease: count, admitted, and percentiles of a sample;
+ * `advanced`: admitted in advance of an answer that did not come within the bound (docs/leases.md).
+ */
 export class WaitStats {
   private count = 0;
   private admitted = 0;
+  private advanced = 0;
   private maxMs = 0;
   private totalMs = 0;
   private readonly sample: number[] = [];
 
-  note(ms: number, admitted: boolean): void {
+  note(ms: number, admitted: boolean, advanced = false): void {
     this.count++;
     if (admitted) this.admitted++;
+    if (advanced && admitted) this.advanced++;
     this.totalMs += ms;
     if (ms > this.maxMs) this.maxMs = ms;
     // Keep the first 10,000: enough for a benchmark's percentiles, bounded in memory.
@@ -199,13 +241,13 @@ export class WaitStats {
   }
 
   /** The figures so far; `reset` starts afresh after reading. */
-  snapshot(reset = false): { waited: number; admitted: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
+  snapshot(reset = false): { waited: number; admitted: number; advanced: number; mean_ms: number; p50_ms: number; p99_ms: number; max_ms: number } {
     const sorted = [...this.sample].sort((a, b) => a - b);
     const at = (q: number) => (sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]);
     const r = (n: number) => Math.round(n * 100) / 100;
-    const out = { waited: this.count, admitted: this.admitted, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
+    const out = { waited: this.count, admitted: this.admitted, advanced: this.advanced, mean_ms: r(this.count ? this.totalMs / this.count : 0), p50_ms: r(at(0.5)), p99_ms: r(at(0.99)), max_ms: r(this.maxMs) };
     if (reset) {
-      this.count = this.admitted = this.maxMs = this.totalMs = 0;
+      this.count = this.admitted = this.advanced = this.maxMs = this.totalMs = 0;
       this.sample.length = 0;
     }
     return out;

@@ -28,11 +28,11 @@
 // gives back a key's slots once the key has been idle for a minute. A request that finds no free slot
 // waits (bounded) while the node asks; it is refused only when every slot of the key is in use across
 // the cluster. A lone node, or one cut off, counts the key's limit locally.
-import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
+import { coldShare, leaseChunk, standingShare } from '../../proto/lib/leases.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 
-import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, KeyMinuteUsed, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** What the node sends: the generated LeaseRequest message. */
 export type LeaseRequestOut = LeaseRequest;
@@ -56,6 +56,18 @@ interface KeyMinute {
   freeTokens: number;
   /** Requests waiting for this key minute's next grant. */
   waiters: Array<() => void>;
+  /**
+   * A want of this key minute went unanswered past the wait bound: until the next answer the node
+   * admits against the key's own limits counted here (fail-static for this key minute), and the
+   * control plane counts what it used from the node's used reports (docs/leases.md).
+   */
+  advancing: boolean;
+  /** The minute's standing share (BulkShare) is on its way: requests wait for it, not for a want. */
+  awaitingBulk: boolean;
+  /** The standing share was added (or given back before it came). */
+  bulkApplied: boolean;
+  /** Nothing heard yet of what the pool has free (a standing share is used without asking). */
+  freeUnknown: boolean;
 }
 
 interface OrgSlice {
@@ -92,6 +104,10 @@ interface KeySlots {
   dryAtMs: number;
   idleSinceMs: number;
   waiters: Array<() => void>;
+  /** A slot want went unanswered past the wait bound; until the next answer slots are taken (advanceSlot). */
+  advancing: boolean;
+  /** Reclaimed while the standing share (SlotShare) was on its way: the share is not added to it. */
+  noShare: boolean;
 }
 
 /** A key idle this long gives its slots back. */
@@ -102,6 +118,8 @@ const SLOTS_DRY_MS = 1000;
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
 const EXHAUSTED_RETRY_MS = 1000;
+/** How long after "reclaiming" a request out of time keeps waiting (the whole-budget reclaim takes up to 1 s). */
+const RECLAIMING_WAIT_MS = 1200;
 /** A lease want unanswered this long is sent again. */
 const PENDING_STALE_MS = 2000;
 
@@ -144,6 +162,28 @@ export class LeaseClient implements AllowanceSource {
   private readonly slots = new Map<string, KeySlots>();
   private slotWants = new Map<string, SlotWant>();
   private slotReturns: SlotHeld[] = [];
+  /** Key minutes' allowance taken in advance of late answers, not yet told (advanceKey). */
+  private taken = new Map<string, KeyMinuteUsed>();
+  /** Standing shares of every key's budget, by minute, on this connection (BulkShare). */
+  private bulk = new Map<number, { nodes: number; exceptions: Map<string, KeyShare> }>();
+  /** Minutes whose standing shares were asked for (answered or not) on this connection. */
+  private bulkAsked = new Set<number>();
+  /** Minutes whose standing shares the control plane did not grant. */
+  private bulkDenied = new Set<number>();
+  private bulkWants: number[] = [];
+  /** `keyId:minute` whose standing share this node gave back (a reclaim) before or after it came. */
+  private forfeited = new Set<string>();
+  /** The standing share of every key's parallel slots on this connection (SlotShare). */
+  private slotShare: { nodes: number; exceptions: Map<string, KeyShare> } | null = null;
+  private slotShareAsked = false;
+  /** Money slices of every organisation asked for on this connection (applyOrgSlices). */
+  private orgSlicesAsked = false;
+  private orgSlicesWant = false;
+  /** Keys whose slot share was given back (a reclaim) before this node had a record of them. */
+  private readonly slotsForfeited = new Set<string>();
+  private slotShareWant = false;
+  /** When (performance.now()) the control plane last said an answer waits for reclaims. */
+  private reclaimingAtMs = -Infinity;
 
   constructor(
     private readonly clock: Clock,
@@ -151,6 +191,12 @@ export class LeaseClient implements AllowanceSource {
     private readonly send: (req: LeaseRequestOut) => boolean,
     /** Schedules a flush after the current request (setImmediate in production). */
     private readonly schedule: (fn: () => void) => void = (fn) => setImmediate(fn),
+    /**
+     * Standing shares (docs/leases.md): with several nodes, ask for a share of every key's minute
+     * budget and parallel slots in bulk, so that a key's first requests on this node do not wait.
+     * On in production (data-plane/main.ts); the per-key protocol alone without it.
+     */
+    private readonly standingShares = false,
   ) {}
 
   /** The sync client reports every connection change and the number of connected nodes. */
@@ -161,14 +207,31 @@ export class LeaseClient implements AllowanceSource {
       this.wantOrgs.clear();
       this.keyReturns = [];
       this.orgReturns = [];
+      this.taken.clear();
+      this.bulk.clear();
+      this.bulkAsked.clear();
+      this.bulkDenied.clear();
+      this.bulkWants = [];
+      this.forfeited.clear();
+      this.slotShare = null;
+      this.slotShareAsked = false;
+      this.slotShareWant = false;
+      this.orgSlicesAsked = false;
+      this.orgSlicesWant = false;
+      this.slotsForfeited.clear();
+      this.reclaimingAtMs = -Infinity;
       // Alone or not: the next roster says.
       this.loneFromMinute = Infinity;
       // Whatever was held belonged to the old connection; the control plane released it. What was
       // used stays used, and is what the node says it holds when it next asks.
       for (const k of this.keys.values()) {
         k.pending = false;
-        if (Number.isFinite(k.allowRequests)) k.allowRequests = Math.min(k.allowRequests, k.usedRequests);
-        if (Number.isFinite(k.allowTokens)) k.allowTokens = Math.min(k.allowTokens, k.usedTokens);
+        k.advancing = false;
+        k.awaitingBulk = false;
+        k.bulkApplied = false;
+        // (What was admitted in advance of an answer is used, and held like the rest.)
+        if (Number.isFinite(k.allowRequests)) k.allowRequests = k.usedRequests;
+        if (Number.isFinite(k.allowTokens)) k.allowTokens = k.usedTokens;
         k.finalRequests = false;
         k.finalTokensNeed = Infinity;
       }
@@ -181,6 +244,8 @@ export class LeaseClient implements AllowanceSource {
       for (const sl of this.slots.values()) {
         sl.held = sl.inUse;
         sl.pending = false;
+        sl.advancing = false;
+        sl.noShare = false;
         sl.finalAtMs = 0;
         sl.dryAtMs = -Infinity;
       }
@@ -225,6 +290,13 @@ export class LeaseClient implements AllowanceSource {
     if (!lone) this.loneFromMinute = Infinity;
     else if (this.loneFromMinute === Infinity) this.loneFromMinute = minuteOf(this.clock.now()) + (wholeNow ? 0 : 1);
     this.nodes = Math.max(1, n);
+    // Several nodes: the standing shares of this minute and of the parallel slots, so that a key's
+    // first requests on this node do not wait (docs/leases.md).
+    if (!lone) {
+      this.askBulk(minuteOf(this.clock.now()));
+      this.askSlotShare();
+    }
+    this.askOrgSlices();
   }
 
   get isConnected(): boolean {
@@ -270,7 +342,13 @@ export class LeaseClient implements AllowanceSource {
       this.keys.set(keyId, k);
       // Requests parked on the old minute try again in the new one.
       if (old) wake(old);
-      this.maybeTopUp(keyId, k, 0, 0);
+      if (n > 1) {
+        this.askBulk(minute);
+        const b = this.bulk.get(minute);
+        if (b) this.addBulkShare(keyId, k, b);
+        else if (this.bulkAsked.has(minute) && !this.bulkDenied.has(minute)) k.awaitingBulk = true;
+      }
+      if (!k.awaitingBulk) this.maybeTopUp(keyId, k, 0, 0);
     }
     return k;
   }
@@ -294,7 +372,28 @@ export class LeaseClient implements AllowanceSource {
     }
     this.usedDirty.clear();
     if (used.length === 0) return;
-    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [] });
+    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false });
+  }
+
+  /**
+   * The control plane said the answer to this node's latest wants waits for reclaims from other
+   * nodes (at most about a second): until then a request out of time keeps waiting (answerDeferred).
+   */
+  noteReclaiming(): void {
+    this.reclaimingAtMs = performance.now();
+  }
+
+  /**
+   * Whether an answer the request that started at `startedAt` (performance.now()) waits for is known
+   * to be on its way (the control plane said "reclaiming" since): not late yet.
+   */
+  answerDeferred(startedAt: number): boolean {
+    return this.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
+  }
+
+  /** For tests and benchmarks: the minutes whose standing shares this node holds, and whether it holds slot shares. */
+  standingState(): { minutes: number[]; slots: boolean } {
+    return { minutes: [...this.bulk.keys()].sort((a, b) => a - b), slots: this.slotShare !== null };
   }
 
   applyUsedAck(seq: number): void {
@@ -315,7 +414,11 @@ export class LeaseClient implements AllowanceSource {
     if (!this.connected) return false;
     const k = this.keyMinute(keyId, minute, limits);
     if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
+    // A want of this key minute already went unanswered past the bound: no more waiting (advanceKey).
+    if (k.advancing) return false;
     k.waiters.push(wake);
+    // The minute's standing share is on its way: it is what the request waits for.
+    if (k.awaitingBulk) return true;
     if (!k.pending || this.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
     return true;
   }
@@ -324,6 +427,35 @@ export class LeaseClient implements AllowanceSource {
   cancelKeyWait(keyId: string, wake: () => void): void {
     const k = this.keys.get(keyId);
     if (k) k.waiters = k.waiters.filter((w) => w !== wake);
+  }
+
+  /**
+   * Admission in advance of a late answer (docs/leases.md). `timedOut`: a request waited the whole
+   * bound for this key minute's want and no answer came (the control plane is slow or stalled; it did
+   * not say the key is spent). From then until the answer comes, requests of the key minute that this
+   * node cannot cover do not wait: the node takes what each needs, within the key's own limits
+   * counted here (KeyBudgets checks them first), as it would with the connection down (fail-static),
+   * and tells the control plane what it took, which counts it as held by this node. False when there
+   * is nothing to take (not connected, the pool said it is spent, or no want has timed out).
+   */
+  advanceKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
+    if (!this.connected || this.leaving) return false;
+    const k = this.keyMinute(keyId, minute, limits);
+    if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
+    if (!timedOut && !k.advancing) return false;
+    k.advancing = true;
+    const requests = Number.isFinite(k.allowRequests) ? Math.max(0, needRequests) : 0;
+    const tokens = Number.isFinite(k.allowTokens) ? Math.max(0, needTokens) : 0;
+    k.allowRequests += requests;
+    k.allowTokens += tokens;
+    const id = `${keyId}:${minute}`;
+    const t = this.taken.get(id);
+    if (t) {
+      t.requests += requests;
+      t.tokens += tokens;
+    } else this.taken.set(id, { keyId, minute, requests, tokens });
+    this.queueFlush();
+    return true;
   }
 
   applyKeyGrant(g: KeyLease): void {
@@ -336,10 +468,13 @@ export class LeaseClient implements AllowanceSource {
     if (!k || k.minute !== g.minute) k = this.nextKeys.get(g.keyId);
     if (!k || k.minute !== g.minute) return;
     k.pending = false;
+    // The answer came: requests wait for the next one again (within the bound).
+    k.advancing = false;
     k.allowRequests += g.requests;
     k.allowTokens += g.tokens;
     k.freeRequests = g.freeRequests;
     k.freeTokens = g.freeTokens;
+    k.freeUnknown = false;
     if (g.finalRequests) k.finalRequests = true;
     if (g.finalTokens) {
       const asked = this.lastNeedTokens.get(g.keyId) ?? 1;
@@ -360,8 +495,11 @@ export class LeaseClient implements AllowanceSource {
     if (!this.connected) return;
     const next = minuteOf(this.clock.now()) + 1;
     if (next >= this.loneFromMinute) return;
+    this.askBulk(next);
     for (const [keyId, k] of this.keys) {
+      // Keys that used more than their standing share this minute get their first chunk too.
       if (k.minute !== next - 1 || k.usedRequests === 0 || this.nextKeys.get(keyId)?.minute === next) continue;
+      if (this.bulk.has(next - 1) && !k.pending && k.freeUnknown) continue;
       const nk = newKeyMinute(next, k.rpm, k.tpm, 0, 0, k.rpm, k.tpm);
       this.nextKeys.set(keyId, nk);
       this.askKey(keyId, nk, 0, 0);
@@ -378,6 +516,7 @@ export class LeaseClient implements AllowanceSource {
     if (!k || k.minute !== minute) return;
     k.freeRequests = freeRequests;
     k.freeTokens = freeTokens;
+    k.freeUnknown = false;
     if (freeRequests > 0) k.finalRequests = false;
     if (freeTokens > 0) k.finalTokensNeed = Infinity;
   }
@@ -389,11 +528,11 @@ export class LeaseClient implements AllowanceSource {
    * when last heard (a request that finds nothing here asks with its need, which reclaims).
    */
   private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
-    if (k.pending || !this.connected) return;
+    if ((k.pending && !this.stale(k.askedAtMs)) || !this.connected) return;
     const chunkReq = leaseChunk(k.rpm, this.nodes);
     const chunkTok = leaseChunk(k.tpm, this.nodes);
-    const lowReq = !k.finalRequests && k.freeRequests > 0 && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
-    const lowTok = k.finalTokensNeed === Infinity && k.freeTokens > 0 && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 2;
+    const lowReq = !k.finalRequests && (k.freeRequests > 0 || k.freeUnknown) && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
+    const lowTok = k.finalTokensNeed === Infinity && (k.freeTokens > 0 || k.freeUnknown) && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 2;
     if (lowReq || lowTok) this.askKey(keyId, k, needRequests, needTokens);
   }
 
@@ -420,6 +559,90 @@ export class LeaseClient implements AllowanceSource {
     this.queueFlush();
   }
 
+  // ── standing shares ───────────────────────────────────────────────────────
+
+  private askBulk(minute: number): void {
+    if (!this.standingShares || !this.connected || this.leaving || this.nodes <= 1 || minute >= this.loneFromMinute || this.bulkAsked.has(minute)) return;
+    // Only the current minute and the next: a clock set far back or ahead asks again when it is.
+    if (Math.abs(minute - minuteOf(this.clock.now())) > 1) return;
+    this.bulkAsked.add(minute);
+    this.bulkWants.push(minute);
+    this.queueFlush();
+  }
+
+  private askOrgSlices(): void {
+    if (!this.standingShares || !this.connected || this.leaving || this.orgSlicesAsked) return;
+    this.orgSlicesAsked = true;
+    this.orgSlicesWant = true;
+    this.queueFlush();
+  }
+
+  private askSlotShare(): void {
+    if (!this.standingShares || !this.connected || this.leaving || this.nodes <= 1 || this.slotShareAsked) return;
+    this.slotShareAsked = true;
+    this.slotShareWant = true;
+    this.queueFlush();
+  }
+
+  /** Adds the standing share (or what the exception says) to a key minute, once. */
+  private addBulkShare(keyId: string, k: KeyMinute, b: { nodes: number; exceptions: Map<string, KeyShare> }): void {
+    const wasAwaiting = k.awaitingBulk;
+    k.awaitingBulk = false;
+    if (k.bulkApplied) return;
+    k.bulkApplied = true;
+    if (this.forfeited.has(`${keyId}:${k.minute}`)) return;
+    const ex = b.exceptions.get(keyId);
+    const requests = ex ? ex.requests : standingShare(k.rpm, b.nodes);
+    const tokens = ex ? ex.tokens : standingShare(k.tpm, b.nodes);
+    if (Number.isFinite(k.allowRequests)) k.allowRequests += requests;
+    if (Number.isFinite(k.allowTokens)) k.allowTokens += tokens;
+    // What the pool has free is unknown until an answer says: the rate headers count only what
+    // this node holds, and a top-up may still be asked for.
+    if (!k.pending && k.freeRequests === k.rpm) {
+      k.freeRequests = 0;
+      k.freeTokens = 0;
+      k.freeUnknown = true;
+    }
+    k.advancing = false;
+    if (wasAwaiting) wake(k);
+  }
+
+  /** The answer to a bulk want: every key minute of that minute gets its standing share. */
+  applyBulk(b: BulkShare): void {
+    if (this.leaving || !this.connected) return;
+    if (!b.granted) {
+      if (this.bulk.has(b.minute)) return;
+      this.bulkDenied.add(b.minute);
+    } else this.bulk.set(b.minute, { nodes: b.nodes, exceptions: new Map(b.exceptions.map((e) => [e.keyId, e])) });
+    const share = this.bulk.get(b.minute);
+    for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
+      if (k.minute !== b.minute) continue;
+      if (share) this.addBulkShare(keyId, k, share);
+      else if (k.awaitingBulk) {
+        k.awaitingBulk = false;
+        wake(k);
+        this.maybeTopUp(keyId, k, 0, 0);
+      }
+    }
+  }
+
+  /** The answer to the slot-share want: every key's slot records get their standing share. */
+  applySlotShare(sh: SlotShare): void {
+    if (this.leaving || !this.connected || !sh.granted || this.slotShare) return;
+    const share = { nodes: sh.nodes, exceptions: new Map(sh.exceptions.map((e) => [e.keyId, e])) };
+    this.slotShare = share;
+    for (const [keyId, sl] of this.slots) {
+      if (sl.noShare) continue;
+      const add = share.exceptions.get(keyId)?.requests ?? standingShare(sl.limit, share.nodes);
+      if (!sl.leased) {
+        sl.leased = true;
+        sl.held = sl.inUse;
+      }
+      sl.held += add;
+      if (add > 0) wake(sl);
+    }
+  }
+
   // ── reclaims ──────────────────────────────────────────────────────────────
 
   /** The control plane asks for unused allowance back: answered at once. */
@@ -430,6 +653,10 @@ export class LeaseClient implements AllowanceSource {
     for (const ref of refs) {
       let k = this.keys.get(ref.keyId);
       if (!k || k.minute !== ref.minute) k = this.nextKeys.get(ref.keyId);
+      // The minute's standing share of a key not touched here is given back: it is never added. (A
+      // share still on its way was granted after this reclaim was sent, as the stream is in order, so
+      // the control plane counts it after this answer: it is kept.)
+      if ((!k || k.minute !== ref.minute) && this.bulk.has(ref.minute)) this.forfeited.add(`${ref.keyId}:${ref.minute}`);
       if (!k || k.minute !== ref.minute) {
         keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 });
         continue;
@@ -443,6 +670,8 @@ export class LeaseClient implements AllowanceSource {
     const slotKeys = r.allKeys ? [...this.slots.keys()] : r.slotKeyIds;
     for (const keyId of slotKeys) {
       const sl = this.slots.get(keyId);
+      // The standing share of slots of a key not touched here is given back (as for key minutes).
+      if (this.slotShare && !sl) this.slotsForfeited.add(keyId);
       // What it gives back, not only what it keeps: a grant on its way here stays counted.
       const returned = sl?.leased ? Math.max(0, sl.held - sl.inUse) : 0;
       if (sl) {
@@ -533,11 +762,29 @@ export class LeaseClient implements AllowanceSource {
   waitForSlot(keyId: string, limits: KeyLimits, wake: () => void, startedAt = performance.now()): boolean {
     if (!this.connected || this.nodes <= 1) return false;
     const sl = this.slotsOf(keyId, limits.maxParallel);
-    if (sl.finalAtMs >= startedAt) return false;
+    if (sl.finalAtMs >= startedAt || sl.advancing) return false;
     sl.waiters.push(wake);
     // Enough for every request waiting here (a total), asked again when more wait than the pending want covers.
     const need = sl.inUse + sl.waiters.length;
     if (!sl.pending || need > sl.askedNeed || performance.now() - sl.askedAtMs >= PENDING_STALE_MS) this.askSlots(keyId, sl, need);
+    return true;
+  }
+
+  /**
+   * Slots in advance of a late answer (as advanceKey): after a request waited the whole bound for a
+   * slot and no answer came, the node takes one slot for each request of the key that finds none
+   * free, until the answer comes, within the key's own limit (KeyBudgets checks it), and tells the
+   * control plane, which counts them as held here (a negative `returned`, SlotLedger.applyHeld).
+   */
+  advanceSlot(keyId: string, limits: KeyLimits, timedOut: boolean, startedAt = performance.now()): boolean {
+    if (!this.connected || this.leaving || this.nodes <= 1) return false;
+    const sl = this.slotsOf(keyId, limits.maxParallel);
+    if (sl.finalAtMs >= startedAt || !sl.leased || (!timedOut && !sl.advancing)) return false;
+    sl.advancing = true;
+    const took = Math.max(0, sl.inUse + 1 - sl.held);
+    sl.held += took;
+    this.slotReturns.push({ keyId, held: sl.held, returned: -took });
+    this.queueFlush();
     return true;
   }
 
@@ -555,6 +802,7 @@ export class LeaseClient implements AllowanceSource {
       return;
     }
     sl.pending = false;
+    sl.advancing = false;
     sl.askedNeed = 0;
     sl.held += g.slots;
     if (g.final) sl.finalAtMs = performance.now();
@@ -571,7 +819,16 @@ export class LeaseClient implements AllowanceSource {
   private slotsOf(keyId: string, maxParallel: number): KeySlots {
     let sl = this.slots.get(keyId);
     if (!sl) {
-      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [] };
+      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [], advancing: false, noShare: false };
+      const share = this.slotShare;
+      if (this.slotsForfeited.delete(keyId)) {
+        // Its share was given back before it was used: none until the key is forgotten (pruneSlots).
+        sl.leased = true;
+        sl.noShare = true;
+      } else if (share && this.connected && this.nodes > 1) {
+        sl.leased = true;
+        sl.held = share.exceptions.get(keyId)?.requests ?? standingShare(sl.limit, share.nodes);
+      }
       this.slots.set(keyId, sl);
     }
     return sl;
@@ -594,7 +851,8 @@ export class LeaseClient implements AllowanceSource {
     const now = performance.now();
     for (const [keyId, sl] of this.slots) {
       if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
-      if (sl.leased && sl.held > 0 && this.connected) this.slotReturns.push({ keyId, held: 0, returned: sl.held });
+      // held -1: forgotten; with a standing share its next use starts from the share again.
+      if (sl.leased && (sl.held > 0 || this.slotShare) && this.connected) this.slotReturns.push({ keyId, held: -1, returned: sl.held });
       this.slots.delete(keyId);
     }
     if (this.slotReturns.length > 0) this.queueFlush();
@@ -611,6 +869,39 @@ export class LeaseClient implements AllowanceSource {
     o.exhaustedAtMs = 0;
     this.askOrg(orgId, o);
     return 'wait';
+  }
+
+  /**
+   * The organisation's first request on this connection (with standing shares on): true, and the
+   * first slice is asked for. It is admitted without waiting for it: one request in flight past what
+   * is left at most, once per organisation and connection (an organisation blocked in the snapshot
+   * never gets here). docs/leases.md.
+   */
+  spendFirst(orgId: string): boolean {
+    if (!this.standingShares || !this.connected || this.leaving || this.orgs.has(orgId)) return false;
+    this.askOrg(orgId, this.orgFor(orgId));
+    return true;
+  }
+
+  /**
+   * Money slices of every organisation with money left, granted in bulk once per connection (asked
+   * with the slot shares): each adds to the organisation's slice, as a grant does.
+   */
+  applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
+    if (!this.connected) return;
+    if (this.leaving) {
+      const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
+      if (orgReturns.length > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns });
+      return;
+    }
+    for (const { orgId, micros } of slices) {
+      if (micros <= 0) continue;
+      const o = this.orgFor(orgId);
+      o.sliceMicros += micros;
+      o.lastGrantMicros = micros;
+      o.exhaustedAtMs = 0;
+      wake(o);
+    }
   }
 
   /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
@@ -739,7 +1030,7 @@ export class LeaseClient implements AllowanceSource {
     const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
     const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
     const announceLeaving = this.leaving && !this.leavingSent;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
+    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && this.taken.size === 0 && this.bulkWants.length === 0 && !this.slotShareWant && !this.orgSlicesWant && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
     this.leavingSent = this.leaving;
     const req: LeaseRequestOut = {
       keys: [...this.wantKeys.values()],
@@ -753,7 +1044,17 @@ export class LeaseClient implements AllowanceSource {
       usedSeq: 0,
       slotWants: [...this.slotWants.values()],
       slotReturns: this.slotReturns,
+      // Before any return in the same request is applied? Order does not matter: both are amounts.
+      taken: [...this.taken.values()],
+      bulkMinute: this.bulkWants.shift() ?? 0,
+      wantSlotShare: this.slotShareWant,
+      wantOrgSlices: this.orgSlicesWant,
     };
+    this.orgSlicesWant = false;
+    this.taken = new Map();
+    this.slotShareWant = false;
+    // (One minute's shares per request: a second one goes in the next.)
+    if (this.bulkWants.length > 0) this.queueFlush();
     this.slotWants = new Map();
     this.slotReturns = [];
     this.wantKeys = new Map();
@@ -832,5 +1133,9 @@ function newKeyMinute(minute: number, rpm: number, tpm: number, allowRequests: n
     freeRequests,
     freeTokens,
     waiters: [],
+    advancing: false,
+    awaitingBulk: false,
+    bulkApplied: false,
+    freeUnknown: false,
   };
 }

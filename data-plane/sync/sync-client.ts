@@ -230,9 +230,13 @@ export class SyncClient {
     } else if (msg.leaseGrant && leases) {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
-      for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
+      if (msg.leaseGrant.orgSlices) leases.applyOrgSlices(msg.leaseGrant.orgs);
+      else for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
       for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);
       if (msg.leaseGrant.usedAck) leases.applyUsedAck(msg.leaseGrant.usedAck);
+      if (msg.leaseGrant.reclaiming) leases.noteReclaiming();
+      if (msg.leaseGrant.bulk) leases.applyBulk(msg.leaseGrant.bulk);
+      if (msg.leaseGrant.slotShare) leases.applySlotShare(msg.leaseGrant.slotShare);
     } else if (msg.roster && leases) {
       leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
     } else if (msg.leaseReclaim && leases) {

@@ -15,3 +15,15 @@ export function coldShare(limit: number, connectedNodes: number): number {
 export function leaseChunk(limit: number, connectedNodes: number): number {
   return Math.max(1, Math.ceil(limit / (4 * Math.max(1, connectedNodes))));
 }
+
+/**
+ * A node's standing share of a key's budget when several nodes are connected (docs/leases.md): what
+ * it may admit of a key in a minute (or hold of its parallel slots) without asking, granted in bulk
+ * for every key at once. A quarter of the limit split over the nodes, so that nodes joining one after
+ * another within a minute never hold more than the limit between them; the control plane counts the
+ * shares in its pools and takes unused ones back before it says a key is spent.
+ */
+export function standingShare(limit: number, nodes: number): number {
+  if (!Number.isFinite(limit) || limit <= 0 || nodes <= 1) return 0;
+  return Math.floor(limit / (4 * nodes));
+}

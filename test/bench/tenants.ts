@@ -595,7 +595,7 @@ async function fakeNodesBench(): Promise<void> {
 }
 
 function leaseRequest(p: Partial<LeaseRequest>): LeaseRequest {
-  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [], slotReturns: [], ...p };
+  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false, ...p };
 }
 
 async function main(): Promise<void> {

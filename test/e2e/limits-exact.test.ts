@@ -8,6 +8,7 @@ import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type Dat
 import { bearer, chatBody, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { standingShare } from '../../proto/lib/leases.js';
 
 after(stopAll);
 
@@ -123,25 +124,38 @@ test('a request waits for a lease at most 250 ms; a client that leaves while it 
   const { key } = await createKey(admin, { tier: 'free' });
   admin.close();
   await waitUntilKnown(a.url, key);
+  // The node holds a standing share of every key's minute (docs/leases.md): it is what the first
+  // requests use without asking; the requests below wait once it is used.
+  const minute = Math.floor(clock / 60_000);
+  await eventually(async () => ((await request(`${a.adminUrl}/stats/leases`)).body as { standing: { minutes: number[] } }).standing.minutes.includes(minute), 'the minute\'s standing shares');
+  const share = standingShare(20, 2);
   // The control plane stops answering (still connected): leases cannot come.
   cp.proc.child.kill('SIGSTOP');
   try {
+    for (let i = 0; i < share; i++) assert.equal((await chat(a, key, `share ${i}`)).status, 200);
     const gone = new AbortController();
     const abandoned = request(`${a.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('abandoned'), signal: gone.signal }).catch((e: Error) => e);
     const t0 = Date.now();
     // The client leaves while its request waits (no lease can come while the control plane is stopped).
     setTimeout(() => gone.abort(), 50);
     const waited = await chat(a, key, 'waits');
-    assert.equal(waited.status, 429, waited.text);
+    // No answer within the bound is not the key's minute being spent: admitted in advance of the
+    // answer (issue 19, docs/leases.md), never a 429 saying "0/20 used".
+    assert.equal(waited.status, 200, waited.text);
     assert.ok(Date.now() - t0 < 1000, `waited ${Date.now() - t0} ms`);
     assert.ok((await abandoned) instanceof Error, 'the abandoned request got no answer');
   } finally {
     cp.proc.child.kill('SIGCONT');
   }
-  // Nothing was consumed by the request that waited nor by the one whose client left.
+  // Nothing was consumed by the one whose client left: the share, the request that waited and this
+  // one are the key's only requests of the minute.
   let ok: HttpResult | undefined;
   await eventually(async () => (ok = await chat(a, key, 'after')).status === 200, 'the node serves again');
-  assert.equal(remaining(ok!, 'requests'), 19, ok!.text);
+  assert.ok(remaining(ok!, 'requests') <= 18 - share, ok!.text);
+  // (The headers leave out the other node's standing share until it is taken back: count instead.)
+  let rest = 0;
+  for (let i = 0; i < 20; i++) if ((await chat(a, key, `rest ${i}`)).status === 200) rest++;
+  assert.equal(rest, 18 - share, 'the rest of the minute, exactly');
 });
 
 test('the first transcription of a key\'s minute on a node of three waits for a lease instead of being refused', async () => {

@@ -429,6 +429,54 @@ export interface LeaseRequest {
    */
   slotWants: SlotWant[];
   slotReturns: SlotHeld[];
+  /**
+   * What the node admitted of key minutes in advance of an answer that did not come within its wait
+   * bound (docs/leases.md): counted as held by the node, in addition to what it was granted.
+   */
+  taken: KeyMinuteUsed[];
+  /**
+   * Non-zero: the node asks for its standing share of every key's budget of this minute (BulkShare),
+   * so that a key's first requests of the minute on this node do not wait (docs/leases.md).
+   */
+  bulkMinute: number;
+  /** The node asks, once per connection, for a standing share of every key's parallel slots (SlotShare). */
+  wantSlotShare: boolean;
+  /**
+   * The node asks, once per connection, for a money slice of every organisation that has money left
+   * (answered by a LeaseGrant with org_slices set), so an organisation's first requests do not wait.
+   */
+  wantOrgSlices: boolean;
+}
+
+/**
+ * The answer to LeaseRequest.bulk_minute: unless `granted` is false, the node holds
+ * standingShare(limit, nodes) (proto/lib/leases.ts) of every key's rpm and tpm in `minute`, except the
+ * keys listed, of which it holds what is listed. The control plane counts it in every pool of the
+ * minute and takes it back (a reclaim) before it says a key minute is spent.
+ */
+export interface BulkShare {
+  minute: number;
+  granted: boolean;
+  nodes: number;
+  exceptions: KeyShare[];
+}
+
+/** What the node holds of one key in place of its standing share (slots: `requests`). */
+export interface KeyShare {
+  keyId: string;
+  requests: number;
+  tokens: number;
+}
+
+/**
+ * The answer to LeaseRequest.want_slot_share: unless `granted` is false, the node holds
+ * standingShare(max_parallel, nodes) slots of every key for as long as this connection lasts, except
+ * the keys listed (KeyShare.requests: the slots it holds of them).
+ */
+export interface SlotShare {
+  granted: boolean;
+  nodes: number;
+  exceptions: KeyShare[];
 }
 
 export interface SlotWant {
@@ -449,12 +497,16 @@ export interface SlotWant {
 
 export interface SlotHeld {
   keyId: string;
-  /** What the node holds after giving back: its requests in flight. */
+  /**
+   * What the node holds after giving back: its requests in flight. -1: the node forgot the key (idle)
+   * after giving back all it held; with a standing share (SlotShare) its next use starts from it.
+   */
   held: number;
   /**
    * How many slots it gave back. The control plane takes these off what it counts for the node (a
    * grant on its way to the node when it answered stays counted); `held` registers a node not yet
    * counted in the key's pool, and raises the count of one that admitted more while alone.
+   * Negative: slots the node took in advance of an answer that did not come in time (docs/leases.md).
    */
   returned: number;
 }
@@ -545,6 +597,18 @@ export interface LeaseGrant {
   /** Non-zero: the LeaseRequest.used_seq whose `used` the control plane has recorded. */
   usedAck: number;
   slots: SlotLease[];
+  bulk: BulkShare | undefined;
+  slotShare:
+    | SlotShare
+    | undefined;
+  /**
+   * The answer to the node's latest wants waits for other nodes to give back what they hold unused
+   * (a reclaim, at most about a second): the node keeps its requests waiting for it instead of
+   * admitting them in advance of an answer it takes as late (docs/leases.md).
+   */
+  reclaiming: boolean;
+  /** `orgs` answers LeaseRequest.want_org_slices: slices of every organisation with money left. */
+  orgSlices: boolean;
 }
 
 export interface KeyPoolFree {
@@ -5109,6 +5173,10 @@ function createBaseLeaseRequest(): LeaseRequest {
     usedSeq: 0,
     slotWants: [],
     slotReturns: [],
+    taken: [],
+    bulkMinute: 0,
+    wantSlotShare: false,
+    wantOrgSlices: false,
   };
 }
 
@@ -5146,6 +5214,18 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     }
     for (const v of message.slotReturns) {
       SlotHeld.encode(v!, writer.uint32(90).fork()).join();
+    }
+    for (const v of message.taken) {
+      KeyMinuteUsed.encode(v!, writer.uint32(1602).fork()).join();
+    }
+    if (message.bulkMinute !== 0) {
+      writer.uint32(1608).int64(message.bulkMinute);
+    }
+    if (message.wantSlotShare !== false) {
+      writer.uint32(1616).bool(message.wantSlotShare);
+    }
+    if (message.wantOrgSlices !== false) {
+      writer.uint32(1624).bool(message.wantOrgSlices);
     }
     return writer;
   },
@@ -5251,6 +5331,38 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
             message.slotReturns.push(SlotHeld.decode(reader, reader.uint32()));
             continue;
           }
+          case 200: {
+            if (tag !== 1602) {
+              break;
+            }
+
+            message.taken.push(KeyMinuteUsed.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 201: {
+            if (tag !== 1608) {
+              break;
+            }
+
+            message.bulkMinute = longToNumber(reader.int64());
+            continue;
+          }
+          case 202: {
+            if (tag !== 1616) {
+              break;
+            }
+
+            message.wantSlotShare = reader.bool();
+            continue;
+          }
+          case 203: {
+            if (tag !== 1624) {
+              break;
+            }
+
+            message.wantOrgSlices = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5306,6 +5418,24 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
         : globalThis.Array.isArray(object?.slot_returns)
         ? object.slot_returns.map((e: any) => SlotHeld.fromJSON(e))
         : [],
+      taken: globalThis.Array.isArray(object?.taken)
+        ? object.taken.map((e: any) => KeyMinuteUsed.fromJSON(e))
+        : [],
+      bulkMinute: isSet(object.bulkMinute)
+        ? globalThis.Number(object.bulkMinute)
+        : isSet(object.bulk_minute)
+        ? globalThis.Number(object.bulk_minute)
+        : 0,
+      wantSlotShare: isSet(object.wantSlotShare)
+        ? globalThis.Boolean(object.wantSlotShare)
+        : isSet(object.want_slot_share)
+        ? globalThis.Boolean(object.want_slot_share)
+        : false,
+      wantOrgSlices: isSet(object.wantOrgSlices)
+        ? globalThis.Boolean(object.wantOrgSlices)
+        : isSet(object.want_org_slices)
+        ? globalThis.Boolean(object.want_org_slices)
+        : false,
     };
   },
 
@@ -5344,6 +5474,18 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     if (message.slotReturns?.length) {
       obj.slotReturns = message.slotReturns.map((e) => SlotHeld.toJSON(e));
     }
+    if (message.taken?.length) {
+      obj.taken = message.taken.map((e) => KeyMinuteUsed.toJSON(e));
+    }
+    if (message.bulkMinute !== 0) {
+      obj.bulkMinute = Math.round(message.bulkMinute);
+    }
+    if (message.wantSlotShare !== false) {
+      obj.wantSlotShare = message.wantSlotShare;
+    }
+    if (message.wantOrgSlices !== false) {
+      obj.wantOrgSlices = message.wantOrgSlices;
+    }
     return obj;
   },
 
@@ -5363,6 +5505,337 @@ export const LeaseRequest: MessageFns<LeaseRequest> = {
     message.usedSeq = object.usedSeq ?? 0;
     message.slotWants = object.slotWants?.map((e) => SlotWant.fromPartial(e)) || [];
     message.slotReturns = object.slotReturns?.map((e) => SlotHeld.fromPartial(e)) || [];
+    message.taken = object.taken?.map((e) => KeyMinuteUsed.fromPartial(e)) || [];
+    message.bulkMinute = object.bulkMinute ?? 0;
+    message.wantSlotShare = object.wantSlotShare ?? false;
+    message.wantOrgSlices = object.wantOrgSlices ?? false;
+    return message;
+  },
+};
+
+function createBaseBulkShare(): BulkShare {
+  return { minute: 0, granted: false, nodes: 0, exceptions: [] };
+}
+
+export const BulkShare: MessageFns<BulkShare> = {
+  encode(message: BulkShare, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.minute !== 0) {
+      writer.uint32(8).int64(message.minute);
+    }
+    if (message.granted !== false) {
+      writer.uint32(16).bool(message.granted);
+    }
+    if (message.nodes !== 0) {
+      writer.uint32(24).int32(message.nodes);
+    }
+    for (const v of message.exceptions) {
+      KeyShare.encode(v!, writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BulkShare {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBulkShare();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.granted = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.nodes = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.exceptions.push(KeyShare.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BulkShare {
+    return {
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      granted: isSet(object.granted) ? globalThis.Boolean(object.granted) : false,
+      nodes: isSet(object.nodes) ? globalThis.Number(object.nodes) : 0,
+      exceptions: globalThis.Array.isArray(object?.exceptions)
+        ? object.exceptions.map((e: any) => KeyShare.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: BulkShare): unknown {
+    const obj: any = {};
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.granted !== false) {
+      obj.granted = message.granted;
+    }
+    if (message.nodes !== 0) {
+      obj.nodes = Math.round(message.nodes);
+    }
+    if (message.exceptions?.length) {
+      obj.exceptions = message.exceptions.map((e) => KeyShare.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<BulkShare>, I>>(base?: I): BulkShare {
+    return BulkShare.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<BulkShare>, I>>(object: I): BulkShare {
+    const message = createBaseBulkShare();
+    message.minute = object.minute ?? 0;
+    message.granted = object.granted ?? false;
+    message.nodes = object.nodes ?? 0;
+    message.exceptions = object.exceptions?.map((e) => KeyShare.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseKeyShare(): KeyShare {
+  return { keyId: "", requests: 0, tokens: 0 };
+}
+
+export const KeyShare: MessageFns<KeyShare> = {
+  encode(message: KeyShare, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.keyId !== "") {
+      writer.uint32(10).string(message.keyId);
+    }
+    if (message.requests !== 0) {
+      writer.uint32(16).int64(message.requests);
+    }
+    if (message.tokens !== 0) {
+      writer.uint32(24).int64(message.tokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): KeyShare {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseKeyShare();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.requests = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.tokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): KeyShare {
+    return {
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+      requests: isSet(object.requests) ? globalThis.Number(object.requests) : 0,
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : 0,
+    };
+  },
+
+  toJSON(message: KeyShare): unknown {
+    const obj: any = {};
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    if (message.requests !== 0) {
+      obj.requests = Math.round(message.requests);
+    }
+    if (message.tokens !== 0) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<KeyShare>, I>>(base?: I): KeyShare {
+    return KeyShare.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<KeyShare>, I>>(object: I): KeyShare {
+    const message = createBaseKeyShare();
+    message.keyId = object.keyId ?? "";
+    message.requests = object.requests ?? 0;
+    message.tokens = object.tokens ?? 0;
+    return message;
+  },
+};
+
+function createBaseSlotShare(): SlotShare {
+  return { granted: false, nodes: 0, exceptions: [] };
+}
+
+export const SlotShare: MessageFns<SlotShare> = {
+  encode(message: SlotShare, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.granted !== false) {
+      writer.uint32(8).bool(message.granted);
+    }
+    if (message.nodes !== 0) {
+      writer.uint32(16).int32(message.nodes);
+    }
+    for (const v of message.exceptions) {
+      KeyShare.encode(v!, writer.uint32(26).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SlotShare {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSlotShare();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.granted = reader.bool();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.nodes = reader.int32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.exceptions.push(KeyShare.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SlotShare {
+    return {
+      granted: isSet(object.granted) ? globalThis.Boolean(object.granted) : false,
+      nodes: isSet(object.nodes) ? globalThis.Number(object.nodes) : 0,
+      exceptions: globalThis.Array.isArray(object?.exceptions)
+        ? object.exceptions.map((e: any) => KeyShare.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: SlotShare): unknown {
+    const obj: any = {};
+    if (message.granted !== false) {
+      obj.granted = message.granted;
+    }
+    if (message.nodes !== 0) {
+      obj.nodes = Math.round(message.nodes);
+    }
+    if (message.exceptions?.length) {
+      obj.exceptions = message.exceptions.map((e) => KeyShare.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SlotShare>, I>>(base?: I): SlotShare {
+    return SlotShare.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SlotShare>, I>>(object: I): SlotShare {
+    const message = createBaseSlotShare();
+    message.granted = object.granted ?? false;
+    message.nodes = object.nodes ?? 0;
+    message.exceptions = object.exceptions?.map((e) => KeyShare.fromPartial(e)) || [];
     return message;
   },
 };
@@ -6603,7 +7076,17 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
 };
 
 function createBaseLeaseGrant(): LeaseGrant {
-  return { keys: [], orgs: [], pools: [], usedAck: 0, slots: [] };
+  return {
+    keys: [],
+    orgs: [],
+    pools: [],
+    usedAck: 0,
+    slots: [],
+    bulk: undefined,
+    slotShare: undefined,
+    reclaiming: false,
+    orgSlices: false,
+  };
 }
 
 export const LeaseGrant: MessageFns<LeaseGrant> = {
@@ -6622,6 +7105,18 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     }
     for (const v of message.slots) {
       SlotLease.encode(v!, writer.uint32(42).fork()).join();
+    }
+    if (message.bulk !== undefined) {
+      BulkShare.encode(message.bulk, writer.uint32(1602).fork()).join();
+    }
+    if (message.slotShare !== undefined) {
+      SlotShare.encode(message.slotShare, writer.uint32(1610).fork()).join();
+    }
+    if (message.reclaiming !== false) {
+      writer.uint32(1616).bool(message.reclaiming);
+    }
+    if (message.orgSlices !== false) {
+      writer.uint32(1624).bool(message.orgSlices);
     }
     return writer;
   },
@@ -6679,6 +7174,38 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
             message.slots.push(SlotLease.decode(reader, reader.uint32()));
             continue;
           }
+          case 200: {
+            if (tag !== 1602) {
+              break;
+            }
+
+            message.bulk = BulkShare.decode(reader, reader.uint32());
+            continue;
+          }
+          case 201: {
+            if (tag !== 1610) {
+              break;
+            }
+
+            message.slotShare = SlotShare.decode(reader, reader.uint32());
+            continue;
+          }
+          case 202: {
+            if (tag !== 1616) {
+              break;
+            }
+
+            message.reclaiming = reader.bool();
+            continue;
+          }
+          case 203: {
+            if (tag !== 1624) {
+              break;
+            }
+
+            message.orgSlices = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6702,6 +7229,18 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
         ? globalThis.Number(object.used_ack)
         : 0,
       slots: globalThis.Array.isArray(object?.slots) ? object.slots.map((e: any) => SlotLease.fromJSON(e)) : [],
+      bulk: isSet(object.bulk) ? BulkShare.fromJSON(object.bulk) : undefined,
+      slotShare: isSet(object.slotShare)
+        ? SlotShare.fromJSON(object.slotShare)
+        : isSet(object.slot_share)
+        ? SlotShare.fromJSON(object.slot_share)
+        : undefined,
+      reclaiming: isSet(object.reclaiming) ? globalThis.Boolean(object.reclaiming) : false,
+      orgSlices: isSet(object.orgSlices)
+        ? globalThis.Boolean(object.orgSlices)
+        : isSet(object.org_slices)
+        ? globalThis.Boolean(object.org_slices)
+        : false,
     };
   },
 
@@ -6722,6 +7261,18 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     if (message.slots?.length) {
       obj.slots = message.slots.map((e) => SlotLease.toJSON(e));
     }
+    if (message.bulk !== undefined) {
+      obj.bulk = BulkShare.toJSON(message.bulk);
+    }
+    if (message.slotShare !== undefined) {
+      obj.slotShare = SlotShare.toJSON(message.slotShare);
+    }
+    if (message.reclaiming !== false) {
+      obj.reclaiming = message.reclaiming;
+    }
+    if (message.orgSlices !== false) {
+      obj.orgSlices = message.orgSlices;
+    }
     return obj;
   },
 
@@ -6735,6 +7286,12 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
     message.pools = object.pools?.map((e) => KeyPoolFree.fromPartial(e)) || [];
     message.usedAck = object.usedAck ?? 0;
     message.slots = object.slots?.map((e) => SlotLease.fromPartial(e)) || [];
+    message.bulk = (object.bulk !== undefined && object.bulk !== null) ? BulkShare.fromPartial(object.bulk) : undefined;
+    message.slotShare = (object.slotShare !== undefined && object.slotShare !== null)
+      ? SlotShare.fromPartial(object.slotShare)
+      : undefined;
+    message.reclaiming = object.reclaiming ?? false;
+    message.orgSlices = object.orgSlices ?? false;
     return message;
   },
 };
