@@ -26,7 +26,7 @@ import { crc32 } from 'node:zlib';
 
 const HEADER_BYTES = 8;
 /** Set in a record's length: the record is a usage record, not a report. */
-const USAGE_FLAG = 0x8000_0000;
+export const USAGE_FLAG = 0x8000_0000;
 /** A segment is closed and a new one started past this size. */
 const SEGMENT_BYTES = 4 * 1024 * 1024;
 /** Reports bigger than this are refused (a report is at most a few thousand rows). */

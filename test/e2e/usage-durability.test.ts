@@ -12,6 +12,7 @@ import { crc32 } from 'node:zlib';
 import { after, test } from 'node:test';
 import { decodeLogColumns } from '../../proto/lib/log-columns.js';
 import { LogColumns, Report } from '../../proto/gen/tollgate/v1/sync.js';
+import { USAGE_FLAG } from '../../data-plane/sync/journal.js';
 import { configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
@@ -46,10 +47,16 @@ function journaledAgents(dataDir: string): Set<string> {
       continue; // acknowledged and removed meanwhile
     }
     for (let off = 0; off + 8 <= data.length; ) {
-      const len = data.readUInt32LE(off);
+      // A usage record (written as its answer ends) has the length's top bit set: skipped here.
+      const word = data.readUInt32LE(off);
+      const len = (word & ~USAGE_FLAG) >>> 0;
       if (off + 8 + len > data.length) break;
       const payload = data.subarray(off + 8, off + 8 + len);
       if (crc32(payload) !== data.readUInt32LE(off + 4)) break;
+      if ((word & USAGE_FLAG) !== 0) {
+        off += 8 + len;
+        continue;
+      }
       for (const b of Report.decode(payload).logBlocks) for (const row of decodeLogColumns(LogColumns.decode(b.columns)).rows) agents.add(row.userAgent);
       off += 8 + len;
     }
