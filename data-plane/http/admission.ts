@@ -18,8 +18,8 @@ import type { RequestContext } from './request-context.js';
  * includes reclaiming unused allowance from other nodes) before it is refused.
  */
 export const LEASE_WAIT_MS = 250;
-/** The longest a request waits when the control plane said its answer waits for reclaims. */
-export const LEASE_WAIT_RECLAIMING_MS = 1500;
+/** The longest a request waits when the control plane said its answer waits for reclaims (it is alive and counting: exactness first). */
+export const LEASE_WAIT_RECLAIMING_MS = 5000;
 
 export interface AdmissionDeps {
   clock: Clock;
