@@ -307,19 +307,26 @@ test('refusals: 400 unknown model, 400 missing input, 401 model not allowed, 405
 });
 
 test('another node learns who owns a response from the control plane: at connect, and as it is created', async () => {
-  const early = await client(a).responses.create({ model: 'up-chat', input: 'made before node 2 started' });
+  // A key of its own in project A: key a's 20 rpm (free tier) are used up by the tests above within
+  // one clock minute, and these polls on node 2 count too (this test failed whenever no minute ended
+  // during the run).
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const a1 = await createKey(c, { orgId: a.orgId, projectId: a.projectId });
+  c.close();
+  await waitUntilKnown(node.url, a1.key);
+  const early = await client(a1).responses.create({ model: 'up-chat', input: 'made before node 2 started' });
   const node2 = await startDataPlane(cp, { nodeId: 'responses-node-2' });
-  await waitUntilKnown(node2.url, a.key);
+  await waitUntilKnown(node2.url, a1.key);
   await waitUntilKnown(node2.url, b.key);
-  const late = await client(a).responses.create({ model: 'up-chat', input: 'made while node 2 runs' });
+  const late = await client(a1).responses.create({ model: 'up-chat', input: 'made while node 2 runs' });
   for (const r of [early, late]) {
     // Until the record arrives, node 2 answers 404 (it never guesses); then A reads it there.
-    await eventually(async () => (await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(a.key) })).status === 200, `${r.id} on node 2`);
+    await eventually(async () => (await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(a1.key) })).status === 200, `${r.id} on node 2`);
     assertShapeA(await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(b.key) }), 404, null, `B on node 2`);
     const prev = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: { model: 'up-chat', input: 'x', previous_response_id: r.id } });
     assertShapeA(prev, 404, 'previous_response_id', 'previous_response_id by B on node 2');
   }
-  const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
+  const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a1.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
   assert.equal(cont.status, 200, cont.text);
 });
 
@@ -347,11 +354,16 @@ test('WebSocket mode to an OpenAI-compatible upstream: {base_url}/responses over
   );
 });
 
-test("README's client.responses.create example runs as written against the demo provider", () => {
+test("README's client.responses.create example runs as written against the demo provider", async () => {
+  // A key of its own: key a's 20 rpm may be used up by the tests above within one clock minute.
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const own = await createKey(c, { orgId: a.orgId });
+  c.close();
+  await waitUntilKnown(node.url, own.key);
   const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
   const section = readme.slice(readme.indexOf('### The Responses API'));
   const block = /```js\n([\s\S]*?)```/.exec(section)![1].replace('http://127.0.0.1:8080/v1', `${node.url}/v1`);
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', block], { cwd: ROOT, env: { ...process.env, TOLLGATE_KEY: a.key }, encoding: 'utf8', timeout: 30_000 });
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', block], { cwd: ROOT, env: { ...process.env, TOLLGATE_KEY: own.key }, encoding: 'utf8', timeout: 30_000 });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /^resp_\S+ You said: "Hello"\./);
   assert.match(r.stdout, /You said: "Stream please"/);
