@@ -5,13 +5,16 @@
 //   come, and skips everything else as it passes.
 // - SSE streams (chat with `stream: true`): `SseUsageReader`, event by event, holding at most one
 //   incomplete event and a bounded batch of deltas still to count.
+// - The Responses API (`POST /v1/responses`): `ResponsesJsonReader` (the JSON reader, naming the
+//   response's id as soon as it is read) and `ResponsesSseReader` (the SSE framing above, events told
+//   apart by their parsed `type`, usage from the final event's `response.usage`).
 // - Realtime events: `tokenUsageOf` on `response.done`'s usage (realtime/session.ts).
 // Both readers can write the charge into the `usage` they pass on (`usage.cost`, USD, six decimals),
 // from the same micro-dollars the request is recorded with.
 import { StringDecoder } from 'node:string_decoder';
 import { usdNumberText, type TokenCounts } from '../../proto/lib/money.js';
 import type { BodyInspector } from './stream-proxy.js';
-import { estimateOutputTokens } from './tokens.js';
+import { countTokens, estimateOutputTokens } from './tokens.js';
 
 /** The largest count one usage field may report (as request-context.ts MAX_TOKENS_PER_REQUEST). */
 const MAX_COUNT = 100_000_000;
@@ -34,8 +37,10 @@ export type UsagePricer = (usage: TokenUsage) => number;
  * - Anthropic style beside `input_tokens`: `cache_read_input_tokens` and `cache_creation_input_tokens`
  *   are not part of `input_tokens` and are added to it; beside `prompt_tokens` (as OpenAI-compatible
  *   proxies report them) they are parts of it.
- * Reasoning tokens are output tokens: they are inside `completion_tokens`; when `total_tokens` says
- * more was used than input and output together, the rest is billed as output.
+ * Reasoning tokens (`completion_tokens_details` / `output_tokens_details`.`reasoning_tokens`) are
+ * output tokens: they are inside `completion_tokens` / `output_tokens`; an upstream reporting more
+ * reasoning than output, or a `total_tokens` above input and output together, is billed the rest as
+ * output.
  */
 export function tokenUsageOf(u: unknown): TokenUsage | null {
   if (!isObj(u)) return null;
@@ -48,6 +53,8 @@ export function tokenUsageOf(u: unknown): TokenUsage | null {
   const cacheRead = count(u.cache_read_input_tokens);
   const cacheCreate = count(u.cache_creation_input_tokens);
   if (!chatStyle) prompt = Math.min(MAX_COUNT, prompt + cacheRead + cacheCreate);
+  const reasoning = count(cd?.reasoning_tokens);
+  if (reasoning > completion) completion = reasoning;
   const total = u.total_tokens === undefined ? 0 : count(u.total_tokens);
   if (total > prompt + completion) completion = Math.min(MAX_COUNT, total - prompt);
   const out: TokenUsage = { promptTokens: prompt, completionTokens: completion };
@@ -92,7 +99,7 @@ export function usageWithCost(usage: Record<string, unknown>, micros: number): s
 
 /** Bytes of one kept member (a `usage` object, a transcription's `duration`): far above any real one. */
 const MAX_MEMBER_BYTES = 64 * 1024;
-/** Bytes of `choices` kept to count tokens when the upstream reports no usage. */
+/** Bytes of `choices` (chat) or `output` (responses) kept to count tokens when the upstream reports no usage. */
 const MAX_CHOICES_BYTES = 1024 * 1024;
 
 const enum Expect {
@@ -155,7 +162,7 @@ export class JsonUsageReader implements BodyInspector {
     private readonly pricer: UsagePricer | null = null,
   ) {
     const limits = new Map<string, number>([['usage', MAX_MEMBER_BYTES]]);
-    for (const m of members) limits.set(m, m === 'choices' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
+    for (const m of members) limits.set(m, m === 'choices' || m === 'output' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
     this.limits = limits;
     this.passesThrough = pricer === null;
   }
@@ -409,7 +416,7 @@ export class SseUsageReader implements BodyInspector {
 
   constructor(
     private readonly strip: boolean,
-    private readonly pricer: UsagePricer | null = null,
+    protected readonly pricer: UsagePricer | null = null,
   ) {}
 
   transform(chunk: Buffer): string {
@@ -459,10 +466,23 @@ export class SseUsageReader implements BodyInspector {
 
   /** Completion tokens counted from the streamed deltas (for a stream without usage). */
   countedCompletionTokens(): number {
-    return this.counted + countDeltaTokens(this.pending);
+    return this.counted + this.countDeltas(this.pending);
   }
 
-  private events(block: string): string {
+  /** Output tokens the deltas of some events carry (chat chunks). */
+  protected countDeltas(blocks: readonly string[]): number {
+    return countDeltaTokens(blocks);
+  }
+
+  /** The usage was read: no more deltas to count. */
+  protected readUsage(counts: TokenUsage): void {
+    this.usage = counts;
+    this.pending = [];
+    this.pendingChars = 0;
+  }
+
+  /** Complete events, passed on as they are to go out. */
+  protected events(block: string): string {
     // Nothing to read or strip (`"usage":null` fields included) in a block without "usage".
     if (!block.includes('"usage"')) {
       this.note(block);
@@ -483,9 +503,7 @@ export class SseUsageReader implements BodyInspector {
         }
         const counts = obj ? tokenUsageOf(obj.usage) : null;
         if (obj && counts) {
-          this.usage = counts;
-          this.pending = [];
-          this.pendingChars = 0;
+          this.readUsage(counts);
           if (this.strip && Array.isArray(obj.choices) && obj.choices.length === 0) continue;
           if (this.pricer) {
             const micros = this.pricer(counts);
@@ -502,12 +520,12 @@ export class SseUsageReader implements BodyInspector {
   }
 
   /** Keeps deltas to count while no usage came, counting them in batches (bounded). */
-  private note(block: string): void {
+  protected note(block: string): void {
     if (this.usage !== null) return;
     this.pending.push(block);
     this.pendingChars += block.length;
     if (this.pendingChars > COUNT_BATCH_CHARS) {
-      this.counted += countDeltaTokens(this.pending);
+      this.counted += this.countDeltas(this.pending);
       this.pending = [];
       this.pendingChars = 0;
     }
@@ -555,9 +573,14 @@ function withData(event: string, data: string): string {
 
 /** An answer's (or a chunk's) JSON with `usage.cost` written in (key order kept). */
 export function withUsageCost(obj: Record<string, unknown>, micros: number): string {
-  const mark = '\u0000usage';
-  const text = JSON.stringify({ ...obj, usage: mark });
-  return text.replace(JSON.stringify(mark), usageWithCost(obj.usage as Record<string, unknown>, micros));
+  return withMemberText(obj, 'usage', usageWithCost(obj.usage as Record<string, unknown>, micros));
+}
+
+/** `obj` as JSON with member `key`'s value replaced by the JSON `text` (key order kept). */
+function withMemberText(obj: Record<string, unknown>, key: string, text: string): string {
+  const mark = `\u0000${key}`;
+  // A function: a replacement string would read `$&` and the like in `text` as patterns.
+  return JSON.stringify({ ...obj, [key]: mark }).replace(JSON.stringify(mark), () => text);
 }
 
 /** Tokens the deltas of some SSE events carry, by the one output estimator: content, refusals, reasoning, tool calls. */
@@ -576,4 +599,146 @@ function countDeltaTokens(blocks: readonly string[]): number {
     }
   }
   return n;
+}
+
+/** Responses event types that end a response and carry its usage in `response.usage`. */
+const RESPONSES_FINAL_TYPES: ReadonlySet<string> = new Set(['response.completed', 'response.incomplete', 'response.failed']);
+/** Responses event types read whole (the others are only counted while no usage came). */
+const RESPONSES_READ_TYPES: ReadonlySet<string> = new Set(['response.created', ...RESPONSES_FINAL_TYPES]);
+/** Top-level members of a Responses JSON answer kept besides `usage`: the id, and the output to count without usage. */
+const RESPONSES_MEMBERS = Object.freeze(['id', 'output']);
+
+/** A response id as the upstream names it, or null. */
+function responseIdOf(v: unknown): string | null {
+  return typeof v === 'string' && v.length > 0 && v.length <= 128 ? v : null;
+}
+
+/**
+ * A JSON answer of `POST /v1/responses`: the JSON reader (any size, bounded; `usage.cost` written in
+ * with a pricer) that also names the response's `id` (through `onId`) as soon as it is read, before
+ * the chunk holding its end is passed on, and keeps `output` (bounded) to count an answer without usage.
+ */
+export class ResponsesJsonReader extends JsonUsageReader {
+  id: string | null = null;
+
+  constructor(
+    private readonly onId: (id: string) => void,
+    pricer: UsagePricer | null = null,
+  ) {
+    super(RESPONSES_MEMBERS, pricer);
+  }
+
+  override transform(chunk: Buffer): Buffer {
+    const out = super.transform(chunk);
+    if (this.id === null) {
+      const id = responseIdOf(this.member('id'));
+      if (id) {
+        this.id = id;
+        this.onId(id);
+      }
+    }
+    return out;
+  }
+
+  /** Output tokens of the answer (for one without usage): its output's text, or (too large to keep) its bytes / 4. */
+  countedOutputTokens(): number {
+    const output = this.member('output');
+    if (!Array.isArray(output)) return Math.ceil((this.memberBytes.get('output') ?? 0) / 4);
+    let n = 0;
+    for (const item of output) {
+      if (!isObj(item)) continue;
+      if (typeof item.arguments === 'string') n += countTokens(item.arguments);
+      for (const list of [item.content, item.summary]) {
+        if (!Array.isArray(list)) continue;
+        for (const p of list) if (isObj(p)) n += countTokens(typeof p.text === 'string' ? p.text : typeof p.refusal === 'string' ? p.refusal : '');
+      }
+    }
+    return n;
+  }
+}
+
+/**
+ * An SSE stream of `POST /v1/responses` with `stream: true`, framed as `SseUsageReader` frames chat
+ * (event by event, bounded). Events are told apart by their parsed `type`, never by a substring (an
+ * `event:` name only spares parsing the events not read): `response.created` names the id (through
+ * `onId`, before the event goes on), `response.completed`, `response.incomplete` and `response.failed`
+ * carry the usage in `response.usage` (with a pricer, passed on with `cost` written in); text deltas
+ * are counted for a stream that ends without one.
+ */
+export class ResponsesSseReader extends SseUsageReader {
+  id: string | null = null;
+  /** The final event's type (`response.completed`, …), once seen. */
+  finalType: string | null = null;
+
+  constructor(
+    private readonly onId: (id: string) => void,
+    pricer: UsagePricer | null = null,
+  ) {
+    super(false, pricer);
+  }
+
+  protected override events(block: string): string {
+    let out = '';
+    for (const ev of splitEvents(block)) {
+      if (ev.length === 0) continue;
+      const e = this.responsesEvent(ev);
+      this.note(e);
+      out += e + '\n\n';
+    }
+    return out;
+  }
+
+  private responsesEvent(e: string): string {
+    const name = eventNameOf(e);
+    if (name !== '' && !RESPONSES_READ_TYPES.has(name)) return e;
+    const data = dataOf(e);
+    if (data === null) return e;
+    let o: unknown;
+    try {
+      o = JSON.parse(data);
+    } catch {
+      return e;
+    }
+    if (!isObj(o) || typeof o.type !== 'string' || !RESPONSES_READ_TYPES.has(o.type)) return e;
+    const response = obj(o.response);
+    const id = responseIdOf(response?.id);
+    if (id && this.id === null) {
+      this.id = id;
+      this.onId(id);
+    }
+    if (!RESPONSES_FINAL_TYPES.has(o.type) || !response) return e;
+    this.finalType = o.type;
+    const counts = tokenUsageOf(response.usage);
+    if (!counts) return e;
+    this.readUsage(counts);
+    if (!this.pricer) return e;
+    const micros = this.pricer(counts);
+    this.chargedMicros = micros;
+    return withData(e, withMemberText(o, 'response', withUsageCost(response, micros)));
+  }
+
+  /** Output tokens the text deltas carry (output text, refusals, reasoning, tool-call arguments, transcripts). */
+  protected override countDeltas(blocks: readonly string[]): number {
+    let n = 0;
+    for (const block of blocks) {
+      for (const ev of splitEvents(block)) {
+        const data = dataOf(ev);
+        if (!data) continue;
+        try {
+          const o = JSON.parse(data) as unknown;
+          if (isObj(o) && typeof o.type === 'string' && o.type.endsWith('.delta') && o.type !== 'response.audio.delta' && typeof o.delta === 'string') n += countTokens(o.delta);
+        } catch {
+          // not JSON: not a delta
+        }
+      }
+    }
+    return n;
+  }
+}
+
+/** An event's `event:` name ('' when it has none). */
+function eventNameOf(event: string): string {
+  if (!event.startsWith('event:') && !event.includes('\nevent:') && !event.includes('\revent:')) return '';
+  for (const l of event.split(LINE_END)) if (l.startsWith('event:')) return l.slice(6).trim();
+  return '';
 }

@@ -12,7 +12,7 @@ import { countTokens } from '../../data-plane/proxy/tokens.js';
 import { configYaml, addUpstreamModel } from '../helpers/config.js';
 import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
-import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
+import { BIG_OUTPUT_BYTES, startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
 import { ROOT, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
@@ -20,6 +20,11 @@ import { openRealtime } from '../helpers/realtime.js';
 
 const IN_PRICE = 500_000; // up-chat: 0.50 USD per million input tokens
 const OUT_PRICE = 1_500_000;
+const CACHED_PRICE = 50_000; // cached_input_usd_per_mtok: 0.05
+/** What one answer with the fake upstream's USAGE costs: the cached tokens at the cached price, reasoning inside output. */
+const USAGE_COST = Math.ceil(
+  ((USAGE.input_tokens - USAGE.input_tokens_details.cached_tokens) * IN_PRICE + USAGE.input_tokens_details.cached_tokens * CACHED_PRICE + USAGE.output_tokens * OUT_PRICE) / 1_000_000,
+);
 
 let cp: ControlPlane;
 let node: DataPlane;
@@ -49,7 +54,7 @@ function assertShapeA(r: HttpResult, status: number, param: string | null | unde
 
 before(async () => {
   upstream = await startFakeResponsesUpstream();
-  cp = await startControlPlane({ configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl)), env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' } });
+  cp = await startControlPlane({ configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { cached_input_usd_per_mtok: '0.05' })), env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' } });
   node = await startDataPlane(cp);
   const c = consoleClient(cp.address, cp.secrets.operatorToken);
   a = await createKey(c);
@@ -154,6 +159,8 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
   const body = { model: 'up-chat', input: [{ role: 'user' as const, content: 'Hi "there"' }], instructions: 'Be brief.', max_output_tokens: 50, metadata: { k: 'v' } };
   const r = await c.responses.create(body);
   assert.equal(r.output_text, 'Upstream says hello.');
+  // The answer says what it cost, as chat's do: the upstream's usage with `cost` (USD) written in.
+  assert.deepEqual(r.usage, { ...USAGE, cost: USAGE_COST / 1e6 });
   const sent = upstream.requests[upstream.requests.length - 1];
   assert.equal(sent.url, '/v1/responses');
   assert.deepEqual(sent.body, { ...body, model: 'upstream-up-chat' });
@@ -161,12 +168,13 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
   const stream = await c.responses.create({ model: 'up-chat', input: 'stream it', stream: true });
   let final: OpenAI.Responses.Response | undefined;
   for await (const ev of stream) if (ev.type === 'response.completed') final = ev.response;
-  assert.deepEqual(final?.usage, USAGE);
+  assert.deepEqual(final?.usage, { ...USAGE, cost: USAGE_COST / 1e6 });
 
   // Both billed from the upstream's usage: input tokens (the cached ones at the model's cached price,
-  // which is the input price when none is configured) and output tokens, reasoning included.
+  // not the input price) and output tokens, reasoning included.
   const rows = await waitForUsageTotals(cp.dbPath, billed.keyId, 2);
-  const cost = tokenCostMicros(USAGE.input_tokens, USAGE.output_tokens, IN_PRICE, OUT_PRICE);
+  const cost = USAGE_COST;
+  assert.notEqual(cost, tokenCostMicros(USAGE.input_tokens, USAGE.output_tokens, IN_PRICE, OUT_PRICE), 'the cached price differs from the input price');
   assert.deepEqual(
     rows.map((x) => [x.model, x.requests, x.prompt_tokens, x.completion_tokens, x.cost_micros]),
     [['up-chat', 2, 2 * USAGE.input_tokens, 2 * USAGE.output_tokens, 2 * cost]],
@@ -187,6 +195,33 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
   await eventually(async () => (logs = (await cliJsonAsync(['logs', '--key', billed.keyId])).logs.filter((l: any) => l.path === '/v1/responses')).length >= 2, 'two Responses log rows');
   assert.deepEqual(logs.map((l) => l.response_id).sort(), [r.id, final!.id].sort());
   assert.deepEqual(logs.map((l) => [l.model, l.prompt_tokens, l.completion_tokens]), [['up-chat', USAGE.input_tokens, USAGE.output_tokens], ['up-chat', USAGE.input_tokens, USAGE.output_tokens]]);
+});
+
+test('a JSON answer over 4 MiB is billed from the upstream\'s usage, its usage.cost written in', async () => {
+  // Before the fix the Responses reader read no usage from a JSON answer over 4 MiB: the request was
+  // billed the gateway's own estimate (its input, no output) instead of what the upstream served.
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const k = await createKey(c, { orgId: a.orgId });
+  c.close();
+  await waitUntilKnown(node.url, k.key);
+  upstream.setMode('big-json');
+  let r: HttpResult;
+  try {
+    r = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: { model: 'up-chat', input: 'a long answer please' } });
+  } finally {
+    upstream.setMode('normal');
+  }
+  assert.equal(r.status, 200);
+  assert.equal(r.body.output[0].content[0].text.length, BIG_OUTPUT_BYTES);
+  assert.match(r.body.id, /^resp_/);
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 1);
+  assert.deepEqual(
+    rows.map((x) => [x.model, x.requests, x.prompt_tokens, x.completion_tokens, x.cost_micros]),
+    [['up-chat', 1, USAGE.input_tokens, USAGE.output_tokens, USAGE_COST]],
+  );
+  assert.deepEqual(r.body.usage, { ...USAGE, cost: USAGE_COST / 1e6 });
+  // Its id was recorded as the project's own while the answer went through.
+  assert.equal((await request(`${node.url}/v1/responses/${r.body.id}`, { headers: bearer(k.key) })).status, 200);
 });
 
 test('an upstream failing mid-stream: the input and the output streamed so far are billed, as for chat', async () => {
@@ -272,19 +307,26 @@ test('refusals: 400 unknown model, 400 missing input, 401 model not allowed, 405
 });
 
 test('another node learns who owns a response from the control plane: at connect, and as it is created', async () => {
-  const early = await client(a).responses.create({ model: 'up-chat', input: 'made before node 2 started' });
+  // A key of its own in project A: key a's 20 rpm (free tier) are used up by the tests above within
+  // one clock minute, and these polls on node 2 count too (this test failed whenever no minute ended
+  // during the run).
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const a1 = await createKey(c, { orgId: a.orgId, projectId: a.projectId });
+  c.close();
+  await waitUntilKnown(node.url, a1.key);
+  const early = await client(a1).responses.create({ model: 'up-chat', input: 'made before node 2 started' });
   const node2 = await startDataPlane(cp, { nodeId: 'responses-node-2' });
-  await waitUntilKnown(node2.url, a.key);
+  await waitUntilKnown(node2.url, a1.key);
   await waitUntilKnown(node2.url, b.key);
-  const late = await client(a).responses.create({ model: 'up-chat', input: 'made while node 2 runs' });
+  const late = await client(a1).responses.create({ model: 'up-chat', input: 'made while node 2 runs' });
   for (const r of [early, late]) {
     // Until the record arrives, node 2 answers 404 (it never guesses); then A reads it there.
-    await eventually(async () => (await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(a.key) })).status === 200, `${r.id} on node 2`);
+    await eventually(async () => (await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(a1.key) })).status === 200, `${r.id} on node 2`);
     assertShapeA(await request(`${node2.url}/v1/responses/${r.id}`, { headers: bearer(b.key) }), 404, null, `B on node 2`);
     const prev = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: { model: 'up-chat', input: 'x', previous_response_id: r.id } });
     assertShapeA(prev, 404, 'previous_response_id', 'previous_response_id by B on node 2');
   }
-  const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
+  const cont = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a1.key), json: { model: 'up-chat', input: 'go on', previous_response_id: late.id } });
   assert.equal(cont.status, 200, cont.text);
 });
 
@@ -312,11 +354,16 @@ test('WebSocket mode to an OpenAI-compatible upstream: {base_url}/responses over
   );
 });
 
-test("README's client.responses.create example runs as written against the demo provider", () => {
+test("README's client.responses.create example runs as written against the demo provider", async () => {
+  // A key of its own: key a's 20 rpm may be used up by the tests above within one clock minute.
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const own = await createKey(c, { orgId: a.orgId });
+  c.close();
+  await waitUntilKnown(node.url, own.key);
   const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
   const section = readme.slice(readme.indexOf('### The Responses API'));
   const block = /```js\n([\s\S]*?)```/.exec(section)![1].replace('http://127.0.0.1:8080/v1', `${node.url}/v1`);
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', block], { cwd: ROOT, env: { ...process.env, TOLLGATE_KEY: a.key }, encoding: 'utf8', timeout: 30_000 });
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', block], { cwd: ROOT, env: { ...process.env, TOLLGATE_KEY: own.key }, encoding: 'utf8', timeout: 30_000 });
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /^resp_\S+ You said: "Hello"\./);
   assert.match(r.stdout, /You said: "Stream please"/);

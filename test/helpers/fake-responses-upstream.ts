@@ -2,7 +2,8 @@
 // reports USAGE (cached and reasoning tokens included), as JSON or as the Responses event stream. It
 // keeps what it created so the stored-response paths answer, and records every request it gets.
 // Mode 'cut-stream': the stream stops after its first text delta and the connection is reset;
-// 'hold-stream': the stream stops after its first text delta and waits until the gateway goes away.
+// 'hold-stream': the stream stops after its first text delta and waits until the gateway goes away;
+// 'big-json': a JSON answer whose output text is BIG_OUTPUT_BYTES long, its usage after it.
 import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -24,7 +25,10 @@ export interface ResponsesUpstreamRequest {
   body: any;
 }
 
-type Mode = 'normal' | 'cut-stream' | 'hold-stream';
+/** The output text of a 'big-json' answer: over the 4 MiB a Responses answer was once read up to. */
+export const BIG_OUTPUT_BYTES = 5 * 1024 * 1024;
+
+type Mode = 'normal' | 'cut-stream' | 'hold-stream' | 'big-json';
 
 export interface FakeResponsesUpstream {
   /** base_url for the gateway config, ending in /v1. */
@@ -61,7 +65,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       const path = (req.url ?? '').split('?')[0];
       if (req.method === 'POST' && path === '/v1/responses') {
         const id = `resp_${randomBytes(12).toString('hex')}`;
-        const text = 'Upstream says hello.';
+        const text = mode === 'big-json' ? 'y'.repeat(BIG_OUTPUT_BYTES) : 'Upstream says hello.';
         const message = { id: `msg_${id.slice(5)}`, type: 'message', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] };
         const response: Record<string, unknown> = { id, object: 'response', created_at: 1, status: 'completed', model: body.model, output: [message], usage: USAGE, metadata: {} };
         stored.set(id, { response, input: body.input });

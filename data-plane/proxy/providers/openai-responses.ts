@@ -1,13 +1,15 @@
 // The Responses API of an OpenAI-compatible upstream: `POST {base_url}/responses` forwarded unchanged
 // apart from the model splice, streamed both ways through stream-proxy.ts, its usage read by the
-// Responses readers (responses-usage.ts); the stored-response paths forwarded as they are (the
-// gateway has already checked the response is the key's project's own).
+// Responses readers of usage-readers.ts (JSON of any size and SSE, bounded; `usage.cost` written in)
+// and billed as chat bills however it ended (billedTokens); the stored-response paths forwarded as
+// they are (the gateway has already checked the response is the key's project's own).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { countResponsesInputTokens, ResponsesJsonReader, ResponsesSseReader, type ResponsesUsage } from '../responses-usage.js';
-import { proxyRequest } from '../stream-proxy.js';
-import type { PoolRegistry } from './openai.js';
+import { countResponsesInputTokens } from '../responses-usage.js';
+import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
+import { ResponsesJsonReader, ResponsesSseReader } from '../usage-readers.js';
+import { billedTokens, pricerOf, type PoolRegistry } from './openai.js';
 import type { Pool } from 'undici';
 
 const DEFAULT_TIMEOUT_MS = 60_000;
@@ -52,6 +54,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     let sse: ResponsesSseReader | null = null;
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
+    const pricer = pricerOf(call.model);
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -64,25 +67,23 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       passAllHeaders: false,
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
-        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner));
-        return (json = new ResponsesJsonReader(recordOwner));
+        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner, pricer));
+        return (json = new ResponsesJsonReader(recordOwner, pricer));
       },
       onAbort: call.onAbort,
-      onDone(status, outcome) {
+      // A client gone: the upstream is read on for its usage, as for chat (stream-proxy.ts).
+      usageGraceMs: USAGE_GRACE_MS,
+      onDone(status, outcome, upstreamStatus) {
         const s = sse as ResponsesSseReader | null;
         const j = json as ResponsesJsonReader | null;
-        j?.finish();
-        const usage: ResponsesUsage | null = s?.usage ?? j?.usage ?? null;
-        if (outcome === 'aborted') {
-          // The client left after the upstream took the request: the input and any output streamed
-          // so far are billed, as for chat (docs/design.md#client-aborts).
-          if (usage) return call.complete({ ...usage, status: 499 });
-          return call.complete({ status: 499, promptTokens: countResponsesInputTokens(body), completionTokens: s ? s.countedOutputTokens : 0 });
-        }
-        if (status < 200 || status >= 300) return call.complete({ status, promptTokens: 0, completionTokens: 0 });
-        if (usage) return call.complete({ ...usage, status });
-        // No usage reported (an upstream failing mid-stream, or one that reports none): counted.
-        call.complete({ status, promptTokens: countResponsesInputTokens(body), completionTokens: s ? s.countedOutputTokens : 0 });
+        // The upstream's usage, else (a stream cut, a client gone, an upstream reporting none) the
+        // input and the output received so far, counted: the same rules as chat (docs/billing-endings.md).
+        call.complete(
+          billedTokens(status, outcome, upstreamStatus, s?.usage ?? j?.usage ?? null, () => ({
+            prompt: countResponsesInputTokens(body),
+            completion: s ? s.countedCompletionTokens() : j ? j.countedOutputTokens() : 0,
+          })),
+        );
       },
     });
   }

@@ -57,7 +57,7 @@ export class PoolRegistry {
  * sent and everything received (tokens.ts). An upstream that answered an error status, or never
  * answered, did no billable work.
  */
-function billedTokens(
+export function billedTokens(
   status: number,
   outcome: 'ok' | 'error' | 'aborted',
   upstreamStatus: number,
@@ -82,7 +82,7 @@ function choicesTokens(json: JsonUsageReader): number {
 }
 
 /** Prices a usage at the model's prices: what the answer shows as `usage.cost` and the ledger records. */
-function pricerOf(model: ModelConfig): UsagePricer {
+export function pricerOf(model: ModelConfig): UsagePricer {
   return (usage) => usageCostMicros(usage, model);
 }
 
