@@ -65,17 +65,11 @@ function notFound(id: string, param: string | null): GatewayError {
  * The ticket is settled on the upstream's real figure.
  */
 export function estimateResponseTokens(body: unknown): number {
-  let n = estimateTokens(body);
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) return n;
-  const b = body as Record<string, unknown>;
-  try {
-    if (Array.isArray(b.tools) && b.tools.length > 0) n += Math.ceil(JSON.stringify(b.tools).length / 4);
-  } catch {
-    // Not serialisable (cannot come from JSON.parse): nothing more to add.
-  }
-  const max = b.max_output_tokens;
-  if (typeof max === 'number' && Number.isSafeInteger(max) && max > 0) n += max;
-  return n;
+  // The one estimator (tokens.ts) counts `input`, `instructions`, `tools` and the text format; the
+  // answer's ceiling is reserved on top, and settled on the real figure.
+  const n = estimateTokens(body);
+  const max = body !== null && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>).max_output_tokens : undefined;
+  return typeof max === 'number' && Number.isSafeInteger(max) && max > 0 ? n + max : n;
 }
 
 export class ResponsesEndpoint {

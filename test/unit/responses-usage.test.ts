@@ -167,12 +167,14 @@ test('owner records expire after the retention and the oldest go first past the 
   assert.equal(o.get('r3', 20), undefined);
 });
 
-test('the tpm estimate adds tools and max_output_tokens to the input and instructions', () => {
+test('the tpm estimate is the one estimator (input, instructions, tools) plus max_output_tokens', () => {
   const body = { model: 'm', input: 'x'.repeat(40), instructions: 'y'.repeat(8) };
   assert.equal(estimateResponseTokens(body), estimateTokens(body));
   assert.equal(estimateResponseTokens({ ...body, max_output_tokens: 100 }), estimateTokens(body) + 100);
   const tools = [{ type: 'function', name: 'f', parameters: {} }];
-  assert.equal(estimateResponseTokens({ ...body, tools }), estimateTokens(body) + Math.ceil(JSON.stringify(tools).length / 4));
+  // Before, tools were counted twice: once by the estimator, once again here.
+  assert.equal(estimateResponseTokens({ ...body, tools }), estimateTokens({ ...body, tools }));
+  assert.ok(estimateTokens({ ...body, tools }) > estimateTokens(body), 'tools are counted');
 });
 
 test('request-log rows keep a response id through the columns and the block scanner; rows without one stay as they were', () => {
