@@ -9,41 +9,16 @@ import { rewriteChatBody } from '../json-splice.js';
 import { countResponsesInputTokens } from '../responses-usage.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../usage-readers.js';
-import { billedTokens, pricerOf, type PoolRegistry } from './openai.js';
-import type { Pool } from 'undici';
-
-const DEFAULT_TIMEOUT_MS = 60_000;
-
-interface Target {
-  pool: Pool;
-  basePath: string;
-  jsonHeaders: string[];
-  /** Headers of a request without a body (stored-response paths). */
-  plainHeaders: string[];
-  upstreamModel: string;
-  timeoutMs: number;
-}
+import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
-  private readonly targets = new WeakMap<ModelConfig, Target>();
-  constructor(private readonly pools: PoolRegistry) {}
+  private readonly targets: UpstreamTargets;
+  constructor(pools: PoolRegistry) {
+    this.targets = new UpstreamTargets(pools);
+  }
 
   private target(model: ModelConfig): Target {
-    let t = this.targets.get(model);
-    if (!t) {
-      const url = new URL(model.baseUrl);
-      const plainHeaders: string[] = model.upstreamApiKey ? ['authorization', `Bearer ${model.upstreamApiKey}`] : [];
-      t = {
-        pool: this.pools.get(url.origin),
-        basePath: url.pathname.replace(/\/+$/, ''),
-        jsonHeaders: ['content-type', 'application/json', ...plainHeaders],
-        plainHeaders,
-        upstreamModel: model.upstreamModel || model.id,
-        timeoutMs: model.timeoutMs > 0 ? model.timeoutMs : DEFAULT_TIMEOUT_MS,
-      };
-      this.targets.set(model, t);
-    }
-    return t;
+    return this.targets.of(model);
   }
 
   create(call: ResponsesCall): void {
@@ -97,7 +72,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       pool: t.pool,
       method,
       path,
-      headers: t.plainHeaders,
+      headers: t.authHeaders,
       body: null,
       timeoutMs: t.timeoutMs,
       reply: call.reply,

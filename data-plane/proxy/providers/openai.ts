@@ -21,13 +21,38 @@ const NO_MEMBERS = Object.freeze([] as string[]);
 const DURATION = Object.freeze(['duration']);
 
 /** Per-model constants, computed once per config version (ModelConfig objects change with it). */
-interface Target {
+export interface Target {
   pool: Pool;
   basePath: string;
   jsonHeaders: string[];
-  authHeader: string;
+  /** The upstream's credential header (empty without one): a request with a body of another type, or none. */
+  authHeaders: string[];
   upstreamModel: string;
   timeoutMs: number;
+}
+
+/** Each model's upstream target, for every provider speaking to an OpenAI-compatible upstream. */
+export class UpstreamTargets {
+  private readonly targets = new WeakMap<ModelConfig, Target>();
+  constructor(private readonly pools: PoolRegistry) {}
+
+  of(model: ModelConfig): Target {
+    let t = this.targets.get(model);
+    if (!t) {
+      const url = new URL(model.baseUrl);
+      const authHeaders = model.upstreamApiKey ? ['authorization', `Bearer ${model.upstreamApiKey}`] : [];
+      t = {
+        pool: this.pools.get(url.origin),
+        basePath: url.pathname.replace(/\/+$/, ''),
+        jsonHeaders: ['content-type', 'application/json', ...authHeaders],
+        authHeaders,
+        upstreamModel: model.upstreamModel || model.id,
+        timeoutMs: model.timeoutMs > 0 ? model.timeoutMs : DEFAULT_TIMEOUT_MS,
+      };
+      this.targets.set(model, t);
+    }
+    return t;
+  }
 }
 
 export class PoolRegistry {
@@ -87,27 +112,13 @@ export function pricerOf(model: ModelConfig): UsagePricer {
 }
 
 export class OpenAIProvider implements Provider {
-  private readonly targets = new WeakMap<ModelConfig, Target>();
-  constructor(private readonly pools: PoolRegistry) {}
+  private readonly targets: UpstreamTargets;
+  constructor(pools: PoolRegistry) {
+    this.targets = new UpstreamTargets(pools);
+  }
 
   private target(model: ModelConfig): Target {
-    let t = this.targets.get(model);
-    if (!t) {
-      const url = new URL(model.baseUrl);
-      const authHeader = model.upstreamApiKey ? `Bearer ${model.upstreamApiKey}` : '';
-      const jsonHeaders = ['content-type', 'application/json'];
-      if (authHeader) jsonHeaders.push('authorization', authHeader);
-      t = {
-        pool: this.pools.get(url.origin),
-        basePath: url.pathname.replace(/\/+$/, ''),
-        jsonHeaders,
-        authHeader,
-        upstreamModel: model.upstreamModel || model.id,
-        timeoutMs: model.timeoutMs > 0 ? model.timeoutMs : DEFAULT_TIMEOUT_MS,
-      };
-      this.targets.set(model, t);
-    }
-    return t;
+    return this.targets.of(model);
   }
 
   chat(call: ModelCall): void {
@@ -251,8 +262,7 @@ export class OpenAIProvider implements Provider {
       }
       probe.end();
     })();
-    const headers = ['content-type', call.contentType];
-    if (t.authHeader) headers.push('authorization', t.authHeader);
+    const headers = ['content-type', call.contentType, ...t.authHeaders];
     let json: JsonUsageReader | null = null;
     proxyRequest({
       pool: t.pool,
