@@ -6,8 +6,9 @@ import { randomBytes } from 'node:crypto';
 import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
 import { RESPONSE_RETENTION_MS } from '../../endpoints/response-owners.js';
 import { GatewayError } from '../../errors.js';
-import { countTokens, truncateTokens } from '../tokens.js';
+import { truncateTokens } from '../tokens.js';
 import { countResponsesInputTokens, responsesInputText } from '../responses-usage.js';
+import { splitText } from './demo.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
 const SSE_HEADERS = [
@@ -197,23 +198,4 @@ function inputItemsPage(items: Array<Record<string, unknown>>, query: string): R
   }
   const data = list.slice(0, limit);
   return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: list.length > limit };
-}
-
-/** Splits a text into up to `parts` pieces at token boundaries (for streaming). */
-function splitText(text: string, parts: number): string[] {
-  const total = countTokens(text);
-  if (total <= 1 || parts <= 1) return [text];
-  const per = Math.ceil(total / parts);
-  const out: string[] = [];
-  let rest = text;
-  while (rest.length > 0) {
-    const head = truncateTokens(rest, per);
-    if (!head.cut) {
-      out.push(rest);
-      break;
-    }
-    out.push(head.text);
-    rest = rest.slice(head.text.length);
-  }
-  return out;
 }

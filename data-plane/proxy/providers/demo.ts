@@ -35,7 +35,7 @@ function maxTokensOf(body: Record<string, unknown>): number {
 }
 
 /** Splits a text into up to `parts` pieces at token boundaries (for streaming). */
-function splitText(text: string, parts: number): string[] {
+export function splitText(text: string, parts: number): string[] {
   const total = countTokens(text);
   if (total <= 1 || parts <= 1) return [text];
   const per = Math.ceil(total / parts);
