@@ -10,8 +10,8 @@
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
 import { findDuplicateKey } from '../http/validate-request.js';
-import { Fifo } from '../limits/fifo.js';
 import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
+import { LocalUpstreamLink } from '../realtime/local-link.js';
 import type { UpstreamEvents, UpstreamLink } from '../realtime/upstream-link.js';
 
 export const RESPONSES_PATH = '/v1/responses';
@@ -105,21 +105,12 @@ export class ResponsesSocketLink implements UpstreamLink {
 }
 
 /** The demo provider over a socket: each `response.create` answered with the demo's events. */
-export class DemoResponsesSocketLink implements UpstreamLink {
-  events: UpstreamEvents | null = null;
-  private queue = new Fifo<Buffer>();
-  private queuedBytes = 0;
-  private paused = true;
-  private closed = false;
-  private flushing = false;
-
+export class DemoResponsesSocketLink extends LocalUpstreamLink {
   constructor(
     private readonly demo: DemoResponsesProvider,
     private readonly modelId: string,
-  ) {}
-
-  get bufferedAmount(): number {
-    return this.queuedBytes;
+  ) {
+    super(true);
   }
 
   send(data: Buffer): void {
@@ -133,43 +124,6 @@ export class DemoResponsesSocketLink implements UpstreamLink {
       return this.emit({ type: 'error', error: { type: 'invalid_request_error', code: 'missing_required_parameter', message: "Missing required parameter: 'input'.", param: 'input' } });
     }
     for (const e of this.demo.respond(body, this.modelId).events) this.emit(e);
-  }
-
-  pause(): void {
-    this.paused = true;
-  }
-
-  resume(): void {
-    this.paused = false;
-    this.flush();
-  }
-
-  close(): void {
-    this.closed = true;
-    this.queue = new Fifo<Buffer>();
-    this.queuedBytes = 0;
-  }
-
-  private emit(ev: Obj): void {
-    const data = Buffer.from(JSON.stringify(ev));
-    this.queue.push(data);
-    this.queuedBytes += data.length;
-    // Delivered on a later tick, as a network upstream would.
-    if (!this.flushing) {
-      this.flushing = true;
-      setImmediate(() => {
-        this.flushing = false;
-        this.flush();
-      });
-    }
-  }
-
-  private flush(): void {
-    while (!this.paused && !this.closed && this.events && this.queue.size > 0) {
-      const data = this.queue.shift()!;
-      this.queuedBytes -= data.length;
-      this.events.message(data, false);
-    }
   }
 }
 

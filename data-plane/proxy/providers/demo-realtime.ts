@@ -5,8 +5,7 @@
 // counted by the gateway's tokenizer. Audio appended to the input buffer is accepted and billed as
 // input tokens (one per 100 bytes); the demo answers in text only.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { UpstreamEvents, UpstreamLink } from '../../realtime/upstream-link.js';
-import { Fifo } from '../../limits/fifo.js';
+import { LocalUpstreamLink } from '../../realtime/local-link.js';
 import { countTokens, contentText, truncateTokens } from '../tokens.js';
 import { demoReplyText } from './demo.js';
 
@@ -21,25 +20,15 @@ const AUDIO_BYTES_PER_TOKEN = 100;
 let seq = 0;
 const newId = (prefix: string) => `${prefix}_demo${(++seq).toString(36).padStart(6, '0')}`;
 
-export class DemoRealtimeLink implements UpstreamLink {
-  events: UpstreamEvents | null = null;
-  private queue = new Fifo<Buffer>();
-  private queuedBytes = 0;
-  private paused = false;
-  private closed = false;
-  private flushing = false;
+export class DemoRealtimeLink extends LocalUpstreamLink {
   private readonly sessionId = newId('sess');
   private instructions = 'You are the Tollgate demo model.';
   private readonly items: Array<{ id: string; role: string; text: string }> = [];
   private audioBytes = 0;
 
   constructor(private readonly model: ModelConfig) {
+    super(false);
     this.emit({ type: 'session.created', session: this.session() });
-  }
-
-  /** Events produced and not yet taken (a client that asks for responses but does not read them). */
-  get bufferedAmount(): number {
-    return this.queuedBytes;
   }
 
   send(data: Buffer, isBinary: boolean): void {
@@ -85,21 +74,6 @@ export class DemoRealtimeLink implements UpstreamLink {
       default:
         return this.error('invalid_request_error', 'unknown_event', `The demo model does not handle \`${String(ev.type).slice(0, 64)}\` events.`, eventId);
     }
-  }
-
-  pause(): void {
-    this.paused = true;
-  }
-
-  resume(): void {
-    this.paused = false;
-    this.flush();
-  }
-
-  close(): void {
-    this.closed = true;
-    this.queue = new Fifo<Buffer>();
-    this.queuedBytes = 0;
   }
 
   private session(): Obj {
@@ -167,27 +141,9 @@ export class DemoRealtimeLink implements UpstreamLink {
     this.emit({ type: 'error', error: { type, code, message, param: null, event_id: eventId } });
   }
 
-  private emit(ev: Obj): void {
-    if (this.closed) return;
-    const data = Buffer.from(JSON.stringify({ event_id: newId('event'), ...ev }));
-    this.queue.push(data);
-    this.queuedBytes += data.length;
-    // Delivered on a later tick, as a network upstream would: never from inside the caller's send.
-    if (!this.flushing) {
-      this.flushing = true;
-      setImmediate(() => {
-        this.flushing = false;
-        this.flush();
-      });
-    }
-  }
-
-  private flush(): void {
-    while (!this.paused && !this.closed && this.events && this.queue.size > 0) {
-      const data = this.queue.shift()!;
-      this.queuedBytes -= data.length;
-      this.events.message(data, false);
-    }
+  /** Every event of the demo carries its own event_id, as OpenAI's do. */
+  protected override emit(ev: Obj): void {
+    super.emit({ event_id: newId('event'), ...ev });
   }
 }
 
