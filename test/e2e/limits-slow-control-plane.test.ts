@@ -1,5 +1,5 @@
 // A control plane that answers leases late (issue 19): a gateway 429 only when the key's minute is
-// really spent across the cluster (design.md, "refusals across nodes"), never because an answer is
+// really spent across the cluster (docs/design.md#refusals-across-nodes), never because an answer is
 // slow. docs/leases.md: a want unanswered within the wait bound admits the request against a bounded
 // provisional allowance, which the control plane counts once it hears from the node.
 import { test, after } from 'node:test';
