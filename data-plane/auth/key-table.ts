@@ -3,10 +3,11 @@
 // A snapshot builds a new GatewayState and the holder swaps one reference; a delta mutates the current
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
 import { IpRangeSet } from '../../proto/lib/ip.js';
-import { hashKey, secretsEqual } from '../../proto/lib/keys.js';
+import { createHmac } from 'node:crypto';
 import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
 import { RouteTable } from '../http/routes.js';
+import { PackedKeyTable } from './packed-keys.js';
 
 /** An organisation, one mutable object per org id: keys point at it, so an org upsert reaches them at once. */
 export interface OrgState {
@@ -74,30 +75,66 @@ export function buildConfigView(config: GatewayConfig | undefined): ConfigView {
 
 export type DeltaResult = 'applied' | 'stale' | 'gap';
 
-/** The allowed_models of most keys (empty: the whole plan), one Set shared by all of them. */
-const NO_MODELS: ReadonlySet<string> = new Set();
+/** How many looked-up keys keep their materialized `KeyRecord` (most keys are quiet; hot ones stay). */
+const RECORD_CACHE = 16_384;
+
+/** A revoked key as the request log names it. */
+export interface KeyNames {
+  keyId: string;
+  projectId: string;
+  orgId: string;
+}
+
+/**
+ * The live keys by hash (hex), read-only and Map-like, for the code that checks a hash it already has
+ * (open sockets, a session admitted before a delta). Revoked keys are not in it.
+ */
+export interface KeyHashView {
+  get(keyHash: string): KeyRecord | undefined;
+  has(keyHash: string): boolean;
+  keys(): IterableIterator<string>;
+  readonly size: number;
+}
 
 export class GatewayState {
   version = 0;
   view: ConfigView;
-  readonly keysByHash = new Map<string, KeyRecord>();
-  readonly hashByKeyId = new Map<string, string>();
+  /** Every key, live or revoked, packed (packed-keys.ts); `KeyRecord`s exist only for keys looked up. */
+  private readonly packed: PackedKeyTable;
+  /** Materialized records by record number, oldest first; dropped when their record changes. */
+  private readonly records = new Map<number, KeyRecord>();
+  readonly keysByHash: KeyHashView;
   readonly orgs = new Map<string, OrgState>();
-  /** Revoked keys by hash: they never authenticate; they only name the key in the request log. */
-  readonly tombstones = new Map<string, { keyId: string; projectId: string; orgId: string }>();
   /** Cached `/v1/models` bodies per key id; dropped whenever anything they depend on changes. */
   modelListCache = new Map<string, string>();
 
-  constructor(config?: GatewayConfig) {
+  constructor(config?: GatewayConfig, expectedKeys = 0) {
     this.view = buildConfigView(config);
+    this.packed = new PackedKeyTable(expectedKeys);
+    const self = this;
+    this.keysByHash = {
+      get: (keyHash) => {
+        const rec = self.packed.findHash(keyHash);
+        return rec >= 0 && self.packed.isLive(rec) ? self.record(rec) : undefined;
+      },
+      has: (keyHash) => {
+        const rec = self.packed.findHash(keyHash);
+        return rec >= 0 && self.packed.isLive(rec);
+      },
+      keys: () => self.packed.liveHashes(),
+      get size() {
+        return self.packed.liveCount;
+      },
+    };
   }
 
   static fromSnapshot(s: Snapshot): GatewayState {
-    const st = new GatewayState(s.config);
+    const tombstones = s.tombstones ?? [];
+    const st = new GatewayState(s.config, s.keys.length + tombstones.length);
     st.version = s.version;
     for (const o of s.orgs) st.upsertOrg(o);
     for (const k of s.keys) st.upsertKey(k);
-    for (const t of s.tombstones ?? []) st.addTombstone(t);
+    for (const t of tombstones) st.addTombstone(t);
     return st;
   }
 
@@ -138,50 +175,78 @@ export class GatewayState {
     return org;
   }
 
+  /** A key added or changed in place; a key id that arrives with a new hash forgets its old one. */
   upsertKey(k: KeyEntry): void {
-    const old = this.hashByKeyId.get(k.keyId);
-    if (old !== undefined && old !== k.keyHash) this.keysByHash.delete(old);
-    this.keysByHash.set(k.keyHash, {
+    this.orgFor(k.orgId);
+    const prior = this.packed.findKeyId(k.keyId);
+    if (prior >= 0) this.records.delete(prior);
+    const rec = this.packed.put({
       keyId: k.keyId,
       keyHash: k.keyHash,
       projectId: k.projectId,
       orgId: k.orgId,
-      org: this.orgFor(k.orgId),
-      allowedModels: k.allowedModels.length === 0 ? NO_MODELS : new Set(k.allowedModels),
-      limits: { keyId: k.keyId, rpmLimit: k.rpmLimit, tpmLimit: k.tpmLimit, maxParallel: k.maxParallelRequests },
+      allowedModels: k.allowedModels,
+      rpmLimit: k.rpmLimit,
+      tpmLimit: k.tpmLimit,
+      maxParallel: k.maxParallelRequests,
       expiresAtMs: k.expiresAtMs ?? 0,
     });
-    this.hashByKeyId.set(k.keyId, k.keyHash);
+    this.records.delete(rec);
   }
 
   addTombstone(t: KeyTombstone): void {
-    if (!this.keysByHash.has(t.keyHash)) this.tombstones.set(t.keyHash, { keyId: t.keyId, projectId: t.projectId, orgId: t.orgId });
+    this.packed.putRevoked(t.keyHash, t.keyId, t.projectId, t.orgId);
   }
 
+  /** Revocation: the key never authenticates again but is still found by `tombstone`. */
   removeKey(keyHash: string): void {
-    const rec = this.keysByHash.get(keyHash);
-    if (!rec) return;
-    this.keysByHash.delete(keyHash);
-    this.tombstones.set(keyHash, { keyId: rec.keyId, projectId: rec.projectId, orgId: rec.orgId });
-    if (this.hashByKeyId.get(rec.keyId) === keyHash) this.hashByKeyId.delete(rec.keyId);
+    const rec = this.packed.findHash(keyHash);
+    if (rec < 0) return;
+    this.packed.revoke(keyHash);
+    this.records.delete(rec);
   }
 
-  /** One HMAC and one Map lookup. The Map holds only hashes; the key itself is never stored. An expired key (at `nowMs`) is not found. */
+  /** One HMAC and one probe of the packed index. Only hashes are held; the key itself is never stored. An expired key (at `nowMs`) is not found. */
   lookup(pepper: Buffer, key: string, nowMs?: number): KeyRecord | undefined {
-    const hash = hashKey(pepper, key);
-    const rec = this.keysByHash.get(hash);
-    if (rec?.expiresAtMs && nowMs !== undefined && nowMs >= rec.expiresAtMs) return undefined;
-    // The Map finds the candidate; the stored hash is still compared in constant time.
-    return rec && secretsEqual(rec.keyHash, hash) ? rec : undefined;
+    // The index finds the candidate; its stored hash is then compared in constant time (findDigest).
+    const rec = this.packed.findDigest(createHmac('sha256', pepper).update(key).digest());
+    if (rec < 0 || !this.packed.isLive(rec)) return undefined;
+    const expires = this.packed.expiresAtMs(rec);
+    if (expires && nowMs !== undefined && nowMs >= expires) return undefined;
+    return this.record(rec);
   }
 
   /**
    * The revoked (or expired, not yet revoked) key a presented value belongs to, so the refusal is
    * logged against it (only on the 401 path: one more HMAC there).
    */
-  tombstone(pepper: Buffer, key: string): { keyId: string; projectId: string; orgId: string } | undefined {
-    const hash = hashKey(pepper, key);
-    return this.tombstones.get(hash) ?? this.keysByHash.get(hash);
+  tombstone(pepper: Buffer, key: string): KeyNames | undefined {
+    const rec = this.packed.findDigest(createHmac('sha256', pepper).update(key).digest());
+    if (rec < 0) return undefined;
+    return { keyId: this.packed.keyId(rec), projectId: this.packed.projectId(rec), orgId: this.packed.orgId(rec) };
+  }
+
+  /** The `KeyRecord` of a live record: cached while it is among the recently looked-up ones. */
+  private record(rec: number): KeyRecord {
+    const hit = this.records.get(rec);
+    if (hit) return hit;
+    const p = this.packed;
+    const keyId = p.keyId(rec);
+    const orgId = p.orgId(rec);
+    const l = p.limits(rec);
+    const r: KeyRecord = {
+      keyId,
+      keyHash: p.keyHash(rec),
+      projectId: p.projectId(rec),
+      orgId,
+      org: this.orgFor(orgId),
+      allowedModels: p.allowedModels(rec),
+      limits: { keyId, rpmLimit: l.rpmLimit, tpmLimit: l.tpmLimit, maxParallel: l.maxParallel },
+      expiresAtMs: p.expiresAtMs(rec),
+    };
+    if (this.records.size >= RECORD_CACHE) this.records.delete(this.records.keys().next().value!);
+    this.records.set(rec, r);
+    return r;
   }
 
   /** The models a key may call: the plan ∩ allowed_models (empty allowed_models: the whole plan). */
