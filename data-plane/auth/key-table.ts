@@ -4,6 +4,8 @@
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
 import { IpRangeSet } from '../../proto/lib/ip.js';
 import { createHmac } from 'node:crypto';
+import { BinaryReader } from '@bufbuild/protobuf/wire';
+import { ControlMessage, GatewayConfig as GatewayConfigCodec, KeyEntry as KeyEntryCodec, KeyTombstone as KeyTombstoneCodec, OrgEntry as OrgEntryCodec } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
 import { RouteTable } from '../http/routes.js';
@@ -101,8 +103,11 @@ export class GatewayState {
   view: ConfigView;
   /** Every key, live or revoked, packed (packed-keys.ts); `KeyRecord`s exist only for keys looked up. */
   private readonly packed: PackedKeyTable;
-  /** Materialized records by record number, oldest first; dropped when their record changes. */
+  /** Materialized records by record number; dropped when their record changes. */
   private readonly records = new Map<number, KeyRecord>();
+  /** The record numbers cached, in the order they were (a ring): the oldest is evicted first. */
+  private readonly cachedOrder = new Int32Array(RECORD_CACHE).fill(-1);
+  private cachedNext = 0;
   readonly keysByHash: KeyHashView;
   readonly orgs = new Map<string, OrgState>();
   /** Cached `/v1/models` bodies per key id; dropped whenever anything they depend on changes. */
@@ -244,7 +249,11 @@ export class GatewayState {
       limits: { keyId, rpmLimit: l.rpmLimit, tpmLimit: l.tpmLimit, maxParallel: l.maxParallel },
       expiresAtMs: p.expiresAtMs(rec),
     };
-    if (this.records.size >= RECORD_CACHE) this.records.delete(this.records.keys().next().value!);
+    // A slot's old record may already be gone (changed since): deleting it again is harmless.
+    const evict = this.cachedOrder[this.cachedNext];
+    if (evict >= 0) this.records.delete(evict);
+    this.cachedOrder[this.cachedNext] = rec;
+    this.cachedNext = (this.cachedNext + 1) % RECORD_CACHE;
     this.records.set(rec, r);
     return r;
   }
@@ -262,13 +271,62 @@ export class GatewayState {
   }
 }
 
+/** States built while their snapshot was decoded (decodeControlMessage), by the snapshot they stand for. */
+const prebuilt = new WeakMap<Snapshot, GatewayState>();
+
+/**
+ * The sync stream's deserializer: a ControlMessage, except that a snapshot's keys and tombstones go
+ * straight into a packed GatewayState as they are read, one short-lived KeyEntry at a time, instead of
+ * an array of a million objects that would all live (and grow the heap) until the snapshot is applied.
+ * The Snapshot returned has empty `keys` and `tombstones`; StateHolder.applySnapshot takes the state built.
+ */
+export function decodeControlMessage(buf: Uint8Array): ControlMessage {
+  const reader = new BinaryReader(buf);
+  // ControlMessage is a oneof; a snapshot is field 1 alone.
+  if (buf.length === 0 || reader.uint32() !== 10) return ControlMessage.decode(buf);
+  const length = reader.uint32();
+  const end = reader.pos + length;
+  if (end !== buf.length) return ControlMessage.decode(buf);
+  // One cheap pass to size the table exactly, then the real one.
+  let entries = 0;
+  while (reader.pos < end) {
+    const tag = reader.uint32();
+    if (tag === 26 || tag === 42) entries++;
+    reader.skip(tag & 7);
+  }
+  reader.pos = end - length;
+  const state = new GatewayState(undefined, entries);
+  const snapshot: Snapshot = { version: 0, config: undefined, keys: [], orgs: [], tombstones: [] };
+  const tombstones: KeyTombstone[] = [];
+  while (reader.pos < end) {
+    const tag = reader.uint32();
+    if (tag === 8) snapshot.version = Number(reader.int64());
+    else if (tag === 18) snapshot.config = GatewayConfigCodec.decode(reader, reader.uint32());
+    else if (tag === 26) state.upsertKey(KeyEntryCodec.decode(reader, reader.uint32()));
+    else if (tag === 34) {
+      const o = OrgEntryCodec.decode(reader, reader.uint32());
+      snapshot.orgs.push(o);
+      state.upsertOrg(o);
+    } else if (tag === 42) tombstones.push(KeyTombstoneCodec.decode(reader, reader.uint32()));
+    else reader.skip(tag & 7);
+  }
+  // As fromSnapshot: tombstones after every key (a tombstone never hides a live key).
+  for (const t of tombstones) state.addTombstone(t);
+  state.version = snapshot.version;
+  state.view = buildConfigView(snapshot.config);
+  prebuilt.set(snapshot, state);
+  const msg = ControlMessage.decode(new Uint8Array(0));
+  msg.snapshot = snapshot;
+  return msg;
+}
+
 /** Holds the current state; a snapshot swaps the reference. */
 export class StateHolder {
   current: GatewayState = new GatewayState();
   ready = false;
 
   applySnapshot(s: Snapshot): void {
-    this.current = GatewayState.fromSnapshot(s);
+    this.current = prebuilt.get(s) ?? GatewayState.fromSnapshot(s);
     this.ready = true;
   }
 }

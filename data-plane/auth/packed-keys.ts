@@ -14,7 +14,16 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 const FREE = 0;
 const LIVE = 1;
 const REVOKED = 2;
-const HEX64 = /^[0-9a-f]{64}$/;
+
+/** 64 lowercase hex digits: the form hashKey gives, stored as its 32 bytes. */
+function isHex64(s: string): boolean {
+  if (s.length !== 64) return false;
+  for (let i = 0; i < 64; i++) {
+    const c = s.charCodeAt(i);
+    if (!((c >= 48 && c <= 57) || (c >= 97 && c <= 102))) return false;
+  }
+  return true;
+}
 const MIN_CAPACITY = 16;
 
 /** The limits of a key, as stored (interned: many keys share one triple). */
@@ -38,6 +47,7 @@ export interface PackedKeyInput {
 }
 
 const NO_MODELS: ReadonlySet<string> = new Set();
+const same = (s: string): string => s;
 
 function pow2AtLeast(n: number): number {
   let p = MIN_CAPACITY;
@@ -59,11 +69,11 @@ function strHash(s: string): number {
 class Interner<T> {
   readonly values: T[] = [];
   private readonly ids = new Map<string, number>();
-  id(key: string, make: () => T): number {
+  id(key: string, make: (key: string) => T): number {
     let id = this.ids.get(key);
     if (id === undefined) {
       id = this.values.length;
-      this.values.push(make());
+      this.values.push(make(key));
       this.ids.set(key, id);
     }
     return id;
@@ -95,15 +105,15 @@ export class PackedKeyTable {
   private readonly strings = new Interner<string>();
   private readonly modelSets = new Interner<ReadonlySet<string>>();
   private readonly limitSets = new Interner<PackedLimits>();
-  private lastLimitsKey = '';
   private lastLimitsId = -1;
   private scratch = Buffer.alloc(256);
+  private readonly digest32 = Buffer.alloc(32);
   private nLive = 0;
   private nRevoked = 0;
 
   constructor(expected = 0) {
     this.modelSets.id('', () => NO_MODELS);
-    this.grow(pow2AtLeast(expected));
+    this.grow(Math.max(MIN_CAPACITY, expected));
   }
 
   get liveCount(): number {
@@ -129,7 +139,7 @@ export class PackedKeyTable {
     const d = this.digestOf(keyHash);
     const rec = this.probeHash(d);
     if (rec < 0) return -1;
-    if (this.oddHashes.size > 0 && (this.oddHashes.get(rec) ?? null) !== (HEX64.test(keyHash) ? null : keyHash)) return -1;
+    if (this.oddHashes.size > 0 && (this.oddHashes.get(rec) ?? null) !== (isHex64(keyHash) ? null : keyHash)) return -1;
     return rec;
   }
 
@@ -172,16 +182,32 @@ export class PackedKeyTable {
   }
 
   /** The live record of a key id, else -1. */
-  findKeyId(keyId: string): number {
-    const len = this.writeScratch(keyId);
-    let slot = strHash(keyId) & this.mask;
+  findKeyId(keyId: string, idHash = strHash(keyId)): number {
+    let slot = idHash & this.mask;
     for (;;) {
       const v = this.idIndex[slot];
       if (v === 0) return -1;
-      const rec = v - 1;
-      if (this.idLen[rec] === len && this.arena.compare(this.scratch, 0, len, this.idOff[rec], this.idOff[rec] + len) === 0) return rec;
+      if (this.idMatches(v - 1, keyId)) return v - 1;
       slot = (slot + 1) & this.mask;
     }
+  }
+
+  /** Whether a record's key id is `keyId`: byte by byte against the arena (through UTF-8 when not ASCII). */
+  private idMatches(rec: number, keyId: string): boolean {
+    const len = this.idLen[rec];
+    const off = this.idOff[rec];
+    const a = this.arena;
+    if (len === keyId.length) {
+      let i = 0;
+      for (; i < len; i++) {
+        const c = keyId.charCodeAt(i);
+        if (c >= 0x80 || a[off + i] !== c) break;
+      }
+      if (i === len) return true;
+      if (keyId.charCodeAt(i) < 0x80) return false;
+    }
+    const n = this.writeScratch(keyId);
+    return n === len && a.compare(this.scratch, 0, n, off, off + n) === 0;
   }
 
   // ---- writes --------------------------------------------------------------------------------------
@@ -191,7 +217,8 @@ export class PackedKeyTable {
    * when its key id had another hash (the old hash is forgotten), else takes a new record. The record.
    */
   put(k: PackedKeyInput): number {
-    const prior = this.findKeyId(k.keyId);
+    const idHash = strHash(k.keyId);
+    const prior = this.findKeyId(k.keyId, idHash);
     let rec = this.findHash(k.keyHash);
     if (prior >= 0 && prior !== rec) this.free(prior);
     if (rec >= 0) {
@@ -211,14 +238,13 @@ export class PackedKeyTable {
     this.nLive++;
     this.writeFields(rec, k.keyId, k.projectId, k.orgId);
     this.models[rec] = k.allowedModels.length === 0 ? 0 : this.modelSets.id([...k.allowedModels].sort().join('\n'), () => new Set(k.allowedModels));
-    const lk = `${k.rpmLimit} ${k.tpmLimit} ${k.maxParallel}`;
-    if (lk !== this.lastLimitsKey) {
-      this.lastLimitsKey = lk;
-      this.lastLimitsId = this.limitSets.id(lk, () => Object.freeze({ rpmLimit: k.rpmLimit, tpmLimit: k.tpmLimit, maxParallel: k.maxParallel }));
+    const last = this.lastLimitsId >= 0 ? this.limitSets.values[this.lastLimitsId] : undefined;
+    if (!last || last.rpmLimit !== k.rpmLimit || last.tpmLimit !== k.tpmLimit || last.maxParallel !== k.maxParallel) {
+      this.lastLimitsId = this.limitSets.id(`${k.rpmLimit} ${k.tpmLimit} ${k.maxParallel}`, () => Object.freeze({ rpmLimit: k.rpmLimit, tpmLimit: k.tpmLimit, maxParallel: k.maxParallel }));
     }
     this.limitsOf[rec] = this.lastLimitsId;
     this.expires[rec] = k.expiresAtMs;
-    this.idIndexInsert(rec);
+    this.idIndexInsert(rec, idHash);
     return rec;
   }
 
@@ -267,21 +293,16 @@ export class PackedKeyTable {
 
   // ---- internals -----------------------------------------------------------------------------------
 
+  /** The 32 bytes a synced hash is stored as, in `digest32` (overwritten by the next call). */
   private digestOf(keyHash: string): Buffer {
-    if (HEX64.test(keyHash)) {
-      this.scratch.write(keyHash, 0, 'hex');
-      return this.scratch.subarray(0, 32);
-    }
-    return createHash('sha256').update(keyHash).digest();
+    if (isHex64(keyHash)) this.digest32.write(keyHash, 0, 'hex');
+    else createHash('sha256').update(keyHash).digest().copy(this.digest32);
+    return this.digest32;
   }
 
   private writeHash(rec: number, keyHash: string): void {
-    if (HEX64.test(keyHash)) {
-      this.hashes.write(keyHash, rec * 32, 'hex');
-    } else {
-      createHash('sha256').update(keyHash).digest().copy(this.hashes, rec * 32);
-      this.oddHashes.set(rec, keyHash);
-    }
+    this.digestOf(keyHash).copy(this.hashes, rec * 32);
+    if (!isHex64(keyHash)) this.oddHashes.set(rec, keyHash);
   }
 
   private writeFields(rec: number, keyId: string, projectId: string, orgId: string): void {
@@ -290,7 +311,7 @@ export class PackedKeyTable {
     // A record's old bytes are reused when the new id fits in them (a fresh record has none).
     if (this.idLen[rec] < len) {
       if (this.arenaUsed + len > this.arena.length) {
-        const next = Buffer.alloc(Math.max(this.arena.length * 2, this.arenaUsed + len, 1024));
+        const next = Buffer.alloc(Math.max(Math.ceil(this.arena.length * 1.5), this.arenaUsed + len, 1024));
         this.arena.copy(next, 0, 0, this.arenaUsed);
         this.arena = next;
       }
@@ -299,8 +320,8 @@ export class PackedKeyTable {
     }
     this.arena.write(keyId, this.idOff[rec], len, 'utf8');
     this.idLen[rec] = len;
-    this.project[rec] = this.strings.id(projectId, () => projectId);
-    this.org[rec] = this.strings.id(orgId, () => orgId);
+    this.project[rec] = this.strings.id(projectId, same);
+    this.org[rec] = this.strings.id(orgId, same);
   }
 
   private writeScratch(s: string): number {
@@ -312,7 +333,7 @@ export class PackedKeyTable {
   private alloc(): number {
     const reuse = this.freeList.pop();
     if (reuse !== undefined) return reuse;
-    if (this.used === this.cap) this.grow(this.cap * 2);
+    if (this.used === this.cap) this.grow(Math.ceil(this.cap * 1.5));
     return this.used++;
   }
 
@@ -333,12 +354,13 @@ export class PackedKeyTable {
     this.models = copy(this.models, (n) => new Uint32Array(n));
     this.limitsOf = copy(this.limitsOf, (n) => new Uint32Array(n));
     this.expires = copy(this.expires, (n) => new Float64Array(n));
-    if (this.arena.length === 0) this.arena = Buffer.alloc(cap * 20);
+    if (this.arena.length === 0) this.arena = Buffer.alloc(cap * 16);
     this.cap = cap;
-    // Indexes at most half full: rebuilt at twice the capacity.
-    this.mask = cap * 2 - 1;
-    this.hashIndex = new Uint32Array(cap * 2);
-    this.idIndex = new Uint32Array(cap * 2);
+    // Indexes at most half full: rebuilt at a power of two at least twice the capacity.
+    const slots = pow2AtLeast(cap * 2);
+    this.mask = slots - 1;
+    this.hashIndex = new Uint32Array(slots);
+    this.idIndex = new Uint32Array(slots);
     for (let rec = 0; rec < this.used; rec++) {
       if (this.state[rec] === FREE) continue;
       this.hashIndexInsert(rec);
@@ -360,7 +382,10 @@ export class PackedKeyTable {
       const v = this.hashIndex[slot];
       if (v === 0) return -1;
       const off = (v - 1) * 32;
-      if (this.hashes.compare(digest, 0, 32, off, off + 32) === 0) return v - 1;
+      const h = this.hashes;
+      let i = 0;
+      while (i < 32 && h[off + i] === digest[i]) i++;
+      if (i === 32) return v - 1;
       slot = (slot + 1) & this.mask;
     }
   }
@@ -371,8 +396,8 @@ export class PackedKeyTable {
     this.hashIndex[slot] = rec + 1;
   }
 
-  private idIndexInsert(rec: number): void {
-    let slot = this.idHome(rec);
+  private idIndexInsert(rec: number, idHash?: number): void {
+    let slot = idHash === undefined ? this.idHome(rec) : idHash & this.mask;
     while (this.idIndex[slot] !== 0) slot = (slot + 1) & this.mask;
     this.idIndex[slot] = rec + 1;
   }

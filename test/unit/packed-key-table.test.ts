@@ -5,8 +5,8 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import fc from 'fast-check';
 import { hashKey } from '../../proto/lib/keys.js';
-import type { KeyEntry, KeyTombstone } from '../../proto/gen/tollgate/v1/sync.js';
-import { GatewayState } from '../../data-plane/auth/key-table.js';
+import { ControlMessage, type KeyEntry, type KeyTombstone } from '../../proto/gen/tollgate/v1/sync.js';
+import { decodeControlMessage, GatewayState, StateHolder } from '../../data-plane/auth/key-table.js';
 
 const pepper = Buffer.alloc(32, 3);
 const VALUES = Array.from({ length: 48 }, (_, i) => `sk-tollgate-prop${i}`);
@@ -169,4 +169,28 @@ test('a hash that is not 64 hex digits is still stored and found as given', () =
   assert.equal(st.keysByHash.has('hash-k2'), false);
   st.removeKey('hash-k1');
   assert.equal(st.keysByHash.has('hash-k1'), false);
+});
+
+test('a snapshot decoded off the wire builds the same state as the decoded message would, without a key array', () => {
+  const keys = VALUES.slice(0, 30).map((_, i) => entry({ v: i, id: i, project: 'proj_a', org: i % 2 ? 'org_1' : 'org_2', models: i % 3 ? [] : ['chat'], rpm: 20, tpm: 60_000, parallel: 100, expires: i === 4 ? 500 : 0 }));
+  const tombstones = [{ keyHash: HASHES[40], keyId: 'key_gone', projectId: 'proj_a', orgId: 'org_1' }, { keyHash: HASHES[0], keyId: 'key_stale', projectId: 'proj_x', orgId: 'org_1' }];
+  const orgs = [{ orgId: 'org_1', tier: 'free', blocked: true, blockedReason: 'cap', ownerAccountId: 'acct_1' }];
+  const snap = { version: 42, config: undefined, keys, orgs, tombstones } as never;
+  const bytes = ControlMessage.encode(ControlMessage.fromPartial({ snapshot: snap })).finish();
+  const msg = decodeControlMessage(bytes);
+  assert.equal(msg.snapshot?.version, 42);
+  assert.equal(msg.snapshot?.keys.length, 0, 'the keys went straight into the table');
+  assert.deepEqual(msg.snapshot?.orgs.map((o) => o.orgId), ['org_1']);
+  const holder = new StateHolder();
+  holder.applySnapshot(msg.snapshot!);
+  const m = new Model();
+  for (const k of keys) m.upsert(k);
+  for (const t of tombstones) m.tombstone(t);
+  const st = holder.current;
+  assert.equal(st.version, 42);
+  assert.equal(st.lookup(pepper, VALUES[1])?.org.blocked, true);
+  check(st, m, 1_000);
+  // Any other message decodes as before.
+  const ack = ControlMessage.encode(ControlMessage.fromPartial({ reportAck: { seq: 7, instanceId: 'i' } })).finish();
+  assert.equal(decodeControlMessage(ack).reportAck?.seq, 7);
 });
