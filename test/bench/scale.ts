@@ -58,10 +58,21 @@ function benchConfig(upstreamUrl?: string): string {
   });
 }
 
-/** RSS of a process once it has settled (two equal-ish readings after a GC-friendly pause). */
+/**
+ * RSS of a process once it has settled: two readings a second apart within 1% of each other after a
+ * GC-friendly pause (V8 hands freed pages back lazily, some seconds after a large transient such as a
+ * snapshot), or the last reading after 20 s.
+ */
 async function settledRss(pid: number): Promise<number> {
   await sleep(1500);
-  return rssBytes(pid) ?? 0;
+  let last = rssBytes(pid) ?? 0;
+  for (let i = 0; i < 19; i++) {
+    await sleep(1000);
+    const now = rssBytes(pid) ?? 0;
+    if (Math.abs(now - last) <= last * 0.01) return now;
+    last = now;
+  }
+  return last;
 }
 
 // ---------------------------------------------------------------------------------------------------
