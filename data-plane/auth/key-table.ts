@@ -133,6 +133,11 @@ export class GatewayState {
     };
   }
 
+  /** Bytes of the packed key table's arrays (for benchmarks and diagnostics). */
+  get keyTableBytes(): number {
+    return this.packed.byteSize;
+  }
+
   static fromSnapshot(s: Snapshot): GatewayState {
     const tombstones = s.tombstones ?? [];
     const st = new GatewayState(s.config, s.keys.length + tombstones.length);

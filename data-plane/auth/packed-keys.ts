@@ -124,6 +124,12 @@ export class PackedKeyTable {
     return this.nRevoked;
   }
 
+  /** Bytes held in the table's arrays and arena (not counting the interned values, few by design). */
+  get byteSize(): number {
+    const arrays = [this.hashes, this.state, this.idOff, this.idLen, this.project, this.org, this.models, this.limitsOf, this.expires, this.arena, this.hashIndex, this.idIndex];
+    return arrays.reduce((n, a) => n + a.byteLength, 0);
+  }
+
   // ---- reads ---------------------------------------------------------------------------------------
 
   /** The live or revoked record whose hash is `digest` (32 bytes), else -1. Candidate found by the index, confirmed in constant time. */
