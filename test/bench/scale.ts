@@ -216,7 +216,7 @@ function lookupInProcess(): Record<string, number> {
   const coldMapNs = ((performance.now() - tc) * 1e6) / 200_000;
   const min = (xs: number[]) => Math.min(...xs);
   const tablePerKey = large.keyTableBytes / KEYS;
-  console.log(`  in-process: decoding and applying the snapshot ${applyMs.toFixed(0)} ms, ${heapPerKey.toFixed(0)} bytes of V8 heap + ArrayBuffers per key (the packed table's arrays: ${tablePerKey.toFixed(0)} bytes per key)`);
+  console.log(`  in-process: decoding and applying the snapshot ${applyMs.toFixed(0)} ms, the packed table's arrays ${tablePerKey.toFixed(0)} bytes per key (V8 heap + ArrayBuffers before and after, less the snapshot's bytes: ${heapPerKey.toFixed(0)}, a rough figure: garbage freed late shows)`);
   console.log(`  in-process lookup (HMAC + index probe + constant-time compare): ${min(largeNs).toFixed(0)} ns with ${KEYS.toLocaleString('en')} keys, ${min(smallNs).toFixed(0)} ns with 1,000; a cold index probe from hex alone ${coldMapNs.toFixed(0)} ns (${hit} hits)`);
   return { applyMs, heapBytesPerKey: heapPerKey, keyTableBytesPerKey: tablePerKey, lookupNsManyKeys: min(largeNs), lookupNsThousandKeys: min(smallNs), coldMapProbeNs: coldMapNs };
 }
