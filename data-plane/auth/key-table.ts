@@ -3,10 +3,13 @@
 // A snapshot builds a new GatewayState and the holder swaps one reference; a delta mutates the current
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
 import { IpRangeSet } from '../../proto/lib/ip.js';
-import { hashKey, secretsEqual } from '../../proto/lib/keys.js';
+import { createHmac } from 'node:crypto';
+import { BinaryReader } from '@bufbuild/protobuf/wire';
+import { ControlMessage, GatewayConfig as GatewayConfigCodec, KeyEntry as KeyEntryCodec, KeyTombstone as KeyTombstoneCodec, OrgEntry as OrgEntryCodec } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
 import { RouteTable } from '../http/routes.js';
+import { PackedKeyTable } from './packed-keys.js';
 
 /** An organisation, one mutable object per org id: keys point at it, so an org upsert reaches them at once. */
 export interface OrgState {
@@ -74,30 +77,74 @@ export function buildConfigView(config: GatewayConfig | undefined): ConfigView {
 
 export type DeltaResult = 'applied' | 'stale' | 'gap';
 
-/** The allowed_models of most keys (empty: the whole plan), one Set shared by all of them. */
-const NO_MODELS: ReadonlySet<string> = new Set();
+/** How many looked-up keys keep their materialized `KeyRecord` (most keys are quiet; hot ones stay). */
+const RECORD_CACHE = 16_384;
+
+/** A revoked key as the request log names it. */
+export interface KeyNames {
+  keyId: string;
+  projectId: string;
+  orgId: string;
+}
+
+/**
+ * The live keys by hash (hex), read-only and Map-like, for the code that checks a hash it already has
+ * (open sockets, a session admitted before a delta). Revoked keys are not in it.
+ */
+export interface KeyHashView {
+  get(keyHash: string): KeyRecord | undefined;
+  has(keyHash: string): boolean;
+  keys(): IterableIterator<string>;
+  readonly size: number;
+}
 
 export class GatewayState {
   version = 0;
   view: ConfigView;
-  readonly keysByHash = new Map<string, KeyRecord>();
-  readonly hashByKeyId = new Map<string, string>();
+  /** Every key, live or revoked, packed (packed-keys.ts); `KeyRecord`s exist only for keys looked up. */
+  private readonly packed: PackedKeyTable;
+  /** Materialized records by record number; dropped when their record changes. */
+  private readonly records = new Map<number, KeyRecord>();
+  /** The record numbers cached, in the order they were (a ring): the oldest is evicted first. */
+  private readonly cachedOrder = new Int32Array(RECORD_CACHE).fill(-1);
+  private cachedNext = 0;
+  readonly keysByHash: KeyHashView;
   readonly orgs = new Map<string, OrgState>();
-  /** Revoked keys by hash: they never authenticate; they only name the key in the request log. */
-  readonly tombstones = new Map<string, { keyId: string; projectId: string; orgId: string }>();
   /** Cached `/v1/models` bodies per key id; dropped whenever anything they depend on changes. */
   modelListCache = new Map<string, string>();
 
-  constructor(config?: GatewayConfig) {
+  constructor(config?: GatewayConfig, expectedKeys = 0) {
     this.view = buildConfigView(config);
+    this.packed = new PackedKeyTable(expectedKeys);
+    const self = this;
+    this.keysByHash = {
+      get: (keyHash) => {
+        const rec = self.packed.findHash(keyHash);
+        return rec >= 0 && self.packed.isLive(rec) ? self.record(rec) : undefined;
+      },
+      has: (keyHash) => {
+        const rec = self.packed.findHash(keyHash);
+        return rec >= 0 && self.packed.isLive(rec);
+      },
+      keys: () => self.packed.liveHashes(),
+      get size() {
+        return self.packed.liveCount;
+      },
+    };
+  }
+
+  /** Bytes of the packed key table's arrays (for benchmarks and diagnostics). */
+  get keyTableBytes(): number {
+    return this.packed.byteSize;
   }
 
   static fromSnapshot(s: Snapshot): GatewayState {
-    const st = new GatewayState(s.config);
+    const tombstones = s.tombstones ?? [];
+    const st = new GatewayState(s.config, s.keys.length + tombstones.length);
     st.version = s.version;
     for (const o of s.orgs) st.upsertOrg(o);
     for (const k of s.keys) st.upsertKey(k);
-    for (const t of s.tombstones ?? []) st.addTombstone(t);
+    for (const t of tombstones) st.addTombstone(t);
     return st;
   }
 
@@ -138,50 +185,82 @@ export class GatewayState {
     return org;
   }
 
+  /** A key added or changed in place; a key id that arrives with a new hash forgets its old one. */
   upsertKey(k: KeyEntry): void {
-    const old = this.hashByKeyId.get(k.keyId);
-    if (old !== undefined && old !== k.keyHash) this.keysByHash.delete(old);
-    this.keysByHash.set(k.keyHash, {
+    this.orgFor(k.orgId);
+    const prior = this.packed.findKeyId(k.keyId);
+    if (prior >= 0) this.records.delete(prior);
+    const rec = this.packed.put({
       keyId: k.keyId,
       keyHash: k.keyHash,
       projectId: k.projectId,
       orgId: k.orgId,
-      org: this.orgFor(k.orgId),
-      allowedModels: k.allowedModels.length === 0 ? NO_MODELS : new Set(k.allowedModels),
-      limits: { keyId: k.keyId, rpmLimit: k.rpmLimit, tpmLimit: k.tpmLimit, maxParallel: k.maxParallelRequests },
+      allowedModels: k.allowedModels,
+      rpmLimit: k.rpmLimit,
+      tpmLimit: k.tpmLimit,
+      maxParallel: k.maxParallelRequests,
       expiresAtMs: k.expiresAtMs ?? 0,
     });
-    this.hashByKeyId.set(k.keyId, k.keyHash);
+    this.records.delete(rec);
   }
 
   addTombstone(t: KeyTombstone): void {
-    if (!this.keysByHash.has(t.keyHash)) this.tombstones.set(t.keyHash, { keyId: t.keyId, projectId: t.projectId, orgId: t.orgId });
+    this.packed.putRevoked(t.keyHash, t.keyId, t.projectId, t.orgId);
   }
 
+  /** Revocation: the key never authenticates again but is still found by `tombstone`. */
   removeKey(keyHash: string): void {
-    const rec = this.keysByHash.get(keyHash);
-    if (!rec) return;
-    this.keysByHash.delete(keyHash);
-    this.tombstones.set(keyHash, { keyId: rec.keyId, projectId: rec.projectId, orgId: rec.orgId });
-    if (this.hashByKeyId.get(rec.keyId) === keyHash) this.hashByKeyId.delete(rec.keyId);
+    const rec = this.packed.findHash(keyHash);
+    if (rec < 0) return;
+    this.packed.revoke(keyHash);
+    this.records.delete(rec);
   }
 
-  /** One HMAC and one Map lookup. The Map holds only hashes; the key itself is never stored. An expired key (at `nowMs`) is not found. */
+  /** One HMAC and one probe of the packed index. Only hashes are held; the key itself is never stored. An expired key (at `nowMs`) is not found. */
   lookup(pepper: Buffer, key: string, nowMs?: number): KeyRecord | undefined {
-    const hash = hashKey(pepper, key);
-    const rec = this.keysByHash.get(hash);
-    if (rec?.expiresAtMs && nowMs !== undefined && nowMs >= rec.expiresAtMs) return undefined;
-    // The Map finds the candidate; the stored hash is still compared in constant time.
-    return rec && secretsEqual(rec.keyHash, hash) ? rec : undefined;
+    // The index finds the candidate; its stored hash is then compared in constant time (findDigest).
+    const rec = this.packed.findDigest(createHmac('sha256', pepper).update(key).digest());
+    if (rec < 0 || !this.packed.isLive(rec)) return undefined;
+    const expires = this.packed.expiresAtMs(rec);
+    if (expires && nowMs !== undefined && nowMs >= expires) return undefined;
+    return this.record(rec);
   }
 
   /**
    * The revoked (or expired, not yet revoked) key a presented value belongs to, so the refusal is
    * logged against it (only on the 401 path: one more HMAC there).
    */
-  tombstone(pepper: Buffer, key: string): { keyId: string; projectId: string; orgId: string } | undefined {
-    const hash = hashKey(pepper, key);
-    return this.tombstones.get(hash) ?? this.keysByHash.get(hash);
+  tombstone(pepper: Buffer, key: string): KeyNames | undefined {
+    const rec = this.packed.findDigest(createHmac('sha256', pepper).update(key).digest());
+    if (rec < 0) return undefined;
+    return { keyId: this.packed.keyId(rec), projectId: this.packed.projectId(rec), orgId: this.packed.orgId(rec) };
+  }
+
+  /** The `KeyRecord` of a live record: cached while it is among the recently looked-up ones. */
+  private record(rec: number): KeyRecord {
+    const hit = this.records.get(rec);
+    if (hit) return hit;
+    const p = this.packed;
+    const keyId = p.keyId(rec);
+    const orgId = p.orgId(rec);
+    const l = p.limits(rec);
+    const r: KeyRecord = {
+      keyId,
+      keyHash: p.keyHash(rec),
+      projectId: p.projectId(rec),
+      orgId,
+      org: this.orgFor(orgId),
+      allowedModels: p.allowedModels(rec),
+      limits: { keyId, rpmLimit: l.rpmLimit, tpmLimit: l.tpmLimit, maxParallel: l.maxParallel },
+      expiresAtMs: p.expiresAtMs(rec),
+    };
+    // A slot's old record may already be gone (changed since): deleting it again is harmless.
+    const evict = this.cachedOrder[this.cachedNext];
+    if (evict >= 0) this.records.delete(evict);
+    this.cachedOrder[this.cachedNext] = rec;
+    this.cachedNext = (this.cachedNext + 1) % RECORD_CACHE;
+    this.records.set(rec, r);
+    return r;
   }
 
   /** The models a key may call: the plan ∩ allowed_models (empty allowed_models: the whole plan). */
@@ -197,13 +276,62 @@ export class GatewayState {
   }
 }
 
+/** States built while their snapshot was decoded (decodeControlMessage), by the snapshot they stand for. */
+const prebuilt = new WeakMap<Snapshot, GatewayState>();
+
+/**
+ * The sync stream's deserializer: a ControlMessage, except that a snapshot's keys and tombstones go
+ * straight into a packed GatewayState as they are read, one short-lived KeyEntry at a time, instead of
+ * an array of a million objects that would all live (and grow the heap) until the snapshot is applied.
+ * The Snapshot returned has empty `keys` and `tombstones`; StateHolder.applySnapshot takes the state built.
+ */
+export function decodeControlMessage(buf: Uint8Array): ControlMessage {
+  const reader = new BinaryReader(buf);
+  // ControlMessage is a oneof; a snapshot is field 1 alone.
+  if (buf.length === 0 || reader.uint32() !== 10) return ControlMessage.decode(buf);
+  const length = reader.uint32();
+  const end = reader.pos + length;
+  if (end !== buf.length) return ControlMessage.decode(buf);
+  // One cheap pass to size the table exactly, then the real one.
+  let entries = 0;
+  while (reader.pos < end) {
+    const tag = reader.uint32();
+    if (tag === 26 || tag === 42) entries++;
+    reader.skip(tag & 7);
+  }
+  reader.pos = end - length;
+  const state = new GatewayState(undefined, entries);
+  const snapshot: Snapshot = { version: 0, config: undefined, keys: [], orgs: [], tombstones: [] };
+  const tombstones: KeyTombstone[] = [];
+  while (reader.pos < end) {
+    const tag = reader.uint32();
+    if (tag === 8) snapshot.version = Number(reader.int64());
+    else if (tag === 18) snapshot.config = GatewayConfigCodec.decode(reader, reader.uint32());
+    else if (tag === 26) state.upsertKey(KeyEntryCodec.decode(reader, reader.uint32()));
+    else if (tag === 34) {
+      const o = OrgEntryCodec.decode(reader, reader.uint32());
+      snapshot.orgs.push(o);
+      state.upsertOrg(o);
+    } else if (tag === 42) tombstones.push(KeyTombstoneCodec.decode(reader, reader.uint32()));
+    else reader.skip(tag & 7);
+  }
+  // As fromSnapshot: tombstones after every key (a tombstone never hides a live key).
+  for (const t of tombstones) state.addTombstone(t);
+  state.version = snapshot.version;
+  state.view = buildConfigView(snapshot.config);
+  prebuilt.set(snapshot, state);
+  const msg = ControlMessage.decode(new Uint8Array(0));
+  msg.snapshot = snapshot;
+  return msg;
+}
+
 /** Holds the current state; a snapshot swaps the reference. */
 export class StateHolder {
   current: GatewayState = new GatewayState();
   ready = false;
 
   applySnapshot(s: Snapshot): void {
-    this.current = GatewayState.fromSnapshot(s);
+    this.current = prebuilt.get(s) ?? GatewayState.fromSnapshot(s);
     this.ready = true;
   }
 }

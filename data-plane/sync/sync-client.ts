@@ -5,8 +5,8 @@
 // bad node token) is fatal: one line, exit 2.
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
-import { SyncServiceClient, type ControlMessage, type Delta, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
-import type { StateHolder } from '../auth/key-table.js';
+import { SyncServiceClient, SyncServiceService, type ControlMessage, type Delta, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
+import { decodeControlMessage, type StateHolder } from '../auth/key-table.js';
 import type { OpenStreams } from '../auth/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
 import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
@@ -142,7 +142,9 @@ export class SyncClient {
     if (this.stopped) return;
     const md = new Metadata();
     md.set('authorization', `Bearer ${this.opts.nodeToken}`);
-    const call = this.client.connect(md);
+    // The generated client's Connect, with a deserializer that packs a snapshot's keys as it reads them.
+    const method = SyncServiceService.connect;
+    const call = this.client.makeBidiStreamRequest(method.path, method.requestSerialize, decodeControlMessage, md);
     this.call = call;
     this.awaitingSnapshot = false;
     this.catchUpVersion = -1;
