@@ -10,6 +10,7 @@ import type { SpendReservation } from '../limits/lease-client.js';
 import type { CallResult } from '../proxy/providers/provider.js';
 import { logRequestError } from '../log.js';
 import { estimateTokens } from '../proxy/tokens.js';
+import { cleanCount } from '../proxy/usage-readers.js';
 import { logBug } from './reply.js';
 import type { LogDraft } from './request-log.js';
 
@@ -28,25 +29,8 @@ export interface FinishSource {
 
 /** The most tokens one request may report (far above any context window); more is clamped. */
 export const MAX_TOKENS_PER_REQUEST = 100_000_000;
-let badCountsLogged = 0;
-
-/**
- * A count an upstream reported (usage tokens, audio units), made a safe integer at the boundary: a
- * fraction is rounded up, a numeric string read, anything else (NaN, negative, an object) is 0, and a
- * huge value is clamped. Whatever is changed is logged (bounded), so nothing an upstream sends can
- * make a report unencodable.
- */
-export function cleanCount(v: unknown, what: string, requestId: string): number {
-  if (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= MAX_TOKENS_PER_REQUEST) return v;
-  let n = typeof v === 'number' ? v : typeof v === 'string' && /^\s*\d+(\.\d+)?\s*$/.test(v) ? Number(v) : NaN;
-  if (Number.isNaN(n) || n < 0) n = 0;
-  const clean = Math.min(MAX_TOKENS_PER_REQUEST, Math.ceil(n));
-  if (badCountsLogged++ < 100) {
-    const shown = typeof v === 'string' ? JSON.stringify(v.slice(0, 40)) : typeof v === 'number' ? String(v) : typeof v;
-    console.error(`data plane: request ${requestId}: upstream reported ${what} as ${shown}; recorded as ${clean}`);
-  }
-  return clean;
-}
+/** One boundary for every count an upstream reports (usage-readers.ts). */
+export { cleanCount };
 
 /**
  * How long a finished response waits for its provider to report before the context settles on its

@@ -46,36 +46,50 @@ export function tokenUsageOf(u: unknown): TokenUsage | null {
   if (!isObj(u)) return null;
   const chatStyle = u.prompt_tokens !== undefined || u.completion_tokens !== undefined;
   if (!chatStyle && u.input_tokens === undefined && u.output_tokens === undefined) return null;
-  let prompt = count(chatStyle ? u.prompt_tokens : u.input_tokens);
-  let completion = count(chatStyle ? u.completion_tokens : u.output_tokens);
+  let prompt = cleanCount(chatStyle ? u.prompt_tokens : u.input_tokens, chatStyle ? 'usage.prompt_tokens' : 'usage.input_tokens');
+  let completion = cleanCount(chatStyle ? u.completion_tokens : u.output_tokens, chatStyle ? 'usage.completion_tokens' : 'usage.output_tokens');
   const pd = obj(u.prompt_tokens_details) ?? obj(u.input_tokens_details) ?? obj(u.input_token_details);
   const cd = obj(u.completion_tokens_details) ?? obj(u.output_tokens_details) ?? obj(u.output_token_details);
-  const cacheRead = count(u.cache_read_input_tokens);
-  const cacheCreate = count(u.cache_creation_input_tokens);
+  const cacheRead = cleanCount(u.cache_read_input_tokens, 'usage.cache_read_input_tokens');
+  const cacheCreate = cleanCount(u.cache_creation_input_tokens, 'usage.cache_creation_input_tokens');
   if (!chatStyle) prompt = Math.min(MAX_COUNT, prompt + cacheRead + cacheCreate);
-  const reasoning = count(cd?.reasoning_tokens);
+  const reasoning = cleanCount(cd?.reasoning_tokens, 'usage reasoning_tokens');
   if (reasoning > completion) completion = reasoning;
-  const total = u.total_tokens === undefined ? 0 : count(u.total_tokens);
+  const total = u.total_tokens === undefined ? 0 : cleanCount(u.total_tokens, 'usage.total_tokens');
   if (total > prompt + completion) completion = Math.min(MAX_COUNT, total - prompt);
   const out: TokenUsage = { promptTokens: prompt, completionTokens: completion };
-  const cached = Math.max(count(pd?.cached_tokens), cacheRead);
+  const cached = Math.max(cleanCount(pd?.cached_tokens, 'usage cached_tokens'), cacheRead);
   if (cached > 0) out.cachedPromptTokens = cached;
-  const write = Math.max(count(pd?.cache_write_tokens), count(pd?.cache_creation_tokens), cacheCreate);
+  const write = Math.max(cleanCount(pd?.cache_write_tokens, 'usage cache_write_tokens'), cleanCount(pd?.cache_creation_tokens, 'usage cache_creation_tokens'), cacheCreate);
   if (write > 0) out.cacheWriteTokens = write;
-  const audioIn = count(pd?.audio_tokens);
+  const audioIn = cleanCount(pd?.audio_tokens, 'usage input audio_tokens');
   if (audioIn > 0) out.audioPromptTokens = audioIn;
-  const cachedAudio = count(obj(pd?.cached_tokens_details)?.audio_tokens);
+  const cachedAudio = cleanCount(obj(pd?.cached_tokens_details)?.audio_tokens, 'usage cached audio_tokens');
   if (cachedAudio > 0) out.cachedAudioPromptTokens = cachedAudio;
-  const audioOut = count(cd?.audio_tokens);
+  const audioOut = cleanCount(cd?.audio_tokens, 'usage output audio_tokens');
   if (audioOut > 0) out.audioCompletionTokens = audioOut;
   return out;
 }
 
-/** A count as request-context.ts cleanCount makes it: whole (fractions up), non-negative, bounded. */
-function count(v: unknown): number {
-  const n = typeof v === 'number' ? v : typeof v === 'string' && /^\s*\d+(\.\d+)?\s*$/.test(v) ? Number(v) : NaN;
-  if (Number.isNaN(n) || n < 0) return 0;
-  return Math.min(MAX_COUNT, Math.ceil(n));
+let badCountsLogged = 0;
+
+/**
+ * A count an upstream reported (usage tokens, audio units), made a safe integer at the boundary: a
+ * fraction is rounded up, a numeric string read, anything else (NaN, negative, an object) is 0, and a
+ * huge value is clamped; absent or null is 0. Whatever is changed is logged (bounded), so the operator
+ * sees an upstream's odd usage and nothing it sends can make a report unencodable.
+ */
+export function cleanCount(v: unknown, what: string, requestId = ''): number {
+  if (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v <= MAX_COUNT) return v;
+  if (v === undefined || v === null) return 0;
+  let n = typeof v === 'number' ? v : typeof v === 'string' && /^\s*\d+(\.\d+)?\s*$/.test(v) ? Number(v) : NaN;
+  if (Number.isNaN(n) || n < 0) n = 0;
+  const clean = Math.min(MAX_COUNT, Math.ceil(n));
+  if (badCountsLogged++ < 100) {
+    const shown = typeof v === 'string' ? JSON.stringify(v.slice(0, 40)) : typeof v === 'number' ? String(v) : typeof v;
+    console.error(`data plane: ${requestId ? `request ${requestId}: ` : ''}upstream reported ${what} as ${shown}; recorded as ${clean}`);
+  }
+  return clean;
 }
 
 function isObj(v: unknown): v is Record<string, unknown> {
