@@ -1,6 +1,6 @@
 // The only module of the control plane that reads argv and the environment. Everything it returns is
 // frozen and typed; a bad setting fails start with one line naming it (ConfigError, exit code 2).
-import { ConfigError, parseFlags } from '../proto/lib/flags.js';
+import { ConfigError, readProcessFlags } from '../proto/lib/process-flags.js';
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -44,7 +44,7 @@ export interface ControlPlaneConfig {
 const USAGE =
   'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = new Set(['--db', '--listen', '--config', '--pepper-file', '--node-token-file', '--revoke-ack-timeout-ms', '--admin-listen', '--logs-db', '--log-retention-days', '--audit-retention-days', '--log-level', '--tls-cert', '--tls-key', '--tls-ca']);
+const FLAGS = ['db', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -76,13 +76,13 @@ function tokenBesideDb(dbPath: string, name: string, prefix: string): { token: s
 }
 
 export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<ControlPlaneConfig> {
-  const flags = parseFlags(argv, FLAGS, USAGE);
-  const db = flags.get('--db');
+  const flags = readProcessFlags(argv, FLAGS, USAGE);
+  const db = flags.db;
   if (!db) throw new ConfigError(`--db is required; ${USAGE}`);
-  const listen = flags.get('--listen');
+  const listen = flags.listen;
   if (!listen) throw new ConfigError(`--listen is required; ${USAGE}`);
   checkHostPort('--listen', listen);
-  const adminListen = flags.get('--admin-listen') ?? null;
+  const adminListen = flags['admin-listen'] ?? null;
   if (adminListen) checkHostPort('--admin-listen', adminListen);
   const dbPath = resolve(db);
   try {
@@ -92,7 +92,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   }
 
   // An explicit flag wins over the environment, as on the nodes.
-  const pepperFile = flags.get('--pepper-file');
+  const pepperFile = flags['pepper-file'];
   const pepperText = pepperFile ? readSecretFile('--pepper-file', pepperFile) : env.TOLLGATE_PEPPER || undefined;
   // The bytes of the string are the pepper (hex or raw alike); never decoded, never stored.
   const pepper = pepperText ? Buffer.from(pepperText, 'utf8') : undefined;
@@ -100,7 +100,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   if (pepperProblem) throw new ConfigError(pepperProblem);
 
   let revokeAckTimeoutMs = 5000;
-  const rawTimeout = flags.get('--revoke-ack-timeout-ms');
+  const rawTimeout = flags['revoke-ack-timeout-ms'];
   if (rawTimeout !== undefined) {
     if (!/^\d{1,9}$/.test(rawTimeout)) throw new ConfigError(`--revoke-ack-timeout-ms must be a whole number of milliseconds, got ${JSON.stringify(rawTimeout)}`);
     revokeAckTimeoutMs = Number(rawTimeout);
@@ -113,25 +113,25 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorToken = t.token;
     if (t.created) operatorTokenCreatedAt = t.path;
   }
-  const nodeTokenFile = flags.get('--node-token-file');
+  const nodeTokenFile = flags['node-token-file'];
   let nodeToken = nodeTokenFile ? readSecretFile('--node-token-file', nodeTokenFile).trim() : env.TOLLGATE_NODE_TOKEN || '';
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
 
-  const logLevel = flags.get('--log-level') ?? 'info';
+  const logLevel = flags['log-level'] ?? 'info';
   const levelError = checkLogLevel(logLevel);
   if (levelError) throw new ConfigError(levelError);
-  const tls = readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') });
+  const tls = readTlsFiles({ cert: flags['tls-cert'], key: flags['tls-key'], ca: flags['tls-ca'] });
   if (tls && !tls.cert) throw new ConfigError('--tls-ca needs --tls-cert and --tls-key (the control plane serves TLS to check client certificates)');
 
-  const configPath = resolve(flags.get('--config') ?? DEMO_CONFIG_PATH);
+  const configPath = resolve(flags.config ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
 
-  const logsDbPath = resolve(flags.get('--logs-db') ?? join(dirname(dbPath), 'logs.db'));
+  const logsDbPath = resolve(flags['logs-db'] ?? join(dirname(dbPath), 'logs.db'));
   if (logsDbPath === dbPath) throw new ConfigError('--logs-db must be another file than --db');
-  const rawRetention = flags.get('--log-retention-days') ?? '30';
+  const rawRetention = flags['log-retention-days'] ?? '30';
   if (!/^\d{1,5}$/.test(rawRetention) || Number(rawRetention) < 1) throw new ConfigError(`--log-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawRetention)}`);
 
-  const rawAuditRetention = flags.get('--audit-retention-days') ?? '365';
+  const rawAuditRetention = flags['audit-retention-days'] ?? '365';
   if (!/^\d{1,5}$/.test(rawAuditRetention) || Number(rawAuditRetention) < 1) throw new ConfigError(`--audit-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawAuditRetention)}`);
 
   return Object.freeze({

@@ -1,6 +1,6 @@
 // The only module of the data plane that reads argv and the environment. It returns a frozen, typed
 // object; a bad setting fails start with one line naming it (ConfigError, exit code 2).
-import { ConfigError, parseFlags } from '../proto/lib/flags.js';
+import { ConfigError, readProcessFlags } from '../proto/lib/process-flags.js';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
@@ -57,7 +57,7 @@ export interface NodeConfig {
 
 const USAGE =
   'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--body-min-rate-kib N] [--body-grace-seconds N] [--max-spill-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
-const FLAGS = new Set(['--control-plane', '--listen', '--admin-listen', '--node-id', '--pepper-file', '--node-token-file', '--max-buffered-body-mib', '--body-min-rate-kib', '--body-grace-seconds', '--max-spill-mib', '--data-dir', '--journal-max-mib', '--realtime-max-buffered-kib', '--realtime-max-node-buffered-mib', '--drain-seconds', '--log-level', '--tls-ca', '--tls-cert', '--tls-key']);
+const FLAGS = ['control-plane', 'listen', 'admin-listen', 'node-id', 'pepper-file', 'node-token-file', 'max-buffered-body-mib', 'body-min-rate-kib', 'body-grace-seconds', 'max-spill-mib', 'data-dir', 'journal-max-mib', 'realtime-max-buffered-kib', 'realtime-max-node-buffered-mib', 'drain-seconds', 'log-level', 'tls-ca', 'tls-cert', 'tls-key'] as const;
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -80,50 +80,50 @@ function readSecretFile(flag: string, path: string): Buffer {
 }
 
 export function loadConfig(argv: readonly string[] = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<NodeConfig> {
-  const flags = parseFlags(argv, FLAGS, USAGE);
-  const cpValue = flags.get('--control-plane');
+  const flags = readProcessFlags(argv, FLAGS, USAGE);
+  const cpValue = flags['control-plane'];
   if (!cpValue) throw new ConfigError(`--control-plane is required; ${USAGE}`);
   hostPort('--control-plane', cpValue);
-  const listenValue = flags.get('--listen');
+  const listenValue = flags.listen;
   if (!listenValue) throw new ConfigError(`--listen is required; ${USAGE}`);
   const listen = hostPort('--listen', listenValue);
-  const adminValue = flags.get('--admin-listen');
+  const adminValue = flags['admin-listen'];
   const admin = adminValue ? hostPort('--admin-listen', adminValue) : null;
 
-  const pepperFile = flags.get('--pepper-file');
+  const pepperFile = flags['pepper-file'];
   const pepper = pepperFile ? readSecretFile('--pepper-file', pepperFile) : env.TOLLGATE_PEPPER ? Buffer.from(env.TOLLGATE_PEPPER, 'utf8') : undefined;
   const pepperError = checkPepper(pepper);
   if (pepperError) throw new ConfigError(pepperError);
 
-  const tokenFile = flags.get('--node-token-file');
+  const tokenFile = flags['node-token-file'];
   const nodeToken = tokenFile ? readSecretFile('--node-token-file', tokenFile).toString('utf8').trim() : (env.TOLLGATE_NODE_TOKEN ?? '').trim();
   if (!nodeToken) throw new ConfigError('no node token: set TOLLGATE_NODE_TOKEN or pass --node-token-file');
 
-  const nodeId = flags.get('--node-id') ?? `${hostname()}-${randomBytes(3).toString('hex')}`;
+  const nodeId = flags['node-id'] ?? `${hostname()}-${randomBytes(3).toString('hex')}`;
   if (!/^[A-Za-z0-9._:-]{1,128}$/.test(nodeId)) throw new ConfigError(`--node-id must be 1-128 characters of A-Z a-z 0-9 . _ : -, got ${JSON.stringify(nodeId)}`);
 
-  const bufferedMib = flags.get('--max-buffered-body-mib') ?? '256';
+  const bufferedMib = flags['max-buffered-body-mib'] ?? '256';
   if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);
 
-  const minRateKib = flags.get('--body-min-rate-kib') ?? '16';
+  const minRateKib = flags['body-min-rate-kib'] ?? '16';
   if (!/^\d{1,7}$/.test(minRateKib)) throw new ConfigError(`--body-min-rate-kib must be a whole number of KiB per second (0: no minimum), got ${JSON.stringify(minRateKib)}`);
-  const graceSeconds = flags.get('--body-grace-seconds') ?? '10';
+  const graceSeconds = flags['body-grace-seconds'] ?? '10';
   if (!/^\d{1,5}$/.test(graceSeconds) || Number(graceSeconds) < 1) throw new ConfigError(`--body-grace-seconds must be a whole number of seconds, at least 1, got ${JSON.stringify(graceSeconds)}`);
-  const spillMib = flags.get('--max-spill-mib') ?? '4096';
+  const spillMib = flags['max-spill-mib'] ?? '4096';
   if (!/^\d{1,7}$/.test(spillMib) || Number(spillMib) < 1) throw new ConfigError(`--max-spill-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(spillMib)}`);
 
-  const dataDir = flags.get('--data-dir') ?? null;
+  const dataDir = flags['data-dir'] ?? null;
   if (dataDir !== null && dataDir.trim() === '') throw new ConfigError('--data-dir must not be empty');
-  const journalMib = flags.get('--journal-max-mib') ?? (dataDir === null ? '64' : '1024');
+  const journalMib = flags['journal-max-mib'] ?? (dataDir === null ? '64' : '1024');
   if (!/^\d{1,7}$/.test(journalMib) || Number(journalMib) < 1) throw new ConfigError(`--journal-max-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(journalMib)}`);
-  const realtimeKib = flags.get('--realtime-max-buffered-kib') ?? '1024';
+  const realtimeKib = flags['realtime-max-buffered-kib'] ?? '1024';
   if (!/^\d{1,7}$/.test(realtimeKib) || Number(realtimeKib) < 16) throw new ConfigError(`--realtime-max-buffered-kib must be a whole number of KiB, at least 16, got ${JSON.stringify(realtimeKib)}`);
-  const realtimeNodeMib = flags.get('--realtime-max-node-buffered-mib') ?? '256';
+  const realtimeNodeMib = flags['realtime-max-node-buffered-mib'] ?? '256';
   if (!/^\d{1,6}$/.test(realtimeNodeMib) || Number(realtimeNodeMib) < 1) throw new ConfigError(`--realtime-max-node-buffered-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(realtimeNodeMib)}`);
-  const logLevel = flags.get('--log-level') ?? 'info';
+  const logLevel = flags['log-level'] ?? 'info';
   const levelError = checkLogLevel(logLevel);
   if (levelError) throw new ConfigError(levelError);
-  const drainSeconds = flags.get('--drain-seconds') ?? '30';
+  const drainSeconds = flags['drain-seconds'] ?? '30';
   if (!/^\d{1,5}$/.test(drainSeconds)) throw new ConfigError(`--drain-seconds must be a whole number of seconds, got ${JSON.stringify(drainSeconds)}`);
 
   return Object.freeze({
@@ -148,6 +148,6 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     realtimeMaxNodeBufferedBytes: Number(realtimeNodeMib) * 1024 * 1024,
     logLevel: logLevel as LogLevel,
     drainSeconds: Number(drainSeconds),
-    tls: readTlsFiles({ cert: flags.get('--tls-cert'), key: flags.get('--tls-key'), ca: flags.get('--tls-ca') }),
+    tls: readTlsFiles({ cert: flags['tls-cert'], key: flags['tls-key'], ca: flags['tls-ca'] }),
   });
 }

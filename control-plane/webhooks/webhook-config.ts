@@ -1,7 +1,7 @@
 // The `webhooks:` key of the gateway config file, and `webhook_balance_low_usd`. Pure: the
 // environment is passed in (config.ts is the only reader of process.env). Secrets stay in memory,
 // never in the database, a log line or what nodes receive.
-import { ConfigError } from '../../proto/lib/flags.js';
+import { ConfigError } from '../../proto/lib/process-flags.js';
 import { parseUsd } from '../../proto/lib/money.js';
 
 /** Every event type a destination may subscribe to ("*": all of them). */

@@ -5,7 +5,7 @@ import { credentials, type ChannelCredentials, type ChannelOptions } from '@grpc
 import { readFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import { checkServerIdentity } from 'node:tls';
-import { ConfigError } from './flags.js';
+import { ConfigError } from './process-flags.js';
 
 export interface TlsFiles {
   /** PEM certificate chain this process presents (server certificate, or a node's client certificate). */

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { ConfigError } from '../../proto/lib/flags.js';
+import { ConfigError } from '../../proto/lib/process-flags.js';
 import { parseWebhooksConfig } from '../../control-plane/webhooks/webhook-config.js';
 
 const SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
