@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { parse } from 'yaml';
 import { hashKey } from '../../proto/lib/keys.js';
 import type { GatewayConfig, ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { DEMO_CONFIG_PATH, parseGatewayConfig, redactGatewayConfig } from '../../control-plane/config.js';
+import { DEMO_CONFIG_PATH, parseGatewayConfig, redactGatewayConfig } from '../../control-plane/gateway-config.js';
 import { GatewayState } from '../../data-plane/auth/key-table.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
