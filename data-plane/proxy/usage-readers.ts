@@ -1,20 +1,19 @@
 // The usage readers: one per upstream protocol, each reading what the upstream says it served from
 // an answer going through, in memory bounded whatever the answer's length.
-// - JSON answers (chat, embeddings, transcriptions): `JsonUsageReader`, a streaming scanner of the
-//   top-level object that keeps only the members it was asked for (`usage`, bounded), wherever they
-//   come, and skips everything else as it passes.
-// - SSE streams (chat with `stream: true`): `SseUsageReader`, event by event, holding at most one
-//   incomplete event and a bounded batch of deltas still to count.
-// - The Responses API (`POST /v1/responses`): `ResponsesJsonReader` (the JSON reader, naming the
-//   response's id as soon as it is read) and `ResponsesSseReader` (the SSE framing above, events told
-//   apart by their parsed `type`, usage from the final event's `response.usage`).
+// - JSON answers (chat, embeddings, transcriptions): `JsonUsageReader` (this file), a streaming
+//   scanner of the top-level object that keeps only the members it was asked for (`usage`, bounded),
+//   wherever they come, and skips everything else as it passes.
+// - SSE streams (chat with `stream: true`): `SseUsageReader` (sse-usage-reader.ts), event by event,
+//   holding at most one incomplete event and a bounded batch of deltas still to count.
+// - The Responses API (`POST /v1/responses`, responses-usage-readers.ts): `ResponsesJsonReader` (the
+//   JSON reader, naming the response's id as soon as it is read) and `ResponsesSseReader` (the SSE
+//   framing, events told apart by their parsed `type`, usage from the final event's `response.usage`).
 // - Realtime events: `tokenUsageOf` on `response.done`'s usage (realtime/session.ts).
 // Both readers can write the charge into the `usage` they pass on (`usage.cost`, USD, six decimals),
-// from the same micro-dollars the request is recorded with.
-import { StringDecoder } from 'node:string_decoder';
+// from the same micro-dollars the request is recorded with. This file also holds what they share:
+// reading an upstream's usage object (`tokenUsageOf`, `cleanCount`) and writing the cost into it.
 import { usdNumberText, type TokenCounts } from '../../proto/lib/money.js';
 import type { BodyInspector } from './stream-proxy.js';
-import { countTokens, estimateOutputTokens } from './tokens.js';
 
 /** The largest count one usage field may report (as request-context.ts MAX_TOKENS_PER_REQUEST). */
 const MAX_COUNT = 100_000_000;
@@ -92,11 +91,11 @@ export function cleanCount(v: unknown, what: string, requestId = ''): number {
   return clean;
 }
 
-function isObj(v: unknown): v is Record<string, unknown> {
+export function isObj(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
 }
 
-function obj(v: unknown): Record<string, unknown> | undefined {
+export function obj(v: unknown): Record<string, unknown> | undefined {
   return isObj(v) ? v : undefined;
 }
 
@@ -109,6 +108,18 @@ export function usageWithCost(usage: Record<string, unknown>, micros: number): s
   const { cost: _cost, cost_details: _details, ...rest } = usage;
   const text = JSON.stringify(rest);
   return `${text.slice(0, -1)}${text.length > 2 ? ',' : ''}"cost":${usdNumberText(micros)}}`;
+}
+
+/** An answer's (or a chunk's) JSON with `usage.cost` written in (key order kept). */
+export function withUsageCost(obj: Record<string, unknown>, micros: number): string {
+  return withMemberText(obj, 'usage', usageWithCost(obj.usage as Record<string, unknown>, micros));
+}
+
+/** `obj` as JSON with member `key`'s value replaced by the JSON `text` (key order kept). */
+export function withMemberText(obj: Record<string, unknown>, key: string, text: string): string {
+  const mark = `\u0000${key}`;
+  // A function: a replacement string would read `$&` and the like in `text` as patterns.
+  return JSON.stringify({ ...obj, [key]: mark }).replace(JSON.stringify(mark), () => text);
 }
 
 /** Bytes of one kept member (a `usage` object, a transcription's `duration`): far above any real one. */
@@ -397,362 +408,4 @@ function keyOf(quoted: string): string {
   } catch {
     return '';
   }
-}
-
-/** The longest SSE event held back whole while it arrives; longer is passed on as it comes. */
-const MAX_SSE_EVENT_CHARS = 1024 * 1024;
-/** Deltas kept before they are counted: a stream whose usage may still come is counted in batches. */
-const COUNT_BATCH_CHARS = 256 * 1024;
-
-/** A blank line, in any of the line endings SSE allows (CRLF, LF, CR; a lone CR not followed by LF). */
-const BLANK_LINE = /(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)/g;
-const LINE_END = /\r\n|\r|\n/;
-
-/**
- * Passes an SSE stream on event by event (an event goes out as soon as it is complete), reads the
- * usage chunk wherever it comes (last, after any amount of content, as OpenAI sends it), and drops it
- * (and the `"usage":null` fields) when only the gateway asked for usage. Holds at most one incomplete
- * event (bounded) and a bounded batch of deltas not yet counted: memory per stream is bounded
- * whatever its length. With a pricer, the usage chunk passed on carries `usage.cost`.
- */
-export class SseUsageReader implements BodyInspector {
-  usage: TokenUsage | null = null;
-  /** What the usage was charged, when a pricer wrote it into the stream. */
-  chargedMicros: number | null = null;
-  /** The incomplete event, in the pieces it came in, its length, and its last characters. */
-  private carry: string[] = [];
-  private carryChars = 0;
-  private tail = '';
-  private readonly decoder = new StringDecoder('utf8');
-  private pending: string[] = [];
-  private pendingChars = 0;
-  private counted = 0;
-
-  constructor(
-    private readonly strip: boolean,
-    protected readonly pricer: UsagePricer | null = null,
-  ) {}
-
-  transform(chunk: Buffer): string {
-    const piece = this.decoder.write(chunk);
-    // The carry holds no blank line: only its last characters and the new text are searched, and it is
-    // kept in pieces, so an event that arrives in many chunks costs its length once, not once per chunk.
-    const probe = this.tail + piece;
-    const at = lastEventEnd(probe);
-    if (at === -1) {
-      this.carryChars += piece.length;
-      if (this.carryChars > MAX_SSE_EVENT_CHARS) {
-        // An "event" this long is not one: passed on as it is, rather than held without end.
-        const text = this.takeCarry() + piece;
-        this.note(text);
-        return text;
-      }
-      if (piece.length > 0) this.carry.push(piece);
-      this.tail = probe.slice(-3);
-      return '';
-    }
-    const end = this.carryChars - this.tail.length + at;
-    const text = this.takeCarry() + piece;
-    const rest = text.slice(end);
-    if (rest.length > 0) this.carry.push(rest);
-    this.carryChars = rest.length;
-    this.tail = rest.slice(-3);
-    return this.events(text.slice(0, end));
-  }
-
-  flush(): string {
-    const rest = this.takeCarry() + this.decoder.end();
-    return rest ? this.events(rest) : '';
-  }
-
-  private takeCarry(): string {
-    const text = this.carry.length === 1 ? this.carry[0] : this.carry.join('');
-    this.carry = [];
-    this.carryChars = 0;
-    this.tail = '';
-    return text;
-  }
-
-  /** Characters this reader holds now: the incomplete event and the deltas not yet counted. */
-  retainedBytes(): number {
-    return this.carryChars + this.pendingChars;
-  }
-
-  /** Completion tokens counted from the streamed deltas (for a stream without usage). */
-  countedCompletionTokens(): number {
-    return this.counted + this.countDeltas(this.pending);
-  }
-
-  /** Output tokens the deltas of some events carry (chat chunks). */
-  protected countDeltas(blocks: readonly string[]): number {
-    return countDeltaTokens(blocks);
-  }
-
-  /** The usage was read: no more deltas to count. */
-  protected readUsage(counts: TokenUsage): void {
-    this.usage = counts;
-    this.pending = [];
-    this.pendingChars = 0;
-  }
-
-  /** Complete events, passed on as they are to go out. */
-  protected events(block: string): string {
-    // Nothing to read or strip (`"usage":null` fields included) in a block without "usage".
-    if (!block.includes('"usage"')) {
-      this.note(block);
-      return block;
-    }
-    let out = '';
-    for (const ev of splitEvents(block)) {
-      if (ev.length === 0) continue;
-      let e = ev;
-      if (e.includes('"usage"')) {
-        const data = dataOf(e);
-        let obj: Record<string, unknown> | null = null;
-        try {
-          const v = data ? (JSON.parse(data) as unknown) : null;
-          obj = isObj(v) ? v : null;
-        } catch {
-          obj = null;
-        }
-        const counts = obj ? tokenUsageOf(obj.usage) : null;
-        if (obj && counts) {
-          this.readUsage(counts);
-          if (this.strip && Array.isArray(obj.choices) && obj.choices.length === 0) continue;
-          if (this.pricer) {
-            const micros = this.pricer(counts);
-            this.chargedMicros = micros;
-            e = withData(e, withUsageCost(obj, micros));
-          }
-        }
-        if (this.strip) e = e.replace(/,"usage":null|"usage":null,?/g, '');
-      }
-      this.note(e);
-      out += e + '\n\n';
-    }
-    return out;
-  }
-
-  /** Keeps deltas to count while no usage came, counting them in batches (bounded). */
-  protected note(block: string): void {
-    if (this.usage !== null) return;
-    this.pending.push(block);
-    this.pendingChars += block.length;
-    if (this.pendingChars > COUNT_BATCH_CHARS) {
-      this.counted += this.countDeltas(this.pending);
-      this.pending = [];
-      this.pendingChars = 0;
-    }
-  }
-}
-
-/** The index right after the last blank line of `text`, or -1 (a CR at the very end may be half a CRLF). */
-function lastEventEnd(text: string): number {
-  if (!text.includes('\r')) {
-    const at = text.lastIndexOf('\n\n');
-    return at === -1 ? -1 : at + 2;
-  }
-  let end = -1;
-  BLANK_LINE.lastIndex = 0;
-  let m: RegExpExecArray | null;
-  while ((m = BLANK_LINE.exec(text)) !== null) {
-    const e = m.index + m[0].length;
-    if (e === text.length && text.charCodeAt(e - 1) === 13) break;
-    end = e;
-  }
-  return end;
-}
-
-function splitEvents(block: string): string[] {
-  return block.includes('\r') ? block.split(BLANK_LINE) : block.split('\n\n');
-}
-
-/** An event's data: its `data:` lines joined (one leading space removed from each, as SSE says). */
-function dataOf(event: string): string | null {
-  let data: string | null = null;
-  for (const l of event.split(LINE_END)) {
-    if (!l.startsWith('data:')) continue;
-    const v = l.charCodeAt(5) === 32 ? l.slice(6) : l.slice(5);
-    data = data === null ? v : `${data}\n${v}`;
-  }
-  return data;
-}
-
-/** The event with its data lines replaced by one carrying `data` (its other fields kept). */
-function withData(event: string, data: string): string {
-  const others = event.split(LINE_END).filter((l) => !l.startsWith('data:'));
-  others.push(`data: ${data}`);
-  return others.join('\n');
-}
-
-/** An answer's (or a chunk's) JSON with `usage.cost` written in (key order kept). */
-export function withUsageCost(obj: Record<string, unknown>, micros: number): string {
-  return withMemberText(obj, 'usage', usageWithCost(obj.usage as Record<string, unknown>, micros));
-}
-
-/** `obj` as JSON with member `key`'s value replaced by the JSON `text` (key order kept). */
-function withMemberText(obj: Record<string, unknown>, key: string, text: string): string {
-  const mark = `\u0000${key}`;
-  // A function: a replacement string would read `$&` and the like in `text` as patterns.
-  return JSON.stringify({ ...obj, [key]: mark }).replace(JSON.stringify(mark), () => text);
-}
-
-/** Tokens the deltas of some SSE events carry, by the one output estimator: content, refusals, reasoning, tool calls. */
-function countDeltaTokens(blocks: readonly string[]): number {
-  let n = 0;
-  for (const block of blocks) {
-    for (const ev of splitEvents(block)) {
-      const data = dataOf(ev);
-      if (!data || data === '[DONE]') continue;
-      try {
-        // One estimator for what was received (tokens.ts): text, refusals, reasoning, tool calls.
-        n += estimateOutputTokens(JSON.parse(data));
-      } catch {
-        // not JSON: not a content event
-      }
-    }
-  }
-  return n;
-}
-
-/** Responses event types that end a response and carry its usage in `response.usage`. */
-const RESPONSES_FINAL_TYPES: ReadonlySet<string> = new Set(['response.completed', 'response.incomplete', 'response.failed']);
-/** Responses event types read whole (the others are only counted while no usage came). */
-const RESPONSES_READ_TYPES: ReadonlySet<string> = new Set(['response.created', ...RESPONSES_FINAL_TYPES]);
-/** Top-level members of a Responses JSON answer kept besides `usage`: the id, and the output to count without usage. */
-const RESPONSES_MEMBERS = Object.freeze(['id', 'output']);
-
-/** A response id as the upstream names it, or null. */
-function responseIdOf(v: unknown): string | null {
-  return typeof v === 'string' && v.length > 0 && v.length <= 128 ? v : null;
-}
-
-/**
- * A JSON answer of `POST /v1/responses`: the JSON reader (any size, bounded; `usage.cost` written in
- * with a pricer) that also names the response's `id` (through `onId`) as soon as it is read, before
- * the chunk holding its end is passed on, and keeps `output` (bounded) to count an answer without usage.
- */
-export class ResponsesJsonReader extends JsonUsageReader {
-  id: string | null = null;
-
-  constructor(
-    private readonly onId: (id: string) => void,
-    pricer: UsagePricer | null = null,
-  ) {
-    super(RESPONSES_MEMBERS, pricer);
-  }
-
-  override transform(chunk: Buffer): Buffer {
-    const out = super.transform(chunk);
-    if (this.id === null) {
-      const id = responseIdOf(this.member('id'));
-      if (id) {
-        this.id = id;
-        this.onId(id);
-      }
-    }
-    return out;
-  }
-
-  /** Output tokens of the answer (for one without usage): its output's text, or (too large to keep) its bytes / 4. */
-  countedOutputTokens(): number {
-    const output = this.member('output');
-    if (!Array.isArray(output)) return Math.ceil((this.memberBytes.get('output') ?? 0) / 4);
-    let n = 0;
-    for (const item of output) {
-      if (!isObj(item)) continue;
-      if (typeof item.arguments === 'string') n += countTokens(item.arguments);
-      for (const list of [item.content, item.summary]) {
-        if (!Array.isArray(list)) continue;
-        for (const p of list) if (isObj(p)) n += countTokens(typeof p.text === 'string' ? p.text : typeof p.refusal === 'string' ? p.refusal : '');
-      }
-    }
-    return n;
-  }
-}
-
-/**
- * An SSE stream of `POST /v1/responses` with `stream: true`, framed as `SseUsageReader` frames chat
- * (event by event, bounded). Events are told apart by their parsed `type`, never by a substring (an
- * `event:` name only spares parsing the events not read): `response.created` names the id (through
- * `onId`, before the event goes on), `response.completed`, `response.incomplete` and `response.failed`
- * carry the usage in `response.usage` (with a pricer, passed on with `cost` written in); text deltas
- * are counted for a stream that ends without one.
- */
-export class ResponsesSseReader extends SseUsageReader {
-  id: string | null = null;
-  /** The final event's type (`response.completed`, …), once seen. */
-  finalType: string | null = null;
-
-  constructor(
-    private readonly onId: (id: string) => void,
-    pricer: UsagePricer | null = null,
-  ) {
-    super(false, pricer);
-  }
-
-  protected override events(block: string): string {
-    let out = '';
-    for (const ev of splitEvents(block)) {
-      if (ev.length === 0) continue;
-      const e = this.responsesEvent(ev);
-      this.note(e);
-      out += e + '\n\n';
-    }
-    return out;
-  }
-
-  private responsesEvent(e: string): string {
-    const name = eventNameOf(e);
-    if (name !== '' && !RESPONSES_READ_TYPES.has(name)) return e;
-    const data = dataOf(e);
-    if (data === null) return e;
-    let o: unknown;
-    try {
-      o = JSON.parse(data);
-    } catch {
-      return e;
-    }
-    if (!isObj(o) || typeof o.type !== 'string' || !RESPONSES_READ_TYPES.has(o.type)) return e;
-    const response = obj(o.response);
-    const id = responseIdOf(response?.id);
-    if (id && this.id === null) {
-      this.id = id;
-      this.onId(id);
-    }
-    if (!RESPONSES_FINAL_TYPES.has(o.type) || !response) return e;
-    this.finalType = o.type;
-    const counts = tokenUsageOf(response.usage);
-    if (!counts) return e;
-    this.readUsage(counts);
-    if (!this.pricer) return e;
-    const micros = this.pricer(counts);
-    this.chargedMicros = micros;
-    return withData(e, withMemberText(o, 'response', withUsageCost(response, micros)));
-  }
-
-  /** Output tokens the text deltas carry (output text, refusals, reasoning, tool-call arguments, transcripts). */
-  protected override countDeltas(blocks: readonly string[]): number {
-    let n = 0;
-    for (const block of blocks) {
-      for (const ev of splitEvents(block)) {
-        const data = dataOf(ev);
-        if (!data) continue;
-        try {
-          const o = JSON.parse(data) as unknown;
-          if (isObj(o) && typeof o.type === 'string' && o.type.endsWith('.delta') && o.type !== 'response.audio.delta' && typeof o.delta === 'string') n += countTokens(o.delta);
-        } catch {
-          // not JSON: not a delta
-        }
-      }
-    }
-    return n;
-  }
-}
-
-/** An event's `event:` name ('' when it has none). */
-function eventNameOf(event: string): string {
-  if (!event.startsWith('event:') && !event.includes('\nevent:') && !event.includes('\revent:')) return '';
-  for (const l of event.split(LINE_END)) if (l.startsWith('event:')) return l.slice(6).trim();
-  return '';
 }

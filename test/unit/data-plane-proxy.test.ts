@@ -2,7 +2,8 @@
 // own file, data-plane-multipart-model.test.ts).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { JsonUsageReader, SseUsageReader } from '../../data-plane/proxy/usage-readers.js';
+import { SseUsageReader } from '../../data-plane/proxy/sse-usage-reader.js';
+import { JsonUsageReader } from '../../data-plane/proxy/usage-readers.js';
 import { countTokens, truncateTokens } from '../../data-plane/proxy/tokens.js';
 
 test('tokenizer: words and punctuation', () => {

@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { eventTypeOf } from '../../data-plane/realtime/session.js';
 import { upstreamErrorAnswer } from '../../data-plane/proxy/upstream-errors.js';
-import { JsonUsageReader, SseUsageReader, tokenUsageOf } from '../../data-plane/proxy/usage-readers.js';
+import { SseUsageReader } from '../../data-plane/proxy/sse-usage-reader.js';
+import { JsonUsageReader, tokenUsageOf } from '../../data-plane/proxy/usage-readers.js';
 import { usageCostMicros, usdNumberText, type TokenCounts, type TokenPrices } from '../../proto/lib/money.js';
 
 test('realtime events are told apart by their parsed top-level type only', () => {

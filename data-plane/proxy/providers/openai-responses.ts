@@ -8,7 +8,7 @@ import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoin
 import { rewriteChatBody } from '../json-splice.js';
 import { countResponsesInputTokens } from '../responses-usage.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
-import { ResponsesJsonReader, ResponsesSseReader } from '../usage-readers.js';
+import { ResponsesJsonReader, ResponsesSseReader } from '../responses-usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
