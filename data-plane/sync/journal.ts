@@ -13,24 +13,15 @@
 // records after the last report of its last segment into a report of its own. fsync runs once per
 // flush (every 250 ms) and at each segment's end: a machine that loses power can lose what was
 // written since the last fsync, at most one flush interval of usage; a killed process loses nothing.
-// Segments roll over only right after a report, so every closed segment ends with one.
-//
-// Segment file format, repeated: u32 length (LE) | u32 crc32 of the payload (LE) | payload. A
-// report's payload is an encoded tollgate.v1.Report with its instance_id set; a usage record's length
-// has its top bit set and its payload is an encoded tollgate.v1.UsageRecord. A torn or corrupt tail
-// is cut off at start.
-import { closeSync, existsSync, fdatasync, fdatasyncSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, ftruncateSync, unlinkSync, writevSync } from 'node:fs';
+// Segments roll over only right after a report, so every closed segment ends with one. The segment
+// files' format, and reading them back, is journal-segments.ts.
+import { closeSync, existsSync, fdatasync, fdatasyncSync, mkdirSync, openSync, readFileSync, ftruncateSync, unlinkSync, writevSync } from 'node:fs';
 import { open, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-import { crc32 } from 'node:zlib';
+import { HEADER_BYTES, MAX_ENTRY_BYTES, peekReport, readSegment, recordHeader, segmentIds, segmentName, USAGE_FLAG } from './journal-segments.js';
 
-const HEADER_BYTES = 8;
-/** Set in a record's length: the record is a usage record, not a report. */
-export const USAGE_FLAG = 0x8000_0000;
 /** A segment is closed and a new one started past this size. */
 const SEGMENT_BYTES = 4 * 1024 * 1024;
-/** Reports bigger than this are refused (a report is at most a few thousand rows). */
-const MAX_ENTRY_BYTES = 64 * 1024 * 1024;
 /** The newest reports' bytes are kept in memory up to this much, so sending them reads no disk. */
 const MEMORY_CACHE_BYTES = 8 * 1024 * 1024;
 
@@ -308,9 +299,7 @@ export class Journal {
 
   /** Writes one record at the segment's end; returns its offset. A partial write is cut back off. */
   private writeRecord(seg: Segment, payload: Buffer, flag: number): number {
-    const head = Buffer.allocUnsafe(HEADER_BYTES);
-    head.writeUInt32LE((payload.length | flag) >>> 0, 0);
-    head.writeUInt32LE(crc32(payload), 4);
+    const head = recordHeader(payload, flag);
     const offset = seg.size;
     try {
       const n = writevSync(this.fd!, [head, payload]);
@@ -385,11 +374,7 @@ export class Journal {
 
   /** Reads the segments a previous process left: every whole record becomes an unacknowledged entry. */
   private load(dir: string): void {
-    const ids = readdirSync(dir)
-      .map((n) => /^seg-(\d{10})\.log$/.exec(n))
-      .filter((m): m is RegExpExecArray => m !== null)
-      .map((m) => Number(m[1]))
-      .sort((a, b) => a - b);
+    const ids = segmentIds(dir);
     let found = 0;
     let last: Segment | null = null;
     for (const id of ids) {
@@ -398,30 +383,21 @@ export class Journal {
       const seg: Segment = { id, path, size: 0, unacked: 0, trailingUsage: 0 };
       // Usage records after the segment's last report: not in any report yet.
       let trailing: Buffer[] = [];
-      let off = 0;
-      while (off + HEADER_BYTES <= data.length) {
-        const word = data.readUInt32LE(off);
-        const isUsage = (word & USAGE_FLAG) !== 0;
-        const len = (word & ~USAGE_FLAG) >>> 0;
-        const crc = data.readUInt32LE(off + 4);
-        if (len > MAX_ENTRY_BYTES || off + HEADER_BYTES + len > data.length) break;
-        const payload = data.subarray(off + HEADER_BYTES, off + HEADER_BYTES + len);
-        if (crc32(payload) !== crc) break;
-        if (isUsage) {
-          trailing.push(Buffer.from(payload));
-          off += HEADER_BYTES + len;
+      const { records, end: off } = readSegment(data);
+      for (const r of records) {
+        if (r.usage) {
+          trailing.push(Buffer.from(r.payload));
           continue;
         }
         trailing = [];
-        const head = peekReport(payload);
+        const head = peekReport(r.payload);
         if (head && !this.byId.has(idOf(head.instanceId, head.seq))) {
-          const e: JournalEntry = { instanceId: head.instanceId, seq: head.seq, bytes: len, payload: null, segment: id, offset: off, durable: true };
+          const e: JournalEntry = { instanceId: head.instanceId, seq: head.seq, bytes: r.payload.length, payload: null, segment: id, offset: r.offset, durable: true };
           this.byId.set(idOf(e.instanceId, e.seq), e);
-          this.unackedBytes += len;
+          this.unackedBytes += r.payload.length;
           seg.unacked++;
           found++;
         }
-        off += HEADER_BYTES + len;
       }
       // Only the last segment can end with usage records (a segment rolls over right after a report).
       if (id === ids[ids.length - 1]) {
@@ -458,60 +434,4 @@ export class Journal {
 
 function idOf(instanceId: string, seq: number): string {
   return `${instanceId}#${seq}`;
-}
-
-function segmentName(id: number): string {
-  return `seg-${String(id).padStart(10, '0')}.log`;
-}
-
-/**
- * Reads a Report's seq (field 1, varint) and instance_id (field 5, string) without decoding the rest.
- * Returns null for bytes that are not a report with both.
- */
-export function peekReport(buf: Buffer): { seq: number; instanceId: string } | null {
-  let off = 0;
-  let seq = 0;
-  let instanceId = '';
-  const varint = (): number => {
-    let result = 0;
-    let mul = 1;
-    for (let i = 0; i < 10; i++) {
-      if (off >= buf.length) throw new Error('truncated');
-      const b = buf[off++];
-      result += (b & 0x7f) * mul;
-      if ((b & 0x80) === 0) return result;
-      mul *= 128;
-    }
-    throw new Error('varint too long');
-  };
-  try {
-    while (off < buf.length) {
-      const tag = varint();
-      const field = Math.floor(tag / 8);
-      const wire = tag & 7;
-      if (wire === 0) {
-        const v = varint();
-        if (field === 1) seq = v;
-      } else if (wire === 2) {
-        const len = varint();
-        if (field === 5) instanceId = buf.toString('utf8', off, off + len);
-        off += len;
-      } else if (wire === 1) off += 8;
-      else if (wire === 5) off += 4;
-      else return null;
-    }
-  } catch {
-    return null;
-  }
-  return seq > 0 && instanceId ? { seq, instanceId } : null;
-}
-
-/** Checks a data directory is usable (created if missing); throws with the reason. */
-export function checkDataDir(dir: string): void {
-  mkdirSync(dir, { recursive: true });
-  const probe = join(dir, '.probe');
-  const fd = openSync(probe, 'w');
-  fstatSync(fd);
-  closeSync(fd);
-  unlinkSync(probe);
 }

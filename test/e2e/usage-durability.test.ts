@@ -12,7 +12,7 @@ import { crc32 } from 'node:zlib';
 import { after, test } from 'node:test';
 import { decodeLogColumns } from '../../proto/lib/log-columns.js';
 import { LogColumns, Report } from '../../proto/gen/tollgate/v1/sync.js';
-import { USAGE_FLAG } from '../../data-plane/sync/journal.js';
+import { USAGE_FLAG } from '../../data-plane/sync/journal-segments.js';
 import { configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';

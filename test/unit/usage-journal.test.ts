@@ -6,7 +6,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'node:test';
 import { Report, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
-import { Journal, peekReport } from '../../data-plane/sync/journal.js';
+import { peekReport } from '../../data-plane/sync/journal-segments.js';
+import { Journal } from '../../data-plane/sync/journal.js';
 
 function report(instanceId: string, seq: number, rows = 3): Buffer {
   const usage = Array.from({ length: rows }, (_, i) => ({
