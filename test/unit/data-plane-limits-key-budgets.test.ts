@@ -340,7 +340,7 @@ test('estimateTokens', () => {
     [
       'content parts',
       { messages: [{ role: 'user', content: [{ type: 'text', text: 'abcd' }, { type: 'image_url', image_url: { url: 'x' } }, 'efgh'] }] },
-      // The image at auto detail: the most an image can cost (token-estimate.test.ts).
+      // The image at auto detail: the most an image can cost (data-plane-proxy-tokens.test.ts).
       3 + 4 + 2 + 1445,
     ],
     ['null content', { messages: [{ role: 'assistant', content: null }] }, 3 + 4],

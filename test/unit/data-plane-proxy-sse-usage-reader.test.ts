@@ -1,5 +1,5 @@
 // Pure parts of the proxy: the tokenizer and SSE usage extraction (the multipart model finder has its
-// own file, data-plane-multipart-model.test.ts).
+// own file, data-plane-proxy-multipart-model.test.ts).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { SseUsageReader } from '../../data-plane/proxy/sse-usage-reader.js';
