@@ -19,6 +19,7 @@ import type { PathFamily } from '../routing/path-families.js';
 import { writeRateHeaders, type RateHeaders } from '../limits/key-budgets.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
+import type { OpenRequest } from './open-request.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
 
@@ -66,6 +67,8 @@ export class Reply implements ReplyMeter {
   logDraft: LogDraft | null = null;
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
+  /** The request's entry in the node's registry of what keys have open (open-request.ts), once its key is known. */
+  open: OpenRequest | null = null;
   /** A HEAD request: answers carry their head (and the length a GET would have) but never a body. */
   headRequest = false;
   /** The client sent `Connection: close`: uWS closes the connection as soon as the answer ends. */

@@ -30,7 +30,9 @@ import { minuteOf, secondsToNextMinute, type Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import type { Reporter } from '../sync/reporter.js';
-import { blockedReasonText, type OpenSocket, type OpenSockets } from './open-sockets.js';
+import type { EndReason, OpenEntry, OpenStreams } from '../auth/open-streams.js';
+import { closeReasonOf, endError, type GatewayError } from '../errors.js';
+import { openStreamGauge } from '../metrics.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
@@ -56,7 +58,10 @@ export interface SessionDeps {
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
   reporter: Reporter;
-  sockets: OpenSockets;
+  /** The node's one registry of what keys have open (auth/open-streams.ts): its policy ends a session. */
+  openStreams?: OpenStreams;
+  /** The node's open sessions (the drain ends them). */
+  sessions: Set<RealtimeSession>;
   logSession: SessionLogSink;
   /** Bytes uWS may hold for a client before the upstream is paused. */
   maxBufferedBytes: number;
@@ -102,7 +107,10 @@ export interface UserData {
 
 type Obj = Record<string, any>;
 
-export class RealtimeSession implements OpenSocket, MemoryMember {
+/** Open realtime sessions, for the `tollgate_node_open_streams{kind="realtime"}` gauge. */
+const openSessions = openStreamGauge('realtime');
+
+export class RealtimeSession implements OpenEntry, MemoryMember {
   readonly keyHash: string;
   readonly orgId: string;
   readonly modelId: string;
@@ -140,7 +148,9 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
   /** uWS `open`: the client is upgraded; the upstream's messages may flow. */
   open(ws: WebSocket<UserData>): void {
     this.ws = ws;
-    this.deps.sockets.add(this);
+    this.deps.sessions.add(this);
+    this.deps.openStreams?.add(this);
+    openSessions.opened();
     this.deps.stats.open++;
     this.deps.stats.opened++;
     this.deps.memory.join(this);
@@ -236,9 +246,9 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     this.finish(code, reason);
   }
 
-  /** Closes the client now (revocation, blocked organisation, narrowed scope, stale node). */
-  closeForPolicy(reason: string): void {
-    this.close(CLOSE.POLICY, reason);
+  /** The registry's policy ends the session (auth/open-streams.ts): closed now, 1008, the reason's one text. */
+  end(_why: EndReason, err: GatewayError): void {
+    this.close(CLOSE.POLICY, closeReasonOf(err));
   }
 
   /** Closes the client with `code` and `reason`; the close handler runs from inside. */
@@ -423,7 +433,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     const org = this.key.org;
     const verdict = org.blocked ? 'no' : (this.deps.leases?.canSpend(this.key.orgId) ?? 'yes');
     if (verdict === 'no') {
-      this.closeAfterResponse(CLOSE.POLICY, `insufficient_quota: ${blockedReasonText(org.blockedReason)}`);
+      this.closeAfterResponse(CLOSE.POLICY, closeReasonOf(endError('org_blocked', { blockedReason: org.blockedReason })));
     } else if (verdict === 'wait' && !this.orgWake) {
       const wake = () => {
         this.orgWake = null;
@@ -442,7 +452,9 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
 
   private finish(code: number, reason: string): void {
     const deps = this.deps;
-    deps.sockets.remove(this);
+    deps.sessions.delete(this);
+    deps.openStreams?.remove(this);
+    openSessions.closed();
     deps.stats.open--;
     if (this.upstreamPaused) deps.stats.pausedUpstreams--;
     deps.memory.leave(this, this.heldBytes);
