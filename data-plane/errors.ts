@@ -96,6 +96,20 @@ export function isGatewayError(err: unknown): err is GatewayError {
   return err instanceof GatewayError;
 }
 
+/**
+ * Why the gateway refused a request: the catalog code of the error it answered with (and a 429's
+ * tripped dimension). One value, read two ways: as the metrics' `reason` label (the code) and as the
+ * request log's `reason` (http/request-log.ts `refusalReason`).
+ */
+export type Refusal = Pick<GatewayError, 'code' | 'type'>;
+
+const INTERNAL_REFUSAL: Refusal = Object.freeze({ code: 'INTERNAL', type: undefined });
+
+/** The refusal of an error answered: a catalog error's own, anything else INTERNAL (a bug). */
+export function refusalOf(err: unknown): Refusal {
+  return isGatewayError(err) ? err : INTERNAL_REFUSAL;
+}
+
 /** The one text of a blocked organisation, whichever way it is answered (a 401, an ended stream, a closed socket). */
 export function orgBlockedMessage(blockedReason: string): string {
   if (blockedReason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; raise the cap or wait for next month.";

@@ -32,7 +32,7 @@ import { RequestContext } from './request-context.js';
 import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { closesConnection, collectBody, streamBody, type BodyWatch } from './request-body.js';
-import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
+import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
@@ -283,7 +283,7 @@ export class ApiServer {
    */
   private logRefusedKey(reply: Reply, head: RequestHead, presented: string): void {
     const deps = this.deps;
-    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: refusalReason(reply.refusal) };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
     if (dead) {
       deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), head, dead, outcome, null));

@@ -12,8 +12,8 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
-import { logBug, type HeaderList, type Reply } from '../http/reply.js';
-import { log } from '../log.js';
+import { log, logBug } from '../log.js';
+import type { HeaderList, ResponseSink } from './response-sink.js';
 import { MAX_UPSTREAM_ERROR_BYTES, upstreamErrorAnswer } from './upstream-errors.js';
 import { isDraining } from '../drain.js';
 
@@ -56,7 +56,7 @@ export interface ProxyRequest {
   timeoutMs: number;
   /** Longest silence allowed between two chunks of the response body. */
   idleTimeoutMs?: number;
-  reply: Reply;
+  reply: ResponseSink;
   shape: ErrorShape;
   /** Pass every end-to-end response header (tools) or only content-type (model endpoints). */
   passAllHeaders: boolean;
@@ -130,7 +130,7 @@ export function proxyRequest(req: ProxyRequest): void {
 
 /** One exchange: the state and the undici handler of one proxied request (a class: no closures per request). */
 class Exchange {
-  private readonly reply: Reply;
+  private readonly reply: ResponseSink;
   private abortUpstream: ((err: Error) => void) | null = null;
   private upstreamAborted = false;
   private resumeUpstream: (() => void) | null = null;

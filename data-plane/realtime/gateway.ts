@@ -18,7 +18,7 @@ import { logBug, Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { Admission } from '../http/admission.js';
 import { blockedMessage } from '../http/admission.js';
-import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
+import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
 import { isBadPath } from '../http/routes.js';
 import type { Clock } from '../limits/clock.js';
 import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
@@ -323,7 +323,7 @@ export class RealtimeGateway {
    */
   private logRefusedKey(reply: Reply, head: UpgradeHead, presented: string): void {
     const deps = this.deps;
-    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: refusalReason(reply.refusal) };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
     if (dead) return deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), logHeadOf(head), dead, outcome, null));
     if (!this.unknownKeys.take(deps.clock.now())) return;
