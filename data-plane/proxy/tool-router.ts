@@ -10,7 +10,8 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ResponseSink } from './response-sink.js';
-import { connectionNames, proxyRequest } from './stream-proxy.js';
+import { proxyRequest } from './stream-proxy.js';
+import { connectionNames } from './upstream-headers.js';
 import type { ToolBackends, Upstream } from './tool-backends.js';
 
 const DROP_REQUEST_HEADERS = new Set([
