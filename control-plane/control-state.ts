@@ -11,7 +11,7 @@ import type { Db, Queryable, Tx } from './store/db.js';
 import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from './store/keys-repo.js';
 import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from './store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
-import { SnapshotStore } from './sync/snapshot-store.js';
+import { SnapshotStore } from './snapshot-store.js';
 
 const RETAINED_CHANGES = 10_000;
 

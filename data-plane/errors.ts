@@ -95,3 +95,55 @@ export class GatewayError extends Error {
 export function isGatewayError(err: unknown): err is GatewayError {
   return err instanceof GatewayError;
 }
+
+/**
+ * Why the gateway refused a request: the catalog code of the error it answered with (and a 429's
+ * tripped dimension). One value, read two ways: as the metrics' `reason` label (the code) and as the
+ * request log's `reason` (http/request-log.ts `refusalReason`).
+ */
+export type Refusal = Pick<GatewayError, 'code' | 'type'>;
+
+const INTERNAL_REFUSAL: Refusal = Object.freeze({ code: 'INTERNAL', type: undefined });
+
+/** The refusal of an error answered: a catalog error's own, anything else INTERNAL (a bug). */
+export function refusalOf(err: unknown): Refusal {
+  return isGatewayError(err) ? err : INTERNAL_REFUSAL;
+}
+
+/** The one text of a blocked organisation, whichever way it is answered (a 401, an ended stream, a closed socket). */
+export function orgBlockedMessage(blockedReason: string): string {
+  if (blockedReason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; raise the cap or wait for next month.";
+  if (blockedReason === 'balance_exhausted') return "The organisation's balance is exhausted; add credits to continue.";
+  return CATALOG.ORG_BLOCKED.message;
+}
+
+/**
+ * Why the node ends something a key has open (auth/open-streams.ts decides, in this order of
+ * precedence): the node can no longer vouch for any key, the key no longer authenticates, its
+ * organisation is blocked, or the key may no longer use the model it was opened for.
+ */
+export type EndReason = 'node_stale' | 'key_revoked' | 'org_blocked' | 'model_not_allowed';
+
+/** The one error (catalog code and text) of each reason to end what a key has open. */
+export function endError(why: EndReason, detail: { blockedReason?: string; modelId?: string } = {}): GatewayError {
+  switch (why) {
+    case 'node_stale':
+      return new GatewayError('KEY_STALE');
+    case 'key_revoked':
+      return new GatewayError('KEY_INVALID', 'This API key was revoked.');
+    case 'org_blocked':
+      return new GatewayError('ORG_BLOCKED', orgBlockedMessage(detail.blockedReason ?? ''));
+    case 'model_not_allowed':
+      return new GatewayError('MODEL_NOT_ALLOWED', `This API key may no longer use the model \`${detail.modelId ?? ''}\`.`, { param: 'model' });
+  }
+}
+
+/**
+ * The same error as a WebSocket close reason: a word a client can branch on, then the text
+ * (`insufficient_quota: the organisation's …`). The caller keeps it within 123 bytes.
+ */
+export function closeReasonOf(err: GatewayError): string {
+  const entry = CATALOG[err.code];
+  const word = entry.status === 401 && entry.typeA === 'authentication_error' ? entry.codeB : entry.typeA;
+  return `${word}: ${err.message.charAt(0).toLowerCase()}${err.message.slice(1)}`;
+}

@@ -24,3 +24,9 @@ export function logRequestError(fields: Record<string, unknown>, msg: string): v
   }
   log.error(fields, msg);
 }
+
+let bugsLogged = 0;
+/** A bug (an exception that is not a catalog error): logged (the first 100), never thrown into uWS. */
+export function logBug(err: unknown): void {
+  if (bugsLogged++ < 100) log.error({ err }, `data plane bug: ${err instanceof Error ? err.message : String(err)}`);
+}

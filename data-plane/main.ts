@@ -29,6 +29,9 @@ import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 import { UsageClient } from './sync/usage-client.js';
 
+/** How often a node checks whether it passed its maximum staleness while keys have something open. */
+const STALE_CHECK_MS = 1000;
+
 function fail(line: string, code = 2): never {
   console.error(line);
   process.exit(code);
@@ -78,6 +81,12 @@ async function main(): Promise<void> {
   const edge = new EdgeBudgets(clock);
   const bodyBudget = new BodyBudget(config.maxBufferedBodyBytes);
   const spillBudget = new BodyBudget(config.maxSpillBytes);
+  /** Past --max-staleness without the control plane: the node can no longer vouch for any key. */
+  const isStale = (): boolean => {
+    const max = holder.current.view.config.maxStalenessMs;
+    const since = sync?.disconnectedSince ?? null;
+    return max > 0 && since !== null && clock.now() - since > max;
+  };
   const api = new ApiServer({
     holder,
     pepper: config.pepper,
@@ -96,11 +105,7 @@ async function main(): Promise<void> {
     instanceId: config.instanceId,
     spillDir: config.spillDir,
     spillBudget,
-    isStale: () => {
-      const max = holder.current.view.config.maxStalenessMs;
-      const since = sync?.disconnectedSince ?? null;
-      return max > 0 && since !== null && clock.now() - since > max;
-    },
+    isStale,
     usage,
     realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes, maxNodeBufferedBytes: config.realtimeMaxNodeBufferedBytes, logSession: (e) => reporter.log(sessionLogRow(e)) },
   });
@@ -128,6 +133,10 @@ async function main(): Promise<void> {
     return { connected: since === null, appliedVersion: holder.ready ? holder.current.version : 0, lagSeconds: since === null ? 0 : Math.max(0, (clock.now() - since) / 1000) };
   });
 
+  // A node past its maximum staleness ends what keys have open, as the registry's policy says (fail-static until then).
+  setInterval(() => {
+    if (openStreams.count() > 0 && isStale()) openStreams.enforce(holder.current, true);
+  }, STALE_CHECK_MS).unref();
   registerDrainable({ open: openReplies, closeAll: closeOpenReplies });
   registerDrainable({ open: () => api.realtime.open, closeAll: () => api.realtime.closeAll('the gateway node is shutting down; reconnect') });
   if (config.adminHost !== null) {
@@ -166,10 +175,7 @@ async function main(): Promise<void> {
     responseOwners,
     leases,
     now: () => clock.now(),
-    onApplied: () => {
-      api.realtime.enforce();
-      checkHeap();
-    },
+    onApplied: checkHeap,
     onFirstSnapshot: () => {
       console.log('data plane ready');
       log.info({ version: holder.current.version }, 'first snapshot applied: ready');

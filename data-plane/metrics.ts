@@ -314,7 +314,8 @@ new Gauge({
 export interface ReplyMeter {
   family: PathFamily | null;
   status: number;
-  reason: string;
+  /** Why the gateway refused it (errors.ts Refusal): its code is the `reason` label. */
+  refusal: { readonly code: string } | null;
   startedAt: number;
   upstreamAt: number;
   headAt: number;
@@ -378,7 +379,7 @@ export function recordReply(r: ReplyMeter): void {
   const c = cellsOf(family);
   // The client went away before anything was sent: 499, as nginx logs it.
   const status = r.status === 0 ? 499 : r.status;
-  requestCell(c, family, status, r.reason || 'none').n++;
+  requestCell(c, family, status, r.refusal?.code ?? 'none').n++;
   if (r.upstreamError) c.upstreamErrors.n++;
   if (r.headAt === 0) return;
   if (r.upstreamAt > 0) {

@@ -1,51 +1,87 @@
-// What a key has open on this node (HTTP requests in flight, SSE streams, tool downloads, WebSockets),
-// so revoking the key or blocking its organisation ends them. The sync client calls closeKey /
-// closeOrg / closeWhere right after applying the change and before acknowledging it, so a control
-// plane that counts a node's ack knows nothing of the key still runs there.
-// Generic: anything that can be ended registers a closer. Pure bookkeeping (key-registry.ts), no I/O.
+// Everything a key has open on this node, and the one policy that ends it (docs/design.md#ending-what-a-key-has-open).
 //
-//   const unregister = openStreams.register(key.keyHash, key.orgId, (reason) => ws.end(4001, reason));
-//   ... and when it ends by itself: unregister();
-import { KeyRegistry } from './key-registry.js';
+// What registers: every HTTP request of a known key from its credential check until its answer ends
+// (so SSE streams, tool downloads and tool event streams too; http/open-request.ts), and every
+// realtime or Responses-API WebSocket session while its socket is open (realtime/session.ts).
+//
+// When it is enforced: the sync client calls `enforce` after applying each snapshot or delta and
+// before acknowledging it, so a control plane that counts a node's ack knows nothing of a revoked key
+// still runs there; and once a second while the node is past its maximum staleness
+// (`enforce(state, true)`, wired in data-plane/main.ts).
+//
+// The policy (`endReasonFor`), the same for every entry, first reason wins:
+//   node_stale         the node is past --max-staleness: it can no longer vouch for any key;
+//   key_revoked        the key no longer authenticates (revoked, deleted, a snapshot without it);
+//   org_blocked        its organisation is blocked (balance exhausted, monthly cap reached);
+//   model_not_allowed  the key may no longer use the model the entry was opened for (an HTTP request
+//                      names its model once its body was read; until then it names none).
+// Each reason has one error and one text (errors.ts `endError`).
+//
+// How an entry ends is the one place HTTP and WebSockets differ, as their protocols do: an HTTP
+// request not yet answered gets that error (401) in its path's shape; a model event stream (SSE) ends
+// with one terminal error event; any other stream is closed; a WebSocket is closed with 1008 and the
+// same text as its close reason (`insufficient_quota: …`, errors.ts `closeReasonOf`). Every way
+// runs the abort path, so what was served is billed.
+//
+// Pure bookkeeping on key-registry.ts: no I/O of its own; each entry ends itself.
+import { endError, type EndReason, type GatewayError } from '../errors.js';
+import { KeyRegistry, type KeyEntry, type OpenGauge } from './key-registry.js';
+import type { GatewayState } from './key-table.js';
 
-export type StreamEndReason = 'key_revoked' | 'org_blocked';
+export type { EndReason };
 
-/** Ends one open thing. Called at most once, synchronously, from the sync client; must not throw. */
-export type StreamCloser = (reason: StreamEndReason) => void;
+/** Something open of one key that the registry can end. */
+export interface OpenEntry extends KeyEntry {
+  /** The model it was opened for; '' while it names none. */
+  readonly modelId: string;
+  /** Ends it now with `err` (the reason's one error). Called at most once, synchronously; must not throw. */
+  end(why: EndReason, err: GatewayError): void;
+}
 
-interface Entry {
-  keyHash: string;
-  orgId: string;
-  close: StreamCloser;
+/** The one policy: why `entry` may no longer stay open in `state`, or null. */
+export function endReasonFor(state: GatewayState, entry: OpenEntry, stale: boolean): EndReason | null {
+  if (stale) return 'node_stale';
+  const key = state.keysByHash.get(entry.keyHash);
+  if (!key) return 'key_revoked';
+  if (key.org.blocked) return 'org_blocked';
+  const model = entry.modelId;
+  if (model !== '' && !state.mayUseModel(key, model)) return 'model_not_allowed';
+  return null;
 }
 
 export class OpenStreams {
-  private readonly open = new KeyRegistry<Entry>();
+  private readonly open: KeyRegistry<OpenEntry>;
 
-  /** Registers an open stream of a key; returns its unregister function (idempotent). */
-  register(keyHash: string, orgId: string, close: StreamCloser): () => void {
-    const e: Entry = { keyHash, orgId, close };
-    this.open.add(e);
-    return () => void this.open.remove(e);
+  constructor(gauge?: OpenGauge) {
+    this.open = new KeyRegistry<OpenEntry>(gauge);
   }
 
-  /** Ends everything open of one key; returns how many were ended. */
-  closeKey(keyHash: string, reason: StreamEndReason = 'key_revoked'): number {
-    return this.closeAll(this.open.ofKey(keyHash), reason);
+  /** Registers an open entry (again: nothing). */
+  add(entry: OpenEntry): void {
+    this.open.add(entry);
   }
 
-  /** Ends everything open of every key of an organisation. */
-  closeOrg(orgId: string, reason: StreamEndReason = 'org_blocked'): number {
-    return this.closeAll(this.open.ofOrg(orgId), reason);
+  /** Unregisters it (it ended by itself); false when it was not there. */
+  remove(entry: OpenEntry): boolean {
+    return this.open.remove(entry);
   }
 
-  /** Ends what `reasonFor(keyHash, orgId)` gives a reason for (after a snapshot replaced the key table). */
-  closeWhere(reasonFor: (keyHash: string, orgId: string) => StreamEndReason | null): number {
-    let n = 0;
-    for (const [keyHash, entries] of this.open.byKeyHash()) {
-      const reason = reasonFor(keyHash, entries[0].orgId);
-      if (reason) n += this.closeAll(entries, reason);
+  /**
+   * Ends every entry the policy names in `state` (`stale`: the node is past its maximum staleness).
+   * O(entries open); nothing when none are. Returns how many were ended.
+   */
+  enforce(state: GatewayState, stale = false): number {
+    if (this.open.size === 0) return 0;
+    const doomed: Array<[OpenEntry, EndReason]> = [];
+    for (const [, entries] of this.open.byKeyHash()) {
+      for (const e of entries) {
+        const why = endReasonFor(state, e, stale);
+        if (why) doomed.push([e, why]);
+      }
     }
+    // Ended after the walk: an entry's end may remove others.
+    let n = 0;
+    for (const [e, why] of doomed) if (this.endOne(e, why, state)) n++;
     return n;
   }
 
@@ -54,18 +90,20 @@ export class OpenStreams {
     return keyHash === undefined ? this.open.size : this.open.countOf(keyHash);
   }
 
-  private closeAll(entries: Entry[], reason: StreamEndReason): number {
-    let n = 0;
-    for (const e of entries) {
-      // Each closer runs once: an entry another closer already ended is skipped.
-      if (!this.open.remove(e)) continue;
-      n++;
-      try {
-        e.close(reason);
-      } catch (err) {
-        console.error(`data plane bug: closing an open stream threw: ${err instanceof Error ? err.message : String(err)}`);
-      }
+  /** A copy of everything open. */
+  list(): OpenEntry[] {
+    return this.open.list();
+  }
+
+  private endOne(e: OpenEntry, why: EndReason, state: GatewayState): boolean {
+    // Each entry ends once: one another entry's end already removed is skipped.
+    if (!this.open.remove(e)) return false;
+    try {
+      const blockedReason = why === 'org_blocked' ? (state.keysByHash.get(e.keyHash)?.org.blockedReason ?? '') : '';
+      e.end(why, endError(why, { blockedReason, modelId: e.modelId }));
+    } catch (err) {
+      console.error(`data plane bug: ending an open stream threw: ${err instanceof Error ? err.message : String(err)}`);
     }
-    return n;
+    return true;
   }
 }

@@ -12,15 +12,18 @@
 // Here (8) is kept by `finish()`: the onAborted handler and every way a response ends (end, close,
 // a finished tryEnd) call it, and it runs the registered cleanups exactly once.
 import type { HttpResponse, RecognizedString } from 'uWebSockets.js';
-import { isGatewayError } from '../errors.js';
-import { log } from '../log.js';
+import { refusalOf, type Refusal } from '../errors.js';
+import { logBug } from '../log.js';
 import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
 import type { PathFamily } from '../routing/path-families.js';
 import { writeRateHeaders, type RateHeaders } from '../limits/key-budgets.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
+import type { OpenRequest } from './open-request.js';
+import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';
 
-export type HeaderList = ReadonlyArray<readonly [string, string]>;
+export type { HeaderList };
+export { logBug };
 
 /**
  * The most of a request body left unread that an early answer (503, 413, 429, 401 before the body was
@@ -30,12 +33,10 @@ export type HeaderList = ReadonlyArray<readonly [string, string]>;
  */
 export const LINGER_MAX_BYTES = 64 * 1024 * 1024;
 
-export class Reply implements ReplyMeter {
+export class Reply implements ReplyMeter, ResponseSink {
   // Metrics (metrics.ts): `family` is set by the API server; replies without one are not counted.
   family: PathFamily | null = null;
   status = 0;
-  /** The catalog code of an error the gateway answered with; empty otherwise. */
-  reason = '';
   readonly startedAt = performance.now();
   /** When the upstream call began (0: none); set by the server right before it calls a provider. */
   upstreamAt = 0;
@@ -56,9 +57,10 @@ export class Reply implements ReplyMeter {
    * upstream's own `x-request-id` is not passed on.
    */
   requestId = '';
-  /** For the request log: body bytes written, and why it was refused (request-log.ts, refusalReason). */
+  /** For the request log: body bytes written. */
   bytesOut = 0;
-  refusal = '';
+  /** Why the gateway refused the request (the error it answered with), for metrics and the request log; null otherwise. */
+  refusal: Refusal | null = null;
   /**
    * The request-log entry of a request of a known key (its admitted context adds the usage); told how
    * the response ended before the other cleanups run.
@@ -66,6 +68,8 @@ export class Reply implements ReplyMeter {
   logDraft: LogDraft | null = null;
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
+  /** The request's entry in the node's registry of what keys have open (open-request.ts), once its key is known. */
+  open: OpenRequest | null = null;
   /** A HEAD request: answers carry their head (and the length a GET would have) but never a body. */
   headRequest = false;
   /** The client sent `Connection: close`: uWS closes the connection as soon as the answer ends. */
@@ -197,9 +201,8 @@ export class Reply implements ReplyMeter {
   /** Renders an error through error-shapes.ts and sends it. */
   sendError(err: unknown, shape: ErrorShape, closeConnection = false): void {
     if (this.done) return;
-    this.reason = isGatewayError(err) ? err.code : 'INTERNAL';
+    this.refusal = refusalOf(err);
     const r = renderError(err, shape);
-    this.refusal = refusalReason(err);
     this.send(r.status, r.headers, r.body, closeConnection);
   }
 
@@ -396,7 +399,7 @@ export class Reply implements ReplyMeter {
     }
     if (this.logDraft) {
       try {
-        this.logDraft.endReply(this.status, this.bytesOut, this.refusal, this.aborted);
+        this.logDraft.endReply(this.status, this.bytesOut, refusalReason(this.refusal), this.aborted);
       } catch (err) {
         logBug(err);
       }
@@ -444,8 +447,3 @@ function runSafely(fn: (aborted: boolean) => void, aborted: boolean): void {
   }
 }
 
-let bugsLogged = 0;
-/** A bug (an exception that is not a catalog error): logged, never thrown into uWS. */
-export function logBug(err: unknown): void {
-  if (bugsLogged++ < 100) log.error({ err }, `data plane bug: ${err instanceof Error ? err.message : String(err)}`);
-}

@@ -25,6 +25,8 @@ export interface FinishSource {
   onFinish(fn: (aborted: boolean) => void): void;
   /** The request's log entry, if it is logged: it waits for this context to settle. */
   logDraft?: LogDraft | null;
+  /** Its entry in the registry of what keys have open (open-request.ts): told the request's model. */
+  open?: { context: { readonly model: ModelConfig | null } | null } | null;
 }
 
 /** The most tokens one request may report (far above any context window); more is clamped. */
@@ -85,6 +87,7 @@ export class RequestContext {
   attach(reply: FinishSource): void {
     this.logDraft = reply.logDraft ?? null;
     this.logDraft?.adoptContext(this.requestId);
+    if (reply.open) reply.open.context = this;
     reply.onFinish((aborted) => this.onResponseEnd(aborted));
   }
 

@@ -4,7 +4,7 @@
 // bounded record of 401s for unknown keys (IP and the first characters only). Never a key value,
 // prompt or completion: only what the request line, a few headers and the outcome say.
 import type { LogRow } from '../../proto/lib/log-columns.js';
-import { CATALOG, isGatewayError } from '../errors.js';
+import { CATALOG, type Refusal } from '../errors.js';
 
 /** The facts of a request known when it is authenticated. */
 export interface LogHead {
@@ -34,12 +34,12 @@ export interface LogSink {
   log(row: LogRow): void;
 }
 
-/** The refusal reason of an error: the 429 dimension, the 401 type, or the error's code. */
-export function refusalReason(err: unknown): string {
-  if (!isGatewayError(err)) return 'internal_error';
-  const entry = CATALOG[err.code];
-  if (err.code === 'EDGE_RATE_LIMITED') return 'edge';
-  if (entry.status === 429 || entry.status === 401) return err.type ?? entry.typeA;
+/** A refusal as the request log names it: the 429 dimension, the 401 type, or the error's code ('' when none). */
+export function refusalReason(refusal: Refusal | null): string {
+  if (!refusal) return '';
+  const entry = CATALOG[refusal.code];
+  if (refusal.code === 'EDGE_RATE_LIMITED') return 'edge';
+  if (entry.status === 429 || entry.status === 401) return refusal.type ?? entry.typeA;
   return entry.codeB;
 }
 

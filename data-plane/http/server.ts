@@ -18,12 +18,11 @@ import type { PoolRegistry } from '../proxy/providers/openai.js';
 import { UploadSpill } from '../proxy/upload-spill.js';
 import type { CallResult, ModelCall, Provider } from '../proxy/providers/provider.js';
 import { forwardTool } from '../proxy/tool-router.js';
-import { cancelUpstreamAtOnce } from '../proxy/stream-proxy.js';
 import { ToolBackends } from '../proxy/tool-backends.js';
 import { encodedBodyRefusal, findRemoteInBody } from '../proxy/pdf-guard.js';
-import type { OpenStreams, StreamEndReason } from '../auth/open-streams.js';
+import type { OpenStreams } from '../auth/open-streams.js';
+import { registerOpenRequest } from './open-request.js';
 import { familyOf } from '../routing/path-families.js';
-import { renderError } from './error-shapes.js';
 import type { Reporter } from '../sync/reporter.js';
 import type { UsageSource } from '../sync/usage-client.js';
 import { deriveClientIp, headerLines } from './client-ip.js';
@@ -33,7 +32,7 @@ import { RequestContext } from './request-context.js';
 import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { closesConnection, collectBody, streamBody, type BodyWatch } from './request-body.js';
-import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
+import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
 import { isBadPath, shapeOf, type Route } from './routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
@@ -227,7 +226,7 @@ export class ApiServer {
     if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
     deps.reporter.touch(key.keyId);
     // Until it ends, revoking the key or blocking its organisation ends this request (before the node acks).
-    if (deps.openStreams) reply.onFinish(deps.openStreams.register(key.keyHash, key.orgId, (why) => endForRevocation(reply, familyShape, why)));
+    if (deps.openStreams) registerOpenRequest(deps.openStreams, reply, key, familyShape);
 
     const route = state.view.routes.match(head.path, head.method);
     if (route instanceof GatewayError) {
@@ -284,7 +283,7 @@ export class ApiServer {
    */
   private logRefusedKey(reply: Reply, head: RequestHead, presented: string): void {
     const deps = this.deps;
-    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: refusalReason(reply.refusal) };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
     if (dead) {
       deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), head, dead, outcome, null));
@@ -649,30 +648,6 @@ export class ApiServer {
     const why = inPlan ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
     return new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' });
   }
-}
-
-/**
- * Ends a request whose key was revoked (or whose organisation was blocked) while it ran: not yet
- * answered, a 401 in the path's shape; a model event stream (SSE chat), one terminal error event;
- * any other stream (tool downloads, tool event streams), a reset. Every way runs the request's abort
- * path: the upstream is cancelled at once, as the client's answer is, and what it did is billed.
- */
-function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason): void {
-  if (reply.done) return;
-  cancelUpstreamAtOnce(reply);
-  const err =
-    why === 'key_revoked'
-      ? new GatewayError('KEY_INVALID', 'This API key was revoked while the request was running.')
-      : new GatewayError('ORG_BLOCKED', "The organisation was blocked while the request was running: its balance is exhausted or its monthly spend cap was reached.");
-  if (!reply.headersSent) {
-    // Ended as an abort: the request's cleanups stop its upstream and bill it (not a normal answer
-    // that waits for the provider to report).
-    reply.aborted = true;
-    return reply.sendError(err, shape, true);
-  }
-  // Tool streams (MCP, …) speak their backend's protocol: closed, never given an event of ours.
-  if (shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
-  reply.close();
 }
 
 /** A provider's `fail`: the error in the route's shape if nothing was sent yet, else the stream closed. */

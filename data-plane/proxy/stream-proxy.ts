@@ -12,8 +12,9 @@ import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
-import { logBug, type HeaderList, type Reply } from '../http/reply.js';
-import { log } from '../log.js';
+import { log, logBug } from '../log.js';
+import type { ResponseSink } from './response-sink.js';
+import { contentTypeHeader, endToEndHeaders, headerValue } from './upstream-headers.js';
 import { MAX_UPSTREAM_ERROR_BYTES, upstreamErrorAnswer } from './upstream-errors.js';
 import { isDraining } from '../drain.js';
 
@@ -56,7 +57,7 @@ export interface ProxyRequest {
   timeoutMs: number;
   /** Longest silence allowed between two chunks of the response body. */
   idleTimeoutMs?: number;
-  reply: Reply;
+  reply: ResponseSink;
   shape: ErrorShape;
   /** Pass every end-to-end response header (tools) or only content-type (model endpoints). */
   passAllHeaders: boolean;
@@ -91,20 +92,6 @@ export interface ProxyRequest {
   onResponseHead?(status: number): void;
 }
 
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-authenticate',
-  'proxy-authorization',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-  'content-length',
-  'date',
-  'uwebsockets',
-]);
-
 export function proxyRequest(req: ProxyRequest): void {
   const x = new Exchange(req);
   req.onAbort(() => x.clientClosed());
@@ -130,7 +117,7 @@ export function proxyRequest(req: ProxyRequest): void {
 
 /** One exchange: the state and the undici handler of one proxied request (a class: no closures per request). */
 class Exchange {
-  private readonly reply: Reply;
+  private readonly reply: ResponseSink;
   private abortUpstream: ((err: Error) => void) | null = null;
   private upstreamAborted = false;
   private resumeUpstream: (() => void) | null = null;
@@ -387,63 +374,6 @@ class Exchange {
       logBug(e);
     }
   }
-}
-
-/** The first value of a header in undici's raw header list (name lower-case), or undefined. */
-function headerValue(raw: Buffer[], name: string): string | undefined {
-  for (let i = 0; i < raw.length; i += 2) if (raw[i].length === name.length && raw[i].toString('latin1').toLowerCase() === name) return raw[i + 1].toString('latin1');
-  return undefined;
-}
-
-/** `content-type` alone, as a header list (the last one is reused: answers of a model share theirs; the Reply only reads it). */
-function contentTypeHeader(contentType: string): HeaderList {
-  if (contentType !== lastContentType) {
-    lastContentType = contentType;
-    lastContentTypeHeaders = contentType ? Object.freeze([Object.freeze(['content-type', contentType] as const)]) : NO_HEADERS;
-  }
-  return lastContentTypeHeaders;
-}
-
-const NO_HEADERS: HeaderList = Object.freeze([]);
-let lastContentType = '';
-let lastContentTypeHeaders: HeaderList = NO_HEADERS;
-
-/** The response's end-to-end headers (lower-case names, each name's lines together, in order of first appearance). */
-function endToEndHeaders(raw: Buffer[]): Array<[string, string]> {
-  const byName = new Map<string, string[]>();
-  let named: Set<string> | null = null;
-  for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i].toString('latin1').toLowerCase();
-    const value = raw[i + 1].toString('latin1');
-    if (name === 'connection') named = connectionNames(value, named);
-    if (HOP_BY_HOP.has(name)) continue;
-    const list = byName.get(name);
-    if (list) list.push(value);
-    else byName.set(name, [value]);
-  }
-  const out: Array<[string, string]> = [];
-  for (const [name, values] of byName) {
-    // Headers the upstream's Connection header names are for that connection only.
-    if (named?.has(name)) continue;
-    for (const v of values) out.push([name, v]);
-  }
-  return out;
-}
-
-/**
- * The header names a `Connection` header lists (RFC 9110 7.6.1): hop-by-hop for that connection only,
- * never passed on. `close` and `keep-alive` are options, not names. Null when it lists none; names
- * are added to `into` when given.
- */
-export function connectionNames(values: string | readonly string[], into: Set<string> | null = null): Set<string> | null {
-  let out = into;
-  for (const v of typeof values === 'string' ? [values] : values) {
-    for (const t of v.split(',')) {
-      const name = t.trim().toLowerCase();
-      if (name && name !== 'close' && name !== 'keep-alive') (out ??= new Set()).add(name);
-    }
-  }
-  return out;
 }
 
 function upstreamMessage(err: Error): string {

@@ -9,8 +9,9 @@
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
-import type { Reply } from '../http/reply.js';
-import { connectionNames, proxyRequest } from './stream-proxy.js';
+import type { ResponseSink } from './response-sink.js';
+import { proxyRequest } from './stream-proxy.js';
+import { connectionNames } from './upstream-headers.js';
 import type { ToolBackends, Upstream } from './tool-backends.js';
 
 const DROP_REQUEST_HEADERS = new Set([
@@ -74,7 +75,7 @@ export interface ToolRequest {
   headers: Array<[string, string]>;
   /** A stream (read as it arrives), a body already read whole (the PDF guard read it), or none. */
   body: Readable | Buffer | null;
-  reply: Reply;
+  reply: ResponseSink;
   /** The client's address as the node determined it (http/client-ip.ts): the one X-Forwarded-For sent. */
   clientIp: string;
   caller: ToolCaller;

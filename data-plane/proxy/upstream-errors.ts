@@ -6,7 +6,7 @@
 // The upstream's own body goes to the node's log, for the operator only.
 import { GatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
-import type { HeaderList } from '../http/reply.js';
+import type { HeaderList } from './response-sink.js';
 
 /** Bytes of an upstream error body read; the rest is dropped (an error body is short). */
 export const MAX_UPSTREAM_ERROR_BYTES = 64 * 1024;

@@ -18,7 +18,7 @@ import { logBug, Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { Admission } from '../http/admission.js';
 import { blockedMessage } from '../http/admission.js';
-import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
+import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
 import { isBadPath } from '../http/routes.js';
 import type { Clock } from '../limits/clock.js';
 import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
@@ -26,7 +26,7 @@ import { writeRateHeaders, type KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
 import type { Reporter } from '../sync/reporter.js';
-import { OpenSockets } from './open-sockets.js';
+import type { OpenStreams } from '../auth/open-streams.js';
 import { CLOSE, RealtimeSession, RealtimeStats, type UserData } from './session.js';
 import type { SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
@@ -40,7 +40,7 @@ export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;
 export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
 /** Seconds without any frame from the client (uWS pings it automatically before that). */
 export const IDLE_TIMEOUT_SEC = 120;
-const STALE_CHECK_MS = 1000;
+const REMEASURE_MS = 1000;
 const DEFAULT_MAX_NODE_BUFFERED_BYTES = 256 * 1024 * 1024;
 const REALTIME_FULL_MESSAGE = 'This gateway node holds too many realtime messages right now; reconnect after the time in the retry-after header.';
 
@@ -53,6 +53,8 @@ export interface RealtimeDeps {
   leases?: LeaseClient;
   reporter: Reporter;
   isStale(): boolean;
+  /** What keys have open (auth/open-streams.ts): every session registers there until it closes. */
+  openStreams?: OpenStreams;
   /** This process's instance id: request ids of attempts refused before admission start with it. */
   instanceId: string;
 }
@@ -82,15 +84,15 @@ interface UpgradeHead {
 }
 
 export class RealtimeGateway {
-  /** Open sockets by key: what revocation, blocking and staleness close. */
-  readonly sockets = new OpenSockets();
+  /** Open sessions (the drain ends them; revocation, blocking and staleness reach them through deps.openStreams). */
+  readonly sessions = new Set<RealtimeSession>();
   readonly stats = new RealtimeStats();
   /** What every session holds together, bounded node-wide (realtime-memory.ts). */
   readonly memory: RealtimeMemory;
   private readonly maxBufferedBytes: number;
   private readonly maxMessageBytes: number;
   private readonly logSession: SessionLogSink;
-  private staleTimer: NodeJS.Timeout | null = null;
+  private remeasureTimer: NodeJS.Timeout | null = null;
   /** 401s of unknown keys are logged only as far as this allows (request-log.ts). */
   private readonly unknownKeys = new UnknownKeySampler();
   private seq = 0;
@@ -130,27 +132,21 @@ export class RealtimeGateway {
     app.ws(REALTIME_PATH, behavior);
     app.ws(`${REALTIME_PATH}/*`, behavior);
     app.ws(RESPONSES_PATH, behavior);
-    this.staleTimer = setInterval(() => {
-      if (this.sockets.size > 0 && this.deps.isStale()) this.sockets.closeAll('invalid_api_key: this gateway node cannot currently verify API keys');
+    this.remeasureTimer = setInterval(() => {
       this.memory.remeasureAll();
-    }, STALE_CHECK_MS);
-    this.staleTimer.unref();
-  }
-
-  /** After the node applied a snapshot or delta, before it acks: see OpenSockets.enforce. */
-  enforce(): void {
-    this.sockets.enforce(this.deps.holder.current);
+    }, REMEASURE_MS);
+    this.remeasureTimer.unref();
   }
 
   /** Open sessions (the drain waits for them). */
   get open(): number {
-    return this.sockets.size;
+    return this.sessions.size;
   }
 
   /** A stopping node ends every session with 1001; answers how many it closed. */
   closeAll(reason: string): number {
-    const open = this.sockets.list();
-    for (const s of open) (s as RealtimeSession).close(CLOSE.GOING_AWAY, reason);
+    const open = [...this.sessions];
+    for (const s of open) s.close(CLOSE.GOING_AWAY, reason);
     return open.length;
   }
 
@@ -327,7 +323,7 @@ export class RealtimeGateway {
    */
   private logRefusedKey(reply: Reply, head: UpgradeHead, presented: string): void {
     const deps = this.deps;
-    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: reply.refusal };
+    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: refusalReason(reply.refusal) };
     const dead = deps.holder.current.tombstone(deps.pepper, presented);
     if (dead) return deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), logHeadOf(head), dead, outcome, null));
     if (!this.unknownKeys.take(deps.clock.now())) return;
@@ -371,7 +367,8 @@ export class RealtimeGateway {
         keyBudgets: this.deps.keyBudgets,
         leases: this.deps.leases,
         reporter: this.deps.reporter,
-        sockets: this.sockets,
+        openStreams: this.deps.openStreams,
+        sessions: this.sessions,
         logSession: this.logSession,
         maxBufferedBytes: this.maxBufferedBytes,
         maxMessageBytes: this.maxMessageBytes,

@@ -23,40 +23,40 @@ import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros, type TokenCounts } from '../../proto/lib/money.js';
 import { tokenUsageOf } from '../proxy/usage-readers.js';
 import type { KeyRecord } from '../auth/key-table.js';
-import { logBug } from '../http/reply.js';
-import { findDuplicateKey } from '../http/validate-request.js';
+import { logBug } from '../log.js';
 import type { RequestContext } from '../http/request-context.js';
 import { minuteOf, secondsToNextMinute, type Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import type { Reporter } from '../sync/reporter.js';
-import { blockedReasonText, type OpenSocket, type OpenSockets } from './open-sockets.js';
+import type { EndReason, OpenEntry, OpenStreams } from '../auth/open-streams.js';
+import { closeReasonOf, endError, type GatewayError } from '../errors.js';
+import { openStreamGauge } from '../metrics.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
-import { AUDIO_DELTAS, base64Bytes, ResponseTally, TEXT_DELTAS } from './response-estimate.js';
+import { AUDIO_DELTAS, TEXT_DELTAS } from './response-estimate.js';
+import { ResponseTallies } from './response-tallies.js';
+import { eventTypeOf, parse, type Obj } from './event-scan.js';
+import { clientEventRefusal, TRANSCRIPTION_DONE } from './client-events.js';
+import { CLOSE, isSendableCode, truncateReason } from './close-codes.js';
+import type { RealtimeStats } from './realtime-stats.js';
 
-/** Close codes the gateway uses (RFC 6455 §7.4 and the IANA registry). */
-export const CLOSE = Object.freeze({
-  NORMAL: 1000,
-  GOING_AWAY: 1001,
-  POLICY: 1008,
-  INTERNAL: 1011,
-  TRY_AGAIN_LATER: 1013,
-  BAD_GATEWAY: 1014,
-});
-
-/** Largest token count one `response.done` may report; anything else is malformed. */
-const MAX_TOKENS_PER_RESPONSE = 100_000_000;
-/** Responses in flight tallied apart; past this many, a new one's counts join the last one's (still billed). */
-const MAX_TALLIED_RESPONSES = 64;
+// Re-exported: the gateway and the tests import them from here.
+export { CLOSE, truncateReason } from './close-codes.js';
+export { RealtimeStats } from './realtime-stats.js';
+export { clientEventRefusal } from './client-events.js';
+export { eventTypeOf, stringMemberSpans, tokens } from './event-scan.js';
 
 export interface SessionDeps {
   clock: Clock;
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
   reporter: Reporter;
-  sockets: OpenSockets;
+  /** The node's one registry of what keys have open (auth/open-streams.ts): its policy ends a session. */
+  openStreams?: OpenStreams;
+  /** The node's open sessions (the drain ends them). */
+  sessions: Set<RealtimeSession>;
   logSession: SessionLogSink;
   /** Bytes uWS may hold for a client before the upstream is paused. */
   maxBufferedBytes: number;
@@ -72,37 +72,15 @@ export interface SessionDeps {
 /** The Responses API's final events (the WebSocket mode bills each): each carries the usage. */
 const RESPONSES_FINAL = ['response.completed', 'response.incomplete', 'response.failed'];
 
-/** Figures for the admin listener's GET /stats/realtime. */
-export class RealtimeStats {
-  open = 0;
-  opened = 0;
-  pausedUpstreams = 0;
-  /** The most uWS held for one client at any time since start (or the last reset). */
-  peakBufferedBytes = 0;
-  /** The node-wide bound, for its figures. */
-  memory: RealtimeMemory | null = null;
-
-  snapshot(reset = false): { open: number; opened: number; paused_upstreams: number; peak_buffered_bytes: number; node_buffered_bytes: number; node_max_buffered_bytes: number } {
-    const out = {
-      open: this.open,
-      opened: this.opened,
-      paused_upstreams: this.pausedUpstreams,
-      peak_buffered_bytes: this.peakBufferedBytes,
-      node_buffered_bytes: this.memory?.held ?? 0,
-      node_max_buffered_bytes: this.memory?.maxBytes ?? 0,
-    };
-    if (reset) this.peakBufferedBytes = 0;
-    return out;
-  }
-}
-
 export interface UserData {
   session: RealtimeSession;
 }
 
-type Obj = Record<string, any>;
 
-export class RealtimeSession implements OpenSocket, MemoryMember {
+/** Open realtime sessions, for the `tollgate_node_open_streams{kind="realtime"}` gauge. */
+const openSessions = openStreamGauge('realtime');
+
+export class RealtimeSession implements OpenEntry, MemoryMember {
   readonly keyHash: string;
   readonly orgId: string;
   readonly modelId: string;
@@ -115,11 +93,8 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
   private heldBytes = 0;
   private orgWake: (() => void) | null = null;
   private readonly startedAtMs: number;
-  /** What the client sent since the last response began: the next response's input. */
-  private pendingInput = new ResponseTally();
-  /** The responses in flight (response.created seen, no response.done), by id, with their counts. */
-  private readonly tallies = new Map<string, ResponseTally>();
-  private lastTally: ResponseTally | null = null;
+  /** The counts of what went in and came out, per response in flight. */
+  private readonly tallies = new ResponseTallies();
   private readonly counts = { fromClient: 0, toClient: 0, bytesFromClient: 0, bytesToClient: 0, responses: 0, prompt: 0, completion: 0, cost: 0 };
 
   constructor(
@@ -140,7 +115,9 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
   /** uWS `open`: the client is upgraded; the upstream's messages may flow. */
   open(ws: WebSocket<UserData>): void {
     this.ws = ws;
-    this.deps.sockets.add(this);
+    this.deps.sessions.add(this);
+    this.deps.openStreams?.add(this);
+    openSessions.opened();
     this.deps.stats.open++;
     this.deps.stats.opened++;
     this.deps.memory.join(this);
@@ -176,7 +153,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
       const refusal = clientEventRefusal(data, this.model);
       if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
     }
-    if (!isBinary) this.tallyClientEvent(data);
+    if (!isBinary) this.tallies.clientEvent(data);
     this.link.send(data, isBinary);
     if (this.link.bufferedAmount > this.deps.maxBufferedBytes + this.deps.maxMessageBytes) {
       this.close(CLOSE.POLICY, 'the client sends faster than the upstream accepts; slow down');
@@ -236,9 +213,9 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     this.finish(code, reason);
   }
 
-  /** Closes the client now (revocation, blocked organisation, narrowed scope, stale node). */
-  closeForPolicy(reason: string): void {
-    this.close(CLOSE.POLICY, reason);
+  /** The registry's policy ends the session (auth/open-streams.ts): closed now, 1008, the reason's one text. */
+  end(_why: EndReason, err: GatewayError): void {
+    this.close(CLOSE.POLICY, closeReasonOf(err));
   }
 
   /** Closes the client with `code` and `reason`; the close handler runs from inside. */
@@ -264,10 +241,10 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
       const type = eventTypeOf(data);
       if (type === 'response.created') {
         this.responsesInFlight++;
-        this.responseCreated(parse(data));
+        this.tallies.created(parse(data), `#${this.counts.toClient}`);
       } else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
       else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
-      else if (type !== undefined && (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type))) this.tallyDelta(data, AUDIO_DELTAS.has(type));
+      else if (type !== undefined && (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type))) this.tallies.delta(data, AUDIO_DELTAS.has(type));
     }
     this.sendToClient(data, isBinary);
     if (done) this.account(done);
@@ -306,65 +283,11 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     this.close(CLOSE.BAD_GATEWAY, `upstream connection lost${reason ? `: ${reason}` : ''}`);
   }
 
-  /** A client event that adds to the next response's input: counted, then forgotten. */
-  private tallyClientEvent(data: Buffer): void {
-    const type = eventTypeOf(data);
-    const t = this.pendingInput;
-    if (type === 'input_audio_buffer.append') {
-      const [audio] = stringMemberSpans(data, ['audio']);
-      if (audio) t.audioInBytes += base64SpanBytes(data, audio);
-    } else if (type === 'conversation.item.create') t.addItem(parse(data)?.item);
-    else if (type === 'session.update') t.addConfig(parse(data)?.session);
-    else if (type === 'response.create') t.addConfig(parse(data)?.response);
-  }
-
-  /** A response began upstream: what the client sent since the last one is its input. */
-  private responseCreated(ev: Obj | null): void {
-    const tally = this.pendingInput;
-    this.pendingInput = new ResponseTally();
-    const id = typeof ev?.response?.id === 'string' ? ev.response.id : `#${this.counts.toClient}`;
-    const known = this.tallies.get(id);
-    if (known) known.add(tally);
-    else if (this.tallies.size >= MAX_TALLIED_RESPONSES && this.lastTally) this.lastTally.add(tally);
-    else this.tallies.set(id, tally);
-    this.lastTally = this.tallies.get(id) ?? this.lastTally;
-  }
-
-  /** An output delta, to the response it names (else the last one begun). */
-  private tallyDelta(data: Buffer, audio: boolean): void {
-    const [delta, responseId] = stringMemberSpans(data, ['delta', 'response_id']);
-    if (!delta) return;
-    const id = responseId ? decodeString(data, responseId[0], responseId[1]) : undefined;
-    const tally = (id !== undefined ? this.tallies.get(id) : undefined) ?? this.lastTally ?? this.pendingInput;
-    if (audio) tally.audioOutBytes += base64SpanBytes(data, delta);
-    else tally.addTextOut(decodeString(data, delta[0], delta[1]) ?? '');
-  }
-
-  /**
-   * The counts of the response `ev` ends, taken out of those in flight: by its id, else the oldest in
-   * flight, else (no response.created was seen) what the client sent since the last one.
-   */
-  private takeTally(ev: Obj): ResponseTally {
-    const named = ev.response?.id;
-    const id = typeof named === 'string' && this.tallies.has(named) ? named : this.tallies.keys().next().value;
-    if (id === undefined) {
-      const waiting = this.pendingInput;
-      this.pendingInput = new ResponseTally();
-      return waiting;
-    }
-    const tally = this.tallies.get(id)!;
-    this.tallies.delete(id);
-    if (this.lastTally === tally) {
-      this.lastTally = null;
-      for (const t of this.tallies.values()) this.lastTally = t;
-    }
-    return tally;
-  }
 
   /** One `response.done`: tokens against tpm, cost to the organisation, then the limits checked. */
   private account(ev: Obj): void {
     this.responsesInFlight = Math.max(0, this.responsesInFlight - 1);
-    const tally = this.takeTally(ev);
+    const tally = this.tallies.take(ev);
     // The upstream's usage when it reports one; else the estimate of what went in and came out.
     this.charge(tokenUsageOf(ev.response?.usage) ?? tally.counts());
   }
@@ -423,7 +346,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     const org = this.key.org;
     const verdict = org.blocked ? 'no' : (this.deps.leases?.canSpend(this.key.orgId) ?? 'yes');
     if (verdict === 'no') {
-      this.closeAfterResponse(CLOSE.POLICY, `insufficient_quota: ${blockedReasonText(org.blockedReason)}`);
+      this.closeAfterResponse(CLOSE.POLICY, closeReasonOf(endError('org_blocked', { blockedReason: org.blockedReason })));
     } else if (verdict === 'wait' && !this.orgWake) {
       const wake = () => {
         this.orgWake = null;
@@ -442,7 +365,9 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
 
   private finish(code: number, reason: string): void {
     const deps = this.deps;
-    deps.sockets.remove(this);
+    deps.sessions.delete(this);
+    deps.openStreams?.remove(this);
+    openSessions.closed();
     deps.stats.open--;
     if (this.upstreamPaused) deps.stats.pausedUpstreams--;
     deps.memory.leave(this, this.heldBytes);
@@ -450,9 +375,7 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
     if (this.orgWake) deps.leases?.cancelOrgWait(this.key.orgId, this.orgWake);
     // Responses the upstream had begun and not finished: the upstream did the work, so they are
     // billed the estimate of what went in and what had come out.
-    for (const tally of this.tallies.values()) this.charge(tally.counts());
-    this.tallies.clear();
-    this.lastTally = null;
+    for (const tally of this.tallies.takeAll()) this.charge(tally.counts());
     // The session's request and slot: the slot is released, its tokens were counted per response.
     this.ctx.complete({ status: 101, promptTokens: 0, completionTokens: 0 });
     const now = deps.clock.now();
@@ -487,208 +410,3 @@ export class RealtimeSession implements OpenSocket, MemoryMember {
   }
 }
 
-/** A validated token count: a whole number in [0, MAX_TOKENS_PER_RESPONSE], anything else 0. */
-export function tokens(v: unknown): number {
-  return typeof v === 'number' && Number.isFinite(v) && v >= 0 ? Math.min(Math.floor(v), MAX_TOKENS_PER_RESPONSE) : 0;
-}
-
-function parse(data: Buffer): Obj | null {
-  return parseText(data.toString('utf8'));
-}
-
-function parseText(text: string): Obj | null {
-  try {
-    const v = JSON.parse(text);
-    return v && typeof v === 'object' ? v : null;
-  } catch {
-    return null;
-  }
-}
-
-/**
- * The top-level `type` of a JSON event, as JSON.parse would read it (the last `type` member wins),
- * found by one scan that skips every value without decoding it: strings by the native indexOf of their
- * closing quote, so large audio deltas cost little. Undefined when the text is not a JSON object with a
- * string `type`.
- */
-export function eventTypeOf(data: Buffer): string | undefined {
-  const n = data.length;
-  let i = skipSpace(data, 0);
-  if (data[i] !== 123 /* { */) return undefined;
-  i = skipSpace(data, i + 1);
-  if (data[i] === 125 /* } */) return undefined;
-  let type: string | undefined;
-  while (i < n) {
-    if (data[i] !== 34 /* " */) return undefined;
-    const keyEnd = stringEnd(data, i);
-    if (keyEnd < 0) return undefined;
-    const isType = isTypeKey(data, i, keyEnd);
-    i = skipSpace(data, keyEnd);
-    if (data[i] !== 58 /* : */) return undefined;
-    i = skipSpace(data, i + 1);
-    const valueEnd = skipValue(data, i);
-    if (valueEnd < 0) return undefined;
-    if (isType) type = data[i] === 34 ? decodeString(data, i, valueEnd) : undefined;
-    i = skipSpace(data, valueEnd);
-    if (data[i] === 125) return skipSpace(data, i + 1) === n ? type : undefined;
-    if (data[i] !== 44 /* , */) return undefined;
-    i = skipSpace(data, i + 1);
-  }
-  return undefined;
-}
-
-/**
- * The spans ([start, end), quotes included) of top-level string members of a JSON object event, one
- * per name (the last occurrence, as JSON.parse reads it), found by the same scan as eventTypeOf
- * without decoding any value. Undefined for a name absent, not a string, or a text that is no object.
- */
-export function stringMemberSpans(data: Buffer, names: readonly string[]): Array<[number, number] | undefined> {
-  const found: Array<[number, number] | undefined> = names.map(() => undefined);
-  const n = data.length;
-  let i = skipSpace(data, 0);
-  if (data[i] !== 123 /* { */) return found;
-  i = skipSpace(data, i + 1);
-  while (i < n && data[i] === 34) {
-    const keyEnd = stringEnd(data, i);
-    if (keyEnd < 0) break;
-    const key = keyEnd - i <= 66 ? (data.subarray(i, keyEnd).includes(92) ? decodeString(data, i, keyEnd) : data.toString('latin1', i + 1, keyEnd - 1)) : undefined;
-    i = skipSpace(data, keyEnd);
-    if (data[i] !== 58 /* : */) break;
-    i = skipSpace(data, i + 1);
-    const valueEnd = skipValue(data, i);
-    if (valueEnd < 0) break;
-    const at = key === undefined ? -1 : names.indexOf(key);
-    if (at >= 0) found[at] = data[i] === 34 ? [i, valueEnd] : undefined;
-    i = skipSpace(data, valueEnd);
-    if (data[i] !== 44 /* , */) break;
-    i = skipSpace(data, i + 1);
-  }
-  return found;
-}
-
-/** The bytes the base64 JSON string at `span` (quotes included) decodes to, without decoding it. */
-function base64SpanBytes(data: Buffer, [start, end]: [number, number]): number {
-  const close = end - 1;
-  const padding = data[close - 1] === 61 /* = */ ? (data[close - 2] === 61 ? 2 : 1) : 0;
-  return base64Bytes(close - start - 1, padding);
-}
-
-/** Whether the key string in [start, end) is `"type"`, spelled plainly or with escapes. */
-function isTypeKey(data: Buffer, start: number, end: number): boolean {
-  if (end - start === 6) return data[start + 1] === 116 && data[start + 2] === 121 && data[start + 3] === 112 && data[start + 4] === 101;
-  if (end - start > 64) return false;
-  return data.subarray(start, end).includes(92) && decodeString(data, start, end) === 'type';
-}
-
-function skipSpace(data: Buffer, from: number): number {
-  let i = from;
-  while (i < data.length && (data[i] === 32 || data[i] === 10 || data[i] === 13 || data[i] === 9)) i++;
-  return i;
-}
-
-/** The index after the closing quote of the string opening at `at`, or -1. */
-function stringEnd(data: Buffer, at: number): number {
-  let i = at + 1;
-  for (;;) {
-    const q = data.indexOf(34, i);
-    if (q < 0) return -1;
-    // Escaped when an odd number of backslashes precede it.
-    let b = q - 1;
-    while (b > at && data[b] === 92) b--;
-    if ((q - 1 - b) % 2 === 0) return q + 1;
-    i = q + 1;
-  }
-}
-
-function decodeString(data: Buffer, start: number, end: number): string | undefined {
-  try {
-    const v = JSON.parse(data.toString('utf8', start, end)) as unknown;
-    return typeof v === 'string' ? v : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** The index after the JSON value starting at `at`, or -1 (nested values by their brackets). */
-function skipValue(data: Buffer, at: number): number {
-  const c = data[at];
-  if (c === 34) return stringEnd(data, at);
-  if (c === 123 || c === 91 /* [ */) {
-    let depth = 0;
-    for (let i = at; i < data.length; i++) {
-      const d = data[i];
-      if (d === 34) {
-        i = stringEnd(data, i);
-        if (i < 0) return -1;
-        i--;
-      } else if (d === 123 || d === 91) depth++;
-      else if ((d === 125 || d === 93) && --depth === 0) return i + 1;
-    }
-    return -1;
-  }
-  // A number or a literal: up to the next delimiter.
-  let i = at;
-  while (i < data.length && data[i] !== 44 && data[i] !== 125 && data[i] !== 93 && data[i] !== 32 && data[i] !== 10 && data[i] !== 13 && data[i] !== 9) i++;
-  return i > at ? i : -1;
-}
-
-/**
- * An `error` event for a client event the gateway will not pass on, else null: a session.update that
- * names another model than the session's, or an event that repeats a key inside one object (the
- * upstream may read the other copy of `type` or `model` than the one checked here).
- */
-export function clientEventRefusal(data: Buffer, model: ModelConfig): Obj | null {
-  const text = data.toString('utf8');
-  const ev = parseText(text);
-  if (!ev) return null;
-  const eventId = typeof ev.event_id === 'string' ? ev.event_id : null;
-  const repeated = findDuplicateKey(text);
-  if (repeated !== null) {
-    return errorEvent('invalid_request_error', `The event repeats the key \`${repeated.slice(0, 64)}\`; send each key once.`, repeated.slice(0, 64), eventId);
-  }
-  if (ev.type === 'transcription_session.update' || (ev.type === 'session.update' && turnsOnTranscription(ev.session))) {
-    return errorEvent(
-      'feature_not_available',
-      'Input audio transcription is not available through this gateway: it is billed by the upstream apart from the session. Transcribe with /v1/audio/transcriptions instead.',
-      'session.audio.input.transcription',
-      eventId,
-    );
-  }
-  if (ev.type !== 'session.update') return null;
-  const wanted = ev.session?.model;
-  if (wanted === undefined || wanted === model.id || wanted === model.upstreamModel) return null;
-  return errorEvent('model_not_allowed', `This session is for the model \`${model.id}\`; open a new session to use another model.`, 'session.model', eventId);
-}
-
-/** The upstream event that reports a transcription of the input audio (with its own usage). */
-const TRANSCRIPTION_DONE = 'conversation.item.input_audio_transcription.completed';
-
-/** Whether a session.update's session asks for input audio transcription (beta and GA shapes). */
-function turnsOnTranscription(session: unknown): boolean {
-  if (!session || typeof session !== 'object') return false;
-  const s = session as Obj;
-  if (s.input_audio_transcription !== undefined && s.input_audio_transcription !== null) return true;
-  const t = s.audio?.input?.transcription;
-  return t !== undefined && t !== null;
-}
-
-function errorEvent(code: string, message: string, param: string, eventId: string | null): Obj {
-  return {
-    type: 'error',
-    event_id: `event_gw_${Date.now().toString(36)}`,
-    error: { type: 'invalid_request_error', code, message, param, event_id: eventId },
-  };
-}
-
-/** A code a server may send in a close frame (not 1005, 1006, 1015 or out of range). */
-function isSendableCode(code: number): boolean {
-  return (code >= 1000 && code <= 1014 && code !== 1004 && code !== 1005 && code !== 1006) || (code >= 3000 && code <= 4999);
-}
-
-/** A close reason is at most 123 bytes of UTF-8. */
-export function truncateReason(reason: string): string {
-  if (Buffer.byteLength(reason) <= 123) return reason;
-  const chars = [...reason];
-  while (Buffer.byteLength(chars.join('')) > 123) chars.pop();
-  return chars.join('');
-}

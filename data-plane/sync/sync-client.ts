@@ -30,15 +30,13 @@ export interface SyncClientOptions {
   reporter: Reporter;
   /** Who owns each stored response (the Responses API): fed the control plane's records. */
   responseOwners?: ResponseOwners;
-  /** What keys have open: ended when a change revokes the key or blocks its organisation, before the ack. */
+  /** What keys have open: its policy is enforced after each applied change, before the ack (auth/open-streams.ts). */
   openStreams?: OpenStreams;
   /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
   leases?: LeaseClient;
   now(): number;
   /**
-   * After a snapshot or delta is applied and before it is acked: closes what the new state no longer
-   * allows (open realtime sockets of removed keys, blocked organisations), so a revocation the
-   * control plane sees acked has reached them.
+   * After a snapshot or delta is applied (and what keys have open was ended) and before it is acked.
    */
   onApplied?(): void;
   onFirstSnapshot(): void;
@@ -194,7 +192,7 @@ export class SyncClient {
     const leases = this.opts.leases;
     if (msg.snapshot) {
       holder.applySnapshot(msg.snapshot);
-      this.endRevokedAfterSnapshot();
+      this.endWhatNoLongerHolds();
       if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
       this.awaitingSnapshot = false;
       this.opts.onApplied?.();
@@ -209,7 +207,7 @@ export class SyncClient {
       if (this.awaitingSnapshot || !holder.ready) return;
       const r = holder.current.applyDelta(msg.delta);
       if (r === 'applied') {
-        this.endRevoked(msg.delta.changes);
+        this.endWhatNoLongerHolds();
         this.opts.onApplied?.();
         // Deltas come in order after the catch-up: one applied on this stream means it is in.
         this.markCaughtUp();
@@ -255,25 +253,12 @@ export class SyncClient {
     }
   }
 
-  /** Ends the open streams of keys a delta removed and of organisations it blocked (before the ack). */
-  private endRevoked(changes: Delta['changes']): void {
-    const streams = this.opts.openStreams;
-    if (!streams) return;
-    for (const c of changes) {
-      if (c.keyRemoved !== undefined) streams.closeKey(c.keyRemoved, 'key_revoked');
-      else if (c.orgUpsert?.blocked) streams.closeOrg(c.orgUpsert.orgId, 'org_blocked');
-    }
-  }
-
-  /** A snapshot replaced the key table: whatever it no longer authenticates ends. */
-  private endRevokedAfterSnapshot(): void {
-    const streams = this.opts.openStreams;
-    if (!streams || streams.count() === 0) return;
-    const st = this.opts.holder.current;
-    streams.closeWhere((keyHash, orgId) => {
-      if (!st.keysByHash.has(keyHash)) return 'key_revoked';
-      return st.orgs.get(orgId)?.blocked ? 'org_blocked' : null;
-    });
+  /**
+   * Ends what keys have open that the state just applied no longer allows (a revoked key, a blocked
+   * organisation, a narrowed scope), before the ack: auth/open-streams.ts holds the policy.
+   */
+  private endWhatNoLongerHolds(): void {
+    this.opts.openStreams?.enforce(this.opts.holder.current);
   }
 
   /** The stream is accepted: reports and leases may use it. The node is not caught up yet (markCaughtUp). */

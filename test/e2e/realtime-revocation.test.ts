@@ -1,13 +1,15 @@
 // Open realtime sockets follow the key and its organisation: revoking the key, or the organisation
 // becoming blocked, closes the key's sockets on every node (1008 with a reason) before the nodes ack,
 // so they are closed by the time `tollgate key revoke` returns. A node cut off from the control plane
-// keeps its sockets (fail-static), unless the configured maximum staleness passes.
+// keeps its sockets (fail-static), unless the configured maximum staleness passes; then its open HTTP
+// streams end as well (one registry, one policy: data-plane/auth/open-streams.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { type Console } from '../helpers/console.js';
 import { gatewayFixture, startGateway } from '../helpers/gateway-fixture.js';
-import { configYaml } from '../helpers/config.js';
+import { addUpstreamModel, configYaml } from '../helpers/config.js';
+import { startFakeUpstream } from '../helpers/fake-upstream.js';
 import { eventually } from '../helpers/data-plane.js';
 import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
@@ -131,4 +133,52 @@ test('fail-static with a maximum staleness: once a cut-off node passes it, its s
   const r = await attemptRealtime(n.address, { key: k.key });
   assert.ok(isRefusal(r));
   assert.equal(r.status, 401);
+});
+
+test('one policy for what a key has open: past the maximum staleness an open HTTP event stream ends too, with the same reason as the socket beside it', async (t) => {
+  // Before issue 22 only realtime sockets were ended at the staleness bound; HTTP streams ran on.
+  const up = await startFakeUpstream();
+  t.after(() => up.close());
+  const strictGw = await startGateway(t, {
+    controlPlane: {
+      env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+      configYaml: configYaml((cfg) => {
+        cfg.max_staleness_ms = 1500;
+        addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free']);
+      }),
+    },
+    nodes: [{ nodeId: 'both-strict' }],
+  });
+  const n = strictGw.node;
+  const k = await strictGw.fundedKey({ tier: 'free' });
+  const s = await openRealtime(n.address, { key: k.key });
+  await s.session.waitFor('session.created');
+  up.setMode('hold-stream');
+  const res = await fetch(`${n.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { ...bearer(k.key), 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'up-chat', stream: true, messages: [{ role: 'user', content: 'hold on' }] }),
+  });
+  assert.equal(res.status, 200);
+  const reader = res.body!.getReader();
+  await reader.read();
+  await up.waitForHeld(1);
+  const upstreamLetGo = up.waitForClientClose();
+
+  await strictGw.cp.proc.kill('SIGKILL');
+  assert.equal(await s.session.waitClosed(10_000), 1008);
+  assert.match(s.session.closeReason, /^invalid_api_key: this gateway node cannot currently verify API keys/);
+  let rest = '';
+  for (;;) {
+    const r = await reader.read().catch(() => ({ done: true, value: undefined }));
+    if (r.done) break;
+    rest += Buffer.from(r.value!).toString();
+  }
+  const events = rest.split('\n\n').filter((e) => e.startsWith('data: {'));
+  const last = JSON.parse(events[events.length - 1].slice('data: '.length));
+  assert.equal(last.error.type, 'authentication_error');
+  assert.match(last.error.message, /^This gateway node cannot currently verify API keys/);
+  // The upstream call was cancelled at once, as for a revoked key.
+  await upstreamLetGo;
+  up.release();
 });

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SnapshotStore } from '../../control-plane/sync/snapshot-store.js';
+import { SnapshotStore } from '../../control-plane/snapshot-store.js';
 import type { Delta, GatewayConfig, KeyEntry } from '../../proto/gen/tollgate/v1/sync.js';
 
 const config = (serviceName: string): GatewayConfig => ({

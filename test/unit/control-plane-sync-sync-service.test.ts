@@ -13,7 +13,7 @@ import { EventEmitter } from 'node:events';
 import { test } from 'node:test';
 import { Metadata, status } from '@grpc/grpc-js';
 import { SyncService } from '../../control-plane/sync/sync-service.js';
-import { SnapshotStore } from '../../control-plane/sync/snapshot-store.js';
+import { SnapshotStore } from '../../control-plane/snapshot-store.js';
 import type { ControlState } from '../../control-plane/control-state.js';
 import type { ReportIngest } from '../../control-plane/sync/report-ingest.js';
 import { GatewayConfig, KeyEntry, type Change, type ControlMessage, type NodeMessage, type Snapshot } from '../../proto/gen/tollgate/v1/sync.js';

@@ -1,41 +1,152 @@
-// The registry of what keys have open on a node: closing by key, by organisation and by predicate
-// ends exactly the matching entries, each once, and unregistering is idempotent.
+// The node's one registry of what keys have open, and its one policy: HTTP requests and realtime
+// sessions are ended for the same reasons (a node past its maximum staleness, a revoked key, a
+// blocked organisation, a narrowed scope), each reason with one error; each entry ends once, and an
+// entry that ended by itself is not ended again.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { OpenStreams, type StreamEndReason } from '../../data-plane/auth/open-streams.js';
+import type { GatewayConfig, ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { hashKey } from '../../proto/lib/keys.js';
+import { GatewayState } from '../../data-plane/auth/key-table.js';
+import { OpenStreams, type EndReason, type OpenEntry } from '../../data-plane/auth/open-streams.js';
+import { closeReasonOf, type GatewayError } from '../../data-plane/errors.js';
 
-test('closeKey ends every open stream of that key once, and no other', () => {
-  const s = new OpenStreams();
-  const ended: string[] = [];
-  const reg = (key: string, org: string, name: string) => s.register(key, org, (why: StreamEndReason) => ended.push(`${name}:${why}`));
-  reg('k1', 'o1', 'a');
-  reg('k1', 'o1', 'b');
-  reg('k2', 'o1', 'c');
-  const unD = reg('k3', 'o2', 'd');
-  assert.equal(s.count(), 4);
-  assert.equal(s.closeKey('k1'), 2);
-  assert.deepEqual(ended, ['a:key_revoked', 'b:key_revoked']);
-  assert.equal(s.closeKey('k1'), 0, 'already closed');
-  assert.equal(s.closeOrg('o1'), 1);
-  assert.deepEqual(ended.slice(2), ['c:org_blocked']);
-  unD();
-  unD();
-  assert.equal(s.count(), 0);
-  assert.equal(s.closeOrg('o2'), 0, 'an unregistered stream is not closed');
+const pepper = Buffer.alloc(32, 1);
+const model = (id: string): ModelConfig => ({ id, provider: 'demo', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'realtime', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [] });
+
+function stateWithKeys(): GatewayState {
+  const config: GatewayConfig = {
+    serviceName: 'tollgate',
+    tiers: [{ name: 'free', rpm: 20, tpm: 100, maxParallelRequests: 100, freeGrantMicros: 0, allowedModels: ['rt', 'rt2'] }],
+    models: [model('rt'), model('rt2')],
+    toolBackends: [],
+    realtimeUpstreams: [],
+    trustedProxies: [],
+    maxStalenessMs: 0,
+  };
+  const state = new GatewayState(config);
+  for (const o of ['o1', 'o2', 'o3']) state.upsertOrg({ orgId: o, tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0, ownerAccountId: '' });
+  for (const [id, org] of [['a', 'o1'], ['b', 'o1'], ['c', 'o2'], ['d', 'o2'], ['e', 'o3']]) state.upsertKey(keyEntry(id, org));
+  return state;
+}
+
+function keyEntry(id: string, org: string, allowed: string[] = []) {
+  return { keyId: id, keyHash: hashKey(pepper, `sk-${id}`), projectId: 'p', orgId: org, allowedModels: allowed, rpmLimit: 20, tpmLimit: 100, maxParallelRequests: 100 };
+}
+
+interface Ended {
+  kind: 'http' | 'realtime';
+  id: string;
+  why: EndReason;
+  /** What the client is told: an HTTP error's message, a WebSocket's close reason. */
+  text: string;
+  code: string;
+}
+
+/** Entries as HTTP requests and realtime sessions register them: the registry tells them apart by nothing. */
+function registry() {
+  const streams = new OpenStreams();
+  const ended: Ended[] = [];
+  const open = (kind: Ended['kind'], id: string, modelId = '', orgOf = ''): OpenEntry => {
+    const e: OpenEntry = {
+      keyHash: hashKey(pepper, `sk-${id}`),
+      orgId: orgOf,
+      modelId,
+      end: (why: EndReason, err: GatewayError) => ended.push({ kind, id, why, code: err.code, text: kind === 'realtime' ? closeReasonOf(err) : err.message }),
+    };
+    streams.add(e);
+    return e;
+  };
+  return { streams, ended, open };
+}
+
+test('a revoked key: every open entry of that key ends once, and no other; one that ended by itself is not ended', () => {
+  const state = stateWithKeys();
+  const { streams, ended, open } = registry();
+  open('http', 'a');
+  open('http', 'a');
+  open('http', 'b');
+  const gone = open('http', 'e');
+  assert.equal(streams.count(), 4);
+  assert.equal(streams.enforce(state), 0, 'nothing changed: nothing ends');
+  state.removeKey(hashKey(pepper, 'sk-a'));
+  assert.equal(streams.enforce(state), 2);
+  assert.deepEqual(ended.map((e) => `${e.id}:${e.why}`), ['a:key_revoked', 'a:key_revoked']);
+  assert.equal(streams.enforce(state), 0, 'already ended');
+  assert.equal(streams.remove(gone), true);
+  assert.equal(streams.remove(gone), false, 'removing is idempotent');
+  state.removeKey(hashKey(pepper, 'sk-e'));
+  assert.equal(streams.enforce(state), 0, 'an unregistered entry is not ended');
+  assert.equal(streams.count(), 1);
+  assert.equal(streams.count(hashKey(pepper, 'sk-b')), 1);
 });
 
-test('closeWhere ends what the predicate names, with its reason; a throwing closer does not stop the others', () => {
-  const s = new OpenStreams();
-  const ended: string[] = [];
-  s.register('k1', 'o1', () => {
-    throw new Error('boom');
+test('an entry whose end throws does not stop the others', () => {
+  const state = stateWithKeys();
+  const { streams, ended, open } = registry();
+  streams.add({
+    keyHash: hashKey(pepper, 'sk-a'),
+    orgId: 'o1',
+    modelId: '',
+    end: () => {
+      throw new Error('boom');
+    },
   });
-  s.register('k1', 'o1', (why) => ended.push(`k1:${why}`));
-  s.register('k2', 'o2', (why) => ended.push(`k2:${why}`));
-  s.register('k3', 'o3', (why) => ended.push(`k3:${why}`));
-  const n = s.closeWhere((key, org) => (key === 'k1' ? 'key_revoked' : org === 'o2' ? 'org_blocked' : null));
-  assert.equal(n, 3);
-  assert.deepEqual(ended, ['k1:key_revoked', 'k2:org_blocked']);
-  assert.equal(s.count(), 1);
-  assert.equal(s.count('k3'), 1);
+  open('http', 'a');
+  open('realtime', 'c', 'rt');
+  open('http', 'e');
+  state.removeKey(hashKey(pepper, 'sk-a'));
+  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1, ownerAccountId: '' });
+  assert.equal(streams.enforce(state), 3);
+  assert.deepEqual(ended.map((e) => `${e.id}:${e.why}`), ['a:key_revoked', 'c:org_blocked']);
+  assert.equal(streams.count(), 1);
+});
+
+test('one policy for HTTP requests and realtime sessions: removed keys, blocked organisations and narrowed scopes end both, with the same error and text', () => {
+  const state = stateWithKeys();
+  const { streams, ended, open } = registry();
+  for (const kind of ['http', 'realtime'] as const) {
+    open(kind, 'a', 'rt');
+    open(kind, 'b', 'rt');
+    open(kind, 'c', 'rt');
+    open(kind, 'd', 'rt2');
+  }
+  // An HTTP request whose body (and so its model) was not read yet names no model.
+  open('http', 'b');
+  assert.equal(streams.count(), 9);
+
+  state.removeKey(hashKey(pepper, 'sk-a'));
+  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1, ownerAccountId: '' });
+  streams.enforce(state);
+  const byKind = (kind: Ended['kind']) => ended.filter((e) => e.kind === kind).map((e) => `${e.id}:${e.why}:${e.code}`).sort();
+  assert.deepEqual(byKind('http'), ['a:key_revoked:KEY_INVALID', 'c:org_blocked:ORG_BLOCKED', 'd:org_blocked:ORG_BLOCKED']);
+  assert.deepEqual(byKind('realtime'), byKind('http'));
+  const text = (kind: Ended['kind'], id: string) => ended.find((e) => e.kind === kind && e.id === id)!.text;
+  assert.equal(text('http', 'a'), 'This API key was revoked.');
+  assert.match(text('realtime', 'a'), /^invalid_api_key: .*revoked/);
+  assert.equal(text('http', 'c'), "The organisation's balance is exhausted; add credits to continue.");
+  assert.equal(text('realtime', 'c'), "insufficient_quota: the organisation's balance is exhausted; add credits to continue.");
+  assert.equal(streams.count(), 3);
+
+  ended.length = 0;
+  state.upsertKey(keyEntry('b', 'o1', ['rt2']));
+  streams.enforce(state);
+  assert.deepEqual(ended.map((e) => [e.kind, e.id, e.why, e.text]).sort(), [
+    ['http', 'b', 'model_not_allowed', 'This API key may no longer use the model `rt`.'],
+    ['realtime', 'b', 'model_not_allowed', 'model_not_allowed: this API key may no longer use the model `rt`.'],
+  ]);
+  assert.equal(streams.count(), 1, 'the request that names no model yet stays');
+});
+
+test('a node past its maximum staleness ends everything open, HTTP and realtime alike', () => {
+  const state = stateWithKeys();
+  const { streams, ended, open } = registry();
+  open('http', 'a');
+  open('realtime', 'c', 'rt');
+  assert.equal(streams.enforce(state, true), 2);
+  assert.deepEqual(ended.map((e) => [e.kind, e.why, e.code]), [
+    ['http', 'node_stale', 'KEY_STALE'],
+    ['realtime', 'node_stale', 'KEY_STALE'],
+  ]);
+  assert.match(ended[1].text, /^invalid_api_key: this gateway node cannot currently verify API keys/);
+  assert.equal(streams.count(), 0);
 });

@@ -45,7 +45,7 @@ for (const [what, text] of bad) {
 
 test("the node's metrics render as valid Prometheus text, counting each response once", async () => {
   const chat = familyOf('/v1/chat/completions');
-  const reply = { family: chat, status: 0, reason: '', startedAt: 0, upstreamAt: 0, headAt: 0, upstreamError: false, aborted: false };
+  const reply = { family: chat, status: 0, refusal: null, startedAt: 0, upstreamAt: 0, headAt: 0, upstreamError: false, aborted: false };
   for (const [status, reason, upstreamAt, headAt] of [
     [200, '', 1, 51],
     [200, '', 1, 2001],
@@ -53,7 +53,7 @@ test("the node's metrics render as valid Prometheus text, counting each response
     [0, '', 0, 0],
   ] as const) {
     requestStarted();
-    recordReply({ ...reply, status, reason, upstreamAt, headAt });
+    recordReply({ ...reply, status, refusal: reason ? { code: reason } : null, upstreamAt, headAt });
   }
   const m = parsePrometheus(await registry.metrics());
   assert.equal(m.value('tollgate_node_requests_total', { family: 'chat', status: '200', reason: 'none' }), 2);

@@ -1,7 +1,7 @@
 // The realtime gateway's pure parts: which subprotocols carry credentials, token counts from an
-// upstream, the in-band refusal of a model switch, close reasons, the open-socket registry's
-// enforcement, the realtime_upstreams config, KeyBudgets.useTokens, the demo model's events, and the
-// estimate a response without usage is billed.
+// upstream, the in-band refusal of a model switch, close reasons, the realtime_upstreams config,
+// KeyBudgets.useTokens, the demo model's events, and the estimate a response without usage is billed.
+// (Ending open sessions for a revoked key is the registry's: open-streams.test.ts.)
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -13,7 +13,6 @@ import { GatewayState } from '../../data-plane/auth/key-table.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
 import { offersKeyInProtocol } from '../../data-plane/realtime/gateway.js';
-import { OpenSockets, type OpenSocket } from '../../data-plane/realtime/open-sockets.js';
 import { clientEventRefusal, stringMemberSpans, tokens, truncateReason } from '../../data-plane/realtime/session.js';
 import { audioTokensOfBytes, ResponseTally } from '../../data-plane/realtime/response-estimate.js';
 import { estimateTextTokens } from '../../data-plane/proxy/tokens.js';
@@ -112,61 +111,6 @@ test('the upstream URL gets ?model= unless it names one', () => {
   assert.equal(upstreamUrl(up, 'rt'), 'wss://up.example/v1/realtime?model=gpt-rt');
   assert.equal(upstreamUrl({ ...up, url: 'wss://up.example/v1/realtime?model=fixed' }, 'rt'), 'wss://up.example/v1/realtime?model=fixed');
   assert.equal(upstreamUrl({ ...up, upstreamModel: '' }, 'rt'), 'wss://up.example/v1/realtime?model=rt');
-});
-
-test('open sockets: enforce closes those of removed keys, blocked organisations and narrowed scopes, and nothing else', () => {
-  const pepper = Buffer.alloc(32, 1);
-  const config: GatewayConfig = {
-    serviceName: 'tollgate',
-    tiers: [{ name: 'free', rpm: 20, tpm: 100, maxParallelRequests: 100, freeGrantMicros: 0, allowedModels: ['rt', 'rt2'] }],
-    models: [model('rt'), model('rt2')],
-    toolBackends: [],
-    realtimeUpstreams: [],
-    trustedProxies: [],
-    maxStalenessMs: 0,
-  };
-  const state = new GatewayState(config);
-  const entry = (id: string, org: string, allowed: string[] = []) => ({
-    keyId: id,
-    keyHash: hashKey(pepper, `sk-${id}`),
-    projectId: 'p',
-    orgId: org,
-    allowedModels: allowed,
-    rpmLimit: 20,
-    tpmLimit: 100,
-    maxParallelRequests: 100,
-  });
-  for (const o of ['o1', 'o2']) state.upsertOrg({ orgId: o, tier: 'free', blocked: false, blockedReason: '', fundsVersion: 0, ownerAccountId: '' });
-  for (const k of [entry('a', 'o1'), entry('b', 'o1'), entry('c', 'o2'), entry('d', 'o2')]) state.upsertKey(k);
-  const closed: Array<[string, string]> = [];
-  const reg = new OpenSockets();
-  const sock = (id: string, modelId = 'rt'): OpenSocket => {
-    const s: OpenSocket = { keyHash: hashKey(pepper, `sk-${id}`), orgId: `org-of-${id}`, modelId, closeForPolicy: (why) => (closed.push([id, why]), reg.remove(s)) };
-    reg.add(s);
-    return s;
-  };
-  sock('a');
-  sock('a');
-  sock('b');
-  sock('c');
-  sock('d', 'rt2');
-  assert.equal(reg.size, 5);
-  reg.enforce(state);
-  assert.equal(closed.length, 0, 'nothing changed: nothing closes');
-
-  state.removeKey(hashKey(pepper, 'sk-a'));
-  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1, ownerAccountId: '' });
-  reg.enforce(state);
-  assert.deepEqual(closed.map(([id]) => id).sort(), ['a', 'a', 'c', 'd']);
-  assert.match(closed.find(([id]) => id === 'a')![1], /^invalid_api_key: .*revoked/);
-  assert.equal(closed.find(([id]) => id === 'c')![1], "insufficient_quota: the organisation's balance is exhausted");
-  assert.equal(reg.size, 1);
-
-  closed.length = 0;
-  state.upsertKey(entry('b', 'o1', ['rt2']));
-  reg.enforce(state);
-  assert.deepEqual(closed, [['b', 'model_not_allowed: this API key may no longer use rt']]);
-  assert.equal(reg.size, 0);
 });
 
 test('config: realtime_upstreams name a realtime openai model, take a ws(s) URL and a credential from the environment, and are redacted before storage', () => {

@@ -1,7 +1,7 @@
 // The built-in `demo` provider: answers locally, deterministically, with real token counts from the
 // gateway's tokenizer, so the embedded default works with no network.
 import { createHash } from 'node:crypto';
-import { logBug } from '../../http/reply.js';
+import { logBug } from '../../log.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
 import { countMessageTokens, countTokens, contentText, truncateTokens } from '../tokens.js';
 import { withUsageCost } from '../usage-readers.js';

@@ -2,7 +2,7 @@
 // authenticated, admitted, validated and scope-checked the request; the provider only answers it.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../../proto/lib/money.js';
-import type { Reply } from '../../http/reply.js';
+import type { ResponseSink } from '../response-sink.js';
 import type { ModelField } from '../multipart-model.js';
 
 /**
@@ -20,7 +20,7 @@ export interface CallResult extends TokenCounts {
 export interface ModelCall {
   /** Unique per request; used in response ids. */
   requestId: string;
-  reply: Reply;
+  reply: ResponseSink;
   model: ModelConfig;
   /** Parsed JSON body (chat, embeddings, speech). */
   body: Record<string, unknown>;

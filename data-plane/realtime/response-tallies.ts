@@ -1,0 +1,79 @@
+// The counts of a session's responses in flight, for the estimate a response is billed when the
+// upstream reports no usage (response-estimate.ts): what the client sent since the last response
+// began (its input), and each response begun upstream by its id with its output deltas.
+import { base64SpanBytes, decodeString, eventTypeOf, parse, stringMemberSpans, type Obj } from './event-scan.js';
+import { ResponseTally } from './response-estimate.js';
+
+/** Responses in flight tallied apart; past this many, a new one's counts join the last one's (still billed). */
+const MAX_TALLIED_RESPONSES = 64;
+
+export class ResponseTallies {
+  /** What the client sent since the last response began: the next response's input. */
+  private pendingInput = new ResponseTally();
+  /** The responses in flight (response.created seen, no response.done), by id, with their counts. */
+  private readonly tallies = new Map<string, ResponseTally>();
+  private lastTally: ResponseTally | null = null;
+
+  /** A client event that adds to the next response's input: counted, then forgotten. */
+  clientEvent(data: Buffer): void {
+    const type = eventTypeOf(data);
+    const t = this.pendingInput;
+    if (type === 'input_audio_buffer.append') {
+      const [audio] = stringMemberSpans(data, ['audio']);
+      if (audio) t.audioInBytes += base64SpanBytes(data, audio);
+    } else if (type === 'conversation.item.create') t.addItem(parse(data)?.item);
+    else if (type === 'session.update') t.addConfig(parse(data)?.session);
+    else if (type === 'response.create') t.addConfig(parse(data)?.response);
+  }
+
+  /** A response began upstream (`fallbackId` when the event names none): what the client sent since the last one is its input. */
+  created(ev: Obj | null, fallbackId: string): void {
+    const tally = this.pendingInput;
+    this.pendingInput = new ResponseTally();
+    const id = typeof ev?.response?.id === 'string' ? ev.response.id : fallbackId;
+    const known = this.tallies.get(id);
+    if (known) known.add(tally);
+    else if (this.tallies.size >= MAX_TALLIED_RESPONSES && this.lastTally) this.lastTally.add(tally);
+    else this.tallies.set(id, tally);
+    this.lastTally = this.tallies.get(id) ?? this.lastTally;
+  }
+
+  /** An output delta, to the response it names (else the last one begun). */
+  delta(data: Buffer, audio: boolean): void {
+    const [delta, responseId] = stringMemberSpans(data, ['delta', 'response_id']);
+    if (!delta) return;
+    const id = responseId ? decodeString(data, responseId[0], responseId[1]) : undefined;
+    const tally = (id !== undefined ? this.tallies.get(id) : undefined) ?? this.lastTally ?? this.pendingInput;
+    if (audio) tally.audioOutBytes += base64SpanBytes(data, delta);
+    else tally.addTextOut(decodeString(data, delta[0], delta[1]) ?? '');
+  }
+
+  /**
+   * The counts of the response `ev` ends, taken out of those in flight: by its id, else the oldest in
+   * flight, else (no response.created was seen) what the client sent since the last one.
+   */
+  take(ev: Obj): ResponseTally {
+    const named = ev.response?.id;
+    const id = typeof named === 'string' && this.tallies.has(named) ? named : this.tallies.keys().next().value;
+    if (id === undefined) {
+      const waiting = this.pendingInput;
+      this.pendingInput = new ResponseTally();
+      return waiting;
+    }
+    const tally = this.tallies.get(id)!;
+    this.tallies.delete(id);
+    if (this.lastTally === tally) {
+      this.lastTally = null;
+      for (const t of this.tallies.values()) this.lastTally = t;
+    }
+    return tally;
+  }
+
+  /** Every response still in flight, taken out (the session ends: each is billed its estimate). */
+  takeAll(): ResponseTally[] {
+    const all = [...this.tallies.values()];
+    this.tallies.clear();
+    this.lastTally = null;
+    return all;
+  }
+}
