@@ -173,6 +173,11 @@ export class AudioDurationProbe {
     if (!this.reader) this.settle();
   }
 
+  /** Bytes handed to the parser that it has not read yet. */
+  get backlogBytes(): number {
+    return this.stream?.readableLength ?? 0;
+  }
+
   /** Every byte of the request body as it goes to the upstream (copied if kept: callers reuse buffers). */
   feed(chunk: Buffer): void {
     this.bodyBytes += chunk.length;
