@@ -25,7 +25,7 @@
 //
 // Pure bookkeeping on key-registry.ts: no I/O of its own; each entry ends itself.
 import { endError, type EndReason, type GatewayError } from '../errors.js';
-import { KeyRegistry, type KeyEntry, type OpenGauge } from './key-registry.js';
+import { KeyRegistry, type KeyEntry } from './key-registry.js';
 import type { GatewayState } from './key-table.js';
 
 export type { EndReason };
@@ -50,11 +50,7 @@ export function endReasonFor(state: GatewayState, entry: OpenEntry, stale: boole
 }
 
 export class OpenStreams {
-  private readonly open: KeyRegistry<OpenEntry>;
-
-  constructor(gauge?: OpenGauge) {
-    this.open = new KeyRegistry<OpenEntry>(gauge);
-  }
+  private readonly open = new KeyRegistry<OpenEntry>();
 
   /** Registers an open entry (again: nothing). */
   add(entry: OpenEntry): void {

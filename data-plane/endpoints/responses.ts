@@ -7,7 +7,7 @@ import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { Clock } from '../limits/clock.js';
-import { estimateTokens } from '../limits/key-budgets.js';
+import { estimateTokens } from '../proxy/tokens.js';
 import type { Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';

@@ -4,7 +4,7 @@
 // LEASE_WAIT_MS) while the node asks the control plane (which reclaims unused allowance from the other
 // nodes before it says a minute or the money is spent), then is admitted or refused. The common case
 // is synchronous. A waiting request never touches its response once the client went away (Reply.done).
-import { GatewayError } from '../errors.js';
+import { GatewayError, orgBlockedMessage } from '../errors.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
 import type { Admission as KeyAdmission, KeyBudgets, Ticket } from '../limits/key-budgets.js';
@@ -213,9 +213,8 @@ export class Admission {
 }
 
 export function blockedMessage(reason: string): string {
-  if (reason === 'monthly_cap_reached') return "The organisation's monthly spend cap was reached; requests are refused until next month or until the cap is raised.";
-  if (reason === 'balance_exhausted') return "The organisation's balance is exhausted; add credits to continue.";
-  return "The organisation's balance is exhausted or its monthly spend cap was reached.";
+  // One text per reason, whether a request is refused or what is open is ended (errors.ts).
+  return orgBlockedMessage(reason);
 }
 
 /**

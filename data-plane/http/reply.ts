@@ -16,7 +16,7 @@ import { refusalOf, type Refusal } from '../errors.js';
 import { logBug } from '../log.js';
 import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
 import type { PathFamily } from '../routing/path-families.js';
-import { writeRateHeaders, type RateHeaders } from '../limits/key-budgets.js';
+import { writeRateHeaders, type RateHeaders } from '../limits/rate-headers.js';
 import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
 import type { OpenRequest } from './open-request.js';

@@ -225,7 +225,8 @@ export class ApiServer {
     // admission step waits for it.)
     if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape);
     deps.reporter.touch(key.keyId);
-    // Until it ends, revoking the key or blocking its organisation ends this request (before the node acks).
+    // Until it ends, the request is in the registry of what keys have open, whose policy may end it
+    // (auth/open-streams.ts: a revoked key, a blocked organisation, a narrowed scope, a stale node).
     if (deps.openStreams) registerOpenRequest(deps.openStreams, reply, key, familyShape);
 
     const route = state.view.routes.match(head.path, head.method);

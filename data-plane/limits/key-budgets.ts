@@ -13,27 +13,21 @@
 // - tpm: tokens used and reserved this minute + this request's estimate must stay ≤ tpm, so a single
 //   request whose estimate alone exceeds tpm is refused. The estimate is reserved on admission and
 //   replaced by the real usage on settle, in the minute the request was admitted in if that minute is
-//   still current (a request that ends in a later minute leaves that later minute untouched).
+//   still current (a request that ends in a later minute leaves that later minute untouched). Only the
+//   prompt is reserved (the one estimator of proxy/tokens.ts): reserving the completion ceiling
+//   (max_tokens) would refuse most requests of a low-tpm key, and settle() reconciles right after.
 // - A refused request consumes nothing (no request, no tokens, no slot).
 // - A limit ≤ 0 or not finite means "no limit" on that dimension (a key without an rpm/tpm limit); its
 //   headers then report limit 0, and `rateHeaderPairs` leaves them out.
 import { type Clock, minuteOf, secondsToNextMinute } from './clock.js';
 import { Fifo } from './fifo.js';
+import type { RateHeaders } from './rate-headers.js';
 
 export interface KeyLimits {
   keyId: string;
   rpmLimit: number;
   tpmLimit: number;
   maxParallel: number;
-}
-
-export interface RateHeaders {
-  limitRequests: number;
-  remainingRequests: number;
-  limitTokens: number;
-  remainingTokens: number;
-  /** Seconds until both minute budgets start afresh (the top of the next clock minute). */
-  resetSec: number;
 }
 
 export interface Ticket {
@@ -406,48 +400,6 @@ function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimi
   };
 }
 
-/**
- * The `x-ratelimit-*` headers to send, lower-case names: only for the dimensions the key has a limit on
- * (spec: "once the key has an rpm limit" / "a tpm limit"). `x-ratelimit-reset-*` follow the OpenAI
- * API's convention (a duration such as `47s`); both budgets reset at the top of the clock minute.
- */
-export function rateHeaderPairs(h: RateHeaders): Array<[string, string]> {
-  const out: Array<[string, string]> = [];
-  const reset = resetText(h);
-  if (h.limitRequests > 0) {
-    out.push(['x-ratelimit-limit-requests', String(h.limitRequests)], ['x-ratelimit-remaining-requests', String(h.remainingRequests)], ['x-ratelimit-reset-requests', reset]);
-  }
-  if (h.limitTokens > 0) {
-    out.push(['x-ratelimit-limit-tokens', String(h.limitTokens)], ['x-ratelimit-remaining-tokens', String(h.remainingTokens)], ['x-ratelimit-reset-tokens', reset]);
-  }
-  return out;
-}
-
-/** `${n}s` for every reset a minute can have, built once. */
-const RESET_TEXT = Array.from({ length: 61 }, (_, i) => `${i}s`);
-
-function resetText(h: RateHeaders): string {
-  return RESET_TEXT[h.resetSec] ?? `${h.resetSec}s`;
-}
-
-/**
- * Writes the headers of `rateHeaderPairs` straight to a response in one `writeHeader` call: uWS
- * writes `name: value\r\n`, so a value holding the following lines yields the same bytes as one call
- * per header, for one crossing into native code instead of six. Every value is a number or a
- * duration built here, so nothing else can reach the head.
- */
-export function writeRateHeaders(h: RateHeaders, res: { writeHeader(name: string, value: string): unknown }): void {
-  const reset = resetText(h);
-  const tokens =
-    h.limitTokens > 0 ? `${h.limitTokens}\r\nx-ratelimit-remaining-tokens: ${h.remainingTokens}\r\nx-ratelimit-reset-tokens: ${reset}` : '';
-  if (h.limitRequests > 0) {
-    const requests = `${h.limitRequests}\r\nx-ratelimit-remaining-requests: ${h.remainingRequests}\r\nx-ratelimit-reset-requests: ${reset}`;
-    res.writeHeader('x-ratelimit-limit-requests', tokens ? `${requests}\r\nx-ratelimit-limit-tokens: ${tokens}` : requests);
-  } else if (tokens) {
-    res.writeHeader('x-ratelimit-limit-tokens', tokens);
-  }
-}
-
 function ofLimit(current: number, limit: number): string {
   return `${current}/${limitOf(limit) === Infinity ? 'unlimited' : limitOf(limit)}`;
 }
@@ -474,8 +426,7 @@ export function formatLimitMessage(
   return `Rate limit reached for ${parts.join('; ')}. Retry after ${retryAfterSec} s.`;
 }
 
-// The token estimate reserved on admission is the one billed when a request ends without the
-// upstream's usage: one estimator, in proxy/tokens.ts. Only the prompt is reserved; max_tokens /
-// max_completion_tokens are NOT added (reserving the completion ceiling would refuse most requests of
-// a low-tpm key), and settle() reconciles to the real prompt + completion tokens right after.
+// Rendered elsewhere, re-exported for the modules that import them from here: the rate headers
+// (rate-headers.ts) and the one token estimator (proxy/tokens.ts, docs/design.md#token-estimates).
+export { rateHeaderPairs, writeRateHeaders, type RateHeaders } from './rate-headers.js';
 export { estimateTokens } from '../proxy/tokens.js';

@@ -1,6 +1,7 @@
 // What proxy/ writes an answer into: the one response of one request. http/reply.ts `Reply`
 // implements it over a uWebSockets.js response and keeps every uWS lifetime rule behind it, so
-// providers, tool routing and stream-proxy.ts never see uWS and never import http/.
+// providers, tool routing and stream-proxy.ts never see uWS and never import http/reply.ts
+// (docs/design.md#the-response-sink).
 //
 // The contract a writer keeps: check `done` before producing (the client may be gone); after
 // `headersSent` the status is fixed; `write` returning false means stop producing until `onDrain`.

@@ -5,7 +5,7 @@
 // bad node token) is fatal: one line, exit 2.
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
-import { SyncServiceClient, SyncServiceService, type ControlMessage, type Delta, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
+import { SyncServiceClient, SyncServiceService, type ControlMessage, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import { decodeControlMessage, type StateHolder } from '../auth/key-table.js';
 import type { OpenStreams } from '../auth/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
