@@ -121,7 +121,7 @@ export class ResponsesEndpoint {
     const at = parseStoredResponsePath(path);
     const refuse = (err: GatewayError) => {
       ctx.refuse();
-      reply.sendError(err, 'A');
+      reply.sendError(err, 'openai');
     };
     if (!at) return refuse(new GatewayError('NOT_FOUND', `No route for ${path}.`));
     const owner = deps.owners.get(at.id, deps.clock.now());

@@ -36,7 +36,7 @@ export function shapeOf(path: string): ErrorShape {
 }
 
 function modelRoute(kind: RouteKind, method: string, bodyMode: BodyMode): Route {
-  return { kind, shape: 'A', methods: new Set([method]), allow: method, bodyMode, backend: null };
+  return { kind, shape: 'openai', methods: new Set([method]), allow: method, bodyMode, backend: null };
 }
 
 export class RouteTable {
@@ -46,7 +46,7 @@ export class RouteTable {
   private readonly toolRoutes = new Map<string, Route>();
   /** `GET /v1/models/{id}` (the OpenAI SDK's models.retrieve). */
   private readonly model: Route = modelRoute('model', 'GET', 'none');
-  private readonly realtime: Route = { kind: 'realtime', shape: 'B', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
+  private readonly realtime: Route = { kind: 'realtime', shape: 'gateway', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
 
   constructor(toolBackends: readonly ToolBackend[]) {
     this.exact.set('/v1/models', modelRoute('models', 'GET', 'none'));
@@ -59,9 +59,9 @@ export class RouteTable {
     this.exact.set('/v1/responses', modelRoute('responses', 'POST', 'json'));
     this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
     // One Route object per backend (and one for "no backend"), so matching allocates nothing.
-    this.toolRoutes.set('', { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: null });
+    this.toolRoutes.set('', { kind: 'tool', shape: 'gateway', methods: null, allow: '', bodyMode: 'stream', backend: null });
     for (const b of this.backends) {
-      this.toolRoutes.set(b.prefix, { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: b });
+      this.toolRoutes.set(b.prefix, { kind: 'tool', shape: 'gateway', methods: null, allow: '', bodyMode: 'stream', backend: b });
     }
   }
 

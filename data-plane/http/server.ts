@@ -158,7 +158,7 @@ export class ApiServer {
       const hasCredential = presentsCredential(head.authorization) || presentsCredential(undefined, req.getHeader('x-api-key'), req.getHeader('api-key'));
       // Tool pass-through needs every header; copied only on tool paths.
       let allHeaders: Array<[string, string]> | null = null;
-      if (shapeOf(head.path) === 'B') {
+      if (shapeOf(head.path) === 'gateway') {
         allHeaders = [];
         req.forEach((k, v) => allHeaders!.push([k, v]));
       }
@@ -178,7 +178,7 @@ export class ApiServer {
     } catch (err) {
       logBug(err);
       try {
-        if (reply) reply.sendError(err, 'B');
+        if (reply) reply.sendError(err, 'gateway');
         else res.cork(() => res.writeStatus('500 Internal Server Error').end());
       } catch (e) {
         logBug(e);
@@ -193,7 +193,7 @@ export class ApiServer {
 
     // Edge: IP budgets and the body cap.
     const edge = deps.edge.take(head.ip, head.path, hasCredential);
-    if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
+    if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'openai');
     const capBytes = bodyCapBytes(head.path);
     if (head.contentLength > capBytes) {
       // Refused before the credential is checked, yet a known key still sees its rate headers.
@@ -201,7 +201,7 @@ export class ApiServer {
       return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; this path accepts at most ${capBytes}.`), familyShape, true);
     }
 
-    if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'B');
+    if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'gateway');
 
     // Credential: one HMAC and one Map lookup.
     if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), familyShape);
@@ -231,7 +231,7 @@ export class ApiServer {
 
     const route = state.view.routes.match(head.path, head.method);
     if (route instanceof GatewayError) {
-      return reply.sendError(route, route.code === 'METHOD_NOT_ALLOWED' ? familyShape : 'B');
+      return reply.sendError(route, route.code === 'METHOD_NOT_ALLOWED' ? familyShape : 'gateway');
     }
 
     switch (route.kind) {
@@ -243,7 +243,7 @@ export class ApiServer {
       case 'stored-response':
         // One rpm, like the listings; the key's own project's responses only.
         return this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
-          if (ctx) this.responses.stored(ctx, reply, head.path, head.method, head.query, state, (err) => failCall(ctx, reply, 'A', err));
+          if (ctx) this.responses.stored(ctx, reply, head.path, head.method, head.query, state, (err) => failCall(ctx, reply, 'openai', err));
         });
       case 'transcriptions':
         return this.transcription(res, reply, head, key, capBytes);
@@ -267,8 +267,8 @@ export class ApiServer {
         });
       case 'realtime':
         // WebSocket upgrades are taken by the realtime gateway; a plain request here is not one.
-        if (head.path !== REALTIME_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No route for ${head.path}.`), 'B');
-        return reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'A');
+        if (head.path !== REALTIME_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No route for ${head.path}.`), 'gateway');
+        return reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'openai');
       case 'tool':
         return this.tool(res, reply, head, key, route, capBytes, allHeaders ?? []);
     }
@@ -301,7 +301,7 @@ export class ApiServer {
     // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
     if (!model) {
       ctx.refuse();
-      return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'A');
+      return reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'openai');
     }
     ctx.providerStarted = true;
     ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
@@ -317,7 +317,7 @@ export class ApiServer {
     const refuse = (err: unknown) => {
       ctx.refuse();
       reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(err, 'A');
+      reply.sendError(err, 'openai');
     };
     const q = parseUsageQuery(head.query, this.deps.clock.now());
     if (q instanceof GatewayError) return refuse(q);
@@ -335,7 +335,7 @@ export class ApiServer {
         reply.send(200, JSON_HEADERS, renderUsage(q, res));
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'A');
+        reply.sendError(e, 'openai');
       }
     });
     ctx.abortFns.push(cancel);
@@ -353,7 +353,7 @@ export class ApiServer {
     // A JSON body that cannot be valid for the endpoint is refused before a byte is read.
     const jsonCap = Math.min(capBytes, JSON_BODY_CAP_BYTES[route.kind] ?? capBytes);
     if (head.contentLength > jsonCap) {
-      return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; ${head.path} accepts JSON bodies of at most ${jsonCap} bytes.`), 'A', true);
+      return reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${head.contentLength} bytes; ${head.path} accepts JSON bodies of at most ${jsonCap} bytes.`), 'openai', true);
     }
     // The request and its parallel slot are taken before the body is buffered, so a key's parallel
     // limit also bounds the memory its bodies hold; tokens are reserved once the body is parsed. When
@@ -395,7 +395,7 @@ export class ApiServer {
     const deps = this.deps;
     try {
       if (reply.done) return;
-      if (err) return reply.sendError(err, 'A', closesConnection(err));
+      if (err) return reply.sendError(err, 'openai', closesConnection(err));
       const text = raw.length > 0 ? raw.toString('utf8') : '';
       let body: unknown;
       let parseError = false;
@@ -413,15 +413,15 @@ export class ApiServer {
           const invalid = validateJson(route, head.contentType, body, parseError, state, parseError ? undefined : text);
           if (invalid) {
             countRefused(ctx);
-            return reply.sendError(invalid, 'A');
+            return reply.sendError(invalid, 'openai');
           }
           const obj = body as Record<string, unknown>;
           const model = state.view.models.get(obj.model as string)!;
           const scope = this.checkScope(key, model);
-          if (scope) return reply.sendError(scope, 'A');
+          if (scope) return reply.sendError(scope, 'openai');
           if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
           const provider = deps.providers[model.provider];
-          if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
+          if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
           ctx.model = model;
           ctx.providerStarted = true;
           // What an end without the upstream's usage bills: the estimate the tpm reservation took.
@@ -444,12 +444,12 @@ export class ApiServer {
   /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
   private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
     const prev = this.responses.checkPrevious(ctx.key, obj, state);
-    if (prev) return reply.sendError(prev, 'A');
+    if (prev) return reply.sendError(prev, 'openai');
     const provider = this.responses.providerOf(model);
-    if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'A');
+    if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
     ctx.model = model;
     ctx.providerStarted = true;
-    this.responses.create(ctx, provider, this.modelCall(ctx, reply, model, 'A', obj, raw, text));
+    this.responses.create(ctx, provider, this.modelCall(ctx, reply, model, 'openai', obj, raw, text));
   }
 
   private transcription(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, capBytes: number): void {
@@ -471,7 +471,7 @@ export class ApiServer {
     const boundary = boundaryOf(head.contentType);
     if (!boundary) {
       stream.discard();
-      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'A');
+      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'openai');
     }
     // The parts before `model` may go to a temporary file: deleted however the request ends.
     const spillBudget = this.deps.spillBudget;
@@ -485,7 +485,7 @@ export class ApiServer {
         const refuse = (e: unknown) => {
           stream.discard();
           if (isContentRefusal(e)) countRefused(ctx);
-          reply.sendError(e, 'A', e instanceof GatewayError && closesConnection(e));
+          reply.sendError(e, 'openai', e instanceof GatewayError && closesConnection(e));
         };
         if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
         const state = this.deps.holder.current;
@@ -515,19 +515,19 @@ export class ApiServer {
             ctx.abortFns.push(fn);
           },
           fail(err: unknown) {
-            failCall(ctx, reply, 'A', err);
+            failCall(ctx, reply, 'openai', err);
           },
         });
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'A');
+        reply.sendError(e, 'openai');
       }
     });
   }
 
   private tool(res: HttpResponse, reply: Reply, head: RequestHead, key: KeyRecord, route: Route, capBytes: number, headers: Array<[string, string]>): void {
     if (!route.backend) {
-      return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No backend is configured for ${head.path}.`), 'B');
+      return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No backend is configured for ${head.path}.`), 'gateway');
     }
     const hasBody = head.method !== 'GET' && head.method !== 'HEAD';
     if (hasBody && familyOf(head.path).name === 'pdf') return this.pdfTool(res, reply, head, key, route, capBytes, headers);
@@ -542,7 +542,7 @@ export class ApiServer {
         if (ctx) this.forward(ctx, reply, head, route, body, headers);
       },
       () => false,
-      'B',
+      'gateway',
     );
   }
 
@@ -556,13 +556,13 @@ export class ApiServer {
     let bodyDone = false;
     const proceed = () => {
       if (!ctx || body === undefined || reply.done) return;
-      if (body.err) return reply.sendError(body.err, 'B', closesConnection(body.err));
+      if (body.err) return reply.sendError(body.err, 'gateway', closesConnection(body.err));
       const encoded = encodedBodyRefusal(headers);
-      if (encoded) return reply.sendError(encoded, 'C');
+      if (encoded) return reply.sendError(encoded, 'passthrough');
       const found = findRemoteInBody(body.raw, head.contentType);
       if (found) {
         const message = `The HTML references a remote resource (${found.where}: ${JSON.stringify(found.url)}); only local references (data: URIs, fragments, relative paths) are allowed.`;
-        return reply.sendError(new GatewayError('REMOTE_REFERENCE', message), 'C');
+        return reply.sendError(new GatewayError('REMOTE_REFERENCE', message), 'passthrough');
       }
       this.forward(ctx, reply, head, route, body.raw, headers);
     };
@@ -576,7 +576,7 @@ export class ApiServer {
         proceed();
       },
       () => !bodyDone,
-      'B',
+      'gateway',
     );
     if (ctx === null) return;
     collectBody(
@@ -671,7 +671,7 @@ function endForRevocation(reply: Reply, shape: ErrorShape, why: StreamEndReason)
     return reply.sendError(err, shape, true);
   }
   // Tool streams (MCP, …) speak their backend's protocol: closed, never given an event of ours.
-  if (shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
+  if (shape === 'openai' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'openai').body}\n\n`);
   reply.close();
 }
 

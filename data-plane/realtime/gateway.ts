@@ -177,7 +177,7 @@ export class RealtimeGateway {
     } catch (err) {
       logBug(err);
       try {
-        if (reply) reply.sendError(err, 'A');
+        if (reply) reply.sendError(err, 'openai');
         else res.cork(() => res.writeStatus('500 Internal Server Error').end());
       } catch (e) {
         logBug(e);
@@ -187,28 +187,28 @@ export class RealtimeGateway {
 
   private check(res: HttpResponse, reply: Reply, head: UpgradeHead, hasCredential: boolean, context: us_socket_context_t): void {
     const deps = this.deps;
-    if (!deps.holder.ready) return reply.sendError(new GatewayError('NOT_READY'), 'A');
+    if (!deps.holder.ready) return reply.sendError(new GatewayError('NOT_READY'), 'openai');
     // A draining node opens no new long-lived session (it would only be cut at the deadline).
-    if (isDraining()) return reply.sendError(new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), 'A', true);
+    if (isDraining()) return reply.sendError(new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), 'openai', true);
     // The node-wide bound on what realtime sessions hold: no new session while it is reached.
-    if (this.memory.full) return reply.sendError(new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }), 'A');
+    if (this.memory.full) return reply.sendError(new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }), 'openai');
     const edge = deps.edge.take(head.ip, head.path, hasCredential);
-    if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
-    if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'B');
+    if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'openai');
+    if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'gateway');
     // Browser-style credentials (`openai-insecure-api-key.<key>` subprotocols) are refused: keys
     // never go in browser code (spec, Authentication 10). The value is never echoed.
     if (offersKeyInProtocol(head.protocol)) {
       return reply.sendError(
         new GatewayError('KEY_MISSING', 'API keys are not accepted in Sec-WebSocket-Protocol: connect from a server with "Authorization: Bearer <API_KEY>", and revoke a key that was put in browser code.'),
-        'A',
+        'openai',
       );
     }
-    if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), 'A');
+    if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), 'openai');
     const presented = bearerToken(head.authorization);
-    if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
+    if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'openai');
     const key = deps.holder.current.lookup(deps.pepper, presented, deps.clock.now());
     if (!key) {
-      reply.sendError(new GatewayError('KEY_INVALID'), 'A');
+      reply.sendError(new GatewayError('KEY_INVALID'), 'openai');
       return this.logRefusedKey(reply, head, presented);
     }
     // Every attempt of a known key is in its request log: a refusal when the reply ends, an accepted
@@ -218,11 +218,11 @@ export class RealtimeGateway {
     draft.requestId = reply.requestId;
     reply.logDraft = draft;
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
-    if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
-    if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');
-    if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A');
+    if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'openai');
+    if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'openai');
+    if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'openai');
     deps.reporter.touch(key.keyId);
-    if (head.path !== REALTIME_PATH && head.path !== RESPONSES_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${head.path}; connect to ${REALTIME_PATH}?model=MODEL.`), 'B');
+    if (head.path !== REALTIME_PATH && head.path !== RESPONSES_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${head.path}; connect to ${REALTIME_PATH}?model=MODEL.`), 'gateway');
     this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
       if (ctx) this.admitted(ctx, res, reply, head, key, context);
     });
@@ -233,7 +233,7 @@ export class RealtimeGateway {
     const refuse = (err: GatewayError) => {
       ctx.refuse();
       reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(err, 'A');
+      reply.sendError(err, 'openai');
     };
     try {
       const state = this.deps.holder.current;
@@ -264,13 +264,13 @@ export class RealtimeGateway {
             // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
             ctx.providerStarted = true;
             ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
-            reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
+            reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'openai');
           }),
       );
       ctx.abortFns.push(() => pending.cancel());
     } catch (e) {
       logBug(e);
-      reply.sendError(e, 'A');
+      reply.sendError(e, 'openai');
     }
   }
 
@@ -300,7 +300,7 @@ export class RealtimeGateway {
         guard(() => {
           ctx.providerStarted = true;
           ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
-          reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
+          reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'openai');
         }),
     );
     ctx.abortFns.push(() => pending.cancel());
@@ -349,7 +349,7 @@ export class RealtimeGateway {
       ctx.refuse();
       // A revoked key is unknown again: no rate headers, as for any unknown key.
       reply.rateHeaders = changed.code === 'KEY_INVALID' ? null : this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(changed, 'A');
+      reply.sendError(changed, 'openai');
       return;
     }
     try {
@@ -359,7 +359,7 @@ export class RealtimeGateway {
       logBug(e);
       link.close(CLOSE.INTERNAL, 'gateway error');
       ctx.complete({ status: 500, promptTokens: 0, completionTokens: 0 });
-      if (!reply.done) reply.sendError(e, 'A');
+      if (!reply.done) reply.sendError(e, 'openai');
     }
   }
 

@@ -151,7 +151,7 @@ export class OpenAIProvider implements Provider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'A',
+      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request
@@ -192,7 +192,7 @@ export class OpenAIProvider implements Provider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'A',
+      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       inspect(status) {
@@ -221,7 +221,7 @@ export class OpenAIProvider implements Provider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'A',
+      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       onAbort: call.onAbort,
@@ -272,7 +272,7 @@ export class OpenAIProvider implements Provider {
       body,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'A',
+      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       inspect(status, contentType) {
