@@ -11,7 +11,7 @@ import { estimateTokens } from '../limits/key-budgets.js';
 import type { Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
-import { parseStoredResponsePath, type StoredAction } from './responses-paths.js';
+import { parseStoredResponsePath, type StoredAction } from '../routing/responses-paths.js';
 import type { ResponseOwners } from './response-owners.js';
 
 /** A create: a model call that also names the response's id as soon as the upstream does. */

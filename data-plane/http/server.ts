@@ -34,7 +34,7 @@ import { Admission, blockedMessage, type WaitStats } from './admission.js';
 import { validateJson } from './validate-request.js';
 import { closesConnection, collectBody, streamBody, type BodyWatch } from './request-body.js';
 import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler } from './request-log.js';
-import { isBadPath, shapeOf, type Route } from './routes.js';
+import { isBadPath, shapeOf, type Route } from '../routing/routes.js';
 import { parseUsageQuery, renderUsage } from './usage-endpoint.js';
 import { RealtimeGateway, REALTIME_PATH, type RealtimeOptions } from '../realtime/gateway.js';
 import { requestStarted } from '../metrics.js';

@@ -19,7 +19,7 @@ import type { RequestContext } from '../http/request-context.js';
 import type { Admission } from '../http/admission.js';
 import { blockedMessage } from '../http/admission.js';
 import { LogDraft, logRow, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
-import { isBadPath } from '../http/routes.js';
+import { isBadPath } from '../routing/routes.js';
 import type { Clock } from '../limits/clock.js';
 import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
 import { writeRateHeaders, type KeyBudgets } from '../limits/key-budgets.js';

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
-import { isBadPath, RouteTable, shapeOf } from '../../data-plane/http/routes.js';
+import { isBadPath, RouteTable, shapeOf } from '../../data-plane/routing/routes.js';
 
 const bad = [
   '/v1/../x',

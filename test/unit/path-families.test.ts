@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
-import { RouteTable, shapeOf } from '../../data-plane/http/routes.js';
+import { RouteTable, shapeOf } from '../../data-plane/routing/routes.js';
 import { bodyCapBytes, matchEdgeBudgets } from '../../data-plane/limits/edge-budgets.js';
 import { familyOf, PATH_FAMILIES } from '../../data-plane/routing/path-families.js';
 

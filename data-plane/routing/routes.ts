@@ -3,9 +3,9 @@
 // never per request. Pure: no I/O.
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
-import { familyOf } from '../routing/path-families.js';
-import { storedResponsePath } from '../endpoints/responses-paths.js';
-import type { ErrorShape } from './error-shapes.js';
+import { familyOf } from './path-families.js';
+import { storedResponsePath } from './responses-paths.js';
+import type { ErrorShape } from '../errors.js';
 
 export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime' | 'responses' | 'stored-response';
 
@@ -25,7 +25,7 @@ export interface Route {
 }
 
 // Path sanity is its own pure module; re-exported here, where the pipeline looks paths up.
-export { isBadPath, MAX_PATH_CHARS } from '../routing/path-sanity.js';
+export { isBadPath, MAX_PATH_CHARS } from './path-sanity.js';
 
 /**
  * The error shape of a path's family, decided before routing: a 401 on `/v1/chat/completionz` looks

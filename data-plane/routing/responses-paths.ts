@@ -1,7 +1,7 @@
 // The paths of stored responses (the Responses API): `/v1/responses/{id}` (GET, DELETE),
 // `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST). Pure: no I/O; the
 // route objects are built once, so matching allocates nothing but the id it reads.
-import type { Route } from '../http/routes.js';
+import type { Route } from './routes.js';
 
 export type StoredAction = 'response' | 'input_items' | 'cancel';
 
