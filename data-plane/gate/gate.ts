@@ -24,7 +24,7 @@ import type { LeaseClient } from '../limits/lease-client.js';
 import { requestStarted } from '../metrics.js';
 import { cancelUpstreamAtOnce } from '../proxy/stream-proxy.js';
 import { familyOf } from '../routing/path-families.js';
-import { isBadPath, SOCKET_ROUTES, type Route } from '../routing/routes.js';
+import { isBadPath, REALTIME_PATH, SOCKET_ROUTES, type Route } from '../routing/routes.js';
 import type { Reporter } from '../sync/reporter.js';
 import { HTTP, UPGRADE } from './entrances.js';
 import { ApiRequest } from './request.js';
@@ -137,7 +137,7 @@ export class Gate {
     if (entrance.boundBySessionMemory && this.sessionMemory?.full) return refuse(reply, new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }), r.shape);
 
     // Edge: IP budgets and the body cap.
-    const edge = deps.edge.take(r.ip, r.path, r.hasCredential);
+    const edge = deps.edge.take(r.ip, r.family, r.hasCredential);
     if (!edge.ok) return refuse(reply, new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'openai');
     if (entrance.capsBody && r.contentLength > r.family.bodyCapBytes) {
       // Refused before the credential is checked, yet a known key still sees its rate headers.
@@ -203,9 +203,15 @@ export class Gate {
       r.route = socket;
       return socket;
     }
-    const route = this.deps.holder.current.view.routes.match(r.path, r.method);
+    const route = this.deps.holder.current.view.routes.match(r.path, r.method, r.family);
     if (route instanceof GatewayError) {
       r.reply.sendError(route, route.code === 'METHOD_NOT_ALLOWED' ? r.shape : 'gateway');
+      return null;
+    }
+    // The realtime family routes to the realtime gateway, whose one endpoint is `/v1/realtime` itself
+    // (asked without an upgrade, it answers 400): any other path under it is not found, as for upgrades.
+    if (route.kind === 'realtime' && r.path !== REALTIME_PATH) {
+      r.reply.sendError(new GatewayError('NOT_FOUND', `No route for ${r.path}.`), 'gateway');
       return null;
     }
     r.route = route;

@@ -53,8 +53,7 @@ export interface RealtimeDeps {
 export const REALTIME_OVER_HTTP: Endpoint = {
   discardsRefusedStream: false,
   before(r: ApiRequest): boolean {
-    if (r.path !== REALTIME_PATH) r.reply.sendError(new GatewayError('NOT_FOUND', `No route for ${r.path}.`), 'gateway');
-    else r.reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'openai');
+    r.reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'openai');
     return false;
   },
   bodyCap: (r) => r.family.bodyCapBytes,

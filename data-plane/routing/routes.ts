@@ -3,7 +3,7 @@
 // never per request. Pure: no I/O.
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
-import { familyOf } from './path-families.js';
+import { familyOf, type PathFamily } from './path-families.js';
 import { storedResponsePath } from './responses-paths.js';
 import type { ErrorShape } from '../errors.js';
 
@@ -82,8 +82,8 @@ export class RouteTable {
     }
   }
 
-  /** The route for a sane path, or the 404/405 error to answer (only after authentication). */
-  match(path: string, method: string): Route | GatewayError {
+  /** The route for a sane path, or the 404/405 error to answer (only after authentication); `family`: the path's, if known. */
+  match(path: string, method: string, family: PathFamily = familyOf(path)): Route | GatewayError {
     const r = this.exact.get(path);
     if (r) {
       if (r.methods && !r.methods.has(method)) {
@@ -103,7 +103,6 @@ export class RouteTable {
       return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${stored.route.allow}.`, { allow: stored.route.allow });
     }
     // Which part of the router serves a path is its family's, as for edge budgets and body caps.
-    const family = familyOf(path);
     const router = family.router;
     if (router === 'realtime') return this.realtime;
     if (router === 'tool') {
