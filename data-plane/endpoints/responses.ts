@@ -1,5 +1,5 @@
 // The Responses API (`POST /v1/responses`, JSON or `stream: true`, and the stored-response paths)
-// on the node's HTTP pipeline (http/server.ts runs the checks up to the model scope, then hands the
+// on the node's HTTP pipeline (the gate and endpoints/model-calls.ts run the checks up to the model scope, then hand the
 // request here). Stored responses belong to the project that created them: every stored-response
 // request, and every `previous_response_id`, is checked against the owner record (response-owners.ts)
 // before the upstream is asked, and anything not the key's own answers 404 Shape A.
