@@ -5,7 +5,7 @@
 // waits for a lease, still within the node-wide body budget; a refused request's body is not wanted.
 import type { StateHolder } from '../auth/key-table.js';
 import { CATALOG, GatewayError, type ErrorShape } from '../errors.js';
-import type { ApiRequest } from '../gate/request.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission } from '../http/admission.js';
 import { logBug, type Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
@@ -113,7 +113,7 @@ export class Intake {
         admitted = c;
         if (!c) return;
         r.ctx = c;
-        if (bodyDone) bodyRead(r, e, bodyErr, bodyRaw!);
+        if (bodyDone) serveWithBody(r, e, bodyErr, bodyRaw!);
       },
       () => !bodyDone,
       r.shape,
@@ -128,7 +128,7 @@ export class Intake {
         bodyDone = true;
         bodyErr = err;
         bodyRaw = raw;
-        if (admitted) bodyRead(r, e, err, raw);
+        if (admitted) serveWithBody(r, e, err, raw);
       },
       deps.bodyBudget && { budget: deps.bodyBudget, owner: key.orgId, account: key.org.ownerAccountId },
       deps.bodyWatch,
@@ -142,7 +142,7 @@ function discard(stream: BodyStream): boolean {
 }
 
 /** Admitted and the body read whole: the body's own refusal (413, 408, 503) or the endpoint. */
-function bodyRead(r: ApiRequest, e: Endpoint, err: GatewayError | null, raw: Buffer): void {
+function serveWithBody(r: ApiRequest, e: Endpoint, err: GatewayError | null, raw: Buffer): void {
   const reply = r.reply;
   try {
     if (reply.done) return;

@@ -4,7 +4,7 @@
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
-import type { ApiRequest } from '../gate/request.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import type { Endpoint, EndpointDeps } from './intake.js';
 import { failCall } from './intake.js';
 import type { ResponsesEndpoint } from './responses.js';

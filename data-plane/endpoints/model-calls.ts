@@ -4,8 +4,8 @@
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState } from '../auth/key-table.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
-import { scopeRefusal } from '../gate/gate.js';
-import type { ApiRequest } from '../gate/request.js';
+import { checkModelScope } from '../gate/gate.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission } from '../http/admission.js';
 import { logBug, type Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
@@ -77,7 +77,7 @@ export class ModelCalls implements Endpoint {
       }
       const obj = body as Record<string, unknown>;
       const model = state.view.models.get(obj.model as string)!;
-      const scope = scopeRefusal(state, key, model);
+      const scope = checkModelScope(state, key, model);
       if (scope) return reply.sendError(scope, 'openai');
       if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
       const provider = deps.providers[model.provider];

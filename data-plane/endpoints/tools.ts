@@ -4,7 +4,7 @@
 // refused with 400 in the backends' shape ('passthrough', the spec's Shape C) naming the first remote
 // reference, before the backend sees a byte.
 import { GatewayError } from '../errors.js';
-import type { ApiRequest } from '../gate/request.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import type { BodyStream } from '../http/request-body.js';
 import { encodedBodyRefusal, findRemoteInBody } from '../proxy/pdf-guard.js';
 import type { ToolBackends } from '../proxy/tool-backends.js';

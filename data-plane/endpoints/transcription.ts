@@ -2,8 +2,8 @@
 // may be spilled to a temporary file (upload-spill.ts); the model is checked once its field arrived,
 // then the provider reads the rest of the upload.
 import { GatewayError } from '../errors.js';
-import { scopeRefusal } from '../gate/gate.js';
-import type { ApiRequest } from '../gate/request.js';
+import { checkModelScope } from '../gate/gate.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import { closesConnection, type BodyStream } from '../http/request-body.js';
@@ -66,7 +66,7 @@ export class Transcription implements Endpoint {
         if (model.kind !== 'transcription') {
           return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a transcription model.`, { param: 'model' }));
         }
-        const scope = scopeRefusal(state, key, model);
+        const scope = checkModelScope(state, key, model);
         if (scope) return refuse(scope);
         const provider = this.deps.providers[model.provider];
         if (!provider) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));

@@ -2,7 +2,7 @@
 // the key). The one request that waits for the control plane, bounded by the usage client's deadline;
 // the query and the JSON are http/usage-endpoint.ts's.
 import { GatewayError } from '../errors.js';
-import type { ApiRequest } from '../gate/request.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../http/reply.js';
 import { parseUsageQuery, renderUsage } from '../http/usage-endpoint.js';
 import type { UsageSource } from '../sync/usage-client.js';

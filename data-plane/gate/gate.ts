@@ -27,7 +27,7 @@ import { familyOf } from '../routing/path-families.js';
 import { isBadPath, REALTIME_PATH, SOCKET_ROUTES, type Route } from '../routing/routes.js';
 import type { Reporter } from '../sync/reporter.js';
 import { HTTP, UPGRADE } from './entrances.js';
-import { ApiRequest } from './request.js';
+import { ApiRequest } from './api-request.js';
 
 export interface GateDeps {
   holder: StateHolder;
@@ -253,7 +253,7 @@ function refuse(reply: Reply, err: GatewayError, shape: ErrorShape, closeConnect
  * Model scope, THE one message for every endpoint: the plan is a ceiling; allowed_models narrows it.
  * Null when the key may use the model.
  */
-export function scopeRefusal(state: GatewayState, key: KeyRecord, model: ModelConfig): GatewayError | null {
+export function checkModelScope(state: GatewayState, key: KeyRecord, model: ModelConfig): GatewayError | null {
   if (state.mayUseModel(key, model.id)) return null;
   const tier = state.view.tiers.get(key.org.tier);
   const inPlan = !!tier && tier.plan.has(model.id);

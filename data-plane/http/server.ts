@@ -1,4 +1,4 @@
-// The node's HTTP server: the uWS wiring. Every request is made an ApiRequest once (gate/request.ts),
+// The node's HTTP server: the uWS wiring. Every request is made an ApiRequest once (gate/api-request.ts),
 // taken through the order of checks by the gate (gate/gate.ts, docs/design.md#the-gate), routed, and
 // handed to its endpoint family (endpoints/*.ts), which the intake admits while it reads the body as
 // the route says (endpoints/intake.ts). WebSocket upgrades go through the same gate in the realtime
@@ -16,7 +16,7 @@ import { Tools } from '../endpoints/tools.js';
 import { Transcription } from '../endpoints/transcription.js';
 import { Usage } from '../endpoints/usage.js';
 import { Gate } from '../gate/gate.js';
-import type { ApiRequest } from '../gate/request.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import type { Clock } from '../limits/clock.js';
 import type { EdgeBudgets } from '../limits/edge-budgets.js';

@@ -48,7 +48,7 @@ export { BODY_CAP_AUDIO_BYTES, BODY_CAP_FILES_BYTES, BODY_CAP_GENERAL_BYTES, BOD
  * raw path; a query, if left on, is ignored.
  */
 export function matchEdgeBudgets(path: string | PathFamily, hasCredential: boolean): readonly EdgeBudgetName[] {
-  // The gate passes the family it computed once per request (gate/request.ts).
+  // The gate passes the family it computed once per request (gate/api-request.ts).
   const f = typeof path === 'string' ? familyOf(path) : path;
   // Built once per family (the lists are frozen and shared).
   let lists = BUDGETS_OF_FAMILY.get(f);

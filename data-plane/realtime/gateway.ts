@@ -13,8 +13,8 @@ import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { Endpoint } from '../endpoints/intake.js';
-import { offersKeyInProtocol, scopeRefusal, type Gate } from '../gate/gate.js';
-import type { ApiRequest } from '../gate/request.js';
+import { offersKeyInProtocol, checkModelScope, type Gate } from '../gate/gate.js';
+import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../http/reply.js';
 import type { Admission } from '../http/admission.js';
 import { blockedMessage } from '../http/admission.js';
@@ -194,7 +194,7 @@ export class RealtimeGateway {
       if (model.kind !== 'realtime') {
         return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a realtime model; /v1/realtime needs a model of kind realtime.`, { param: 'model' }));
       }
-      const scope = scopeRefusal(state, key, model);
+      const scope = checkModelScope(state, key, model);
       if (scope) return refuse(scope);
       // ctx.model stays null: the session bills each response.done itself, never the context.
       if (model.provider === 'demo') return this.accept(r, model, new DemoRealtimeLink(model));
@@ -214,7 +214,7 @@ export class RealtimeGateway {
     const api = this.responses;
     if (!api) return refuse(new GatewayError('NOT_FOUND', `No WebSocket endpoint at ${r.path}.`));
     if (model.kind !== 'chat') return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a chat model; ${RESPONSES_PATH} needs one.`, { param: 'model' }));
-    const scope = scopeRefusal(state, key, model);
+    const scope = checkModelScope(state, key, model);
     if (scope) return refuse(scope);
     const wrap = (link: UpstreamLink) => new ResponsesSocketLink(link, api.hooks, key, model, () => this.deps.holder.current);
     if (model.provider === 'demo') return this.accept(r, model, wrap(new DemoResponsesSocketLink(api.demo, model.id)));

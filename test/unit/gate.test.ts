@@ -8,7 +8,7 @@ import type { HttpResponse } from 'uWebSockets.js';
 import { markDrainStarted } from '../../data-plane/drain.js';
 import { HTTP, UPGRADE, type Entrance } from '../../data-plane/gate/entrances.js';
 import { Gate, type GateDeps } from '../../data-plane/gate/gate.js';
-import { ApiRequest } from '../../data-plane/gate/request.js';
+import { ApiRequest } from '../../data-plane/gate/api-request.js';
 import { Reply } from '../../data-plane/http/reply.js';
 import { UnknownKeySampler } from '../../data-plane/http/request-log.js';
 import { familyOf } from '../../data-plane/routing/path-families.js';
