@@ -19,7 +19,10 @@ export function markDrainStarted(): void {
   draining = true;
 }
 
-/** True once the node drains: new realtime sockets and the like should be refused. */
+/**
+ * True once the node drains. THE one drain flag: every HTTP response from then on closes its
+ * connection when it ends (reply.ts), and the gate refuses new WebSocket sessions (gate/entrances.ts).
+ */
 export function isDraining(): boolean {
   return draining;
 }

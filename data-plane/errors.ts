@@ -3,6 +3,13 @@
 // only; anything else reaching the HTTP layer is a bug, rendered as 500 and logged once.
 // Codes are stable; messages may change. No message may contain a secret.
 
+/**
+ * The spec's three error body shapes, named for whose errors they are (rendered by http/error-shapes.ts):
+ * 'openai' is Shape A (model endpoints), 'gateway' Shape B (the gateway layer in front of tools, and
+ * unknown paths), 'passthrough' Shape C (`{"detail"}`, as pass-through backends answer).
+ */
+export type ErrorShape = 'openai' | 'gateway' | 'passthrough';
+
 export type ErrorCode =
   | 'EDGE_RATE_LIMITED'
   | 'KEY_RATE_LIMITED'

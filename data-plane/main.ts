@@ -10,7 +10,7 @@ import { createAdminApp } from './http/admin.js';
 import { sessionLogRow } from './realtime/session-log.js';
 import { heapWatch } from './heap-watch.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
-import { closeConnectionsAfterResponses, closeOpenReplies, openReplies } from './http/reply.js';
+import { closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
 import { BodyWatch } from './http/request-body.js';
 import { BodyBudget } from './limits/body-budget.js';
@@ -210,7 +210,6 @@ async function main(): Promise<void> {
   const drain = async (signal: string) => {
     const startedAt = Date.now();
     const deadline = startedAt + config.drainSeconds * 1000;
-    closeConnectionsAfterResponses();
     // Only the API listener closes: the admin listener keeps answering /readyz (503 now) and /metrics.
     uWS.us_listen_socket_close(sockets[0]);
     log.info({ signal, open: openWork(), drainSeconds: config.drainSeconds }, 'draining: no new connections, waiting for requests in flight');

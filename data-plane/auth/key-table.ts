@@ -8,7 +8,7 @@ import { BinaryReader } from '@bufbuild/protobuf/wire';
 import { ControlMessage, GatewayConfig as GatewayConfigCodec, KeyEntry as KeyEntryCodec, KeyTombstone as KeyTombstoneCodec, OrgEntry as OrgEntryCodec } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
-import { RouteTable } from '../http/routes.js';
+import { RouteTable } from '../routing/routes.js';
 import { PackedKeyTable } from './packed-keys.js';
 
 /** An organisation, one mutable object per org id: keys point at it, so an org upsert reaches them at once. */

@@ -14,7 +14,7 @@ import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js
 import { LocalUpstreamLink } from '../realtime/local-link.js';
 import type { UpstreamEvents, UpstreamLink } from '../realtime/upstream-link.js';
 
-export const RESPONSES_PATH = '/v1/responses';
+export { RESPONSES_SOCKET_PATH as RESPONSES_PATH } from '../routing/routes.js';
 
 type Obj = Record<string, unknown>;
 

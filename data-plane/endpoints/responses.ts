@@ -1,5 +1,5 @@
 // The Responses API (`POST /v1/responses`, JSON or `stream: true`, and the stored-response paths)
-// on the node's HTTP pipeline (http/server.ts runs the checks up to the model scope, then hands the
+// on the node's HTTP pipeline (the gate and endpoints/model-calls.ts run the checks up to the model scope, then hand the
 // request here). Stored responses belong to the project that created them: every stored-response
 // request, and every `previous_response_id`, is checked against the owner record (response-owners.ts)
 // before the upstream is asked, and anything not the key's own answers 404 Shape A.
@@ -11,7 +11,7 @@ import { estimateTokens } from '../proxy/tokens.js';
 import type { Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
-import { parseStoredResponsePath, type StoredAction } from './responses-paths.js';
+import { parseStoredResponsePath, type StoredAction } from '../routing/responses-paths.js';
 import type { ResponseOwners } from './response-owners.js';
 
 /** A create: a model call that also names the response's id as soon as the upstream does. */
@@ -121,7 +121,7 @@ export class ResponsesEndpoint {
     const at = parseStoredResponsePath(path);
     const refuse = (err: GatewayError) => {
       ctx.refuse();
-      reply.sendError(err, 'A');
+      reply.sendError(err, 'openai');
     };
     if (!at) return refuse(new GatewayError('NOT_FOUND', `No route for ${path}.`));
     const owner = deps.owners.get(at.id, deps.clock.now());

@@ -51,7 +51,7 @@ export class Admission {
     estimatedTokens: number,
     then: (ctx: RequestContext | null) => void,
     closeIfRefused: () => boolean = () => false,
-    familyShape: ErrorShape = 'A',
+    familyShape: ErrorShape = 'openai',
   ): void {
     const deps = this.deps;
     const leases = deps.leases;
@@ -69,7 +69,7 @@ export class Admission {
           then(ctx);
         } catch (e) {
           logBug(e);
-          reply.sendError(e, 'A');
+          reply.sendError(e, 'openai');
         }
         return;
       }
@@ -143,12 +143,12 @@ export class Admission {
           }
         }
         if (!b.ok) {
-          reply.sendError(new GatewayError('KEY_RATE_LIMITED', b.message, { type: b.dimension, param: null, retryAfterSec: b.retryAfterSec }), 'A', closeIfRefused());
+          reply.sendError(new GatewayError('KEY_RATE_LIMITED', b.message, { type: b.dimension, param: null, retryAfterSec: b.retryAfterSec }), 'openai', closeIfRefused());
           return finish(null);
         }
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'A');
+        reply.sendError(e, 'openai');
         if (!finished) finish(null);
       }
     };
@@ -200,11 +200,11 @@ export class Admission {
         if (refusal.leaseShort && deps.leases?.advanceKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, lastTry) && ctx.ticket.reserveTokens(estimate) === null) return finish(true);
         ctx.refuse();
         reply.rateHeaders = deps.keyBudgets.headers(key.limits);
-        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'A');
+        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'openai');
         finish(false);
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'A');
+        reply.sendError(e, 'openai');
         if (!finished) finish(false);
       }
     };

@@ -1,12 +1,13 @@
 // THE one place that turns an error into status, headers and body. Pure: no I/O, no clock.
-// Shape A (model endpoints): {"error":{"message","type","param","code"}}; `code` is the HTTP status as
-//   text; the edge 429 has no `param` at all.
-// Shape B (gateway layer in front of tools, and unknown paths): {"error":{"code","message"}}.
-// Shape C (pass-through backends): {"detail": "..."}.
+// The spec's three error shapes, named for whose errors they are:
+// 'openai' (the spec's Shape A, model endpoints, OpenAI's error object): {"error":{"message","type","param","code"}};
+//   `code` is the HTTP status as text; the edge 429 has no `param` at all.
+// 'gateway' (Shape B, the gateway layer in front of tools, and unknown paths): {"error":{"code","message"}}.
+// 'passthrough' (Shape C, what pass-through backends answer, so ours look like theirs): {"detail": "..."}.
 import { STATUS_CODES } from 'node:http';
-import { CATALOG, GatewayError, isGatewayError } from '../errors.js';
+import { CATALOG, GatewayError, isGatewayError, type ErrorShape } from '../errors.js';
 
-export type ErrorShape = 'A' | 'B' | 'C';
+export type { ErrorShape };
 
 export interface RenderedError {
   status: number;
@@ -28,15 +29,15 @@ const JSON_TYPE: [string, string] = ['content-type', 'application/json'];
 
 export function renderError(err: unknown, routeShape: ErrorShape): RenderedError {
   const e = isGatewayError(err) ? err : new GatewayError('INTERNAL');
-  // Both 429 bodies are Shape A whatever the path (spec, "429 bodies").
-  const shape = e.code === 'EDGE_RATE_LIMITED' || e.code === 'KEY_RATE_LIMITED' ? 'A' : routeShape;
+  // Both 429 bodies are Shape A ('openai') whatever the path (spec, "429 bodies").
+  const shape = e.code === 'EDGE_RATE_LIMITED' || e.code === 'KEY_RATE_LIMITED' ? 'openai' : routeShape;
   const entry = CATALOG[e.code];
   const status = entry.status;
   const headers: Array<[string, string]> = [JSON_TYPE];
   if (e.retryAfterSec !== undefined) headers.push(['retry-after', String(Math.max(1, Math.ceil(e.retryAfterSec)))]);
   if (e.allow !== undefined) headers.push(['allow', e.allow]);
   let body: string;
-  if (shape === 'A') {
+  if (shape === 'openai') {
     const type = e.type ?? entry.typeA;
     // The edge 429 carries no param (spec, "429 bodies").
     if (e.code === 'EDGE_RATE_LIMITED') {
@@ -44,7 +45,7 @@ export function renderError(err: unknown, routeShape: ErrorShape): RenderedError
     } else {
       body = JSON.stringify({ error: { message: e.message, type, param: e.param ?? null, code: String(status) } });
     }
-  } else if (shape === 'B') {
+  } else if (shape === 'gateway') {
     body = JSON.stringify({ error: { code: entry.codeB, message: e.message } });
   } else {
     body = JSON.stringify({ detail: e.message });

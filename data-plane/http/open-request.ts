@@ -43,7 +43,7 @@ export class OpenRequest implements OpenEntry {
       reply.aborted = true;
       return reply.sendError(err, this.shape, true);
     }
-    if (this.shape === 'A' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'A').body}\n\n`);
+    if (this.shape === 'openai' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'openai').body}\n\n`);
     reply.close();
   }
 }

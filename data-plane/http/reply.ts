@@ -12,6 +12,7 @@
 // Here (8) is kept by `finish()`: the onAborted handler and every way a response ends (end, close,
 // a finished tryEnd) call it, and it runs the registered cleanups exactly once.
 import type { HttpResponse, RecognizedString } from 'uWebSockets.js';
+import { isDraining } from '../drain.js';
 import { refusalOf, type Refusal } from '../errors.js';
 import { logBug } from '../log.js';
 import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
@@ -187,7 +188,7 @@ export class Reply implements ReplyMeter, ResponseSink {
    * it any more), then serves the connection's next request; the socket must not stay paused for that.
    */
   private closesAfter(requested: boolean): boolean {
-    if (draining) return true;
+    if (isDraining()) return true;
     if (!requested || this.noLinger) return requested;
     const left = this.bodyLeft;
     if (left <= 0 || left > LINGER_MAX_BYTES) return true;
@@ -316,7 +317,7 @@ export class Reply implements ReplyMeter, ResponseSink {
         this.headAt = performance.now();
       }
       // uWS writes `Connection: close` as a header line: only possible before the head went out.
-      const closeConnection = draining && !this.headWritten;
+      const closeConnection = isDraining() && !this.headWritten;
       const headOnly = this.headRequest && !this.headWritten && !closeConnection && (chunk === undefined || byteLength(chunk) === 0);
       this.writeHead();
       if (headOnly) this.endHead(this.totalSize);
@@ -417,12 +418,6 @@ function byteLength(body: RecognizedString): number {
 
 /** Every response not yet ended, so a drain that runs out of time can close them through their abort path. */
 const liveReplies = new Set<Reply>();
-let draining = false;
-
-/** The node drains: every response from now on closes its connection when it ends (no keep-alive). */
-export function closeConnectionsAfterResponses(): void {
-  draining = true;
-}
 
 /** How many responses are still open. */
 export function openReplies(): number {

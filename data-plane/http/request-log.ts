@@ -144,7 +144,8 @@ export function logRow(
 
 /**
  * How many 401s of unknown keys are logged: a token bucket (RATE_PER_SEC, at most BURST at once);
- * the rest are only counted. An attacker stuffing credentials cannot fill the journal this way.
+ * the rest are only counted. An attacker stuffing credentials cannot fill the journal this way. One
+ * per node, the gate's (gate/gate.ts), shared by HTTP requests and WebSocket upgrades.
  */
 export class UnknownKeySampler {
   static readonly RATE_PER_SEC = 10;

@@ -3,7 +3,7 @@
 // a body whose objects repeat a key is refused, because JSON parsers disagree on which one wins.
 import type { GatewayState } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
-import type { Route } from './routes.js';
+import type { Route } from '../routing/routes.js';
 
 const JSON_CONTENT_TYPE = /^application\/json\s*(;|$)/i;
 // The Responses API is served by chat models.

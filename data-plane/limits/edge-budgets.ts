@@ -47,8 +47,9 @@ export { BODY_CAP_AUDIO_BYTES, BODY_CAP_FILES_BYTES, BODY_CAP_GENERAL_BYTES, BOD
  * the family's own budget, if any. Paths outside `/v1` (e.g. a health check) have none. `path` is the
  * raw path; a query, if left on, is ignored.
  */
-export function matchEdgeBudgets(path: string, hasCredential: boolean): readonly EdgeBudgetName[] {
-  const f = familyOf(path);
+export function matchEdgeBudgets(path: string | PathFamily, hasCredential: boolean): readonly EdgeBudgetName[] {
+  // The gate passes the family it computed once per request (gate/api-request.ts).
+  const f = typeof path === 'string' ? familyOf(path) : path;
   // Built once per family (the lists are frozen and shared).
   let lists = BUDGETS_OF_FAMILY.get(f);
   if (lists === undefined) {
@@ -131,7 +132,7 @@ export class EdgeBudgets {
    * Counts one request of `clientIp` (canonical text) on `path` in every matching budget, or refuses it
    * without counting. IPv6 addresses count by their /64.
    */
-  take(clientIp: string, path: string, hasCredential: boolean): EdgeVerdict {
+  take(clientIp: string, path: string | PathFamily, hasCredential: boolean): EdgeVerdict {
     const names = matchEdgeBudgets(path, hasCredential);
     if (names.length === 0) return ADMITTED;
     const ip = clientIp.indexOf(':') === -1 ? clientIp : this.ipv6Client(clientIp);

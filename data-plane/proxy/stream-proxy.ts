@@ -216,8 +216,8 @@ class Exchange {
     }
     // A model stream gets one terminal error event; a tool backend's stream is its own protocol
     // (MCP, …), so it is only closed.
-    if (this.sse && req.shape === 'A') {
-      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'A');
+    if (this.sse && req.shape === 'openai') {
+      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'openai');
       reply.end(`data: ${e.body}\n\n`);
     } else {
       reply.close();

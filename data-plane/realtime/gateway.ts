@@ -1,63 +1,66 @@
-// The `/v1/realtime` WebSocket gateway. Every check of the HTTP pipeline (docs/design.md#order-of-checks)
-// runs in uWS's `upgrade` handler before the socket is accepted: edge IP budgets (60 connection
-// attempts per minute per IP, plus the general /v1 budget) → path sanity (400 bad_path) → credential
-// (Authorization: Bearer only; a key offered as a WebSocket subprotocol is refused) → route → key
-// budgets (the attempt is a request: one rpm, and a parallel slot held while the socket is open,
-// waiting for a lease across nodes like any request) → `?model=` (400) → model scope (401) → the
-// upstream (a ws handshake; refused or unreachable: 502). Refusals are plain HTTP answers in the model
-// endpoints' shape (A) with the key's rate headers. Only then is the client upgraded.
+// The `/v1/realtime` WebSocket gateway (and the Responses API's WebSocket mode on `/v1/responses`).
+// Every check runs in uWS's `upgrade` handler before the socket is accepted, through the same gate as
+// HTTP requests (gate/gate.ts; the differences are declared in gate/entrances.ts): readiness, drain,
+// session memory, edge IP budgets (60 connection attempts per minute per IP, plus the general /v1
+// budget), path sanity, a key offered as a subprotocol, the credential, stale, blocked, money, the
+// route; then key budgets (the attempt is a request: one rpm, and a parallel slot held while the
+// socket is open) → `?model=` (400) → model scope (401) → the upstream (a ws handshake; refused or
+// unreachable: 502). Refusals are plain HTTP answers with the key's rate headers. Only then is the
+// client upgraded.
 import { RealtimeMemory } from './realtime-memory.js';
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type us_socket_context_t, type WebSocketBehavior } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { bearerToken } from '../auth/bearer.js';
 import type { KeyRecord, StateHolder } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
-import { deriveClientIp, headerLines } from '../http/client-ip.js';
-import { isDraining } from '../drain.js';
-import { logBug, Reply } from '../http/reply.js';
-import type { RequestContext } from '../http/request-context.js';
+import type { Endpoint } from '../endpoints/intake.js';
+import { offersKeyInProtocol, checkModelScope, type Gate } from '../gate/gate.js';
+import type { ApiRequest } from '../gate/api-request.js';
+import { logBug } from '../http/reply.js';
 import type { Admission } from '../http/admission.js';
 import { blockedMessage } from '../http/admission.js';
-import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler, type LogHead } from '../http/request-log.js';
-import { isBadPath } from '../http/routes.js';
-import type { Clock } from '../limits/clock.js';
-import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
 import { writeRateHeaders, type KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
+import type { Clock } from '../limits/clock.js';
 import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
 import type { Reporter } from '../sync/reporter.js';
+import { REALTIME_PATH, RESPONSES_SOCKET_PATH as RESPONSES_PATH } from '../routing/routes.js';
 import type { OpenStreams } from '../auth/open-streams.js';
 import { CLOSE, RealtimeSession, RealtimeStats, type UserData } from './session.js';
 import type { SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import { connectWsUpstream } from './ws-upstream.js';
-import { DemoResponsesSocketLink, RESPONSES_PATH, ResponsesSocketLink, type ResponsesSocketHooks } from '../endpoints/responses-socket.js';
+import { DemoResponsesSocketLink, ResponsesSocketLink, type ResponsesSocketHooks } from '../endpoints/responses-socket.js';
 import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
 
-/** The one path that accepts realtime sessions (OpenAI's: `wss://…/v1/realtime?model=…`). */
-export const REALTIME_PATH = '/v1/realtime';
+export { REALTIME_PATH, offersKeyInProtocol };
 export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;
 export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
 /** Seconds without any frame from the client (uWS pings it automatically before that). */
 export const IDLE_TIMEOUT_SEC = 120;
 const REMEASURE_MS = 1000;
 const DEFAULT_MAX_NODE_BUFFERED_BYTES = 256 * 1024 * 1024;
-const REALTIME_FULL_MESSAGE = 'This gateway node holds too many realtime messages right now; reconnect after the time in the retry-after header.';
 
 export interface RealtimeDeps {
   holder: StateHolder;
-  pepper: Buffer;
   clock: Clock;
-  edge: EdgeBudgets;
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
   reporter: Reporter;
   isStale(): boolean;
   /** What keys have open (auth/open-streams.ts): every session registers there until it closes. */
   openStreams?: OpenStreams;
-  /** This process's instance id: request ids of attempts refused before admission start with it. */
-  instanceId: string;
 }
+
+/** `/v1/realtime` asked without an upgrade: not a request the HTTP endpoints serve (answered before admission). */
+export const REALTIME_OVER_HTTP: Endpoint = {
+  discardsRefusedStream: false,
+  before(r: ApiRequest): boolean {
+    r.reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'openai');
+    return false;
+  },
+  bodyCap: (r) => r.family.bodyCapBytes,
+  serve() {},
+};
 
 export interface RealtimeOptions {
   /** Bytes held for one client before its upstream is paused (default 1 MiB). */
@@ -70,19 +73,6 @@ export interface RealtimeOptions {
   logSession?: SessionLogSink;
 }
 
-interface UpgradeHead {
-  path: string;
-  query: string;
-  authorization: string;
-  wsKey: string;
-  protocol: string;
-  extensions: string;
-  ip: string;
-  userAgent: string;
-  /** performance.now() on arrival, for the request log's latency. */
-  startedAt: number;
-}
-
 export class RealtimeGateway {
   /** Open sessions (the drain ends them; revocation, blocking and staleness reach them through deps.openStreams). */
   readonly sessions = new Set<RealtimeSession>();
@@ -93,14 +83,12 @@ export class RealtimeGateway {
   private readonly maxMessageBytes: number;
   private readonly logSession: SessionLogSink;
   private remeasureTimer: NodeJS.Timeout | null = null;
-  /** 401s of unknown keys are logged only as far as this allows (request-log.ts). */
-  private readonly unknownKeys = new UnknownKeySampler();
-  private seq = 0;
   /** The Responses API's WebSocket mode on `/v1/responses` (endpoints/responses-socket.ts); set by the HTTP server. */
   responses: { hooks: ResponsesSocketHooks; demo: DemoResponsesProvider } | null = null;
 
   constructor(
     private readonly deps: RealtimeDeps,
+    private readonly gate: Gate,
     private readonly admission: Admission,
     opts: RealtimeOptions = {},
   ) {
@@ -109,6 +97,7 @@ export class RealtimeGateway {
     this.memory = new RealtimeMemory(opts.maxNodeBufferedBytes ?? DEFAULT_MAX_NODE_BUFFERED_BYTES);
     this.stats.memory = this.memory;
     this.logSession = opts.logSession ?? (() => {});
+    gate.sessionMemory = this.memory;
   }
 
   /** Registers the WebSocket routes (before the app's catch-all HTTP route). */
@@ -151,29 +140,29 @@ export class RealtimeGateway {
   }
 
   private upgrade(res: HttpResponse, req: HttpRequest, context: us_socket_context_t): void {
-    let reply: Reply | null = null;
+    let r: ApiRequest | null = null;
     try {
-      // Rule 1: everything needed from req, before any check.
-      const head: UpgradeHead = {
-        path: req.getUrl(),
-        query: req.getQuery() ?? '',
-        authorization: req.getHeader('authorization'),
-        wsKey: req.getHeader('sec-websocket-key'),
-        protocol: req.getHeader('sec-websocket-protocol'),
-        extensions: req.getHeader('sec-websocket-extensions'),
-        ip: '',
-        userAgent: req.getHeader('user-agent'),
-        startedAt: performance.now(),
-      };
-      const hasCredential = presentsCredential(head.authorization, req.getHeader('x-api-key'), req.getHeader('api-key'));
-      reply = new Reply(res);
-      reply.requestId = this.nextRequestId();
-      head.ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () => headerLines(req, 'x-forwarded-for'));
-      this.check(res, reply, head, hasCredential, context);
+      r = this.gate.upgrade(res, req, context);
+      const key = this.gate.pass(r);
+      if (!key || !this.gate.route(r)) return;
+      const attempt = r;
+      this.admission.admitOrWait(
+        r.reply,
+        key,
+        r.path,
+        0,
+        (ctx) => {
+          if (!ctx) return;
+          attempt.ctx = ctx;
+          this.admitted(attempt);
+        },
+        undefined,
+        r.shape,
+      );
     } catch (err) {
       logBug(err);
       try {
-        if (reply) reply.sendError(err, 'A');
+        if (r) r.reply.sendError(err, 'openai');
         else res.cork(() => res.writeStatus('500 Internal Server Error').end());
       } catch (e) {
         logBug(e);
@@ -181,122 +170,71 @@ export class RealtimeGateway {
     }
   }
 
-  private check(res: HttpResponse, reply: Reply, head: UpgradeHead, hasCredential: boolean, context: us_socket_context_t): void {
-    const deps = this.deps;
-    if (!deps.holder.ready) return reply.sendError(new GatewayError('NOT_READY'), 'A');
-    // A draining node opens no new long-lived session (it would only be cut at the deadline).
-    if (isDraining()) return reply.sendError(new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), 'A', true);
-    // The node-wide bound on what realtime sessions hold: no new session while it is reached.
-    if (this.memory.full) return reply.sendError(new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }), 'A');
-    const edge = deps.edge.take(head.ip, head.path, hasCredential);
-    if (!edge.ok) return reply.sendError(new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'A');
-    if (isBadPath(head.path)) return reply.sendError(new GatewayError('BAD_PATH'), 'B');
-    // Browser-style credentials (`openai-insecure-api-key.<key>` subprotocols) are refused: keys
-    // never go in browser code (spec, Authentication 10). The value is never echoed.
-    if (offersKeyInProtocol(head.protocol)) {
-      return reply.sendError(
-        new GatewayError('KEY_MISSING', 'API keys are not accepted in Sec-WebSocket-Protocol: connect from a server with "Authorization: Bearer <API_KEY>", and revoke a key that was put in browser code.'),
-        'A',
-      );
-    }
-    if (!head.authorization) return reply.sendError(new GatewayError('KEY_MISSING'), 'A');
-    const presented = bearerToken(head.authorization);
-    if (presented === null) return reply.sendError(new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), 'A');
-    const key = deps.holder.current.lookup(deps.pepper, presented, deps.clock.now());
-    if (!key) {
-      reply.sendError(new GatewayError('KEY_INVALID'), 'A');
-      return this.logRefusedKey(reply, head, presented);
-    }
-    // Every attempt of a known key is in its request log: a refusal when the reply ends, an accepted
-    // session by the session itself when it closes (an upgraded reply never ends, so its entry is
-    // never written twice).
-    const draft = new LogDraft(deps.reporter, logHeadOf(head), key, () => deps.clock.now(), () => this.nextRequestId());
-    draft.requestId = reply.requestId;
-    reply.logDraft = draft;
-    reply.rateHeaders = deps.keyBudgets.headers(key.limits);
-    if (deps.isStale()) return reply.sendError(new GatewayError('KEY_STALE'), 'A');
-    if (key.org.blocked) return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), 'A');
-    if (deps.leases?.canSpend(key.orgId) === 'no') return reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), 'A');
-    deps.reporter.touch(key.keyId);
-    if (head.path !== REALTIME_PATH && head.path !== RESPONSES_PATH) return reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${head.path}; connect to ${REALTIME_PATH}?model=MODEL.`), 'B');
-    this.admission.admitOrWait(reply, key, head.path, 0, (ctx) => {
-      if (ctx) this.admitted(ctx, res, reply, head, key, context);
-    });
-  }
-
-  private admitted(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, context: us_socket_context_t): void {
+  private admitted(r: ApiRequest): void {
+    const ctx = r.ctx!;
+    const reply = r.reply;
+    const key = r.key!;
     // Refused by a later check: the attempt costs nothing, and its rate headers say so.
     const refuse = (err: GatewayError) => {
       ctx.refuse();
       reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(err, 'A');
+      reply.sendError(err, 'openai');
     };
     try {
       const state = this.deps.holder.current;
-      const modelId = new URLSearchParams(head.query).get('model') ?? '';
+      const modelId = new URLSearchParams(r.query).get('model') ?? '';
       if (!modelId) return refuse(new GatewayError('INVALID_REQUEST', 'Missing required query parameter: model (connect to /v1/realtime?model=MODEL).', { param: 'model' }));
       const model = state.view.models.get(modelId);
       if (!model) return refuse(new GatewayError('UNKNOWN_MODEL', `The model \`${modelId}\` does not exist.`, { param: 'model' }));
-      if (head.path === RESPONSES_PATH) return this.admitResponses(ctx, res, reply, head, key, model, context, refuse);
+      if (r.path === RESPONSES_PATH) return this.admitResponses(r, model, refuse);
       if (model.kind !== 'realtime') {
         return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a realtime model; /v1/realtime needs a model of kind realtime.`, { param: 'model' }));
       }
-      if (!state.mayUseModel(key, model.id)) {
-        const tier = state.view.tiers.get(key.org.tier);
-        const why = tier?.plan.has(model.id) ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
-        return refuse(new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' }));
-      }
+      const scope = checkModelScope(state, key, model);
+      if (scope) return refuse(scope);
       // ctx.model stays null: the session bills each response.done itself, never the context.
-      if (model.provider === 'demo') return this.accept(ctx, res, reply, head, key, model, new DemoRealtimeLink(model), context);
+      if (model.provider === 'demo') return this.accept(r, model, new DemoRealtimeLink(model));
       const upstream = state.view.config.realtimeUpstreams.find((u) => u.model === model.id);
       if (model.provider !== 'openai' || !upstream) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No realtime upstream is configured for \`${model.id}\`.`));
-      const pending = connectWsUpstream(
-        upstream,
-        model.upstreamModel || model.id,
-        { maxMessageBytes: this.maxMessageBytes },
-        (link) => this.accept(ctx, res, reply, head, key, model, link, context),
-        (err) =>
-          guard(() => {
-            // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
-            ctx.providerStarted = true;
-            ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
-            reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
-          }),
-      );
-      ctx.abortFns.push(() => pending.cancel());
+      this.connect(r, model, upstream, (link) => link);
     } catch (e) {
       logBug(e);
-      reply.sendError(e, 'A');
+      reply.sendError(e, 'openai');
     }
   }
 
   /** `/v1/responses` as a WebSocket: a chat model, its provider's Responses API over the socket. */
-  private admitResponses(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, context: us_socket_context_t, refuse: (err: GatewayError) => void): void {
+  private admitResponses(r: ApiRequest, model: ModelConfig, refuse: (err: GatewayError) => void): void {
     const state = this.deps.holder.current;
-    const r = this.responses;
-    if (!r) return refuse(new GatewayError('NOT_FOUND', `No WebSocket endpoint at ${head.path}.`));
+    const key = r.key!;
+    const api = this.responses;
+    if (!api) return refuse(new GatewayError('NOT_FOUND', `No WebSocket endpoint at ${r.path}.`));
     if (model.kind !== 'chat') return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a chat model; ${RESPONSES_PATH} needs one.`, { param: 'model' }));
-    if (!state.mayUseModel(key, model.id)) {
-      const why = state.view.tiers.get(key.org.tier)?.plan.has(model.id) ? "it is not in this key's allowed_models" : `it is not in the organisation's plan (${key.org.tier || 'no tier'})`;
-      return refuse(new GatewayError('MODEL_NOT_ALLOWED', `This API key may not use the model \`${model.id}\`: ${why}.`, { param: 'model' }));
-    }
-    const wrap = (link: UpstreamLink) => new ResponsesSocketLink(link, r.hooks, key, model, () => this.deps.holder.current);
-    if (model.provider === 'demo') return this.accept(ctx, res, reply, head, key, model, wrap(new DemoResponsesSocketLink(r.demo, model.id)), context);
+    const scope = checkModelScope(state, key, model);
+    if (scope) return refuse(scope);
+    const wrap = (link: UpstreamLink) => new ResponsesSocketLink(link, api.hooks, key, model, () => this.deps.holder.current);
+    if (model.provider === 'demo') return this.accept(r, model, wrap(new DemoResponsesSocketLink(api.demo, model.id)));
     if (model.provider !== 'openai' || !model.baseUrl) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No Responses upstream is configured for \`${model.id}\`.`));
     const url = new URL(model.baseUrl);
     url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
     url.pathname = `${url.pathname.replace(/\/+$/, '')}/responses`;
-    const upstream = { model: model.id, url: url.toString(), upstreamApiKey: model.upstreamApiKey, upstreamModel: model.upstreamModel || model.id, connectTimeoutMs: 0 };
+    this.connect(r, model, { model: model.id, url: url.toString(), upstreamApiKey: model.upstreamApiKey, upstreamModel: model.upstreamModel || model.id, connectTimeoutMs: 0 }, wrap);
+  }
+
+  /** Opens the upstream socket; the client is upgraded once it is open, refused with 502 if it fails. */
+  private connect(r: ApiRequest, model: ModelConfig, upstream: Parameters<typeof connectWsUpstream>[0], wrap: (link: UpstreamLink) => UpstreamLink): void {
+    const ctx = r.ctx!;
     const pending = connectWsUpstream(
       upstream,
       model.upstreamModel || model.id,
       { maxMessageBytes: this.maxMessageBytes },
-      (link) => this.accept(ctx, res, reply, head, key, model, wrap(link), context),
+      (link) => this.accept(r, model, wrap(link)),
       (err) =>
         guard(() => {
+          // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
           ctx.providerStarted = true;
           ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
-          reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'A');
+          r.reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'openai');
         }),
     );
     ctx.abortFns.push(() => pending.cancel());
@@ -313,25 +251,11 @@ export class RealtimeGateway {
     return null;
   }
 
-  private nextRequestId(): string {
-    return `${this.deps.instanceId}-rt-${(++this.seq).toString(36)}`;
-  }
-
-  /**
-   * A 401 for a key that matched no credential: logged against the key when it is a revoked key's
-   * tombstone (the leak procedure reads these), else sampled with the IP and the first characters.
-   */
-  private logRefusedKey(reply: Reply, head: UpgradeHead, presented: string): void {
-    const deps = this.deps;
-    const outcome = { status: reply.status, bytesOut: reply.bytesOut, reason: refusalReason(reply.refusal) };
-    const dead = deps.holder.current.tombstone(deps.pepper, presented);
-    if (dead) return deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), logHeadOf(head), dead, outcome, null));
-    if (!this.unknownKeys.take(deps.clock.now())) return;
-    deps.reporter.log(logRow(reply.requestId || this.nextRequestId(), deps.clock.now(), logHeadOf(head), { keyId: '', projectId: '', orgId: '' }, outcome, null, unknownKeyPrefix(presented)));
-  }
-
   /** Upgrades the client (inside one cork, with the rate headers on the 101) and starts the session. */
-  private accept(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, link: UpstreamLink, context: us_socket_context_t): void {
+  private accept(r: ApiRequest, model: ModelConfig, link: UpstreamLink): void {
+    const ctx = r.ctx!;
+    const reply = r.reply;
+    const key = r.key!;
     if (reply.done) {
       // The client left while the upstream was being opened: the context was settled by the abort.
       link.close(CLOSE.GOING_AWAY, 'client went away');
@@ -345,21 +269,24 @@ export class RealtimeGateway {
       ctx.refuse();
       // A revoked key is unknown again: no rate headers, as for any unknown key.
       reply.rateHeaders = changed.code === 'KEY_INVALID' ? null : this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(changed, 'A');
+      reply.sendError(changed, 'openai');
       return;
     }
     try {
-      this.upgradeClient(ctx, res, reply, head, key, model, link, context);
+      this.upgradeClient(r, model, link);
     } catch (e) {
       // Called from a ws event too: nothing may escape. The session never opened: release its slot.
       logBug(e);
       link.close(CLOSE.INTERNAL, 'gateway error');
       ctx.complete({ status: 500, promptTokens: 0, completionTokens: 0 });
-      if (!reply.done) reply.sendError(e, 'A');
+      if (!reply.done) reply.sendError(e, 'openai');
     }
   }
 
-  private upgradeClient(ctx: RequestContext, res: HttpResponse, reply: Reply, head: UpgradeHead, key: KeyRecord, model: ModelConfig, link: UpstreamLink, context: us_socket_context_t): void {
+  private upgradeClient(r: ApiRequest, model: ModelConfig, link: UpstreamLink): void {
+    const ctx = r.ctx!;
+    const reply = r.reply;
+    const res = r.res;
     ctx.providerStarted = true;
     const session = new RealtimeSession(
       {
@@ -374,14 +301,14 @@ export class RealtimeGateway {
         maxMessageBytes: this.maxMessageBytes,
         stats: this.stats,
         memory: this.memory,
-        responsesApi: head.path === RESPONSES_PATH,
+        responsesApi: r.path === RESPONSES_PATH,
       },
       ctx,
-      key,
+      r.key!,
       model,
       link,
-      head.path,
-      { clientIp: head.ip, userAgent: head.userAgent },
+      r.path,
+      { clientIp: r.ip, userAgent: r.userAgent },
     );
     const headers = reply.extraHeaders;
     const rate = reply.rateHeaders;
@@ -392,13 +319,9 @@ export class RealtimeGateway {
       if (headers) for (const [k, v] of headers) res.writeHeader(k, v);
       if (rate) writeRateHeaders(rate, res);
       if (requestId) res.writeHeader('x-request-id', requestId);
-      res.upgrade<UserData>({ session }, head.wsKey, firstProtocol(head.protocol), head.extensions, context);
+      res.upgrade<UserData>({ session }, r.wsKey, firstProtocol(r.protocol), r.extensions, r.socketContext!);
     });
   }
-}
-
-function logHeadOf(head: UpgradeHead): LogHead {
-  return { method: 'GET', path: head.path, ip: head.ip, userAgent: head.userAgent, contentLength: 0, startedAt: head.startedAt };
 }
 
 function guard(fn: () => void): void {
@@ -407,15 +330,6 @@ function guard(fn: () => void): void {
   } catch (e) {
     logBug(e);
   }
-}
-
-/** A subprotocol that carries a credential: OpenAI's browser style, or a bare key. */
-export function offersKeyInProtocol(protocolHeader: string): boolean {
-  if (!protocolHeader) return false;
-  return protocolHeader.split(',').some((p) => {
-    const t = p.trim().toLowerCase();
-    return t.includes('api-key') || t.includes('api_key') || t.startsWith('sk-') || t.includes('.sk-') || t.startsWith('bearer');
-  });
 }
 
 /** The subprotocol answered: the client's first offer, if it made any (ws clients insist on one then). */

@@ -14,6 +14,8 @@
 // `/v1/audio/voices` comes before `/v1/audio/`. Paths that fail path sanity never get past the edge
 // budgets and body cap counted here (they answer 400 `bad_path` right after).
 
+import type { ErrorShape } from '../errors.js';
+
 /** Path-specific edge budgets, counted on top of the general `/v1/*` budget. */
 export type PathBudget = 'voices' | 'audio' | 'files' | 'group120' | 'realtime';
 
@@ -29,7 +31,7 @@ export interface PathFamily {
   readonly pathBudget: PathBudget | null;
   readonly bodyCapBytes: number;
   /** The error shape of every answer before routing (a 401 on a mistyped chat path looks like one on chat). */
-  readonly shape: 'A' | 'B';
+  readonly shape: Exclude<ErrorShape, 'passthrough'>;
   readonly router: RouterKind;
 }
 
@@ -41,37 +43,37 @@ export const BODY_CAP_AUDIO_BYTES = 200 * MIB;
 export const BODY_CAP_FILES_BYTES = 256 * MIB;
 export const BODY_CAP_GROUP120_BYTES = 64 * MIB;
 
-function family(name: string, match: PathFamily['match'], base: string, pathBudget: PathBudget | null, bodyCapBytes: number, shape: 'A' | 'B', router: RouterKind): PathFamily {
+function family(name: string, match: PathFamily['match'], base: string, pathBudget: PathBudget | null, bodyCapBytes: number, shape: PathFamily['shape'], router: RouterKind): PathFamily {
   return Object.freeze({ name, match, base, generalBudget: name !== 'outside', pathBudget, bodyCapBytes, shape, router });
 }
 
 /** The spec's edge table as families, in matching order. */
 export const PATH_FAMILIES: readonly PathFamily[] = Object.freeze([
   // Model endpoints of the general budget. `/v1/chat/` keeps mistyped chat paths in Shape A.
-  family('chat', 'prefix', '/v1/chat/', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
-  family('embeddings', 'under', '/v1/embeddings', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
-  family('completions', 'under', '/v1/completions', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
+  family('chat', 'prefix', '/v1/chat/', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
+  family('embeddings', 'under', '/v1/embeddings', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
+  family('completions', 'under', '/v1/completions', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
   // The Responses API and its stored responses (`/v1/responses/{id}…`): a model endpoint, general budget.
-  family('responses', 'under', '/v1/responses', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
+  family('responses', 'under', '/v1/responses', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
   // The spec gives voices no cap of its own: the general 32 MiB applies.
-  family('voices', 'under', '/v1/audio/voices', 'voices', BODY_CAP_GENERAL_BYTES, 'A', 'model'),
-  family('audio', 'prefix', '/v1/audio/', 'audio', BODY_CAP_AUDIO_BYTES, 'A', 'model'),
-  family('models', 'under', '/v1/models', 'group120', BODY_CAP_GROUP120_BYTES, 'A', 'model'),
+  family('voices', 'under', '/v1/audio/voices', 'voices', BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
+  family('audio', 'prefix', '/v1/audio/', 'audio', BODY_CAP_AUDIO_BYTES, 'openai', 'model'),
+  family('models', 'under', '/v1/models', 'group120', BODY_CAP_GROUP120_BYTES, 'openai', 'model'),
   // GET /v1/usage: the caller's own project's usage. Not in the spec's edge table: the general budget only.
-  family('usage', 'under', '/v1/usage', null, BODY_CAP_GENERAL_BYTES, 'A', 'model'),
-  family('files', 'prefix', '/v1/files', 'files', BODY_CAP_FILES_BYTES, 'B', 'tool'),
-  family('pdf', 'prefix', '/v1/pdf', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
-  family('skills', 'prefix', '/v1/skills', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
-  family('mcp', 'prefix', '/v1/mcp', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
-  family('vector_stores', 'prefix', '/v1/vector_stores', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
-  family('sandbox', 'prefix', '/v1/sandbox/', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
-  family('route', 'under', '/v1/route', 'group120', BODY_CAP_GROUP120_BYTES, 'B', 'tool'),
+  family('usage', 'under', '/v1/usage', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
+  family('files', 'prefix', '/v1/files', 'files', BODY_CAP_FILES_BYTES, 'gateway', 'tool'),
+  family('pdf', 'prefix', '/v1/pdf', 'group120', BODY_CAP_GROUP120_BYTES, 'gateway', 'tool'),
+  family('skills', 'prefix', '/v1/skills', 'group120', BODY_CAP_GROUP120_BYTES, 'gateway', 'tool'),
+  family('mcp', 'prefix', '/v1/mcp', 'group120', BODY_CAP_GROUP120_BYTES, 'gateway', 'tool'),
+  family('vector_stores', 'prefix', '/v1/vector_stores', 'group120', BODY_CAP_GROUP120_BYTES, 'gateway', 'tool'),
+  family('sandbox', 'prefix', '/v1/sandbox/', 'group120', BODY_CAP_GROUP120_BYTES, 'gateway', 'tool'),
+  family('route', 'under', '/v1/route', 'group120', BODY_CAP_GROUP120_BYTES, 'gateway', 'tool'),
   // Connection attempts; the spec gives realtime no cap of its own. Shape A: its refusals are the
   // model endpoints' (a realtime model is a model).
-  family('realtime', 'prefix', '/v1/realtime', 'realtime', BODY_CAP_GENERAL_BYTES, 'A', 'realtime'),
+  family('realtime', 'prefix', '/v1/realtime', 'realtime', BODY_CAP_GENERAL_BYTES, 'openai', 'realtime'),
   // Any other `/v1` path: the general budget, 32 MiB, Shape B, 404 after authentication.
-  family('v1', 'under', '/v1', null, BODY_CAP_GENERAL_BYTES, 'B', 'none'),
-  family('outside', 'any', '', null, BODY_CAP_GENERAL_BYTES, 'B', 'none'),
+  family('v1', 'under', '/v1', null, BODY_CAP_GENERAL_BYTES, 'gateway', 'none'),
+  family('outside', 'any', '', null, BODY_CAP_GENERAL_BYTES, 'gateway', 'none'),
 ]);
 
 function matches(f: PathFamily, path: string): boolean {

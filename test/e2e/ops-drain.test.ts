@@ -47,6 +47,35 @@ function connectOnce(hostPort: string): Promise<void> {
   });
 }
 
+/** A kept-alive connection of raw HTTP/1.1: one request at a time, each answer read to its Content-Length. */
+function rawConnection(hostPort: string): Promise<{ send(head: string): Promise<{ status: number; headers: string; body: any }>; closed: Promise<void> }> {
+  const i = hostPort.lastIndexOf(':');
+  return new Promise((resolve, reject) => {
+    const sock = connect({ host: hostPort.slice(0, i), port: Number(hostPort.slice(i + 1)) });
+    let data = '';
+    let waiter: (() => void) | null = null;
+    sock.on('data', (c) => {
+      data += c.toString('latin1');
+      waiter?.();
+    });
+    const closed = new Promise<void>((done) => sock.once('close', () => done()));
+    const send = (head: string) =>
+      new Promise<{ status: number; headers: string; body: any }>((done) => {
+        data = '';
+        waiter = () => {
+          const end = data.indexOf('\r\n\r\n');
+          const length = /content-length: *(\d+)/i.exec(data.slice(0, Math.max(0, end)));
+          if (end < 0 || !length || data.length < end + 4 + Number(length[1])) return;
+          waiter = null;
+          done({ status: Number(data.slice(9, 12)), headers: data.slice(0, end), body: JSON.parse(data.slice(end + 4, end + 4 + Number(length[1]))) });
+        };
+        sock.write(head);
+      });
+    sock.once('connect', () => resolve({ send, closed }));
+    sock.once('error', reject);
+  });
+}
+
 function exitCode(proc: Proc): Promise<number | null> {
   const child = proc.child;
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(child.exitCode);
@@ -111,6 +140,44 @@ test('SIGTERM during a stream: not ready, no new connections, the stream complet
   assert.equal(rows[0].status, 200);
   assert.equal(rows[0].model, 'up-chat');
   assert.ok(rows[0].completion_tokens > 0);
+  up.setMode('normal');
+});
+
+test('one drain for HTTP and WebSocket upgrades: on connections opened before it, a request is answered and closes its connection, an upgrade is refused with 503', async () => {
+  const dp = await gw.addNode({ extraArgs: ['--drain-seconds', '60'] });
+  const k = await gw.fundedKey({ tier: 'free', knownOn: [dp] });
+  const models = `GET /v1/models HTTP/1.1\r\nHost: drain\r\nAuthorization: Bearer ${k.key}\r\n\r\n`;
+  const upgrade = [
+    'GET /v1/realtime?model=demo-realtime HTTP/1.1',
+    'Host: drain',
+    'Connection: Upgrade',
+    'Upgrade: websocket',
+    'Sec-WebSocket-Version: 13',
+    'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==',
+    `Authorization: Bearer ${k.key}`,
+  ].join('\r\n');
+  // Two connections, kept alive before the drain; a held stream keeps the node draining.
+  const [a, b] = await Promise.all([rawConnection(dp.address), rawConnection(dp.address)]);
+  assert.equal((await a.send(models)).status, 200);
+  assert.equal((await b.send(models)).status, 200);
+  const stream = await openHeldStream(dp.url, k.key);
+
+  dp.proc.child.kill('SIGTERM');
+  await dp.proc.waitFor(/"msg":"draining: no new connections/);
+  const refused = await a.send(`${upgrade}\r\n\r\n`);
+  assert.equal(refused.status, 503);
+  assert.equal(refused.body.error.type, 'api_error');
+  assert.match(refused.body.error.message, /shutting down/);
+  assert.match(refused.headers, /\r\nretry-after: 1\r\n/i);
+  await a.closed;
+  const served = await b.send(models);
+  assert.equal(served.status, 200);
+  assert.match(served.headers, /\r\nconnection: close\r\n/i);
+  await b.closed;
+
+  up.release();
+  assert.match(await stream.rest(), /\[DONE\]/);
+  assert.equal(await exitCode(dp.proc), 0);
   up.setMode('normal');
 });
 

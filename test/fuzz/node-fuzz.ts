@@ -209,7 +209,7 @@ export function checkAnswer(c: FuzzCase, a: RawAnswer): void {
   if (a.status === 429) return shapeA();
   if (typeof err.code === 'string' && SHAPE_B_ANY_FAMILY.has(err.code)) return shapeB();
   const pathOnly = c.path.split('?')[0];
-  if (familyOf(pathOnly).shape === 'A') shapeA();
+  if (familyOf(pathOnly).shape === 'openai') shapeA();
   else shapeB();
   // Nothing internal leaks into a message.
   assert.doesNotMatch(a.body, /127\.0\.0\.1:\d+|at [\w.]+ \(|node_modules|sk-tollgate-[A-Za-z0-9]{20}/, `leak: ${what}`);

@@ -14,13 +14,13 @@ import { CpError, ERROR_CATALOG, toServiceError, type ErrorCode as CpErrorCode }
 import { describeError } from '../../cli/output.js';
 import { SyncServiceService, type QueryUsageRequest, type QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
 
-const SHAPES: ErrorShape[] = ['A', 'B', 'C'];
+const SHAPES: ErrorShape[] = ['openai', 'gateway', 'passthrough'];
 const DATA_CODES = Object.keys(CATALOG) as ErrorCode[];
 const CP_CODES = Object.keys(ERROR_CATALOG) as CpErrorCode[];
 
 /** Both 429s answer in Shape A whatever the path (spec, "429 bodies"). */
 function effectiveShape(code: ErrorCode, shape: ErrorShape): ErrorShape {
-  return code === 'EDGE_RATE_LIMITED' || code === 'KEY_RATE_LIMITED' ? 'A' : shape;
+  return code === 'EDGE_RATE_LIMITED' || code === 'KEY_RATE_LIMITED' ? 'openai' : shape;
 }
 
 /** Asserts `r` is a well-formed answer of `shape` with `status`; returns the parsed body. */
@@ -30,7 +30,7 @@ function assertWellFormed(r: RenderedError, shape: ErrorShape, status: number, w
   assert.deepEqual(r.headers.find(([k]) => k === 'content-type'), ['content-type', 'application/json'], `${what}: content-type`);
   const body = JSON.parse(r.body);
   assert.equal(typeof body, 'object', what);
-  if (shape === 'A') {
+  if (shape === 'openai') {
     assert.deepEqual(Object.keys(body), ['error'], `${what}: Shape A has only "error"`);
     const keys = Object.keys(body.error);
     assert.ok(
@@ -43,7 +43,7 @@ function assertWellFormed(r: RenderedError, shape: ErrorShape, status: number, w
     assert.ok(body.error.type.length > 0, `${what}: a type`);
     assert.ok(body.error.param === undefined || body.error.param === null || typeof body.error.param === 'string', `${what}: param`);
     assert.equal(body.error.code, String(status), `${what}: code is the status as text`);
-  } else if (shape === 'B') {
+  } else if (shape === 'gateway') {
     assert.deepEqual(Object.keys(body), ['error'], `${what}: Shape B has only "error"`);
     assert.deepEqual(Object.keys(body.error), ['code', 'message'], `${what}: Shape B fields`);
     assert.match(body.error.code, /^[a-z_]+$/, `${what}: a snake_case code`);
@@ -73,13 +73,13 @@ test('every data-plane code renders a well-formed body in every shape, with the 
       const entry = CATALOG[code];
       const eff = effectiveShape(code, shape);
       const body = assertWellFormed(renderError(new GatewayError(code), shape), eff, entry.status, what);
-      if (eff === 'A') {
+      if (eff === 'openai') {
         assert.equal(body.error.message, entry.message, what);
         assert.equal(body.error.type, entry.typeA, what);
         // The edge 429 carries no param at all (spec, "429 bodies"); every other Shape A has one.
         if (code === 'EDGE_RATE_LIMITED') assert.equal('param' in body.error, false, what);
         else assert.equal(body.error.param, null, what);
-      } else if (eff === 'B') {
+      } else if (eff === 'gateway') {
         assert.deepEqual(body, { error: { code: entry.codeB, message: entry.message } }, what);
       } else {
         assert.deepEqual(body, { detail: entry.message }, what);
@@ -98,11 +98,11 @@ test('options of an error reach every shape: retry-after, Allow, a named param a
       const body = assertWellFormed(r, eff, CATALOG[code].status, what);
       assert.deepEqual(r.headers.find(([k]) => k === 'retry-after'), ['retry-after', '3'], `${what}: retry-after rounded up`);
       assert.deepEqual(r.headers.find(([k]) => k === 'allow'), ['allow', 'GET, POST'], what);
-      if (eff === 'A') {
+      if (eff === 'openai') {
         assert.equal(body.error.message, 'Something specific.');
         assert.equal(body.error.type, 'tokens');
         if (code !== 'EDGE_RATE_LIMITED') assert.equal(body.error.param, 'messages', what);
-      } else if (eff === 'B') assert.equal(body.error.message, 'Something specific.');
+      } else if (eff === 'gateway') assert.equal(body.error.message, 'Something specific.');
       else assert.equal(body.detail, 'Something specific.');
     }
   }

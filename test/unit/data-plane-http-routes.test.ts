@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
-import { isBadPath, RouteTable, shapeOf } from '../../data-plane/http/routes.js';
+import { isBadPath, RouteTable, shapeOf } from '../../data-plane/routing/routes.js';
 
 const bad = [
   '/v1/../x',
@@ -35,16 +35,16 @@ test('good paths pass', () => {
 });
 
 test('error shape by path family (decided before routing)', () => {
-  const table: Array<[string, 'A' | 'B']> = [
-    ['/v1/chat/completions', 'A'],
-    ['/v1/chat/completionz', 'A'],
-    ['/v1/embeddings', 'A'],
-    ['/v1/audio/speech', 'A'],
-    ['/v1/models', 'A'],
-    ['/v1/files', 'B'],
-    ['/v1/pdf', 'B'],
-    ['/v1/nope', 'B'],
-    ['/', 'B'],
+  const table: Array<[string, 'openai' | 'gateway']> = [
+    ['/v1/chat/completions', 'openai'],
+    ['/v1/chat/completionz', 'openai'],
+    ['/v1/embeddings', 'openai'],
+    ['/v1/audio/speech', 'openai'],
+    ['/v1/models', 'openai'],
+    ['/v1/files', 'gateway'],
+    ['/v1/pdf', 'gateway'],
+    ['/v1/nope', 'gateway'],
+    ['/', 'gateway'],
   ];
   for (const [p, s] of table) assert.equal(shapeOf(p), s, p);
 });

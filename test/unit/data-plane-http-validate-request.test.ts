@@ -7,7 +7,7 @@ import { findDuplicateKey, validateJson } from '../../data-plane/http/validate-r
 
 /** `"k0":0,"k1":1,…` with n distinct keys. */
 const many = (n: number) => Array.from({ length: n }, (_, i) => `"k${i}":${i}`).join(',');
-import { RouteTable, type Route } from '../../data-plane/http/routes.js';
+import { RouteTable, type Route } from '../../data-plane/routing/routes.js';
 import type { GatewayConfig } from '../../proto/gen/tollgate/v1/sync.js';
 
 const CONFIG = {

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { estimateResponseTokens } from '../../data-plane/endpoints/responses.js';
-import { parseStoredResponsePath } from '../../data-plane/endpoints/responses-paths.js';
+import { parseStoredResponsePath } from '../../data-plane/routing/responses-paths.js';
 import { RESPONSE_RETENTION_MS, ResponseOwners } from '../../data-plane/endpoints/response-owners.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../../data-plane/proxy/responses-usage-readers.js';
 import { tokenUsageOf } from '../../data-plane/proxy/usage-readers.js';

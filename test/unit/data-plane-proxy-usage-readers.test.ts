@@ -175,19 +175,19 @@ test('JSON with a pricer: an answer cut inside its usage object is passed on as 
 
 test("upstream error answers: 401/403 become 502 in the route's shape, account ids masked, retry-after kept on 429 only", () => {
   const body = (o: unknown) => Buffer.from(JSON.stringify(o));
-  const a401 = upstreamErrorAnswer(401, 'application/json', body({ error: { message: 'Incorrect API key provided: sk-proj-Ab12****wxYZ.' } }), undefined, 'A');
+  const a401 = upstreamErrorAnswer(401, 'application/json', body({ error: { message: 'Incorrect API key provided: sk-proj-Ab12****wxYZ.' } }), undefined, 'openai');
   assert.equal(a401.status, 502);
   assert.deepEqual(Object.keys(JSON.parse(a401.body).error).sort(), ['code', 'message', 'param', 'type']);
   assert.doesNotMatch(a401.body, /sk-proj/);
-  const a403 = upstreamErrorAnswer(403, 'application/json', body({}), undefined, 'B');
+  const a403 = upstreamErrorAnswer(403, 'application/json', body({}), undefined, 'gateway');
   assert.deepEqual(JSON.parse(a403.body), { error: { code: 'upstream_unreachable', message: JSON.parse(a403.body).error.message } });
-  const a429 = upstreamErrorAnswer(429, 'application/json', body({ error: { message: 'Rate limit reached in organization org-AbCdEf123456 for user user-Zz99Yy88Xx', organization: 'acme-corp', code: 'rate_limit_exceeded' } }), '20', 'A');
+  const a429 = upstreamErrorAnswer(429, 'application/json', body({ error: { message: 'Rate limit reached in organization org-AbCdEf123456 for user user-Zz99Yy88Xx', organization: 'acme-corp', code: 'rate_limit_exceeded' } }), '20', 'openai');
   assert.equal(a429.status, 429);
   assert.deepEqual(a429.headers, [['content-type', 'application/json'], ['retry-after', '20']]);
   assert.deepEqual(JSON.parse(a429.body), { error: { message: 'Rate limit reached in organization org-*** for user user-***', organization: '***', code: 'rate_limit_exceeded' } });
   // A retry-after that is not one is dropped; a 400 keeps no retry-after; text bodies are masked too.
-  assert.deepEqual(upstreamErrorAnswer(429, 'application/json', body({}), 'soon\r\nx: y', 'A').headers, [['content-type', 'application/json']]);
-  assert.deepEqual(upstreamErrorAnswer(400, 'application/json', body({}), '5', 'A').headers, [['content-type', 'application/json']]);
-  const text = upstreamErrorAnswer(500, 'text/plain', Buffer.from('upstream proj_abcdef1234 failed'), undefined, 'A');
+  assert.deepEqual(upstreamErrorAnswer(429, 'application/json', body({}), 'soon\r\nx: y', 'openai').headers, [['content-type', 'application/json']]);
+  assert.deepEqual(upstreamErrorAnswer(400, 'application/json', body({}), '5', 'openai').headers, [['content-type', 'application/json']]);
+  const text = upstreamErrorAnswer(500, 'text/plain', Buffer.from('upstream proj_abcdef1234 failed'), undefined, 'openai');
   assert.deepEqual([text.status, text.body, text.headers], [500, 'upstream proj_*** failed', [['content-type', 'text/plain']]]);
 });

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
-import { RouteTable, shapeOf } from '../../data-plane/http/routes.js';
+import { RouteTable, shapeOf } from '../../data-plane/routing/routes.js';
 import { bodyCapBytes, matchEdgeBudgets } from '../../data-plane/limits/edge-budgets.js';
 import { familyOf, PATH_FAMILIES } from '../../data-plane/routing/path-families.js';
 
@@ -26,75 +26,75 @@ function routeOf(path: string): string {
 }
 
 // [path, path budget on top of the general /v1 one (null: none; 'outside': no budget at all), cap MiB, shape, route]
-type Row = [string, string | null, number, 'A' | 'B', string];
+type Row = [string, string | null, number, 'openai' | 'gateway', string];
 const rows: Row[] = [
   // Model endpoints: the general budget only, 32 MiB, Shape A; the router knows exact paths.
-  ['/v1/chat/completions', null, 32, 'A', 'chat'],
-  ['/v1/chat/completionz', null, 32, 'A', '404'],
-  ['/v1/chat', null, 32, 'B', '404'],
-  ['/v1/embeddings', null, 32, 'A', 'embeddings'],
-  ['/v1/embeddings/x', null, 32, 'A', '404'],
-  ['/v1/embeddingsx', null, 32, 'B', '404'],
-  ['/v1/completions', null, 32, 'A', '404'],
+  ['/v1/chat/completions', null, 32, 'openai', 'chat'],
+  ['/v1/chat/completionz', null, 32, 'openai', '404'],
+  ['/v1/chat', null, 32, 'gateway', '404'],
+  ['/v1/embeddings', null, 32, 'openai', 'embeddings'],
+  ['/v1/embeddings/x', null, 32, 'openai', '404'],
+  ['/v1/embeddingsx', null, 32, 'gateway', '404'],
+  ['/v1/completions', null, 32, 'openai', '404'],
   // `/v1/models` and `/v1/models/{id}`: the 120 group, 64 MiB, Shape A; `/v1/modelsx` is not a model path.
-  ['/v1/models', 'group120', 64, 'A', 'models'],
-  ['/v1/models/demo-chat', 'group120', 64, 'A', 'model'],
-  ['/v1/models/demo-chat/x', 'group120', 64, 'A', '404'],
-  ['/v1/models/', 'group120', 64, 'A', '404'],
-  ['/v1/modelsx', null, 32, 'B', '404'],
+  ['/v1/models', 'group120', 64, 'openai', 'models'],
+  ['/v1/models/demo-chat', 'group120', 64, 'openai', 'model'],
+  ['/v1/models/demo-chat/x', 'group120', 64, 'openai', '404'],
+  ['/v1/models/', 'group120', 64, 'openai', '404'],
+  ['/v1/modelsx', null, 32, 'gateway', '404'],
   // `/v1/usage` (Tollgate's own): the general budget only, Shape A; only the exact path is a route.
-  ['/v1/usage', null, 32, 'A', 'usage'],
-  ['/v1/usage/proj_x', null, 32, 'A', '404'],
-  ['/v1/usagex', null, 32, 'B', '404'],
+  ['/v1/usage', null, 32, 'openai', 'usage'],
+  ['/v1/usage/proj_x', null, 32, 'openai', '404'],
+  ['/v1/usagex', null, 32, 'gateway', '404'],
   // `/v1/audio/voices` (and below it) before `/v1/audio/*`; `/v1/audio` itself is neither.
-  ['/v1/audio/voices', 'voices', 32, 'A', 'voices'],
-  ['/v1/audio/voices/alloy', 'voices', 32, 'A', '404'],
-  ['/v1/audio/voicesx', 'audio', 200, 'A', '404'],
-  ['/v1/audio/speech', 'audio', 200, 'A', 'speech'],
-  ['/v1/audio/transcriptions', 'audio', 200, 'A', 'transcriptions'],
-  ['/v1/audio/', 'audio', 200, 'A', '404'],
-  ['/v1/audio', null, 32, 'B', '404'],
+  ['/v1/audio/voices', 'voices', 32, 'openai', 'voices'],
+  ['/v1/audio/voices/alloy', 'voices', 32, 'openai', '404'],
+  ['/v1/audio/voicesx', 'audio', 200, 'openai', '404'],
+  ['/v1/audio/speech', 'audio', 200, 'openai', 'speech'],
+  ['/v1/audio/transcriptions', 'audio', 200, 'openai', 'transcriptions'],
+  ['/v1/audio/', 'audio', 200, 'openai', '404'],
+  ['/v1/audio', null, 32, 'gateway', '404'],
   // `/v1/files*` as written: a plain prefix, so `/v1/filesystem` is a files path everywhere.
-  ['/v1/files', 'files', 256, 'B', 'tool'],
-  ['/v1/files/file-1/content', 'files', 256, 'B', 'tool'],
-  ['/v1/filesystem', 'files', 256, 'B', 'tool'],
+  ['/v1/files', 'files', 256, 'gateway', 'tool'],
+  ['/v1/files/file-1/content', 'files', 256, 'gateway', 'tool'],
+  ['/v1/filesystem', 'files', 256, 'gateway', 'tool'],
   // `/v1/pdf*`, `/v1/skills*`, `/v1/mcp*`, `/v1/vector_stores*`: plain prefixes too.
-  ['/v1/pdf', 'group120', 64, 'B', 'tool'],
-  ['/v1/pdf/render', 'group120', 64, 'B', 'tool'],
-  ['/v1/pdfx', 'group120', 64, 'B', 'tool'],
-  ['/v1/skills', 'group120', 64, 'B', 'tool'],
-  ['/v1/skills/x', 'group120', 64, 'B', 'tool'],
-  ['/v1/skillset', 'group120', 64, 'B', 'tool'],
-  ['/v1/mcp', 'group120', 64, 'B', 'tool'],
-  ['/v1/mcp/server/x', 'group120', 64, 'B', 'tool'],
-  ['/v1/mcpx', 'group120', 64, 'B', 'tool'],
-  ['/v1/vector_stores', 'group120', 64, 'B', 'tool'],
-  ['/v1/vector_stores/vs_1/files', 'group120', 64, 'B', 'tool'],
-  ['/v1/vector_storesx', 'group120', 64, 'B', 'tool'],
+  ['/v1/pdf', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/pdf/render', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/pdfx', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/skills', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/skills/x', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/skillset', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/mcp', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/mcp/server/x', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/mcpx', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/vector_stores', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/vector_stores/vs_1/files', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/vector_storesx', 'group120', 64, 'gateway', 'tool'],
   // `/v1/sandbox/*` needs the slash.
-  ['/v1/sandbox/run', 'group120', 64, 'B', 'tool'],
-  ['/v1/sandbox/', 'group120', 64, 'B', 'tool'],
-  ['/v1/sandbox', null, 32, 'B', '404'],
-  ['/v1/sandboxx', null, 32, 'B', '404'],
+  ['/v1/sandbox/run', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/sandbox/', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/sandbox', null, 32, 'gateway', '404'],
+  ['/v1/sandboxx', null, 32, 'gateway', '404'],
   // `/v1/route`: the path and its sub-paths, not `/v1/router`.
-  ['/v1/route', 'group120', 64, 'B', 'tool'],
-  ['/v1/route/x', 'group120', 64, 'B', 'tool'],
-  ['/v1/route/', 'group120', 64, 'B', 'tool'],
-  ['/v1/router', null, 32, 'B', '404'],
-  ['/v1/routes', null, 32, 'B', '404'],
+  ['/v1/route', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/route/x', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/route/', 'group120', 64, 'gateway', 'tool'],
+  ['/v1/router', null, 32, 'gateway', '404'],
+  ['/v1/routes', null, 32, 'gateway', '404'],
   // `/v1/realtime*`: a plain prefix; no body cap of its own; refusals in the model endpoints' shape.
-  ['/v1/realtime', 'realtime', 32, 'A', 'realtime'],
-  ['/v1/realtime/sessions', 'realtime', 32, 'A', 'realtime'],
-  ['/v1/realtimex', 'realtime', 32, 'A', 'realtime'],
+  ['/v1/realtime', 'realtime', 32, 'openai', 'realtime'],
+  ['/v1/realtime/sessions', 'realtime', 32, 'openai', 'realtime'],
+  ['/v1/realtimex', 'realtime', 32, 'openai', 'realtime'],
   // Anything else under /v1: the general budget, 32 MiB, Shape B, 404.
-  ['/v1', null, 32, 'B', '404'],
-  ['/v1/', null, 32, 'B', '404'],
-  ['/v1/nope', null, 32, 'B', '404'],
+  ['/v1', null, 32, 'gateway', '404'],
+  ['/v1/', null, 32, 'gateway', '404'],
+  ['/v1/nope', null, 32, 'gateway', '404'],
   // Outside /v1: no edge budget at all.
-  ['/v1x', 'outside', 32, 'B', '404'],
-  ['/V1/models', 'outside', 32, 'B', '404'],
-  ['/healthz', 'outside', 32, 'B', '404'],
-  ['/', 'outside', 32, 'B', '404'],
+  ['/v1x', 'outside', 32, 'gateway', '404'],
+  ['/V1/models', 'outside', 32, 'gateway', '404'],
+  ['/healthz', 'outside', 32, 'gateway', '404'],
+  ['/', 'outside', 32, 'gateway', '404'],
 ];
 
 test('each path has one family: edge budgets, body cap, error shape and route kind agree', () => {
@@ -119,8 +119,8 @@ test('a query never changes the family', () => {
 
 test('the family table: tool families answer in Shape B, model families in Shape A, and the catch-alls come last', () => {
   for (const f of PATH_FAMILIES) {
-    if (f.router === 'tool') assert.equal(f.shape, 'B', f.name);
-    if (f.router === 'model') assert.equal(f.shape, 'A', f.name);
+    if (f.router === 'tool') assert.equal(f.shape, 'gateway', f.name);
+    if (f.router === 'model') assert.equal(f.shape, 'openai', f.name);
   }
   assert.equal(PATH_FAMILIES.at(-2)!.name, 'v1');
   assert.equal(PATH_FAMILIES.at(-1)!.name, 'outside');

@@ -156,12 +156,12 @@ export class DemoResponsesProvider implements ResponsesProvider {
     const reply = call.reply;
     if (!s || this.now() - s.createdAtMs >= RESPONSE_RETENTION_MS) {
       call.complete({ status: 404, promptTokens: 0, completionTokens: 0 });
-      return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }), 'A');
+      return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }), 'openai');
     }
     // Only background responses can be cancelled, and the demo answers in the foreground.
     if (call.action === 'cancel') {
       call.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
-      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'A');
+      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'openai');
     }
     call.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
     switch (call.action) {

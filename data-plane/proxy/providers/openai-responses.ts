@@ -38,7 +38,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'A',
+      shape: 'openai',
       passAllHeaders: false,
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
@@ -76,7 +76,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       body: null,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'A',
+      shape: 'openai',
       passAllHeaders: false,
       onAbort: call.onAbort,
       onDone(status, outcome) {

@@ -1,7 +1,7 @@
 // The paths of stored responses (the Responses API): `/v1/responses/{id}` (GET, DELETE),
 // `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST). Pure: no I/O; the
 // route objects are built once, so matching allocates nothing but the id it reads.
-import type { Route } from '../http/routes.js';
+import type { Route } from './routes.js';
 
 export type StoredAction = 'response' | 'input_items' | 'cancel';
 
@@ -16,7 +16,7 @@ interface StoredRoute {
 
 function stored(allow: string[]): StoredRoute {
   const methods = new Set(allow);
-  return { methods, route: { kind: 'stored-response', shape: 'A', methods, allow: allow.join(', '), bodyMode: 'none', backend: null } };
+  return { methods, route: { kind: 'stored-response', shape: 'openai', methods, allow: allow.join(', '), bodyMode: 'none', backend: null } };
 }
 
 const ROUTES: Record<StoredAction, StoredRoute> = {

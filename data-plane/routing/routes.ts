@@ -3,14 +3,18 @@
 // never per request. Pure: no I/O.
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
-import { familyOf } from '../routing/path-families.js';
-import { storedResponsePath } from '../endpoints/responses-paths.js';
-import type { ErrorShape } from './error-shapes.js';
+import { familyOf, type PathFamily } from './path-families.js';
+import { storedResponsePath } from './responses-paths.js';
+import type { ErrorShape } from '../errors.js';
 
 export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime' | 'responses' | 'stored-response';
 
-/** How the request body is read: not at all, collected whole (JSON), or streamed. */
-export type BodyMode = 'none' | 'json' | 'stream';
+/**
+ * How the request body is read before the endpoint is called (endpoints/intake.ts): not at all,
+ * collected whole within the path's cap and the node's body budget (JSON bodies, PDF HTML), or
+ * streamed to the endpoint. A GET or HEAD reads none, whatever its route says.
+ */
+export type BodyMode = 'none' | 'whole' | 'stream';
 
 export interface Route {
   kind: RouteKind;
@@ -25,7 +29,7 @@ export interface Route {
 }
 
 // Path sanity is its own pure module; re-exported here, where the pipeline looks paths up.
-export { isBadPath, MAX_PATH_CHARS } from '../routing/path-sanity.js';
+export { isBadPath, MAX_PATH_CHARS } from './path-sanity.js';
 
 /**
  * The error shape of a path's family, decided before routing: a 401 on `/v1/chat/completionz` looks
@@ -36,37 +40,50 @@ export function shapeOf(path: string): ErrorShape {
 }
 
 function modelRoute(kind: RouteKind, method: string, bodyMode: BodyMode): Route {
-  return { kind, shape: 'A', methods: new Set([method]), allow: method, bodyMode, backend: null };
+  return { kind, shape: 'openai', methods: new Set([method]), allow: method, bodyMode, backend: null };
 }
+
+/** The one path that accepts realtime sessions (OpenAI's: `wss://…/v1/realtime?model=…`). */
+export const REALTIME_PATH = '/v1/realtime';
+/** The Responses API's WebSocket mode (endpoints/responses-socket.ts). */
+export const RESPONSES_SOCKET_PATH = '/v1/responses';
+
+/** The routes of WebSocket upgrades (gate.ts): uWS hands the gate only upgrades under these paths. */
+export const SOCKET_ROUTES: ReadonlyMap<string, Route> = new Map<string, Route>([
+  [REALTIME_PATH, { kind: 'realtime', shape: 'openai', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
+  [RESPONSES_SOCKET_PATH, { kind: 'responses', shape: 'openai', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
+]);
 
 export class RouteTable {
   private readonly exact = new Map<string, Route>();
   /** Configured backends, longest prefix first. */
   private readonly backends: ToolBackend[];
   private readonly toolRoutes = new Map<string, Route>();
+  /** The same for `/v1/pdf*`, whose bodies are read whole (PDF remote references: pdf-guard.ts). */
+  private readonly pdfRoutes = new Map<string, Route>();
   /** `GET /v1/models/{id}` (the OpenAI SDK's models.retrieve). */
   private readonly model: Route = modelRoute('model', 'GET', 'none');
-  private readonly realtime: Route = { kind: 'realtime', shape: 'B', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
+  private readonly realtime: Route = { kind: 'realtime', shape: 'gateway', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
 
   constructor(toolBackends: readonly ToolBackend[]) {
     this.exact.set('/v1/models', modelRoute('models', 'GET', 'none'));
-    this.exact.set('/v1/chat/completions', modelRoute('chat', 'POST', 'json'));
-    this.exact.set('/v1/embeddings', modelRoute('embeddings', 'POST', 'json'));
+    this.exact.set('/v1/chat/completions', modelRoute('chat', 'POST', 'whole'));
+    this.exact.set('/v1/embeddings', modelRoute('embeddings', 'POST', 'whole'));
     this.exact.set('/v1/audio/transcriptions', modelRoute('transcriptions', 'POST', 'stream'));
-    this.exact.set('/v1/audio/speech', modelRoute('speech', 'POST', 'json'));
+    this.exact.set('/v1/audio/speech', modelRoute('speech', 'POST', 'whole'));
     this.exact.set('/v1/audio/voices', modelRoute('voices', 'GET', 'none'));
     this.exact.set('/v1/usage', modelRoute('usage', 'GET', 'none'));
-    this.exact.set('/v1/responses', modelRoute('responses', 'POST', 'json'));
+    this.exact.set('/v1/responses', modelRoute('responses', 'POST', 'whole'));
     this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
     // One Route object per backend (and one for "no backend"), so matching allocates nothing.
-    this.toolRoutes.set('', { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: null });
-    for (const b of this.backends) {
-      this.toolRoutes.set(b.prefix, { kind: 'tool', shape: 'B', methods: null, allow: '', bodyMode: 'stream', backend: b });
+    for (const b of [null, ...this.backends]) {
+      this.toolRoutes.set(b?.prefix ?? '', { kind: 'tool', shape: 'gateway', methods: null, allow: '', bodyMode: 'stream', backend: b });
+      this.pdfRoutes.set(b?.prefix ?? '', { kind: 'tool', shape: 'gateway', methods: null, allow: '', bodyMode: 'whole', backend: b });
     }
   }
 
-  /** The route for a sane path, or the 404/405 error to answer (only after authentication). */
-  match(path: string, method: string): Route | GatewayError {
+  /** The route for a sane path, or the 404/405 error to answer (only after authentication); `family`: the path's, if known. */
+  match(path: string, method: string, family: PathFamily = familyOf(path)): Route | GatewayError {
     const r = this.exact.get(path);
     if (r) {
       if (r.methods && !r.methods.has(method)) {
@@ -86,13 +103,14 @@ export class RouteTable {
       return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${stored.route.allow}.`, { allow: stored.route.allow });
     }
     // Which part of the router serves a path is its family's, as for edge budgets and body caps.
-    const router = familyOf(path).router;
+    const router = family.router;
     if (router === 'realtime') return this.realtime;
     if (router === 'tool') {
+      const routes = family.name === 'pdf' ? this.pdfRoutes : this.toolRoutes;
       for (const b of this.backends) {
-        if (path.startsWith(b.prefix)) return this.toolRoutes.get(b.prefix)!;
+        if (path.startsWith(b.prefix)) return routes.get(b.prefix)!;
       }
-      return this.toolRoutes.get('')!;
+      return routes.get('')!;
     }
     return new GatewayError('NOT_FOUND', `No route for ${path}.`);
   }

@@ -1,0 +1,133 @@
+// Model calls with a JSON body: chat completions, embeddings, speech and creating a response (the
+// Responses API). The body is read whole (intake.ts), its tokens estimated and reserved (tpm), the
+// request validated (400), the model's scope checked (401), then the provider is called.
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { GatewayState } from '../auth/key-table.js';
+import { GatewayError, type ErrorShape } from '../errors.js';
+import { checkModelScope } from '../gate/gate.js';
+import type { ApiRequest } from '../gate/api-request.js';
+import type { Admission } from '../http/admission.js';
+import { logBug, type Reply } from '../http/reply.js';
+import type { RequestContext } from '../http/request-context.js';
+import { validateJson } from '../http/validate-request.js';
+import { estimateTokens } from '../limits/key-budgets.js';
+import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
+import { countRefused, failCall, type Endpoint, type EndpointDeps } from './intake.js';
+import { estimateResponseTokens, type ResponsesEndpoint } from './responses.js';
+
+/**
+ * JSON bodies a model endpoint can accept, below the path's cap: a speech request is a short text
+ * (the OpenAI API takes at most 4,096 characters of input), so it never needs the audio path's 200 MiB.
+ */
+const JSON_BODY_CAP_BYTES: Partial<Record<string, number>> = { speech: 64 * 1024 };
+
+export class ModelCalls implements Endpoint {
+  readonly discardsRefusedStream = false;
+
+  constructor(
+    private readonly deps: EndpointDeps,
+    private readonly admission: Admission,
+    private readonly responses: ResponsesEndpoint,
+  ) {}
+
+  bodyCap(r: ApiRequest): number {
+    const cap = r.family.bodyCapBytes;
+    return Math.min(cap, JSON_BODY_CAP_BYTES[r.route!.kind] ?? cap);
+  }
+
+  /** A JSON body that cannot be valid for the endpoint is refused before a byte is read. */
+  before(r: ApiRequest): boolean {
+    const cap = this.bodyCap(r);
+    if (r.contentLength <= cap) return true;
+    r.reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${r.contentLength} bytes; ${r.path} accepts JSON bodies of at most ${cap} bytes.`), 'openai', true);
+    return false;
+  }
+
+  /** Admitted with the body read whole: tokens are reserved once the body is parsed. */
+  serve(r: ApiRequest, body: Buffer | null): void {
+    const raw = body ?? Buffer.alloc(0);
+    const route = r.route!;
+    const text = raw.length > 0 ? raw.toString('utf8') : '';
+    let parsed: unknown;
+    let parseError = false;
+    try {
+      parsed = text.length > 0 ? JSON.parse(text) : undefined;
+    } catch {
+      parseError = true;
+    }
+    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) : estimateTokens(parsed);
+    const ctx = r.ctx!;
+    this.admission.reserveOrWait(ctx, r.reply, r.key!, estimate, (ok) => {
+      if (ok) this.reserved(r, ctx, parsed, parseError, estimate, raw, text);
+    });
+  }
+
+  private reserved(r: ApiRequest, ctx: RequestContext, body: unknown, parseError: boolean, estimate: number, raw: Buffer, text: string): void {
+    const deps = this.deps;
+    const reply = r.reply;
+    const route = r.route!;
+    const key = r.key!;
+    try {
+      if (estimate > 0) reply.rateHeaders = deps.keyBudgets.headers(key.limits);
+      const state = deps.holder.current;
+      const invalid = validateJson(route, r.contentType, body, parseError, state, parseError ? undefined : text);
+      if (invalid) {
+        countRefused(ctx);
+        return reply.sendError(invalid, 'openai');
+      }
+      const obj = body as Record<string, unknown>;
+      const model = state.view.models.get(obj.model as string)!;
+      const scope = checkModelScope(state, key, model);
+      if (scope) return reply.sendError(scope, 'openai');
+      if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
+      const provider = deps.providers[model.provider];
+      if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
+      ctx.model = model;
+      ctx.providerStarted = true;
+      // What an end without the upstream's usage bills: the estimate the tpm reservation took.
+      ctx.estimatedPromptTokens = estimate;
+      const call = modelCall(ctx, reply, model, route.shape, obj, raw, text);
+      if (route.kind === 'chat') provider.chat(call);
+      else if (route.kind === 'embeddings') provider.embeddings(call);
+      else provider.speech(call);
+    } catch (e) {
+      logBug(e);
+      reply.sendError(e, route.shape);
+    }
+  }
+
+  /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
+  private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
+    const prev = this.responses.checkPrevious(ctx.key, obj, state);
+    if (prev) return reply.sendError(prev, 'openai');
+    const provider = this.responses.providerOf(model);
+    if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
+    ctx.model = model;
+    ctx.providerStarted = true;
+    this.responses.create(ctx, provider, modelCall(ctx, reply, model, 'openai', obj, raw, text));
+  }
+}
+
+/** The call a provider is handed. */
+function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape, body: Record<string, unknown>, rawBody: Buffer, bodyText: string): ModelCall {
+  reply.upstreamAt = performance.now();
+  // Methods, not arrow properties: under tsx (esbuild keepNames) every named arrow made per request
+  // costs a defineProperty of its name. They use no `this`, so a provider may pass them on unbound.
+  return {
+    requestId: ctx.requestId,
+    reply,
+    model,
+    body,
+    rawBody,
+    bodyText,
+    complete(r: CallResult) {
+      ctx.complete(r);
+    },
+    onAbort(fn: () => void) {
+      ctx.abortFns.push(fn);
+    },
+    fail(err: unknown) {
+      failCall(ctx, reply, shape, err);
+    },
+  };
+}
