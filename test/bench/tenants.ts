@@ -33,7 +33,7 @@ import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { nextIp } from './load.js';
-import { cpuMicros, rssBytes, watchRss } from './procstat.js';
+import { cpuMicros, mainThreadCpuMicros, rssBytes, threadCpuMicros, watchRss } from './procstat.js';
 
 const { values: opts } = parseArgs({
   options: {
@@ -160,7 +160,7 @@ async function cpCounters(adminUrl: string | undefined): Promise<Record<string, 
   const text = await (await fetch(`${adminUrl}/metrics`)).text();
   const out: Record<string, number> = {};
   for (const line of text.split('\n')) {
-    const m = /^(tollgate_cp_(?:lease_answers_total|ingest_reports_total|db_transaction_seconds_count|db_transaction_seconds_sum|ingest_backlog_reports))(\{[^}]*\})? (\S+)$/.exec(line);
+    const m = /^(tollgate_cp_(?:lease_answers_total|sync_messages_total|ingest_reports_total|db_transaction_seconds_count|db_transaction_seconds_sum|ingest_backlog_reports))(\{[^}]*\})? (\S+)$/.exec(line);
     if (m) out[`${m[1]}${m[2] ?? ''}`] = (out[`${m[1]}${m[2] ?? ''}`] ?? 0) + Number(m[3]);
   }
   return out;
@@ -183,6 +183,8 @@ interface RunResult {
   firstRefusal: string;
   crossedMinute: boolean;
   cpUsPerRequest: number | null;
+  /** Of which its main thread (the event loop; the rest is SQLite's worker threads, GC and the compiler). */
+  cpMainThreadUsPerRequest: number | null;
   nodesUsPerRequest: number | null;
   cpIdleUsPerSec: number | null;
   nodesIdleUsPerSec: number | null;
@@ -213,6 +215,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   // Idle window: at least IDLE_SEC; when aligning, until the run's middle is the top of a minute.
   const idleStart = performance.now();
   const idleCp0 = cpuOf([cpPid]);
+  const idleMain0 = mainThreadCpuMicros(cpPid);
   const idleNodes0 = cpuOf(nodePids);
   let waitMs = IDLE_SEC * 1000;
   if (ALIGN) {
@@ -225,6 +228,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   await sleep(waitMs);
   const idleSec = (performance.now() - idleStart) / 1000;
   const idleCp = idleCp0 === null ? null : (cpuOf([cpPid])! - idleCp0) / idleSec;
+  const idleMain = idleMain0 === null ? null : (mainThreadCpuMicros(cpPid)! - idleMain0) / idleSec;
   const idleNodes = idleNodes0 === null ? null : (cpuOf(nodePids)! - idleNodes0) / idleSec;
 
   for (const n of nodes) await leaseWaits(n.adminUrl!, true);
@@ -237,6 +241,8 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   let sent = 0;
   const total = Math.round(RATE * DURATION_SEC);
   const cp0 = cpuOf([cpPid]);
+  const main0 = mainThreadCpuMicros(cpPid);
+  const threads0 = threadCpuMicros(cpPid);
   const nodes0 = cpuOf(nodePids);
   const wall0 = Date.now();
   const t0 = performance.now();
@@ -279,6 +285,8 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   await sleep(TAIL_MS);
   const measuredSec = loadSec + TAIL_MS / 1000;
   const cp1 = cpuOf([cpPid]);
+  const main1 = mainThreadCpuMicros(cpPid);
+  const threads1 = threadCpuMicros(cpPid);
   const nodes1 = cpuOf(nodePids);
   await Promise.all(pools.map((p) => p.close()));
   const waits = await Promise.all(nodes.map((n) => leaseWaits(n.adminUrl!)));
@@ -303,6 +311,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
     firstRefusal,
     crossedMinute: Math.floor(wall0 / 60_000) !== Math.floor(wall1 / 60_000),
     cpUsPerRequest: perReq(cp0, cp1, idleCp),
+    cpMainThreadUsPerRequest: perReq(main0, main1, idleMain),
     nodesUsPerRequest: perReq(nodes0, nodes1, idleNodes),
     cpIdleUsPerSec: idleCp,
     nodesIdleUsPerSec: idleNodes,
@@ -321,11 +330,16 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   const refused = Object.entries(refusals).map(([k, v]) => `${v}×${k}`).join(', ') || 'none';
   console.log(
     `  ${label}: ${sent} requests in ${loadSec.toFixed(1)} s (${(sent / loadSec).toFixed(0)}/s${r.crossedMinute ? ', crossed a minute' : ', NO minute crossed'}); ` +
-      `CPU per request: control plane ${f(r.cpUsPerRequest)} µs, nodes ${f(r.nodesUsPerRequest)} µs (sum); ` +
+      `CPU per request: control plane ${f(r.cpUsPerRequest)} µs (main thread ${f(r.cpMainThreadUsPerRequest)}), nodes ${f(r.nodesUsPerRequest)} µs (sum); ` +
       `latency p50 ${r.latencyMs.p50.toFixed(2)} / p90 ${r.latencyMs.p90.toFixed(2)} / p99 ${r.latencyMs.p99.toFixed(2)} / max ${r.latencyMs.max.toFixed(1)} ms; ` +
       `waited for the control plane: ${waited} (${(r.waitedShare * 100).toFixed(2)}%, mean ${r.waitMs.mean.toFixed(1)} ms, p99 ≤ ${r.waitMs.p99max.toFixed(1)} ms, max ${r.waitMs.max.toFixed(1)} ms); refused: ${refused}` +
       `; control-plane RSS ${f(r.cpRssBytes === null ? null : r.cpRssBytes / MB)} MB`,
   );
+  // The control plane's threads by CPU in the run (tid order is creation order: the main thread, V8's
+  // workers, then libuv's pool, where SQLite runs).
+  const tids = [...threads1.keys()].sort((a, b) => a - b);
+  const threadUse = tids.map((t, i) => ({ i, us: (threads1.get(t) ?? 0) - (threads0.get(t) ?? 0) })).filter((x) => x.us > 0);
+  console.log(`    control plane's threads (creation order #: µs per request): ${threadUse.map((x) => `#${x.i} ${(x.us / sent).toFixed(1)}`).join(', ')}`);
   console.log(`    control plane's work: ${Object.entries(cpWork).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`);
   if (firstRefusal) console.log(`    first refusal: ${firstRefusal}`);
   return r;
