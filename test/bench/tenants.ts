@@ -44,6 +44,7 @@ const { values: opts } = parseArgs({
     duration: { type: 'string', default: '30' },
     nodes: { type: 'string', default: '1,3' },
     idle: { type: 'string', default: '3' },
+    warmup: { type: 'string', default: '0' },
     'no-align': { type: 'boolean', default: false },
     'no-control': { type: 'boolean', default: false },
     'cpu-prof': { type: 'string' },
@@ -67,6 +68,8 @@ const ZIPF = Number(opts.zipf);
 const DURATION_SEC = positive('duration');
 const NODE_COUNTS = opts.nodes!.split(',').map(Number);
 const IDLE_SEC = Number(opts.idle);
+/** Seconds of the K keys' load sent to the same nodes before the measured run (0: none): steady state, without the nodes' first minute. */
+const WARMUP_SEC = Number(opts.warmup);
 const ALIGN = !opts['no-align'] && DURATION_SEC < 60;
 const TAIL_MS = 2000;
 const MB = 1024 * 1024;
@@ -208,17 +211,17 @@ function cpuOf(pids: number[]): number | null {
   return sum;
 }
 
-async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number): Promise<RunResult> {
+async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number, durationSec = DURATION_SEC, align = ALIGN): Promise<RunResult> {
   const cpPid = cp.proc.child.pid!;
   const nodePids = nodes.map((n) => n.proc.child.pid!);
-  const durationMs = DURATION_SEC * 1000;
+  const durationMs = durationSec * 1000;
   // Idle window: at least IDLE_SEC; when aligning, until the run's middle is the top of a minute.
   const idleStart = performance.now();
   const idleCp0 = cpuOf([cpPid]);
   const idleMain0 = mainThreadCpuMicros(cpPid);
   const idleNodes0 = cpuOf(nodePids);
   let waitMs = IDLE_SEC * 1000;
-  if (ALIGN) {
+  if (align) {
     const now = Date.now();
     let top = Math.ceil(now / 60_000) * 60_000;
     while (top - durationMs / 2 - now < IDLE_SEC * 1000) top += 60_000;
@@ -239,7 +242,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   let firstRefusal = '';
   let ok = 0;
   let sent = 0;
-  const total = Math.round(RATE * DURATION_SEC);
+  const total = Math.round(RATE * durationSec);
   const cp0 = cpuOf([cpPid]);
   const main0 = mainThreadCpuMicros(cpPid);
   const threads0 = threadCpuMicros(cpPid);
@@ -635,7 +638,8 @@ async function main(): Promise<void> {
     for (const node of nodes) await waitForKeys(node, [control.key, tenantKeys[0], tenantKeys[KEYS - 1]]);
     console.log(`\n${n} node${n > 1 ? 's' : ''}:`);
     if (!opts['no-control']) results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, one key`, cp, nodes, () => control.key, 1, 1));
-    results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS));
+    if (WARMUP_SEC > 0) await runLoad(`warm-up (not counted), ${WARMUP_SEC} s`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, WARMUP_SEC, false);
+    results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs${WARMUP_SEC > 0 ? ` after ${WARMUP_SEC} s of warm-up` : ''}`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS));
     for (const node of nodes) await node.proc.kill('SIGTERM');
   }
   await cp.proc.kill('SIGTERM');
