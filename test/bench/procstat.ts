@@ -33,15 +33,15 @@ export function mainThreadCpuMicros(pid: number): number | null {
   }
 }
 
-/** CPU time of each thread of the process (tid → microseconds); empty without /proc. */
-export function threadCpuMicros(pid: number): Map<number, number> {
-  const out = new Map<number, number>();
+/** CPU time of each thread of the process (tid → microseconds, of which in the kernel); empty without /proc. */
+export function threadCpuMicros(pid: number): Map<number, { total: number; sys: number }> {
+  const out = new Map<number, { total: number; sys: number }>();
   try {
     for (const tid of readdirSync(`/proc/${pid}/task`)) {
       try {
         const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
         const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-        out.set(Number(tid), ((Number(rest[11]) + Number(rest[12])) * 1e6) / CLK_TCK);
+        out.set(Number(tid), { total: ((Number(rest[11]) + Number(rest[12])) * 1e6) / CLK_TCK, sys: (Number(rest[12]) * 1e6) / CLK_TCK });
       } catch {
         // (the thread ended)
       }

@@ -341,8 +341,10 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   // The control plane's threads by CPU in the run (tid order is creation order: the main thread, V8's
   // workers, then libuv's pool, where SQLite runs).
   const tids = [...threads1.keys()].sort((a, b) => a - b);
-  const threadUse = tids.map((t, i) => ({ i, us: (threads1.get(t) ?? 0) - (threads0.get(t) ?? 0) })).filter((x) => x.us > 0);
-  console.log(`    control plane's threads (creation order #: µs per request): ${threadUse.map((x) => `#${x.i} ${(x.us / sent).toFixed(1)}`).join(', ')}`);
+  const threadUse = tids
+    .map((t, i) => ({ i, us: (threads1.get(t)?.total ?? 0) - (threads0.get(t)?.total ?? 0), sys: (threads1.get(t)?.sys ?? 0) - (threads0.get(t)?.sys ?? 0) }))
+    .filter((x) => x.us > 0);
+  console.log(`    control plane's threads (creation order #: µs per request, of which in the kernel): ${threadUse.map((x) => `#${x.i} ${(x.us / sent).toFixed(1)} (${(x.sys / sent).toFixed(1)})`).join(', ')}`);
   console.log(`    control plane's work: ${Object.entries(cpWork).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`);
   if (firstRefusal) console.log(`    first refusal: ${firstRefusal}`);
   return r;
