@@ -36,7 +36,7 @@ export interface NodeMessage {
     | undefined;
   /**
    * Several reports, consecutive and in order, written by the control plane in one transaction per
-   * store and acknowledged one by one: a loaded node sends what it journaled about once a second
+   * store and acknowledged together (ReportAcks): a loaded node sends what it journaled about once a second
    * instead of every flush.
    */
   reports?: ReportBatch | undefined;
