@@ -14,6 +14,7 @@ import type { StoredResponsesFanout } from './stored-responses.js';
 import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
 import { queryUsageHandler } from './usage-query.js';
 import { countIngest, countLeaseAnswers } from '../metrics.js';
+import { countInbound, countOutbound } from './sync-traffic.js';
 
 const MAX_QUEUED = 1000;
 /**
@@ -208,6 +209,7 @@ export class SyncService implements NodeFleet {
       if (session) this.drop(session);
     };
     call.on('data', (msg: NodeMessage) => {
+      countInbound(msg);
       if (failed) return;
       try {
         if (!session) {
@@ -360,7 +362,9 @@ export class SyncService implements NodeFleet {
         if (s.closed) return;
         s.reports.shift();
         this.pendingReports--;
-        for (const report of unit) this.enqueue(s, { reportAck: { seq: report.seq, instanceId: report.instanceId } });
+        // Reports written together are acknowledged in one message (docs/scale.md).
+        if (unit.length === 1) this.enqueue(s, { reportAck: { seq: unit[0].seq, instanceId: unit[0].instanceId } });
+        else this.enqueue(s, { reportAcks: { acks: unit.map((r) => ({ seq: r.seq, instanceId: r.instanceId })) } });
         this.resumeReaders();
       }
     } finally {
@@ -690,6 +694,7 @@ export class SyncService implements NodeFleet {
       } else msg = item;
       let ok: boolean;
       try {
+        countOutbound(msg);
         ok = s.call.write(msg);
       } catch {
         this.drop(s);

@@ -68,6 +68,8 @@ interface KeyMinute {
   bulkApplied: boolean;
   /** Nothing heard yet of what the pool has free (a standing share is used without asking). */
   freeUnknown: boolean;
+  /** The node asked the control plane for this key minute (a want, or what it took in advance): its use is said every 100 ms. */
+  asked: boolean;
 }
 
 interface OrgSlice {
@@ -362,15 +364,25 @@ export class LeaseClient implements AllowanceSource {
     this.maybeTopUp(keyId, k, 0, 0);
   }
 
-  /** Says what the node used of leased key minutes that changed since it last said. */
-  sendUsed(): void {
+  /**
+   * Says what the node used of leased key minutes that changed since it last said. `everyKey` false
+   * (the sync client's ticks between whole seconds): only key minutes this node asked the control
+   * plane for (it holds more than its standing share there, or has none); a key minute used within
+   * its standing share waits for the next whole second (docs/leases.md, "Standing shares").
+   */
+  sendUsed(everyKey = true): void {
     if (!this.connected || this.leaving || this.usedDirty.size === 0) return;
     const used = [];
     for (const keyId of this.usedDirty) {
       const k = this.keys.get(keyId);
-      if (k) used.push({ keyId, minute: k.minute, requests: k.usedRequests, tokens: k.usedTokens });
+      if (!k) {
+        this.usedDirty.delete(keyId);
+        continue;
+      }
+      if (!everyKey && k.bulkApplied && !k.asked) continue;
+      used.push({ keyId, minute: k.minute, requests: k.usedRequests, tokens: k.usedTokens });
+      this.usedDirty.delete(keyId);
     }
-    this.usedDirty.clear();
     if (used.length === 0) return;
     this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false });
   }
@@ -444,6 +456,7 @@ export class LeaseClient implements AllowanceSource {
     if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
     if (!timedOut && !k.advancing) return false;
     k.advancing = true;
+    k.asked = true;
     const requests = Number.isFinite(k.allowRequests) ? Math.max(0, needRequests) : 0;
     const tokens = Number.isFinite(k.allowTokens) ? Math.max(0, needTokens) : 0;
     k.allowRequests += requests;
@@ -544,6 +557,7 @@ export class LeaseClient implements AllowanceSource {
     const tokens = k.allowTokens < k.tpm ? Math.min(Math.max(chunkTok, needTokens), k.tpm - k.allowTokens) : 0;
     if (requests === 0 && tokens === 0 && needRequests === 0 && needTokens === 0) return;
     k.pending = true;
+    k.asked = true;
     k.askedAtMs = this.clock.now();
     this.lastNeedTokens.set(keyId, needTokens);
     this.wantKeys.set(`${keyId}:${k.minute}`, {
@@ -1137,5 +1151,6 @@ function newKeyMinute(minute: number, rpm: number, tpm: number, allowRequests: n
     awaitingBulk: false,
     bulkApplied: false,
     freeUnknown: false,
+    asked: false,
   };
 }

@@ -16,6 +16,8 @@ import type { ResponseOwners } from '../endpoints/response-owners.js';
 /** How long before the top of a minute the next minute's first lease chunks are asked for. */
 const PREFETCH_BEFORE_TOP_MS = 3000;
 const USED_EVERY_MS = 100;
+/** Every this many ticks (a second) the node says what it used of every key minute, standing shares too. */
+const USED_EVERY_KEY_TICKS = 10;
 /** How often the node tells the control plane its journal depth (for `tollgate nodes list`). */
 const STATUS_EVERY_MS = 5000;
 
@@ -96,8 +98,10 @@ export class SyncClient {
       if (MINUTE_MS - (opts.now() % MINUTE_MS) <= PREFETCH_BEFORE_TOP_MS) opts.leases?.prefetchNextMinute();
     }, 1000);
     this.prefetchTimer.unref();
-    // What the node used of its leases, at most ten times a second (freed if the node dies).
-    this.usedTimer = setInterval(() => opts.leases?.sendUsed(), USED_EVERY_MS);
+    // What the node used of its leases (freed if the node dies): of key minutes it asked for, at most
+    // ten times a second; of those used within their standing share, once a second (docs/leases.md).
+    let usedTicks = 0;
+    this.usedTimer = setInterval(() => opts.leases?.sendUsed(++usedTicks % USED_EVERY_KEY_TICKS === 0), USED_EVERY_MS);
     this.usedTimer.unref();
     this.statusTimer = setInterval(() => this.sendStatus(), STATUS_EVERY_MS);
     this.statusTimer.unref();
@@ -227,6 +231,8 @@ export class SyncClient {
       this.applyStoredResponses(msg.storedResponses.responses);
     } else if (msg.reportAck) {
       this.opts.reporter.ack(msg.reportAck.seq, msg.reportAck.instanceId);
+    } else if (msg.reportAcks) {
+      for (const a of msg.reportAcks.acks) this.opts.reporter.ack(a.seq, a.instanceId);
     } else if (msg.leaseGrant && leases) {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);

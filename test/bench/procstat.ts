@@ -1,6 +1,6 @@
 // What a process costs, read from /proc (Linux): CPU time (utime + stime of all its threads) and
 // memory (VmRSS now, VmHWM the peak). Elsewhere every figure is null. Also pinning with taskset.
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 
 const CLK_TCK = (() => {
@@ -20,6 +20,36 @@ export function cpuMicros(pid: number): number | null {
   } catch {
     return null;
   }
+}
+
+/** CPU time of the process's main thread alone (the event loop: JavaScript), in microseconds, or null. */
+export function mainThreadCpuMicros(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8');
+    const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return ((Number(rest[11]) + Number(rest[12])) * 1e6) / CLK_TCK;
+  } catch {
+    return null;
+  }
+}
+
+/** CPU time of each thread of the process (tid → microseconds, of which in the kernel); empty without /proc. */
+export function threadCpuMicros(pid: number): Map<number, { total: number; sys: number }> {
+  const out = new Map<number, { total: number; sys: number }>();
+  try {
+    for (const tid of readdirSync(`/proc/${pid}/task`)) {
+      try {
+        const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+        const rest = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+        out.set(Number(tid), { total: ((Number(rest[11]) + Number(rest[12])) * 1e6) / CLK_TCK, sys: (Number(rest[12]) * 1e6) / CLK_TCK });
+      } catch {
+        // (the thread ended)
+      }
+    }
+  } catch {
+    // (no /proc)
+  }
+  return out;
 }
 
 function statusField(pid: number, field: string): number | null {

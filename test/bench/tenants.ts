@@ -33,7 +33,7 @@ import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { nextIp } from './load.js';
-import { cpuMicros, rssBytes, watchRss } from './procstat.js';
+import { cpuMicros, mainThreadCpuMicros, rssBytes, threadCpuMicros, watchRss } from './procstat.js';
 
 const { values: opts } = parseArgs({
   options: {
@@ -44,6 +44,7 @@ const { values: opts } = parseArgs({
     duration: { type: 'string', default: '30' },
     nodes: { type: 'string', default: '1,3' },
     idle: { type: 'string', default: '3' },
+    warmup: { type: 'string', default: '0' },
     'no-align': { type: 'boolean', default: false },
     'no-control': { type: 'boolean', default: false },
     'cpu-prof': { type: 'string' },
@@ -67,6 +68,8 @@ const ZIPF = Number(opts.zipf);
 const DURATION_SEC = positive('duration');
 const NODE_COUNTS = opts.nodes!.split(',').map(Number);
 const IDLE_SEC = Number(opts.idle);
+/** Seconds of the K keys' load sent to the same nodes before the measured run (0: none): steady state, without the nodes' first minute. */
+const WARMUP_SEC = Number(opts.warmup);
 const ALIGN = !opts['no-align'] && DURATION_SEC < 60;
 const TAIL_MS = 2000;
 const MB = 1024 * 1024;
@@ -160,7 +163,7 @@ async function cpCounters(adminUrl: string | undefined): Promise<Record<string, 
   const text = await (await fetch(`${adminUrl}/metrics`)).text();
   const out: Record<string, number> = {};
   for (const line of text.split('\n')) {
-    const m = /^(tollgate_cp_(?:lease_answers_total|ingest_reports_total|db_transaction_seconds_count|db_transaction_seconds_sum|ingest_backlog_reports))(\{[^}]*\})? (\S+)$/.exec(line);
+    const m = /^(tollgate_cp_(?:lease_answers_total|sync_messages_total|ingest_reports_total|db_transaction_seconds_count|db_transaction_seconds_sum|ingest_backlog_reports))(\{[^}]*\})? (\S+)$/.exec(line);
     if (m) out[`${m[1]}${m[2] ?? ''}`] = (out[`${m[1]}${m[2] ?? ''}`] ?? 0) + Number(m[3]);
   }
   return out;
@@ -183,6 +186,8 @@ interface RunResult {
   firstRefusal: string;
   crossedMinute: boolean;
   cpUsPerRequest: number | null;
+  /** Of which its main thread (the event loop; the rest is SQLite's worker threads, GC and the compiler). */
+  cpMainThreadUsPerRequest: number | null;
   nodesUsPerRequest: number | null;
   cpIdleUsPerSec: number | null;
   nodesIdleUsPerSec: number | null;
@@ -206,16 +211,17 @@ function cpuOf(pids: number[]): number | null {
   return sum;
 }
 
-async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number): Promise<RunResult> {
+async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number, durationSec = DURATION_SEC, align = ALIGN): Promise<RunResult> {
   const cpPid = cp.proc.child.pid!;
   const nodePids = nodes.map((n) => n.proc.child.pid!);
-  const durationMs = DURATION_SEC * 1000;
+  const durationMs = durationSec * 1000;
   // Idle window: at least IDLE_SEC; when aligning, until the run's middle is the top of a minute.
   const idleStart = performance.now();
   const idleCp0 = cpuOf([cpPid]);
+  const idleMain0 = mainThreadCpuMicros(cpPid);
   const idleNodes0 = cpuOf(nodePids);
   let waitMs = IDLE_SEC * 1000;
-  if (ALIGN) {
+  if (align) {
     const now = Date.now();
     let top = Math.ceil(now / 60_000) * 60_000;
     while (top - durationMs / 2 - now < IDLE_SEC * 1000) top += 60_000;
@@ -225,6 +231,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   await sleep(waitMs);
   const idleSec = (performance.now() - idleStart) / 1000;
   const idleCp = idleCp0 === null ? null : (cpuOf([cpPid])! - idleCp0) / idleSec;
+  const idleMain = idleMain0 === null ? null : (mainThreadCpuMicros(cpPid)! - idleMain0) / idleSec;
   const idleNodes = idleNodes0 === null ? null : (cpuOf(nodePids)! - idleNodes0) / idleSec;
 
   for (const n of nodes) await leaseWaits(n.adminUrl!, true);
@@ -235,8 +242,10 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   let firstRefusal = '';
   let ok = 0;
   let sent = 0;
-  const total = Math.round(RATE * DURATION_SEC);
+  const total = Math.round(RATE * durationSec);
   const cp0 = cpuOf([cpPid]);
+  const main0 = mainThreadCpuMicros(cpPid);
+  const threads0 = threadCpuMicros(cpPid);
   const nodes0 = cpuOf(nodePids);
   const wall0 = Date.now();
   const t0 = performance.now();
@@ -279,6 +288,8 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   await sleep(TAIL_MS);
   const measuredSec = loadSec + TAIL_MS / 1000;
   const cp1 = cpuOf([cpPid]);
+  const main1 = mainThreadCpuMicros(cpPid);
+  const threads1 = threadCpuMicros(cpPid);
   const nodes1 = cpuOf(nodePids);
   await Promise.all(pools.map((p) => p.close()));
   const waits = await Promise.all(nodes.map((n) => leaseWaits(n.adminUrl!)));
@@ -303,6 +314,7 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
     firstRefusal,
     crossedMinute: Math.floor(wall0 / 60_000) !== Math.floor(wall1 / 60_000),
     cpUsPerRequest: perReq(cp0, cp1, idleCp),
+    cpMainThreadUsPerRequest: perReq(main0, main1, idleMain),
     nodesUsPerRequest: perReq(nodes0, nodes1, idleNodes),
     cpIdleUsPerSec: idleCp,
     nodesIdleUsPerSec: idleNodes,
@@ -321,11 +333,18 @@ async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pick
   const refused = Object.entries(refusals).map(([k, v]) => `${v}×${k}`).join(', ') || 'none';
   console.log(
     `  ${label}: ${sent} requests in ${loadSec.toFixed(1)} s (${(sent / loadSec).toFixed(0)}/s${r.crossedMinute ? ', crossed a minute' : ', NO minute crossed'}); ` +
-      `CPU per request: control plane ${f(r.cpUsPerRequest)} µs, nodes ${f(r.nodesUsPerRequest)} µs (sum); ` +
+      `CPU per request: control plane ${f(r.cpUsPerRequest)} µs (main thread ${f(r.cpMainThreadUsPerRequest)}), nodes ${f(r.nodesUsPerRequest)} µs (sum); ` +
       `latency p50 ${r.latencyMs.p50.toFixed(2)} / p90 ${r.latencyMs.p90.toFixed(2)} / p99 ${r.latencyMs.p99.toFixed(2)} / max ${r.latencyMs.max.toFixed(1)} ms; ` +
       `waited for the control plane: ${waited} (${(r.waitedShare * 100).toFixed(2)}%, mean ${r.waitMs.mean.toFixed(1)} ms, p99 ≤ ${r.waitMs.p99max.toFixed(1)} ms, max ${r.waitMs.max.toFixed(1)} ms); refused: ${refused}` +
       `; control-plane RSS ${f(r.cpRssBytes === null ? null : r.cpRssBytes / MB)} MB`,
   );
+  // The control plane's threads by CPU in the run (tid order is creation order: the main thread, V8's
+  // workers, then libuv's pool, where SQLite runs).
+  const tids = [...threads1.keys()].sort((a, b) => a - b);
+  const threadUse = tids
+    .map((t, i) => ({ i, us: (threads1.get(t)?.total ?? 0) - (threads0.get(t)?.total ?? 0), sys: (threads1.get(t)?.sys ?? 0) - (threads0.get(t)?.sys ?? 0) }))
+    .filter((x) => x.us > 0);
+  console.log(`    control plane's threads (creation order #: µs per request, of which in the kernel): ${threadUse.map((x) => `#${x.i} ${(x.us / sent).toFixed(1)} (${(x.sys / sent).toFixed(1)})`).join(', ')}`);
   console.log(`    control plane's work: ${Object.entries(cpWork).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`);
   if (firstRefusal) console.log(`    first refusal: ${firstRefusal}`);
   return r;
@@ -621,7 +640,8 @@ async function main(): Promise<void> {
     for (const node of nodes) await waitForKeys(node, [control.key, tenantKeys[0], tenantKeys[KEYS - 1]]);
     console.log(`\n${n} node${n > 1 ? 's' : ''}:`);
     if (!opts['no-control']) results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, one key`, cp, nodes, () => control.key, 1, 1));
-    results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS));
+    if (WARMUP_SEC > 0) await runLoad(`warm-up (not counted), ${WARMUP_SEC} s`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, WARMUP_SEC, false);
+    results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs${WARMUP_SEC > 0 ? ` after ${WARMUP_SEC} s of warm-up` : ''}`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS));
     for (const node of nodes) await node.proc.kill('SIGTERM');
   }
   await cp.proc.kill('SIGTERM');

@@ -96,6 +96,10 @@ export async function startFakeNode(
       reportAcks.push(msg.reportAck.seq);
       notify();
     }
+    if (msg.reportAcks) {
+      for (const a of msg.reportAcks.acks) reportAcks.push(a.seq);
+      notify();
+    }
     // Lease grants are not part of what this fake node plays, unless its owner does.
     opts.onMessage?.(msg);
   });

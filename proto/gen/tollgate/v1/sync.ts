@@ -36,7 +36,7 @@ export interface NodeMessage {
     | undefined;
   /**
    * Several reports, consecutive and in order, written by the control plane in one transaction per
-   * store and acknowledged one by one: a loaded node sends what it journaled about once a second
+   * store and acknowledged together (ReportAcks): a loaded node sends what it journaled about once a second
    * instead of every flush.
    */
   reports?: ReportBatch | undefined;
@@ -88,7 +88,14 @@ export interface ControlMessage {
   roster?: Roster | undefined;
   leaseReclaim?: LeaseReclaim | undefined;
   caughtUp?: CaughtUp | undefined;
-  storedResponses?: StoredResponses | undefined;
+  storedResponses?:
+    | StoredResponses
+    | undefined;
+  /**
+   * The acknowledgements of several reports written together (a ReportBatch), in one message
+   * instead of one ReportAck each (docs/scale.md, "What goes to the nodes").
+   */
+  reportAcks?: ReportAcks | undefined;
 }
 
 /**
@@ -398,6 +405,10 @@ export interface ReportAck {
   seq: number;
   /** The report's instance_id, echoed (empty for the connection's own instance). */
   instanceId: string;
+}
+
+export interface ReportAcks {
+  acks: ReportAck[];
 }
 
 /** Leases: a node admits only against slices it holds (see docs/design.md#money-and-limits-across-nodes). */
@@ -1313,6 +1324,7 @@ function createBaseControlMessage(): ControlMessage {
     leaseReclaim: undefined,
     caughtUp: undefined,
     storedResponses: undefined,
+    reportAcks: undefined,
   };
 }
 
@@ -1341,6 +1353,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.storedResponses !== undefined) {
       StoredResponses.encode(message.storedResponses, writer.uint32(6402).fork()).join();
+    }
+    if (message.reportAcks !== undefined) {
+      ReportAcks.encode(message.reportAcks, writer.uint32(7602).fork()).join();
     }
     return writer;
   },
@@ -1422,6 +1437,14 @@ export const ControlMessage: MessageFns<ControlMessage> = {
             message.storedResponses = StoredResponses.decode(reader, reader.uint32());
             continue;
           }
+          case 950: {
+            if (tag !== 7602) {
+              break;
+            }
+
+            message.reportAcks = ReportAcks.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1464,6 +1487,11 @@ export const ControlMessage: MessageFns<ControlMessage> = {
         : isSet(object.stored_responses)
         ? StoredResponses.fromJSON(object.stored_responses)
         : undefined,
+      reportAcks: isSet(object.reportAcks)
+        ? ReportAcks.fromJSON(object.reportAcks)
+        : isSet(object.report_acks)
+        ? ReportAcks.fromJSON(object.report_acks)
+        : undefined,
     };
   },
 
@@ -1492,6 +1520,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
     }
     if (message.storedResponses !== undefined) {
       obj.storedResponses = StoredResponses.toJSON(message.storedResponses);
+    }
+    if (message.reportAcks !== undefined) {
+      obj.reportAcks = ReportAcks.toJSON(message.reportAcks);
     }
     return obj;
   },
@@ -1522,6 +1553,9 @@ export const ControlMessage: MessageFns<ControlMessage> = {
       : undefined;
     message.storedResponses = (object.storedResponses !== undefined && object.storedResponses !== null)
       ? StoredResponses.fromPartial(object.storedResponses)
+      : undefined;
+    message.reportAcks = (object.reportAcks !== undefined && object.reportAcks !== null)
+      ? ReportAcks.fromPartial(object.reportAcks)
       : undefined;
     return message;
   },
@@ -5156,6 +5190,73 @@ export const ReportAck: MessageFns<ReportAck> = {
     const message = createBaseReportAck();
     message.seq = object.seq ?? 0;
     message.instanceId = object.instanceId ?? "";
+    return message;
+  },
+};
+
+function createBaseReportAcks(): ReportAcks {
+  return { acks: [] };
+}
+
+export const ReportAcks: MessageFns<ReportAcks> = {
+  encode(message: ReportAcks, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.acks) {
+      ReportAck.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ReportAcks {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseReportAcks();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.acks.push(ReportAck.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ReportAcks {
+    return { acks: globalThis.Array.isArray(object?.acks) ? object.acks.map((e: any) => ReportAck.fromJSON(e)) : [] };
+  },
+
+  toJSON(message: ReportAcks): unknown {
+    const obj: any = {};
+    if (message.acks?.length) {
+      obj.acks = message.acks.map((e) => ReportAck.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ReportAcks>, I>>(base?: I): ReportAcks {
+    return ReportAcks.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ReportAcks>, I>>(object: I): ReportAcks {
+    const message = createBaseReportAcks();
+    message.acks = object.acks?.map((e) => ReportAck.fromPartial(e)) || [];
     return message;
   },
 };
