@@ -46,6 +46,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   listWebhookDeliveries: { action: 'webhooks.deliveries', changes: false },
   listAuditEntries: { action: 'audit.list', changes: false, target: orgTarget },
   setKeyPolicy: { action: 'org.set_key_policy', changes: true, target: orgTarget, org: orgTarget },
+  setProjectCap: { action: 'project.set_cap', changes: true, target: (q) => q.projectId, org: (_q, r) => r?.orgId },
 };
 
 /** Wraps every handler: each call runs in its own AuditScope and is recorded as AUDITED says. */

@@ -592,6 +592,11 @@ export class MoneyLeaseLedger {
     if (micros > 0) this.add(connId, orgId, -micros);
   }
 
+  /** A pool no longer leased (a project's or key's period that ended: money-pools.ts) is forgotten. */
+  dropPool(poolId: string): void {
+    this.balances.delete(poolId);
+  }
+
   /** A closed connection's balances are released (its usage still counts when its reports arrive). */
   dropConnection(connId: string): void {
     for (const [orgId, byConn] of this.balances) {

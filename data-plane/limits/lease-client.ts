@@ -127,6 +127,8 @@ const PENDING_STALE_MS = 2000;
 export interface SpendReservation {
   epoch: number;
   micros: number;
+  /** The same request's reservations from its project's and key's pools (money-pools.ts), settled with it. */
+  extra?: Array<[pool: string, reservation: SpendReservation]>;
 }
 
 /** May a request of the organisation spend? `wait`: a slice is being asked for. */
@@ -951,6 +953,8 @@ export class LeaseClient implements AllowanceSource {
    * that epoch and the control plane does not take it from this connection's slice either.
    */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
+    // (A pool dropped since, its period over, is not made again.)
+    if (reservation?.extra) for (const [pool, r] of reservation.extra) if (this.orgs.has(pool)) this.settleSpend(pool, r, costMicros);
     if (!this.connected || !reservation || reservation.epoch !== this.epoch) return;
     const o = this.orgFor(orgId);
     o.sliceMicros += reservation.micros - costMicros;
@@ -995,6 +999,28 @@ export class LeaseClient implements AllowanceSource {
     // A grant on its way was computed before the change: ask again once it is back.
     o.pending = false;
     this.askOrg(orgId, o);
+  }
+
+  /** A project's cap changed: each of its pools held here (by id prefix "project:ID@") is given back and asked afresh. */
+  poolsChanged(prefix: string): void {
+    for (const id of [...this.orgs.keys()]) if (id.startsWith(prefix)) this.orgChanged(id);
+  }
+
+  /**
+   * A project's or key's pool whose period ended (money-pools.ts): what is left of its slice is given
+   * back and the pool forgotten; its period's requests were settled into it.
+   */
+  dropPool(poolId: string): void {
+    const o = this.orgs.get(poolId);
+    if (!o) return;
+    this.orgs.delete(poolId);
+    this.wantOrgs.delete(poolId);
+    const micros = Math.max(0, o.sliceMicros);
+    if (micros > 0 && this.connected) {
+      this.orgReturns.push({ orgId: poolId, micros });
+      this.queueFlush();
+    }
+    wake(o);
   }
 
   private askOrg(orgId: string, o: OrgSlice): void {

@@ -147,6 +147,12 @@ export interface Snapshot {
   orgs: OrgEntry[];
   /** Revoked keys: they never authenticate; a node logs attempts made with them against the key. */
   tombstones: KeyTombstone[];
+  /** Projects with a monthly spend cap (docs/money-limits.md); a project absent there has none. */
+  projectCaps?: ProjectCaps | undefined;
+}
+
+export interface ProjectCaps {
+  projects: ProjectEntry[];
 }
 
 export interface Delta {
@@ -162,7 +168,21 @@ export interface Change {
   /** hex key hash of a credential that no longer authenticates. */
   keyRemoved?: string | undefined;
   orgUpsert?: OrgEntry | undefined;
-  config?: GatewayConfig | undefined;
+  config?:
+    | GatewayConfig
+    | undefined;
+  /** A project's cap set or cleared (cap_micros 0). */
+  projectUpsert?: ProjectEntry | undefined;
+}
+
+/**
+ * A project's monthly spend cap: its keys' requests also lease money from the project's pool
+ * (docs/money-limits.md).
+ */
+export interface ProjectEntry {
+  projectId: string;
+  /** > 0: the cap for the UTC calendar month, in micro-dollars; 0: no cap. */
+  capMicros: number;
 }
 
 export interface KeyEntry {
@@ -179,7 +199,18 @@ export interface KeyEntry {
    * ms since the epoch when the key stops authenticating on every node, whatever the control plane
    * says meanwhile; 0: never.
    */
-  expiresAtMs?: number | undefined;
+  expiresAtMs?:
+    | number
+    | undefined;
+  /**
+   * > 0: the key's own money limit in micro-dollars (docs/money-limits.md), fixed at creation; its
+   * requests also lease money from the key's pool. 0: none.
+   */
+  limitMicros?:
+    | number
+    | undefined;
+  /** When the key's limit starts afresh: "daily", "weekly" (Monday), "monthly" (UTC) or "never". */
+  limitReset?: string | undefined;
 }
 
 export interface OrgEntry {
@@ -581,6 +612,12 @@ export interface KeyLeaseWant {
 }
 
 export interface OrgLeaseWant {
+  /**
+   * The money pool: an organisation's id, or "project:ID@START" / "key:ID@START" for one period of
+   * a project's monthly cap or a key's own limit, START being the period's first ms (UTC; 0 for a
+   * limit that never resets; docs/money-limits.md). org_id in OrgLease, OrgLeaseReturn and
+   * LeaseReclaim.org_ids name pools the same way.
+   */
   orgId: string;
   micros: number;
 }
@@ -2024,7 +2061,7 @@ export const Resync: MessageFns<Resync> = {
 };
 
 function createBaseSnapshot(): Snapshot {
-  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [] };
+  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [], projectCaps: undefined };
 }
 
 export const Snapshot: MessageFns<Snapshot> = {
@@ -2043,6 +2080,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     }
     for (const v of message.tombstones) {
       KeyTombstone.encode(v!, writer.uint32(42).fork()).join();
+    }
+    if (message.projectCaps !== undefined) {
+      ProjectCaps.encode(message.projectCaps, writer.uint32(7202).fork()).join();
     }
     return writer;
   },
@@ -2100,6 +2140,14 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.tombstones.push(KeyTombstone.decode(reader, reader.uint32()));
             continue;
           }
+          case 900: {
+            if (tag !== 7202) {
+              break;
+            }
+
+            message.projectCaps = ProjectCaps.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2121,6 +2169,11 @@ export const Snapshot: MessageFns<Snapshot> = {
       tombstones: globalThis.Array.isArray(object?.tombstones)
         ? object.tombstones.map((e: any) => KeyTombstone.fromJSON(e))
         : [],
+      projectCaps: isSet(object.projectCaps)
+        ? ProjectCaps.fromJSON(object.projectCaps)
+        : isSet(object.project_caps)
+        ? ProjectCaps.fromJSON(object.project_caps)
+        : undefined,
     };
   },
 
@@ -2141,6 +2194,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.tombstones?.length) {
       obj.tombstones = message.tombstones.map((e) => KeyTombstone.toJSON(e));
     }
+    if (message.projectCaps !== undefined) {
+      obj.projectCaps = ProjectCaps.toJSON(message.projectCaps);
+    }
     return obj;
   },
 
@@ -2156,6 +2212,80 @@ export const Snapshot: MessageFns<Snapshot> = {
     message.keys = object.keys?.map((e) => KeyEntry.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgEntry.fromPartial(e)) || [];
     message.tombstones = object.tombstones?.map((e) => KeyTombstone.fromPartial(e)) || [];
+    message.projectCaps = (object.projectCaps !== undefined && object.projectCaps !== null)
+      ? ProjectCaps.fromPartial(object.projectCaps)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseProjectCaps(): ProjectCaps {
+  return { projects: [] };
+}
+
+export const ProjectCaps: MessageFns<ProjectCaps> = {
+  encode(message: ProjectCaps, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.projects) {
+      ProjectEntry.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ProjectCaps {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseProjectCaps();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projects.push(ProjectEntry.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ProjectCaps {
+    return {
+      projects: globalThis.Array.isArray(object?.projects)
+        ? object.projects.map((e: any) => ProjectEntry.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ProjectCaps): unknown {
+    const obj: any = {};
+    if (message.projects?.length) {
+      obj.projects = message.projects.map((e) => ProjectEntry.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ProjectCaps>, I>>(base?: I): ProjectCaps {
+    return ProjectCaps.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ProjectCaps>, I>>(object: I): ProjectCaps {
+    const message = createBaseProjectCaps();
+    message.projects = object.projects?.map((e) => ProjectEntry.fromPartial(e)) || [];
     return message;
   },
 };
@@ -2270,7 +2400,13 @@ export const Delta: MessageFns<Delta> = {
 };
 
 function createBaseChange(): Change {
-  return { keyUpsert: undefined, keyRemoved: undefined, orgUpsert: undefined, config: undefined };
+  return {
+    keyUpsert: undefined,
+    keyRemoved: undefined,
+    orgUpsert: undefined,
+    config: undefined,
+    projectUpsert: undefined,
+  };
 }
 
 export const Change: MessageFns<Change> = {
@@ -2286,6 +2422,9 @@ export const Change: MessageFns<Change> = {
     }
     if (message.config !== undefined) {
       GatewayConfig.encode(message.config, writer.uint32(34).fork()).join();
+    }
+    if (message.projectUpsert !== undefined) {
+      ProjectEntry.encode(message.projectUpsert, writer.uint32(7202).fork()).join();
     }
     return writer;
   },
@@ -2335,6 +2474,14 @@ export const Change: MessageFns<Change> = {
             message.config = GatewayConfig.decode(reader, reader.uint32());
             continue;
           }
+          case 900: {
+            if (tag !== 7202) {
+              break;
+            }
+
+            message.projectUpsert = ProjectEntry.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2365,6 +2512,11 @@ export const Change: MessageFns<Change> = {
         ? OrgEntry.fromJSON(object.org_upsert)
         : undefined,
       config: isSet(object.config) ? GatewayConfig.fromJSON(object.config) : undefined,
+      projectUpsert: isSet(object.projectUpsert)
+        ? ProjectEntry.fromJSON(object.projectUpsert)
+        : isSet(object.project_upsert)
+        ? ProjectEntry.fromJSON(object.project_upsert)
+        : undefined,
     };
   },
 
@@ -2381,6 +2533,9 @@ export const Change: MessageFns<Change> = {
     }
     if (message.config !== undefined) {
       obj.config = GatewayConfig.toJSON(message.config);
+    }
+    if (message.projectUpsert !== undefined) {
+      obj.projectUpsert = ProjectEntry.toJSON(message.projectUpsert);
     }
     return obj;
   },
@@ -2400,6 +2555,102 @@ export const Change: MessageFns<Change> = {
     message.config = (object.config !== undefined && object.config !== null)
       ? GatewayConfig.fromPartial(object.config)
       : undefined;
+    message.projectUpsert = (object.projectUpsert !== undefined && object.projectUpsert !== null)
+      ? ProjectEntry.fromPartial(object.projectUpsert)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseProjectEntry(): ProjectEntry {
+  return { projectId: "", capMicros: 0 };
+}
+
+export const ProjectEntry: MessageFns<ProjectEntry> = {
+  encode(message: ProjectEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    if (message.capMicros !== 0) {
+      writer.uint32(16).int64(message.capMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ProjectEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseProjectEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.capMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ProjectEntry {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      capMicros: isSet(object.capMicros)
+        ? globalThis.Number(object.capMicros)
+        : isSet(object.cap_micros)
+        ? globalThis.Number(object.cap_micros)
+        : 0,
+    };
+  },
+
+  toJSON(message: ProjectEntry): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.capMicros !== 0) {
+      obj.capMicros = Math.round(message.capMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ProjectEntry>, I>>(base?: I): ProjectEntry {
+    return ProjectEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ProjectEntry>, I>>(object: I): ProjectEntry {
+    const message = createBaseProjectEntry();
+    message.projectId = object.projectId ?? "";
+    message.capMicros = object.capMicros ?? 0;
     return message;
   },
 };
@@ -2415,6 +2666,8 @@ function createBaseKeyEntry(): KeyEntry {
     tpmLimit: 0,
     maxParallelRequests: 0,
     expiresAtMs: undefined,
+    limitMicros: undefined,
+    limitReset: undefined,
   };
 }
 
@@ -2446,6 +2699,12 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     }
     if (message.expiresAtMs !== undefined) {
       writer.uint32(5600).int64(message.expiresAtMs);
+    }
+    if (message.limitMicros !== undefined) {
+      writer.uint32(7200).int64(message.limitMicros);
+    }
+    if (message.limitReset !== undefined) {
+      writer.uint32(7210).string(message.limitReset);
     }
     return writer;
   },
@@ -2535,6 +2794,22 @@ export const KeyEntry: MessageFns<KeyEntry> = {
             message.expiresAtMs = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.limitMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7210) {
+              break;
+            }
+
+            message.limitReset = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2594,6 +2869,16 @@ export const KeyEntry: MessageFns<KeyEntry> = {
         : isSet(object.expires_at_ms)
         ? globalThis.Number(object.expires_at_ms)
         : undefined,
+      limitMicros: isSet(object.limitMicros)
+        ? globalThis.Number(object.limitMicros)
+        : isSet(object.limit_micros)
+        ? globalThis.Number(object.limit_micros)
+        : undefined,
+      limitReset: isSet(object.limitReset)
+        ? globalThis.String(object.limitReset)
+        : isSet(object.limit_reset)
+        ? globalThis.String(object.limit_reset)
+        : undefined,
     };
   },
 
@@ -2626,6 +2911,12 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     if (message.expiresAtMs !== undefined) {
       obj.expiresAtMs = Math.round(message.expiresAtMs);
     }
+    if (message.limitMicros !== undefined) {
+      obj.limitMicros = Math.round(message.limitMicros);
+    }
+    if (message.limitReset !== undefined) {
+      obj.limitReset = message.limitReset;
+    }
     return obj;
   },
 
@@ -2643,6 +2934,8 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     message.tpmLimit = object.tpmLimit ?? 0;
     message.maxParallelRequests = object.maxParallelRequests ?? 0;
     message.expiresAtMs = object.expiresAtMs ?? undefined;
+    message.limitMicros = object.limitMicros ?? undefined;
+    message.limitReset = object.limitReset ?? undefined;
     return message;
   },
 };
