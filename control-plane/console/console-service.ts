@@ -770,6 +770,7 @@ export class ConsoleService {
               orgId: r.org_id,
               outcome: r.outcome,
               callerAddress: r.caller_address,
+              detail: r.detail ?? '',
             })),
           };
         });

@@ -115,6 +115,8 @@ export interface AuditEntry {
   /** "ok" or "denied". */
   outcome: string;
   callerAddress: string;
+  /** What the call set, where it matters (e.g. a key's spend limit, a project's cap); never a secret. */
+  detail: string;
 }
 
 export interface ListAuditEntriesResponse {
@@ -1823,7 +1825,7 @@ export const ListAuditEntriesRequest: MessageFns<ListAuditEntriesRequest> = {
 };
 
 function createBaseAuditEntry(): AuditEntry {
-  return { id: 0, at: "", actor: "", action: "", targetId: "", orgId: "", outcome: "", callerAddress: "" };
+  return { id: 0, at: "", actor: "", action: "", targetId: "", orgId: "", outcome: "", callerAddress: "", detail: "" };
 }
 
 export const AuditEntry: MessageFns<AuditEntry> = {
@@ -1851,6 +1853,9 @@ export const AuditEntry: MessageFns<AuditEntry> = {
     }
     if (message.callerAddress !== "") {
       writer.uint32(66).string(message.callerAddress);
+    }
+    if (message.detail !== "") {
+      writer.uint32(7202).string(message.detail);
     }
     return writer;
   },
@@ -1932,6 +1937,14 @@ export const AuditEntry: MessageFns<AuditEntry> = {
             message.callerAddress = reader.string();
             continue;
           }
+          case 900: {
+            if (tag !== 7202) {
+              break;
+            }
+
+            message.detail = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1966,6 +1979,7 @@ export const AuditEntry: MessageFns<AuditEntry> = {
         : isSet(object.caller_address)
         ? globalThis.String(object.caller_address)
         : "",
+      detail: isSet(object.detail) ? globalThis.String(object.detail) : "",
     };
   },
 
@@ -1995,6 +2009,9 @@ export const AuditEntry: MessageFns<AuditEntry> = {
     if (message.callerAddress !== "") {
       obj.callerAddress = message.callerAddress;
     }
+    if (message.detail !== "") {
+      obj.detail = message.detail;
+    }
     return obj;
   },
 
@@ -2011,6 +2028,7 @@ export const AuditEntry: MessageFns<AuditEntry> = {
     message.orgId = object.orgId ?? "";
     message.outcome = object.outcome ?? "";
     message.callerAddress = object.callerAddress ?? "";
+    message.detail = object.detail ?? "";
     return message;
   },
 };
