@@ -45,6 +45,10 @@ async function main(): Promise<void> {
     storedResponses,
     onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
   });
+  // Project caps' and key limits' 80 % and 100 % thresholds, once per period (docs/money-limits.md).
+  sync.moneyPools.onSpent = (spent) => {
+    webhooks.events.limitThresholds(spent).catch((err: Error) => log(`webhooks: ${spent.kind} limit threshold not recorded: ${err.message}`));
+  };
   const consoleService = new ConsoleService(state, sync, {
     operatorToken: cfg.operatorToken,
     pepper: cfg.pepper,

@@ -44,6 +44,8 @@ export class MoneyPools {
   /** Pools leased, with when their period ends: dropped from the ledger a while after. */
   private readonly leased = new Map<string, number>();
   private nextSweepMs = 0;
+  /** Told what a limited key or project spent in its period after each report that moved it (webhook thresholds). */
+  onSpent: ((s: { kind: 'project' | 'key'; id: string; projectId: string; orgId: string; limitMicros: number; reset: LimitReset; periodStartMs: number; periodEndMs: number; spentMicros: number }) => void) | null = null;
 
   constructor(
     private readonly snapshots: SnapshotStore,
@@ -120,15 +122,17 @@ export class MoneyPools {
    * that minute falls in, for each loaded key or project it touches (one not loaded yet reads it
    * when loaded).
    */
-  private recordSpend(base: string, reset: LimitReset, minute: number, costMicros: number): void {
+  private recordSpend(base: string, reset: LimitReset, minute: number, costMicros: number): boolean {
     const s = this.spent.get(base);
-    if (!s || costMicros <= 0) return;
+    if (!s || costMicros <= 0) return false;
     const start = periodStartMs(reset, minute * 60_000);
     if (start > s.periodStart) {
       s.periodStart = start;
       s.micros = 0;
     }
-    if (start === s.periodStart) s.micros += costMicros;
+    if (start !== s.periodStart) return false;
+    s.micros += costMicros;
+    return true;
   }
 
   /**
@@ -137,15 +141,25 @@ export class MoneyPools {
    * when it was reserved from it (its lease epoch is the connection's), as the node settles it.
    */
   charge(ledger: MoneyLedger, connId: string, leaseEpoch: number, costs: readonly KeySpend[]): void {
+    let moved: Map<string, string> | null = null;
     for (const c of costs) {
       const limits = this.limitsOfKey(c.keyId, c.projectId);
       for (const l of limits) {
-        this.recordSpend(l.base, l.reset, c.minute, c.costMicros);
-        if (c.leaseEpoch !== 0 && c.leaseEpoch === leaseEpoch) ledger.consume(connId, l.pool(periodStartMs(l.reset, c.minute * 60_000)), c.costMicros);
+        const pool = l.pool(periodStartMs(l.reset, c.minute * 60_000));
+        if (this.recordSpend(l.base, l.reset, c.minute, c.costMicros)) (moved ??= new Map()).set(pool, c.orgId);
+        if (c.leaseEpoch !== 0 && c.leaseEpoch === leaseEpoch) ledger.consume(connId, pool, c.costMicros);
+      }
+    }
+    if (moved && this.onSpent) {
+      for (const [pool, orgId] of moved) {
+        const limit = this.limitOf(pool);
+        if (!limit) continue;
+        this.onSpent({ kind: limit.kind, id: limit.id, projectId: limit.projectId, orgId, limitMicros: limit.micros, reset: limit.reset, periodStartMs: limit.periodStart, periodEndMs: periodEndMs(limit.reset, limit.periodStart), spentMicros: this.spentIn(limit) });
       }
     }
     this.sweep(ledger);
   }
+
 
   /** The ledger forgets the pools of periods that ended a while ago (at most once a minute). */
   sweep(ledger: MoneyLedger): void {

@@ -36,6 +36,7 @@ export interface IngestResult {
 export interface KeySpend {
   keyId: string;
   projectId: string;
+  orgId: string;
   minute: number;
   costMicros: number;
   leaseEpoch: number;
@@ -137,7 +138,7 @@ export class ReportIngest {
           mo.cost += cost;
           monthly.set(mk, mo);
           const epoch = clampCount(t.leaseEpoch);
-          if (onKeySpend) keyCosts.push({ keyId: t.keyId, projectId: t.projectId, minute, costMicros: cost, leaseEpoch: epoch });
+          if (onKeySpend) keyCosts.push({ keyId: t.keyId, projectId: t.projectId, orgId: t.orgId, minute, costMicros: cost, leaseEpoch: epoch });
           const sk = `${epoch}:${t.orgId}`;
           const entry = spent.get(sk) ?? { orgId: t.orgId, epoch, cost: 0 };
           entry.cost += cost;
