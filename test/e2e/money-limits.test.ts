@@ -110,6 +110,41 @@ test('a key limit across two nodes with 90/10 traffic: admitted up to the limit,
   admin.close();
 });
 
+test('a key limit under concurrent traffic on two nodes (three requests at a time on one, one on the other): the spend passes it by at most the requests in flight', async () => {
+  const { cp, nodes, admin } = await cluster(2);
+  const [a, b] = nodes;
+  const { orgId, projectId } = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId, amountMicros: 1_000_000_000, note: 'plenty' });
+  const created = await cli(cp, ['key', 'create', '--project', projectId, '--limit-usd', '10']);
+  const limit = 10_000_000;
+  await allNodesCurrent(admin, 2);
+  for (const n of nodes) await waitUntilKnown(n.url, created.key);
+  let spent = 0;
+  let maxCost = 0;
+  let refusedRounds = 0;
+  for (let round = 0; round < 60 && refusedRounds < 2; round++) {
+    const res = await Promise.all([a, a, a, b].map((n, i) => chat(n, created.key, `round ${round} ${i}`)));
+    let refused = 0;
+    for (const r of res) {
+      if (r.status === 200) {
+        spent += costOf(r);
+        maxCost = Math.max(maxCost, costOf(r));
+      } else {
+        assertRefusal(r, /spend limit of \$10\.00 was reached/);
+        refused++;
+      }
+    }
+    // A round that refused all four: the money is spent on both nodes.
+    if (refused === 4) refusedRounds++;
+    else if (refused > 0) assert.ok(spent >= limit - 3 * maxCost, `a refusal with ${spent} of ${limit} spent: more than the other requests in flight could have taken was left`);
+  }
+  assert.equal(refusedRounds, 2, 'every request is refused once the limit is spent');
+  assert.ok(spent >= limit, `spent ${spent} of ${limit}`);
+  assert.ok(spent <= limit + 4 * maxCost, `spent ${spent}: past the limit ${limit} by more than the four requests in flight (${maxCost} each at most)`);
+  await eventually(async () => (await cli(cp, ['key', 'show', created.id])).spent_usd === formatUsd(spent), `key show says ${formatUsd(spent)} spent`);
+  admin.close();
+});
+
 test('a project cap across two nodes with 90/10 traffic over two keys: exact both ways, named in the refusal, month spend in project list', async () => {
   const { cp, nodes, admin } = await cluster(2);
   const [a, b] = nodes;
