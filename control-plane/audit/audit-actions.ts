@@ -4,6 +4,7 @@
 import { status, type handleUnaryCall, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import type { ConsoleServiceServer } from '../../proto/gen/tollgate/v1/console.js';
 import { formatUsd } from '../../proto/lib/money.js';
+import { isLimitReset } from '../../proto/lib/money-pools.js';
 import { AuditScope, callerAddressOf, runInAuditScope, type AuditRecorder } from './audit-recorder.js';
 
 type Any = Record<string, any>;
@@ -21,9 +22,9 @@ interface ActionSpec {
 
 const orgTarget = (req: Any) => req.orgId;
 
-/** Micro-dollars as decimal USD, for a detail (a bad value is shown as given, bounded). */
+/** Micro-dollars as decimal USD, for a detail (a value that is not a whole number is not shown: only what was checked is recorded). */
 function usd(micros: unknown): string {
-  return typeof micros === 'number' && Number.isSafeInteger(micros) ? formatUsd(micros) : String(micros).slice(0, 32);
+  return typeof micros === 'number' && Number.isSafeInteger(micros) ? formatUsd(micros) : 'invalid';
 }
 
 function safeDetail(spec: ActionSpec, req: Any): string {
@@ -47,7 +48,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   listMembers: { action: 'member.list', changes: false, target: orgTarget },
   createProject: { action: 'project.create', changes: true, target: (_q, r) => r?.id, org: orgTarget },
   listProjects: { action: 'project.list', changes: false, target: orgTarget },
-  createKey: { action: 'key.create', changes: true, target: (_q, r) => r?.apiKey?.id, org: (_q, r) => r?.apiKey?.orgId, detail: (q) => (q.limitMicros ? `limit_usd=${usd(q.limitMicros)} limit_reset=${q.limitReset || 'never'}` : '') },
+  createKey: { action: 'key.create', changes: true, target: (_q, r) => r?.apiKey?.id, org: (_q, r) => r?.apiKey?.orgId, detail: (q) => (q.limitMicros ? `limit_usd=${usd(q.limitMicros)} limit_reset=${isLimitReset(q.limitReset ?? '') ? q.limitReset : q.limitReset ? 'invalid' : 'never'}` : '') },
   listKeys: { action: 'key.list', changes: false, target: (q) => q.projectId },
   revokeKey: { action: 'key.revoke', changes: true, target: (q) => q.keyId, org: (_q, r) => r?.apiKey?.orgId },
   getUsage: { action: 'usage.show', changes: false, target: (q) => q.projectId || q.orgId },
