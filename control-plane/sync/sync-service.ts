@@ -641,7 +641,7 @@ export class SyncService implements NodeFleet {
         if (s.closed || s.leaving) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
         // A pool not known now (its limit just changed) is not said to be spent: asked again later.
         if (!spendableOf.has(w.orgId) && poolIds.includes(w.orgId)) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
-        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w.micros, afterReclaim);
+        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w.micros, afterReclaim, w.debtMicros ?? 0);
         return [w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.micros === 0 }];
       });
     };

@@ -1030,7 +1030,10 @@ export class LeaseClient implements AllowanceSource {
     o.askedAtMs = this.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
-    this.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
+    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros };
+    // Spent past the slice and perhaps not reported yet: the control plane does not lease it again.
+    if (o.sliceMicros < 0) want.debtMicros = -o.sliceMicros;
+    this.wantOrgs.set(orgId, want);
     this.queueFlush();
   }
 

@@ -198,3 +198,17 @@ test('node: a limited key leases its period\'s pool, refuses naming its limit, a
   assert.equal(leases.sliceOf(today), undefined);
   assert.deepEqual(sent.flatMap((s) => s.orgReturns), [{ orgId: today, micros: 100 }]);
 });
+
+test('ledger: money a node spent past its slice and did not report yet is not leased again', () => {
+  // Before the want carried the node's debt, a node whose last request cost more than its slice held
+  // asked again before its report arrived; the control plane counted only what it had granted, leased
+  // the overspend a second time, and a sequential stream passed a limit by two requests.
+  const ledger = new MoneyLeaseLedger();
+  const pool = keyPoolId('key_l', 0);
+  assert.deepEqual(ledger.grant('a', pool, 1000, 1, 1000), { kind: 'grant', micros: 1000 });
+  // The node spent 1400 of it (400 past its slice), none reported yet: nothing is left.
+  assert.deepEqual(ledger.grant('a', pool, 1000, 1, 400, true, 400), { kind: 'grant', micros: 0 });
+  // Reported: the debt is in the spend now (600 spendable after a new credit, say) and is not counted twice.
+  ledger.consume('a', pool, 1400);
+  assert.deepEqual(ledger.grant('a', pool, 600, 1, 400, true, 400), { kind: 'grant', micros: 600 });
+});

@@ -620,6 +620,11 @@ export interface OrgLeaseWant {
    */
   orgId: string;
   micros: number;
+  /**
+   * How far below zero the node's slice is (requests settled or in flight past what it was granted):
+   * money spent that the control plane may not have seen reported yet, so it is not leased again.
+   */
+  debtMicros?: number | undefined;
 }
 
 export interface LeaseGrant {
@@ -7280,7 +7285,7 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
 };
 
 function createBaseOrgLeaseWant(): OrgLeaseWant {
-  return { orgId: "", micros: 0 };
+  return { orgId: "", micros: 0, debtMicros: undefined };
 }
 
 export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
@@ -7290,6 +7295,9 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     }
     if (message.micros !== 0) {
       writer.uint32(16).int64(message.micros);
+    }
+    if (message.debtMicros !== undefined) {
+      writer.uint32(7200).int64(message.debtMicros);
     }
     return writer;
   },
@@ -7323,6 +7331,14 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
             message.micros = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.debtMicros = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7343,6 +7359,11 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
         ? globalThis.String(object.org_id)
         : "",
       micros: isSet(object.micros) ? globalThis.Number(object.micros) : 0,
+      debtMicros: isSet(object.debtMicros)
+        ? globalThis.Number(object.debtMicros)
+        : isSet(object.debt_micros)
+        ? globalThis.Number(object.debt_micros)
+        : undefined,
     };
   },
 
@@ -7354,6 +7375,9 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     if (message.micros !== 0) {
       obj.micros = Math.round(message.micros);
     }
+    if (message.debtMicros !== undefined) {
+      obj.debtMicros = Math.round(message.debtMicros);
+    }
     return obj;
   },
 
@@ -7364,6 +7388,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     const message = createBaseOrgLeaseWant();
     message.orgId = object.orgId ?? "";
     message.micros = object.micros ?? 0;
+    message.debtMicros = object.debtMicros ?? undefined;
     return message;
   },
 };
