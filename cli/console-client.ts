@@ -21,6 +21,7 @@ import {
   ListKeysRequest,
   type KeyPolicy,
   type SetKeyPolicyRequest,
+  type SetProjectCapRequest,
   type ListKeysResponse,
   type ListMembersRequest,
   type ListMembersResponse,
@@ -130,6 +131,10 @@ export class ConsoleClient {
   }
   setKeyPolicy(req: SetKeyPolicyRequest): Promise<KeyPolicy> {
     return this.call(this.client.setKeyPolicy, req);
+  }
+
+  setProjectCap(req: SetProjectCapRequest): Promise<Project> {
+    return this.call(this.client.setProjectCap, req);
   }
   revokeKey(req: RevokeKeyRequest): Promise<RevokeKeyResponse> {
     return this.call(this.client.revokeKey, req, REVOKE_TIMEOUT_MS);

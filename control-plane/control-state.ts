@@ -12,6 +12,7 @@ import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } 
 import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from './store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
 import { SnapshotStore } from './snapshot-store.js';
+import { cappedProjects } from './store/money-limits-repo.js';
 
 const RETAINED_CHANGES = 10_000;
 
@@ -32,6 +33,8 @@ export function keyEntryOf(row: ApiKeyRow, keyHash: string): KeyEntry {
     tpmLimit: row.tpm_limit,
     maxParallelRequests: row.max_parallel_requests,
     expiresAtMs: row.expires_at_ms ?? 0,
+    limitMicros: row.limit_micros ?? 0,
+    limitReset: row.limit_micros ? (row.limit_reset ?? '') : '',
   };
 }
 
@@ -85,7 +88,8 @@ export class ControlState {
         }),
       );
       const tombstones = (await tombstonedKeys(q)).map((t) => ({ keyHash: t.key_hash, keyId: t.key_id, projectId: t.project_id, orgId: t.org_id }));
-      return { version, changes, keys, orgs, tombstones };
+      const projects = (await cappedProjects(q)).map((p) => ({ projectId: p.id, capMicros: p.cap_micros }));
+      return { version, changes, keys, orgs, tombstones, projects };
     });
     const snapshots = new SnapshotStore({ ...init, config: gateway.proto, maxRetained: RETAINED_CHANGES });
     const state = new ControlState(db, gateway, snapshots, opts);

@@ -45,7 +45,21 @@ async function main(): Promise<void> {
     storedResponses,
     onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
   });
-  const consoleService = new ConsoleService(state, sync, { operatorToken: cfg.operatorToken, pepper: cfg.pepper, revokeAckTimeoutMs: cfg.revokeAckTimeoutMs, log, logs, audit, webhooks });
+  // Project caps' and key limits' 80 % and 100 % thresholds, once per period (docs/money-limits.md).
+  sync.moneyPools.onSpent = (spent) => {
+    webhooks.events.limitThresholds(spent).catch((err: Error) => log(`webhooks: ${spent.kind} limit threshold not recorded: ${err.message}`));
+  };
+  const consoleService = new ConsoleService(state, sync, {
+    operatorToken: cfg.operatorToken,
+    pepper: cfg.pepper,
+    revokeAckTimeoutMs: cfg.revokeAckTimeoutMs,
+    log,
+    logs,
+    audit,
+    webhooks,
+    // A project's new cap: what it spent is read afresh when its pool is next leased.
+    onProjectCapSet: async (tx, project) => tx.afterCommit(() => sync.moneyPools.forgetProject(project.id)),
+  });
   const expiry = new KeyExpirySweeper(state, (keyId, reason) => consoleService.revoke(keyId, reason), webhooks.events, log);
   const expiryTimer = setInterval(() => {
     expiry.sweep().catch((err: Error) => log(`key expiry sweep failed: ${err.message}`));

@@ -2,7 +2,7 @@
 // current version, the state at that version, the retained changes, and subscribers. Plain class, no
 // I/O. The caller applies each change right after the SQLite transaction that wrote it commits, in
 // version order, so memory and database never disagree.
-import type { Change, Delta, GatewayConfig, KeyEntry, KeyTombstone, OrgEntry, Snapshot } from '../proto/gen/tollgate/v1/sync.js';
+import type { Change, Delta, GatewayConfig, KeyEntry, KeyTombstone, OrgEntry, ProjectEntry, Snapshot } from '../proto/gen/tollgate/v1/sync.js';
 
 export interface VersionedChange {
   version: number;
@@ -16,6 +16,8 @@ export interface SnapshotStoreInit {
   orgs: OrgEntry[];
   /** Revoked keys, so nodes log attempts made with them against the key. */
   tombstones?: KeyTombstone[];
+  /** Projects with a spend cap (docs/money-limits.md). */
+  projects?: ProjectEntry[];
   /** Retained changes, contiguous, ending at `version` (may be empty). */
   changes?: VersionedChange[];
   /** How many changes to keep for deltas; older nodes get a snapshot. */
@@ -31,6 +33,8 @@ export class SnapshotStore {
   private readonly keysById = new Map<string, KeyEntry>();
   private readonly orgs = new Map<string, OrgEntry>();
   private readonly tombstones = new Map<string, KeyTombstone>();
+  /** Projects with a cap only: a project without one costs nothing here or on the nodes. */
+  private readonly projects = new Map<string, ProjectEntry>();
   private retained: VersionedChange[];
   private readonly maxRetained: number;
   private readonly listeners = new Set<DeltaListener>();
@@ -41,6 +45,7 @@ export class SnapshotStore {
     for (const k of init.keys) this.putKey(k);
     for (const o of init.orgs) this.orgs.set(o.orgId, o);
     for (const t of init.tombstones ?? []) this.tombstones.set(t.keyHash, t);
+    for (const p of init.projects ?? []) this.putProject(p);
     this.maxRetained = init.maxRetained ?? 10_000;
     const changes = (init.changes ?? []).slice(-this.maxRetained);
     for (let i = 1; i < changes.length; i++) {
@@ -74,6 +79,16 @@ export class SnapshotStore {
     return [...this.orgs.keys()];
   }
 
+  /** A project's cap (micros), or 0 when it has none. */
+  projectCap(projectId: string): number {
+    return this.projects.get(projectId)?.capMicros ?? 0;
+  }
+
+  private putProject(p: ProjectEntry): void {
+    if (p.capMicros > 0) this.projects.set(p.projectId, p);
+    else this.projects.delete(p.projectId);
+  }
+
   keyById(keyId: string): KeyEntry | undefined {
     return this.keysById.get(keyId);
   }
@@ -101,6 +116,7 @@ export class SnapshotStore {
     else if (change.keyRemoved !== undefined) this.removeKey(change.keyRemoved);
     else if (change.orgUpsert) this.orgs.set(change.orgUpsert.orgId, change.orgUpsert);
     else if (change.config) this.currentConfig = change.config;
+    else if (change.projectUpsert) this.putProject(change.projectUpsert);
     const from = this.currentVersion;
     this.currentVersion = version;
     this.retained.push({ version, change });
@@ -116,6 +132,7 @@ export class SnapshotStore {
       keys: [...this.keys.values()],
       orgs: [...this.orgs.values()],
       tombstones: [...this.tombstones.values()],
+      projectCaps: { projects: [...this.projects.values()] },
     };
   }
 

@@ -20,6 +20,7 @@ export type ErrorCode =
   | 'KEY_INVALID'
   | 'KEY_STALE'
   | 'ORG_BLOCKED'
+  | 'SPEND_LIMIT_REACHED'
   | 'MODEL_NOT_ALLOWED'
   | 'NOT_FOUND'
   | 'METHOD_NOT_ALLOWED'
@@ -54,6 +55,8 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   KEY_INVALID: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Invalid API key: the key does not exist or was revoked.' },
   KEY_STALE: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'This gateway node cannot currently verify API keys; retry later.' },
   ORG_BLOCKED: { status: 401, typeA: 'insufficient_quota', codeB: 'invalid_api_key', message: "The organisation's balance is exhausted or its monthly spend cap was reached." },
+  // A project's monthly cap or a key's own limit (docs/money-limits.md); the message names which and when it lifts.
+  SPEND_LIMIT_REACHED: { status: 401, typeA: 'insufficient_quota', codeB: 'invalid_api_key', message: "A spend limit of this API key or of its project was reached." },
   MODEL_NOT_ALLOWED: { status: 401, typeA: 'model_not_allowed', codeB: 'invalid_api_key', message: 'This API key may not use this model.' },
   NOT_FOUND: { status: 404, typeA: 'invalid_request_error', codeB: 'not_found', message: 'No such path.' },
   METHOD_NOT_ALLOWED: { status: 405, typeA: 'invalid_request_error', codeB: 'method_not_allowed', message: 'Method not allowed on this path.' },

@@ -3,10 +3,30 @@ import type { ApiKey } from '../../proto/gen/tollgate/v1/console.js';
 import { readKeyFromStdin } from '../stdin-secret.js';
 import { formatFields, formatTable, nullIfEmpty, printJson, usageError } from '../output.js';
 import { DURATION_HELP, parseDurationSec } from '../duration-arg.js';
-import { listFlag, optionalString, requireString, type Command } from './command.js';
+import { listFlag, optionalString, requireString, usdFlag, type Command } from './command.js';
+import { formatUsd } from '../../proto/lib/money.js';
+import { LIMIT_RESETS } from '../../proto/lib/money-pools.js';
+
+/** A key's own money limit as JSON; with `spend` (key show), what it spent in the current period too. */
+function limitJson(k: ApiKey, spend: boolean): Record<string, unknown> {
+  if (!k.limitMicros) return spend ? { limit_usd: null, limit_reset: null, spent_usd: null, resets_at: null } : { limit_usd: null, limit_reset: null };
+  const out: Record<string, unknown> = { limit_usd: formatUsd(k.limitMicros), limit_reset: k.limitReset };
+  if (spend) {
+    out.spent_usd = formatUsd(k.limitSpentMicros);
+    out.resets_at = nullIfEmpty(k.limitResetsAt);
+  }
+  return out;
+}
+
+function limitText(k: ApiKey, spend: boolean): string {
+  if (!k.limitMicros) return 'none';
+  const base = `$${formatUsd(k.limitMicros)} ${k.limitReset === 'never' ? 'total (never resets)' : k.limitReset}`;
+  if (!spend) return base;
+  return `${base}; spent $${formatUsd(k.limitSpentMicros)}${k.limitResetsAt ? `, resets at ${k.limitResetsAt}` : ''}`;
+}
 
 /** A key record as the CLI's JSON shows it (never the value). */
-export function keyJson(k: ApiKey): Record<string, unknown> {
+export function keyJson(k: ApiKey, spend = false): Record<string, unknown> {
   return {
     id: k.id,
     key_prefix: k.keyPrefix,
@@ -23,6 +43,7 @@ export function keyJson(k: ApiKey): Record<string, unknown> {
     max_parallel_requests: k.maxParallelRequests,
     expires_at: nullIfEmpty(k.expiresAt),
     revoked_reason: nullIfEmpty(k.revokedReason),
+    ...limitJson(k, spend),
   };
 }
 
@@ -45,6 +66,7 @@ function keyFields(k: ApiKey): string {
     ['created_at', k.createdAt],
     ['models', modelsText(k.allowedModels)],
     ['limits', `${k.rpmLimit} rpm, ${k.tpmLimit} tpm, ${k.maxParallelRequests} parallel`],
+    ['spend_limit', limitText(k, true)],
   ]);
 }
 
@@ -52,15 +74,17 @@ export const keyCommands: Command[] = [
   {
     name: 'key create',
     summary: 'Create an API key in a project (admin or above). The key is shown once.',
-    synopsis: '--project PROJECT [--name NAME] [--models a,b] [--expires-in DURATION | --expires-at ISO]',
+    synopsis: '--project PROJECT [--name NAME] [--models a,b] [--expires-in DURATION | --expires-at ISO] [--limit-usd AMOUNT [--limit-reset daily|weekly|monthly|never]]',
     options: {
       project: { type: 'string', value: 'PROJECT', help: 'the project the key belongs to' },
       name: { type: 'string', value: 'NAME', help: 'a name to tell keys apart' },
       models: { type: 'string', value: 'a,b', help: "models the key may call (default: every model the plan allows)" },
       'expires-in': { type: 'string', value: 'DURATION', help: `the key stops authenticating after ${DURATION_HELP} (default: never, or the organisation's maximum lifetime)` },
       'expires-at': { type: 'string', value: 'ISO', help: 'the key stops authenticating at this RFC 3339 time' },
+      'limit-usd': { type: 'string', value: 'AMOUNT', help: "the key's own spend limit in USD (refused with 401 insufficient_quota once spent)" },
+      'limit-reset': { type: 'string', value: 'PERIOD', help: 'when the limit starts afresh (UTC): daily, weekly (Monday), monthly or never (the default)' },
     },
-    notes: ["Rate limits (rpm, tpm, parallel requests) are fixed from the organisation's tier now."],
+    notes: ["Rate limits (rpm, tpm, parallel requests) are fixed from the organisation's tier now; a spend limit is fixed at creation too."],
     async run(ctx, args) {
       const projectId = requireString(args, 'project', ctx.usage);
       const inText = optionalString(args, 'expires-in');
@@ -68,7 +92,11 @@ export const keyCommands: Command[] = [
       if (inText !== undefined && atText !== undefined) throw usageError('give at most one of --expires-in and --expires-at', ctx.usage);
       const expiresInSec = inText === undefined ? 0 : parseDurationSec(inText);
       if (expiresInSec === null) throw usageError(`--expires-in must be ${DURATION_HELP}, got ${JSON.stringify(inText)}`, ctx.usage);
-      const res = await ctx.client().createKey({ projectId, name: optionalString(args, 'name') ?? '', allowedModels: listFlag(args, 'models'), expiresInSec, expiresAt: atText ?? '' });
+      const limitReset = optionalString(args, 'limit-reset');
+      const limitMicros = args.values['limit-usd'] === undefined ? undefined : usdFlag(args, 'limit-usd', ctx.usage);
+      if (limitReset !== undefined && limitMicros === undefined) throw usageError('--limit-reset needs --limit-usd', ctx.usage);
+      if (limitReset !== undefined && !(LIMIT_RESETS as readonly string[]).includes(limitReset)) throw usageError(`--limit-reset must be one of ${LIMIT_RESETS.join(', ')}, got ${JSON.stringify(limitReset)}`, ctx.usage);
+      const res = await ctx.client().createKey({ projectId, name: optionalString(args, 'name') ?? '', allowedModels: listFlag(args, 'models'), expiresInSec, expiresAt: atText ?? '', limitMicros, limitReset });
       const k = res.apiKey!;
       if (ctx.out.json) {
         const { revoked_at: _revoked, revoked_reason: _reason, ...rest } = keyJson(k);
@@ -82,6 +110,7 @@ export const keyCommands: Command[] = [
         ['models', modelsText(k.allowedModels)],
         ['limits', `${k.rpmLimit} rpm, ${k.tpmLimit} tpm, ${k.maxParallelRequests} parallel`],
         ['expires_at', k.expiresAt || 'never'],
+        ['spend_limit', limitText(k, false)],
         ['key', res.key],
       ]));
       ctx.out.write('\nCopy this key now: it will not be shown again. Only its prefix is kept.\n');
@@ -102,7 +131,7 @@ export const keyCommands: Command[] = [
       if (expiringWithinSec === null) throw usageError(`--expiring-within must be ${DURATION_HELP}, got ${JSON.stringify(withinText)}`, ctx.usage);
       const res = await ctx.client().listKeys({ projectId, expiringWithinSec });
       if (ctx.out.json) {
-        printJson(ctx.out, { keys: res.keys.map(keyJson) });
+        printJson(ctx.out, { keys: res.keys.map((k) => keyJson(k)) });
         return;
       }
       ctx.out.write(formatTable(
@@ -118,7 +147,7 @@ export const keyCommands: Command[] = [
     positionals: ['KEY_ID'],
     async run(ctx, args) {
       const k = await ctx.client().getKey({ keyId: args.positionals[0] });
-      if (ctx.out.json) printJson(ctx.out, keyJson(k));
+      if (ctx.out.json) printJson(ctx.out, keyJson(k, true));
       else ctx.out.write(keyFields(k));
     },
   },

@@ -126,6 +126,7 @@ export const auditCommands: Command[] = [
         org_id: nullIfEmpty(e.orgId),
         outcome: e.outcome,
         caller_address: nullIfEmpty(e.callerAddress),
+        detail: nullIfEmpty(e.detail),
       }));
       if (ctx.out.json) {
         printJson(ctx.out, { entries });

@@ -3,6 +3,8 @@
 // role (PERMISSION_DENIED, or NOT_FOUND answered to a non-member by a role check).
 import { status, type handleUnaryCall, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import type { ConsoleServiceServer } from '../../proto/gen/tollgate/v1/console.js';
+import { formatUsd } from '../../proto/lib/money.js';
+import { isLimitReset } from '../../proto/lib/money-pools.js';
 import { AuditScope, callerAddressOf, runInAuditScope, type AuditRecorder } from './audit-recorder.js';
 
 type Any = Record<string, any>;
@@ -14,9 +16,24 @@ interface ActionSpec {
   target?(req: Any, res: Any | undefined): string | undefined;
   /** The organisation, when the role checks did not name it (a created organisation, a key's). */
   org?(req: Any, res: Any | undefined): string | undefined;
+  /** What the call set, recorded with it (docs/money-limits.md: a key's limit, a project's cap). */
+  detail?(req: Any): string;
 }
 
 const orgTarget = (req: Any) => req.orgId;
+
+/** Micro-dollars as decimal USD, for a detail (a value that is not a whole number is not shown: only what was checked is recorded). */
+function usd(micros: unknown): string {
+  return typeof micros === 'number' && Number.isSafeInteger(micros) ? formatUsd(micros) : 'invalid';
+}
+
+function safeDetail(spec: ActionSpec, req: Any): string {
+  try {
+    return spec.detail?.(req) ?? '';
+  } catch {
+    return '';
+  }
+}
 
 export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   createAccount: { action: 'account.create', changes: true, target: (_q, r) => r?.account?.id },
@@ -31,7 +48,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   listMembers: { action: 'member.list', changes: false, target: orgTarget },
   createProject: { action: 'project.create', changes: true, target: (_q, r) => r?.id, org: orgTarget },
   listProjects: { action: 'project.list', changes: false, target: orgTarget },
-  createKey: { action: 'key.create', changes: true, target: (_q, r) => r?.apiKey?.id, org: (_q, r) => r?.apiKey?.orgId },
+  createKey: { action: 'key.create', changes: true, target: (_q, r) => r?.apiKey?.id, org: (_q, r) => r?.apiKey?.orgId, detail: (q) => (q.limitMicros ? `limit_usd=${usd(q.limitMicros)} limit_reset=${isLimitReset(q.limitReset ?? '') ? q.limitReset : q.limitReset ? 'invalid' : 'never'}` : '') },
   listKeys: { action: 'key.list', changes: false, target: (q) => q.projectId },
   revokeKey: { action: 'key.revoke', changes: true, target: (q) => q.keyId, org: (_q, r) => r?.apiKey?.orgId },
   getUsage: { action: 'usage.show', changes: false, target: (q) => q.projectId || q.orgId },
@@ -46,6 +63,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   listWebhookDeliveries: { action: 'webhooks.deliveries', changes: false },
   listAuditEntries: { action: 'audit.list', changes: false, target: orgTarget },
   setKeyPolicy: { action: 'org.set_key_policy', changes: true, target: orgTarget, org: orgTarget },
+  setProjectCap: { action: 'project.set_cap', changes: true, target: (q) => q.projectId, org: (_q, r) => r?.orgId, detail: (q) => (q.capMicros === undefined ? 'cap cleared' : `cap_usd=${usd(q.capMicros)}`) },
 };
 
 /** Wraps every handler: each call runs in its own AuditScope and is recorded as AUDITED says. */
@@ -72,6 +90,7 @@ export function auditHandlers(recorder: AuditRecorder | null, handlers: ConsoleS
               orgId: typeof orgId === 'string' ? orgId : '',
               outcome: denied ? 'denied' : 'ok',
               callerAddress: scope.callerAddress,
+              detail: safeDetail(spec, req),
             });
           }
           callback(err, res);

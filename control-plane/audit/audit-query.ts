@@ -10,6 +10,7 @@ export interface AuditRow {
   org_id: string;
   outcome: string;
   caller_address: string;
+  detail: string;
 }
 
 export interface AuditQuery {
@@ -43,7 +44,7 @@ export async function queryAudit(q: Queryable, f: AuditQuery): Promise<AuditRow[
   }
   params.push(f.limit);
   return q.all<AuditRow>(
-    `SELECT id, at_ms, actor, action, target_id, org_id, outcome, caller_address FROM audit_log
+    `SELECT id, at_ms, actor, action, target_id, org_id, outcome, caller_address, detail FROM audit_log
      ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY at_ms DESC, id DESC LIMIT ?`,
     params,
   );

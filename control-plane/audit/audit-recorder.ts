@@ -15,6 +15,8 @@ export interface AuditEntryInput {
   orgId: string;
   outcome: AuditOutcome;
   callerAddress: string;
+  /** What the call set (a key's spend limit, a project's cap); never a secret. */
+  detail?: string;
 }
 
 export class AuditScope {
@@ -70,8 +72,8 @@ export class AuditRecorder {
 
   async record(e: AuditEntryInput): Promise<void> {
     await this.db.run(
-      'INSERT INTO audit_log (at_ms, actor, action, target_id, org_id, outcome, caller_address) VALUES (?, ?, ?, ?, ?, ?, ?)',
-      [e.atMs, e.actor, e.action, auditId(e.targetId), auditId(e.orgId), e.outcome, e.callerAddress.slice(0, 100)],
+      'INSERT INTO audit_log (at_ms, actor, action, target_id, org_id, outcome, caller_address, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+      [e.atMs, e.actor, e.action, auditId(e.targetId), auditId(e.orgId), e.outcome, e.callerAddress.slice(0, 100), (e.detail ?? '').slice(0, 200)],
     );
   }
 

@@ -19,7 +19,7 @@ import type {
 import { ConfigError } from '../config.js';
 import { keyEntryOf, type ControlState } from '../control-state.js';
 import { CpError, invalidArgument, notFound, permissionDenied, toServiceError, unauthenticated } from '../errors.js';
-import type { Queryable } from '../store/db.js';
+import type { Queryable, Tx } from '../store/db.js';
 import {
   findAccountByTokenHash,
   getAccount,
@@ -60,6 +60,7 @@ import type { WebhookAdmin } from '../webhooks/webhook-admin.js';
 import { getKeyPolicy, setKeyPolicy, setKeyExpiry, setRevokedReason } from '../store/key-expiry-repo.js';
 import type { WebhookEvents } from '../webhooks/webhook-events.js';
 import type { RevokedKeyWatch } from '../webhooks/revoked-key-watch.js';
+import { applyKeyLimit, keyLimitFields, keyLimitOf, projectOf, projectViews, setProjectCapCall, withKeySpend } from './limits-service.js';
 
 export type Caller = { kind: 'operator' } | { kind: 'account'; account: AccountRow };
 
@@ -82,6 +83,8 @@ export interface ConsoleServiceOptions {
   audit?: AuditRecorder;
   /** Webhook events of key changes, and the console's webhook commands. */
   webhooks?: { events: WebhookEvents; admin: WebhookAdmin; revokedKeys: RevokedKeyWatch };
+  /** Told of a project's new cap inside its transaction (the money pools and webhooks follow it). */
+  onProjectCapSet?: (tx: Tx, project: ProjectRow) => Promise<void>;
 }
 
 const MAX_LOG_PAGE = 1000;
@@ -142,10 +145,6 @@ function accountOf(a: AccountRow): Account {
   return { id: a.id, name: a.name, createdAt: a.created_at };
 }
 
-function projectOf(p: ProjectRow): Project {
-  return { id: p.id, orgId: p.org_id, name: p.name, createdAt: p.created_at };
-}
-
 export function apiKeyOf(k: ApiKeyRow): ApiKey {
   return {
     id: k.id,
@@ -163,6 +162,7 @@ export function apiKeyOf(k: ApiKeyRow): ApiKey {
     maxParallelRequests: k.max_parallel_requests,
     expiresAt: k.expires_at_ms ? new Date(k.expires_at_ms).toISOString() : '',
     revokedReason: k.status === 'revoked' ? k.revoked_reason || 'revoked' : '',
+    ...keyLimitFields(k),
   };
 }
 
@@ -424,7 +424,7 @@ export class ConsoleService {
       listProjects: this.unary(async (req, caller) =>
         this.state.db.read(async (q) => {
           const { org } = await this.orgFor(q, caller, req.orgId, 'member');
-          return { projects: (await listProjects(q, org.id)).map(projectOf) };
+          return { projects: await projectViews(q, await listProjects(q, org.id), this.state.now()) };
         }),
       ),
 
@@ -448,6 +448,7 @@ export class ConsoleService {
         let expiresAtMs = expiresInSec > 0 ? nowMs + expiresInSec * 1000 : expiresAtText !== '' ? parseInstant('expires_at', expiresAtText) : 0;
         if (expiresAtText !== '' && expiresAtMs <= nowMs) throw invalidArgument('expires_at must be in the future');
         if (expiresAtMs > nowMs + MAX_KEY_LIFETIME_SEC * 1000) throw invalidArgument('expires_at must be within 10 years');
+        const limit = keyLimitOf(req);
         return this.state.db.tx(async (tx) => {
           const { project } = await this.projectFor(tx, caller, req.projectId, 'admin');
           const org = (await getOrg(tx, project.org_id))!;
@@ -484,6 +485,7 @@ export class ConsoleService {
             row.expires_at_ms = expiresAtMs;
             await setKeyExpiry(tx, row.id, expiresAtMs);
           }
+          await applyKeyLimit(tx, row, limit);
           await this.state.emit(tx, { keyUpsert: keyEntryOf(row, keyHash) });
           await this.opts.webhooks?.events.keyCreated(tx, { id: row.id, projectId: row.project_id, orgId: row.org_id, name: row.name, keyPrefix: row.key_prefix, createdAt: row.created_at });
           return { apiKey: apiKeyOf(row), key: value };
@@ -683,7 +685,7 @@ export class ConsoleService {
           const row = await getKey(q, keyId);
           if (!row) throw hidden;
           await this.requireRole(q, caller, row.org_id, 'member', hidden);
-          return apiKeyOf(row);
+          return withKeySpend(q, apiKeyOf(row), row, this.state.now());
         });
       }),
 
@@ -724,6 +726,8 @@ export class ConsoleService {
           return { orgId: org.id, maxLifetimeSec: req.clear ? 0 : max };
         });
       }),
+
+      setProjectCap: this.unary((req, caller) => setProjectCapCall(this.state, req, (q) => this.projectFor(q, caller, req.projectId, 'admin'), this.opts.onProjectCapSet)),
 
       listWebhooks: this.unary(async (_req, caller) => {
         this.requireOperator(caller);
@@ -766,6 +770,7 @@ export class ConsoleService {
               orgId: r.org_id,
               outcome: r.outcome,
               callerAddress: r.caller_address,
+              detail: r.detail ?? '',
             })),
           };
         });

@@ -19,6 +19,9 @@ export interface ApiKeyRow {
   expires_at_ms?: number;
   /** 'revoked', 'expired', or '' (revoked before reasons were kept). */
   revoked_reason?: string;
+  /** The key's own money limit in micros, 0: none; and its reset (migration 36; docs/money-limits.md). */
+  limit_micros?: number;
+  limit_reset?: string;
 }
 
 export async function insertKey(q: Queryable, k: Omit<ApiKeyRow, 'revoked_at' | 'last_used_at'>, keyHash: string): Promise<void> {

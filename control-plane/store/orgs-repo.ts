@@ -19,6 +19,8 @@ export interface ProjectRow {
   org_id: string;
   name: string;
   created_at: string;
+  /** The monthly spend cap in micros; null: none (migration 36; absent on rows built in memory). */
+  cap_micros?: number | null;
 }
 
 export async function insertOrg(q: Queryable, o: Pick<OrgRow, 'id' | 'name' | 'tier' | 'created_at'> & { free_grant?: number }): Promise<void> {

@@ -564,8 +564,13 @@ export class MoneyLeaseLedger {
    * minus every other connection's outstanding balance and this one's own. When nothing is leasable
    * but other connections hold some, answers `reclaim` (unless `afterReclaim`).
    */
-  grant(connId: string, orgId: string, spendableMicros: number, connectedNodes: number, wantMicros = 0, afterReclaim = false): MoneyGrantResult {
-    const leasable = spendableMicros - this.outstandingFor(orgId);
+  grant(connId: string, orgId: string, spendableMicros: number, connectedNodes: number, wantMicros = 0, afterReclaim = false, debtMicros = 0): MoneyGrantResult {
+    // What this node committed beyond what was reported is its balance plus its debt (its slice below
+    // zero, said with the want): counted instead of the positive part of its balance alone, so money
+    // spent past its slice and not reported yet is not leased again.
+    const own = this.balanceOf(connId, orgId);
+    const unseen = debtMicros > 0 ? Math.max(0, own + debtMicros) - Math.max(0, own) : 0;
+    const leasable = spendableMicros - this.outstandingFor(orgId) - unseen;
     if (leasable <= 0) {
       if (!afterReclaim && spendableMicros > 0) {
         const from = [...(this.balances.get(orgId) ?? [])].filter(([c, v]) => c !== connId && v > 0).map(([c]) => c);
@@ -590,6 +595,11 @@ export class MoneyLeaseLedger {
   /** A node gave back unused money. */
   giveBack(connId: string, orgId: string, micros: number): void {
     if (micros > 0) this.add(connId, orgId, -micros);
+  }
+
+  /** A pool no longer leased (a project's or key's period that ended: money-pools.ts) is forgotten. */
+  dropPool(poolId: string): void {
+    this.balances.delete(poolId);
   }
 
   /** A closed connection's balances are released (its usage still counts when its reports arrive). */

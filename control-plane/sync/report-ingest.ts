@@ -32,6 +32,18 @@ export interface IngestResult {
   logs: number;
 }
 
+/** A key's cost in one minute under one lease epoch, as committed (money-pools.ts keeps key and project limits by it). */
+export interface KeySpend {
+  keyId: string;
+  projectId: string;
+  orgId: string;
+  minute: number;
+  costMicros: number;
+  leaseEpoch: number;
+}
+
+export type KeySpendHook = (costs: readonly KeySpend[]) => void;
+
 /** last_used_at is kept to this resolution (design: a convenience for operators, not money). */
 export const LAST_USED_RESOLUTION_MS = 60_000;
 
@@ -52,7 +64,7 @@ export class ReportIngest {
    * `onSpend` runs right after COMMIT for each organisation's cost in them, per lease epoch the costs
    * were reserved under (money leases).
    */
-  async ingestMany(source: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<IngestResult> {
+  async ingestMany(source: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void, onKeySpend?: KeySpendHook): Promise<IngestResult> {
     if (reports.length === 0) return { duplicate: true, inserted: 0, logs: 0 };
     for (let i = 1; i < reports.length; i++) {
       if (reports[i].seq <= reports[i - 1].seq || reports[i].instanceId !== reports[0].instanceId) throw new Error('reports sent together must be consecutive reports of one instance');
@@ -64,11 +76,11 @@ export class ReportIngest {
       const parts = reports.map((r) => ({ seq: r.seq, blocks: r.logs ? [...r.logBlocks, ...blocksOfColumns(r)] : r.logBlocks })).filter((p) => p.blocks.length > 0);
       if (parts.length > 0) logs = (await this.logs.writeBlocks(src, parts)).written;
     }
-    const r = await this.writeUsage(src, reports, onSpend);
+    const r = await this.writeUsage(src, reports, onSpend, onKeySpend);
     return { ...r, logs };
   }
 
-  private writeUsage(src: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void): Promise<Omit<IngestResult, 'logs'>> {
+  private writeUsage(src: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void, onKeySpend?: KeySpendHook): Promise<Omit<IngestResult, 'logs'>> {
     return this.state.db.tx(async (tx) => {
       const now = this.state.now();
       const at = new Date(now).toISOString();
@@ -88,6 +100,7 @@ export class ReportIngest {
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
       const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
       let calls = 0;
+      const keyCosts: KeySpend[] = [];
       // A report's totals fall in a minute or two: the month of each is computed once.
       const monthOfMinute = new Map<number, string>();
       for (const t of totals) {
@@ -125,6 +138,7 @@ export class ReportIngest {
           mo.cost += cost;
           monthly.set(mk, mo);
           const epoch = clampCount(t.leaseEpoch);
+          if (onKeySpend) keyCosts.push({ keyId: t.keyId, projectId: t.projectId, orgId: t.orgId, minute, costMicros: cost, leaseEpoch: epoch });
           const sk = `${epoch}:${t.orgId}`;
           const entry = spent.get(sk) ?? { orgId: t.orgId, epoch, cost: 0 };
           entry.cost += cost;
@@ -156,6 +170,8 @@ export class ReportIngest {
       }
       if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
+      // Money limits below the organisation (docs/money-limits.md) follow in memory: no statement.
+      if (onKeySpend && keyCosts.length > 0) tx.afterCommit(() => onKeySpend(keyCosts));
       return { duplicate: false, inserted: calls };
     });
   }

@@ -12,6 +12,7 @@ import { touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
 import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
+import { MoneyPools, partitionPools } from './money-pools.js';
 import { queryUsageHandler } from './usage-query.js';
 import { countIngest, countLeaseAnswers } from '../metrics.js';
 import { countInbound, countOutbound } from './sync-traffic.js';
@@ -113,6 +114,8 @@ export class SyncService implements NodeFleet {
   });
   private readonly slotLeases = new SlotLedger((keyId) => this.state.snapshots.keyById(keyId)?.maxParallelRequests);
   private readonly moneyLeases = new MoneyLeaseLedger();
+  /** Projects' caps and keys' own limits, leased by pool id through moneyLeases (docs/money-limits.md). */
+  readonly moneyPools: MoneyPools;
   private readonly log: (line: string) => void;
   /** When several nodes were last connected (wall clock). */
   private lastSeveralAtMs = -Infinity;
@@ -127,6 +130,7 @@ export class SyncService implements NodeFleet {
     private readonly opts: SyncServiceOptions,
   ) {
     this.log = opts.log ?? ((l) => console.log(l));
+    this.moneyPools = new MoneyPools(state.snapshots, () => state.now());
   }
 
   handlers(): SyncServiceServer {
@@ -349,9 +353,14 @@ export class SyncService implements NodeFleet {
         const unit = s.reports[0];
         try {
           // A cost counts against this connection's slice only if it was reserved from it.
-          const written = await this.ingest.ingestMany({ nodeId: s.nodeId, instanceId: s.instanceId }, unit, (orgId, cost, epoch) => {
-            if (epoch !== 0 && epoch === s.leaseEpoch) this.moneyLeases.consume(s.connId, orgId, cost);
-          });
+          const written = await this.ingest.ingestMany(
+            { nodeId: s.nodeId, instanceId: s.instanceId },
+            unit,
+            (orgId, cost, epoch) => {
+              if (epoch !== 0 && epoch === s.leaseEpoch) this.moneyLeases.consume(s.connId, orgId, cost);
+            },
+            (costs) => this.moneyPools.charge(this.moneyLeases, s.connId, s.leaseEpoch, costs),
+          );
           countIngest(written);
         } catch (err) {
           this.log(`sync: reports ${unit[0].seq}..${unit[unit.length - 1].seq} from node ${s.nodeId} not written: ${(err as Error).message}`);
@@ -628,19 +637,28 @@ export class SyncService implements NodeFleet {
 
   private async grantOrgs(s: NodeSession, wants: OrgLeaseWant[], afterReclaim: boolean): Promise<Array<[OrgLeaseWant, OrgLease | { from: string[] }]>> {
     const nodes = this.sessions.size;
-    const decide = (spendableOf: Map<string, number>) =>
-      wants.map((w): [OrgLeaseWant, OrgLease | { from: string[] }] => {
+    // Projects' and keys' pools (docs/money-limits.md) are decided from memory too, in the same step.
+    const { orgIds, poolIds } = partitionPools(wants.map((w) => w.orgId));
+    const decide = (orgSpendable: Map<string, number>) => {
+      const spendableOf = poolIds.length > 0 ? new Map([...orgSpendable, ...(this.moneyPools.spendableFromMemory(poolIds) ?? [])]) : orgSpendable;
+      return wants.map((w): [OrgLeaseWant, OrgLease | { from: string[] }] => {
         if (s.closed || s.leaving) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
-        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w.micros, afterReclaim);
+        // A pool not known now (its limit just changed) is not said to be spent: asked again later.
+        if (!spendableOf.has(w.orgId) && poolIds.includes(w.orgId)) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
+        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w.micros, afterReclaim, w.debtMicros ?? 0);
         return [w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.micros === 0 }];
       });
+    };
     // Usually every organisation's committed money is in memory: decided and recorded in one
     // synchronous step, so no report commits in between, and no statement is run.
-    const known = this.state.spendableFromMemory(wants.map((w) => w.orgId));
-    if (known) return decide(known);
+    const known = this.state.spendableFromMemory(orgIds);
+    if (known && this.moneyPools.spendableFromMemory(poolIds)) return decide(known);
     try {
       // Else inside one serialised database job (one statement for all of them), for the same reason.
-      return await this.state.db.read(async (q) => decide(await this.state.spendableMany(q, wants.map((w) => w.orgId), { committed: true })));
+      return await this.state.db.read(async (q) => {
+        await this.moneyPools.load(q, poolIds);
+        return decide(orgIds.length > 0 ? await this.state.spendableMany(q, orgIds, { committed: true }) : new Map());
+      });
     } catch (err) {
       this.log(`sync: money lease of node ${s.nodeId} failed: ${(err as Error).message}`);
       // Not exhausted: the node asks again after its back-off.

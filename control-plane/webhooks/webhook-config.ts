@@ -15,6 +15,8 @@ export const WEBHOOK_EVENT_TYPES = [
   'key.revoked_used',
   'key.expiring',
   'node.disconnected',
+  'project.cap.threshold',
+  'key.limit.threshold',
 ] as const;
 export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number] | 'webhook.test';
 

@@ -33,6 +33,23 @@ export interface OrgNow {
   month: string;
 }
 
+/** What a project or key with a limit spent in its period, after a usage report (money-pools.ts). */
+export interface LimitSpend {
+  kind: 'project' | 'key';
+  id: string;
+  projectId: string;
+  orgId: string;
+  limitMicros: number;
+  reset: string;
+  periodStartMs: number;
+  periodEndMs: number;
+  spentMicros: number;
+}
+
+function limitMark(t: LimitSpend, pct: number): string {
+  return `${t.kind === 'project' ? 'project.cap.threshold' : 'key.limit.threshold'}:${t.id}:${t.periodStartMs}:${pct}`;
+}
+
 export class WebhookEvents {
   private readonly marks = new Map<string, number>();
 
@@ -100,6 +117,28 @@ export class WebhookEvents {
       if (state.blocked) await this.enqueue(tx, 'org.blocked', orgId, { org_id: orgId, reason: state.blockedReason, balance_micros: state.balanceMicros, month_spend_micros: monthSpendMicros, cap_micros: cap });
       else await this.enqueue(tx, 'org.unblocked', orgId, { org_id: orgId, previous_reason: before.blockedReason, balance_micros: state.balanceMicros, month_spend_micros: monthSpendMicros, cap_micros: cap });
     }
+  }
+
+  /**
+   * A project's monthly cap or a key's own limit (docs/money-limits.md) after a usage report: 80 % and
+   * 100 % of the limit in its period, each once per period (a mark per threshold and period). Called
+   * after the report committed, with what was spent in memory: nothing is written unless a threshold
+   * was crossed and not yet announced.
+   */
+  async limitThresholds(t: LimitSpend): Promise<void> {
+    const due = CAP_THRESHOLDS_PERCENT.filter((pct) => t.spentMicros * 100 >= t.limitMicros * pct && !this.marks.has(limitMark(t, pct)));
+    if (due.length === 0) return;
+    await this.db.tx(async (tx) => {
+      for (const pct of due) {
+        if (!(await this.mark(tx, limitMark(t, pct)))) continue;
+        const period = { period_start: new Date(t.periodStartMs).toISOString(), period_end: Number.isFinite(t.periodEndMs) ? new Date(t.periodEndMs).toISOString() : null };
+        if (t.kind === 'project') {
+          await this.enqueue(tx, 'project.cap.threshold', t.orgId, { project_id: t.id, org_id: t.orgId, threshold_percent: pct, month_spend_micros: t.spentMicros, cap_micros: t.limitMicros, ...period });
+        } else {
+          await this.enqueue(tx, 'key.limit.threshold', t.orgId, { key_id: t.id, project_id: t.projectId, org_id: t.orgId, threshold_percent: pct, spent_micros: t.spentMicros, limit_micros: t.limitMicros, limit_reset: t.reset, ...period });
+        }
+      }
+    });
   }
 
   keyCreated(tx: Tx, key: { id: string; projectId: string; orgId: string; name: string; keyPrefix: string; createdAt: string }): Promise<string | null> {

@@ -5,8 +5,9 @@
 import { IpRangeSet } from '../../proto/lib/ip.js';
 import { createHmac } from 'node:crypto';
 import { BinaryReader } from '@bufbuild/protobuf/wire';
-import { ControlMessage, GatewayConfig as GatewayConfigCodec, KeyEntry as KeyEntryCodec, KeyTombstone as KeyTombstoneCodec, OrgEntry as OrgEntryCodec } from '../../proto/gen/tollgate/v1/sync.js';
-import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { ControlMessage, GatewayConfig as GatewayConfigCodec, KeyEntry as KeyEntryCodec, KeyTombstone as KeyTombstoneCodec, OrgEntry as OrgEntryCodec, ProjectCaps as ProjectCapsCodec } from '../../proto/gen/tollgate/v1/sync.js';
+import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, ProjectEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { limitResetOf, type LimitReset } from '../../proto/lib/money-pools.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
 import { RouteTable } from '../routing/routes.js';
 import { PackedKeyTable } from './packed-keys.js';
@@ -21,6 +22,31 @@ export interface OrgState {
   ownerAccountId: string;
 }
 
+/** A project, one mutable object per project id (as OrgState): a cap set or cleared reaches its keys at once. */
+export interface ProjectState {
+  projectId: string;
+  /** The monthly spend cap in micros; 0: none (docs/money-limits.md). */
+  capMicros: number;
+  /** The current month's pool (data-plane/limits/money-pools.ts keeps it; '' before the first use). */
+  pool: LimitPeriod;
+}
+
+/** A key's own money limit, fixed at creation (docs/money-limits.md). */
+export interface KeyMoneyLimit {
+  keyId: string;
+  micros: number;
+  reset: LimitReset;
+  /** The current period's pool (data-plane/limits/money-pools.ts keeps it). */
+  pool: LimitPeriod;
+}
+
+/** The pool of a limit's current period: its id and the period's bounds (ms). */
+export interface LimitPeriod {
+  id: string;
+  start: number;
+  end: number;
+}
+
 export interface KeyRecord {
   keyId: string;
   keyHash: string;
@@ -32,6 +58,10 @@ export interface KeyRecord {
   limits: KeyLimits;
   /** ms since the epoch from which the key no longer authenticates, even cut off from the control plane; 0/absent: never. */
   expiresAtMs?: number;
+  /** The key's project (its monthly cap, if any). */
+  project?: ProjectState;
+  /** The key's own money limit; absent: none. */
+  moneyLimit?: KeyMoneyLimit;
 }
 
 /** The parts of the config that change only with a config version, precomputed at sync time. */
@@ -110,6 +140,10 @@ export class GatewayState {
   private cachedNext = 0;
   readonly keysByHash: KeyHashView;
   readonly orgs = new Map<string, OrgState>();
+  /** Projects met (as keys' projects or with a cap); only those with a cap cost anything on the request path. */
+  readonly projects = new Map<string, ProjectState>();
+  /** The keys with their own money limit (most have none). */
+  private readonly keyLimits = new Map<string, KeyMoneyLimit>();
   /** Cached `/v1/models` bodies per key id; dropped whenever anything they depend on changes. */
   modelListCache = new Map<string, string>();
 
@@ -143,6 +177,7 @@ export class GatewayState {
     const st = new GatewayState(s.config, s.keys.length + tombstones.length);
     st.version = s.version;
     for (const o of s.orgs) st.upsertOrg(o);
+    for (const p of s.projectCaps?.projects ?? []) st.upsertProject(p);
     for (const k of s.keys) st.upsertKey(k);
     for (const t of tombstones) st.addTombstone(t);
     return st;
@@ -157,6 +192,7 @@ export class GatewayState {
       else if (c.keyRemoved !== undefined) this.removeKey(c.keyRemoved);
       else if (c.orgUpsert) this.upsertOrg(c.orgUpsert);
       else if (c.config) this.view = buildConfigView(c.config);
+      else if (c.projectUpsert) this.upsertProject(c.projectUpsert);
     }
     this.modelListCache = new Map();
     this.version = d.toVersion;
@@ -175,6 +211,20 @@ export class GatewayState {
     }
   }
 
+  /** A project's cap set or cleared (0). */
+  upsertProject(p: ProjectEntry): void {
+    this.projectFor(p.projectId).capMicros = Math.max(0, p.capMicros);
+  }
+
+  private projectFor(projectId: string): ProjectState {
+    let p = this.projects.get(projectId);
+    if (!p) {
+      p = { projectId, capMicros: 0, pool: { id: '', start: 0, end: 0 } };
+      this.projects.set(projectId, p);
+    }
+    return p;
+  }
+
   private orgFor(orgId: string): OrgState {
     let org = this.orgs.get(orgId);
     if (!org) {
@@ -190,6 +240,11 @@ export class GatewayState {
     this.orgFor(k.orgId);
     const prior = this.packed.findKeyId(k.keyId);
     if (prior >= 0) this.records.delete(prior);
+    if ((k.limitMicros ?? 0) > 0) {
+      // Fixed at creation: an upsert of the same key keeps what it knows of the current period.
+      if (!this.keyLimits.has(k.keyId)) this.keyLimits.set(k.keyId, { keyId: k.keyId, micros: k.limitMicros!, reset: limitResetOf(k.limitReset), pool: { id: '', start: 0, end: 0 } });
+    }
+    else if (this.keyLimits.size > 0) this.keyLimits.delete(k.keyId);
     const rec = this.packed.put({
       keyId: k.keyId,
       keyHash: k.keyHash,
@@ -253,6 +308,8 @@ export class GatewayState {
       allowedModels: p.allowedModels(rec),
       limits: { keyId, rpmLimit: l.rpmLimit, tpmLimit: l.tpmLimit, maxParallel: l.maxParallel },
       expiresAtMs: p.expiresAtMs(rec),
+      project: this.projectFor(p.projectId(rec)),
+      moneyLimit: this.keyLimits.get(keyId),
     };
     // A slot's old record may already be gone (changed since): deleting it again is harmless.
     const evict = this.cachedOrder[this.cachedNext];
@@ -301,7 +358,7 @@ export function decodeControlMessage(buf: Uint8Array): ControlMessage {
   }
   reader.pos = end - length;
   const state = new GatewayState(undefined, entries);
-  const snapshot: Snapshot = { version: 0, config: undefined, keys: [], orgs: [], tombstones: [] };
+  const snapshot: Snapshot = { version: 0, config: undefined, keys: [], orgs: [], tombstones: [], projectCaps: { projects: [] } };
   const tombstones: KeyTombstone[] = [];
   while (reader.pos < end) {
     const tag = reader.uint32();
@@ -313,7 +370,12 @@ export function decodeControlMessage(buf: Uint8Array): ControlMessage {
       snapshot.orgs.push(o);
       state.upsertOrg(o);
     } else if (tag === 42) tombstones.push(KeyTombstoneCodec.decode(reader, reader.uint32()));
-    else reader.skip(tag & 7);
+    else if (tag === 7202) {
+      // project_caps (field 900): projects with a spend cap.
+      const caps = ProjectCapsCodec.decode(reader, reader.uint32());
+      for (const p of caps.projects) state.upsertProject(p);
+      snapshot.projectCaps!.projects.push(...caps.projects);
+    } else reader.skip(tag & 7);
   }
   // As fromSnapshot: tombstones after every key (a tombstone never hides a live key).
   for (const t of tombstones) state.addTombstone(t);

@@ -9,6 +9,7 @@ import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
 import type { Admission as KeyAdmission, KeyBudgets, Ticket } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
+import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, waitForMoney } from '../limits/money-pools.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug, type Reply } from './reply.js';
 import type { RequestContext } from './request-context.js';
@@ -58,12 +59,12 @@ export class Admission {
     // The common case, synchronous and without a closure: the money slice is here and the key's
     // budgets admit. Anything else (a refusal, a wait) takes the general path below, which asks again
     // (a refused admission consumed nothing).
-    if (!reply.done && (leases === undefined || leases.spendFirst(key.orgId) || leases.canSpend(key.orgId) === 'yes')) {
+    if (!reply.done && (leases === undefined || maySpendNow(leases, key, deps.clock.now()))) {
       const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
       if (a.ok) {
         reply.rateHeaders = a.headers;
         const ctx = this.newContext(key, path, a.ticket, minuteOf(deps.clock.now()), reply.requestId);
-        ctx.spend = leases?.reserveSpend(key.orgId);
+        ctx.spend = reserveMoney(leases, key, deps.clock.now());
         ctx.attach(reply);
         try {
           then(ctx);
@@ -88,7 +89,7 @@ export class Admission {
       finished = true;
       if (timer) clearTimeout(timer);
       leases?.cancelKeyWait(key.keyId, wake);
-      leases?.cancelOrgWait(key.orgId, wake);
+      if (leases) cancelMoneyWait(leases, key, wake);
       leases?.cancelSlotWait(key.keyId, wake);
       if (waited) this.waits.note(performance.now() - started, ctx !== null, advanced);
       then(ctx);
@@ -103,19 +104,20 @@ export class Admission {
           timer = setTimeout(() => attempt(true), 50);
           return;
         }
-        const spend = leases?.canSpend(key.orgId) ?? 'yes';
-        if (spend === 'no') {
-          reply.sendError(new GatewayError('ORG_BLOCKED', blockedMessage('')), familyShape, closeIfRefused());
+        // The organisation's money, and its project's cap and the key's own limit (docs/money-limits.md).
+        const money = leases ? moneyVerdict(leases, key, deps.clock.now()) : null;
+        if (money?.verdict === 'no') {
+          reply.sendError(moneyRefusal(money), familyShape, closeIfRefused());
           return finish(null);
         }
         // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
-        if (spend === 'wait' && !lastTry && leases!.waitForOrg(key.orgId, wake)) return park();
+        if (money?.verdict === 'wait' && !lastTry && waitForMoney(leases!, money.pool, wake)) return park();
         const now = deps.clock.now();
         const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
         reply.rateHeaders = a.headers;
         if (a.ok) {
           const ctx = this.newContext(key, path, a.ticket, minuteOf(now), reply.requestId);
-          ctx.spend = leases?.reserveSpend(key.orgId);
+          ctx.spend = reserveMoney(leases, key, deps.clock.now());
           ctx.attach(reply);
           return finish(ctx);
         }
@@ -137,7 +139,7 @@ export class Admission {
           reply.rateHeaders = b.headers;
           if (b.ok) {
             const ctx = this.newContext(key, path, b.ticket, minuteOf(now), reply.requestId);
-            ctx.spend = leases.reserveSpend(key.orgId);
+            ctx.spend = reserveMoney(leases, key, deps.clock.now());
             ctx.attach(reply);
             return finish(ctx);
           }

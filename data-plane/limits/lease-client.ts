@@ -129,6 +129,8 @@ const PENDING_STALE_MS = 2000;
 export interface SpendReservation {
   epoch: number;
   micros: number;
+  /** The same request's reservations from its project's and key's pools (money-pools.ts), settled with it. */
+  extra?: Array<[pool: string, reservation: SpendReservation]>;
 }
 
 /** May a request of the organisation spend? `wait`: a slice is being asked for. */
@@ -965,6 +967,8 @@ export class LeaseClient implements AllowanceSource {
    * that epoch and the control plane does not take it from this connection's slice either.
    */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
+    // (A pool dropped since, its period over, is not made again.)
+    if (reservation?.extra) for (const [pool, r] of reservation.extra) if (this.orgs.has(pool)) this.settleSpend(pool, r, costMicros);
     if (!this.connected || !reservation || reservation.epoch !== this.epoch) return;
     const o = this.orgFor(orgId);
     o.sliceMicros += reservation.micros - costMicros;
@@ -1011,6 +1015,28 @@ export class LeaseClient implements AllowanceSource {
     this.askOrg(orgId, o);
   }
 
+  /** A project's cap changed: each of its pools held here (by id prefix "project:ID@") is given back and asked afresh. */
+  poolsChanged(prefix: string): void {
+    for (const id of [...this.orgs.keys()]) if (id.startsWith(prefix)) this.orgChanged(id);
+  }
+
+  /**
+   * A project's or key's pool whose period ended (money-pools.ts): what is left of its slice is given
+   * back and the pool forgotten; its period's requests were settled into it.
+   */
+  dropPool(poolId: string): void {
+    const o = this.orgs.get(poolId);
+    if (!o) return;
+    this.orgs.delete(poolId);
+    this.wantOrgs.delete(poolId);
+    const micros = Math.max(0, o.sliceMicros);
+    if (micros > 0 && this.connected) {
+      this.orgReturns.push({ orgId: poolId, micros });
+      this.queueFlush();
+    }
+    wake(o);
+  }
+
   private askOrg(orgId: string, o: OrgSlice): void {
     if (this.leaving) return;
     if (o.pending && !this.stale(o.askedAtMs)) return;
@@ -1018,7 +1044,10 @@ export class LeaseClient implements AllowanceSource {
     o.askedAtMs = this.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
-    this.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
+    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros };
+    // Spent past the slice and perhaps not reported yet: the control plane does not lease it again.
+    if (o.sliceMicros < 0) want.debtMicros = -o.sliceMicros;
+    this.wantOrgs.set(orgId, want);
     this.queueFlush();
   }
 

@@ -28,6 +28,7 @@ import type { RequestContext } from '../http/request-context.js';
 import { minuteOf, secondsToNextMinute, type Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
+import { cancelMoneyWait, moneyVerdict, reserveMoney, waitForMoney } from '../limits/money-pools.js';
 import type { Reporter } from '../sync/reporter.js';
 import type { EndReason, OpenEntry, OpenStreams } from '../auth/open-streams.js';
 import { closeReasonOf, endError, type GatewayError } from '../errors.js';
@@ -311,7 +312,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
     this.counts.completion += completion;
     this.counts.cost += cost;
     const headers = deps.keyBudgets.useTokens(this.key.limits, prompt + completion);
-    const reservation = deps.leases?.reserveSpend(this.key.orgId);
+    const reservation = reserveMoney(deps.leases, this.key, now);
     deps.leases?.settleSpend(this.key.orgId, reservation, cost);
     deps.reporter.record({
       requestId: `${this.ctx.requestId}.${n}`,
@@ -344,10 +345,12 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
   private checkMoney(): void {
     if (this.ended) return;
     const org = this.key.org;
-    const verdict = org.blocked ? 'no' : (this.deps.leases?.canSpend(this.key.orgId) ?? 'yes');
-    if (verdict === 'no') {
-      this.closeAfterResponse(CLOSE.POLICY, closeReasonOf(endError('org_blocked', { blockedReason: org.blockedReason })));
-    } else if (verdict === 'wait' && !this.orgWake) {
+    // The organisation's money, the project's cap and the key's own limit (docs/money-limits.md).
+    const leases = this.deps.leases;
+    const money = org.blocked ? null : leases ? moneyVerdict(leases, this.key, this.deps.clock.now()) : { verdict: 'yes' as const };
+    if (money === null || money.verdict === 'no') {
+      this.closeAfterResponse(CLOSE.POLICY, money && money.pool ? `insufficient_quota: ${money.short}` : closeReasonOf(endError('org_blocked', { blockedReason: org.blockedReason })));
+    } else if (money.verdict === 'wait' && !this.orgWake) {
       const wake = () => {
         this.orgWake = null;
         setImmediate(() => {
@@ -355,7 +358,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
           if (this.pendingClose && this.responsesInFlight === 0) this.close(this.pendingClose.code, this.pendingClose.reason);
         });
       };
-      if (this.deps.leases?.waitForOrg(this.key.orgId, wake)) this.orgWake = wake;
+      if (leases && waitForMoney(leases, money.pool, wake)) this.orgWake = wake;
     }
   }
 
@@ -372,7 +375,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
     if (this.upstreamPaused) deps.stats.pausedUpstreams--;
     deps.memory.leave(this, this.heldBytes);
     this.heldBytes = 0;
-    if (this.orgWake) deps.leases?.cancelOrgWait(this.key.orgId, this.orgWake);
+    if (this.orgWake && deps.leases) cancelMoneyWait(deps.leases, this.key, this.orgWake);
     // Responses the upstream had begun and not finished: the upstream did the work, so they are
     // billed the estimate of what went in and what had come out.
     for (const tally of this.tallies.takeAll()) this.charge(tally.counts());

@@ -3,6 +3,7 @@
 // Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
 // bad node token) is fatal: one line, exit 2.
+import { projectPoolPrefix } from '../../proto/lib/money-pools.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 import { SyncServiceClient, SyncServiceService, type ControlMessage, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
@@ -198,6 +199,8 @@ export class SyncClient {
       holder.applySnapshot(msg.snapshot);
       this.endWhatNoLongerHolds();
       if (leases) for (const o of msg.snapshot.orgs) leases.orgChanged(o.orgId);
+      // A project's cap (docs/money-limits.md): its money pool is asked for afresh.
+      if (leases) for (const p of msg.snapshot.projectCaps?.projects ?? []) leases.poolsChanged(projectPoolPrefix(p.projectId));
       this.awaitingSnapshot = false;
       this.opts.onApplied?.();
       // A snapshot is a whole catch-up by itself (a control plane that sends no CaughtUp too).
@@ -218,6 +221,7 @@ export class SyncClient {
         call.write({ ack: { version: msg.delta.toVersion } });
         // Credit, cap, tier or config changes: a node told "nothing left" asks again.
         if (leases) for (const c of msg.delta.changes) if (c.orgUpsert) leases.orgChanged(c.orgUpsert.orgId);
+        if (leases) for (const c of msg.delta.changes) if (c.projectUpsert) leases.poolsChanged(projectPoolPrefix(c.projectUpsert.projectId));
       }
       else if (r === 'gap') {
         this.awaitingSnapshot = true;

@@ -13,6 +13,7 @@ let otherOrgId = '';
 let projectId = '';
 let keyValue = '';
 let keyId = '';
+let limitedKeyId = '';
 
 before(async () => {
   cp = await startControlPlane();
@@ -38,6 +39,11 @@ before(async () => {
   assert.match(runCli(cp, acct.carol.token, ['org', 'credit', orgId, '--usd', '5']).stderr, /^403 /);
   assert.match(runCli(cp, acct.dave.token, ['key', 'revoke', keyId]).stderr, /^404 /);
   cliJson(cp, acct.alice.token, ['key', 'revoke', keyId]);
+  // Money limits below the organisation (docs/money-limits.md): an admin caps a project, a member may
+  // not; a key created with its own limit.
+  cliJson(cp, acct.carol.token, ['project', 'set-cap', projectId, '--usd', '25']);
+  assert.match(runCli(cp, acct.bob.token, ['project', 'set-cap', projectId, '--usd', '1000']).stderr, /^403 /);
+  limitedKeyId = cliJson(cp, acct.carol.token, ['key', 'create', '--project', projectId, '--name', 'reseller', '--limit-usd', '7.5', '--limit-reset', 'weekly']).id;
   // The other organisation's owner acts in it.
   cliJson(cp, acct.dave.token, ['project', 'create', '--org', otherOrgId, '--name', 'theirs']);
 });
@@ -46,7 +52,7 @@ after(async () => {
   await stopAll();
 });
 
-type Entry = { id: number; at: string; actor: string; action: string; target_id: string | null; org_id: string | null; outcome: string; caller_address: string | null };
+type Entry = { id: number; at: string; actor: string; action: string; target_id: string | null; org_id: string | null; outcome: string; caller_address: string | null; detail: string | null };
 const audit = (token: string, args: string[] = []): Entry[] => cliJson(cp, token, ['audit', ...args]).entries;
 const find = (entries: Entry[], action: string, actor: string, outcome = 'ok') => entries.filter((e) => e.action === action && e.actor === actor && e.outcome === outcome);
 
@@ -112,4 +118,20 @@ test('audit filters by action and time', () => {
   assert.ok(since.length > 0 && since.length < all.length);
   assert.ok(since.every((e) => e.at >= cut));
   assert.match(runCli(cp, cp.secrets.operatorToken, ['audit', '--since', 'yesterday']).stderr, /^400 --since must be/);
+});
+
+test('project.set_cap is recorded allowed (admin) and denied (member), with the cap; key.create carries the key limit', () => {
+  const all = audit(cp.secrets.operatorToken, ['--action', 'project.set_cap']);
+  const [allowed] = find(all, 'project.set_cap', acct.carol.id);
+  assert.equal(allowed.target_id, projectId);
+  assert.equal(allowed.org_id, orgId);
+  assert.equal(allowed.detail, 'cap_usd=25.00');
+  const [denied] = find(all, 'project.set_cap', acct.bob.id, 'denied');
+  assert.equal(denied.target_id, projectId);
+  assert.equal(denied.org_id, orgId);
+  const [limited] = audit(cp.secrets.operatorToken, ['--action', 'key.create']).filter((e) => e.target_id === limitedKeyId);
+  assert.equal(limited.detail, 'limit_usd=7.50 limit_reset=weekly');
+  // A key without a limit says nothing more; no entry carries a key value.
+  assert.equal(find(audit(cp.secrets.operatorToken), 'key.create', acct.alice.id).find((e) => e.target_id === keyId)!.detail, null);
+  assert.ok(!JSON.stringify(audit(cp.secrets.operatorToken)).includes(keyValue));
 });

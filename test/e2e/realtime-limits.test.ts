@@ -8,7 +8,7 @@ import { type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { type Console } from '../helpers/console.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
-import { eventually } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { attemptRealtime, isRefusal, openRealtime } from '../helpers/realtime.js';
 import { minuteStart, setClock } from '../helpers/http.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
@@ -30,7 +30,7 @@ const gw = gatewayFixture(async () => {
         cfg.models.push({ id: 'demo-realtime-pricey', provider: 'demo', kind: 'realtime', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
         cfg.realtime_upstreams = [{ model: 'rt-upstream', url: upstream.url }];
         cfg.tiers.free.models.push('rt-upstream', 'demo-realtime-pricey');
-        cfg.tiers['roomy'] = { rpm: 300, tpm: 1000000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000.00', models: ['demo-realtime'] };
+        cfg.tiers['roomy'] = { rpm: 300, tpm: 1000000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000.00', models: ['demo-realtime', 'demo-realtime-pricey'] };
         cfg.tiers['tiny-tpm'] = { rpm: 300, tpm: 20, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['demo-realtime'] };
       }),
     },
@@ -112,6 +112,41 @@ test("usage: a free organisation whose grant runs out mid-session gets its socke
   assert.ok(isRefusal(again));
   assert.equal(again.status, 401);
   assert.equal(again.body.error.type, 'insufficient_quota');
+});
+
+test("a key's own spend limit reached mid-session closes the socket after the response (1008, naming the limit); the spend is the limit plus at most that response", async () => {
+  // docs/money-limits.md: realtime refuses in band as for an organisation that ran out.
+  const k = await gw.fundedKey({ tier: 'roomy' });
+  const created = await admin.createKey({ projectId: k.projectId, name: 'limited', allowedModels: [], limitMicros: 10_000_000 });
+  await waitUntilKnown(node.url, created.key);
+  const { session } = await openRealtime(node.address, { key: created.key, model: 'demo-realtime-pricey' });
+  await session.waitFor('session.created');
+  let costs = 0;
+  let maxCost = 0;
+  let responses = 0;
+  while (session.closeCode === null && responses < 20) {
+    session.say(`turn ${responses}`);
+    const done = await session.waitFor('response.done', responses + 1).catch(() => null);
+    if (!done) break;
+    responses++;
+    const u = done.response.usage;
+    const cost = Math.ceil((u.input_tokens * 100_000_000_000 + u.output_tokens * 100_000_000_000) / 1_000_000);
+    costs += cost;
+    maxCost = Math.max(maxCost, cost);
+    await session.waitClosed(500).catch(() => {});
+  }
+  assert.equal(await session.waitClosed(), 1008);
+  assert.equal(session.closeReason, "insufficient_quota: the key's spend limit ($10.00) was reached; it never resets");
+  assert.ok(costs >= 10_000_000, `closed with ${costs} spent of the 10 USD limit`);
+  assert.ok(costs < 10_000_000 + maxCost, `spent ${costs}; one response costs up to ${maxCost}`);
+  await eventually(async () => (await admin.getKey({ keyId: created.apiKey!.id })).limitSpentMicros === costs, 'every response charged to the key');
+  // The organisation has money left: only this key is refused, by name.
+  assert.equal((await admin.getOrg({ orgId: k.orgId })).blocked, false);
+  const again = await attemptRealtime(node.address, { key: created.key, model: 'demo-realtime-pricey' });
+  assert.ok(isRefusal(again));
+  assert.equal(again.status, 401);
+  assert.equal(again.body.error.type, 'insufficient_quota');
+  assert.equal(again.body.error.message, "This API key's spend limit of $10.00 was reached; it never resets: use another key.");
 });
 
 test("tpm: a session whose response spends the key's tokens per minute is closed after that response (1013, reason)", async () => {

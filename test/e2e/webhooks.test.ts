@@ -132,6 +132,53 @@ test('cap and balance thresholds, blocked and unblocked: each event exactly once
   for (const w of recv.received) assert.ok(w.verified || w.signatureMatches, `${w.type} signed`);
 });
 
+test('project cap and key limit thresholds (80 % and 100 %): each exactly once per period, with the spend that crossed it', async () => {
+  const { orgId, projectId } = await createKey(admin, { tier: 'paid' });
+  await admin.creditOrg({ orgId, amountMicros: 100_000_000, note: 'plenty' });
+  await admin.setProjectCap({ projectId, capMicros: 2_000_000 });
+  const limited = await admin.createKey({ projectId, name: 'limited', allowedModels: [], limitMicros: 1_000_000, limitReset: 'monthly' });
+  const other = await admin.createKey({ projectId, name: 'other', allowedModels: [] });
+  const chat = (key: string, i: number) => request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(`spend ${i}`, 'demo-priced') });
+  // The key's limit first (1 USD), then the project's cap (2 USD) with the other key.
+  for (const k of [limited.key, other.key]) {
+    let refused = false;
+    for (let i = 0; i < 100 && !refused; i++) {
+      const res = await chat(k, i);
+      if (res.status === 401) {
+        assert.equal(res.body.error.type, 'insufficient_quota');
+        refused = true;
+      } else assert.equal(res.status, 200, res.text);
+    }
+    assert.ok(refused, 'the limit is reached');
+  }
+  // More refused requests cross nothing again.
+  for (let i = 0; i < 3; i++) assert.equal((await chat(limited.key, i)).status, 401);
+  const ofProject = (w: ReceivedWebhook) => w.data.project_id === projectId;
+  await recv.waitFor((r) => delivered(r, 'project.cap.threshold', ofProject).length === 2 && delivered(r, 'key.limit.threshold', ofProject).length === 2);
+  assert.ok(await within(10_000, async () => {
+    const d = (await admin.listWebhookDeliveries({ failed: false, limit: 1000 })).deliveries.filter((x) => x.orgId === orgId);
+    return d.length > 0 && d.every((x) => x.status === 'delivered');
+  }));
+  const key = delivered(recv.received, 'key.limit.threshold', ofProject);
+  assert.deepEqual(key.map((w) => w.data.threshold_percent).sort(), [100, 80]);
+  const key80 = key.find((w) => w.data.threshold_percent === 80)!;
+  assert.equal(key80.data.key_id, limited.apiKey!.id);
+  assert.equal(key80.data.org_id, orgId);
+  assert.equal(key80.data.limit_micros, 1_000_000);
+  assert.equal(key80.data.limit_reset, 'monthly');
+  assert.ok(key80.data.spent_micros >= 800_000);
+  assert.match(key80.data.period_start, /^\d{4}-\d{2}-01T00:00:00\.000Z$/);
+  const project = delivered(recv.received, 'project.cap.threshold', ofProject);
+  assert.deepEqual(project.map((w) => w.data.threshold_percent).sort(), [100, 80]);
+  const cap100 = project.find((w) => w.data.threshold_percent === 100)!;
+  assert.equal(cap100.data.cap_micros, 2_000_000);
+  assert.ok(cap100.data.month_spend_micros >= 2_000_000);
+  for (const w of [...key, ...project]) {
+    assert.ok(w.verified, `${w.type} signed`);
+    assert.ok(!w.body.includes(limited.key) && !w.body.includes(other.key), 'no key value in the payload');
+  }
+});
+
 test('a node that goes away and stays away raises node.disconnected', async () => {
   const gone = await startDataPlane(cp, { nodeId: 'node-gone' });
   await gone.proc.kill('SIGKILL');

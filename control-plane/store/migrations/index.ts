@@ -9,6 +9,7 @@ import { sql as webhookOutbox } from './015-webhook-outbox.js';
 import { sql as auditLog } from './016-audit-log.js';
 import { sql as keyExpiry } from './017-key-expiry.js';
 import { sql as storedResponses } from './035-stored-responses.js';
+import { sql as moneyLimits } from './036-money-limits.js';
 
 export interface Migration {
   version: number;
@@ -26,4 +27,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 16, name: 'audit-log', sql: auditLog },
   { version: 17, name: 'key-expiry', sql: keyExpiry },
   { version: 35, name: 'stored-responses', sql: storedResponses },
+  { version: 36, name: 'money-limits', sql: moneyLimits },
 ];

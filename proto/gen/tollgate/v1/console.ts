@@ -23,6 +23,12 @@ export const protobufPackage = "tollgate.v1";
 
 export const protobufFileName = "tollgate/v1/console.proto";
 
+export interface SetProjectCapRequest {
+  projectId: string;
+  /** Absent clears the project's cap. */
+  capMicros?: number | undefined;
+}
+
 export interface ListWebhooksRequest {
 }
 
@@ -109,6 +115,8 @@ export interface AuditEntry {
   /** "ok" or "denied". */
   outcome: string;
   callerAddress: string;
+  /** What the call set, where it matters (e.g. a key's spend limit, a project's cap); never a secret. */
+  detail: string;
 }
 
 export interface ListAuditEntriesResponse {
@@ -229,6 +237,13 @@ export interface Project {
   orgId: string;
   name: string;
   createdAt: string;
+  /** The project's monthly spend cap; absent: none. */
+  capMicros?:
+    | number
+    | undefined;
+  /** What the project's keys spent this UTC month ("month"), in micro-dollars. */
+  monthSpendMicros: number;
+  month: string;
 }
 
 export interface CreateProjectRequest {
@@ -263,6 +278,15 @@ export interface ApiKey {
   expiresAt: string;
   /** Set with status "revoked": "revoked" (by a console call) or "expired". */
   revokedReason: string;
+  /**
+   * The key's own money limit (0: none) and when it starts afresh ("daily", "weekly", "monthly",
+   * "never"; "" without a limit); what it spent of it in the current period, and when that period
+   * ends (RFC 3339; "" for "never").
+   */
+  limitMicros: number;
+  limitReset: string;
+  limitSpentMicros: number;
+  limitResetsAt: string;
 }
 
 export interface CreateKeyRequest {
@@ -274,7 +298,15 @@ export interface CreateKeyRequest {
    * the organisation's maximum key lifetime when it has one.
    */
   expiresInSec?: number | undefined;
-  expiresAt?: string | undefined;
+  expiresAt?:
+    | string
+    | undefined;
+  /**
+   * > 0: the key's own money limit in micro-dollars, fixed at creation; limit_reset: "daily",
+   * "weekly", "monthly" or "never" (the default with a limit).
+   */
+  limitMicros?: number | undefined;
+  limitReset?: string | undefined;
 }
 
 export interface CreateKeyResponse {
@@ -497,6 +529,99 @@ export interface FindKeyRequest {
   /** The full key value. Only hashed; never stored, logged or echoed. */
   key: string;
 }
+
+function createBaseSetProjectCapRequest(): SetProjectCapRequest {
+  return { projectId: "", capMicros: undefined };
+}
+
+export const SetProjectCapRequest: MessageFns<SetProjectCapRequest> = {
+  encode(message: SetProjectCapRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    if (message.capMicros !== undefined) {
+      writer.uint32(16).int64(message.capMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SetProjectCapRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSetProjectCapRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.capMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SetProjectCapRequest {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      capMicros: isSet(object.capMicros)
+        ? globalThis.Number(object.capMicros)
+        : isSet(object.cap_micros)
+        ? globalThis.Number(object.cap_micros)
+        : undefined,
+    };
+  },
+
+  toJSON(message: SetProjectCapRequest): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.capMicros !== undefined) {
+      obj.capMicros = Math.round(message.capMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SetProjectCapRequest>, I>>(base?: I): SetProjectCapRequest {
+    return SetProjectCapRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SetProjectCapRequest>, I>>(object: I): SetProjectCapRequest {
+    const message = createBaseSetProjectCapRequest();
+    message.projectId = object.projectId ?? "";
+    message.capMicros = object.capMicros ?? undefined;
+    return message;
+  },
+};
 
 function createBaseListWebhooksRequest(): ListWebhooksRequest {
   return {};
@@ -1700,7 +1825,7 @@ export const ListAuditEntriesRequest: MessageFns<ListAuditEntriesRequest> = {
 };
 
 function createBaseAuditEntry(): AuditEntry {
-  return { id: 0, at: "", actor: "", action: "", targetId: "", orgId: "", outcome: "", callerAddress: "" };
+  return { id: 0, at: "", actor: "", action: "", targetId: "", orgId: "", outcome: "", callerAddress: "", detail: "" };
 }
 
 export const AuditEntry: MessageFns<AuditEntry> = {
@@ -1728,6 +1853,9 @@ export const AuditEntry: MessageFns<AuditEntry> = {
     }
     if (message.callerAddress !== "") {
       writer.uint32(66).string(message.callerAddress);
+    }
+    if (message.detail !== "") {
+      writer.uint32(7202).string(message.detail);
     }
     return writer;
   },
@@ -1809,6 +1937,14 @@ export const AuditEntry: MessageFns<AuditEntry> = {
             message.callerAddress = reader.string();
             continue;
           }
+          case 900: {
+            if (tag !== 7202) {
+              break;
+            }
+
+            message.detail = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1843,6 +1979,7 @@ export const AuditEntry: MessageFns<AuditEntry> = {
         : isSet(object.caller_address)
         ? globalThis.String(object.caller_address)
         : "",
+      detail: isSet(object.detail) ? globalThis.String(object.detail) : "",
     };
   },
 
@@ -1872,6 +2009,9 @@ export const AuditEntry: MessageFns<AuditEntry> = {
     if (message.callerAddress !== "") {
       obj.callerAddress = message.callerAddress;
     }
+    if (message.detail !== "") {
+      obj.detail = message.detail;
+    }
     return obj;
   },
 
@@ -1888,6 +2028,7 @@ export const AuditEntry: MessageFns<AuditEntry> = {
     message.orgId = object.orgId ?? "";
     message.outcome = object.outcome ?? "";
     message.callerAddress = object.callerAddress ?? "";
+    message.detail = object.detail ?? "";
     return message;
   },
 };
@@ -3673,7 +3814,7 @@ export const ListMembersResponse: MessageFns<ListMembersResponse> = {
 };
 
 function createBaseProject(): Project {
-  return { id: "", orgId: "", name: "", createdAt: "" };
+  return { id: "", orgId: "", name: "", createdAt: "", capMicros: undefined, monthSpendMicros: 0, month: "" };
 }
 
 export const Project: MessageFns<Project> = {
@@ -3689,6 +3830,15 @@ export const Project: MessageFns<Project> = {
     }
     if (message.createdAt !== "") {
       writer.uint32(34).string(message.createdAt);
+    }
+    if (message.capMicros !== undefined) {
+      writer.uint32(7200).int64(message.capMicros);
+    }
+    if (message.monthSpendMicros !== 0) {
+      writer.uint32(7208).int64(message.monthSpendMicros);
+    }
+    if (message.month !== "") {
+      writer.uint32(7218).string(message.month);
     }
     return writer;
   },
@@ -3738,6 +3888,30 @@ export const Project: MessageFns<Project> = {
             message.createdAt = reader.string();
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.capMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7208) {
+              break;
+            }
+
+            message.monthSpendMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 902: {
+            if (tag !== 7218) {
+              break;
+            }
+
+            message.month = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3764,6 +3938,17 @@ export const Project: MessageFns<Project> = {
         : isSet(object.created_at)
         ? globalThis.String(object.created_at)
         : "",
+      capMicros: isSet(object.capMicros)
+        ? globalThis.Number(object.capMicros)
+        : isSet(object.cap_micros)
+        ? globalThis.Number(object.cap_micros)
+        : undefined,
+      monthSpendMicros: isSet(object.monthSpendMicros)
+        ? globalThis.Number(object.monthSpendMicros)
+        : isSet(object.month_spend_micros)
+        ? globalThis.Number(object.month_spend_micros)
+        : 0,
+      month: isSet(object.month) ? globalThis.String(object.month) : "",
     };
   },
 
@@ -3781,6 +3966,15 @@ export const Project: MessageFns<Project> = {
     if (message.createdAt !== "") {
       obj.createdAt = message.createdAt;
     }
+    if (message.capMicros !== undefined) {
+      obj.capMicros = Math.round(message.capMicros);
+    }
+    if (message.monthSpendMicros !== 0) {
+      obj.monthSpendMicros = Math.round(message.monthSpendMicros);
+    }
+    if (message.month !== "") {
+      obj.month = message.month;
+    }
     return obj;
   },
 
@@ -3793,6 +3987,9 @@ export const Project: MessageFns<Project> = {
     message.orgId = object.orgId ?? "";
     message.name = object.name ?? "";
     message.createdAt = object.createdAt ?? "";
+    message.capMicros = object.capMicros ?? undefined;
+    message.monthSpendMicros = object.monthSpendMicros ?? 0;
+    message.month = object.month ?? "";
     return message;
   },
 };
@@ -4045,6 +4242,10 @@ function createBaseApiKey(): ApiKey {
     maxParallelRequests: 0,
     expiresAt: "",
     revokedReason: "",
+    limitMicros: 0,
+    limitReset: "",
+    limitSpentMicros: 0,
+    limitResetsAt: "",
   };
 }
 
@@ -4094,6 +4295,18 @@ export const ApiKey: MessageFns<ApiKey> = {
     }
     if (message.revokedReason !== "") {
       writer.uint32(5610).string(message.revokedReason);
+    }
+    if (message.limitMicros !== 0) {
+      writer.uint32(7200).int64(message.limitMicros);
+    }
+    if (message.limitReset !== "") {
+      writer.uint32(7210).string(message.limitReset);
+    }
+    if (message.limitSpentMicros !== 0) {
+      writer.uint32(7216).int64(message.limitSpentMicros);
+    }
+    if (message.limitResetsAt !== "") {
+      writer.uint32(7226).string(message.limitResetsAt);
     }
     return writer;
   },
@@ -4231,6 +4444,38 @@ export const ApiKey: MessageFns<ApiKey> = {
             message.revokedReason = reader.string();
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.limitMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7210) {
+              break;
+            }
+
+            message.limitReset = reader.string();
+            continue;
+          }
+          case 902: {
+            if (tag !== 7216) {
+              break;
+            }
+
+            message.limitSpentMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 903: {
+            if (tag !== 7226) {
+              break;
+            }
+
+            message.limitResetsAt = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4308,6 +4553,26 @@ export const ApiKey: MessageFns<ApiKey> = {
         : isSet(object.revoked_reason)
         ? globalThis.String(object.revoked_reason)
         : "",
+      limitMicros: isSet(object.limitMicros)
+        ? globalThis.Number(object.limitMicros)
+        : isSet(object.limit_micros)
+        ? globalThis.Number(object.limit_micros)
+        : 0,
+      limitReset: isSet(object.limitReset)
+        ? globalThis.String(object.limitReset)
+        : isSet(object.limit_reset)
+        ? globalThis.String(object.limit_reset)
+        : "",
+      limitSpentMicros: isSet(object.limitSpentMicros)
+        ? globalThis.Number(object.limitSpentMicros)
+        : isSet(object.limit_spent_micros)
+        ? globalThis.Number(object.limit_spent_micros)
+        : 0,
+      limitResetsAt: isSet(object.limitResetsAt)
+        ? globalThis.String(object.limitResetsAt)
+        : isSet(object.limit_resets_at)
+        ? globalThis.String(object.limit_resets_at)
+        : "",
     };
   },
 
@@ -4358,6 +4623,18 @@ export const ApiKey: MessageFns<ApiKey> = {
     if (message.revokedReason !== "") {
       obj.revokedReason = message.revokedReason;
     }
+    if (message.limitMicros !== 0) {
+      obj.limitMicros = Math.round(message.limitMicros);
+    }
+    if (message.limitReset !== "") {
+      obj.limitReset = message.limitReset;
+    }
+    if (message.limitSpentMicros !== 0) {
+      obj.limitSpentMicros = Math.round(message.limitSpentMicros);
+    }
+    if (message.limitResetsAt !== "") {
+      obj.limitResetsAt = message.limitResetsAt;
+    }
     return obj;
   },
 
@@ -4381,12 +4658,24 @@ export const ApiKey: MessageFns<ApiKey> = {
     message.maxParallelRequests = object.maxParallelRequests ?? 0;
     message.expiresAt = object.expiresAt ?? "";
     message.revokedReason = object.revokedReason ?? "";
+    message.limitMicros = object.limitMicros ?? 0;
+    message.limitReset = object.limitReset ?? "";
+    message.limitSpentMicros = object.limitSpentMicros ?? 0;
+    message.limitResetsAt = object.limitResetsAt ?? "";
     return message;
   },
 };
 
 function createBaseCreateKeyRequest(): CreateKeyRequest {
-  return { projectId: "", name: "", allowedModels: [], expiresInSec: undefined, expiresAt: undefined };
+  return {
+    projectId: "",
+    name: "",
+    allowedModels: [],
+    expiresInSec: undefined,
+    expiresAt: undefined,
+    limitMicros: undefined,
+    limitReset: undefined,
+  };
 }
 
 export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
@@ -4405,6 +4694,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     }
     if (message.expiresAt !== undefined) {
       writer.uint32(5610).string(message.expiresAt);
+    }
+    if (message.limitMicros !== undefined) {
+      writer.uint32(7200).int64(message.limitMicros);
+    }
+    if (message.limitReset !== undefined) {
+      writer.uint32(7210).string(message.limitReset);
     }
     return writer;
   },
@@ -4462,6 +4757,22 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
             message.expiresAt = reader.string();
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.limitMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7210) {
+              break;
+            }
+
+            message.limitReset = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4497,6 +4808,16 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
         : isSet(object.expires_at)
         ? globalThis.String(object.expires_at)
         : undefined,
+      limitMicros: isSet(object.limitMicros)
+        ? globalThis.Number(object.limitMicros)
+        : isSet(object.limit_micros)
+        ? globalThis.Number(object.limit_micros)
+        : undefined,
+      limitReset: isSet(object.limitReset)
+        ? globalThis.String(object.limitReset)
+        : isSet(object.limit_reset)
+        ? globalThis.String(object.limit_reset)
+        : undefined,
     };
   },
 
@@ -4517,6 +4838,12 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     if (message.expiresAt !== undefined) {
       obj.expiresAt = message.expiresAt;
     }
+    if (message.limitMicros !== undefined) {
+      obj.limitMicros = Math.round(message.limitMicros);
+    }
+    if (message.limitReset !== undefined) {
+      obj.limitReset = message.limitReset;
+    }
     return obj;
   },
 
@@ -4530,6 +4857,8 @@ export const CreateKeyRequest: MessageFns<CreateKeyRequest> = {
     message.allowedModels = object.allowedModels?.map((e) => e) || [];
     message.expiresInSec = object.expiresInSec ?? undefined;
     message.expiresAt = object.expiresAt ?? undefined;
+    message.limitMicros = object.limitMicros ?? undefined;
+    message.limitReset = object.limitReset ?? undefined;
     return message;
   },
 };
@@ -8103,6 +8432,16 @@ export const ConsoleServiceService = {
     responseSerialize: (value: KeyPolicy): Buffer => Buffer.from(KeyPolicy.encode(value).finish()),
     responseDeserialize: (value: Buffer): KeyPolicy => KeyPolicy.decode(value),
   },
+  /** Admin or above. A project's monthly spend cap (UTC calendar month), or none (docs/money-limits.md). */
+  setProjectCap: {
+    path: "/tollgate.v1.ConsoleService/SetProjectCap" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: SetProjectCapRequest): Buffer => Buffer.from(SetProjectCapRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): SetProjectCapRequest => SetProjectCapRequest.decode(value),
+    responseSerialize: (value: Project): Buffer => Buffer.from(Project.encode(value).finish()),
+    responseDeserialize: (value: Buffer): Project => Project.decode(value),
+  },
 } as const;
 
 export interface ConsoleServiceServer extends UntypedServiceImplementation {
@@ -8179,6 +8518,8 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
    * or with one past the maximum, are refused (INVALID_ARGUMENT).
    */
   setKeyPolicy: handleUnaryCall<SetKeyPolicyRequest, KeyPolicy>;
+  /** Admin or above. A project's monthly spend cap (UTC calendar month), or none (docs/money-limits.md). */
+  setProjectCap: handleUnaryCall<SetProjectCapRequest, Project>;
 }
 
 export interface ConsoleServiceClient extends Client {
@@ -8614,6 +8955,22 @@ export interface ConsoleServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: KeyPolicy) => void,
+  ): ClientUnaryCall;
+  /** Admin or above. A project's monthly spend cap (UTC calendar month), or none (docs/money-limits.md). */
+  setProjectCap(
+    request: SetProjectCapRequest,
+    callback: (error: ServiceError | null, response: Project) => void,
+  ): ClientUnaryCall;
+  setProjectCap(
+    request: SetProjectCapRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: Project) => void,
+  ): ClientUnaryCall;
+  setProjectCap(
+    request: SetProjectCapRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: Project) => void,
   ): ClientUnaryCall;
 }
 

@@ -154,6 +154,12 @@ export interface Snapshot {
   orgs: OrgEntry[];
   /** Revoked keys: they never authenticate; a node logs attempts made with them against the key. */
   tombstones: KeyTombstone[];
+  /** Projects with a monthly spend cap (docs/money-limits.md); a project absent there has none. */
+  projectCaps?: ProjectCaps | undefined;
+}
+
+export interface ProjectCaps {
+  projects: ProjectEntry[];
 }
 
 export interface Delta {
@@ -169,7 +175,21 @@ export interface Change {
   /** hex key hash of a credential that no longer authenticates. */
   keyRemoved?: string | undefined;
   orgUpsert?: OrgEntry | undefined;
-  config?: GatewayConfig | undefined;
+  config?:
+    | GatewayConfig
+    | undefined;
+  /** A project's cap set or cleared (cap_micros 0). */
+  projectUpsert?: ProjectEntry | undefined;
+}
+
+/**
+ * A project's monthly spend cap: its keys' requests also lease money from the project's pool
+ * (docs/money-limits.md).
+ */
+export interface ProjectEntry {
+  projectId: string;
+  /** > 0: the cap for the UTC calendar month, in micro-dollars; 0: no cap. */
+  capMicros: number;
 }
 
 export interface KeyEntry {
@@ -186,7 +206,18 @@ export interface KeyEntry {
    * ms since the epoch when the key stops authenticating on every node, whatever the control plane
    * says meanwhile; 0: never.
    */
-  expiresAtMs?: number | undefined;
+  expiresAtMs?:
+    | number
+    | undefined;
+  /**
+   * > 0: the key's own money limit in micro-dollars (docs/money-limits.md), fixed at creation; its
+   * requests also lease money from the key's pool. 0: none.
+   */
+  limitMicros?:
+    | number
+    | undefined;
+  /** When the key's limit starts afresh: "daily", "weekly" (Monday), "monthly" (UTC) or "never". */
+  limitReset?: string | undefined;
 }
 
 export interface OrgEntry {
@@ -592,8 +623,19 @@ export interface KeyLeaseWant {
 }
 
 export interface OrgLeaseWant {
+  /**
+   * The money pool: an organisation's id, or "project:ID@START" / "key:ID@START" for one period of
+   * a project's monthly cap or a key's own limit, START being the period's first ms (UTC; 0 for a
+   * limit that never resets; docs/money-limits.md). org_id in OrgLease, OrgLeaseReturn and
+   * LeaseReclaim.org_ids name pools the same way.
+   */
   orgId: string;
   micros: number;
+  /**
+   * How far below zero the node's slice is (requests settled or in flight past what it was granted):
+   * money spent that the control plane may not have seen reported yet, so it is not leased again.
+   */
+  debtMicros?: number | undefined;
 }
 
 export interface LeaseGrant {
@@ -2058,7 +2100,7 @@ export const Resync: MessageFns<Resync> = {
 };
 
 function createBaseSnapshot(): Snapshot {
-  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [] };
+  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [], projectCaps: undefined };
 }
 
 export const Snapshot: MessageFns<Snapshot> = {
@@ -2077,6 +2119,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     }
     for (const v of message.tombstones) {
       KeyTombstone.encode(v!, writer.uint32(42).fork()).join();
+    }
+    if (message.projectCaps !== undefined) {
+      ProjectCaps.encode(message.projectCaps, writer.uint32(7202).fork()).join();
     }
     return writer;
   },
@@ -2134,6 +2179,14 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.tombstones.push(KeyTombstone.decode(reader, reader.uint32()));
             continue;
           }
+          case 900: {
+            if (tag !== 7202) {
+              break;
+            }
+
+            message.projectCaps = ProjectCaps.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2155,6 +2208,11 @@ export const Snapshot: MessageFns<Snapshot> = {
       tombstones: globalThis.Array.isArray(object?.tombstones)
         ? object.tombstones.map((e: any) => KeyTombstone.fromJSON(e))
         : [],
+      projectCaps: isSet(object.projectCaps)
+        ? ProjectCaps.fromJSON(object.projectCaps)
+        : isSet(object.project_caps)
+        ? ProjectCaps.fromJSON(object.project_caps)
+        : undefined,
     };
   },
 
@@ -2175,6 +2233,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.tombstones?.length) {
       obj.tombstones = message.tombstones.map((e) => KeyTombstone.toJSON(e));
     }
+    if (message.projectCaps !== undefined) {
+      obj.projectCaps = ProjectCaps.toJSON(message.projectCaps);
+    }
     return obj;
   },
 
@@ -2190,6 +2251,80 @@ export const Snapshot: MessageFns<Snapshot> = {
     message.keys = object.keys?.map((e) => KeyEntry.fromPartial(e)) || [];
     message.orgs = object.orgs?.map((e) => OrgEntry.fromPartial(e)) || [];
     message.tombstones = object.tombstones?.map((e) => KeyTombstone.fromPartial(e)) || [];
+    message.projectCaps = (object.projectCaps !== undefined && object.projectCaps !== null)
+      ? ProjectCaps.fromPartial(object.projectCaps)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseProjectCaps(): ProjectCaps {
+  return { projects: [] };
+}
+
+export const ProjectCaps: MessageFns<ProjectCaps> = {
+  encode(message: ProjectCaps, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.projects) {
+      ProjectEntry.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ProjectCaps {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseProjectCaps();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projects.push(ProjectEntry.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ProjectCaps {
+    return {
+      projects: globalThis.Array.isArray(object?.projects)
+        ? object.projects.map((e: any) => ProjectEntry.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ProjectCaps): unknown {
+    const obj: any = {};
+    if (message.projects?.length) {
+      obj.projects = message.projects.map((e) => ProjectEntry.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ProjectCaps>, I>>(base?: I): ProjectCaps {
+    return ProjectCaps.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ProjectCaps>, I>>(object: I): ProjectCaps {
+    const message = createBaseProjectCaps();
+    message.projects = object.projects?.map((e) => ProjectEntry.fromPartial(e)) || [];
     return message;
   },
 };
@@ -2304,7 +2439,13 @@ export const Delta: MessageFns<Delta> = {
 };
 
 function createBaseChange(): Change {
-  return { keyUpsert: undefined, keyRemoved: undefined, orgUpsert: undefined, config: undefined };
+  return {
+    keyUpsert: undefined,
+    keyRemoved: undefined,
+    orgUpsert: undefined,
+    config: undefined,
+    projectUpsert: undefined,
+  };
 }
 
 export const Change: MessageFns<Change> = {
@@ -2320,6 +2461,9 @@ export const Change: MessageFns<Change> = {
     }
     if (message.config !== undefined) {
       GatewayConfig.encode(message.config, writer.uint32(34).fork()).join();
+    }
+    if (message.projectUpsert !== undefined) {
+      ProjectEntry.encode(message.projectUpsert, writer.uint32(7202).fork()).join();
     }
     return writer;
   },
@@ -2369,6 +2513,14 @@ export const Change: MessageFns<Change> = {
             message.config = GatewayConfig.decode(reader, reader.uint32());
             continue;
           }
+          case 900: {
+            if (tag !== 7202) {
+              break;
+            }
+
+            message.projectUpsert = ProjectEntry.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2399,6 +2551,11 @@ export const Change: MessageFns<Change> = {
         ? OrgEntry.fromJSON(object.org_upsert)
         : undefined,
       config: isSet(object.config) ? GatewayConfig.fromJSON(object.config) : undefined,
+      projectUpsert: isSet(object.projectUpsert)
+        ? ProjectEntry.fromJSON(object.projectUpsert)
+        : isSet(object.project_upsert)
+        ? ProjectEntry.fromJSON(object.project_upsert)
+        : undefined,
     };
   },
 
@@ -2415,6 +2572,9 @@ export const Change: MessageFns<Change> = {
     }
     if (message.config !== undefined) {
       obj.config = GatewayConfig.toJSON(message.config);
+    }
+    if (message.projectUpsert !== undefined) {
+      obj.projectUpsert = ProjectEntry.toJSON(message.projectUpsert);
     }
     return obj;
   },
@@ -2434,6 +2594,102 @@ export const Change: MessageFns<Change> = {
     message.config = (object.config !== undefined && object.config !== null)
       ? GatewayConfig.fromPartial(object.config)
       : undefined;
+    message.projectUpsert = (object.projectUpsert !== undefined && object.projectUpsert !== null)
+      ? ProjectEntry.fromPartial(object.projectUpsert)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseProjectEntry(): ProjectEntry {
+  return { projectId: "", capMicros: 0 };
+}
+
+export const ProjectEntry: MessageFns<ProjectEntry> = {
+  encode(message: ProjectEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.projectId !== "") {
+      writer.uint32(10).string(message.projectId);
+    }
+    if (message.capMicros !== 0) {
+      writer.uint32(16).int64(message.capMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ProjectEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseProjectEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.capMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ProjectEntry {
+    return {
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      capMicros: isSet(object.capMicros)
+        ? globalThis.Number(object.capMicros)
+        : isSet(object.cap_micros)
+        ? globalThis.Number(object.cap_micros)
+        : 0,
+    };
+  },
+
+  toJSON(message: ProjectEntry): unknown {
+    const obj: any = {};
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.capMicros !== 0) {
+      obj.capMicros = Math.round(message.capMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ProjectEntry>, I>>(base?: I): ProjectEntry {
+    return ProjectEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ProjectEntry>, I>>(object: I): ProjectEntry {
+    const message = createBaseProjectEntry();
+    message.projectId = object.projectId ?? "";
+    message.capMicros = object.capMicros ?? 0;
     return message;
   },
 };
@@ -2449,6 +2705,8 @@ function createBaseKeyEntry(): KeyEntry {
     tpmLimit: 0,
     maxParallelRequests: 0,
     expiresAtMs: undefined,
+    limitMicros: undefined,
+    limitReset: undefined,
   };
 }
 
@@ -2480,6 +2738,12 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     }
     if (message.expiresAtMs !== undefined) {
       writer.uint32(5600).int64(message.expiresAtMs);
+    }
+    if (message.limitMicros !== undefined) {
+      writer.uint32(7200).int64(message.limitMicros);
+    }
+    if (message.limitReset !== undefined) {
+      writer.uint32(7210).string(message.limitReset);
     }
     return writer;
   },
@@ -2569,6 +2833,22 @@ export const KeyEntry: MessageFns<KeyEntry> = {
             message.expiresAtMs = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.limitMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7210) {
+              break;
+            }
+
+            message.limitReset = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2628,6 +2908,16 @@ export const KeyEntry: MessageFns<KeyEntry> = {
         : isSet(object.expires_at_ms)
         ? globalThis.Number(object.expires_at_ms)
         : undefined,
+      limitMicros: isSet(object.limitMicros)
+        ? globalThis.Number(object.limitMicros)
+        : isSet(object.limit_micros)
+        ? globalThis.Number(object.limit_micros)
+        : undefined,
+      limitReset: isSet(object.limitReset)
+        ? globalThis.String(object.limitReset)
+        : isSet(object.limit_reset)
+        ? globalThis.String(object.limit_reset)
+        : undefined,
     };
   },
 
@@ -2660,6 +2950,12 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     if (message.expiresAtMs !== undefined) {
       obj.expiresAtMs = Math.round(message.expiresAtMs);
     }
+    if (message.limitMicros !== undefined) {
+      obj.limitMicros = Math.round(message.limitMicros);
+    }
+    if (message.limitReset !== undefined) {
+      obj.limitReset = message.limitReset;
+    }
     return obj;
   },
 
@@ -2677,6 +2973,8 @@ export const KeyEntry: MessageFns<KeyEntry> = {
     message.tpmLimit = object.tpmLimit ?? 0;
     message.maxParallelRequests = object.maxParallelRequests ?? 0;
     message.expiresAtMs = object.expiresAtMs ?? undefined;
+    message.limitMicros = object.limitMicros ?? undefined;
+    message.limitReset = object.limitReset ?? undefined;
     return message;
   },
 };
@@ -7088,7 +7386,7 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
 };
 
 function createBaseOrgLeaseWant(): OrgLeaseWant {
-  return { orgId: "", micros: 0 };
+  return { orgId: "", micros: 0, debtMicros: undefined };
 }
 
 export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
@@ -7098,6 +7396,9 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     }
     if (message.micros !== 0) {
       writer.uint32(16).int64(message.micros);
+    }
+    if (message.debtMicros !== undefined) {
+      writer.uint32(7200).int64(message.debtMicros);
     }
     return writer;
   },
@@ -7131,6 +7432,14 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
             message.micros = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.debtMicros = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7151,6 +7460,11 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
         ? globalThis.String(object.org_id)
         : "",
       micros: isSet(object.micros) ? globalThis.Number(object.micros) : 0,
+      debtMicros: isSet(object.debtMicros)
+        ? globalThis.Number(object.debtMicros)
+        : isSet(object.debt_micros)
+        ? globalThis.Number(object.debt_micros)
+        : undefined,
     };
   },
 
@@ -7162,6 +7476,9 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     if (message.micros !== 0) {
       obj.micros = Math.round(message.micros);
     }
+    if (message.debtMicros !== undefined) {
+      obj.debtMicros = Math.round(message.debtMicros);
+    }
     return obj;
   },
 
@@ -7172,6 +7489,7 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     const message = createBaseOrgLeaseWant();
     message.orgId = object.orgId ?? "";
     message.micros = object.micros ?? 0;
+    message.debtMicros = object.debtMicros ?? undefined;
     return message;
   },
 };
