@@ -12,7 +12,7 @@ test('webhook destinations: valid entries, and every mistake named in one line w
   assert.equal(ok.destinations[0].url, 'https://h.example/x');
   assert.deepEqual([...ok.destinations[0].events], ['org.blocked', 'key.revoked']);
   assert.equal(ok.destinations[0].retryInitialMs, 5000);
-  assert.equal(parseWebhooksConfig([{ url: 'http://h/', secret_env: 'HOOK', events: ['*'] }], undefined, env).destinations[0].events.size, 9);
+  assert.equal(parseWebhooksConfig([{ url: 'http://h/', secret_env: 'HOOK', events: ['*'] }], undefined, env).destinations[0].events.size, 11);
   assert.deepEqual(parseWebhooksConfig(undefined, undefined, env), { destinations: [], balanceLowMicros: 1_000_000 });
 
   const bad: [unknown, unknown, RegExp][] = [
