@@ -69,7 +69,7 @@ export class Admission {
           then(ctx);
         } catch (e) {
           logBug(e);
-          reply.sendError(e, 'openai');
+          reply.sendError(e, familyShape);
         }
         return;
       }
@@ -148,7 +148,7 @@ export class Admission {
         }
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'openai');
+        reply.sendError(e, familyShape);
         if (!finished) finish(null);
       }
     };

@@ -626,6 +626,50 @@ test('a client already gone when admission starts: then(null) at once, nothing c
   }
 });
 
+// ── a handler that throws ────────────────────────────────────────────────────
+
+test("a handler that throws once admitted: 500 in the family's error shape, what it took given back", async () => {
+  // Before the fix admission answered this 500 in Shape A ('openai') whatever the family, so a tool
+  // path (Shape B) or a pass-through path (Shape C) got a body of the wrong shape.
+  const bodies: Record<ErrorShape, unknown> = {
+    openai: { error: { message: 'Internal error.', type: 'api_error', param: null, code: '500' } },
+    gateway: { error: { code: 'internal_error', message: 'Internal error.' } },
+    passthrough: { detail: 'Internal error.' },
+  };
+  for (const shape of ['openai', 'gateway', 'passthrough'] as const) {
+    // Synchronously admitted, and admitted after a wait for the lease.
+    for (const waits of [false, true]) {
+      const leases = new FakeLeases();
+      if (waits) leases.held = { requests: 0, tokens: Infinity };
+      const n = node(leases);
+      const reply = new FakeReply();
+      let calls = 0;
+      n.admission.admitOrWait(
+        reply as unknown as Reply,
+        keyOf(),
+        '/v1/tools/pdf',
+        10,
+        () => {
+          calls++;
+          throw new Error('handler bug');
+        },
+        undefined,
+        shape,
+      );
+      if (waits) {
+        leases.grantKey(1);
+        await wakesRun();
+      }
+      const what = `${shape}, waited: ${waits}`;
+      assert.equal(calls, 1, what);
+      assert.equal(reply.answers.length, 1, what);
+      assert.equal(reply.answers[0].status, 500, what);
+      assert.deepEqual(reply.answers[0].body, bodies[shape], what);
+      assert.deepEqual(usage(n.keyBudgets), { requests: 0, tokens: 0, inFlight: 0 }, `${what}: the context ended with the response`);
+    }
+  }
+});
+
 // ── the wait statistics ──────────────────────────────────────────────────────
 
 test('WaitStats: counts, admitted, advanced only when admitted, percentiles, reset', () => {
