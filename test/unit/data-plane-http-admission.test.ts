@@ -136,7 +136,6 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
   reserved = 0;
   keyWaiters: Array<() => void> = [];
   orgWaiters: Array<() => void> = [];
-  cancelled = 0;
   advancedTaken = 0;
 
   allowanceFor(): MinuteAllowance {
@@ -157,7 +156,6 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
     return true;
   }
   cancelOrgWait(_orgId: string, wake: () => void): void {
-    this.cancelled += this.orgWaiters.filter((w) => w === wake).length;
     this.orgWaiters = this.orgWaiters.filter((w) => w !== wake);
   }
   answerDeferred(): boolean {
@@ -169,7 +167,6 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
     return true;
   }
   cancelKeyWait(_keyId: string, wake: () => void): void {
-    this.cancelled += this.keyWaiters.filter((w) => w === wake).length;
     this.keyWaiters = this.keyWaiters.filter((w) => w !== wake);
   }
   advanceKey(_keyId: string, _minute: number, _limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
@@ -180,12 +177,34 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
     this.held = { ...this.held, requests: this.held.requests + needRequests, tokens: this.held.tokens + needTokens };
     return true;
   }
-  waitForSlot(): boolean {
-    return false;
+  /** This node's parallel slots of the key (undefined: the key's own limit, as a lone node). */
+  slots: { slots: number; final: boolean } | undefined = undefined;
+  slotWaiters: Array<() => void> = [];
+  slotsAdvancing = false;
+  slotsTaken = 0;
+
+  slotsFor(): { slots: number; final: boolean } | undefined {
+    return this.slots;
   }
-  cancelSlotWait(): void {}
-  advanceSlot(): boolean {
-    return false;
+  waitForSlot(_keyId: string, _limits: KeyLimits, wake: () => void): boolean {
+    if (!this.slots || this.slots.final || this.slotsAdvancing) return false;
+    this.slotWaiters.push(wake);
+    return true;
+  }
+  cancelSlotWait(_keyId: string, wake: () => void): void {
+    this.slotWaiters = this.slotWaiters.filter((w) => w !== wake);
+  }
+  advanceSlot(_keyId: string, _limits: KeyLimits, timedOut: boolean): boolean {
+    if (!this.slots || this.slots.final || (!timedOut && !this.slotsAdvancing)) return false;
+    this.slotsAdvancing = true;
+    this.slotsTaken++;
+    this.slots = { ...this.slots, slots: this.slots.slots + 1 };
+    return true;
+  }
+  /** The control plane granted slots (`n`), or said every slot of the key is in use (`final`). */
+  slotAnswer(n: number, final = false): void {
+    this.slots = { slots: this.slots!.slots + n, final };
+    for (const w of this.slotWaiters.splice(0)) w();
   }
 
   /** The control plane granted more of the key's minute. */
@@ -552,6 +571,48 @@ test('the answer waits for reclaims: the request keeps waiting up to LEASE_WAIT_
     assert.equal(out.calls, 1, 'then is called once');
     const s = n.admission.waits.snapshot();
     assert.deepEqual([s.waited, s.admitted, s.advanced, s.max_ms], [1, spent ? 0 : 1, 0, 1000]);
+  }
+});
+
+test("short of this node's parallel slots: waits, then admitted on a slot, refused when every slot is in use, or takes one at the bound", async () => {
+  const rows: Array<{ name: string; answer: (l: FakeLeases) => void; at: number; admitted: boolean; taken: number }> = [
+    { name: 'slot granted', answer: (l) => l.slotAnswer(1), at: 30, admitted: true, taken: 0 },
+    { name: 'every slot in use', answer: (l) => l.slotAnswer(0, true), at: 30, admitted: false, taken: 0 },
+    { name: 'no answer', answer: () => {}, at: LEASE_WAIT_MS, admitted: true, taken: 1 },
+  ];
+  for (const row of rows) {
+    const leases = new FakeLeases();
+    leases.slots = { slots: 1, final: false };
+    const n = node(leases);
+    // The key's limit is 3 in flight; this node holds 1 slot, in use.
+    assert.ok(n.admit(keyOf()).out.ctx instanceof RequestContext);
+    const { reply, out } = n.admit(keyOf(), { close: true });
+    assert.equal(out.calls, 0, `${row.name}: waits`);
+    assert.equal(leases.slotWaiters.length, 1);
+    advance(row.at);
+    row.answer(leases);
+    await wakesRun();
+    assert.equal(out.calls, 1, row.name);
+    assert.equal(out.ctx instanceof RequestContext, row.admitted, row.name);
+    assert.equal(leases.slotsTaken, row.taken, row.name);
+    assert.equal(leases.slotWaiters.length, 0, `${row.name}: no waiter left behind`);
+    if (row.admitted) {
+      assert.deepEqual(usage(n.keyBudgets), { requests: 2, tokens: 20, inFlight: 2 }, row.name);
+    } else {
+      assert.equal(reply.answers[0].status, 429);
+      assert.deepEqual(reply.answers[0].body, {
+        error: {
+          message: 'Rate limit reached for max parallel requests: 3/3 in flight; requests per minute (rpm): 1/20; tokens per minute (tpm): 10/1000. Retry after 43 s.',
+          type: 'max_parallel_requests',
+          param: null,
+          code: '429',
+        },
+      });
+      assert.equal(reply.answers[0].closeConnection, true);
+      assert.deepEqual(usage(n.keyBudgets), { requests: 1, tokens: 10, inFlight: 1 }, `${row.name}: nothing consumed`);
+    }
+    const s = n.admission.waits.snapshot();
+    assert.deepEqual([s.waited, s.admitted, s.advanced, s.max_ms], [1, row.admitted ? 1 : 0, row.taken, row.at], row.name);
   }
 });
 
