@@ -11,6 +11,7 @@ import { Admission, LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS, WaitStats } from '.
 import { renderError, type ErrorShape } from '../../data-plane/http/error-shapes.js';
 import type { Reply } from '../../data-plane/http/reply.js';
 import { RequestContext } from '../../data-plane/http/request-context.js';
+import { log } from '../../data-plane/log.js';
 import { ManualClock, minuteOf, secondsToNextMinute } from '../../data-plane/limits/clock.js';
 import { KeyBudgets, type AllowanceSource, type KeyLimits, type MinuteAllowance, type RateHeaders } from '../../data-plane/limits/key-budgets.js';
 import type { LeaseClient, SpendReservation, SpendVerdict } from '../../data-plane/limits/lease-client.js';
@@ -161,8 +162,8 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
   answerDeferred(): boolean {
     return this.reclaiming;
   }
-  waitForKey(_keyId: string, _minute: number, _limits: KeyLimits, needRequests: number, _needTokens: number, wake: () => void): boolean {
-    if ((needRequests > 0 && this.held.requestsFinal) || this.advancing) return false;
+  waitForKey(_keyId: string, _minute: number, _limits: KeyLimits, needRequests: number, needTokens: number, wake: () => void): boolean {
+    if (this.spent(needRequests, needTokens) || this.advancing) return false;
     this.keyWaiters.push(wake);
     return true;
   }
@@ -170,7 +171,7 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
     this.keyWaiters = this.keyWaiters.filter((w) => w !== wake);
   }
   advanceKey(_keyId: string, _minute: number, _limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
-    if (needRequests > 0 && this.held.requestsFinal) return false;
+    if (this.spent(needRequests, needTokens)) return false;
     if (!timedOut && !this.advancing) return false;
     this.advancing = true;
     this.advancedTaken += needRequests;
@@ -207,15 +208,19 @@ class FakeLeases implements LeasesUsed, AllowanceSource {
     for (const w of this.slotWaiters.splice(0)) w();
   }
 
+  private spent(needRequests: number, needTokens: number): boolean {
+    return (needRequests > 0 && this.held.requestsFinal === true) || (needTokens > 0 && needTokens >= (this.held.tokensFinalNeed ?? Infinity));
+  }
+
   /** The control plane granted more of the key's minute. */
-  grantKey(requests: number): void {
-    this.held = { ...this.held, requests: this.held.requests + requests };
+  grantKey(requests: number, tokens = 0): void {
+    this.held = { ...this.held, requests: this.held.requests + requests, tokens: this.held.tokens + tokens };
     this.advancing = false;
     for (const w of this.keyWaiters.splice(0)) w();
   }
   /** The control plane said the key's minute is spent across the cluster (after reclaiming). */
   keySpent(): void {
-    this.held = { ...this.held, requestsFinal: true };
+    this.held = { ...this.held, requestsFinal: true, tokensFinalNeed: 1 };
     for (const w of this.keyWaiters.splice(0)) w();
   }
   /** The organisation's money slice came (`yes`) or the control plane said nothing is left (`no`). */
@@ -616,6 +621,111 @@ test("short of this node's parallel slots: waits, then admitted on a slot, refus
   }
 });
 
+// ── tokens reserved after admission (a body read after it) ───────────────────
+
+test('reserveOrWait: fits at once, refused over the key tpm, waits for the lease (granted, spent, late), client gone', async () => {
+  const rows: Array<{
+    name: string;
+    held: MinuteAllowance;
+    estimate: number;
+    /** What happens while the request waits (undefined: it does not wait). */
+    meanwhile?: (l: FakeLeases, reply: FakeReply) => Promise<void> | void;
+    ok: boolean;
+    answered: boolean;
+    usage: { requests: number; tokens: number; inFlight: number };
+    waited: number;
+  }> = [
+    { name: 'fits', held: { requests: Infinity, tokens: Infinity }, estimate: 100, ok: true, answered: false, usage: { requests: 1, tokens: 110, inFlight: 1 }, waited: 0 },
+    { name: 'over tpm', held: { requests: Infinity, tokens: Infinity }, estimate: 2000, ok: false, answered: true, usage: { requests: 0, tokens: 0, inFlight: 0 }, waited: 0 },
+    {
+      name: 'granted',
+      held: { requests: Infinity, tokens: 15 },
+      estimate: 100,
+      meanwhile: async (l) => {
+        advance(60);
+        l.grantKey(0, 200);
+        await wakesRun();
+      },
+      ok: true,
+      answered: false,
+      usage: { requests: 1, tokens: 110, inFlight: 1 },
+      waited: 1,
+    },
+    {
+      name: 'spent',
+      held: { requests: Infinity, tokens: 15 },
+      estimate: 100,
+      meanwhile: async (l) => {
+        advance(60);
+        l.keySpent();
+        await wakesRun();
+      },
+      ok: false,
+      answered: true,
+      usage: { requests: 0, tokens: 0, inFlight: 0 },
+      waited: 1,
+    },
+    { name: 'late', held: { requests: Infinity, tokens: 15 }, estimate: 100, meanwhile: () => advance(LEASE_WAIT_MS), ok: true, answered: false, usage: { requests: 1, tokens: 110, inFlight: 1 }, waited: 1 },
+    {
+      name: 'client gone',
+      held: { requests: Infinity, tokens: 15 },
+      estimate: 100,
+      meanwhile: (_l, reply) => {
+        advance(60);
+        reply.abort();
+        advance(LEASE_WAIT_MS);
+      },
+      ok: false,
+      answered: false,
+      usage: { requests: 0, tokens: 0, inFlight: 0 },
+      waited: 1,
+    },
+  ];
+  for (const row of rows) {
+    const leases = new FakeLeases();
+    leases.held = row.held;
+    const n = node(leases);
+    const key = keyOf();
+    const { reply, out } = n.admit(key, { tokens: 10 });
+    assert.ok(out.ctx instanceof RequestContext, row.name);
+    const results: boolean[] = [];
+    n.admission.reserveOrWait(out.ctx, reply as unknown as Reply, key, row.estimate, (ok) => results.push(ok));
+    if (row.meanwhile) {
+      assert.deepEqual(results, [], `${row.name}: waits`);
+      await row.meanwhile(leases, reply);
+    }
+    assert.deepEqual(results, [row.ok], row.name);
+    assert.deepEqual(usage(n.keyBudgets), row.usage, row.name);
+    assert.equal(reply.answers.length, row.answered ? 1 : 0, row.name);
+    assert.deepEqual(reply.touchedAfterDone, [], row.name);
+    assert.equal(leases.keyWaiters.length, 0, `${row.name}: no waiter left behind`);
+    if (row.answered) {
+      const a = reply.answers[0];
+      const retryAfter = secondsToNextMinute(clock.now());
+      assert.equal(a.status, 429, row.name);
+      assert.deepEqual(
+        a.body,
+        {
+          error: {
+            message: `Rate limit reached for tokens per minute (tpm): 10/1000 used, this request needs about ${row.estimate}; requests per minute (rpm): 0/20; max parallel requests: 0/3. Retry after ${retryAfter} s.`,
+            type: 'tokens',
+            param: null,
+            code: '429',
+          },
+        },
+        row.name,
+      );
+      assert.equal(header(a, 'retry-after'), String(retryAfter), row.name);
+      // The rate headers are the key's once this request gave back what it held.
+      assert.equal(reply.rateHeaders?.remainingRequests, 20, row.name);
+    }
+    advance(LEASE_WAIT_RECLAIMING_MS);
+    assert.equal(results.length, 1, `${row.name}: then is called once`);
+    const s = n.admission.waits.snapshot();
+    assert.deepEqual([s.waited, s.admitted], [row.waited, row.waited && row.ok ? 1 : 0], row.name);
+  }
+});
+
 // ── a client that went away ──────────────────────────────────────────────────
 
 test('a client that went away while waiting: then(null), nothing consumed, the response never touched', async () => {
@@ -697,6 +807,7 @@ test("a handler that throws once admitted: 500 in the family's error shape, what
     gateway: { error: { code: 'internal_error', message: 'Internal error.' } },
     passthrough: { detail: 'Internal error.' },
   };
+  const logged = mock.method(log, 'error', () => {});
   for (const shape of ['openai', 'gateway', 'passthrough'] as const) {
     // Synchronously admitted, and admitted after a wait for the lease.
     for (const waits of [false, true]) {
@@ -729,6 +840,7 @@ test("a handler that throws once admitted: 500 in the family's error shape, what
       assert.deepEqual(usage(n.keyBudgets), { requests: 0, tokens: 0, inFlight: 0 }, `${what}: the context ended with the response`);
     }
   }
+  assert.equal(logged.mock.callCount(), 6, 'each bug is logged');
 });
 
 // ── the wait statistics ──────────────────────────────────────────────────────
