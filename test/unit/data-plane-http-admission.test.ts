@@ -410,6 +410,20 @@ test('an organisation with no money: 401 insufficient_quota in the family shape,
   }
 });
 
+test('no money and over the key rpm: the money answer comes first (docs/design.md#order-of-checks, step 4 before 6)', () => {
+  const leases = new FakeLeases();
+  const n = node(leases);
+  const key = keyOf({ rpmLimit: 2 });
+  assert.ok(n.admit(key).out.ctx);
+  assert.ok(n.admit(key).out.ctx);
+  leases.spend = 'no';
+  const { reply, out } = n.admit(key);
+  assert.equal(out.ctx, null);
+  assert.equal(reply.answers[0].status, 401);
+  assert.equal((reply.answers[0].body as { error: { type: string } }).error.type, 'insufficient_quota');
+  assert.deepEqual(usage(n.keyBudgets), { requests: 2, tokens: 20, inFlight: 2 });
+});
+
 test("the organisation's money slice on its way: waits, then admitted (slice came), refused (nothing left) or admitted at the bound (late)", async () => {
   const rows: Array<{ name: string; answer: (l: FakeLeases) => void; at: number; status: number | null }> = [
     { name: 'slice came', answer: (l) => l.orgAnswer('yes'), at: 40, status: null },
