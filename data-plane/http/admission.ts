@@ -70,7 +70,7 @@ export class Admission {
           then(ctx);
         } catch (e) {
           logBug(e);
-          reply.sendError(e, 'openai');
+          reply.sendError(e, familyShape);
         }
         return;
       }
@@ -150,7 +150,7 @@ export class Admission {
         }
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'openai');
+        reply.sendError(e, familyShape);
         if (!finished) finish(null);
       }
     };
