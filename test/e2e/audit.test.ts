@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { consoleClient, type Console } from '../helpers/console.js';
-import { cliJson, runCli, startControlPlane, stopAll, type ControlPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, stopAll, type ControlPlane } from '../helpers/processes.js';
 
 let cp: ControlPlane;
 let op: Console;
@@ -27,19 +27,19 @@ before(async () => {
   await op.addMember({ orgId, accountId: acct.carol.id, role: 'admin' });
 
   // Allowed: the owner makes a project and a key, caps and revokes; the operator credits.
-  projectId = cliJson(cp, acct.alice.token, ['project', 'create', '--org', orgId, '--name', 'backend']).id;
-  const created = cliJson(cp, acct.alice.token, ['key', 'create', '--project', projectId, '--name', 'prod']);
+  projectId = (await cliJsonAsync(cp, acct.alice.token, ['project', 'create', '--org', orgId, '--name', 'backend'])).id;
+  const created = await cliJsonAsync(cp, acct.alice.token, ['key', 'create', '--project', projectId, '--name', 'prod']);
   keyValue = created.key;
   keyId = created.id;
-  cliJson(cp, acct.alice.token, ['org', 'set-cap', orgId, '--usd', '50']);
-  cliJson(cp, cp.secrets.operatorToken, ['org', 'credit', orgId, '--usd', '10']);
+  await cliJsonAsync(cp, acct.alice.token, ['org', 'set-cap', orgId, '--usd', '50']);
+  await cliJsonAsync(cp, cp.secrets.operatorToken, ['org', 'credit', orgId, '--usd', '10']);
   // Refused for their role: a member creating a key, an admin crediting (operator only), a non-member revoking.
-  assert.match(runCli(cp, acct.bob.token, ['key', 'create', '--project', projectId]).stderr, /^403 /);
-  assert.match(runCli(cp, acct.carol.token, ['org', 'credit', orgId, '--usd', '5']).stderr, /^403 /);
-  assert.match(runCli(cp, acct.dave.token, ['key', 'revoke', keyId]).stderr, /^404 /);
-  cliJson(cp, acct.alice.token, ['key', 'revoke', keyId]);
+  assert.match((await runCliAsync(cp, acct.bob.token, ['key', 'create', '--project', projectId])).stderr, /^403 /);
+  assert.match((await runCliAsync(cp, acct.carol.token, ['org', 'credit', orgId, '--usd', '5'])).stderr, /^403 /);
+  assert.match((await runCliAsync(cp, acct.dave.token, ['key', 'revoke', keyId])).stderr, /^404 /);
+  await cliJsonAsync(cp, acct.alice.token, ['key', 'revoke', keyId]);
   // The other organisation's owner acts in it.
-  cliJson(cp, acct.dave.token, ['project', 'create', '--org', otherOrgId, '--name', 'theirs']);
+  await cliJsonAsync(cp, acct.dave.token, ['project', 'create', '--org', otherOrgId, '--name', 'theirs']);
 });
 after(async () => {
   op?.close();
@@ -47,11 +47,11 @@ after(async () => {
 });
 
 type Entry = { id: number; at: string; actor: string; action: string; target_id: string | null; org_id: string | null; outcome: string; caller_address: string | null };
-const audit = (token: string, args: string[] = []): Entry[] => cliJson(cp, token, ['audit', ...args]).entries;
+const audit = async (token: string, args: string[] = []): Promise<Entry[]> => (await cliJsonAsync(cp, token, ['audit', ...args])).entries;
 const find = (entries: Entry[], action: string, actor: string, outcome = 'ok') => entries.filter((e) => e.action === action && e.actor === actor && e.outcome === outcome);
 
-test('changes and role refusals are recorded with actor, action, target, organisation, outcome and address', () => {
-  const all = audit(cp.secrets.operatorToken);
+test('changes and role refusals are recorded with actor, action, target, organisation, outcome and address', async () => {
+  const all = await audit(cp.secrets.operatorToken);
   const [create] = find(all, 'key.create', acct.alice.id);
   assert.equal(create.target_id, keyId);
   assert.equal(create.org_id, orgId);
@@ -81,35 +81,35 @@ test('changes and role refusals are recorded with actor, action, target, organis
   assert.ok(all.every((e, i) => i === 0 || e.at <= all[i - 1].at));
 });
 
-test('owners and admins see their organisation; a member sees none; the operator sees all', () => {
-  const owner = audit(acct.alice.token);
+test('owners and admins see their organisation; a member sees none; the operator sees all', async () => {
+  const owner = await audit(acct.alice.token);
   assert.ok(owner.length > 0);
   assert.ok(owner.every((e) => e.org_id === orgId), 'only acme entries');
   assert.ok(find(owner, 'key.create', acct.bob.id, 'denied').length === 1, 'refusals in the org are shown to its owner');
-  const admin = audit(acct.carol.token, ['--org', orgId]);
+  const admin = await audit(acct.carol.token, ['--org', orgId]);
   assert.deepEqual(admin.map((e) => e.id), owner.map((e) => e.id));
   // Dave owns the other organisation: he sees its entries, not acme's (his denied attempt there included? no: acme's).
-  const dave = audit(acct.dave.token);
+  const dave = await audit(acct.dave.token);
   assert.ok(dave.length > 0 && dave.every((e) => e.org_id === otherOrgId));
-  assert.match(runCli(cp, acct.dave.token, ['audit', '--org', orgId]).stderr, /^404 /);
+  assert.match((await runCliAsync(cp, acct.dave.token, ['audit', '--org', orgId])).stderr, /^404 /);
   // A member: none, and asking for the organisation is refused (and itself recorded).
-  assert.deepEqual(audit(acct.bob.token), []);
-  const r = runCli(cp, acct.bob.token, ['audit', '--org', orgId]);
+  assert.deepEqual(await audit(acct.bob.token), []);
+  const r = await runCliAsync(cp, acct.bob.token, ['audit', '--org', orgId]);
   assert.equal(r.code, 1);
   assert.match(r.stderr, /^403 /);
-  assert.equal(find(audit(cp.secrets.operatorToken), 'audit.list', acct.bob.id, 'denied').length, 1);
+  assert.equal(find(await audit(cp.secrets.operatorToken), 'audit.list', acct.bob.id, 'denied').length, 1);
   // Entries without an organisation (accounts) are the operator's alone.
   assert.ok(!owner.some((e) => e.action === 'account.create'));
 });
 
-test('audit filters by action and time', () => {
-  const revokes = audit(cp.secrets.operatorToken, ['--action', 'key.revoke']);
+test('audit filters by action and time', async () => {
+  const revokes = await audit(cp.secrets.operatorToken, ['--action', 'key.revoke']);
   assert.deepEqual(new Set(revokes.map((e) => e.action)), new Set(['key.revoke']));
   assert.equal(revokes.length, 2);
-  const all = audit(cp.secrets.operatorToken);
+  const all = await audit(cp.secrets.operatorToken);
   const cut = all[Math.floor(all.length / 2)].at;
-  const since = audit(cp.secrets.operatorToken, ['--since', cut]);
+  const since = await audit(cp.secrets.operatorToken, ['--since', cut]);
   assert.ok(since.length > 0 && since.length < all.length);
   assert.ok(since.every((e) => e.at >= cut));
-  assert.match(runCli(cp, cp.secrets.operatorToken, ['audit', '--since', 'yesterday']).stderr, /^400 --since must be/);
+  assert.match((await runCliAsync(cp, cp.secrets.operatorToken, ['audit', '--since', 'yesterday'])).stderr, /^400 --since must be/);
 });
