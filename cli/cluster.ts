@@ -89,7 +89,7 @@ async function main(): Promise<void> {
   const secrets = started.secrets;
   const configPath = args.config ? resolve(args.config) : clusterConfig();
 
-  const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpListen, '--config', configPath]);
+  const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpListen, '--config', configPath], { stopLast: true });
   const cpAddress = (await waitForLine(cp, /control plane listening on (\S+)/))[1];
   console.log(`cluster: control plane on ${cpAddress} (pid ${cp.pid})`);
 

@@ -97,6 +97,8 @@ export function checkFree(address: string, flag: string, what: string): Promise<
  */
 export class Launcher {
   private readonly children: ChildProcess[] = [];
+  /** Stopped once every other child has exited (the control plane: nodes drain their usage to it). */
+  private readonly lastToStop = new Set<ChildProcess>();
   private stopping = false;
 
   constructor(private readonly env: NodeJS.ProcessEnv) {
@@ -113,8 +115,11 @@ export class Launcher {
     return this.stopping;
   }
 
-  /** A `critical` child that exits stops everything; others are only reported. */
-  launch(label: string, args: string[], opts: { critical?: boolean; nodeArgs?: readonly string[]; envDefaults?: Record<string, string> } = {}): ChildProcess {
+  /**
+   * A `critical` child that exits stops everything; others are only reported. A `stopLast` child is
+   * sent SIGTERM only once the others have exited.
+   */
+  launch(label: string, args: string[], opts: { critical?: boolean; stopLast?: boolean; nodeArgs?: readonly string[]; envDefaults?: Record<string, string> } = {}): ChildProcess {
     // stdin is a pipe from this process: when it closes (this process gone, however), the child stops.
     // Its own process group: Ctrl-C in a terminal reaches this process only, which then sends one
     // SIGTERM (a second signal may mean "exit now, skip the drain" to a node).
@@ -128,21 +133,32 @@ export class Launcher {
       } else console.error(`${label} exited (${signal ?? code})`);
     });
     this.children.push(child);
+    if (opts.stopLast) this.lastToStop.add(child);
     return child;
   }
 
+  /**
+   * SIGTERM to every child, the `stopLast` ones (the control plane) once the others have exited: a
+   * node's drain sends its last usage to the control plane, and waits its whole --drain-seconds for
+   * acknowledgements when the control plane is gone.
+   */
   stop(code: number): void {
     if (this.stopping) return;
     this.stopping = true;
     let left = this.children.filter((c) => c.exitCode === null && c.signalCode === null);
     if (left.length === 0) process.exit(code);
+    const stopLastOnes = () => {
+      if (left.every((c) => this.lastToStop.has(c))) for (const c of left) c.kill('SIGTERM');
+    };
     for (const c of left) {
       c.once('exit', () => {
         left = left.filter((x) => x !== c);
         if (left.length === 0) process.exit(code);
+        stopLastOnes();
       });
-      c.kill('SIGTERM');
+      if (!this.lastToStop.has(c)) c.kill('SIGTERM');
     }
+    stopLastOnes();
     setTimeout(() => {
       for (const c of left) c.kill('SIGKILL');
       process.exit(code);

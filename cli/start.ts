@@ -95,7 +95,7 @@ async function main(): Promise<void> {
     waitForLine(demo, /demo backend tools listening on (\S+)/).then((m) => m[1]),
   ]);
   const configPath = writeDemoConfig(mcpUrl, toolsUrl);
-  const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress, '--config', configPath]);
+  const cp = launcher.launch('control-plane', ['control-plane/main.ts', '--db', join(dataDir, 'tollgate.db'), '--listen', cpAddress, '--config', configPath], { stopLast: true });
   await waitForLine(cp, /control plane listening on /);
   // The node journals its unacknowledged usage and request logs under data/node (replayed after a crash).
   const dp = launcher.launch('data-plane', ['data-plane/main.ts', '--control-plane', cpAddress, '--listen', dpAddress, '--node-id', 'embedded', '--data-dir', join(dataDir, 'node')], { nodeArgs: NODE_HEAP_FLAGS, envDefaults: NODE_MEMORY_ENV });

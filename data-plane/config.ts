@@ -53,11 +53,13 @@ export interface NodeConfig {
   dataDir: string | null;
   /** `--journal-max-mib` (default 1024; 64 without a data dir): past it, request-log rows are dropped. */
   journalMaxBytes: number;
+  /** `--report-every-ms` (default 1000): how often journaled reports are sent to the control plane; 0: at once. */
+  reportEveryMs: number;
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--body-min-rate-kib N] [--body-grace-seconds N] [--max-spill-mib N] [--data-dir DIR] [--journal-max-mib N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
-const FLAGS = ['control-plane', 'listen', 'admin-listen', 'node-id', 'pepper-file', 'node-token-file', 'max-buffered-body-mib', 'body-min-rate-kib', 'body-grace-seconds', 'max-spill-mib', 'data-dir', 'journal-max-mib', 'realtime-max-buffered-kib', 'realtime-max-node-buffered-mib', 'drain-seconds', 'log-level', 'tls-ca', 'tls-cert', 'tls-key'] as const;
+  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--body-min-rate-kib N] [--body-grace-seconds N] [--max-spill-mib N] [--data-dir DIR] [--journal-max-mib N] [--report-every-ms N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+const FLAGS = ['control-plane', 'listen', 'admin-listen', 'node-id', 'pepper-file', 'node-token-file', 'max-buffered-body-mib', 'body-min-rate-kib', 'body-grace-seconds', 'max-spill-mib', 'data-dir', 'journal-max-mib', 'report-every-ms', 'realtime-max-buffered-kib', 'realtime-max-node-buffered-mib', 'drain-seconds', 'log-level', 'tls-ca', 'tls-cert', 'tls-key'] as const;
 
 
 function hostPort(flag: string, value: string): { host: string; port: number } {
@@ -116,6 +118,8 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   if (dataDir !== null && dataDir.trim() === '') throw new ConfigError('--data-dir must not be empty');
   const journalMib = flags['journal-max-mib'] ?? (dataDir === null ? '64' : '1024');
   if (!/^\d{1,7}$/.test(journalMib) || Number(journalMib) < 1) throw new ConfigError(`--journal-max-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(journalMib)}`);
+  const reportEveryMs = flags['report-every-ms'] ?? '1000';
+  if (!/^\d{1,5}$/.test(reportEveryMs) || Number(reportEveryMs) > 60_000) throw new ConfigError(`--report-every-ms must be a whole number of milliseconds from 0 to 60000, got ${JSON.stringify(reportEveryMs)}`);
   const realtimeKib = flags['realtime-max-buffered-kib'] ?? '1024';
   if (!/^\d{1,7}$/.test(realtimeKib) || Number(realtimeKib) < 16) throw new ConfigError(`--realtime-max-buffered-kib must be a whole number of KiB, at least 16, got ${JSON.stringify(realtimeKib)}`);
   const realtimeNodeMib = flags['realtime-max-node-buffered-mib'] ?? '256';
@@ -144,6 +148,7 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
     spillDir: tmpdir(),
     dataDir,
     journalMaxBytes: Number(journalMib) * 1024 * 1024,
+    reportEveryMs: Number(reportEveryMs),
     realtimeMaxBufferedBytes: Number(realtimeKib) * 1024,
     realtimeMaxNodeBufferedBytes: Number(realtimeNodeMib) * 1024 * 1024,
     logLevel: logLevel as LogLevel,

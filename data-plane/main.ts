@@ -69,7 +69,7 @@ async function main(): Promise<void> {
   } catch (err) {
     fail(`data plane: --data-dir ${config.dataDir}: ${(err as Error).message}`);
   }
-  const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log: journalLog });
+  const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log: journalLog, sendEveryMs: config.reportEveryMs });
   const pools = new PoolRegistry();
   const toolBackends = new ToolBackends();
   const openStreams = new OpenStreams();

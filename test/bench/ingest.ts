@@ -18,7 +18,7 @@ import { ConsoleClient } from '../../cli/console-client.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { startFakeNode } from '../helpers/fake-node.js';
-import { runCli, startControlPlane, startDataPlane, startProcess, stopAll, tempDir } from '../helpers/processes.js';
+import { runCliAsync, startControlPlane, startDataPlane, startProcess, stopAll, tempDir } from '../helpers/processes.js';
 import { load } from './load.js';
 
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 32);
@@ -257,7 +257,7 @@ async function partQuery(): Promise<void> {
   times.sort((a, b) => a - b);
   console.log(`  ListRequestLogs --key --since --until (one day, first page of ${rows}): median ${times[5].toFixed(1)} ms, max ${times[9].toFixed(1)} ms (target ≤ 200)`);
   const t = performance.now();
-  const cli = runCli(cp, cp.secrets.operatorToken, ['--json', 'logs', '--key', k.keyId, '--since', new Date(since).toISOString(), '--until', new Date(until).toISOString()]);
+  const cli = await runCliAsync(cp, cp.secrets.operatorToken, ['--json', 'logs', '--key', k.keyId, '--since', new Date(since).toISOString(), '--until', new Date(until).toISOString()]);
   console.log(`  the CLI process end to end (node and tsx start included): ${(performance.now() - t).toFixed(0)} ms, exit ${cli.code}`);
   client.close();
   await stopAll();

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { consoleClient, type Console } from '../helpers/console.js';
-import { cliJson, runCli, startControlPlane, stopAll, type ControlPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, stopAll, type ControlPlane } from '../helpers/processes.js';
 
 let cp: ControlPlane;
 let op: Console;
@@ -28,24 +28,24 @@ before(async () => {
   await op.addMember({ orgId, accountId: acct.carol.id, role: 'admin' });
 
   // Allowed: the owner makes a project and a key, caps and revokes; the operator credits.
-  projectId = cliJson(cp, acct.alice.token, ['project', 'create', '--org', orgId, '--name', 'backend']).id;
-  const created = cliJson(cp, acct.alice.token, ['key', 'create', '--project', projectId, '--name', 'prod']);
+  projectId = (await cliJsonAsync(cp, acct.alice.token, ['project', 'create', '--org', orgId, '--name', 'backend'])).id;
+  const created = await cliJsonAsync(cp, acct.alice.token, ['key', 'create', '--project', projectId, '--name', 'prod']);
   keyValue = created.key;
   keyId = created.id;
-  cliJson(cp, acct.alice.token, ['org', 'set-cap', orgId, '--usd', '50']);
-  cliJson(cp, cp.secrets.operatorToken, ['org', 'credit', orgId, '--usd', '10']);
+  await cliJsonAsync(cp, acct.alice.token, ['org', 'set-cap', orgId, '--usd', '50']);
+  await cliJsonAsync(cp, cp.secrets.operatorToken, ['org', 'credit', orgId, '--usd', '10']);
   // Refused for their role: a member creating a key, an admin crediting (operator only), a non-member revoking.
-  assert.match(runCli(cp, acct.bob.token, ['key', 'create', '--project', projectId]).stderr, /^403 /);
-  assert.match(runCli(cp, acct.carol.token, ['org', 'credit', orgId, '--usd', '5']).stderr, /^403 /);
-  assert.match(runCli(cp, acct.dave.token, ['key', 'revoke', keyId]).stderr, /^404 /);
-  cliJson(cp, acct.alice.token, ['key', 'revoke', keyId]);
+  assert.match((await runCliAsync(cp, acct.bob.token, ['key', 'create', '--project', projectId])).stderr, /^403 /);
+  assert.match((await runCliAsync(cp, acct.carol.token, ['org', 'credit', orgId, '--usd', '5'])).stderr, /^403 /);
+  assert.match((await runCliAsync(cp, acct.dave.token, ['key', 'revoke', keyId])).stderr, /^404 /);
+  await cliJsonAsync(cp, acct.alice.token, ['key', 'revoke', keyId]);
   // Money limits below the organisation (docs/money-limits.md): an admin caps a project, a member may
   // not; a key created with its own limit.
-  cliJson(cp, acct.carol.token, ['project', 'set-cap', projectId, '--usd', '25']);
-  assert.match(runCli(cp, acct.bob.token, ['project', 'set-cap', projectId, '--usd', '1000']).stderr, /^403 /);
-  limitedKeyId = cliJson(cp, acct.carol.token, ['key', 'create', '--project', projectId, '--name', 'reseller', '--limit-usd', '7.5', '--limit-reset', 'weekly']).id;
+  await cliJsonAsync(cp, acct.carol.token, ['project', 'set-cap', projectId, '--usd', '25']);
+  assert.match((await runCliAsync(cp, acct.bob.token, ['project', 'set-cap', projectId, '--usd', '1000'])).stderr, /^403 /);
+  limitedKeyId = (await cliJsonAsync(cp, acct.carol.token, ['key', 'create', '--project', projectId, '--name', 'reseller', '--limit-usd', '7.5', '--limit-reset', 'weekly'])).id;
   // The other organisation's owner acts in it.
-  cliJson(cp, acct.dave.token, ['project', 'create', '--org', otherOrgId, '--name', 'theirs']);
+  await cliJsonAsync(cp, acct.dave.token, ['project', 'create', '--org', otherOrgId, '--name', 'theirs']);
 });
 after(async () => {
   op?.close();
@@ -53,11 +53,11 @@ after(async () => {
 });
 
 type Entry = { id: number; at: string; actor: string; action: string; target_id: string | null; org_id: string | null; outcome: string; caller_address: string | null; detail: string | null };
-const audit = (token: string, args: string[] = []): Entry[] => cliJson(cp, token, ['audit', ...args]).entries;
+const audit = async (token: string, args: string[] = []): Promise<Entry[]> => (await cliJsonAsync(cp, token, ['audit', ...args])).entries;
 const find = (entries: Entry[], action: string, actor: string, outcome = 'ok') => entries.filter((e) => e.action === action && e.actor === actor && e.outcome === outcome);
 
-test('changes and role refusals are recorded with actor, action, target, organisation, outcome and address', () => {
-  const all = audit(cp.secrets.operatorToken);
+test('changes and role refusals are recorded with actor, action, target, organisation, outcome and address', async () => {
+  const all = await audit(cp.secrets.operatorToken);
   const [create] = find(all, 'key.create', acct.alice.id);
   assert.equal(create.target_id, keyId);
   assert.equal(create.org_id, orgId);
@@ -87,41 +87,41 @@ test('changes and role refusals are recorded with actor, action, target, organis
   assert.ok(all.every((e, i) => i === 0 || e.at <= all[i - 1].at));
 });
 
-test('owners and admins see their organisation; a member sees none; the operator sees all', () => {
-  const owner = audit(acct.alice.token);
+test('owners and admins see their organisation; a member sees none; the operator sees all', async () => {
+  const owner = await audit(acct.alice.token);
   assert.ok(owner.length > 0);
   assert.ok(owner.every((e) => e.org_id === orgId), 'only acme entries');
   assert.ok(find(owner, 'key.create', acct.bob.id, 'denied').length === 1, 'refusals in the org are shown to its owner');
-  const admin = audit(acct.carol.token, ['--org', orgId]);
+  const admin = await audit(acct.carol.token, ['--org', orgId]);
   assert.deepEqual(admin.map((e) => e.id), owner.map((e) => e.id));
   // Dave owns the other organisation: he sees its entries, not acme's (his denied attempt there included? no: acme's).
-  const dave = audit(acct.dave.token);
+  const dave = await audit(acct.dave.token);
   assert.ok(dave.length > 0 && dave.every((e) => e.org_id === otherOrgId));
-  assert.match(runCli(cp, acct.dave.token, ['audit', '--org', orgId]).stderr, /^404 /);
+  assert.match((await runCliAsync(cp, acct.dave.token, ['audit', '--org', orgId])).stderr, /^404 /);
   // A member: none, and asking for the organisation is refused (and itself recorded).
-  assert.deepEqual(audit(acct.bob.token), []);
-  const r = runCli(cp, acct.bob.token, ['audit', '--org', orgId]);
+  assert.deepEqual(await audit(acct.bob.token), []);
+  const r = await runCliAsync(cp, acct.bob.token, ['audit', '--org', orgId]);
   assert.equal(r.code, 1);
   assert.match(r.stderr, /^403 /);
-  assert.equal(find(audit(cp.secrets.operatorToken), 'audit.list', acct.bob.id, 'denied').length, 1);
+  assert.equal(find(await audit(cp.secrets.operatorToken), 'audit.list', acct.bob.id, 'denied').length, 1);
   // Entries without an organisation (accounts) are the operator's alone.
   assert.ok(!owner.some((e) => e.action === 'account.create'));
 });
 
-test('audit filters by action and time', () => {
-  const revokes = audit(cp.secrets.operatorToken, ['--action', 'key.revoke']);
+test('audit filters by action and time', async () => {
+  const revokes = await audit(cp.secrets.operatorToken, ['--action', 'key.revoke']);
   assert.deepEqual(new Set(revokes.map((e) => e.action)), new Set(['key.revoke']));
   assert.equal(revokes.length, 2);
-  const all = audit(cp.secrets.operatorToken);
+  const all = await audit(cp.secrets.operatorToken);
   const cut = all[Math.floor(all.length / 2)].at;
-  const since = audit(cp.secrets.operatorToken, ['--since', cut]);
+  const since = await audit(cp.secrets.operatorToken, ['--since', cut]);
   assert.ok(since.length > 0 && since.length < all.length);
   assert.ok(since.every((e) => e.at >= cut));
-  assert.match(runCli(cp, cp.secrets.operatorToken, ['audit', '--since', 'yesterday']).stderr, /^400 --since must be/);
+  assert.match((await runCliAsync(cp, cp.secrets.operatorToken, ['audit', '--since', 'yesterday'])).stderr, /^400 --since must be/);
 });
 
-test('project.set_cap is recorded allowed (admin) and denied (member), with the cap; key.create carries the key limit', () => {
-  const all = audit(cp.secrets.operatorToken, ['--action', 'project.set_cap']);
+test('project.set_cap is recorded allowed (admin) and denied (member), with the cap; key.create carries the key limit', async () => {
+  const all = await audit(cp.secrets.operatorToken, ['--action', 'project.set_cap']);
   const [allowed] = find(all, 'project.set_cap', acct.carol.id);
   assert.equal(allowed.target_id, projectId);
   assert.equal(allowed.org_id, orgId);
@@ -129,9 +129,9 @@ test('project.set_cap is recorded allowed (admin) and denied (member), with the 
   const [denied] = find(all, 'project.set_cap', acct.bob.id, 'denied');
   assert.equal(denied.target_id, projectId);
   assert.equal(denied.org_id, orgId);
-  const [limited] = audit(cp.secrets.operatorToken, ['--action', 'key.create']).filter((e) => e.target_id === limitedKeyId);
+  const [limited] = (await audit(cp.secrets.operatorToken, ['--action', 'key.create'])).filter((e) => e.target_id === limitedKeyId);
   assert.equal(limited.detail, 'limit_usd=7.50 limit_reset=weekly');
   // A key without a limit says nothing more; no entry carries a key value.
-  assert.equal(find(audit(cp.secrets.operatorToken), 'key.create', acct.alice.id).find((e) => e.target_id === keyId)!.detail, null);
-  assert.ok(!JSON.stringify(audit(cp.secrets.operatorToken)).includes(keyValue));
+  assert.equal(find(await audit(cp.secrets.operatorToken), 'key.create', acct.alice.id).find((e) => e.target_id === keyId)!.detail, null);
+  assert.ok(!JSON.stringify(await audit(cp.secrets.operatorToken)).includes(keyValue));
 });

@@ -11,7 +11,7 @@ import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
 import { openRealtime } from '../helpers/realtime.js';
-import { cliJson, runCli, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows, waitForUsageTotals } from '../helpers/usage-db.js';
 import { bearer, request } from '../helpers/http.js';
 
@@ -219,15 +219,15 @@ test('realtime: audio tokens priced as audio, cached as cached; turning on input
   await session.waitClosed();
 });
 
-test('models list shows every price, and what an unset one is billed at', () => {
-  const models = cliJson(cp, cp.secrets.operatorToken, ['models', 'list']).models;
+test('models list shows every price, and what an unset one is billed at', async () => {
+  const models = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['models', 'list'])).models;
   const rt = models.find((m: { id: string }) => m.id === 'rt-up');
   assert.deepEqual(
     [rt.input_usd_per_mtok, rt.output_usd_per_mtok, rt.cached_input_usd_per_mtok, rt.cache_write_usd_per_mtok, rt.input_audio_usd_per_mtok, rt.output_audio_usd_per_mtok],
     ['1.00', '2.00', '0.50', '1.00', '10.00', '20.00'],
   );
   assert.deepEqual(rt.prices_set, { cached_input: true, cache_write: false, input_audio: true, output_audio: true });
-  const table = runCli(cp, cp.secrets.operatorToken, ['models', 'list']).stdout;
+  const table = (await runCliAsync(cp, cp.secrets.operatorToken, ['models', 'list'])).stdout;
   assert.match(table, /CACHED_INPUT_USD_PER_MTOK\s+CACHE_WRITE_USD_PER_MTOK\s+INPUT_AUDIO_USD_PER_MTOK\s+OUTPUT_AUDIO_USD_PER_MTOK/);
   assert.match(table, /up-chat\s+chat\s+openai\s+1\.00\s+10\.00\s+-\s+1\.00 \(=input\)\s+1\.00 \(=input\)\s+1\.00 \(=input\)\s+10\.00 \(=output\)/);
 });
@@ -268,7 +268,7 @@ test('the caller sees the charge: x-request-id on every answer, usage.cost in JS
 
   // The ids are the ones `tollgate logs` shows, with the same micro-dollars.
   await waitForUsageRows(cp.dbPath, k.keyId, 4);
-  const logs = cliJson(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId]).logs as Array<{ request_id: string; cost_usd: string }>;
+  const logs = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['logs', '--key', k.keyId])).logs as Array<{ request_id: string; cost_usd: string }>;
   const byId = new Map(logs.map((l) => [l.request_id, l.cost_usd]));
   assert.equal(byId.get(jsonId!), '0.040012');
   assert.equal(byId.get(rawId!), '0.05');

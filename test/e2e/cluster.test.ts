@@ -11,7 +11,7 @@ import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { cliJson, ROOT, runCli, startProcess, stopAll, tempDir } from '../helpers/processes.js';
+import { cliJsonAsync, ROOT, runCliAsync, startProcess, stopAll, tempDir } from '../helpers/processes.js';
 import { consoleClient } from '../helpers/console.js';
 
 after(stopAll);
@@ -77,8 +77,8 @@ test('the three-node cluster serves through its load balancer, survives a node k
 
   // The revocation is confirmed by the two nodes left, and names the one that is gone.
   await eventually(async () => (await c.listNodes()).nodes.some((n) => n.id === victim.id && !n.connected), `${victim.id} to be seen as disconnected`);
-  const keyId = cliJson(cp, token, ['key', 'list', '--project', /project (proj_\w+)/.exec(out)![1]]).keys[0].id as string;
-  const revoked = runCli(cp, token, ['--json', 'key', 'revoke', keyId]);
+  const keyId = (await cliJsonAsync(cp, token, ['key', 'list', '--project', /project (proj_\w+)/.exec(out)![1]])).keys[0].id as string;
+  const revoked = await runCliAsync(cp, token, ['--json', 'key', 'revoke', keyId]);
   assert.equal(revoked.code, 0, revoked.stderr);
   const res = JSON.parse(revoked.stdout);
   assert.equal(res.nodes_total, 2);

@@ -2,11 +2,10 @@
 // 400 from the control plane (exit 1), malformed arguments 400 plus usage from the CLI (exit 2),
 // and never a stack trace.
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { assertFails, assertNoStackTrace, assertUsageError, createOrgWithProject, runMany } from '../helpers/console-cli.js';
-import { cliJson, ROOT, runCli, startControlPlane, stopAll, type CliResult } from '../helpers/processes.js';
+import { assertFails, assertNoStackTrace, assertUsageError, createOrgWithProjectAsync, runMany } from '../helpers/console-cli.js';
+import { cliJsonAsync, ROOT, runCliAsync, runProcessAsync, startControlPlane, stopAll, type CliResult } from '../helpers/processes.js';
 
 const COMMAND_NAMES = [
   'account create', 'whoami', 'org create', 'org list', 'org show', 'org set-tier', 'org credit', 'org set-cap',
@@ -14,20 +13,20 @@ const COMMAND_NAMES = [
   'usage', 'models list', 'nodes list', 'config reload',
 ];
 
-test('help lists every command, and the package bin forwards arguments and exit codes', () => {
-  const npm = spawnSync('npm', ['run', '-s', 'cli', '--', '--help'], { cwd: ROOT, encoding: 'utf8', env: { ...process.env, TOLLGATE_TOKEN: '' } });
-  assert.equal(npm.status, 0, npm.stderr);
+test('help lists every command, and the package bin forwards arguments and exit codes', async () => {
+  const npm = await runProcessAsync('npm', ['run', '-s', 'cli', '--', '--help'], { env: { ...process.env, TOLLGATE_TOKEN: '' } });
+  assert.equal(npm.code, 0, npm.stderr);
   for (const name of COMMAND_NAMES) assert.match(npm.stdout, new RegExp(`^  ${name}\\b`, 'm'), `--help lists ${name}`);
   const bin = join(ROOT, 'cli', 'bin.mjs');
-  const viaBin = spawnSync(process.execPath, [bin, 'help'], { cwd: ROOT, encoding: 'utf8' });
-  assert.equal(viaBin.status, 0, viaBin.stderr);
+  const viaBin = await runProcessAsync(process.execPath, [bin, 'help']);
+  assert.equal(viaBin.code, 0, viaBin.stderr);
   assert.equal(viaBin.stdout, npm.stdout);
-  const usage = spawnSync(process.execPath, [bin, 'key', 'create', '--help'], { cwd: ROOT, encoding: 'utf8' });
-  assert.equal(usage.status, 0);
+  const usage = await runProcessAsync(process.execPath, [bin, 'key', 'create', '--help']);
+  assert.equal(usage.code, 0);
   assert.match(usage.stdout, /^Usage: tollgate .*key create --project PROJECT/m);
   assert.match(usage.stdout, /--models/);
-  const bad = spawnSync(process.execPath, [bin, 'frobnicate'], { cwd: ROOT, encoding: 'utf8' });
-  assert.equal(bad.status, 2);
+  const bad = await runProcessAsync(process.execPath, [bin, 'frobnicate']);
+  assert.equal(bad.code, 2);
   assert.match(bad.stderr, /^400 unknown command "frobnicate"/);
 });
 
@@ -35,7 +34,7 @@ test('bad input gets clear errors: 404 for unknown ids, 400 for bad values, usag
   t.after(stopAll);
   const cp = await startControlPlane();
   const op = cp.secrets.operatorToken;
-  const { owner, orgId, projectId } = createOrgWithProject(cp, op, 'careful');
+  const { owner, orgId, projectId } = await createOrgWithProjectAsync(cp, op, 'careful');
   type Check = [token: string | undefined, args: string[], assertOn: (r: CliResult) => void];
   const fails = (token: string | undefined, args: string[], status: number, what: string, opts: { exitCode?: number; message?: RegExp } = {}): Check => [
     token,
@@ -93,18 +92,18 @@ test('bad input gets clear errors: 404 for unknown ids, 400 for bad values, usag
   checks.forEach(([, , assertOn], i) => assertOn(results[i]));
 
   // Nothing was changed by any of the refused calls.
-  const org = cliJson(cp, op, ['org', 'show', orgId]);
+  const org = await cliJsonAsync(cp, op, ['org', 'show', orgId]);
   assert.equal(org.tier, 'free');
   assert.equal(org.credits_usd, '0.00');
   assert.equal(org.own_cap_usd, null);
-  assert.deepEqual(cliJson(cp, op, ['project', 'list', '--org', orgId]).projects.map((p: any) => p.id), [projectId]);
+  assert.deepEqual((await cliJsonAsync(cp, op, ['project', 'list', '--org', orgId])).projects.map((p: any) => p.id), [projectId]);
   assert.deepEqual(
-    cliJson(cp, op, ['member', 'list', orgId]).members.map((m: any) => [m.account_id, m.role]),
+    (await cliJsonAsync(cp, op, ['member', 'list', orgId])).members.map((m: any) => [m.account_id, m.role]),
     [[owner.id, 'owner']],
   );
 
   // The control plane is not there.
-  const down = runCli({ address: '127.0.0.1:1' }, op, ['org', 'list']);
+  const down = await runCliAsync({ address: '127.0.0.1:1' }, op, ['org', 'list']);
   assertFails(down, 503, 'unreachable control plane', { exitCode: 1 });
   assert.equal(down.stderr, '503 control plane unreachable at 127.0.0.1:1\n');
   assertNoStackTrace(down, 'unreachable');

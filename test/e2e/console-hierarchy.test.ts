@@ -4,8 +4,8 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { assertNoStackTrace, createAccount, createOrgWithProject, runMany } from '../helpers/console-cli.js';
-import { cliJson, runCli, startControlPlane, stopAll } from '../helpers/processes.js';
+import { assertNoStackTrace, createAccountAsync, createOrgWithProjectAsync, runMany } from '../helpers/console-cli.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, stopAll } from '../helpers/processes.js';
 
 const KEY_RE = /^sk-tollgate-[0-9A-Za-z]{43}$/;
 
@@ -14,16 +14,16 @@ test('operator builds accounts, an organisation, members, a project and a key th
   const cp = await startControlPlane();
   const op = cp.secrets.operatorToken;
 
-  const me = cliJson(cp, op, ['whoami']);
+  const me = await cliJsonAsync(cp, op, ['whoami']);
   assert.equal(me.operator, true);
 
-  const alice = createAccount(cp, op, 'alice');
-  const bob = createAccount(cp, op, 'bob');
+  const alice = await createAccountAsync(cp, op, 'alice');
+  const bob = await createAccountAsync(cp, op, 'bob');
   assert.notEqual(alice.id, bob.id);
   assert.notEqual(alice.token, bob.token);
-  assert.equal(cliJson(cp, alice.token, ['whoami']).account.id, alice.id);
+  assert.equal((await cliJsonAsync(cp, alice.token, ['whoami'])).account.id, alice.id);
 
-  const org = cliJson(cp, op, ['org', 'create', '--name', 'Acme', '--owner', alice.id]);
+  const org = await cliJsonAsync(cp, op, ['org', 'create', '--name', 'Acme', '--owner', alice.id]);
   assert.equal(org.name, 'Acme');
   assert.equal(org.tier, 'free');
   assert.equal(org.credits_usd, '0.00');
@@ -39,9 +39,9 @@ test('operator builds accounts, an organisation, members, a project and a key th
   assert.equal(org.month, new Date().toISOString().slice(0, 7));
   assert.equal(typeof org.created_at, 'string');
 
-  const member = cliJson(cp, alice.token, ['member', 'add', org.id, '--account', bob.id, '--role', 'member']);
+  const member = await cliJsonAsync(cp, alice.token, ['member', 'add', org.id, '--account', bob.id, '--role', 'member']);
   assert.deepEqual(member, { org_id: org.id, account_id: bob.id, account_name: 'bob', role: 'member' });
-  const members = cliJson(cp, bob.token, ['member', 'list', org.id]).members;
+  const members = (await cliJsonAsync(cp, bob.token, ['member', 'list', org.id])).members;
   assert.deepEqual(
     members.map((m: any) => [m.account_id, m.role]).sort(),
     [
@@ -50,15 +50,15 @@ test('operator builds accounts, an organisation, members, a project and a key th
     ].sort(),
   );
 
-  const project = cliJson(cp, alice.token, ['project', 'create', '--org', org.id, '--name', 'backend']);
+  const project = await cliJsonAsync(cp, alice.token, ['project', 'create', '--org', org.id, '--name', 'backend']);
   assert.equal(project.org_id, org.id);
   assert.equal(project.name, 'backend');
   assert.deepEqual(
-    cliJson(cp, bob.token, ['project', 'list', '--org', org.id]).projects.map((p: any) => p.id),
+    (await cliJsonAsync(cp, bob.token, ['project', 'list', '--org', org.id])).projects.map((p: any) => p.id),
     [project.id],
   );
 
-  const created = cliJson(cp, alice.token, ['key', 'create', '--project', project.id, '--name', 'ci', '--models', 'demo-chat,demo-embed']);
+  const created = await cliJsonAsync(cp, alice.token, ['key', 'create', '--project', project.id, '--name', 'ci', '--models', 'demo-chat,demo-embed']);
   assert.match(created.key, KEY_RE);
   assert.equal(created.key_prefix, `${created.key.slice(0, 12)}...${created.key.slice(-4)}`);
   assert.equal(created.project_id, project.id);
@@ -72,7 +72,7 @@ test('operator builds accounts, an organisation, members, a project and a key th
   assert.equal(created.tpm_limit, 60000);
   assert.equal(created.max_parallel_requests, 100);
 
-  const listed = cliJson(cp, bob.token, ['key', 'list', '--project', project.id]).keys;
+  const listed = (await cliJsonAsync(cp, bob.token, ['key', 'list', '--project', project.id])).keys;
   assert.equal(listed.length, 1);
   assert.equal(listed[0].id, created.id);
   assert.equal(listed[0].key_prefix, created.key_prefix);
@@ -81,37 +81,37 @@ test('operator builds accounts, an organisation, members, a project and a key th
   assert.deepEqual(listed[0].allowed_models, ['demo-chat', 'demo-embed']);
 
   // A second key with no --models: every model the plan allows.
-  const all = cliJson(cp, alice.token, ['key', 'create', '--project', project.id]);
+  const all = await cliJsonAsync(cp, alice.token, ['key', 'create', '--project', project.id]);
   assert.deepEqual(all.allowed_models, []);
   assert.notEqual(all.key, created.key);
 
-  const models = cliJson(cp, bob.token, ['models', 'list']).models;
+  const models = (await cliJsonAsync(cp, bob.token, ['models', 'list'])).models;
   const byId = new Map(models.map((m: any) => [m.id, m]));
   assert.ok(byId.has('demo-chat'));
   assert.deepEqual([...(byId.get('demo-chat') as any).tiers].sort(), ['free', 'paid']);
   assert.deepEqual((byId.get('demo-chat-pro') as any).tiers, ['paid']);
   assert.equal((byId.get('demo-chat') as any).input_usd_per_mtok, '0.50');
 
-  const shownToBob = cliJson(cp, bob.token, ['org', 'show', org.id]);
+  const shownToBob = await cliJsonAsync(cp, bob.token, ['org', 'show', org.id]);
   assert.equal(shownToBob.role, 'member');
   assert.equal(shownToBob.id, org.id);
-  assert.equal(cliJson(cp, alice.token, ['org', 'show', org.id]).role, 'owner');
+  assert.equal((await cliJsonAsync(cp, alice.token, ['org', 'show', org.id])).role, 'owner');
   assert.deepEqual(
-    cliJson(cp, alice.token, ['org', 'list']).orgs.map((o: any) => o.id),
+    (await cliJsonAsync(cp, alice.token, ['org', 'list'])).orgs.map((o: any) => o.id),
     [org.id],
   );
 
   // Readable output without --json: tables and key: value lines.
-  const table = runCli(cp, bob.token, ['key', 'list', '--project', project.id]);
+  const table = await runCliAsync(cp, bob.token, ['key', 'list', '--project', project.id]);
   assert.equal(table.code, 0, table.stderr);
   assert.match(table.stdout, /^ID\s+NAME\s+KEY_PREFIX\s+STATUS/m);
   assert.ok(table.stdout.includes(created.key_prefix));
   assert.match(table.stdout, /\bactive\b/);
-  const shown = runCli(cp, alice.token, ['org', 'show', org.id]);
+  const shown = await runCliAsync(cp, alice.token, ['org', 'show', org.id]);
   assert.equal(shown.code, 0, shown.stderr);
   assert.match(shown.stdout, /^balance_usd:\s+5\.00$/m);
   assert.match(shown.stdout, /^tier:\s+free$/m);
-  const human = runCli(cp, alice.token, ['key', 'create', '--project', project.id, '--name', 'human']);
+  const human = await runCliAsync(cp, alice.token, ['key', 'create', '--project', project.id, '--name', 'human']);
   assert.equal(human.code, 0, human.stderr);
   assert.match(human.stdout, /^key:\s+sk-tollgate-[0-9A-Za-z]{43}$/m);
   assert.match(human.stdout + human.stderr, /will not be shown again/);
@@ -122,11 +122,11 @@ test("a key's value appears only in the output of key create, never in the datab
   t.after(stopAll);
   const cp = await startControlPlane();
   const op = cp.secrets.operatorToken;
-  const { owner, orgId, projectId } = createOrgWithProject(cp, op, 'secretive');
-  const memberAcct = createAccount(cp, op, 'reader');
-  cliJson(cp, owner.token, ['member', 'add', orgId, '--account', memberAcct.id, '--role', 'member']);
+  const { owner, orgId, projectId } = await createOrgWithProjectAsync(cp, op, 'secretive');
+  const memberAcct = await createAccountAsync(cp, op, 'reader');
+  await cliJsonAsync(cp, owner.token, ['member', 'add', orgId, '--account', memberAcct.id, '--role', 'member']);
 
-  const create = runCli(cp, owner.token, ['--json', 'key', 'create', '--project', projectId, '--name', 'prod']);
+  const create = await runCliAsync(cp, owner.token, ['--json', 'key', 'create', '--project', projectId, '--name', 'prod']);
   assert.equal(create.code, 0, create.stderr);
   const created = JSON.parse(create.stdout);
   const key: string = created.key;
@@ -152,9 +152,9 @@ test("a key's value appears only in the output of key create, never in the datab
   }
   const outputs = [create, ...(await runMany(cp, calls))];
   outputs.forEach((r, i) => assert.equal(r.code, 0, `${i === 0 ? 'key create' : calls[i - 1][1].join(' ')}: ${r.stderr}`));
-  const revoke = runCli(cp, owner.token, ['--json', 'key', 'revoke', created.id]);
+  const revoke = await runCliAsync(cp, owner.token, ['--json', 'key', 'revoke', created.id]);
   assert.equal(revoke.code, 0, revoke.stderr);
-  outputs.push(revoke, runCli(cp, owner.token, ['key', 'list', '--project', projectId]));
+  outputs.push(revoke, await runCliAsync(cp, owner.token, ['key', 'list', '--project', projectId]));
   const withValue = outputs.filter((r) => `${r.stdout}${r.stderr}`.includes(randomPart));
   assert.equal(withValue.length, 1, 'the key value is printed by exactly one command');
   assert.equal(withValue[0], create);

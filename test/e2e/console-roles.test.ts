@@ -2,24 +2,24 @@
 // refused with 403 for an organisation's owner, and 401 for a bad or missing token.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { assertFails, createAccount, createOrgWithProject, runMany } from '../helpers/console-cli.js';
-import { cliJson, runCli, startControlPlane, stopAll } from '../helpers/processes.js';
+import { assertFails, createAccountAsync, createOrgWithProjectAsync, runMany } from '../helpers/console-cli.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, stopAll } from '../helpers/processes.js';
 
 test('every role-gated call is refused with 403 for a member, operator calls for an owner, 401 without a good token', async (t) => {
   t.after(stopAll);
   const cp = await startControlPlane();
   const op = cp.secrets.operatorToken;
-  const { owner, orgId, projectId } = createOrgWithProject(cp, op, 'roles');
-  const member = createAccount(cp, op, 'plain-member');
-  const admin = createAccount(cp, op, 'an-admin');
-  const outsider = createAccount(cp, op, 'outsider');
-  cliJson(cp, owner.token, ['member', 'add', orgId, '--account', member.id, '--role', 'member']);
-  cliJson(cp, owner.token, ['member', 'add', orgId, '--account', admin.id, '--role', 'admin']);
-  const ownersKey = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'owners']);
+  const { owner, orgId, projectId } = await createOrgWithProjectAsync(cp, op, 'roles');
+  const member = await createAccountAsync(cp, op, 'plain-member');
+  const admin = await createAccountAsync(cp, op, 'an-admin');
+  const outsider = await createAccountAsync(cp, op, 'outsider');
+  await cliJsonAsync(cp, owner.token, ['member', 'add', orgId, '--account', member.id, '--role', 'member']);
+  await cliJsonAsync(cp, owner.token, ['member', 'add', orgId, '--account', admin.id, '--role', 'admin']);
+  const ownersKey = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'owners']);
 
   // A plain member may read...
-  assert.equal(cliJson(cp, member.token, ['key', 'list', '--project', projectId]).keys.length, 1);
-  assert.equal(cliJson(cp, member.token, ['org', 'show', orgId]).role, 'member');
+  assert.equal((await cliJsonAsync(cp, member.token, ['key', 'list', '--project', projectId])).keys.length, 1);
+  assert.equal((await cliJsonAsync(cp, member.token, ['org', 'show', orgId])).role, 'member');
   // ...but not change anything that needs admin or above; an owner cannot make operator calls; a bad
   // or missing token gets 401.
   const refusals: [string | undefined, string[], number, string][] = [
@@ -43,34 +43,34 @@ test('every role-gated call is refused with 403 for a member, operator calls for
   ];
   const results = await runMany(cp, refusals.map(([token, args]) => [token, args]));
   refusals.forEach(([, , status, what], i) => assertFails(results[i], status, what));
-  assert.equal(cliJson(cp, owner.token, ['key', 'list', '--project', projectId]).keys[0].status, 'active');
+  assert.equal((await cliJsonAsync(cp, owner.token, ['key', 'list', '--project', projectId])).keys[0].status, 'active');
   assert.deepEqual(
-    cliJson(cp, owner.token, ['member', 'list', orgId]).members.map((m: any) => `${m.account_id}:${m.role}`).sort(),
+    (await cliJsonAsync(cp, owner.token, ['member', 'list', orgId])).members.map((m: any) => `${m.account_id}:${m.role}`).sort(),
     [`${owner.id}:owner`, `${member.id}:member`, `${admin.id}:admin`].sort(),
   );
 
   // An admin may do those.
-  const adminKey = cliJson(cp, admin.token, ['key', 'create', '--project', projectId, '--name', 'admins']);
+  const adminKey = await cliJsonAsync(cp, admin.token, ['key', 'create', '--project', projectId, '--name', 'admins']);
   assert.equal(adminKey.status, 'active');
-  const capped = cliJson(cp, admin.token, ['org', 'set-cap', orgId, '--usd', '2.50']);
+  const capped = await cliJsonAsync(cp, admin.token, ['org', 'set-cap', orgId, '--usd', '2.50']);
   assert.equal(capped.own_cap_usd, '2.50');
   assert.equal(capped.cap_usd, '2.50');
-  const cleared = cliJson(cp, owner.token, ['org', 'set-cap', orgId, '--clear']);
+  const cleared = await cliJsonAsync(cp, owner.token, ['org', 'set-cap', orgId, '--clear']);
   assert.equal(cleared.own_cap_usd, null);
   assert.equal(cleared.cap_usd, '5.00');
-  assert.equal(cliJson(cp, admin.token, ['key', 'revoke', adminKey.id]).status, 'revoked');
+  assert.equal((await cliJsonAsync(cp, admin.token, ['key', 'revoke', adminKey.id])).status, 'revoked');
 
   // The refused operator calls changed nothing.
-  const org = cliJson(cp, op, ['org', 'show', orgId]);
+  const org = await cliJsonAsync(cp, op, ['org', 'show', orgId]);
   assert.equal(org.tier, 'free');
   assert.equal(org.credits_usd, '0.00');
 
   // The operator may do them.
-  assert.equal(cliJson(cp, op, ['org', 'credit', orgId, '--usd', '10', '--note', 'welcome']).credits_usd, '10.00');
-  assert.ok(Array.isArray(cliJson(cp, op, ['nodes', 'list']).nodes));
+  assert.equal((await cliJsonAsync(cp, op, ['org', 'credit', orgId, '--usd', '10', '--note', 'welcome'])).credits_usd, '10.00');
+  assert.ok(Array.isArray((await cliJsonAsync(cp, op, ['nodes', 'list'])).nodes));
 
   // TOLLGATE_TOKEN is read when --token is absent.
-  const viaEnv = runCli(cp, undefined, ['--json', 'whoami'], { TOLLGATE_TOKEN: member.token });
+  const viaEnv = await runCliAsync(cp, undefined, ['--json', 'whoami'], { TOLLGATE_TOKEN: member.token });
   assert.equal(viaEnv.code, 0, viaEnv.stderr);
   assert.equal(JSON.parse(viaEnv.stdout).account.id, member.id);
 });

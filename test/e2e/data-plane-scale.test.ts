@@ -34,8 +34,10 @@ test('a node takes a snapshot of 60,000 keys (over 8 MiB) and serves the real ke
   assert.equal(r.status, 200);
   const body = (await r.json()) as { object: string; data: unknown[] };
   assert.equal(body.object, 'list');
-  await big.proc.kill('SIGTERM');
+  // The node first: its drain sends its last usage to the control plane (stopped first, the node would
+  // wait its whole --drain-seconds for acknowledgements).
   await node.proc.kill('SIGTERM');
+  await big.proc.kill('SIGTERM');
 });
 
 // Before the fix a node opened at most 128 connections to one upstream: the 129th concurrent stream
@@ -55,7 +57,10 @@ test('300 concurrent streams to one upstream all reach it at once', async (t) =>
   const responses = Array.from({ length: 300 }, () =>
     fetch(`${node.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(key), 'content-type': 'application/json' }, body }),
   );
-  const arrived = await Promise.race([up.waitForRequests(300).then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 20_000))]);
+  let timer: NodeJS.Timeout | undefined;
+  const arrived = await Promise.race([up.waitForRequests(300).then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), 20_000)))]);
+  // Cleared: a timer left running would hold this file's process open for its 20 s after the last test.
+  clearTimeout(timer);
   assert.ok(arrived, `only ${up.requests.length} of 300 streams reached the upstream within 20 s`);
   up.release();
   const texts = await Promise.all(responses.map(async (p) => {

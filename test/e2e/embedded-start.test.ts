@@ -41,6 +41,10 @@ test('npm start prints a key once with a working curl line, and Ctrl-C stops bot
   proc.child.kill('SIGINT');
   const code = await new Promise<number | null>((resolve) => proc.child.on('exit', (c) => resolve(c)));
   assert.equal(code, 0);
+  // Before the fix the launcher stopped the control plane with the node: the node's drain then waited
+  // its whole --drain-seconds (30 s) for acknowledgements of the request's usage that could never come.
+  assert.match(proc.output(), /\[data-plane\] .*drained: usage acknowledged by the control plane/);
+  assert.doesNotMatch(proc.output(), /usage reports were not acknowledged/);
   const gone = await request(`http://127.0.0.1:${dpPort}/v1/models`).then(
     () => false,
     () => true,

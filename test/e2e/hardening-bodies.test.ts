@@ -284,7 +284,9 @@ test('a body below the minimum rate after its grace gets 408 and gives its budge
   const small = await smallNode(t, ['--body-grace-seconds', '1', '--body-min-rate-kib', '16']);
   const { key } = await keyOf('paid', small);
   const slow = trickle(small, key, 64 * KIB, 100);
-  const answer = await Promise.race([slow.conn.next(), new Promise<null>((resolve) => setTimeout(resolve, 8000, null))]);
+  let timer: NodeJS.Timeout | undefined;
+  const answer = await Promise.race([slow.conn.next(), new Promise<null>((resolve) => (timer = setTimeout(resolve, 8000, null)))]);
+  clearTimeout(timer);
   assert.ok(answer, 'the node answered the slow body');
   assert.equal(answer.status, 408);
   const err = JSON.parse(answer.text).error;

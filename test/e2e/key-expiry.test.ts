@@ -7,7 +7,7 @@ import { after, before, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
 import { consoleClient, type Console } from '../helpers/console.js';
 import { bearer, request, setClock } from '../helpers/http.js';
-import { cliJson, runCli, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 let cp: ControlPlane;
@@ -81,11 +81,11 @@ async function within(ms: number, probe: () => Promise<boolean>): Promise<boolea
 }
 
 test('a key expires on both nodes, one of them cut off from the control plane, and is then revoked as expired', async () => {
-  const created = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'hour', '--expires-in', '1h']);
+  const created = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'hour', '--expires-in', '1h']);
   const expiresAtMs = Date.parse(created.expires_at);
   assert.ok(Math.abs(expiresAtMs - (Date.now() + 3_600_000)) < 120_000, created.expires_at);
-  assert.equal(cliJson(cp, owner.token, ['key', 'show', created.id]).expires_at, created.expires_at);
-  assert.equal(cliJson(cp, owner.token, ['key', 'list', '--project', projectId]).keys.find((k: any) => k.id === created.id).expires_at, created.expires_at);
+  assert.equal((await cliJsonAsync(cp, owner.token, ['key', 'show', created.id])).expires_at, created.expires_at);
+  assert.equal((await cliJsonAsync(cp, owner.token, ['key', 'list', '--project', projectId])).keys.find((k: any) => k.id === created.id).expires_at, created.expires_at);
   // Both nodes learn the key (B through the relay) and serve it.
   assert.ok(await within(5000, async () => (await models(nodeA, created.key)).status === 200 && (await models(nodeB, created.key)).status === 200));
 
@@ -101,46 +101,46 @@ test('a key expires on both nodes, one of them cut off from the control plane, a
     assert.equal(res.body.error.type, 'authentication_error');
   }
   // The control plane's own clock has not reached it: the record is still active.
-  assert.equal(cliJson(cp, owner.token, ['key', 'show', created.id]).status, 'active');
+  assert.equal((await cliJsonAsync(cp, owner.token, ['key', 'show', created.id])).status, 'active');
 
   // A key that expires for real in two seconds: the control plane revokes it through the ordinary path.
-  const short = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'short', '--expires-in', '2s']);
+  const short = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'short', '--expires-in', '2s']);
   assert.ok(await within(20_000, async () => (await op.getKey({ keyId: short.id })).status === 'revoked'));
-  const shown = cliJson(cp, owner.token, ['key', 'show', short.id]);
+  const shown = await cliJsonAsync(cp, owner.token, ['key', 'show', short.id]);
   assert.equal(shown.revoked_reason, 'expired');
   assert.ok(Date.parse(shown.revoked_at) >= Date.parse(short.expires_at));
   const hook = await recv.waitFor((r) => r.some((w) => w.type === 'key.revoked' && w.data.key_id === short.id));
   assert.equal(hook.find((w) => w.type === 'key.revoked' && w.data.key_id === short.id)!.data.revoked_reason, 'expired');
   // A key revoked by hand says so.
-  const manual = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'manual']);
+  const manual = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'manual']);
   assert.equal(manual.expires_at, null);
-  cliJson(cp, owner.token, ['key', 'revoke', manual.id]);
-  assert.equal(cliJson(cp, owner.token, ['key', 'show', manual.id]).revoked_reason, 'revoked');
+  await cliJsonAsync(cp, owner.token, ['key', 'revoke', manual.id]);
+  assert.equal((await cliJsonAsync(cp, owner.token, ['key', 'show', manual.id])).revoked_reason, 'revoked');
 });
 
 test('an organisation key policy gives keys its maximum lifetime and refuses longer ones', async () => {
   const member = await op.createAccount({ name: 'member' });
   await op.addMember({ orgId, accountId: member.account!.id, role: 'member' });
-  assert.match(runCli(cp, member.token, ['org', 'set-key-policy', orgId, '--max-lifetime', '90d']).stderr, /^403 /);
-  assert.deepEqual(cliJson(cp, owner.token, ['org', 'set-key-policy', orgId, '--max-lifetime', '90d']), { org_id: orgId, max_lifetime_sec: 90 * 86_400 });
-  const defaulted = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'policy']);
+  assert.match((await runCliAsync(cp, member.token, ['org', 'set-key-policy', orgId, '--max-lifetime', '90d'])).stderr, /^403 /);
+  assert.deepEqual(await cliJsonAsync(cp, owner.token, ['org', 'set-key-policy', orgId, '--max-lifetime', '90d']), { org_id: orgId, max_lifetime_sec: 90 * 86_400 });
+  const defaulted = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'policy']);
   assert.ok(Math.abs(Date.parse(defaulted.expires_at) - (Date.now() + 90 * 86_400_000)) < 120_000, defaulted.expires_at);
-  const tooLong = runCli(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-in', '100d']);
+  const tooLong = await runCliAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-in', '100d']);
   assert.equal(tooLong.code, 1);
   assert.match(tooLong.stderr, /^400 organisation \S+ allows keys to live at most 90d/);
-  const past = runCli(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-at', '2020-01-01T00:00:00Z']);
+  const past = await runCliAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-at', '2020-01-01T00:00:00Z']);
   assert.match(past.stderr, /^400 expires_at must be in the future/);
-  assert.match(runCli(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-in', 'soon']).stderr, /^400 --expires-in must be a duration/);
-  cliJson(cp, owner.token, ['org', 'set-key-policy', orgId, '--clear']);
-  assert.equal(cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'free again']).expires_at, null);
-  const audit = cliJson(cp, owner.token, ['audit', '--org', orgId, '--action', 'org.set_key_policy']).entries;
+  assert.match((await runCliAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--expires-in', 'soon'])).stderr, /^400 --expires-in must be a duration/);
+  await cliJsonAsync(cp, owner.token, ['org', 'set-key-policy', orgId, '--clear']);
+  assert.equal((await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'free again'])).expires_at, null);
+  const audit = (await cliJsonAsync(cp, owner.token, ['audit', '--org', orgId, '--action', 'org.set_key_policy'])).entries;
   assert.deepEqual(audit.map((e: any) => e.outcome).sort(), ['denied', 'ok', 'ok']);
 });
 
 test('key list --expiring-within and the key.expiring webhook 7 days ahead, once', async () => {
-  const soon = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'soon', '--expires-in', '6d']);
-  const later = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'later', '--expires-in', '8d']);
-  const listed = cliJson(cp, owner.token, ['key', 'list', '--project', projectId, '--expiring-within', '7d']).keys.map((k: any) => k.id);
+  const soon = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'soon', '--expires-in', '6d']);
+  const later = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'later', '--expires-in', '8d']);
+  const listed = (await cliJsonAsync(cp, owner.token, ['key', 'list', '--project', projectId, '--expiring-within', '7d'])).keys.map((k: any) => k.id);
   assert.ok(listed.includes(soon.id));
   assert.ok(!listed.includes(later.id));
   assert.ok(listed.every((id: string) => id !== later.id));
@@ -149,7 +149,7 @@ test('key list --expiring-within and the key.expiring webhook 7 days ahead, once
   assert.ok(w.verified);
   assert.equal(w.data.expires_at, soon.expires_at);
   // A key created now is warned of by a later scan, which saw `soon` again: still one event for it.
-  const next = cliJson(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'next', '--expires-in', '5d']);
+  const next = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'next', '--expires-in', '5d']);
   await recv.waitFor((r) => r.some((x) => x.type === 'key.expiring' && x.data.key_id === next.id), 30_000);
   assert.equal(recv.received.filter((x) => x.type === 'key.expiring' && x.data.key_id === soon.id).length, 1);
   assert.equal(recv.received.filter((x) => x.type === 'key.expiring' && x.data.key_id === later.id).length, 0);

@@ -3,7 +3,7 @@
 // ignored with a warning (the files match the database); SIGTERM to the npm process alone stops every
 // child, and so does the launcher being SIGKILLed. Before, the control plane and node were orphaned.
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { connect, createServer, type Server } from 'node:net';
 import { join } from 'node:path';
@@ -11,7 +11,7 @@ import { after, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { bearer, request } from '../helpers/http.js';
-import { freePort, ROOT, startOnFreePorts, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
+import { freePort, ROOT, runProcessAsync, startOnFreePorts, startProcess, stopAll, tempDir, type Proc } from '../helpers/processes.js';
 
 after(stopAll);
 
@@ -47,17 +47,17 @@ async function startLauncher(dir: string, env: Record<string, string> = NO_SECRE
   return startOnFreePorts((cpPort, dpPort) => startProcess([join(ROOT, 'cli', 'start.ts'), ...startArgs(dir, cpPort, dpPort)], env, { cwd: dir }));
 }
 
-test('npm start -- --help prints the usage and starts nothing', () => {
+test('npm start -- --help prints the usage and starts nothing', async () => {
   const dir = tempDir('tollgate-start-help-');
-  const r = spawnSync('npm', ['start', '--silent', '--', '--data-dir', join(dir, 'data'), '--help'], { cwd: ROOT, env: { ...process.env, ...NO_SECRET_ENV }, encoding: 'utf8', timeout: 60_000 });
-  assert.equal(r.status, 0, r.stderr);
+  const r = await runProcessAsync('npm', ['start', '--silent', '--', '--data-dir', join(dir, 'data'), '--help'], { env: { ...process.env, ...NO_SECRET_ENV } });
+  assert.equal(r.code, 0, r.stderr);
   assert.match(r.stdout, /Usage: npm start \[-- OPTIONS\]/);
   assert.match(r.stdout, /--listen HOST:PORT/);
   assert.match(r.stdout, /--control-plane-listen HOST:PORT/);
   assert.equal(existsSync(join(dir, 'data')), false);
 
-  const bad = spawnSync(process.execPath, ['--import', pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href, join(ROOT, 'cli', 'start.ts'), '--port', '1'], { cwd: dir, env: { ...process.env, ...NO_SECRET_ENV }, encoding: 'utf8', timeout: 60_000 });
-  assert.equal(bad.status, 2);
+  const bad = await runProcessAsync(process.execPath, ['--import', pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href, join(ROOT, 'cli', 'start.ts'), '--port', '1'], { cwd: dir, env: { ...process.env, ...NO_SECRET_ENV } });
+  assert.equal(bad.code, 2);
   assert.match(bad.stderr, /^npm start: Unknown option '--port'/);
   assert.match(bad.stderr, /Usage: npm start/);
 });

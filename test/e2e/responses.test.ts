@@ -2,7 +2,6 @@
 // demo provider (offline) and against a fake OpenAI-compatible upstream with known usage; stored
 // responses readable only by the project that created them; every refusal in Shape A.
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
@@ -14,7 +13,7 @@ import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { BIG_OUTPUT_BYTES, startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
-import { ROOT, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { ROOT, runCliAsync, runProcessAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 import { openRealtime } from '../helpers/realtime.js';
 
@@ -363,8 +362,8 @@ test("README's client.responses.create example runs as written against the demo 
   const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
   const section = readme.slice(readme.indexOf('### The Responses API'));
   const block = /```js\n([\s\S]*?)```/.exec(section)![1].replace('http://127.0.0.1:8080/v1', `${node.url}/v1`);
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', block], { cwd: ROOT, env: { ...process.env, TOLLGATE_KEY: own.key }, encoding: 'utf8', timeout: 30_000 });
-  assert.equal(r.status, 0, r.stderr);
+  const r = await runProcessAsync(process.execPath, ['--input-type=module', '-e', block], { env: { ...process.env, TOLLGATE_KEY: own.key }, timeoutMs: 30_000 });
+  assert.equal(r.code, 0, r.stderr);
   assert.match(r.stdout, /^resp_\S+ You said: "Hello"\./);
   assert.match(r.stdout, /You said: "Stream please"/);
 });

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, test } from 'node:test';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { bearer, request } from '../helpers/http.js';
-import { ROOT, runCli, startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
+import { ROOT, runCliAsync, startControlPlane, startDataPlane, stopAll } from '../helpers/processes.js';
 
 after(stopAll);
 
@@ -38,18 +38,18 @@ test('mutual TLS: a node with the right certificates syncs and serves; wrong CA,
 
   // The CLI over TLS: flags on the command line.
   const flags = ['--tls-ca', file('ca.crt'), '--tls-cert', file('client.crt'), '--tls-key', file('client.key')];
-  const nodes = runCli(cp, token, [...flags, '--json', 'nodes', 'list']);
+  const nodes = await runCliAsync(cp, token, [...flags, '--json', 'nodes', 'list']);
   assert.equal(nodes.code, 0, nodes.stderr);
   const listed = JSON.parse(nodes.stdout) as { nodes: { id: string; connected: boolean }[] };
   assert.deepEqual(listed.nodes.map((n) => [n.id, n.connected]), [['good', true]]);
 
   // ... and from the environment: a key made over TLS authenticates on the node that synced.
-  const acct = runCli(cp, token, ['--json', 'account', 'create', '--name', 'tls'], cliTlsEnv);
+  const acct = await runCliAsync(cp, token, ['--json', 'account', 'create', '--name', 'tls'], cliTlsEnv);
   assert.equal(acct.code, 0, acct.stderr);
   const accountId = JSON.parse(acct.stdout).id as string;
-  const org = JSON.parse(runCli(cp, token, ['--json', 'org', 'create', '--name', 'tls', '--owner', accountId, '--tier', 'free'], cliTlsEnv).stdout).id as string;
-  const project = JSON.parse(runCli(cp, token, ['--json', 'project', 'create', '--org', org, '--name', 'p'], cliTlsEnv).stdout).id as string;
-  const created = runCli(cp, token, ['--json', 'key', 'create', '--project', project], cliTlsEnv);
+  const org = JSON.parse((await runCliAsync(cp, token, ['--json', 'org', 'create', '--name', 'tls', '--owner', accountId, '--tier', 'free'], cliTlsEnv)).stdout).id as string;
+  const project = JSON.parse((await runCliAsync(cp, token, ['--json', 'project', 'create', '--org', org, '--name', 'p'], cliTlsEnv)).stdout).id as string;
+  const created = await runCliAsync(cp, token, ['--json', 'key', 'create', '--project', project], cliTlsEnv);
   assert.equal(created.code, 0, created.stderr);
   const key = JSON.parse(created.stdout).key as string;
   await waitUntilKnown(good.url, key);
@@ -59,14 +59,14 @@ test('mutual TLS: a node with the right certificates syncs and serves; wrong CA,
   assert.equal(usage.status, 200, usage.text);
 
   // Plaintext, or TLS without a client certificate, does not reach the console either.
-  const plain = runCli(cp, token, ['whoami']);
+  const plain = await runCliAsync(cp, token, ['whoami']);
   assert.equal(plain.code, 1);
   assert.match(plain.stderr, /^503 control plane unreachable/);
-  const noCert = runCli(cp, token, ['--tls-ca', file('ca.crt'), 'whoami']);
+  const noCert = await runCliAsync(cp, token, ['--tls-ca', file('ca.crt'), 'whoami']);
   assert.equal(noCert.code, 1);
   assert.match(noCert.stderr, /^503 control plane unreachable/);
   // A TLS file that is not there is a bad argument, named.
-  const missing = runCli(cp, token, ['--tls-ca', file('nope.crt'), 'whoami']);
+  const missing = await runCliAsync(cp, token, ['--tls-ca', file('nope.crt'), 'whoami']);
   assert.equal(missing.code, 2);
   assert.match(missing.stderr, /^400 --tls-ca: cannot read .*nope\.crt: ENOENT/);
 });
@@ -75,7 +75,7 @@ test('TLS without client certificates: a node trusting the CA syncs with no cert
   const cp = await startControlPlane({ extraArgs: ['--tls-cert', file('server.crt'), '--tls-key', file('server.key')] });
   assert.match(cp.proc.output(), /control plane listening on \S+ \(TLS\)/);
   await startDataPlane(cp, { nodeId: 'ca-only', extraArgs: ['--tls-ca', file('ca.crt')] });
-  const who = runCli(cp, cp.secrets.operatorToken, ['--tls-ca', file('ca.crt'), '--json', 'nodes', 'list']);
+  const who = await runCliAsync(cp, cp.secrets.operatorToken, ['--tls-ca', file('ca.crt'), '--json', 'nodes', 'list']);
   assert.equal(who.code, 0, who.stderr);
   assert.equal((JSON.parse(who.stdout) as { nodes: unknown[] }).nodes.length, 1);
 });
@@ -89,10 +89,10 @@ test('a node token sent in plaintext to a non-loopback address is warned about; 
   await node.proc.waitFor(/warning: the node token goes in plaintext to 192\.0\.2\.1:50051; use --tls-ca/);
   await node.proc.kill('SIGKILL');
   // The CLI warns the same about its token (0.0.0.0 is not loopback by name; port 1 refuses at once).
-  const cli = runCli({ address: '0.0.0.0:1' }, 'op_some_token', ['whoami']);
+  const cli = await runCliAsync({ address: '0.0.0.0:1' }, 'op_some_token', ['whoami']);
   assert.match(cli.stderr, /^warning: the token goes in plaintext to 0\.0\.0\.0:1; pass --tls-ca/);
   assert.match(cli.stderr, /503 control plane unreachable at 0\.0\.0\.0:1/);
-  const local = runCli({ address: '127.0.0.1:1' }, 'op_some_token', ['whoami']);
+  const local = await runCliAsync({ address: '127.0.0.1:1' }, 'op_some_token', ['whoami']);
   assert.doesNotMatch(local.stderr, /plaintext/);
 
   await assert.rejects(startControlPlane({ extraArgs: ['--tls-ca', file('ca.crt')] }), /--tls-ca needs --tls-cert and --tls-key/);

@@ -61,7 +61,10 @@ test("300 open downloads of one key do not hold up another key's request to the 
     heads.push(g.head);
   }
   // Every held download has its head (the backend took them all at once).
-  const answered = await Promise.race([Promise.all(heads).then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 20_000))]);
+  let timer: NodeJS.Timeout | undefined;
+  const answered = await Promise.race([Promise.all(heads).then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), 20_000)))]);
+  // Cleared: a timer left running would hold this file's process open for its 20 s after the last test.
+  clearTimeout(timer);
   assert.ok(answered, `only ${backend.requests.length} of 300 downloads reached the backend`);
   const started = Date.now();
   const mine = await get('/v1/files/nope', other).head;

@@ -4,7 +4,6 @@
 // control plane, a node with an injected clock, the official openai client for the model calls, and the
 // CLI as a process (key find reads the value on standard input).
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { pathToFileURL } from 'node:url';
@@ -16,7 +15,7 @@ import { assertFails, assertNoStackTrace, assertUsageError } from '../helpers/co
 import { consoleClient, type Console, type DemoKey } from '../helpers/console.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, rawRequest, request, setClock } from '../helpers/http.js';
-import { cliJsonAsync, ROOT, runCliAsync, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, ROOT, runCliAsync, runProcessAsync, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 
 // 2026-03-10T23:58:00Z: two minutes before a UTC day ends, so usage falls on two days.
@@ -116,15 +115,11 @@ function assertShapeA(r: { status: number; body: any }, status: number, param: s
 const TSX_LOADER = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
 
 /** The CLI as a process with `input` on its standard input. */
-function cliWithStdin(token: string, args: string[], input: string): CliResult {
-  const r = spawnSync(process.execPath, ['--import', TSX_LOADER, 'cli/main.ts', '--control-plane', cp.address, '--token', token, ...args], {
-    cwd: ROOT,
+function cliWithStdin(token: string, args: string[], input: string): Promise<CliResult> {
+  return runProcessAsync(process.execPath, ['--import', TSX_LOADER, 'cli/main.ts', '--control-plane', cp.address, '--token', token, ...args], {
     env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '' },
     input,
-    encoding: 'utf8',
-    timeout: 60_000,
   });
-  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
 }
 
 gatewayFixture({ node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } } }, async (g) => {
@@ -294,18 +289,18 @@ test('console: members of the organisation read usage, key show and key find; no
   assert.equal(shown.key_prefix, `${a.key.slice(0, 12)}...${a.key.slice(-4)}`);
 
   // key find: the value on standard input, for an active key and for a revoked one.
-  const foundActive = cliWithStdin(memberToken, ['--json', 'key', 'find'], `${a.key}\n`);
+  const foundActive = await cliWithStdin(memberToken, ['--json', 'key', 'find'], `${a.key}\n`);
   assert.equal(foundActive.code, 0, foundActive.stderr);
   const fa = JSON.parse(foundActive.stdout);
   assert.deepEqual([fa.id, fa.project_id, fa.org_id, fa.status, fa.revoked_at], [a.keyId, a.projectId, a.orgId, 'active', null]);
   const revoked = await runCliAsync(cp, cp.secrets.operatorToken, ['key', 'revoke', a2.keyId]);
   assert.equal(revoked.code, 0, revoked.stderr);
-  const foundRevoked = cliWithStdin(memberToken, ['--json', 'key', 'find'], `  ${a2.key}  \r\n`);
+  const foundRevoked = await cliWithStdin(memberToken, ['--json', 'key', 'find'], `  ${a2.key}  \r\n`);
   assert.equal(foundRevoked.code, 0, foundRevoked.stderr);
   const fr = JSON.parse(foundRevoked.stdout);
   assert.deepEqual([fr.id, fr.project_id, fr.org_id, fr.status], [a2.keyId, a2.projectId, a2.orgId, 'revoked']);
   assert.match(fr.revoked_at, /^\d{4}-\d{2}-\d{2}T/);
-  const text = cliWithStdin(cp.secrets.operatorToken, ['key', 'find'], a.key);
+  const text = await cliWithStdin(cp.secrets.operatorToken, ['key', 'find'], a.key);
   assert.equal(text.code, 0, text.stderr);
   assert.match(text.stdout, new RegExp(`^id:\\s+${a.keyId}$`, 'm'));
   assert.match(text.stdout, /^status:\s+active$/m);
@@ -320,27 +315,27 @@ test('console: members of the organisation read usage, key show and key find; no
   assertFails(await runCliAsync(cp, outsiderToken, ['usage', '--project', a.projectId]), 404, 'usage of another organisation');
   assertFails(await runCliAsync(cp, outsiderToken, ['usage', '--org', a.orgId]), 404, 'usage of another organisation');
   assertFails(await runCliAsync(cp, outsiderToken, ['key', 'show', a.keyId]), 404, 'key show of another organisation');
-  const outsiderFind = cliWithStdin(outsiderToken, ['key', 'find'], a.key);
-  const unknownFind = cliWithStdin(outsiderToken, ['key', 'find'], `${a.key.slice(0, -4)}zzzz`);
+  const outsiderFind = await cliWithStdin(outsiderToken, ['key', 'find'], a.key);
+  const unknownFind = await cliWithStdin(outsiderToken, ['key', 'find'], `${a.key.slice(0, -4)}zzzz`);
   assertFails(outsiderFind, 404, 'key find of another organisation');
   assertFails(unknownFind, 404, 'key find of no key');
   assert.equal(outsiderFind.stderr, unknownFind.stderr, 'a non-member cannot tell a key of another organisation from no key');
   assertFails(await runCliAsync(cp, outsiderToken, ['key', 'show', 'key_doesnotexist']), 404, 'key show of no key');
   // No token at all.
-  assertFails(cliWithStdin('', ['key', 'find'], a.key), 401, 'key find without a token');
+  assertFails(await cliWithStdin('', ['key', 'find'], a.key), 401, 'key find without a token');
 
   // Never an argument, and the refusal does not echo it.
   const asArg = await runCliAsync(cp, memberToken, ['key', 'find', a.key]);
   assertUsageError(asArg, 'key find with the value as an argument', /standard input/);
   assert.ok(!`${asArg.stdout}${asArg.stderr}`.includes(a.key.slice(13)), 'the value is not echoed');
-  assertUsageError(cliWithStdin(memberToken, ['key', 'find'], '\n\n'), 'key find with nothing on stdin', /no key value/);
+  assertUsageError(await cliWithStdin(memberToken, ['key', 'find'], '\n\n'), 'key find with nothing on stdin', /no key value/);
   // A terminal on standard input (util-linux `script` gives the CLI a pseudo-terminal): refused at once,
   // rather than waiting for a value that would echo on screen.
   const command = [process.execPath, '--import', TSX_LOADER, 'cli/main.ts', '--control-plane', cp.address, '--token', memberToken, 'key', 'find'].join(' ');
-  const tty = spawnSync('script', ['-qec', command, '/dev/null'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'], encoding: 'utf8', timeout: 60_000 });
-  assert.equal(tty.status, 2, `${tty.stdout}${tty.stderr}`);
+  const tty = await runProcessAsync('script', ['-qec', command, '/dev/null']);
+  assert.equal(tty.code, 2, `${tty.stdout}${tty.stderr}`);
   assert.match(tty.stdout, /^400 key find reads the key value from standard input, and standard input is a terminal/);
-  assertUsageError(cliWithStdin(memberToken, ['key', 'find'], 'x'.repeat(5000)), 'key find with a huge stdin', /not one key value/);
+  assertUsageError(await cliWithStdin(memberToken, ['key', 'find'], 'x'.repeat(5000)), 'key find with a huge stdin', /not one key value/);
   // Bad flags of usage.
   assertUsageError(await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--by', 'project']), 'usage --by project', /--by/);
   assertUsageError(await runCliAsync(cp, memberToken, ['usage', '--project', a.projectId, '--since', 'yesterday']), 'usage --since yesterday', /--since/);

@@ -5,7 +5,7 @@ import { after, before, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type Console } from '../helpers/console.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { cliJson, runCli, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { startWebhookReceiver, type ReceivedWebhook, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 let cp: ControlPlane;
@@ -60,11 +60,11 @@ test('key.created reaches a destination that failed first: delivered once, the s
     assert.ok(!w.body.includes(key) && !w.body.includes(key.slice(12, 30)), 'no key value in the payload');
   }
   assert.deepEqual(attempts[2].data, { key_id: keyId, project_id: projectId, org_id: orgId, name: 'key', key_prefix: attempts[2].data.key_prefix, created_at: attempts[2].data.created_at });
-  const list = cliJson(cp, cp.secrets.operatorToken, ['webhooks', 'deliveries']);
+  const list = await cliJsonAsync(cp, cp.secrets.operatorToken, ['webhooks', 'deliveries']);
   const row = list.deliveries.find((d: any) => d.webhook_id === attempts[0].id);
   assert.equal(row.status, 'delivered');
   assert.equal(row.attempts, 3);
-  const hooks = cliJson(cp, cp.secrets.operatorToken, ['webhooks', 'list']);
+  const hooks = await cliJsonAsync(cp, cp.secrets.operatorToken, ['webhooks', 'list']);
   assert.equal(hooks.destinations[0].url, recv.url);
   assert.equal(hooks.destinations[0].secret_env, 'TEST_HOOK_SECRET');
   assert.equal(hooks.destinations[0].paused, false);
@@ -84,7 +84,7 @@ test('a revoked key presented again raises key.revoked then one key.revoked_used
   // More attempts within the hour: logged (the leak procedure reads them), no second event.
   for (let i = 0; i < 2; i++) assert.equal((await request(`${node.url}/v1/models`, { headers: bearer(key) })).status, 401);
   assert.ok(await within(10_000, async () => (await admin.listRequestLogs({ keyId, projectId: '', orgId: '', sinceMs: 0, untilMs: 0, clientIp: '', status: 401, unknownKeys: false, limit: 100, pageToken: '' })).logs.length === 5));
-  const all = cliJson(cp, cp.secrets.operatorToken, ['webhooks', 'deliveries']).deliveries.filter((d: any) => d.type === 'key.revoked_used');
+  const all = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['webhooks', 'deliveries'])).deliveries.filter((d: any) => d.type === 'key.revoked_used');
   assert.equal(all.length, 1);
 });
 
@@ -200,11 +200,11 @@ test('webhooks test signs and sends a webhook.test now; an unknown url is 404; a
   const test = got.find((w) => w.id === ok.webhook_id)!;
   assert.equal(test.type, 'webhook.test');
   assert.ok(test.verified);
-  const unknown = runCli(cp, cp.secrets.operatorToken, ['webhooks', 'test', '--url', 'http://127.0.0.1:1/nowhere']);
+  const unknown = await runCliAsync(cp, cp.secrets.operatorToken, ['webhooks', 'test', '--url', 'http://127.0.0.1:1/nowhere']);
   assert.equal(unknown.code, 1);
   assert.match(unknown.stderr, /^404 no webhook destination/);
   const acct = await admin.createAccount({ name: 'nosy' });
-  const denied = runCli(cp, acct.token, ['webhooks', 'list']);
+  const denied = await runCliAsync(cp, acct.token, ['webhooks', 'list']);
   assert.equal(denied.code, 1);
   assert.match(denied.stderr, /^403 /);
 });

@@ -1,7 +1,7 @@
 // Helpers for the CLI's end-to-end tests: build an account/organisation/project through the CLI
 // process, and assert on the CLI's one-line failures.
 import assert from 'node:assert/strict';
-import { cliJson, cliJsonAsync, runCliAsync, type CliResult } from './processes.js';
+import { cliJsonAsync, runCliAsync, type CliResult } from './processes.js';
 
 type Cp = { address: string };
 
@@ -9,13 +9,6 @@ export interface CliAccount {
   id: string;
   name: string;
   token: string;
-}
-
-/** Blocks the event loop (see runCli in processes.ts); new tests use createAccountAsync. */
-export function createAccount(cp: Cp, operatorToken: string, name: string): CliAccount {
-  const a = cliJson(cp, operatorToken, ['account', 'create', '--name', name]);
-  assert.equal(typeof a.token, 'string');
-  return { id: a.id, name: a.name, token: a.token };
 }
 
 export interface CliOrgSetup {
@@ -36,14 +29,6 @@ export async function createOrgWithProjectAsync(cp: Cp, operatorToken: string, l
   const owner = await createAccountAsync(cp, operatorToken, `${label}-owner`);
   const org = await cliJsonAsync(cp, operatorToken, ['org', 'create', '--name', label, '--owner', owner.id, '--tier', tier]);
   const project = await cliJsonAsync(cp, owner.token, ['project', 'create', '--org', org.id, '--name', `${label}-project`]);
-  return { owner, orgId: org.id, projectId: project.id };
-}
-
-/** An account that owns a new organisation (on `tier`) with one project. Blocks: see createAccount. */
-export function createOrgWithProject(cp: Cp, operatorToken: string, label: string, tier = 'free'): CliOrgSetup {
-  const owner = createAccount(cp, operatorToken, `${label}-owner`);
-  const org = cliJson(cp, operatorToken, ['org', 'create', '--name', label, '--owner', owner.id, '--tier', tier]);
-  const project = cliJson(cp, owner.token, ['project', 'create', '--org', org.id, '--name', `${label}-project`]);
   return { owner, orgId: org.id, projectId: project.id };
 }
 

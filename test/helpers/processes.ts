@@ -1,7 +1,7 @@
 // Starts the real processes on loopback port 0 and waits for the lines of the process interface
 // (docs/design.md#process-interface): `control plane listening on HOST:PORT`, `data plane listening on HOST:PORT`,
 // `data plane ready`. Every process started here is killed in t.after by the caller (or by stopAll).
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer as createNetServer } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -239,45 +239,27 @@ export interface CliResult {
 }
 
 /**
- * Runs the CLI as a process, synchronously. Prefer `runCliAsync`/`cliJsonAsync`: `spawnSync` blocks
- * this test process's event loop for the whole CLI call (about half a second), so an in-process fake
- * upstream, fake node or backend cannot answer meanwhile, and a CLI call that waits on one of them
- * (revoking while a stream is open, say) stalls until the timeout. It remains because tests on other
- * branches still call it; the integrator converts them to the async runner after merging.
+ * Runs a command to its end without blocking the event loop (in-process fakes keep answering while it
+ * runs), collecting its output. Killed with SIGKILL after `timeoutMs` (code -1 then). `input` is
+ * written to its stdin, which is then closed; without it stdin is /dev/null.
  */
-export function runCli(cp: { address: string }, token: string | undefined, args: string[], env: Record<string, string> = {}): CliResult {
-  const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
-  const r = spawnSync(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
-    cwd: ROOT,
-    env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
-    encoding: 'utf8',
-    timeout: 60_000,
-  });
-  return { code: r.status ?? -1, stdout: r.stdout, stderr: r.stderr };
-}
-
-/**
- * Runs the CLI as a process without blocking the event loop (the runner for every test: in-process
- * fakes keep answering while it runs). Killed after `timeoutMs` (code -1 then, as with runCli).
- */
-export function runCliAsync(
-  cp: { address: string },
-  token: string | undefined,
-  args: string[],
-  env: Record<string, string> = {},
-  timeoutMs = 60_000,
+export function runProcessAsync(
+  command: string,
+  args: readonly string[],
+  opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number; input?: string } = {},
 ): Promise<CliResult> {
-  const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
-      cwd: ROOT,
-      env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
-    });
+    const child = spawn(command, args, { cwd: opts.cwd ?? ROOT, env: opts.env ?? process.env, stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (c: string) => (stdout += c));
-    child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr += c));
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+    child.stdout!.setEncoding('utf8').on('data', (c: string) => (stdout += c));
+    child.stderr!.setEncoding('utf8').on('data', (c: string) => (stderr += c));
+    if (child.stdin) {
+      // A child that exits without reading its input must not fail the run.
+      child.stdin.on('error', () => undefined);
+      child.stdin.end(opts.input);
+    }
+    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 60_000);
     child.on('error', (e) => {
       clearTimeout(timer);
       reject(e);
@@ -290,11 +272,23 @@ export function runCliAsync(
   });
 }
 
-/** Runs the CLI with --json and parses its one JSON object; throws with the output on failure. Blocks: see runCli. */
-export function cliJson<T = any>(cp: { address: string }, token: string, args: string[]): T {
-  const r = runCli(cp, token, ['--json', ...args]);
-  if (r.code !== 0) throw new Error(`tollgate ${args.join(' ')} failed (${r.code}): ${r.stderr}${r.stdout}`);
-  return JSON.parse(r.stdout) as T;
+/**
+ * Runs the CLI as a process without blocking the event loop (the one CLI runner of the tests: a
+ * blocking one would stop in-process fakes from answering while it runs). Killed after `timeoutMs`
+ * (code -1 then).
+ */
+export function runCliAsync(
+  cp: { address: string },
+  token: string | undefined,
+  args: string[],
+  env: Record<string, string> = {},
+  timeoutMs = 60_000,
+): Promise<CliResult> {
+  const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
+  return runProcessAsync(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
+    env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
+    timeoutMs,
+  });
 }
 
 /** Runs the CLI with --json without blocking and parses its one JSON object; throws with the output on failure. */
