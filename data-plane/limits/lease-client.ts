@@ -32,10 +32,11 @@ import { coldShare, leaseChunk, standingShare } from '../../proto/lib/leases.js'
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 
-import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, KeyMinuteUsed, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import { finiteLimit, finiteOrZero, LeaseLink, PENDING_STALE_MS, wake, type LeaseRequestOut } from './lease-link.js';
 
-/** What the node sends: the generated LeaseRequest message. */
-export type LeaseRequestOut = LeaseRequest;
+import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, LeaseReclaim, OrgLeaseReturn, SlotLease } from '../../proto/gen/tollgate/v1/sync.js';
+
+export type { LeaseRequestOut } from './lease-link.js';
 
 interface KeyMinute {
   minute: number;
@@ -122,8 +123,6 @@ const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 const EXHAUSTED_RETRY_MS = 1000;
 /** How long after "reclaiming" a request out of time keeps waiting (the whole-budget reclaim takes up to 1 s). */
 const RECLAIMING_WAIT_MS = 1200;
-/** A lease want unanswered this long is sent again. */
-const PENDING_STALE_MS = 2000;
 
 /** An estimate reserved from an organisation's slice while its request is in flight. */
 export interface SpendReservation {
@@ -135,44 +134,22 @@ export interface SpendReservation {
 export type SpendVerdict = 'yes' | 'wait' | 'no';
 
 export class LeaseClient implements AllowanceSource {
-  private connected = false;
-  private nodes = 1;
-  /**
-   * The first minute this node holds whole key budgets unasked: the minute after the roster said it
-   * is alone. In the minute it became alone other nodes may have used the key, so it leases as usual;
-   * before any roster it does not know, so it leases too.
-   */
-  private loneFromMinute = Infinity;
+  private readonly link: LeaseLink;
   private readonly keys = new Map<string, KeyMinute>();
   /** First chunks of the next minute, prefetched shortly before its top for keys used this minute. */
   private readonly nextKeys = new Map<string, KeyMinute>();
   private readonly orgs = new Map<string, OrgSlice>();
-  private wantKeys = new Map<string, KeyLeaseWant>();
-  private wantOrgs = new Map<string, OrgLeaseWant>();
-  private keyReturns: KeyLeaseReturn[] = [];
-  private orgReturns: OrgLeaseReturn[] = [];
-  private flushQueued = false;
-  /** Bumped on every connection change: slices and reservations belong to one connection. */
-  private epoch = 0;
-  /** The node is stopping: it gave everything back and asks for nothing more. */
-  private leaving = false;
-  private leavingSent = false;
   /** Leased key minutes whose use changed since the node last said. */
   private usedDirty = new Set<string>();
   private usedSeq = 0;
   private usedAcked = 0;
   private readonly slots = new Map<string, KeySlots>();
-  private slotWants = new Map<string, SlotWant>();
-  private slotReturns: SlotHeld[] = [];
-  /** Key minutes' allowance taken in advance of late answers, not yet told (advanceKey). */
-  private taken = new Map<string, KeyMinuteUsed>();
   /** Standing shares of every key's budget, by minute, on this connection (BulkShare). */
   private bulk = new Map<number, { nodes: number; exceptions: Map<string, KeyShare> }>();
   /** Minutes whose standing shares were asked for (answered or not) on this connection. */
   private bulkAsked = new Set<number>();
   /** Minutes whose standing shares the control plane did not grant. */
   private bulkDenied = new Set<number>();
-  private bulkWants: number[] = [];
   /** `keyId:minute` whose standing share this node gave back (a reclaim) before or after it came. */
   private forfeited = new Set<string>();
   /** The standing share of every key's parallel slots on this connection (SlotShare). */
@@ -180,50 +157,40 @@ export class LeaseClient implements AllowanceSource {
   private slotShareAsked = false;
   /** Money slices of every organisation asked for on this connection (applyOrgSlices). */
   private orgSlicesAsked = false;
-  private orgSlicesWant = false;
   /** Keys whose slot share was given back (a reclaim) before this node had a record of them. */
   private readonly slotsForfeited = new Set<string>();
-  private slotShareWant = false;
   /** When (performance.now()) the control plane last said an answer waits for reclaims. */
   private reclaimingAtMs = -Infinity;
 
   constructor(
-    private readonly clock: Clock,
+    clock: Clock,
     /** Sends one LeaseRequest; returns false when there is no connection to send it on. */
-    private readonly send: (req: LeaseRequestOut) => boolean,
+    send: (req: LeaseRequestOut) => boolean,
     /** Schedules a flush after the current request (setImmediate in production). */
-    private readonly schedule: (fn: () => void) => void = (fn) => setImmediate(fn),
+    schedule: (fn: () => void) => void = (fn) => setImmediate(fn),
     /**
      * Standing shares (docs/leases.md): with several nodes, ask for a share of every key's minute
      * budget and parallel slots in bulk, so that a key's first requests on this node do not wait.
      * On in production (data-plane/main.ts); the per-key protocol alone without it.
      */
-    private readonly standingShares = false,
-  ) {}
+    standingShares = false,
+  ) {
+    this.link = new LeaseLink(clock, send, schedule, standingShares, (req) => this.unsent(req));
+  }
 
   /** The sync client reports every connection change and the number of connected nodes. */
   setConnected(connected: boolean, connectedNodes?: number): void {
-    if (connected !== this.connected) {
-      this.epoch++;
-      this.wantKeys.clear();
-      this.wantOrgs.clear();
-      this.keyReturns = [];
-      this.orgReturns = [];
-      this.taken.clear();
+    if (connected !== this.link.connected) {
+      this.link.reset();
       this.bulk.clear();
       this.bulkAsked.clear();
       this.bulkDenied.clear();
-      this.bulkWants = [];
       this.forfeited.clear();
       this.slotShare = null;
       this.slotShareAsked = false;
-      this.slotShareWant = false;
       this.orgSlicesAsked = false;
-      this.orgSlicesWant = false;
       this.slotsForfeited.clear();
       this.reclaimingAtMs = -Infinity;
-      // Alone or not: the next roster says.
-      this.loneFromMinute = Infinity;
       // Whatever was held belonged to the old connection; the control plane released it. What was
       // used stays used, and is what the node says it holds when it next asks.
       for (const k of this.keys.values()) {
@@ -240,8 +207,6 @@ export class LeaseClient implements AllowanceSource {
       const orgs = [...this.orgs.values()];
       this.orgs.clear();
       this.usedDirty.clear();
-      this.slotWants.clear();
-      this.slotReturns = [];
       // Slots held on the old connection were freed with it; the node holds what it uses.
       for (const sl of this.slots.values()) {
         sl.held = sl.inUse;
@@ -251,14 +216,14 @@ export class LeaseClient implements AllowanceSource {
         sl.finalAtMs = 0;
         sl.dryAtMs = -Infinity;
       }
-      this.connected = connected;
+      this.link.connected = connected;
       if (connected) this.sayHeld();
       // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
       for (const k of this.keys.values()) wake(k);
       for (const o of orgs) wake(o);
       for (const sl of this.slots.values()) wake(sl);
     }
-    this.connected = connected;
+    this.link.connected = connected;
     if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
   }
 
@@ -269,18 +234,18 @@ export class LeaseClient implements AllowanceSource {
    * slots are all in use does not ask.
    */
   private sayHeld(): void {
-    const minute = minuteOf(this.clock.now());
+    const minute = minuteOf(this.link.clock.now());
     for (const [keyId, k] of this.keys) {
       const heldRequests = finiteOrZero(k.allowRequests);
       const heldTokens = finiteOrZero(k.allowTokens);
-      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) this.keyReturns.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
+      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) this.link.keyReturns.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
     }
     for (const [keyId, sl] of this.slots) {
       if (sl.inUse === 0) continue;
       sl.leased = true;
-      this.slotReturns.push({ keyId, held: sl.held, returned: 0 });
+      this.link.slotReturns.push({ keyId, held: sl.held, returned: 0 });
     }
-    if (this.keyReturns.length > 0 || this.slotReturns.length > 0) this.queueFlush();
+    if (this.link.keyReturns.length > 0 || this.link.slotReturns.length > 0) this.link.queueFlush();
   }
 
   /**
@@ -289,26 +254,26 @@ export class LeaseClient implements AllowanceSource {
    */
   setConnectedNodes(n: number, wholeNow = false): void {
     const lone = n <= 1;
-    if (!lone) this.loneFromMinute = Infinity;
-    else if (this.loneFromMinute === Infinity) this.loneFromMinute = minuteOf(this.clock.now()) + (wholeNow ? 0 : 1);
-    this.nodes = Math.max(1, n);
+    if (!lone) this.link.loneFromMinute = Infinity;
+    else if (this.link.loneFromMinute === Infinity) this.link.loneFromMinute = minuteOf(this.link.clock.now()) + (wholeNow ? 0 : 1);
+    this.link.nodes = Math.max(1, n);
     // Several nodes: the standing shares of this minute and of the parallel slots, so that a key's
     // first requests on this node do not wait (docs/leases.md).
     if (!lone) {
-      this.askBulk(minuteOf(this.clock.now()));
+      this.askBulk(minuteOf(this.link.clock.now()));
       this.askSlotShare();
     }
     this.askOrgSlices();
   }
 
   get isConnected(): boolean {
-    return this.connected;
+    return this.link.connected;
   }
 
   // ── keys ──────────────────────────────────────────────────────────────────
 
   allowanceFor(keyId: string, minute: number, limits?: KeyLimits): MinuteAllowance {
-    if (!this.connected || !limits) return UNLIMITED;
+    if (!this.link.connected || !limits) return UNLIMITED;
     const k = this.keyMinute(keyId, minute, limits);
     return {
       requests: k.allowRequests,
@@ -322,7 +287,7 @@ export class LeaseClient implements AllowanceSource {
 
   peekAllowance(keyId: string, minute: number): MinuteAllowance | undefined {
     const k = this.keys.get(keyId);
-    if (!this.connected || !k || k.minute !== minute) return undefined;
+    if (!this.link.connected || !k || k.minute !== minute) return undefined;
     return { requests: k.allowRequests, tokens: k.allowTokens, requestsFinal: k.finalRequests, tokensFinalNeed: k.finalTokensNeed, freeRequests: k.freeRequests, freeTokens: k.freeTokens };
   }
 
@@ -339,7 +304,7 @@ export class LeaseClient implements AllowanceSource {
       const rpm = finiteLimit(limits.rpmLimit);
       const tpm = finiteLimit(limits.tpmLimit);
       const old = k;
-      const n = minute >= this.loneFromMinute ? 1 : Math.max(2, this.nodes);
+      const n = minute >= this.link.loneFromMinute ? 1 : Math.max(2, this.link.nodes);
       k = newKeyMinute(minute, rpm, tpm, coldShare(rpm, n), coldShare(tpm, n), n <= 1 ? 0 : rpm, n <= 1 ? 0 : tpm);
       this.keys.set(keyId, k);
       // Requests parked on the old minute try again in the new one.
@@ -357,10 +322,10 @@ export class LeaseClient implements AllowanceSource {
 
   noteUsage(keyId: string, minute: number, requests: number, tokens: number): void {
     const k = this.keys.get(keyId);
-    if (!k || k.minute !== minute || !this.connected) return;
+    if (!k || k.minute !== minute || !this.link.connected) return;
     k.usedRequests = requests;
     k.usedTokens = tokens;
-    if (minute < this.loneFromMinute) this.usedDirty.add(keyId);
+    if (minute < this.link.loneFromMinute) this.usedDirty.add(keyId);
     this.maybeTopUp(keyId, k, 0, 0);
   }
 
@@ -371,7 +336,7 @@ export class LeaseClient implements AllowanceSource {
    * its standing share waits for the next whole second (docs/leases.md, "Standing shares").
    */
   sendUsed(everyKey = true): void {
-    if (!this.connected || this.leaving || this.usedDirty.size === 0) return;
+    if (!this.link.connected || this.link.leaving || this.usedDirty.size === 0) return;
     const used = [];
     for (const keyId of this.usedDirty) {
       const k = this.keys.get(keyId);
@@ -384,7 +349,7 @@ export class LeaseClient implements AllowanceSource {
       this.usedDirty.delete(keyId);
     }
     if (used.length === 0) return;
-    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false });
+    this.link.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.link.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false });
   }
 
   /**
@@ -400,7 +365,7 @@ export class LeaseClient implements AllowanceSource {
    * to be on its way (the control plane said "reclaiming" since): not late yet.
    */
   answerDeferred(startedAt: number): boolean {
-    return this.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
+    return this.link.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
   }
 
   /** For tests and benchmarks: the minutes whose standing shares this node holds, and whether it holds slot shares. */
@@ -423,7 +388,7 @@ export class LeaseClient implements AllowanceSource {
    * when there is nothing to wait for (not connected, or the pool already said it is spent).
    */
   waitForKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, wake: () => void): boolean {
-    if (!this.connected) return false;
+    if (!this.link.connected) return false;
     const k = this.keyMinute(keyId, minute, limits);
     if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
     // A want of this key minute already went unanswered past the bound: no more waiting (advanceKey).
@@ -431,7 +396,7 @@ export class LeaseClient implements AllowanceSource {
     k.waiters.push(wake);
     // The minute's standing share is on its way: it is what the request waits for.
     if (k.awaitingBulk) return true;
-    if (!k.pending || this.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
+    if (!k.pending || this.link.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
     return true;
   }
 
@@ -451,7 +416,7 @@ export class LeaseClient implements AllowanceSource {
    * is nothing to take (not connected, the pool said it is spent, or no want has timed out).
    */
   advanceKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
-    if (!this.connected || this.leaving) return false;
+    if (!this.link.connected || this.link.leaving) return false;
     const k = this.keyMinute(keyId, minute, limits);
     if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
     if (!timedOut && !k.advancing) return false;
@@ -462,19 +427,19 @@ export class LeaseClient implements AllowanceSource {
     k.allowRequests += requests;
     k.allowTokens += tokens;
     const id = `${keyId}:${minute}`;
-    const t = this.taken.get(id);
+    const t = this.link.taken.get(id);
     if (t) {
       t.requests += requests;
       t.tokens += tokens;
-    } else this.taken.set(id, { keyId, minute, requests, tokens });
-    this.queueFlush();
+    } else this.link.taken.set(id, { keyId, minute, requests, tokens });
+    this.link.queueFlush();
     return true;
   }
 
   applyKeyGrant(g: KeyLease): void {
-    if (this.leaving) {
+    if (this.link.leaving) {
       // Granted before the control plane heard this node is stopping: straight back.
-      if (g.requests > 0 || g.tokens > 0) this.flush({ reclaimId: 0, keyReturns: [{ keyId: g.keyId, minute: g.minute, requests: g.requests, tokens: g.tokens, heldRequests: 0, heldTokens: 0 }], orgReturns: [] });
+      if (g.requests > 0 || g.tokens > 0) this.link.flush({ reclaimId: 0, keyReturns: [{ keyId: g.keyId, minute: g.minute, requests: g.requests, tokens: g.tokens, heldRequests: 0, heldTokens: 0 }], orgReturns: [] });
       return;
     }
     let k = this.keys.get(g.keyId);
@@ -505,9 +470,9 @@ export class LeaseClient implements AllowanceSource {
    * top of the minute. A lone node holds whole minutes and needs none.
    */
   prefetchNextMinute(): void {
-    if (!this.connected) return;
-    const next = minuteOf(this.clock.now()) + 1;
-    if (next >= this.loneFromMinute) return;
+    if (!this.link.connected) return;
+    const next = minuteOf(this.link.clock.now()) + 1;
+    if (next >= this.link.loneFromMinute) return;
     this.askBulk(next);
     for (const [keyId, k] of this.keys) {
       // Keys that used more than their standing share this minute get their first chunk too.
@@ -541,26 +506,26 @@ export class LeaseClient implements AllowanceSource {
    * when last heard (a request that finds nothing here asks with its need, which reclaims).
    */
   private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
-    if ((k.pending && !this.stale(k.askedAtMs)) || !this.connected) return;
-    const chunkReq = leaseChunk(k.rpm, this.nodes);
-    const chunkTok = leaseChunk(k.tpm, this.nodes);
+    if ((k.pending && !this.link.stale(k.askedAtMs)) || !this.link.connected) return;
+    const chunkReq = leaseChunk(k.rpm, this.link.nodes);
+    const chunkTok = leaseChunk(k.tpm, this.link.nodes);
     const lowReq = !k.finalRequests && (k.freeRequests > 0 || k.freeUnknown) && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
     const lowTok = k.finalTokensNeed === Infinity && (k.freeTokens > 0 || k.freeUnknown) && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 2;
     if (lowReq || lowTok) this.askKey(keyId, k, needRequests, needTokens);
   }
 
   private askKey(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
-    if (this.leaving) return;
-    const chunkReq = leaseChunk(k.rpm, this.nodes);
-    const chunkTok = leaseChunk(k.tpm, this.nodes);
+    if (this.link.leaving) return;
+    const chunkReq = leaseChunk(k.rpm, this.link.nodes);
+    const chunkTok = leaseChunk(k.tpm, this.link.nodes);
     const requests = k.allowRequests < k.rpm && !k.finalRequests ? Math.min(chunkReq, k.rpm - k.allowRequests) : 0;
     const tokens = k.allowTokens < k.tpm ? Math.min(Math.max(chunkTok, needTokens), k.tpm - k.allowTokens) : 0;
     if (requests === 0 && tokens === 0 && needRequests === 0 && needTokens === 0) return;
     k.pending = true;
     k.asked = true;
-    k.askedAtMs = this.clock.now();
+    k.askedAtMs = this.link.clock.now();
     this.lastNeedTokens.set(keyId, needTokens);
-    this.wantKeys.set(`${keyId}:${k.minute}`, {
+    this.link.wantKeys.set(`${keyId}:${k.minute}`, {
       keyId,
       minute: k.minute,
       heldRequests: finiteOrZero(k.allowRequests),
@@ -570,32 +535,32 @@ export class LeaseClient implements AllowanceSource {
       needRequests: Math.max(0, needRequests),
       needTokens: Math.max(0, needTokens),
     });
-    this.queueFlush();
+    this.link.queueFlush();
   }
 
   // ── standing shares ───────────────────────────────────────────────────────
 
   private askBulk(minute: number): void {
-    if (!this.standingShares || !this.connected || this.leaving || this.nodes <= 1 || minute >= this.loneFromMinute || this.bulkAsked.has(minute)) return;
+    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.link.nodes <= 1 || minute >= this.link.loneFromMinute || this.bulkAsked.has(minute)) return;
     // Only the current minute and the next: a clock set far back or ahead asks again when it is.
-    if (Math.abs(minute - minuteOf(this.clock.now())) > 1) return;
+    if (Math.abs(minute - minuteOf(this.link.clock.now())) > 1) return;
     this.bulkAsked.add(minute);
-    this.bulkWants.push(minute);
-    this.queueFlush();
+    this.link.bulkWants.push(minute);
+    this.link.queueFlush();
   }
 
   private askOrgSlices(): void {
-    if (!this.standingShares || !this.connected || this.leaving || this.orgSlicesAsked) return;
+    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgSlicesAsked) return;
     this.orgSlicesAsked = true;
-    this.orgSlicesWant = true;
-    this.queueFlush();
+    this.link.orgSlicesWant = true;
+    this.link.queueFlush();
   }
 
   private askSlotShare(): void {
-    if (!this.standingShares || !this.connected || this.leaving || this.nodes <= 1 || this.slotShareAsked) return;
+    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.link.nodes <= 1 || this.slotShareAsked) return;
     this.slotShareAsked = true;
-    this.slotShareWant = true;
-    this.queueFlush();
+    this.link.slotShareWant = true;
+    this.link.queueFlush();
   }
 
   /** Adds the standing share (or what the exception says) to a key minute, once. */
@@ -623,7 +588,7 @@ export class LeaseClient implements AllowanceSource {
 
   /** The answer to a bulk want: every key minute of that minute gets its standing share. */
   applyBulk(b: BulkShare): void {
-    if (this.leaving || !this.connected) return;
+    if (this.link.leaving || !this.link.connected) return;
     if (!b.granted) {
       if (this.bulk.has(b.minute)) return;
       this.bulkDenied.add(b.minute);
@@ -642,7 +607,7 @@ export class LeaseClient implements AllowanceSource {
 
   /** The answer to the slot-share want: every key's slot records get their standing share. */
   applySlotShare(sh: SlotShare): void {
-    if (this.leaving || !this.connected || !sh.granted || this.slotShare) return;
+    if (this.link.leaving || !this.link.connected || !sh.granted || this.slotShare) return;
     const share = { nodes: sh.nodes, exceptions: new Map(sh.exceptions.map((e) => [e.keyId, e])) };
     this.slotShare = share;
     for (const [keyId, sl] of this.slots) {
@@ -661,7 +626,7 @@ export class LeaseClient implements AllowanceSource {
 
   /** The control plane asks for unused allowance back: answered at once. */
   onReclaim(r: LeaseReclaim): void {
-    if (!this.connected) return;
+    if (!this.link.connected) return;
     const keyReturns: KeyLeaseReturn[] = [];
     const refs = r.allKeys ? [...this.keys, ...this.nextKeys].map(([keyId, k]) => ({ keyId, minute: k.minute })) : r.keys;
     for (const ref of refs) {
@@ -692,7 +657,7 @@ export class LeaseClient implements AllowanceSource {
         sl.leased = true;
         sl.held = sl.inUse;
       }
-      this.slotReturns.push({ keyId, held: sl ? sl.held : 0, returned });
+      this.link.slotReturns.push({ keyId, held: sl ? sl.held : 0, returned });
     }
     const orgReturns: OrgLeaseReturn[] = [];
     for (const orgId of r.orgIds) {
@@ -701,15 +666,15 @@ export class LeaseClient implements AllowanceSource {
       if (o) o.sliceMicros -= micros;
       orgReturns.push({ orgId, micros });
     }
-    this.flush({ reclaimId: r.id, keyReturns, orgReturns });
+    this.link.flush({ reclaimId: r.id, keyReturns, orgReturns });
   }
 
   /** A node that stops gives back everything it holds unused (before its connection closes). */
   giveBackAll(): void {
-    if (!this.connected || this.leaving) return;
-    this.leaving = true;
-    this.wantKeys.clear();
-    this.wantOrgs.clear();
+    if (!this.link.connected || this.link.leaving) return;
+    this.link.leaving = true;
+    this.link.wantKeys.clear();
+    this.link.wantOrgs.clear();
     const keyReturns: KeyLeaseReturn[] = [];
     for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
       const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
@@ -722,7 +687,7 @@ export class LeaseClient implements AllowanceSource {
       if (sl.leased && sl.held > sl.inUse) {
         const returned = sl.held - sl.inUse;
         sl.held = sl.inUse;
-        this.slotReturns.push({ keyId, held: sl.held, returned });
+        this.link.slotReturns.push({ keyId, held: sl.held, returned });
       }
     }
     const orgReturns: OrgLeaseReturn[] = [];
@@ -731,7 +696,7 @@ export class LeaseClient implements AllowanceSource {
       o.sliceMicros -= micros;
       if (micros > 0) orgReturns.push({ orgId, micros });
     }
-    this.flush({ reclaimId: 0, keyReturns, orgReturns });
+    this.link.flush({ reclaimId: 0, keyReturns, orgReturns });
   }
 
   // ── parallel-request slots ────────────────────────────────────────────────
@@ -742,7 +707,7 @@ export class LeaseClient implements AllowanceSource {
    * `startedAt` (performance.now()); a request that started later asks again.
    */
   slotsFor(keyId: string, limits: KeyLimits, startedAt = performance.now()): { slots: number; final: boolean } | undefined {
-    if (!this.connected || this.nodes <= 1 || !Number.isFinite(limits.maxParallel) || limits.maxParallel <= 0) return undefined;
+    if (!this.link.connected || this.link.nodes <= 1 || !Number.isFinite(limits.maxParallel) || limits.maxParallel <= 0) return undefined;
     const sl = this.slotsOf(keyId, limits.maxParallel);
     if (!sl.leased) {
       sl.leased = true;
@@ -766,15 +731,15 @@ export class LeaseClient implements AllowanceSource {
       wake(sl);
     }
     // (A slot freed here lets the requests waiting here in at once.)
-    if (sl.leased && this.connected && this.nodes > 1 && !sl.pending) {
-      const chunk = leaseChunk(sl.limit, this.nodes);
+    if (sl.leased && this.link.connected && this.link.nodes > 1 && !sl.pending) {
+      const chunk = leaseChunk(sl.limit, this.link.nodes);
       if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2 && performance.now() - sl.dryAtMs >= SLOTS_DRY_MS) this.askSlots(keyId, sl, 0);
     }
   }
 
   /** A request found no free slot here: asks for one and calls `wake` once the answer came. */
   waitForSlot(keyId: string, limits: KeyLimits, wake: () => void, startedAt = performance.now()): boolean {
-    if (!this.connected || this.nodes <= 1) return false;
+    if (!this.link.connected || this.link.nodes <= 1) return false;
     const sl = this.slotsOf(keyId, limits.maxParallel);
     if (sl.finalAtMs >= startedAt || sl.advancing) return false;
     sl.waiters.push(wake);
@@ -791,14 +756,14 @@ export class LeaseClient implements AllowanceSource {
    * control plane, which counts them as held here (a negative `returned`, SlotLedger.applyHeld).
    */
   advanceSlot(keyId: string, limits: KeyLimits, timedOut: boolean, startedAt = performance.now()): boolean {
-    if (!this.connected || this.leaving || this.nodes <= 1) return false;
+    if (!this.link.connected || this.link.leaving || this.link.nodes <= 1) return false;
     const sl = this.slotsOf(keyId, limits.maxParallel);
     if (sl.finalAtMs >= startedAt || !sl.leased || (!timedOut && !sl.advancing)) return false;
     sl.advancing = true;
     const took = Math.max(0, sl.inUse + 1 - sl.held);
     sl.held += took;
-    this.slotReturns.push({ keyId, held: sl.held, returned: -took });
-    this.queueFlush();
+    this.link.slotReturns.push({ keyId, held: sl.held, returned: -took });
+    this.link.queueFlush();
     return true;
   }
 
@@ -809,10 +774,10 @@ export class LeaseClient implements AllowanceSource {
 
   applySlotGrant(g: SlotLease): void {
     const sl = this.slots.get(g.keyId);
-    if (this.leaving || !sl || !sl.leased) {
+    if (this.link.leaving || !sl || !sl.leased) {
       // Not wanted any more (or the node is stopping): straight back.
-      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0, returned: g.slots });
-      if (g.slots > 0) this.queueFlush();
+      if (g.slots > 0) this.link.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0, returned: g.slots });
+      if (g.slots > 0) this.link.queueFlush();
       return;
     }
     sl.pending = false;
@@ -839,7 +804,7 @@ export class LeaseClient implements AllowanceSource {
         // Its share was given back before it was used: none until the key is forgotten (pruneSlots).
         sl.leased = true;
         sl.noShare = true;
-      } else if (share && this.connected && this.nodes > 1) {
+      } else if (share && this.link.connected && this.link.nodes > 1) {
         sl.leased = true;
         sl.held = share.exceptions.get(keyId)?.requests ?? standingShare(sl.limit, share.nodes);
       }
@@ -850,14 +815,14 @@ export class LeaseClient implements AllowanceSource {
 
   /** `need`: the total the node must hold for its waiting requests (0: a prefetch). Wants are totals. */
   private askSlots(keyId: string, sl: KeySlots, need: number): void {
-    if (this.leaving) return;
-    const want = Math.min(sl.limit, Math.max(need, sl.held + leaseChunk(sl.limit, this.nodes)));
+    if (this.link.leaving) return;
+    const want = Math.min(sl.limit, Math.max(need, sl.held + leaseChunk(sl.limit, this.link.nodes)));
     if (want <= sl.held && need <= sl.held) return;
     sl.pending = true;
     sl.askedAtMs = performance.now();
     sl.askedNeed = need;
-    this.slotWants.set(keyId, { keyId, held: sl.held, want, need });
-    this.queueFlush();
+    this.link.slotWants.set(keyId, { keyId, held: sl.held, want, need });
+    this.link.queueFlush();
   }
 
   /** Keys idle for a minute give their slots back and are forgotten. */
@@ -866,20 +831,20 @@ export class LeaseClient implements AllowanceSource {
     for (const [keyId, sl] of this.slots) {
       if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
       // held -1: forgotten; with a standing share its next use starts from the share again.
-      if (sl.leased && (sl.held > 0 || this.slotShare) && this.connected) this.slotReturns.push({ keyId, held: -1, returned: sl.held });
+      if (sl.leased && (sl.held > 0 || this.slotShare) && this.link.connected) this.link.slotReturns.push({ keyId, held: -1, returned: sl.held });
       this.slots.delete(keyId);
     }
-    if (this.slotReturns.length > 0) this.queueFlush();
+    if (this.link.slotReturns.length > 0) this.link.queueFlush();
   }
 
   // ── money ─────────────────────────────────────────────────────────────────
 
   /** May this node admit one more request of the organisation now? */
   canSpend(orgId: string): SpendVerdict {
-    if (!this.connected) return 'yes';
+    if (!this.link.connected) return 'yes';
     const o = this.orgFor(orgId);
     if (o.sliceMicros > 0) return 'yes';
-    if (o.exhaustedAtMs > 0 && this.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
+    if (o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
     o.exhaustedAtMs = 0;
     this.askOrg(orgId, o);
     return 'wait';
@@ -892,7 +857,7 @@ export class LeaseClient implements AllowanceSource {
    * never gets here). docs/leases.md.
    */
   spendFirst(orgId: string): boolean {
-    if (!this.standingShares || !this.connected || this.leaving || this.orgs.has(orgId)) return false;
+    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgs.has(orgId)) return false;
     this.askOrg(orgId, this.orgFor(orgId));
     return true;
   }
@@ -902,10 +867,10 @@ export class LeaseClient implements AllowanceSource {
    * with the slot shares): each adds to the organisation's slice, as a grant does.
    */
   applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
-    if (!this.connected) return;
-    if (this.leaving) {
+    if (!this.link.connected) return;
+    if (this.link.leaving) {
       const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
-      if (orgReturns.length > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns });
+      if (orgReturns.length > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns });
       return;
     }
     for (const { orgId, micros } of slices) {
@@ -920,7 +885,7 @@ export class LeaseClient implements AllowanceSource {
 
   /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
   waitForOrg(orgId: string, wake: () => void): boolean {
-    if (!this.connected) return false;
+    if (!this.link.connected) return false;
     const o = this.orgFor(orgId);
     o.waiters.push(wake);
     this.askOrg(orgId, o);
@@ -948,10 +913,10 @@ export class LeaseClient implements AllowanceSource {
    */
   reserveSpend(orgId: string): SpendReservation | undefined {
     const o = this.orgs.get(orgId);
-    if (!o || !this.connected) return undefined;
+    if (!o || !this.link.connected) return undefined;
     o.sliceMicros -= o.maxCostMicros;
     this.maybeAskOrg(orgId, o);
-    return { epoch: this.epoch, micros: o.maxCostMicros };
+    return { epoch: this.link.epoch, micros: o.maxCostMicros };
   }
 
   /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
@@ -965,7 +930,7 @@ export class LeaseClient implements AllowanceSource {
    * that epoch and the control plane does not take it from this connection's slice either.
    */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
-    if (!this.connected || !reservation || reservation.epoch !== this.epoch) return;
+    if (!this.link.connected || !reservation || reservation.epoch !== this.link.epoch) return;
     const o = this.orgFor(orgId);
     o.sliceMicros += reservation.micros - costMicros;
     if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
@@ -977,8 +942,8 @@ export class LeaseClient implements AllowanceSource {
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
-    if (this.leaving) {
-      if (micros > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
+    if (this.link.leaving) {
+      if (micros > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
       return;
     }
     const o = this.orgs.get(orgId);
@@ -987,7 +952,7 @@ export class LeaseClient implements AllowanceSource {
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
     // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
-    o.exhaustedAtMs = exhausted ? Math.max(1, this.clock.now()) : 0;
+    o.exhaustedAtMs = exhausted ? Math.max(1, this.link.clock.now()) : 0;
     wake(o);
     // Still low (requests ran while the grant was on its way): ask again at once.
     if (o.exhaustedAtMs === 0) this.maybeAskOrg(orgId, o);
@@ -999,12 +964,12 @@ export class LeaseClient implements AllowanceSource {
    */
   orgChanged(orgId: string): void {
     const o = this.orgs.get(orgId);
-    if (!o || !this.connected) return;
+    if (!o || !this.link.connected) return;
     o.exhaustedAtMs = 0;
     const micros = Math.max(0, o.sliceMicros);
     if (micros > 0) {
       o.sliceMicros -= micros;
-      this.orgReturns.push({ orgId, micros });
+      this.link.orgReturns.push({ orgId, micros });
     }
     // A grant on its way was computed before the change: ask again once it is back.
     o.pending = false;
@@ -1012,91 +977,44 @@ export class LeaseClient implements AllowanceSource {
   }
 
   private askOrg(orgId: string, o: OrgSlice): void {
-    if (this.leaving) return;
-    if (o.pending && !this.stale(o.askedAtMs)) return;
+    if (this.link.leaving) return;
+    if (o.pending && !this.link.stale(o.askedAtMs)) return;
     o.pending = true;
-    o.askedAtMs = this.clock.now();
+    o.askedAtMs = this.link.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
-    this.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
-    this.queueFlush();
-  }
-
-  /**
-   * A want the control plane never answered (it could not, or the answer was lost) must not leave a
-   * `pending` flag that blocks every later ask: after this long it is asked again.
-   */
-  private stale(askedAtMs: number): boolean {
-    return this.clock.now() - askedAtMs >= PENDING_STALE_MS;
+    this.link.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
+    this.link.queueFlush();
   }
 
   // ── sending ───────────────────────────────────────────────────────────────
 
-  private queueFlush(): void {
-    if (this.flushQueued) return;
-    this.flushQueued = true;
-    this.schedule(() => this.flush());
-  }
-
   /** Sends everything wanted (and given back) as one LeaseRequest. */
   flush(extra?: Pick<LeaseRequestOut, 'reclaimId' | 'keyReturns' | 'orgReturns'>): void {
-    if (!extra) this.flushQueued = false;
-    const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
-    const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
-    const announceLeaving = this.leaving && !this.leavingSent;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && this.taken.size === 0 && this.bulkWants.length === 0 && !this.slotShareWant && !this.orgSlicesWant && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
-    this.leavingSent = this.leaving;
-    const req: LeaseRequestOut = {
-      keys: [...this.wantKeys.values()],
-      orgs: [...this.wantOrgs.values()],
-      reclaimId: extra?.reclaimId ?? 0,
-      keyReturns,
-      orgReturns,
-      leaseEpoch: this.epoch,
-      leaving: this.leaving,
-      used: [],
-      usedSeq: 0,
-      slotWants: [...this.slotWants.values()],
-      slotReturns: this.slotReturns,
-      // Before any return in the same request is applied? Order does not matter: both are amounts.
-      taken: [...this.taken.values()],
-      bulkMinute: this.bulkWants.shift() ?? 0,
-      wantSlotShare: this.slotShareWant,
-      wantOrgSlices: this.orgSlicesWant,
-    };
-    this.orgSlicesWant = false;
-    this.taken = new Map();
-    this.slotShareWant = false;
-    // (One minute's shares per request: a second one goes in the next.)
-    if (this.bulkWants.length > 0) this.queueFlush();
-    this.slotWants = new Map();
-    this.slotReturns = [];
-    this.wantKeys = new Map();
-    this.wantOrgs = new Map();
-    this.keyReturns = [];
-    this.orgReturns = [];
-    if (!this.send(req)) {
-      // No connection: nothing is pending any more; the fallback applies until it is back.
-      for (const w of req.keys) {
-        const k = this.keys.get(w.keyId);
-        if (k) {
-          k.pending = false;
-          wake(k);
-        }
+    this.link.flush(extra);
+  }
+
+  /** A request that could not be sent (no connection): nothing is pending any more; the fallback applies until it is back. */
+  private unsent(req: LeaseRequestOut): void {
+    for (const w of req.keys) {
+      const k = this.keys.get(w.keyId);
+      if (k) {
+        k.pending = false;
+        wake(k);
       }
-      for (const w of req.orgs) {
-        const o = this.orgs.get(w.orgId);
-        if (o) {
-          o.pending = false;
-          wake(o);
-        }
+    }
+    for (const w of req.orgs) {
+      const o = this.orgs.get(w.orgId);
+      if (o) {
+        o.pending = false;
+        wake(o);
       }
-      for (const w of req.slotWants) {
-        const sl = this.slots.get(w.keyId);
-        if (sl) {
-          sl.pending = false;
-          wake(sl);
-        }
+    }
+    for (const w of req.slotWants) {
+      const sl = this.slots.get(w.keyId);
+      if (sl) {
+        sl.pending = false;
+        wake(sl);
       }
     }
   }
@@ -1113,21 +1031,6 @@ export class LeaseClient implements AllowanceSource {
       }
     }
   }
-}
-
-function wake(holder: { waiters: Array<() => void> }): void {
-  const waiters = holder.waiters;
-  if (waiters.length === 0) return;
-  holder.waiters = [];
-  for (const w of waiters) w();
-}
-
-function finiteLimit(limit: number): number {
-  return Number.isFinite(limit) && limit > 0 ? limit : Infinity;
-}
-
-function finiteOrZero(n: number): number {
-  return Number.isFinite(n) ? n : 0;
 }
 
 /** A key's minute as a node starts it: `allow*` leased so far (unlimited stays unlimited), nothing used. */
