@@ -10,13 +10,7 @@
 // request refused. A reclaim is answered at once with what is held unused. While the control plane
 // is unreachable the node falls back to the key's own limits locally (fail-static, docs/design.md#control-plane-unreachable).
 //
-// Money: per organisation the node holds a signed slice, kept with the same arithmetic as the control
-// plane's ledger: grants add, returns and finished requests' costs subtract. A request is admitted
-// while the slice is positive and reserves its estimated cost (the costliest request seen) while in
-// flight, so the spend passes what is left by at most the requests in flight. With no slice the
-// request waits for one; the organisation is refused only when the control plane says nothing is
-// left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
-// asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
+// Money: per organisation the node holds a signed slice of what is left (lease-money.ts).
 //
 // The node also says what it has used of the key minutes it leased (sendUsed, called every 100 ms
 // by the sync client, only for those that changed): if it dies, the control plane frees the rest of
@@ -32,11 +26,13 @@ import { coldShare, leaseChunk, standingShare } from '../../proto/lib/leases.js'
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 
+import { LeaseMoney, type SpendReservation, type SpendVerdict } from './lease-money.js';
 import { finiteLimit, finiteOrZero, LeaseLink, PENDING_STALE_MS, wake, type LeaseRequestOut } from './lease-link.js';
 
-import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, LeaseReclaim, OrgLeaseReturn, SlotLease } from '../../proto/gen/tollgate/v1/sync.js';
+import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, LeaseReclaim, SlotLease } from '../../proto/gen/tollgate/v1/sync.js';
 
 export type { LeaseRequestOut } from './lease-link.js';
+export type { SpendReservation, SpendVerdict } from './lease-money.js';
 
 interface KeyMinute {
   minute: number;
@@ -73,19 +69,6 @@ interface KeyMinute {
   asked: boolean;
 }
 
-interface OrgSlice {
-  /** Granted, minus returned, minus the cost of finished requests and the estimates of those in flight. */
-  sliceMicros: number;
-  lastGrantMicros: number;
-  /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
-  maxCostMicros: number;
-  pending: boolean;
-  askedAtMs: number;
-  /** When the control plane last said nothing is left (0: it did not). */
-  exhaustedAtMs: number;
-  waiters: Array<() => void>;
-}
-
 interface KeySlots {
   limit: number;
   /** Slots leased (meaningful once `leased`). */
@@ -119,26 +102,15 @@ const SLOTS_IDLE_MS = 60_000;
 const SLOTS_DRY_MS = 1000;
 
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
-/** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
-const EXHAUSTED_RETRY_MS = 1000;
 /** How long after "reclaiming" a request out of time keeps waiting (the whole-budget reclaim takes up to 1 s). */
 const RECLAIMING_WAIT_MS = 1200;
-
-/** An estimate reserved from an organisation's slice while its request is in flight. */
-export interface SpendReservation {
-  epoch: number;
-  micros: number;
-}
-
-/** May a request of the organisation spend? `wait`: a slice is being asked for. */
-export type SpendVerdict = 'yes' | 'wait' | 'no';
 
 export class LeaseClient implements AllowanceSource {
   private readonly link: LeaseLink;
   private readonly keys = new Map<string, KeyMinute>();
   /** First chunks of the next minute, prefetched shortly before its top for keys used this minute. */
   private readonly nextKeys = new Map<string, KeyMinute>();
-  private readonly orgs = new Map<string, OrgSlice>();
+  private readonly money: LeaseMoney;
   /** Leased key minutes whose use changed since the node last said. */
   private usedDirty = new Set<string>();
   private usedSeq = 0;
@@ -176,6 +148,7 @@ export class LeaseClient implements AllowanceSource {
     standingShares = false,
   ) {
     this.link = new LeaseLink(clock, send, schedule, standingShares, (req) => this.unsent(req));
+    this.money = new LeaseMoney(this.link);
   }
 
   /** The sync client reports every connection change and the number of connected nodes. */
@@ -204,8 +177,7 @@ export class LeaseClient implements AllowanceSource {
         k.finalRequests = false;
         k.finalTokensNeed = Infinity;
       }
-      const orgs = [...this.orgs.values()];
-      this.orgs.clear();
+      const orgs = this.money.reset();
       this.usedDirty.clear();
       // Slots held on the old connection were freed with it; the node holds what it uses.
       for (const sl of this.slots.values()) {
@@ -659,13 +631,7 @@ export class LeaseClient implements AllowanceSource {
       }
       this.link.slotReturns.push({ keyId, held: sl ? sl.held : 0, returned });
     }
-    const orgReturns: OrgLeaseReturn[] = [];
-    for (const orgId of r.orgIds) {
-      const o = this.orgs.get(orgId);
-      const micros = o ? Math.max(0, o.sliceMicros) : 0;
-      if (o) o.sliceMicros -= micros;
-      orgReturns.push({ orgId, micros });
-    }
+    const orgReturns = this.money.reclaim(r.orgIds);
     this.link.flush({ reclaimId: r.id, keyReturns, orgReturns });
   }
 
@@ -690,12 +656,7 @@ export class LeaseClient implements AllowanceSource {
         this.link.slotReturns.push({ keyId, held: sl.held, returned });
       }
     }
-    const orgReturns: OrgLeaseReturn[] = [];
-    for (const [orgId, o] of this.orgs) {
-      const micros = Math.max(0, o.sliceMicros);
-      o.sliceMicros -= micros;
-      if (micros > 0) orgReturns.push({ orgId, micros });
-    }
+    const orgReturns = this.money.giveBack();
     this.link.flush({ reclaimId: 0, keyReturns, orgReturns });
   }
 
@@ -837,154 +798,46 @@ export class LeaseClient implements AllowanceSource {
     if (this.link.slotReturns.length > 0) this.link.queueFlush();
   }
 
-  // ── money ─────────────────────────────────────────────────────────────────
+  // ── money (lease-money.ts) ────────────────────────────────────────────────
 
-  /** May this node admit one more request of the organisation now? */
   canSpend(orgId: string): SpendVerdict {
-    if (!this.link.connected) return 'yes';
-    const o = this.orgFor(orgId);
-    if (o.sliceMicros > 0) return 'yes';
-    if (o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
-    o.exhaustedAtMs = 0;
-    this.askOrg(orgId, o);
-    return 'wait';
+    return this.money.canSpend(orgId);
   }
 
-  /**
-   * The organisation's first request on this connection (with standing shares on): true, and the
-   * first slice is asked for. It is admitted without waiting for it: one request in flight past what
-   * is left at most, once per organisation and connection (an organisation blocked in the snapshot
-   * never gets here). docs/leases.md.
-   */
   spendFirst(orgId: string): boolean {
-    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgs.has(orgId)) return false;
-    this.askOrg(orgId, this.orgFor(orgId));
-    return true;
+    return this.money.spendFirst(orgId);
   }
 
-  /**
-   * Money slices of every organisation with money left, granted in bulk once per connection (asked
-   * with the slot shares): each adds to the organisation's slice, as a grant does.
-   */
   applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
-    if (!this.link.connected) return;
-    if (this.link.leaving) {
-      const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
-      if (orgReturns.length > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns });
-      return;
-    }
-    for (const { orgId, micros } of slices) {
-      if (micros <= 0) continue;
-      const o = this.orgFor(orgId);
-      o.sliceMicros += micros;
-      o.lastGrantMicros = micros;
-      o.exhaustedAtMs = 0;
-      wake(o);
-    }
+    this.money.applyOrgSlices(slices);
   }
 
-  /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
   waitForOrg(orgId: string, wake: () => void): boolean {
-    if (!this.link.connected) return false;
-    const o = this.orgFor(orgId);
-    o.waiters.push(wake);
-    this.askOrg(orgId, o);
-    return true;
+    return this.money.waitForOrg(orgId, wake);
   }
 
   cancelOrgWait(orgId: string, wake: () => void): void {
-    const o = this.orgs.get(orgId);
-    if (o) o.waiters = o.waiters.filter((w) => w !== wake);
+    this.money.cancelOrgWait(orgId, wake);
   }
 
-  private orgFor(orgId: string): OrgSlice {
-    let o = this.orgs.get(orgId);
-    if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, askedAtMs: 0, exhaustedAtMs: 0, waiters: [] };
-      this.orgs.set(orgId, o);
-    }
-    return o;
-  }
-
-  /**
-   * Reserves the estimated cost of an admitted request (the most a request of the organisation has
-   * cost here) from the slice, so the next slice is asked for while this request runs rather than
-   * after it: the grant is normally back before the next request needs it.
-   */
   reserveSpend(orgId: string): SpendReservation | undefined {
-    const o = this.orgs.get(orgId);
-    if (!o || !this.link.connected) return undefined;
-    o.sliceMicros -= o.maxCostMicros;
-    this.maybeAskOrg(orgId, o);
-    return { epoch: this.link.epoch, micros: o.maxCostMicros };
+    return this.money.reserveSpend(orgId);
   }
 
-  /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
   sliceOf(orgId: string): number | undefined {
-    return this.orgs.get(orgId)?.sliceMicros;
+    return this.money.sliceOf(orgId);
   }
 
-  /**
-   * The real cost of a finished request replaces its reservation (0 for a request that never ran).
-   * A request reserved on an earlier connection (or none) costs nothing here: its usage record carries
-   * that epoch and the control plane does not take it from this connection's slice either.
-   */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
-    if (!this.link.connected || !reservation || reservation.epoch !== this.link.epoch) return;
-    const o = this.orgFor(orgId);
-    o.sliceMicros += reservation.micros - costMicros;
-    if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
-    this.maybeAskOrg(orgId, o);
-  }
-
-  private maybeAskOrg(orgId: string, o: OrgSlice): void {
-    if (o.exhaustedAtMs === 0 && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o);
+    this.money.settleSpend(orgId, reservation, costMicros);
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
-    if (this.link.leaving) {
-      if (micros > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
-      return;
-    }
-    const o = this.orgs.get(orgId);
-    if (!o) return;
-    o.pending = false;
-    o.sliceMicros += micros;
-    if (micros > 0) o.lastGrantMicros = micros;
-    // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
-    o.exhaustedAtMs = exhausted ? Math.max(1, this.link.clock.now()) : 0;
-    wake(o);
-    // Still low (requests ran while the grant was on its way): ask again at once.
-    if (o.exhaustedAtMs === 0) this.maybeAskOrg(orgId, o);
+    this.money.applyOrgGrant(orgId, micros, exhausted);
   }
 
-  /**
-   * The organisation's state changed at the control plane (credit, cap, tier, config): the slice is
-   * given back and asked for afresh, so a lowered cap binds now and a raised one unblocks now.
-   */
   orgChanged(orgId: string): void {
-    const o = this.orgs.get(orgId);
-    if (!o || !this.link.connected) return;
-    o.exhaustedAtMs = 0;
-    const micros = Math.max(0, o.sliceMicros);
-    if (micros > 0) {
-      o.sliceMicros -= micros;
-      this.link.orgReturns.push({ orgId, micros });
-    }
-    // A grant on its way was computed before the change: ask again once it is back.
-    o.pending = false;
-    this.askOrg(orgId, o);
-  }
-
-  private askOrg(orgId: string, o: OrgSlice): void {
-    if (this.link.leaving) return;
-    if (o.pending && !this.link.stale(o.askedAtMs)) return;
-    o.pending = true;
-    o.askedAtMs = this.link.clock.now();
-    // What the slice is short plus enough for a few of the organisation's most expensive requests;
-    // the control plane may give more.
-    this.link.wantOrgs.set(orgId, { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros });
-    this.link.queueFlush();
+    this.money.orgChanged(orgId);
   }
 
   // ── sending ───────────────────────────────────────────────────────────────
@@ -1003,13 +856,7 @@ export class LeaseClient implements AllowanceSource {
         wake(k);
       }
     }
-    for (const w of req.orgs) {
-      const o = this.orgs.get(w.orgId);
-      if (o) {
-        o.pending = false;
-        wake(o);
-      }
-    }
+    this.money.unsent(req.orgs);
     for (const w of req.slotWants) {
       const sl = this.slots.get(w.keyId);
       if (sl) {
