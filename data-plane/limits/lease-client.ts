@@ -26,10 +26,11 @@ import { coldShare, leaseChunk, standingShare } from '../../proto/lib/leases.js'
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 
+import { StandingShares, type StandingShare } from './lease-standing-shares.js';
 import { LeaseMoney, type SpendReservation, type SpendVerdict } from './lease-money.js';
 import { finiteLimit, finiteOrZero, LeaseLink, PENDING_STALE_MS, wake, type LeaseRequestOut } from './lease-link.js';
 
-import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, LeaseReclaim, SlotLease } from '../../proto/gen/tollgate/v1/sync.js';
+import type { BulkShare, SlotShare, KeyLease, KeyLeaseReturn, LeaseReclaim, SlotLease } from '../../proto/gen/tollgate/v1/sync.js';
 
 export type { LeaseRequestOut } from './lease-link.js';
 export type { SpendReservation, SpendVerdict } from './lease-money.js';
@@ -111,26 +112,12 @@ export class LeaseClient implements AllowanceSource {
   /** First chunks of the next minute, prefetched shortly before its top for keys used this minute. */
   private readonly nextKeys = new Map<string, KeyMinute>();
   private readonly money: LeaseMoney;
+  private readonly shares: StandingShares;
   /** Leased key minutes whose use changed since the node last said. */
   private usedDirty = new Set<string>();
   private usedSeq = 0;
   private usedAcked = 0;
   private readonly slots = new Map<string, KeySlots>();
-  /** Standing shares of every key's budget, by minute, on this connection (BulkShare). */
-  private bulk = new Map<number, { nodes: number; exceptions: Map<string, KeyShare> }>();
-  /** Minutes whose standing shares were asked for (answered or not) on this connection. */
-  private bulkAsked = new Set<number>();
-  /** Minutes whose standing shares the control plane did not grant. */
-  private bulkDenied = new Set<number>();
-  /** `keyId:minute` whose standing share this node gave back (a reclaim) before or after it came. */
-  private forfeited = new Set<string>();
-  /** The standing share of every key's parallel slots on this connection (SlotShare). */
-  private slotShare: { nodes: number; exceptions: Map<string, KeyShare> } | null = null;
-  private slotShareAsked = false;
-  /** Money slices of every organisation asked for on this connection (applyOrgSlices). */
-  private orgSlicesAsked = false;
-  /** Keys whose slot share was given back (a reclaim) before this node had a record of them. */
-  private readonly slotsForfeited = new Set<string>();
   /** When (performance.now()) the control plane last said an answer waits for reclaims. */
   private reclaimingAtMs = -Infinity;
 
@@ -149,20 +136,14 @@ export class LeaseClient implements AllowanceSource {
   ) {
     this.link = new LeaseLink(clock, send, schedule, standingShares, (req) => this.unsent(req));
     this.money = new LeaseMoney(this.link);
+    this.shares = new StandingShares(this.link);
   }
 
   /** The sync client reports every connection change and the number of connected nodes. */
   setConnected(connected: boolean, connectedNodes?: number): void {
     if (connected !== this.link.connected) {
       this.link.reset();
-      this.bulk.clear();
-      this.bulkAsked.clear();
-      this.bulkDenied.clear();
-      this.forfeited.clear();
-      this.slotShare = null;
-      this.slotShareAsked = false;
-      this.orgSlicesAsked = false;
-      this.slotsForfeited.clear();
+      this.shares.reset();
       this.reclaimingAtMs = -Infinity;
       // Whatever was held belonged to the old connection; the control plane released it. What was
       // used stays used, and is what the node says it holds when it next asks.
@@ -232,10 +213,10 @@ export class LeaseClient implements AllowanceSource {
     // Several nodes: the standing shares of this minute and of the parallel slots, so that a key's
     // first requests on this node do not wait (docs/leases.md).
     if (!lone) {
-      this.askBulk(minuteOf(this.link.clock.now()));
-      this.askSlotShare();
+      this.shares.askBulk(minuteOf(this.link.clock.now()));
+      this.shares.askSlotShare();
     }
-    this.askOrgSlices();
+    this.shares.askOrgSlices();
   }
 
   get isConnected(): boolean {
@@ -282,10 +263,10 @@ export class LeaseClient implements AllowanceSource {
       // Requests parked on the old minute try again in the new one.
       if (old) wake(old);
       if (n > 1) {
-        this.askBulk(minute);
-        const b = this.bulk.get(minute);
+        this.shares.askBulk(minute);
+        const b = this.shares.bulk.get(minute);
         if (b) this.addBulkShare(keyId, k, b);
-        else if (this.bulkAsked.has(minute) && !this.bulkDenied.has(minute)) k.awaitingBulk = true;
+        else if (this.shares.bulkAsked.has(minute) && !this.shares.bulkDenied.has(minute)) k.awaitingBulk = true;
       }
       if (!k.awaitingBulk) this.maybeTopUp(keyId, k, 0, 0);
     }
@@ -340,9 +321,8 @@ export class LeaseClient implements AllowanceSource {
     return this.link.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
   }
 
-  /** For tests and benchmarks: the minutes whose standing shares this node holds, and whether it holds slot shares. */
   standingState(): { minutes: number[]; slots: boolean } {
-    return { minutes: [...this.bulk.keys()].sort((a, b) => a - b), slots: this.slotShare !== null };
+    return this.shares.standingState();
   }
 
   applyUsedAck(seq: number): void {
@@ -445,11 +425,11 @@ export class LeaseClient implements AllowanceSource {
     if (!this.link.connected) return;
     const next = minuteOf(this.link.clock.now()) + 1;
     if (next >= this.link.loneFromMinute) return;
-    this.askBulk(next);
+    this.shares.askBulk(next);
     for (const [keyId, k] of this.keys) {
       // Keys that used more than their standing share this minute get their first chunk too.
       if (k.minute !== next - 1 || k.usedRequests === 0 || this.nextKeys.get(keyId)?.minute === next) continue;
-      if (this.bulk.has(next - 1) && !k.pending && k.freeUnknown) continue;
+      if (this.shares.bulk.has(next - 1) && !k.pending && k.freeUnknown) continue;
       const nk = newKeyMinute(next, k.rpm, k.tpm, 0, 0, k.rpm, k.tpm);
       this.nextKeys.set(keyId, nk);
       this.askKey(keyId, nk, 0, 0);
@@ -512,36 +492,13 @@ export class LeaseClient implements AllowanceSource {
 
   // ── standing shares ───────────────────────────────────────────────────────
 
-  private askBulk(minute: number): void {
-    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.link.nodes <= 1 || minute >= this.link.loneFromMinute || this.bulkAsked.has(minute)) return;
-    // Only the current minute and the next: a clock set far back or ahead asks again when it is.
-    if (Math.abs(minute - minuteOf(this.link.clock.now())) > 1) return;
-    this.bulkAsked.add(minute);
-    this.link.bulkWants.push(minute);
-    this.link.queueFlush();
-  }
-
-  private askOrgSlices(): void {
-    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgSlicesAsked) return;
-    this.orgSlicesAsked = true;
-    this.link.orgSlicesWant = true;
-    this.link.queueFlush();
-  }
-
-  private askSlotShare(): void {
-    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.link.nodes <= 1 || this.slotShareAsked) return;
-    this.slotShareAsked = true;
-    this.link.slotShareWant = true;
-    this.link.queueFlush();
-  }
-
   /** Adds the standing share (or what the exception says) to a key minute, once. */
-  private addBulkShare(keyId: string, k: KeyMinute, b: { nodes: number; exceptions: Map<string, KeyShare> }): void {
+  private addBulkShare(keyId: string, k: KeyMinute, b: StandingShare): void {
     const wasAwaiting = k.awaitingBulk;
     k.awaitingBulk = false;
     if (k.bulkApplied) return;
     k.bulkApplied = true;
-    if (this.forfeited.has(`${keyId}:${k.minute}`)) return;
+    if (this.shares.forfeited.has(`${keyId}:${k.minute}`)) return;
     const ex = b.exceptions.get(keyId);
     const requests = ex ? ex.requests : standingShare(k.rpm, b.nodes);
     const tokens = ex ? ex.tokens : standingShare(k.tpm, b.nodes);
@@ -560,12 +517,8 @@ export class LeaseClient implements AllowanceSource {
 
   /** The answer to a bulk want: every key minute of that minute gets its standing share. */
   applyBulk(b: BulkShare): void {
-    if (this.link.leaving || !this.link.connected) return;
-    if (!b.granted) {
-      if (this.bulk.has(b.minute)) return;
-      this.bulkDenied.add(b.minute);
-    } else this.bulk.set(b.minute, { nodes: b.nodes, exceptions: new Map(b.exceptions.map((e) => [e.keyId, e])) });
-    const share = this.bulk.get(b.minute);
+    if (!this.shares.recordBulk(b)) return;
+    const share = this.shares.bulk.get(b.minute);
     for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
       if (k.minute !== b.minute) continue;
       if (share) this.addBulkShare(keyId, k, share);
@@ -579,9 +532,8 @@ export class LeaseClient implements AllowanceSource {
 
   /** The answer to the slot-share want: every key's slot records get their standing share. */
   applySlotShare(sh: SlotShare): void {
-    if (this.link.leaving || !this.link.connected || !sh.granted || this.slotShare) return;
-    const share = { nodes: sh.nodes, exceptions: new Map(sh.exceptions.map((e) => [e.keyId, e])) };
-    this.slotShare = share;
+    const share = this.shares.recordSlotShare(sh);
+    if (!share) return;
     for (const [keyId, sl] of this.slots) {
       if (sl.noShare) continue;
       const add = share.exceptions.get(keyId)?.requests ?? standingShare(sl.limit, share.nodes);
@@ -607,7 +559,7 @@ export class LeaseClient implements AllowanceSource {
       // The minute's standing share of a key not touched here is given back: it is never added. (A
       // share still on its way was granted after this reclaim was sent, as the stream is in order, so
       // the control plane counts it after this answer: it is kept.)
-      if ((!k || k.minute !== ref.minute) && this.bulk.has(ref.minute)) this.forfeited.add(`${ref.keyId}:${ref.minute}`);
+      if ((!k || k.minute !== ref.minute) && this.shares.bulk.has(ref.minute)) this.shares.forfeited.add(`${ref.keyId}:${ref.minute}`);
       if (!k || k.minute !== ref.minute) {
         keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 });
         continue;
@@ -622,7 +574,7 @@ export class LeaseClient implements AllowanceSource {
     for (const keyId of slotKeys) {
       const sl = this.slots.get(keyId);
       // The standing share of slots of a key not touched here is given back (as for key minutes).
-      if (this.slotShare && !sl) this.slotsForfeited.add(keyId);
+      if (this.shares.slotShare && !sl) this.shares.slotsForfeited.add(keyId);
       // What it gives back, not only what it keeps: a grant on its way here stays counted.
       const returned = sl?.leased ? Math.max(0, sl.held - sl.inUse) : 0;
       if (sl) {
@@ -760,8 +712,8 @@ export class LeaseClient implements AllowanceSource {
     let sl = this.slots.get(keyId);
     if (!sl) {
       sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [], advancing: false, noShare: false };
-      const share = this.slotShare;
-      if (this.slotsForfeited.delete(keyId)) {
+      const share = this.shares.slotShare;
+      if (this.shares.slotsForfeited.delete(keyId)) {
         // Its share was given back before it was used: none until the key is forgotten (pruneSlots).
         sl.leased = true;
         sl.noShare = true;
@@ -792,7 +744,7 @@ export class LeaseClient implements AllowanceSource {
     for (const [keyId, sl] of this.slots) {
       if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
       // held -1: forgotten; with a standing share its next use starts from the share again.
-      if (sl.leased && (sl.held > 0 || this.slotShare) && this.link.connected) this.link.slotReturns.push({ keyId, held: -1, returned: sl.held });
+      if (sl.leased && (sl.held > 0 || this.shares.slotShare) && this.link.connected) this.link.slotReturns.push({ keyId, held: -1, returned: sl.held });
       this.slots.delete(keyId);
     }
     if (this.link.slotReturns.length > 0) this.link.queueFlush();
