@@ -2,10 +2,13 @@
 // the node asks, once per minute and connection, for a share of every key's minute budget, of every
 // key's parallel slots and of every organisation's money, so that a key's first requests on this
 // node do not wait for a lease. This part keeps what was asked and granted; the key minutes
-// (lease-key-minutes.ts) and the slots (lease-slots.ts) add the shares to their records.
+// (lease-key-minutes.ts) and the slots (lease-slots.ts) add the shares to their records; a key
+// minute's share is added here (addBulkShare).
 import { minuteOf } from './clock.js';
 import type { BulkShare, KeyShare, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
-import type { LeaseLink } from './lease-link.js';
+import { standingShare } from '../../proto/lib/leases.js';
+import { wake, type LeaseLink } from './lease-link.js';
+import type { KeyMinute } from './lease-key-minutes.js';
 
 /** A standing share: of each key's budget its share among `nodes`, unless an exception says what. */
 export interface StandingShare {
@@ -65,6 +68,29 @@ export class StandingShares {
     this.slotShareAsked = true;
     this.link.slotShareWant = true;
     this.link.queueFlush();
+  }
+
+  /** Adds the standing share (or what the exception says) to a key minute, once. */
+  addBulkShare(keyId: string, k: KeyMinute, b: StandingShare): void {
+    const wasAwaiting = k.awaitingBulk;
+    k.awaitingBulk = false;
+    if (k.bulkApplied) return;
+    k.bulkApplied = true;
+    if (this.forfeited.has(`${keyId}:${k.minute}`)) return;
+    const ex = b.exceptions.get(keyId);
+    const requests = ex ? ex.requests : standingShare(k.rpm, b.nodes);
+    const tokens = ex ? ex.tokens : standingShare(k.tpm, b.nodes);
+    if (Number.isFinite(k.allowRequests)) k.allowRequests += requests;
+    if (Number.isFinite(k.allowTokens)) k.allowTokens += tokens;
+    // What the pool has free is unknown until an answer says: the rate headers count only what
+    // this node holds, and a top-up may still be asked for.
+    if (!k.pending && k.freeRequests === k.rpm) {
+      k.freeRequests = 0;
+      k.freeTokens = 0;
+      k.freeUnknown = true;
+    }
+    k.advancing = false;
+    if (wasAwaiting) wake(k);
   }
 
   /** Keeps the answer to a bulk want. False: nothing to apply (stopping, disconnected, or a late refusal after a grant). */
