@@ -15,7 +15,7 @@ import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.
 import { minuteOf, type Clock } from './clock.js';
 import { LeaseLink, wake, type LeaseRequestOut } from './lease-link.js';
 import { LeaseKeyMinutes } from './lease-key-minutes.js';
-import { StandingShares } from './lease-standing-shares.js';
+import { LeaseStandingShares } from './lease-standing-shares.js';
 import { LeaseSlots } from './lease-slots.js';
 import { LeaseMoney, type SpendReservation, type SpendVerdict } from './lease-money.js';
 
@@ -28,7 +28,7 @@ const RECLAIMING_WAIT_MS = 1200;
 export class LeaseClient implements AllowanceSource {
   private readonly link: LeaseLink;
   private readonly keys: LeaseKeyMinutes;
-  private readonly shares: StandingShares;
+  private readonly shares: LeaseStandingShares;
   private readonly slots: LeaseSlots;
   private readonly money: LeaseMoney;
   /** When (performance.now()) the control plane last said an answer waits for reclaims. */
@@ -49,7 +49,7 @@ export class LeaseClient implements AllowanceSource {
   ) {
     this.link = new LeaseLink(clock, send, schedule, standingShares, (req) => this.unsent(req));
     this.money = new LeaseMoney(this.link);
-    this.shares = new StandingShares(this.link);
+    this.shares = new LeaseStandingShares(this.link);
     this.slots = new LeaseSlots(this.link, this.shares);
     this.keys = new LeaseKeyMinutes(this.link, this.shares);
   }

@@ -15,7 +15,7 @@ import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, KeyMinuteRef } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { finiteLimit, finiteOrZero, wake, type LeaseLink } from './lease-link.js';
-import type { StandingShare, StandingShares } from './lease-standing-shares.js';
+import type { StandingShare, LeaseStandingShares } from './lease-standing-shares.js';
 import { minuteOf } from './clock.js';
 
 export interface KeyMinute {
@@ -68,7 +68,7 @@ export class LeaseKeyMinutes {
 
   constructor(
     private readonly link: LeaseLink,
-    private readonly shares: StandingShares,
+    private readonly shares: LeaseStandingShares,
   ) {}
 
   allowanceFor(keyId: string, minute: number, limits?: KeyLimits): MinuteAllowance {
@@ -314,7 +314,7 @@ export class LeaseKeyMinutes {
     this.link.queueFlush();
   }
 
-  /** The answer to a bulk want (StandingShares.recordBulk): every key minute of that minute gets its standing share (none: `share` undefined). */
+  /** The answer to a bulk want (LeaseStandingShares.recordBulk): every key minute of that minute gets its standing share (none: `share` undefined). */
   addShare(minute: number, share: StandingShare | undefined): void {
     for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
       if (k.minute !== minute) continue;

@@ -9,7 +9,7 @@ import { leaseChunk, standingShare } from '../../proto/lib/leases.js';
 import type { SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from './key-budgets.js';
 import { finiteLimit, PENDING_STALE_MS, wake, type LeaseLink } from './lease-link.js';
-import type { StandingShare, StandingShares } from './lease-standing-shares.js';
+import type { StandingShare, LeaseStandingShares } from './lease-standing-shares.js';
 
 interface KeySlots {
   limit: number;
@@ -49,7 +49,7 @@ export class LeaseSlots {
 
   constructor(
     private readonly link: LeaseLink,
-    private readonly shares: StandingShares,
+    private readonly shares: LeaseStandingShares,
   ) {}
 
   /**

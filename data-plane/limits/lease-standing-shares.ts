@@ -16,7 +16,7 @@ export interface StandingShare {
   exceptions: Map<string, KeyShare>;
 }
 
-export class StandingShares {
+export class LeaseStandingShares {
   /** Standing shares of every key's budget, by minute, on this connection (BulkShare). */
   readonly bulk = new Map<number, StandingShare>();
   /** Minutes whose standing shares were asked for (answered or not) on this connection. */
