@@ -1,266 +1,76 @@
 // The node's side of leases (docs/design.md#money-and-limits-across-nodes). Pure: no I/O, no timers; the
 // sync client gives it a `send` function and feeds it grants, reclaims and connection changes.
 //
-// Keys: while connected, a node admits a key's requests and tokens in a minute only within what it
-// holds for that minute. A lone node holds the whole budget (proto/lib/leases.ts); with several nodes
-// a node holds only what it leased, in chunks, and asks for the next chunk while half of one is
-// still left, so steady traffic does not wait. A request the node cannot cover waits (the HTTP layer
-// parks it, bounded) while the node asks for what it needs; the control plane reclaims unused
-// allowance from the other nodes before it says the pool is spent (`final`): only then is the
-// request refused. A reclaim is answered at once with what is held unused. While the control plane
-// is unreachable the node falls back to the key's own limits locally (fail-static, docs/design.md#control-plane-unreachable).
-//
-// Money: per organisation the node holds a signed slice, kept with the same arithmetic as the control
-// plane's ledger: grants add, returns and finished requests' costs subtract. A request is admitted
-// while the slice is positive and reserves its estimated cost (the costliest request seen) while in
-// flight, so the spend passes what is left by at most the requests in flight. With no slice the
-// request waits for one; the organisation is refused only when the control plane says nothing is
-// left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
-// asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
-//
-// The node also says what it has used of the key minutes it leased (sendUsed, called every 100 ms
-// by the sync client, only for those that changed): if it dies, the control plane frees the rest of
-// what it held instead of losing it for the minute.
-//
-// Parallel-request slots: with several nodes a node admits a request only into a slot of the key it
-// holds. It asks for slots in chunks (while half a chunk is still free), keeps them while it uses
-// them, gives idle ones back when the control plane reclaims them for a node that has none free, and
-// gives back a key's slots once the key has been idle for a minute. A request that finds no free slot
-// waits (bounded) while the node asks; it is refused only when every slot of the key is in use across
-// the cluster. A lone node, or one cut off, counts the key's limit locally.
-import { coldShare, leaseChunk, standingShare } from '../../proto/lib/leases.js';
+// LeaseClient is what the rest of the node calls (admission, the sync client, the realtime session).
+// It keeps the connection's changes, the roster and reclaims, and hands each protocol to the part
+// that owns its records, all sharing one LeaseLink (lease-link.ts: the connection's state and the
+// next LeaseRequest, which carries every part's wants and returns together):
+// - key minutes, their prefetch, admission in advance of a late answer and used reports (lease-key-minutes.ts);
+// - standing shares, asked in bulk so that a key's first requests do not wait (lease-standing-shares.ts);
+// - parallel-request slots (lease-slots.ts);
+// - organisations' money slices (lease-money.ts).
+// A reclaim, a give-back when the node stops and a connection change go through every part in turn.
+import type { BulkShare, KeyLease, LeaseReclaim, SlotLease, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
+import { LeaseLink, wake, type LeaseRequestOut } from './lease-link.js';
+import { LeaseKeyMinutes } from './lease-key-minutes.js';
+import { LeaseStandingShares } from './lease-standing-shares.js';
+import { LeaseSlots } from './lease-slots.js';
+import { LeaseMoney, type SpendReservation, type SpendVerdict } from './lease-money.js';
 
-import type { BulkShare, KeyShare, SlotShare, KeyLease, KeyLeaseReturn, KeyMinuteUsed, KeyLeaseWant, LeaseReclaim, LeaseRequest, OrgLeaseReturn, OrgLeaseWant, SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+export type { LeaseRequestOut } from './lease-link.js';
+export type { SpendReservation, SpendVerdict } from './lease-money.js';
 
-/** What the node sends: the generated LeaseRequest message. */
-export type LeaseRequestOut = LeaseRequest;
-
-interface KeyMinute {
-  minute: number;
-  rpm: number;
-  tpm: number;
-  allowRequests: number;
-  allowTokens: number;
-  usedRequests: number;
-  usedTokens: number;
-  pending: boolean;
-  /** When the pending want was sent (a want unanswered this long is asked again). */
-  askedAtMs: number;
-  /** The pool had less than one request free even after reclaiming. */
-  finalRequests: boolean;
-  /** The smallest token need the pool could not cover after reclaiming (Infinity: none). */
-  finalTokensNeed: number;
-  freeRequests: number;
-  freeTokens: number;
-  /** Requests waiting for this key minute's next grant. */
-  waiters: Array<() => void>;
-  /**
-   * A want of this key minute went unanswered past the wait bound: until the next answer the node
-   * admits against the key's own limits counted here (fail-static for this key minute), and the
-   * control plane counts what it used from the node's used reports (docs/leases.md).
-   */
-  advancing: boolean;
-  /** The minute's standing share (BulkShare) is on its way: requests wait for it, not for a want. */
-  awaitingBulk: boolean;
-  /** The standing share was added (or given back before it came). */
-  bulkApplied: boolean;
-  /** Nothing heard yet of what the pool has free (a standing share is used without asking). */
-  freeUnknown: boolean;
-  /** The node asked the control plane for this key minute (a want, or what it took in advance): its use is said every 100 ms. */
-  asked: boolean;
-}
-
-interface OrgSlice {
-  /** Granted, minus returned, minus the cost of finished requests and the estimates of those in flight. */
-  sliceMicros: number;
-  lastGrantMicros: number;
-  /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
-  maxCostMicros: number;
-  pending: boolean;
-  askedAtMs: number;
-  /** When the control plane last said nothing is left (0: it did not). */
-  exhaustedAtMs: number;
-  waiters: Array<() => void>;
-}
-
-interface KeySlots {
-  limit: number;
-  /** Slots leased (meaningful once `leased`). */
-  held: number;
-  /** Requests of the key in flight on this node. */
-  inUse: number;
-  /** False while the node was alone (it counted the key's limit locally and held nothing leased). */
-  leased: boolean;
-  pending: boolean;
-  askedAtMs: number;
-  /** The least the pending want asked for (0: a prefetch). */
-  askedNeed: number;
-  /**
-   * When the control plane last said every slot is in use (performance.now(); 0: it did not). It
-   * refuses the requests that were waiting then; a request that starts later asks again.
-   */
-  finalAtMs: number;
-  /** When an answer last brought no slot (performance.now()): prefetching waits a while (every slot is leased). */
-  dryAtMs: number;
-  idleSinceMs: number;
-  waiters: Array<() => void>;
-  /** A slot want went unanswered past the wait bound; until the next answer slots are taken (advanceSlot). */
-  advancing: boolean;
-  /** Reclaimed while the standing share (SlotShare) was on its way: the share is not added to it. */
-  noShare: boolean;
-}
-
-/** A key idle this long gives its slots back. */
-const SLOTS_IDLE_MS = 60_000;
-/** After an answer without a slot, no prefetch for this long (a request with no free slot still asks). */
-const SLOTS_DRY_MS = 1000;
-
-const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
-/** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
-const EXHAUSTED_RETRY_MS = 1000;
 /** How long after "reclaiming" a request out of time keeps waiting (the whole-budget reclaim takes up to 1 s). */
 const RECLAIMING_WAIT_MS = 1200;
-/** A lease want unanswered this long is sent again. */
-const PENDING_STALE_MS = 2000;
-
-/** An estimate reserved from an organisation's slice while its request is in flight. */
-export interface SpendReservation {
-  epoch: number;
-  micros: number;
-  /** The same request's reservations from its project's and key's pools (money-pools.ts), settled with it. */
-  extra?: Array<[pool: string, reservation: SpendReservation]>;
-}
-
-/** May a request of the organisation spend? `wait`: a slice is being asked for. */
-export type SpendVerdict = 'yes' | 'wait' | 'no';
 
 export class LeaseClient implements AllowanceSource {
-  private connected = false;
-  private nodes = 1;
-  /**
-   * The first minute this node holds whole key budgets unasked: the minute after the roster said it
-   * is alone. In the minute it became alone other nodes may have used the key, so it leases as usual;
-   * before any roster it does not know, so it leases too.
-   */
-  private loneFromMinute = Infinity;
-  private readonly keys = new Map<string, KeyMinute>();
-  /** First chunks of the next minute, prefetched shortly before its top for keys used this minute. */
-  private readonly nextKeys = new Map<string, KeyMinute>();
-  private readonly orgs = new Map<string, OrgSlice>();
-  private wantKeys = new Map<string, KeyLeaseWant>();
-  private wantOrgs = new Map<string, OrgLeaseWant>();
-  private keyReturns: KeyLeaseReturn[] = [];
-  private orgReturns: OrgLeaseReturn[] = [];
-  private flushQueued = false;
-  /** Bumped on every connection change: slices and reservations belong to one connection. */
-  private epoch = 0;
-  /** The node is stopping: it gave everything back and asks for nothing more. */
-  private leaving = false;
-  private leavingSent = false;
-  /** Leased key minutes whose use changed since the node last said. */
-  private usedDirty = new Set<string>();
-  private usedSeq = 0;
-  private usedAcked = 0;
-  private readonly slots = new Map<string, KeySlots>();
-  private slotWants = new Map<string, SlotWant>();
-  private slotReturns: SlotHeld[] = [];
-  /** Key minutes' allowance taken in advance of late answers, not yet told (advanceKey). */
-  private taken = new Map<string, KeyMinuteUsed>();
-  /** Standing shares of every key's budget, by minute, on this connection (BulkShare). */
-  private bulk = new Map<number, { nodes: number; exceptions: Map<string, KeyShare> }>();
-  /** Minutes whose standing shares were asked for (answered or not) on this connection. */
-  private bulkAsked = new Set<number>();
-  /** Minutes whose standing shares the control plane did not grant. */
-  private bulkDenied = new Set<number>();
-  private bulkWants: number[] = [];
-  /** `keyId:minute` whose standing share this node gave back (a reclaim) before or after it came. */
-  private forfeited = new Set<string>();
-  /** The standing share of every key's parallel slots on this connection (SlotShare). */
-  private slotShare: { nodes: number; exceptions: Map<string, KeyShare> } | null = null;
-  private slotShareAsked = false;
-  /** Money slices of every organisation asked for on this connection (applyOrgSlices). */
-  private orgSlicesAsked = false;
-  private orgSlicesWant = false;
-  /** Keys whose slot share was given back (a reclaim) before this node had a record of them. */
-  private readonly slotsForfeited = new Set<string>();
-  private slotShareWant = false;
+  private readonly link: LeaseLink;
+  private readonly keys: LeaseKeyMinutes;
+  private readonly shares: LeaseStandingShares;
+  private readonly slots: LeaseSlots;
+  private readonly money: LeaseMoney;
   /** When (performance.now()) the control plane last said an answer waits for reclaims. */
   private reclaimingAtMs = -Infinity;
 
   constructor(
-    private readonly clock: Clock,
+    clock: Clock,
     /** Sends one LeaseRequest; returns false when there is no connection to send it on. */
-    private readonly send: (req: LeaseRequestOut) => boolean,
+    send: (req: LeaseRequestOut) => boolean,
     /** Schedules a flush after the current request (setImmediate in production). */
-    private readonly schedule: (fn: () => void) => void = (fn) => setImmediate(fn),
+    schedule: (fn: () => void) => void = (fn) => setImmediate(fn),
     /**
      * Standing shares (docs/leases.md): with several nodes, ask for a share of every key's minute
      * budget and parallel slots in bulk, so that a key's first requests on this node do not wait.
      * On in production (data-plane/main.ts); the per-key protocol alone without it.
      */
-    private readonly standingShares = false,
-  ) {}
+    standingShares = false,
+  ) {
+    this.link = new LeaseLink(clock, send, schedule, standingShares, (req) => this.unsent(req));
+    this.money = new LeaseMoney(this.link);
+    this.shares = new LeaseStandingShares(this.link);
+    this.slots = new LeaseSlots(this.link, this.shares);
+    this.keys = new LeaseKeyMinutes(this.link, this.shares);
+  }
 
   /** The sync client reports every connection change and the number of connected nodes. */
   setConnected(connected: boolean, connectedNodes?: number): void {
-    if (connected !== this.connected) {
-      this.epoch++;
-      this.wantKeys.clear();
-      this.wantOrgs.clear();
-      this.keyReturns = [];
-      this.orgReturns = [];
-      this.taken.clear();
-      this.bulk.clear();
-      this.bulkAsked.clear();
-      this.bulkDenied.clear();
-      this.bulkWants = [];
-      this.forfeited.clear();
-      this.slotShare = null;
-      this.slotShareAsked = false;
-      this.slotShareWant = false;
-      this.orgSlicesAsked = false;
-      this.orgSlicesWant = false;
-      this.slotsForfeited.clear();
+    if (connected !== this.link.connected) {
+      this.link.reset();
+      this.shares.reset();
       this.reclaimingAtMs = -Infinity;
-      // Alone or not: the next roster says.
-      this.loneFromMinute = Infinity;
-      // Whatever was held belonged to the old connection; the control plane released it. What was
-      // used stays used, and is what the node says it holds when it next asks.
-      for (const k of this.keys.values()) {
-        k.pending = false;
-        k.advancing = false;
-        k.awaitingBulk = false;
-        k.bulkApplied = false;
-        // (What was admitted in advance of an answer is used, and held like the rest.)
-        if (Number.isFinite(k.allowRequests)) k.allowRequests = k.usedRequests;
-        if (Number.isFinite(k.allowTokens)) k.allowTokens = k.usedTokens;
-        k.finalRequests = false;
-        k.finalTokensNeed = Infinity;
-      }
-      const orgs = [...this.orgs.values()];
-      this.orgs.clear();
-      this.usedDirty.clear();
-      this.slotWants.clear();
-      this.slotReturns = [];
-      // Slots held on the old connection were freed with it; the node holds what it uses.
-      for (const sl of this.slots.values()) {
-        sl.held = sl.inUse;
-        sl.pending = false;
-        sl.advancing = false;
-        sl.noShare = false;
-        sl.finalAtMs = 0;
-        sl.dryAtMs = -Infinity;
-      }
-      this.connected = connected;
+      this.keys.reset();
+      const orgs = this.money.reset();
+      this.slots.reset();
+      this.link.connected = connected;
       if (connected) this.sayHeld();
       // Waiting requests try again: disconnected, the local limits apply; reconnected, they ask anew.
-      for (const k of this.keys.values()) wake(k);
+      this.keys.wakeAll();
       for (const o of orgs) wake(o);
-      for (const sl of this.slots.values()) wake(sl);
+      this.slots.wakeAll();
     }
-    this.connected = connected;
+    this.link.connected = connected;
     if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
   }
 
@@ -271,18 +81,9 @@ export class LeaseClient implements AllowanceSource {
    * slots are all in use does not ask.
    */
   private sayHeld(): void {
-    const minute = minuteOf(this.clock.now());
-    for (const [keyId, k] of this.keys) {
-      const heldRequests = finiteOrZero(k.allowRequests);
-      const heldTokens = finiteOrZero(k.allowTokens);
-      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) this.keyReturns.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
-    }
-    for (const [keyId, sl] of this.slots) {
-      if (sl.inUse === 0) continue;
-      sl.leased = true;
-      this.slotReturns.push({ keyId, held: sl.held, returned: 0 });
-    }
-    if (this.keyReturns.length > 0 || this.slotReturns.length > 0) this.queueFlush();
+    this.keys.sayHeld(minuteOf(this.link.clock.now()));
+    this.slots.sayHeld();
+    if (this.link.keyReturns.length > 0 || this.link.slotReturns.length > 0) this.link.queueFlush();
   }
 
   /**
@@ -291,102 +92,70 @@ export class LeaseClient implements AllowanceSource {
    */
   setConnectedNodes(n: number, wholeNow = false): void {
     const lone = n <= 1;
-    if (!lone) this.loneFromMinute = Infinity;
-    else if (this.loneFromMinute === Infinity) this.loneFromMinute = minuteOf(this.clock.now()) + (wholeNow ? 0 : 1);
-    this.nodes = Math.max(1, n);
+    if (!lone) this.link.loneFromMinute = Infinity;
+    else if (this.link.loneFromMinute === Infinity) this.link.loneFromMinute = minuteOf(this.link.clock.now()) + (wholeNow ? 0 : 1);
+    this.link.nodes = Math.max(1, n);
     // Several nodes: the standing shares of this minute and of the parallel slots, so that a key's
     // first requests on this node do not wait (docs/leases.md).
     if (!lone) {
-      this.askBulk(minuteOf(this.clock.now()));
-      this.askSlotShare();
+      this.shares.askBulk(minuteOf(this.link.clock.now()));
+      this.shares.askSlotShare();
     }
-    this.askOrgSlices();
+    this.shares.askOrgSlices();
   }
 
   get isConnected(): boolean {
-    return this.connected;
+    return this.link.connected;
   }
 
-  // ── keys ──────────────────────────────────────────────────────────────────
+  // ── key minutes (lease-key-minutes.ts) ───────────────────────────────────
 
   allowanceFor(keyId: string, minute: number, limits?: KeyLimits): MinuteAllowance {
-    if (!this.connected || !limits) return UNLIMITED;
-    const k = this.keyMinute(keyId, minute, limits);
-    return {
-      requests: k.allowRequests,
-      tokens: k.allowTokens,
-      requestsFinal: k.finalRequests,
-      tokensFinalNeed: k.finalTokensNeed,
-      freeRequests: k.freeRequests,
-      freeTokens: k.freeTokens,
-    };
+    return this.keys.allowanceFor(keyId, minute, limits);
   }
 
   peekAllowance(keyId: string, minute: number): MinuteAllowance | undefined {
-    const k = this.keys.get(keyId);
-    if (!this.connected || !k || k.minute !== minute) return undefined;
-    return { requests: k.allowRequests, tokens: k.allowTokens, requestsFinal: k.finalRequests, tokensFinalNeed: k.finalTokensNeed, freeRequests: k.freeRequests, freeTokens: k.freeTokens };
-  }
-
-  private keyMinute(keyId: string, minute: number, limits: KeyLimits): KeyMinute {
-    let k = this.keys.get(keyId);
-    const prefetched = this.nextKeys.get(keyId);
-    if ((!k || k.minute !== minute) && prefetched?.minute === minute) {
-      this.nextKeys.delete(keyId);
-      this.keys.set(keyId, prefetched);
-      if (k) wake(k);
-      return prefetched;
-    }
-    if (!k || k.minute !== minute) {
-      const rpm = finiteLimit(limits.rpmLimit);
-      const tpm = finiteLimit(limits.tpmLimit);
-      const old = k;
-      const n = minute >= this.loneFromMinute ? 1 : Math.max(2, this.nodes);
-      k = newKeyMinute(minute, rpm, tpm, coldShare(rpm, n), coldShare(tpm, n), n <= 1 ? 0 : rpm, n <= 1 ? 0 : tpm);
-      this.keys.set(keyId, k);
-      // Requests parked on the old minute try again in the new one.
-      if (old) wake(old);
-      if (n > 1) {
-        this.askBulk(minute);
-        const b = this.bulk.get(minute);
-        if (b) this.addBulkShare(keyId, k, b);
-        else if (this.bulkAsked.has(minute) && !this.bulkDenied.has(minute)) k.awaitingBulk = true;
-      }
-      if (!k.awaitingBulk) this.maybeTopUp(keyId, k, 0, 0);
-    }
-    return k;
+    return this.keys.peekAllowance(keyId, minute);
   }
 
   noteUsage(keyId: string, minute: number, requests: number, tokens: number): void {
-    const k = this.keys.get(keyId);
-    if (!k || k.minute !== minute || !this.connected) return;
-    k.usedRequests = requests;
-    k.usedTokens = tokens;
-    if (minute < this.loneFromMinute) this.usedDirty.add(keyId);
-    this.maybeTopUp(keyId, k, 0, 0);
+    this.keys.noteUsage(keyId, minute, requests, tokens);
   }
 
-  /**
-   * Says what the node used of leased key minutes that changed since it last said. `everyKey` false
-   * (the sync client's ticks between whole seconds): only key minutes this node asked the control
-   * plane for (it holds more than its standing share there, or has none); a key minute used within
-   * its standing share waits for the next whole second (docs/leases.md, "Standing shares").
-   */
   sendUsed(everyKey = true): void {
-    if (!this.connected || this.leaving || this.usedDirty.size === 0) return;
-    const used = [];
-    for (const keyId of this.usedDirty) {
-      const k = this.keys.get(keyId);
-      if (!k) {
-        this.usedDirty.delete(keyId);
-        continue;
-      }
-      if (!everyKey && k.bulkApplied && !k.asked) continue;
-      used.push({ keyId, minute: k.minute, requests: k.usedRequests, tokens: k.usedTokens });
-      this.usedDirty.delete(keyId);
-    }
-    if (used.length === 0) return;
-    this.send({ keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: this.epoch, leaving: false, used, usedSeq: ++this.usedSeq, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false });
+    this.keys.sendUsed(everyKey);
+  }
+
+  applyUsedAck(seq: number): void {
+    this.keys.applyUsedAck(seq);
+  }
+
+  usedState(): { pending: number; sent: number; acked: number } {
+    return this.keys.usedState();
+  }
+
+  waitForKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, wake: () => void): boolean {
+    return this.keys.waitForKey(keyId, minute, limits, needRequests, needTokens, wake);
+  }
+
+  cancelKeyWait(keyId: string, wake: () => void): void {
+    this.keys.cancelKeyWait(keyId, wake);
+  }
+
+  advanceKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
+    return this.keys.advanceKey(keyId, minute, limits, needRequests, needTokens, timedOut);
+  }
+
+  applyKeyGrant(g: KeyLease): void {
+    this.keys.applyKeyGrant(g);
+  }
+
+  prefetchNextMinute(): void {
+    this.keys.prefetchNextMinute();
+  }
+
+  applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
+    this.keys.applyPoolFree(keyId, minute, freeRequests, freeTokens);
   }
 
   /**
@@ -402,784 +171,146 @@ export class LeaseClient implements AllowanceSource {
    * to be on its way (the control plane said "reclaiming" since): not late yet.
    */
   answerDeferred(startedAt: number): boolean {
-    return this.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
+    return this.link.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
   }
 
-  /** For tests and benchmarks: the minutes whose standing shares this node holds, and whether it holds slot shares. */
+  // ── standing shares (lease-standing-shares.ts) ───────────────────────────
+
   standingState(): { minutes: number[]; slots: boolean } {
-    return { minutes: [...this.bulk.keys()].sort((a, b) => a - b), slots: this.slotShare !== null };
-  }
-
-  applyUsedAck(seq: number): void {
-    if (seq > this.usedAcked) this.usedAcked = seq;
-  }
-
-  /** For tests and benchmarks: whether the control plane knows all this node used. */
-  usedState(): { pending: number; sent: number; acked: number } {
-    return { pending: this.usedDirty.size, sent: this.usedSeq, acked: this.usedAcked };
-  }
-
-  /**
-   * A request of the key does not fit what this node holds: asks for at least `needRequests` and
-   * `needTokens` more and calls `wake` once when the answer came (or the connection changed). False
-   * when there is nothing to wait for (not connected, or the pool already said it is spent).
-   */
-  waitForKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, wake: () => void): boolean {
-    if (!this.connected) return false;
-    const k = this.keyMinute(keyId, minute, limits);
-    if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
-    // A want of this key minute already went unanswered past the bound: no more waiting (advanceKey).
-    if (k.advancing) return false;
-    k.waiters.push(wake);
-    // The minute's standing share is on its way: it is what the request waits for.
-    if (k.awaitingBulk) return true;
-    if (!k.pending || this.stale(k.askedAtMs)) this.askKey(keyId, k, needRequests, needTokens);
-    return true;
-  }
-
-  /** Drops a waiter that gave up (its request was answered another way). */
-  cancelKeyWait(keyId: string, wake: () => void): void {
-    const k = this.keys.get(keyId);
-    if (k) k.waiters = k.waiters.filter((w) => w !== wake);
-  }
-
-  /**
-   * Admission in advance of a late answer (docs/leases.md). `timedOut`: a request waited the whole
-   * bound for this key minute's want and no answer came (the control plane is slow or stalled; it did
-   * not say the key is spent). From then until the answer comes, requests of the key minute that this
-   * node cannot cover do not wait: the node takes what each needs, within the key's own limits
-   * counted here (KeyBudgets checks them first), as it would with the connection down (fail-static),
-   * and tells the control plane what it took, which counts it as held by this node. False when there
-   * is nothing to take (not connected, the pool said it is spent, or no want has timed out).
-   */
-  advanceKey(keyId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean {
-    if (!this.connected || this.leaving) return false;
-    const k = this.keyMinute(keyId, minute, limits);
-    if ((needRequests > 0 && k.finalRequests) || (needTokens > 0 && needTokens >= k.finalTokensNeed)) return false;
-    if (!timedOut && !k.advancing) return false;
-    k.advancing = true;
-    k.asked = true;
-    const requests = Number.isFinite(k.allowRequests) ? Math.max(0, needRequests) : 0;
-    const tokens = Number.isFinite(k.allowTokens) ? Math.max(0, needTokens) : 0;
-    k.allowRequests += requests;
-    k.allowTokens += tokens;
-    const id = `${keyId}:${minute}`;
-    const t = this.taken.get(id);
-    if (t) {
-      t.requests += requests;
-      t.tokens += tokens;
-    } else this.taken.set(id, { keyId, minute, requests, tokens });
-    this.queueFlush();
-    return true;
-  }
-
-  applyKeyGrant(g: KeyLease): void {
-    if (this.leaving) {
-      // Granted before the control plane heard this node is stopping: straight back.
-      if (g.requests > 0 || g.tokens > 0) this.flush({ reclaimId: 0, keyReturns: [{ keyId: g.keyId, minute: g.minute, requests: g.requests, tokens: g.tokens, heldRequests: 0, heldTokens: 0 }], orgReturns: [] });
-      return;
-    }
-    let k = this.keys.get(g.keyId);
-    if (!k || k.minute !== g.minute) k = this.nextKeys.get(g.keyId);
-    if (!k || k.minute !== g.minute) return;
-    k.pending = false;
-    // The answer came: requests wait for the next one again (within the bound).
-    k.advancing = false;
-    k.allowRequests += g.requests;
-    k.allowTokens += g.tokens;
-    k.freeRequests = g.freeRequests;
-    k.freeTokens = g.freeTokens;
-    k.freeUnknown = false;
-    if (g.finalRequests) k.finalRequests = true;
-    if (g.finalTokens) {
-      const asked = this.lastNeedTokens.get(g.keyId) ?? 1;
-      k.finalTokensNeed = Math.min(k.finalTokensNeed, Math.max(1, asked));
-    }
-    if (g.requests > 0) k.finalRequests = false;
-    // Waiting requests ask with what they need; without waiters, prefetch if the pool has more.
-    if (k.waiters.length > 0) wake(k);
-    else this.maybeTopUp(g.keyId, k, 0, 0);
-  }
-
-  /**
-   * Shortly before the top of a minute (the sync client calls this in its last seconds): the first
-   * chunk of the next minute for every key used this minute, so steady traffic does not wait at the
-   * top of the minute. A lone node holds whole minutes and needs none.
-   */
-  prefetchNextMinute(): void {
-    if (!this.connected) return;
-    const next = minuteOf(this.clock.now()) + 1;
-    if (next >= this.loneFromMinute) return;
-    this.askBulk(next);
-    for (const [keyId, k] of this.keys) {
-      // Keys that used more than their standing share this minute get their first chunk too.
-      if (k.minute !== next - 1 || k.usedRequests === 0 || this.nextKeys.get(keyId)?.minute === next) continue;
-      if (this.bulk.has(next - 1) && !k.pending && k.freeUnknown) continue;
-      const nk = newKeyMinute(next, k.rpm, k.tpm, 0, 0, k.rpm, k.tpm);
-      this.nextKeys.set(keyId, nk);
-      this.askKey(keyId, nk, 0, 0);
-    }
-  }
-
-  /**
-   * Another node leased from, or gave back to, a pool this node is in: what the pool has left
-   * unleased (in order on the stream, so the latest is the truth). Budget given back lifts a "spent".
-   */
-  applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
-    let k = this.keys.get(keyId);
-    if (!k || k.minute !== minute) k = this.nextKeys.get(keyId);
-    if (!k || k.minute !== minute) return;
-    k.freeRequests = freeRequests;
-    k.freeTokens = freeTokens;
-    k.freeUnknown = false;
-    if (freeRequests > 0) k.finalRequests = false;
-    if (freeTokens > 0) k.finalTokensNeed = Infinity;
-  }
-
-  private readonly lastNeedTokens = new Map<string, number>();
-
-  /**
-   * Prefetch: ask for the next chunk while half of one is still left, if the pool had any left
-   * when last heard (a request that finds nothing here asks with its need, which reclaims).
-   */
-  private maybeTopUp(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
-    if ((k.pending && !this.stale(k.askedAtMs)) || !this.connected) return;
-    const chunkReq = leaseChunk(k.rpm, this.nodes);
-    const chunkTok = leaseChunk(k.tpm, this.nodes);
-    const lowReq = !k.finalRequests && (k.freeRequests > 0 || k.freeUnknown) && k.allowRequests < k.rpm && k.allowRequests - k.usedRequests <= chunkReq / 2;
-    const lowTok = k.finalTokensNeed === Infinity && (k.freeTokens > 0 || k.freeUnknown) && k.allowTokens < k.tpm && k.allowTokens - k.usedTokens <= chunkTok / 2;
-    if (lowReq || lowTok) this.askKey(keyId, k, needRequests, needTokens);
-  }
-
-  private askKey(keyId: string, k: KeyMinute, needRequests: number, needTokens: number): void {
-    if (this.leaving) return;
-    const chunkReq = leaseChunk(k.rpm, this.nodes);
-    const chunkTok = leaseChunk(k.tpm, this.nodes);
-    const requests = k.allowRequests < k.rpm && !k.finalRequests ? Math.min(chunkReq, k.rpm - k.allowRequests) : 0;
-    const tokens = k.allowTokens < k.tpm ? Math.min(Math.max(chunkTok, needTokens), k.tpm - k.allowTokens) : 0;
-    if (requests === 0 && tokens === 0 && needRequests === 0 && needTokens === 0) return;
-    k.pending = true;
-    k.asked = true;
-    k.askedAtMs = this.clock.now();
-    this.lastNeedTokens.set(keyId, needTokens);
-    this.wantKeys.set(`${keyId}:${k.minute}`, {
-      keyId,
-      minute: k.minute,
-      heldRequests: finiteOrZero(k.allowRequests),
-      heldTokens: finiteOrZero(k.allowTokens),
-      requests,
-      tokens,
-      needRequests: Math.max(0, needRequests),
-      needTokens: Math.max(0, needTokens),
-    });
-    this.queueFlush();
-  }
-
-  // ── standing shares ───────────────────────────────────────────────────────
-
-  private askBulk(minute: number): void {
-    if (!this.standingShares || !this.connected || this.leaving || this.nodes <= 1 || minute >= this.loneFromMinute || this.bulkAsked.has(minute)) return;
-    // Only the current minute and the next: a clock set far back or ahead asks again when it is.
-    if (Math.abs(minute - minuteOf(this.clock.now())) > 1) return;
-    this.bulkAsked.add(minute);
-    this.bulkWants.push(minute);
-    this.queueFlush();
-  }
-
-  private askOrgSlices(): void {
-    if (!this.standingShares || !this.connected || this.leaving || this.orgSlicesAsked) return;
-    this.orgSlicesAsked = true;
-    this.orgSlicesWant = true;
-    this.queueFlush();
-  }
-
-  private askSlotShare(): void {
-    if (!this.standingShares || !this.connected || this.leaving || this.nodes <= 1 || this.slotShareAsked) return;
-    this.slotShareAsked = true;
-    this.slotShareWant = true;
-    this.queueFlush();
-  }
-
-  /** Adds the standing share (or what the exception says) to a key minute, once. */
-  private addBulkShare(keyId: string, k: KeyMinute, b: { nodes: number; exceptions: Map<string, KeyShare> }): void {
-    const wasAwaiting = k.awaitingBulk;
-    k.awaitingBulk = false;
-    if (k.bulkApplied) return;
-    k.bulkApplied = true;
-    if (this.forfeited.has(`${keyId}:${k.minute}`)) return;
-    const ex = b.exceptions.get(keyId);
-    const requests = ex ? ex.requests : standingShare(k.rpm, b.nodes);
-    const tokens = ex ? ex.tokens : standingShare(k.tpm, b.nodes);
-    if (Number.isFinite(k.allowRequests)) k.allowRequests += requests;
-    if (Number.isFinite(k.allowTokens)) k.allowTokens += tokens;
-    // What the pool has free is unknown until an answer says: the rate headers count only what
-    // this node holds, and a top-up may still be asked for.
-    if (!k.pending && k.freeRequests === k.rpm) {
-      k.freeRequests = 0;
-      k.freeTokens = 0;
-      k.freeUnknown = true;
-    }
-    k.advancing = false;
-    if (wasAwaiting) wake(k);
+    return this.shares.standingState();
   }
 
   /** The answer to a bulk want: every key minute of that minute gets its standing share. */
   applyBulk(b: BulkShare): void {
-    if (this.leaving || !this.connected) return;
-    if (!b.granted) {
-      if (this.bulk.has(b.minute)) return;
-      this.bulkDenied.add(b.minute);
-    } else this.bulk.set(b.minute, { nodes: b.nodes, exceptions: new Map(b.exceptions.map((e) => [e.keyId, e])) });
-    const share = this.bulk.get(b.minute);
-    for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
-      if (k.minute !== b.minute) continue;
-      if (share) this.addBulkShare(keyId, k, share);
-      else if (k.awaitingBulk) {
-        k.awaitingBulk = false;
-        wake(k);
-        this.maybeTopUp(keyId, k, 0, 0);
-      }
-    }
+    if (this.shares.recordBulk(b)) this.keys.addShare(b.minute, this.shares.bulk.get(b.minute));
   }
 
   /** The answer to the slot-share want: every key's slot records get their standing share. */
   applySlotShare(sh: SlotShare): void {
-    if (this.leaving || !this.connected || !sh.granted || this.slotShare) return;
-    const share = { nodes: sh.nodes, exceptions: new Map(sh.exceptions.map((e) => [e.keyId, e])) };
-    this.slotShare = share;
-    for (const [keyId, sl] of this.slots) {
-      if (sl.noShare) continue;
-      const add = share.exceptions.get(keyId)?.requests ?? standingShare(sl.limit, share.nodes);
-      if (!sl.leased) {
-        sl.leased = true;
-        sl.held = sl.inUse;
-      }
-      sl.held += add;
-      if (add > 0) wake(sl);
-    }
+    const share = this.shares.recordSlotShare(sh);
+    if (share) this.slots.addShare(share);
   }
 
   // ── reclaims ──────────────────────────────────────────────────────────────
 
   /** The control plane asks for unused allowance back: answered at once. */
   onReclaim(r: LeaseReclaim): void {
-    if (!this.connected) return;
-    const keyReturns: KeyLeaseReturn[] = [];
-    const refs = r.allKeys ? [...this.keys, ...this.nextKeys].map(([keyId, k]) => ({ keyId, minute: k.minute })) : r.keys;
-    for (const ref of refs) {
-      let k = this.keys.get(ref.keyId);
-      if (!k || k.minute !== ref.minute) k = this.nextKeys.get(ref.keyId);
-      // The minute's standing share of a key not touched here is given back: it is never added. (A
-      // share still on its way was granted after this reclaim was sent, as the stream is in order, so
-      // the control plane counts it after this answer: it is kept.)
-      if ((!k || k.minute !== ref.minute) && this.bulk.has(ref.minute)) this.forfeited.add(`${ref.keyId}:${ref.minute}`);
-      if (!k || k.minute !== ref.minute) {
-        keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: 0, tokens: 0, heldRequests: 0, heldTokens: 0 });
-        continue;
-      }
-      const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
-      const tok = Number.isFinite(k.allowTokens) ? Math.max(0, k.allowTokens - k.usedTokens) : 0;
-      k.allowRequests -= req;
-      k.allowTokens -= tok;
-      keyReturns.push({ keyId: ref.keyId, minute: ref.minute, requests: req, tokens: tok, heldRequests: finiteOrZero(k.allowRequests), heldTokens: finiteOrZero(k.allowTokens) });
-    }
-    const slotKeys = r.allKeys ? [...this.slots.keys()] : r.slotKeyIds;
-    for (const keyId of slotKeys) {
-      const sl = this.slots.get(keyId);
-      // The standing share of slots of a key not touched here is given back (as for key minutes).
-      if (this.slotShare && !sl) this.slotsForfeited.add(keyId);
-      // What it gives back, not only what it keeps: a grant on its way here stays counted.
-      const returned = sl?.leased ? Math.max(0, sl.held - sl.inUse) : 0;
-      if (sl) {
-        sl.leased = true;
-        sl.held = sl.inUse;
-      }
-      this.slotReturns.push({ keyId, held: sl ? sl.held : 0, returned });
-    }
-    const orgReturns: OrgLeaseReturn[] = [];
-    for (const orgId of r.orgIds) {
-      const o = this.orgs.get(orgId);
-      const micros = o ? Math.max(0, o.sliceMicros) : 0;
-      if (o) o.sliceMicros -= micros;
-      orgReturns.push({ orgId, micros });
-    }
-    this.flush({ reclaimId: r.id, keyReturns, orgReturns });
+    if (!this.link.connected) return;
+    const keyReturns = this.keys.reclaim(r.allKeys, r.keys);
+    this.slots.reclaim(r.allKeys, r.slotKeyIds);
+    const orgReturns = this.money.reclaim(r.orgIds);
+    this.link.flush({ reclaimId: r.id, keyReturns, orgReturns });
   }
 
   /** A node that stops gives back everything it holds unused (before its connection closes). */
   giveBackAll(): void {
-    if (!this.connected || this.leaving) return;
-    this.leaving = true;
-    this.wantKeys.clear();
-    this.wantOrgs.clear();
-    const keyReturns: KeyLeaseReturn[] = [];
-    for (const [keyId, k] of [...this.keys, ...this.nextKeys]) {
-      const req = Number.isFinite(k.allowRequests) ? Math.max(0, k.allowRequests - k.usedRequests) : 0;
-      const tok = Number.isFinite(k.allowTokens) ? Math.max(0, k.allowTokens - k.usedTokens) : 0;
-      k.allowRequests -= req;
-      k.allowTokens -= tok;
-      keyReturns.push({ keyId, minute: k.minute, requests: req, tokens: tok, heldRequests: finiteOrZero(k.allowRequests), heldTokens: finiteOrZero(k.allowTokens) });
-    }
-    for (const [keyId, sl] of this.slots) {
-      if (sl.leased && sl.held > sl.inUse) {
-        const returned = sl.held - sl.inUse;
-        sl.held = sl.inUse;
-        this.slotReturns.push({ keyId, held: sl.held, returned });
-      }
-    }
-    const orgReturns: OrgLeaseReturn[] = [];
-    for (const [orgId, o] of this.orgs) {
-      const micros = Math.max(0, o.sliceMicros);
-      o.sliceMicros -= micros;
-      if (micros > 0) orgReturns.push({ orgId, micros });
-    }
-    this.flush({ reclaimId: 0, keyReturns, orgReturns });
+    if (!this.link.connected || this.link.leaving) return;
+    this.link.leaving = true;
+    this.link.wantKeys.clear();
+    this.link.wantOrgs.clear();
+    const keyReturns = this.keys.giveBack();
+    this.slots.giveBack();
+    const orgReturns = this.money.giveBack();
+    this.link.flush({ reclaimId: 0, keyReturns, orgReturns });
   }
 
-  // ── parallel-request slots ────────────────────────────────────────────────
+  // ── parallel-request slots (lease-slots.ts) ──────────────────────────────
 
-  /**
-   * The most requests of the key this node may have in flight (undefined: the key's own limit
-   * applies). `final`: the control plane said every slot is in use after the request started at
-   * `startedAt` (performance.now()); a request that started later asks again.
-   */
   slotsFor(keyId: string, limits: KeyLimits, startedAt = performance.now()): { slots: number; final: boolean } | undefined {
-    if (!this.connected || this.nodes <= 1 || !Number.isFinite(limits.maxParallel) || limits.maxParallel <= 0) return undefined;
-    const sl = this.slotsOf(keyId, limits.maxParallel);
-    if (!sl.leased) {
-      sl.leased = true;
-      sl.held = sl.inUse;
-    }
-    return { slots: sl.held, final: sl.finalAtMs >= startedAt };
+    return this.slots.slotsFor(keyId, limits, startedAt);
   }
 
-  /** Told the key's requests in flight on this node after every admission and every end. */
   noteInFlight(keyId: string, inFlight: number, maxParallel: number): void {
-    let sl = this.slots.get(keyId);
-    if (!sl) {
-      if (inFlight === 0) return;
-      sl = this.slotsOf(keyId, maxParallel);
-    }
-    const freed = inFlight < sl.inUse;
-    sl.inUse = inFlight;
-    if (inFlight === 0) sl.idleSinceMs = performance.now();
-    if (freed) {
-      sl.finalAtMs = 0;
-      wake(sl);
-    }
-    // (A slot freed here lets the requests waiting here in at once.)
-    if (sl.leased && this.connected && this.nodes > 1 && !sl.pending) {
-      const chunk = leaseChunk(sl.limit, this.nodes);
-      if (sl.held < sl.limit && sl.held - sl.inUse <= chunk / 2 && performance.now() - sl.dryAtMs >= SLOTS_DRY_MS) this.askSlots(keyId, sl, 0);
-    }
+    this.slots.noteInFlight(keyId, inFlight, maxParallel);
   }
 
-  /** A request found no free slot here: asks for one and calls `wake` once the answer came. */
   waitForSlot(keyId: string, limits: KeyLimits, wake: () => void, startedAt = performance.now()): boolean {
-    if (!this.connected || this.nodes <= 1) return false;
-    const sl = this.slotsOf(keyId, limits.maxParallel);
-    if (sl.finalAtMs >= startedAt || sl.advancing) return false;
-    sl.waiters.push(wake);
-    // Enough for every request waiting here (a total), asked again when more wait than the pending want covers.
-    const need = sl.inUse + sl.waiters.length;
-    if (!sl.pending || need > sl.askedNeed || performance.now() - sl.askedAtMs >= PENDING_STALE_MS) this.askSlots(keyId, sl, need);
-    return true;
+    return this.slots.waitForSlot(keyId, limits, wake, startedAt);
   }
 
-  /**
-   * Slots in advance of a late answer (as advanceKey): after a request waited the whole bound for a
-   * slot and no answer came, the node takes one slot for each request of the key that finds none
-   * free, until the answer comes, within the key's own limit (KeyBudgets checks it), and tells the
-   * control plane, which counts them as held here (a negative `returned`, SlotLedger.applyHeld).
-   */
   advanceSlot(keyId: string, limits: KeyLimits, timedOut: boolean, startedAt = performance.now()): boolean {
-    if (!this.connected || this.leaving || this.nodes <= 1) return false;
-    const sl = this.slotsOf(keyId, limits.maxParallel);
-    if (sl.finalAtMs >= startedAt || !sl.leased || (!timedOut && !sl.advancing)) return false;
-    sl.advancing = true;
-    const took = Math.max(0, sl.inUse + 1 - sl.held);
-    sl.held += took;
-    this.slotReturns.push({ keyId, held: sl.held, returned: -took });
-    this.queueFlush();
-    return true;
+    return this.slots.advanceSlot(keyId, limits, timedOut, startedAt);
   }
 
   cancelSlotWait(keyId: string, wake: () => void): void {
-    const sl = this.slots.get(keyId);
-    if (sl) sl.waiters = sl.waiters.filter((w) => w !== wake);
+    this.slots.cancelSlotWait(keyId, wake);
   }
 
   applySlotGrant(g: SlotLease): void {
-    const sl = this.slots.get(g.keyId);
-    if (this.leaving || !sl || !sl.leased) {
-      // Not wanted any more (or the node is stopping): straight back.
-      if (g.slots > 0) this.slotReturns.push({ keyId: g.keyId, held: sl?.leased ? sl.held : 0, returned: g.slots });
-      if (g.slots > 0) this.queueFlush();
-      return;
-    }
-    sl.pending = false;
-    sl.advancing = false;
-    sl.askedNeed = 0;
-    sl.held += g.slots;
-    if (g.final) sl.finalAtMs = performance.now();
-    sl.dryAtMs = g.slots > 0 ? -Infinity : performance.now();
-    wake(sl);
+    this.slots.applySlotGrant(g);
   }
 
-  /** For tests: what the node holds and uses of a key's slots. */
   slotState(keyId: string): { held: number; inUse: number; leased: boolean } | undefined {
-    const sl = this.slots.get(keyId);
-    return sl && { held: sl.held, inUse: sl.inUse, leased: sl.leased };
+    return this.slots.slotState(keyId);
   }
 
-  private slotsOf(keyId: string, maxParallel: number): KeySlots {
-    let sl = this.slots.get(keyId);
-    if (!sl) {
-      sl = { limit: finiteLimit(maxParallel), held: 0, inUse: 0, leased: false, pending: false, askedAtMs: 0, askedNeed: 0, finalAtMs: 0, dryAtMs: -Infinity, idleSinceMs: performance.now(), waiters: [], advancing: false, noShare: false };
-      const share = this.slotShare;
-      if (this.slotsForfeited.delete(keyId)) {
-        // Its share was given back before it was used: none until the key is forgotten (pruneSlots).
-        sl.leased = true;
-        sl.noShare = true;
-      } else if (share && this.connected && this.nodes > 1) {
-        sl.leased = true;
-        sl.held = share.exceptions.get(keyId)?.requests ?? standingShare(sl.limit, share.nodes);
-      }
-      this.slots.set(keyId, sl);
-    }
-    return sl;
-  }
+  // ── money (lease-money.ts) ────────────────────────────────────────────────
 
-  /** `need`: the total the node must hold for its waiting requests (0: a prefetch). Wants are totals. */
-  private askSlots(keyId: string, sl: KeySlots, need: number): void {
-    if (this.leaving) return;
-    const want = Math.min(sl.limit, Math.max(need, sl.held + leaseChunk(sl.limit, this.nodes)));
-    if (want <= sl.held && need <= sl.held) return;
-    sl.pending = true;
-    sl.askedAtMs = performance.now();
-    sl.askedNeed = need;
-    this.slotWants.set(keyId, { keyId, held: sl.held, want, need });
-    this.queueFlush();
-  }
-
-  /** Keys idle for a minute give their slots back and are forgotten. */
-  private pruneSlots(): void {
-    const now = performance.now();
-    for (const [keyId, sl] of this.slots) {
-      if (sl.inUse > 0 || sl.waiters.length > 0 || now - sl.idleSinceMs < SLOTS_IDLE_MS) continue;
-      // held -1: forgotten; with a standing share its next use starts from the share again.
-      if (sl.leased && (sl.held > 0 || this.slotShare) && this.connected) this.slotReturns.push({ keyId, held: -1, returned: sl.held });
-      this.slots.delete(keyId);
-    }
-    if (this.slotReturns.length > 0) this.queueFlush();
-  }
-
-  // ── money ─────────────────────────────────────────────────────────────────
-
-  /** May this node admit one more request of the organisation now? */
   canSpend(orgId: string): SpendVerdict {
-    if (!this.connected) return 'yes';
-    const o = this.orgFor(orgId);
-    if (o.sliceMicros > 0) return 'yes';
-    if (o.exhaustedAtMs > 0 && this.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
-    o.exhaustedAtMs = 0;
-    this.askOrg(orgId, o);
-    return 'wait';
+    return this.money.canSpend(orgId);
   }
 
-  /**
-   * The organisation's first request on this connection (with standing shares on): true, and the
-   * first slice is asked for. It is admitted without waiting for it: one request in flight past what
-   * is left at most, once per organisation and connection (an organisation blocked in the snapshot
-   * never gets here). docs/leases.md.
-   */
   spendFirst(orgId: string): boolean {
-    if (!this.standingShares || !this.connected || this.leaving || this.orgs.has(orgId)) return false;
-    this.askOrg(orgId, this.orgFor(orgId));
-    return true;
+    return this.money.spendFirst(orgId);
   }
 
-  /**
-   * Money slices of every organisation with money left, granted in bulk once per connection (asked
-   * with the slot shares): each adds to the organisation's slice, as a grant does.
-   */
   applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
-    if (!this.connected) return;
-    if (this.leaving) {
-      const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
-      if (orgReturns.length > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns });
-      return;
-    }
-    for (const { orgId, micros } of slices) {
-      if (micros <= 0) continue;
-      const o = this.orgFor(orgId);
-      o.sliceMicros += micros;
-      o.lastGrantMicros = micros;
-      o.exhaustedAtMs = 0;
-      wake(o);
-    }
+    this.money.applyOrgSlices(slices);
   }
 
-  /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
   waitForOrg(orgId: string, wake: () => void): boolean {
-    if (!this.connected) return false;
-    const o = this.orgFor(orgId);
-    o.waiters.push(wake);
-    this.askOrg(orgId, o);
-    return true;
+    return this.money.waitForOrg(orgId, wake);
   }
 
   cancelOrgWait(orgId: string, wake: () => void): void {
-    const o = this.orgs.get(orgId);
-    if (o) o.waiters = o.waiters.filter((w) => w !== wake);
+    this.money.cancelOrgWait(orgId, wake);
   }
 
-  private orgFor(orgId: string): OrgSlice {
-    let o = this.orgs.get(orgId);
-    if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, askedAtMs: 0, exhaustedAtMs: 0, waiters: [] };
-      this.orgs.set(orgId, o);
-    }
-    return o;
-  }
-
-  /**
-   * Reserves the estimated cost of an admitted request (the most a request of the organisation has
-   * cost here) from the slice, so the next slice is asked for while this request runs rather than
-   * after it: the grant is normally back before the next request needs it.
-   */
   reserveSpend(orgId: string): SpendReservation | undefined {
-    const o = this.orgs.get(orgId);
-    if (!o || !this.connected) return undefined;
-    o.sliceMicros -= o.maxCostMicros;
-    this.maybeAskOrg(orgId, o);
-    return { epoch: this.epoch, micros: o.maxCostMicros };
+    return this.money.reserveSpend(orgId);
   }
 
-  /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
   sliceOf(orgId: string): number | undefined {
-    return this.orgs.get(orgId)?.sliceMicros;
+    return this.money.sliceOf(orgId);
   }
 
-  /**
-   * The real cost of a finished request replaces its reservation (0 for a request that never ran).
-   * A request reserved on an earlier connection (or none) costs nothing here: its usage record carries
-   * that epoch and the control plane does not take it from this connection's slice either.
-   */
   settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
-    // (A pool dropped since, its period over, is not made again.)
-    if (reservation?.extra) for (const [pool, r] of reservation.extra) if (this.orgs.has(pool)) this.settleSpend(pool, r, costMicros);
-    if (!this.connected || !reservation || reservation.epoch !== this.epoch) return;
-    const o = this.orgFor(orgId);
-    o.sliceMicros += reservation.micros - costMicros;
-    if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
-    this.maybeAskOrg(orgId, o);
-  }
-
-  private maybeAskOrg(orgId: string, o: OrgSlice): void {
-    if (o.exhaustedAtMs === 0 && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o);
+    this.money.settleSpend(orgId, reservation, costMicros);
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
-    if (this.leaving) {
-      if (micros > 0) this.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
-      return;
-    }
-    const o = this.orgs.get(orgId);
-    if (!o) return;
-    o.pending = false;
-    o.sliceMicros += micros;
-    if (micros > 0) o.lastGrantMicros = micros;
-    // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
-    o.exhaustedAtMs = exhausted ? Math.max(1, this.clock.now()) : 0;
-    wake(o);
-    // Still low (requests ran while the grant was on its way): ask again at once.
-    if (o.exhaustedAtMs === 0) this.maybeAskOrg(orgId, o);
+    this.money.applyOrgGrant(orgId, micros, exhausted);
   }
 
-  /**
-   * The organisation's state changed at the control plane (credit, cap, tier, config): the slice is
-   * given back and asked for afresh, so a lowered cap binds now and a raised one unblocks now.
-   */
   orgChanged(orgId: string): void {
-    const o = this.orgs.get(orgId);
-    if (!o || !this.connected) return;
-    o.exhaustedAtMs = 0;
-    const micros = Math.max(0, o.sliceMicros);
-    if (micros > 0) {
-      o.sliceMicros -= micros;
-      this.orgReturns.push({ orgId, micros });
-    }
-    // A grant on its way was computed before the change: ask again once it is back.
-    o.pending = false;
-    this.askOrg(orgId, o);
+    this.money.orgChanged(orgId);
   }
 
-  /** A project's cap changed: each of its pools held here (by id prefix "project:ID@") is given back and asked afresh. */
   poolsChanged(prefix: string): void {
-    for (const id of [...this.orgs.keys()]) if (id.startsWith(prefix)) this.orgChanged(id);
+    this.money.poolsChanged(prefix);
   }
 
-  /**
-   * A project's or key's pool whose period ended (money-pools.ts): what is left of its slice is given
-   * back and the pool forgotten; its period's requests were settled into it.
-   */
   dropPool(poolId: string): void {
-    const o = this.orgs.get(poolId);
-    if (!o) return;
-    this.orgs.delete(poolId);
-    this.wantOrgs.delete(poolId);
-    const micros = Math.max(0, o.sliceMicros);
-    if (micros > 0 && this.connected) {
-      this.orgReturns.push({ orgId: poolId, micros });
-      this.queueFlush();
-    }
-    wake(o);
-  }
-
-  private askOrg(orgId: string, o: OrgSlice): void {
-    if (this.leaving) return;
-    if (o.pending && !this.stale(o.askedAtMs)) return;
-    o.pending = true;
-    o.askedAtMs = this.clock.now();
-    // What the slice is short plus enough for a few of the organisation's most expensive requests;
-    // the control plane may give more.
-    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros };
-    // Spent past the slice and perhaps not reported yet: the control plane does not lease it again.
-    if (o.sliceMicros < 0) want.debtMicros = -o.sliceMicros;
-    this.wantOrgs.set(orgId, want);
-    this.queueFlush();
-  }
-
-  /**
-   * A want the control plane never answered (it could not, or the answer was lost) must not leave a
-   * `pending` flag that blocks every later ask: after this long it is asked again.
-   */
-  private stale(askedAtMs: number): boolean {
-    return this.clock.now() - askedAtMs >= PENDING_STALE_MS;
+    this.money.dropPool(poolId);
   }
 
   // ── sending ───────────────────────────────────────────────────────────────
 
-  private queueFlush(): void {
-    if (this.flushQueued) return;
-    this.flushQueued = true;
-    this.schedule(() => this.flush());
-  }
-
   /** Sends everything wanted (and given back) as one LeaseRequest. */
   flush(extra?: Pick<LeaseRequestOut, 'reclaimId' | 'keyReturns' | 'orgReturns'>): void {
-    if (!extra) this.flushQueued = false;
-    const keyReturns = [...this.keyReturns, ...(extra?.keyReturns ?? [])];
-    const orgReturns = [...this.orgReturns, ...(extra?.orgReturns ?? [])];
-    const announceLeaving = this.leaving && !this.leavingSent;
-    if (this.wantKeys.size === 0 && this.wantOrgs.size === 0 && this.slotWants.size === 0 && this.slotReturns.length === 0 && this.taken.size === 0 && this.bulkWants.length === 0 && !this.slotShareWant && !this.orgSlicesWant && keyReturns.length === 0 && orgReturns.length === 0 && !extra?.reclaimId && !announceLeaving) return;
-    this.leavingSent = this.leaving;
-    const req: LeaseRequestOut = {
-      keys: [...this.wantKeys.values()],
-      orgs: [...this.wantOrgs.values()],
-      reclaimId: extra?.reclaimId ?? 0,
-      keyReturns,
-      orgReturns,
-      leaseEpoch: this.epoch,
-      leaving: this.leaving,
-      used: [],
-      usedSeq: 0,
-      slotWants: [...this.slotWants.values()],
-      slotReturns: this.slotReturns,
-      // Before any return in the same request is applied? Order does not matter: both are amounts.
-      taken: [...this.taken.values()],
-      bulkMinute: this.bulkWants.shift() ?? 0,
-      wantSlotShare: this.slotShareWant,
-      wantOrgSlices: this.orgSlicesWant,
-    };
-    this.orgSlicesWant = false;
-    this.taken = new Map();
-    this.slotShareWant = false;
-    // (One minute's shares per request: a second one goes in the next.)
-    if (this.bulkWants.length > 0) this.queueFlush();
-    this.slotWants = new Map();
-    this.slotReturns = [];
-    this.wantKeys = new Map();
-    this.wantOrgs = new Map();
-    this.keyReturns = [];
-    this.orgReturns = [];
-    if (!this.send(req)) {
-      // No connection: nothing is pending any more; the fallback applies until it is back.
-      for (const w of req.keys) {
-        const k = this.keys.get(w.keyId);
-        if (k) {
-          k.pending = false;
-          wake(k);
-        }
-      }
-      for (const w of req.orgs) {
-        const o = this.orgs.get(w.orgId);
-        if (o) {
-          o.pending = false;
-          wake(o);
-        }
-      }
-      for (const w of req.slotWants) {
-        const sl = this.slots.get(w.keyId);
-        if (sl) {
-          sl.pending = false;
-          wake(sl);
-        }
-      }
-    }
+    this.link.flush(extra);
+  }
+
+  /** A request that could not be sent (no connection): nothing is pending any more; the fallback applies until it is back. */
+  private unsent(req: LeaseRequestOut): void {
+    this.keys.unsent(req.keys);
+    this.money.unsent(req.orgs);
+    this.slots.unsent(req.slotWants);
   }
 
   /** Drops key minutes older than `minMinute` (called now and then by the node). */
   prune(minMinute: number): void {
-    this.pruneSlots();
-    for (const [id, k] of this.nextKeys) if (k.minute < minMinute) this.nextKeys.delete(id);
-    for (const [id, k] of this.keys) {
-      if (k.minute < minMinute) {
-        this.keys.delete(id);
-        this.lastNeedTokens.delete(id);
-        wake(k);
-      }
-    }
+    this.slots.prune();
+    this.keys.prune(minMinute);
   }
-}
-
-function wake(holder: { waiters: Array<() => void> }): void {
-  const waiters = holder.waiters;
-  if (waiters.length === 0) return;
-  holder.waiters = [];
-  for (const w of waiters) w();
-}
-
-function finiteLimit(limit: number): number {
-  return Number.isFinite(limit) && limit > 0 ? limit : Infinity;
-}
-
-function finiteOrZero(n: number): number {
-  return Number.isFinite(n) ? n : 0;
-}
-
-/** A key's minute as a node starts it: `allow*` leased so far (unlimited stays unlimited), nothing used. */
-function newKeyMinute(minute: number, rpm: number, tpm: number, allowRequests: number, allowTokens: number, freeRequests: number, freeTokens: number): KeyMinute {
-  return {
-    minute,
-    rpm,
-    tpm,
-    allowRequests: rpm === Infinity ? Infinity : allowRequests,
-    allowTokens: tpm === Infinity ? Infinity : allowTokens,
-    usedRequests: 0,
-    usedTokens: 0,
-    pending: false,
-    askedAtMs: 0,
-    finalRequests: false,
-    finalTokensNeed: Infinity,
-    freeRequests,
-    freeTokens,
-    waiters: [],
-    advancing: false,
-    awaitingBulk: false,
-    bulkApplied: false,
-    freeUnknown: false,
-    asked: false,
-  };
 }

@@ -1,0 +1,261 @@
+// Organisation money on the node's side of leases (docs/design.md#money-and-limits-across-nodes).
+//
+// Per organisation the node holds a signed slice, kept with the same arithmetic as the control
+// plane's ledger: grants add, returns and finished requests' costs subtract. A request is admitted
+// while the slice is positive and reserves its estimated cost (the costliest request seen) while in
+// flight, so the spend passes what is left by at most the requests in flight. With no slice the
+// request waits for one; the organisation is refused only when the control plane says nothing is
+// left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
+// asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
+import type { OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
+import { wake, type LeaseLink } from './lease-link.js';
+
+export interface OrgSlice {
+  /** Granted, minus returned, minus the cost of finished requests and the estimates of those in flight. */
+  sliceMicros: number;
+  lastGrantMicros: number;
+  /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
+  maxCostMicros: number;
+  pending: boolean;
+  askedAtMs: number;
+  /** When the control plane last said nothing is left (0: it did not). */
+  exhaustedAtMs: number;
+  waiters: Array<() => void>;
+}
+
+/** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
+const EXHAUSTED_RETRY_MS = 1000;
+
+/** An estimate reserved from an organisation's slice while its request is in flight. */
+export interface SpendReservation {
+  epoch: number;
+  micros: number;
+  /** The same request's reservations from its project's and key's pools (money-pools.ts), settled with it. */
+  extra?: Array<[pool: string, reservation: SpendReservation]>;
+}
+
+/** May a request of the organisation spend? `wait`: a slice is being asked for. */
+export type SpendVerdict = 'yes' | 'wait' | 'no';
+
+/** The organisations' money slices this node holds (LeaseClient delegates to it). */
+export class LeaseMoney {
+  private readonly orgs = new Map<string, OrgSlice>();
+
+  constructor(private readonly link: LeaseLink) {}
+
+  /** May this node admit one more request of the organisation now? */
+  canSpend(orgId: string): SpendVerdict {
+    if (!this.link.connected) return 'yes';
+    const o = this.orgFor(orgId);
+    if (o.sliceMicros > 0) return 'yes';
+    if (o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
+    o.exhaustedAtMs = 0;
+    this.askOrg(orgId, o);
+    return 'wait';
+  }
+
+  /**
+   * The organisation's first request on this connection (with standing shares on): true, and the
+   * first slice is asked for. It is admitted without waiting for it: one request in flight past what
+   * is left at most, once per organisation and connection (an organisation blocked in the snapshot
+   * never gets here). docs/leases.md.
+   */
+  spendFirst(orgId: string): boolean {
+    if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgs.has(orgId)) return false;
+    this.askOrg(orgId, this.orgFor(orgId));
+    return true;
+  }
+
+  /**
+   * Money slices of every organisation with money left, granted in bulk once per connection (asked
+   * with the slot shares): each adds to the organisation's slice, as a grant does.
+   */
+  applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
+    if (!this.link.connected) return;
+    if (this.link.leaving) {
+      const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
+      if (orgReturns.length > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns });
+      return;
+    }
+    for (const { orgId, micros } of slices) {
+      if (micros <= 0) continue;
+      const o = this.orgFor(orgId);
+      o.sliceMicros += micros;
+      o.lastGrantMicros = micros;
+      o.exhaustedAtMs = 0;
+      wake(o);
+    }
+  }
+
+  /** Calls `wake` once when the organisation's next grant came (or the connection changed). */
+  waitForOrg(orgId: string, wake: () => void): boolean {
+    if (!this.link.connected) return false;
+    const o = this.orgFor(orgId);
+    o.waiters.push(wake);
+    this.askOrg(orgId, o);
+    return true;
+  }
+
+  cancelOrgWait(orgId: string, wake: () => void): void {
+    const o = this.orgs.get(orgId);
+    if (o) o.waiters = o.waiters.filter((w) => w !== wake);
+  }
+
+  private orgFor(orgId: string): OrgSlice {
+    let o = this.orgs.get(orgId);
+    if (!o) {
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, askedAtMs: 0, exhaustedAtMs: 0, waiters: [] };
+      this.orgs.set(orgId, o);
+    }
+    return o;
+  }
+
+  /**
+   * Reserves the estimated cost of an admitted request (the most a request of the organisation has
+   * cost here) from the slice, so the next slice is asked for while this request runs rather than
+   * after it: the grant is normally back before the next request needs it.
+   */
+  reserveSpend(orgId: string): SpendReservation | undefined {
+    const o = this.orgs.get(orgId);
+    if (!o || !this.link.connected) return undefined;
+    o.sliceMicros -= o.maxCostMicros;
+    this.maybeAskOrg(orgId, o);
+    return { epoch: this.link.epoch, micros: o.maxCostMicros };
+  }
+
+  /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
+  sliceOf(orgId: string): number | undefined {
+    return this.orgs.get(orgId)?.sliceMicros;
+  }
+
+  /**
+   * The real cost of a finished request replaces its reservation (0 for a request that never ran).
+   * A request reserved on an earlier connection (or none) costs nothing here: its usage record carries
+   * that epoch and the control plane does not take it from this connection's slice either.
+   */
+  settleSpend(orgId: string, reservation: SpendReservation | undefined, costMicros: number): void {
+    // (A pool dropped since, its period over, is not made again.)
+    if (reservation?.extra) for (const [pool, r] of reservation.extra) if (this.orgs.has(pool)) this.settleSpend(pool, r, costMicros);
+    if (!this.link.connected || !reservation || reservation.epoch !== this.link.epoch) return;
+    const o = this.orgFor(orgId);
+    o.sliceMicros += reservation.micros - costMicros;
+    if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
+    this.maybeAskOrg(orgId, o);
+  }
+
+  private maybeAskOrg(orgId: string, o: OrgSlice): void {
+    if (o.exhaustedAtMs === 0 && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o);
+  }
+
+  applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
+    if (this.link.leaving) {
+      if (micros > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
+      return;
+    }
+    const o = this.orgs.get(orgId);
+    if (!o) return;
+    o.pending = false;
+    o.sliceMicros += micros;
+    if (micros > 0) o.lastGrantMicros = micros;
+    // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
+    o.exhaustedAtMs = exhausted ? Math.max(1, this.link.clock.now()) : 0;
+    wake(o);
+    // Still low (requests ran while the grant was on its way): ask again at once.
+    if (o.exhaustedAtMs === 0) this.maybeAskOrg(orgId, o);
+  }
+
+  /**
+   * The organisation's state changed at the control plane (credit, cap, tier, config): the slice is
+   * given back and asked for afresh, so a lowered cap binds now and a raised one unblocks now.
+   */
+  orgChanged(orgId: string): void {
+    const o = this.orgs.get(orgId);
+    if (!o || !this.link.connected) return;
+    o.exhaustedAtMs = 0;
+    const micros = Math.max(0, o.sliceMicros);
+    if (micros > 0) {
+      o.sliceMicros -= micros;
+      this.link.orgReturns.push({ orgId, micros });
+    }
+    // A grant on its way was computed before the change: ask again once it is back.
+    o.pending = false;
+    this.askOrg(orgId, o);
+  }
+
+  /** A project's cap changed: each of its pools held here (by id prefix "project:ID@") is given back and asked afresh. */
+  poolsChanged(prefix: string): void {
+    for (const id of [...this.orgs.keys()]) if (id.startsWith(prefix)) this.orgChanged(id);
+  }
+
+  /**
+   * A project's or key's pool whose period ended (money-pools.ts): what is left of its slice is given
+   * back and the pool forgotten; its period's requests were settled into it.
+   */
+  dropPool(poolId: string): void {
+    const o = this.orgs.get(poolId);
+    if (!o) return;
+    this.orgs.delete(poolId);
+    this.link.wantOrgs.delete(poolId);
+    const micros = Math.max(0, o.sliceMicros);
+    if (micros > 0 && this.link.connected) {
+      this.link.orgReturns.push({ orgId: poolId, micros });
+      this.link.queueFlush();
+    }
+    wake(o);
+  }
+
+  private askOrg(orgId: string, o: OrgSlice): void {
+    if (this.link.leaving) return;
+    if (o.pending && !this.link.stale(o.askedAtMs)) return;
+    o.pending = true;
+    o.askedAtMs = this.link.clock.now();
+    // What the slice is short plus enough for a few of the organisation's most expensive requests;
+    // the control plane may give more.
+    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros };
+    // Spent past the slice and perhaps not reported yet: the control plane does not lease it again.
+    if (o.sliceMicros < 0) want.debtMicros = -o.sliceMicros;
+    this.link.wantOrgs.set(orgId, want);
+    this.link.queueFlush();
+  }
+
+  /** A reclaim: the unused part of each named organisation's slice goes back. */
+  reclaim(orgIds: string[]): OrgLeaseReturn[] {
+    const orgReturns: OrgLeaseReturn[] = [];
+    for (const orgId of orgIds) {
+      const o = this.orgs.get(orgId);
+      const micros = o ? Math.max(0, o.sliceMicros) : 0;
+      if (o) o.sliceMicros -= micros;
+      orgReturns.push({ orgId, micros });
+    }
+    return orgReturns;
+  }
+
+  /** The node stops: every slice's unused part goes back. */
+  giveBack(): OrgLeaseReturn[] {
+    const orgReturns: OrgLeaseReturn[] = [];
+    for (const [orgId, o] of this.orgs) {
+      const micros = Math.max(0, o.sliceMicros);
+      o.sliceMicros -= micros;
+      if (micros > 0) orgReturns.push({ orgId, micros });
+    }
+    return orgReturns;
+  }
+
+  /** A connection change: the slices belonged to the old connection. Returns them, for their waiters to be woken. */
+  reset(): OrgSlice[] {
+    const orgs = [...this.orgs.values()];
+    this.orgs.clear();
+    return orgs;
+  }
+
+  /** Wants that could not be sent: not pending any more. */
+  unsent(wants: OrgLeaseWant[]): void {
+    for (const w of wants) {
+      const o = this.orgs.get(w.orgId);
+      if (o) {
+        o.pending = false;
+        wake(o);
+      }
+    }
+  }
+}
