@@ -141,17 +141,20 @@ export class LeaseService {
     if (target) void this.reclaim(target, keys, [], false, RECLAIM_TIMEOUT_MS, slotKeyIds).done;
   }
 
-  /** Asks a node to give back unused allowance; resolves when it answered, left, or after `timeoutMs`. */
-  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<void> } {
+  /**
+   * Asks a node to give back unused allowance; resolves when it answered or left (true), or after
+   * `timeoutMs` (false: what it holds is still held, so a shortfall now is not final).
+   */
+  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<boolean> } {
     const id = ++reclaimIds;
-    const done = new Promise<void>((resolve) => {
+    const done = new Promise<boolean>((resolve) => {
       const timer = setTimeout(() => {
         target.reclaims.delete(id);
-        resolve();
+        resolve(false);
       }, timeoutMs);
       target.reclaims.set(id, () => {
         clearTimeout(timer);
-        resolve();
+        resolve(true);
       });
     });
     target.enqueue({ leaseReclaim: { id, keys, allKeys, orgIds, slotKeyIds } });
@@ -221,25 +224,49 @@ export class LeaseService {
     if (laterKeys.length > 0 || laterOrgs.length > 0 || laterSlots.length > 0) {
       // The node is told its answer waits for reclaims, so it does not take it as late.
       s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
-      const waits: Promise<void>[] = [];
+      const waits: Promise<unknown>[] = [];
       if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
+      // What a node asked to give back did not answer for in time: it still holds it, so a shortfall
+      // of those is not final (docs/leases.md, "A reclaim that is not answered in time").
+      const unanswered = new Set<string>();
       for (const target of this.sessions) {
         if (target === s) continue;
         const k = keyReclaims.get(target.connId) ?? [];
         const o = orgReclaims.get(target.connId) ?? [];
         const sl = slotReclaims.get(target.connId) ?? [];
-        if (k.length > 0 || o.length > 0 || sl.length > 0) waits.push(this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS, sl).done);
+        if (k.length === 0 && o.length === 0 && sl.length === 0) continue;
+        waits.push(
+          this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS, sl).done.then((answered) => {
+            if (answered) return;
+            for (const ref of k) unanswered.add(`key:${ref.keyId}:${ref.minute}`);
+            for (const orgId of o) unanswered.add(`money:${orgId}`);
+            for (const keyId of sl) unanswered.add(`slots:${keyId}`);
+          }),
+        );
       }
       await Promise.all(waits);
       for (const w of laterSlots) {
         const r = this.grantSlots(s, w, [], true);
-        if (!('from' in r)) slots.push(r);
+        if ('from' in r) continue;
+        if (r.final && unanswered.has(`slots:${w.keyId}`)) r.final = false;
+        slots.push(r);
       }
       for (const w of laterKeys) {
         const r = this.grantKey(s, w, [], true);
-        if (r && !('from' in r)) keys.push(r);
+        if (!r || 'from' in r) continue;
+        if (unanswered.has(`key:${w.keyId}:${w.minute}`)) {
+          r.finalRequests = false;
+          r.finalTokens = false;
+        }
+        keys.push(r);
       }
-      if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
+      if (laterOrgs.length > 0) {
+        for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) {
+          if ('from' in r) continue;
+          if (r.exhausted && unanswered.has(`money:${r.orgId}`)) r.exhausted = false;
+          orgs.push(r);
+        }
+      }
     }
     countLeaseAnswers(keys, orgs);
     s.enqueue({ leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
