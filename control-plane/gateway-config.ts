@@ -25,6 +25,19 @@ export interface TierSettings {
   models: string[];
 }
 
+/** A model's prices, as both the nodes' config (sync.proto ModelConfig) and the console's model list carry them. */
+export function modelPrices(m: ModelSettings): Pick<ModelSettings, 'inputMicrosPerMtok' | 'outputMicrosPerMtok' | 'audioMicrosPerUnit' | 'cachedInputMicrosPerMtok' | 'cacheWriteMicrosPerMtok' | 'inputAudioMicrosPerMtok' | 'outputAudioMicrosPerMtok'> {
+  return {
+    inputMicrosPerMtok: m.inputMicrosPerMtok,
+    outputMicrosPerMtok: m.outputMicrosPerMtok,
+    audioMicrosPerUnit: m.audioMicrosPerUnit,
+    cachedInputMicrosPerMtok: m.cachedInputMicrosPerMtok,
+    cacheWriteMicrosPerMtok: m.cacheWriteMicrosPerMtok,
+    inputAudioMicrosPerMtok: m.inputAudioMicrosPerMtok,
+    outputAudioMicrosPerMtok: m.outputAudioMicrosPerMtok,
+  };
+}
+
 export interface ModelSettings {
   id: string;
   provider: 'demo' | 'openai';
@@ -385,13 +398,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       baseUrl: m.baseUrl,
       upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : (m.apiKeyFromFile ?? ''),
       kind: m.kind,
-      inputMicrosPerMtok: m.inputMicrosPerMtok,
-      outputMicrosPerMtok: m.outputMicrosPerMtok,
-      audioMicrosPerUnit: m.audioMicrosPerUnit,
-      cachedInputMicrosPerMtok: m.cachedInputMicrosPerMtok,
-      cacheWriteMicrosPerMtok: m.cacheWriteMicrosPerMtok,
-      inputAudioMicrosPerMtok: m.inputAudioMicrosPerMtok,
-      outputAudioMicrosPerMtok: m.outputAudioMicrosPerMtok,
+      ...modelPrices(m),
       timeoutMs: m.timeoutMs,
       voices: m.voices,
     })),

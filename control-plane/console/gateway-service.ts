@@ -2,6 +2,7 @@
 // reloads and webhooks. Nodes, config and webhooks are the operator's (docs/design.md#console-roles).
 import type { ConsoleServiceServer, NodeInfo } from '../../proto/gen/tollgate/v1/console.js';
 import { ConfigError } from '../config.js';
+import { modelPrices } from '../gateway-config.js';
 import { CpError, invalidArgument } from '../errors.js';
 import { listNodes as listNodeRows } from '../store/sync-repo.js';
 import type { WebhookAdmin } from '../webhooks/webhook-admin.js';
@@ -20,13 +21,7 @@ export class GatewayService extends ConsoleAccess {
             provider: m.provider,
             upstreamModel: m.upstreamModel,
             kind: m.kind,
-            inputMicrosPerMtok: m.inputMicrosPerMtok,
-            outputMicrosPerMtok: m.outputMicrosPerMtok,
-            audioMicrosPerUnit: m.audioMicrosPerUnit,
-            cachedInputMicrosPerMtok: m.cachedInputMicrosPerMtok,
-            cacheWriteMicrosPerMtok: m.cacheWriteMicrosPerMtok,
-            inputAudioMicrosPerMtok: m.inputAudioMicrosPerMtok,
-            outputAudioMicrosPerMtok: m.outputAudioMicrosPerMtok,
+            ...modelPrices(m),
             tiers: [...tiers.values()].filter((t) => t.models.includes(m.id)).map((t) => t.name),
           })),
         };

@@ -42,6 +42,24 @@ export interface Endpoint {
   serve(r: ApiRequest, body: Buffer | BodyStream | null): void;
 }
 
+/**
+ * An endpoint with nothing to check before admission, the path family's body cap, and no streamed
+ * body to discard: listings, stored responses, usage.
+ */
+export abstract class PlainEndpoint implements Endpoint {
+  readonly discardsRefusedStream = false;
+
+  before(_r: ApiRequest): boolean {
+    return true;
+  }
+
+  bodyCap(r: ApiRequest): number {
+    return r.family.bodyCapBytes;
+  }
+
+  abstract serve(r: ApiRequest, body: Buffer | BodyStream | null): void;
+}
+
 export class Intake {
   constructor(
     private readonly deps: EndpointDeps,

@@ -5,8 +5,8 @@ import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import type { Endpoint, EndpointDeps } from './intake.js';
-import { failCall } from './intake.js';
+import type { EndpointDeps } from './intake.js';
+import { failCall, PlainEndpoint } from './intake.js';
 import type { ResponsesEndpoint } from './responses.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -14,17 +14,9 @@ const JSON_HEADERS = [['content-type', 'application/json']] as const;
 const MODELS_CREATED = 1735689600;
 
 /** `GET /v1/models`, `GET /v1/models/{id}`, `GET /v1/audio/voices`. */
-export class Listings implements Endpoint {
-  readonly discardsRefusedStream = false;
-
-  constructor(private readonly deps: EndpointDeps) {}
-
-  before(): boolean {
-    return true;
-  }
-
-  bodyCap(r: ApiRequest): number {
-    return r.family.bodyCapBytes;
+export class Listings extends PlainEndpoint {
+  constructor(private readonly deps: EndpointDeps) {
+    super();
   }
 
   serve(r: ApiRequest): void {
@@ -51,20 +43,12 @@ export class Listings implements Endpoint {
 }
 
 /** A stored response (`/v1/responses/{id}`, `…/input_items`, `…/cancel`): the key's own project's only. */
-export class StoredResponses implements Endpoint {
-  readonly discardsRefusedStream = false;
-
+export class StoredResponses extends PlainEndpoint {
   constructor(
     private readonly deps: EndpointDeps,
     private readonly responses: ResponsesEndpoint,
-  ) {}
-
-  before(): boolean {
-    return true;
-  }
-
-  bodyCap(r: ApiRequest): number {
-    return r.family.bodyCapBytes;
+  ) {
+    super();
   }
 
   serve(r: ApiRequest): void {

@@ -6,7 +6,7 @@ import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../http/reply.js';
 import { parseUsageQuery, renderUsage } from '../http/usage-endpoint.js';
 import type { UsageSource } from '../sync/usage-client.js';
-import type { Endpoint, EndpointDeps } from './intake.js';
+import { PlainEndpoint, type EndpointDeps } from './intake.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
 
@@ -15,17 +15,9 @@ export interface UsageDeps extends EndpointDeps {
   usage?: UsageSource;
 }
 
-export class Usage implements Endpoint {
-  readonly discardsRefusedStream = false;
-
-  constructor(private readonly deps: UsageDeps) {}
-
-  before(): boolean {
-    return true;
-  }
-
-  bodyCap(r: ApiRequest): number {
-    return r.family.bodyCapBytes;
+export class Usage extends PlainEndpoint {
+  constructor(private readonly deps: UsageDeps) {
+    super();
   }
 
   serve(r: ApiRequest): void {

@@ -11,30 +11,12 @@ import { launchGateway } from '../helpers/gateway-fixture.js';
 import { bearer, chatBody, request, setClock, type HttpResult } from '../helpers/http.js';
 import { createKey, type Console } from '../helpers/console.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
+import { allNodesCurrent, chat, costOf, pricey } from '../helpers/priced-demo.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { formatUsd } from '../../proto/lib/money.js';
 
 after(stopAll);
 
-// Priced so that one short chat request costs about a dollar (0.10 USD a token).
-function pricey(cfg: GatewayYaml): void {
-  cfg.models.push({ id: 'demo-pricey', provider: 'demo', kind: 'chat', input_usd_per_mtok: '100000', output_usd_per_mtok: '100000' });
-  cfg.tiers.free.models.push('demo-pricey');
-  cfg.tiers.paid.models.push('demo-pricey');
-}
-
-const chat = (node: DataPlane, key: string, content = 'Hi'): Promise<HttpResult> =>
-  request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(content, 'demo-pricey') });
-
-const costOf = (r: HttpResult) => (r.body.usage.prompt_tokens + r.body.usage.completion_tokens) * 100_000;
-
-async function allNodesCurrent(admin: Console, n: number): Promise<void> {
-  await eventually(async () => {
-    const r = await admin.listNodes();
-    const live = r.nodes.filter((x) => x.connected);
-    return live.length === n && live.every((x) => x.ackedVersion >= r.currentVersion);
-  }, 'every node on the current version');
-}
 
 async function cluster(n: number, env: Record<string, string> = {}): Promise<{ cp: ControlPlane; nodes: DataPlane[]; admin: Console }> {
   const gw = await launchGateway({ controlPlane: { configYaml: configYaml(pricey) }, nodes: 0 });
