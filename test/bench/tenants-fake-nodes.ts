@@ -1,0 +1,257 @@
+// --fake-nodes: the control plane alone at cluster scale (target 3). Simulated nodes (fake-node.ts)
+// connect over the sync protocol and send what real nodes serving RATE req/s in all would send: a
+// report a second each (usage summed per key and minute, last-used times, the request logs as one
+// block), and with --fake-leases per-minute (the default) the lease traffic of today's protocol: a
+// key lease on a key's first request in each minute on that node, a slot want on its first request
+// ever, a money want when the organisation's slice is low, and what was used of each key minute every
+// 100 ms; --fake-leases none sends reports only. Prints the control plane's share of one core, its
+// CPU per simulated request, its RSS, and whether its acknowledgements kept up.
+import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
+import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
+import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
+import { startControlPlane, stopAll } from '../helpers/processes.js';
+import { cpuMicros, watchRss } from './procstat.js';
+import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep, ZIPF } from './tenants-options.js';
+import { benchConfig, seedTenants, zipfSampler } from './tenants-provision.js';
+import { cpCounters, writeResults } from './tenants-report.js';
+
+const DEMO_PROMPT_TOKENS = 20;
+const DEMO_COMPLETION_TOKENS = 30;
+// demo-chat: 0.50 and 1.50 USD per million tokens.
+const DEMO_COST_MICROS = Math.round(DEMO_PROMPT_TOKENS * 0.5 + DEMO_COMPLETION_TOKENS * 1.5);
+
+interface FakeSim {
+  node: FakeNode;
+  seq: number;
+  usedSeq: number;
+  sentReports: number;
+  /** Requests summed in each report sent, by seq (to count what the control plane acknowledged). */
+  requestsInReport: Map<number, number>;
+  usage: Map<string, UsageTotal>;
+  lastUsed: Map<number, number>;
+  /** A second's request logs of this node, built once and sent with every report (building 100,000 rows a second would cost this process more than the control plane). */
+  logBlocks: LogBlock[];
+  minute: number;
+  seenThisMinute: Set<number>;
+  usedThisMinute: Map<number, number>;
+  usedThisTick: Set<number>;
+  slotted: Set<number>;
+  money: Map<number, number>;
+  moneyAsked: Set<number>;
+  keyWants: KeyLeaseWant[];
+  slotWants: SlotWant[];
+  orgWants: number[];
+}
+
+export async function fakeNodesBench(): Promise<void> {
+  const nodesCount = NODE_COUNTS[0];
+  const leases = opts['fake-leases'] === 'none' ? 'none' : 'per-minute';
+  const withLogs = !opts['no-fake-logs'];
+  console.log(
+    `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}`,
+  );
+  const first = await startControlPlane({ configYaml: benchConfig() });
+  await first.proc.kill('SIGTERM');
+  const seed0 = performance.now();
+  await seedTenants(first.dbPath, first.secrets.pepper, KEYS, ORGS);
+  console.log(`  seeded in ${((performance.now() - seed0) / 1000).toFixed(1)} s`);
+  const profArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${opts['cpu-prof']}`] : [];
+  const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets, configPath: first.configPath, adminListen: true, nodeArgs: profArgs });
+  const cpPid = cp.proc.child.pid!;
+  const orgIdOf = (r: number) => `org_t${String(r % ORGS).padStart(7, '0')}`;
+  const projectIdOf = (r: number) => `proj_t${String(r % ORGS).padStart(7, '0')}`;
+  const keyIdOf = (r: number) => `key_t${String(r).padStart(8, '0')}`;
+
+  const sims: FakeSim[] = [];
+  for (let i = 0; i < nodesCount; i++) {
+    const sim = { seq: 0, usedSeq: 0, sentReports: 0, requestsInReport: new Map(), usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [] } as unknown as FakeSim;
+    sim.node = await startFakeNode(
+      cp,
+      {
+        nodeId: `fake-${i}`,
+        holdAcks: false,
+        onMessage: (msg) => {
+          if (msg.leaseGrant) {
+            for (const o of msg.leaseGrant.orgs) {
+              const r = Number(o.orgId.slice(5));
+              sim.money.set(r, (sim.money.get(r) ?? 0) + o.micros);
+              sim.moneyAsked.delete(r);
+            }
+          }
+          // A reclaim is answered at once: a simulated node holds nothing it could give back.
+          if (msg.leaseReclaim) sim.node.write({ leaseRequest: leaseRequest({ reclaimId: msg.leaseReclaim.id }) });
+        },
+      },
+      120_000,
+    );
+    sims.push(sim);
+  }
+  console.log(`  ${nodesCount} simulated nodes connected and hold the snapshot`);
+
+  const zipf = zipfSampler(KEYS, ZIPF);
+  const perNodeTick = RATE / nodesCount / 10;
+  if (withLogs) {
+    const at = Date.now();
+    for (const sim of sims) {
+      const b = new LogBlocksBuilder();
+      for (let n = 0; n < RATE / nodesCount; n++) {
+        const r = zipf();
+        b.add({
+          requestId: `req_${sim.node.nodeId}_${n}`, atMs: at + Math.floor(n / (RATE / nodesCount / 1000)), keyId: keyIdOf(r), projectId: projectIdOf(r), orgId: orgIdOf(r), clientIp: '10.1.2.3', userAgent: 'bench', method: 'POST',
+          path: '/v1/chat/completions', status: 200, latencyUs: 400, bytesIn: 190, bytesOut: 400, model: 'demo-chat', promptTokens: DEMO_PROMPT_TOKENS, completionTokens: DEMO_COMPLETION_TOKENS, costMicros: DEMO_COST_MICROS, reason: '', keyPrefix: 'sk-tollgate-...0000',
+        });
+      }
+      sim.logBlocks = b.blocks();
+    }
+  }
+  const tick = (sim: FakeSim, count: number, nowMs: number) => {
+    const minute = Math.floor(nowMs / 60_000);
+    if (minute !== sim.minute) {
+      sim.minute = minute;
+      sim.seenThisMinute.clear();
+      sim.usedThisMinute.clear();
+    }
+    for (let n = 0; n < count; n++) {
+      const r = zipf();
+      const org = r % ORGS;
+      const id = `${r}:${minute}`;
+      let t = sim.usage.get(id);
+      if (!t) {
+        t = { keyId: keyIdOf(r), orgId: orgIdOf(r), projectId: projectIdOf(r), model: 'demo-chat', minute, leaseEpoch: 1, requests: 0, promptTokens: 0, completionTokens: 0, costMicros: 0 };
+        sim.usage.set(id, t);
+      }
+      t.requests++;
+      t.promptTokens += DEMO_PROMPT_TOKENS;
+      t.completionTokens += DEMO_COMPLETION_TOKENS;
+      t.costMicros += DEMO_COST_MICROS;
+      sim.lastUsed.set(r, nowMs);
+      if (leases === 'none') continue;
+      if (!sim.seenThisMinute.has(r)) {
+        sim.seenThisMinute.add(r);
+        sim.keyWants.push({ keyId: t.keyId, minute, requests: 1000, tokens: 1_000_000, heldRequests: 0, heldTokens: 0, needRequests: 1, needTokens: 0 });
+      }
+      if (!sim.slotted.has(r)) {
+        sim.slotted.add(r);
+        sim.slotWants.push({ keyId: t.keyId, held: 0, want: 10, need: 1 });
+      }
+      const money = (sim.money.get(org) ?? 0) - DEMO_COST_MICROS;
+      sim.money.set(org, money);
+      if (money < 100_000 && !sim.moneyAsked.has(org)) {
+        sim.moneyAsked.add(org);
+        sim.orgWants.push(org);
+      }
+      sim.usedThisMinute.set(r, (sim.usedThisMinute.get(r) ?? 0) + 1);
+      sim.usedThisTick.add(r);
+    }
+    if (leases === 'none') return;
+    const used = [...sim.usedThisTick].map((r) => ({ keyId: keyIdOf(r), minute, requests: sim.usedThisMinute.get(r) ?? 0, tokens: (sim.usedThisMinute.get(r) ?? 0) * (DEMO_PROMPT_TOKENS + DEMO_COMPLETION_TOKENS) }));
+    sim.usedThisTick.clear();
+    const req = leaseRequest({
+      keys: sim.keyWants.splice(0),
+      orgs: sim.orgWants.splice(0).map((o) => ({ orgId: orgIdOf(o), micros: 100_000 })),
+      slotWants: sim.slotWants.splice(0),
+      used,
+      usedSeq: used.length > 0 ? ++sim.usedSeq : 0,
+    });
+    if (req.keys.length + req.orgs.length + req.slotWants.length + req.used.length > 0) sim.node.write({ leaseRequest: req });
+  };
+  const report = (sim: FakeSim) => {
+    const usageTotals = [...sim.usage.values()];
+    sim.usage.clear();
+    const lastUsed = [...sim.lastUsed].map(([r, atMs]) => ({ keyId: keyIdOf(r), atMs }));
+    sim.lastUsed.clear();
+    const logBlocks = withLogs ? sim.logBlocks : [];
+    if (usageTotals.length === 0) return;
+    sim.node.write({ reports: { reports: [{ seq: ++sim.seq, usage: [], lastUsed, logs: undefined, instanceId: '', usageTotals, logBlocks }] } });
+    sim.sentReports++;
+    sim.requestsInReport.set(sim.seq, usageTotals.reduce((n, t) => n + t.requests, 0));
+  };
+
+  // Idle, then the load, then a tail for the last reports.
+  const idle0 = cpuMicros(cpPid);
+  const idleT0 = performance.now();
+  await sleep(IDLE_SEC * 1000);
+  const idleRate = idle0 === null ? null : (cpuMicros(cpPid)! - idle0) / ((performance.now() - idleT0) / 1000);
+  const stopRss = watchRss(cpPid, 200);
+  const cpu0 = cpuMicros(cpPid);
+  const t0 = performance.now();
+  const wall0 = Date.now();
+  let simulated = 0;
+  let lastReportAt = t0;
+  let carry = 0;
+  let ticks = 0;
+  while (performance.now() - t0 < DURATION_SEC * 1000) {
+    ticks++;
+    const due = ((performance.now() - t0) / 1000) * RATE;
+    const count = Math.max(0, due - simulated);
+    const per = (count + carry) / nodesCount;
+    const whole = Math.floor(per);
+    carry = (per - whole) * nodesCount;
+    const now = Date.now();
+    for (const sim of sims) tick(sim, whole, now);
+    simulated += whole * nodesCount;
+    if (performance.now() - lastReportAt >= 1000) {
+      lastReportAt = performance.now();
+      for (const sim of sims) report(sim);
+    }
+    await sleep(Math.max(0, t0 + ticks * 100 - performance.now()));
+  }
+  for (const sim of sims) report(sim);
+  const loadSec = (performance.now() - t0) / 1000;
+  const wall1 = Date.now();
+  // The tail: until every report is acknowledged (the control plane kept up) or 60 s.
+  const tail0 = performance.now();
+  while (sims.some((x) => x.node.reportAcks.length < x.sentReports) && performance.now() - tail0 < 60_000) await sleep(100);
+  const tailSec = (performance.now() - tail0) / 1000;
+  const cpu1 = cpuMicros(cpPid);
+  const peakRss = stopRss();
+  console.log(`  control plane's counters: ${JSON.stringify(await cpCounters(cp.adminUrl))}`);
+  const measuredSec = loadSec + tailSec;
+  const used = cpu0 === null || cpu1 === null || idleRate === null ? null : cpu1 - cpu0 - idleRate * measuredSec;
+  const acked = sims.reduce((s, x) => s + x.node.reportAcks.length, 0);
+  // What the control plane wrote and acknowledged (when it could not keep up, less than was sent).
+  const ackedRequests = sims.reduce((n, x) => n + x.node.reportAcks.reduce((m, seq) => m + (x.requestsInReport.get(seq) ?? 0), 0), 0);
+  const sentReports = sims.reduce((s, x) => s + x.sentReports, 0);
+  const result = {
+    mode: 'fake-nodes',
+    nodes: nodesCount,
+    keys: KEYS,
+    orgs: ORGS,
+    rate: RATE,
+    leases,
+    logs: withLogs,
+    simulatedRequests: simulated,
+    simulatedRate: simulated / loadSec,
+    loadSec,
+    tailSec,
+    crossedMinute: Math.floor(wall0 / 60_000) !== Math.floor(wall1 / 60_000),
+    coreShare: used === null ? null : used / 1e6 / measuredSec,
+    cpUsPerRequest: used === null ? null : used / simulated,
+    ackedRequests,
+    /** CPU per request the control plane acknowledged: a fair figure also when it fell behind (CPU-starved). */
+    cpUsPerAckedRequest: used === null || ackedRequests === 0 ? null : used / ackedRequests,
+    cpPeakRssBytes: peakRss,
+    reportsSent: sentReports,
+    reportsAcked: acked,
+    perTickPerNode: perNodeTick,
+  };
+  console.log(
+    `  simulated ${simulated.toLocaleString('en')} requests in ${loadSec.toFixed(1)} s (${result.simulatedRate.toFixed(0)}/s${result.crossedMinute ? ', crossed a minute' : ''}); ` +
+      `${acked}/${sentReports} reports acknowledged, the last ${tailSec.toFixed(1)} s after the load; ` +
+      `control plane: ${result.coreShare === null ? 'n/a' : `${(result.coreShare * 100).toFixed(1)}% of one core`}, ${result.cpUsPerRequest === null ? 'n/a' : result.cpUsPerRequest.toFixed(2)} µs per simulated request, ` +
+      `${result.cpUsPerAckedRequest === null ? 'n/a' : result.cpUsPerAckedRequest.toFixed(2)} µs per acknowledged request (${ackedRequests.toLocaleString('en')}; at ${RATE.toLocaleString('en')} req/s that is ${result.cpUsPerAckedRequest === null ? 'n/a' : ((result.cpUsPerAckedRequest * RATE) / 1e4).toFixed(0)}% of a core), peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB`,
+  );
+  for (const sim of sims) {
+    const err = sim.node.streamError();
+    if (err) console.log(`  ${sim.node.nodeId}: its stream failed: ${err.message}`);
+    sim.node.close();
+  }
+  if (acked < sentReports) console.log(`  the control plane's last lines:\n${cp.proc.output().split('\n').slice(-8).join('\n')}`);
+  await cp.proc.kill('SIGTERM');
+  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, result });
+  await stopAll();
+}
+
+function leaseRequest(p: Partial<LeaseRequest>): LeaseRequest {
+  return { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false, ...p };
+}

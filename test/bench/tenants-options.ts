@@ -1,0 +1,50 @@
+// bench:tenants' flags (test/bench/tenants.ts), parsed once on import, and the figures derived from
+// them that every part of the bench reads.
+import { parseArgs } from 'node:util';
+
+export const { values: opts } = parseArgs({
+  options: {
+    keys: { type: 'string', default: '5000' },
+    orgs: { type: 'string', default: '500' },
+    rate: { type: 'string', default: '400' },
+    zipf: { type: 'string', default: '1.0' },
+    duration: { type: 'string', default: '30' },
+    nodes: { type: 'string', default: '1,3' },
+    idle: { type: 'string', default: '3' },
+    warmup: { type: 'string', default: '0' },
+    'no-align': { type: 'boolean', default: false },
+    'no-control': { type: 'boolean', default: false },
+    'cpu-prof': { type: 'string' },
+    'fake-nodes': { type: 'boolean', default: false },
+    'fake-leases': { type: 'string', default: 'per-minute' },
+    'no-fake-logs': { type: 'boolean', default: false },
+  },
+});
+export const FAKE = opts['fake-nodes']!;
+// Cluster scale (target 3) unless told otherwise: 10 simulated nodes, 100,000 req/s, 100,000 keys in 10,000 organisations.
+if (FAKE) {
+  opts.keys = process.argv.includes('--keys') ? opts.keys : '100000';
+  opts.orgs = process.argv.includes('--orgs') ? opts.orgs : '10000';
+  opts.rate = process.argv.includes('--rate') ? opts.rate : '100000';
+  opts.nodes = process.argv.includes('--nodes') ? opts.nodes : '10';
+}
+export const KEYS = positive('keys');
+export const ORGS = Math.min(positive('orgs'), KEYS);
+export const RATE = positive('rate');
+export const ZIPF = Number(opts.zipf);
+export const DURATION_SEC = positive('duration');
+export const NODE_COUNTS = opts.nodes!.split(',').map(Number);
+export const IDLE_SEC = Number(opts.idle);
+/** Seconds of the K keys' load sent to the same nodes before the measured run (0: none): steady state, without the nodes' first minute. */
+export const WARMUP_SEC = Number(opts.warmup);
+export const ALIGN = !opts['no-align'] && DURATION_SEC < 60;
+export const TAIL_MS = 2000;
+export const MB = 1024 * 1024;
+
+export function positive(name: 'keys' | 'orgs' | 'rate' | 'duration'): number {
+  const n = Number(opts[name]);
+  if (!Number.isFinite(n) || n <= 0) throw new Error(`--${name} must be a positive number, got ${JSON.stringify(opts[name])}`);
+  return n;
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
