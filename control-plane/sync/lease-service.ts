@@ -12,12 +12,6 @@ import type { NodeSession } from './node-session.js';
 const RECLAIM_TIMEOUT_MS = 150;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
 const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
-/**
- * How long an answer that waits for reclaims waits for the nodes asked (the asking node was told it
- * waits for reclaims, and waits up to 5 s): a node that is slow under load still answers in time, so
- * the shortfall is decided on what it gave back (docs/leases.md, "A reclaim that is not answered in time").
- */
-const RECLAIM_PATIENCE_MS = 2000;
 
 let reclaimIds = 0;
 
@@ -149,20 +143,17 @@ export class LeaseService {
     if (target) void this.reclaim(target, keys, [], false, RECLAIM_TIMEOUT_MS, slotKeyIds).done;
   }
 
-  /**
-   * Asks a node to give back unused allowance; resolves when it answered or left (true), or after
-   * `timeoutMs` (false: what it holds is still held, so a shortfall now is not final).
-   */
-  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<boolean> } {
+  /** Asks a node to give back unused allowance; resolves when it answered, left, or after `timeoutMs`. */
+  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<void> } {
     const id = ++reclaimIds;
-    const done = new Promise<boolean>((resolve) => {
+    const done = new Promise<void>((resolve) => {
       const timer = setTimeout(() => {
         target.reclaims.delete(id);
-        resolve(false);
+        resolve();
       }, timeoutMs);
       target.reclaims.set(id, () => {
         clearTimeout(timer);
-        resolve(true);
+        resolve();
       });
     });
     target.enqueue({ leaseReclaim: { id, keys, allKeys, orgIds, slotKeyIds } });
@@ -185,7 +176,7 @@ export class LeaseService {
    * slices come from in-memory minute pools; money slices are computed inside one serialised database
    * job, so no usage report can commit between reading what is spendable and recording the slice.
    * What does not fit is answered only after the nodes holding unused allowance were asked to give
-   * it back (bounded by RECLAIM_PATIENCE_MS): a shortfall after that is final if they all answered.
+   * it back (bounded by RECLAIM_TIMEOUT_MS): a shortfall after that is final.
    */
   private async grantLeases(s: NodeSession, req: LeaseRequest): Promise<void> {
     const keys: KeyLease[] = [];
@@ -232,49 +223,25 @@ export class LeaseService {
     if (laterKeys.length > 0 || laterOrgs.length > 0 || laterSlots.length > 0) {
       // The node is told its answer waits for reclaims, so it does not take it as late.
       s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
-      const waits: Promise<unknown>[] = [];
+      const waits: Promise<void>[] = [];
       if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
-      // What a node asked to give back did not answer for in time: it still holds it, so a shortfall
-      // of those is not final (docs/leases.md, "A reclaim that is not answered in time").
-      const unanswered = new Set<string>();
       for (const target of this.sessions) {
         if (target === s) continue;
         const k = keyReclaims.get(target.connId) ?? [];
         const o = orgReclaims.get(target.connId) ?? [];
         const sl = slotReclaims.get(target.connId) ?? [];
-        if (k.length === 0 && o.length === 0 && sl.length === 0) continue;
-        waits.push(
-          this.reclaim(target, k, o, false, RECLAIM_PATIENCE_MS, sl).done.then((answered) => {
-            if (answered) return;
-            for (const ref of k) unanswered.add(`key:${ref.keyId}:${ref.minute}`);
-            for (const orgId of o) unanswered.add(`money:${orgId}`);
-            for (const keyId of sl) unanswered.add(`slots:${keyId}`);
-          }),
-        );
+        if (k.length > 0 || o.length > 0 || sl.length > 0) waits.push(this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS, sl).done);
       }
       await Promise.all(waits);
       for (const w of laterSlots) {
         const r = this.grantSlots(s, w, [], true);
-        if ('from' in r) continue;
-        if (r.final && unanswered.has(`slots:${w.keyId}`)) r.final = false;
-        slots.push(r);
+        if (!('from' in r)) slots.push(r);
       }
       for (const w of laterKeys) {
         const r = this.grantKey(s, w, [], true);
-        if (!r || 'from' in r) continue;
-        if (unanswered.has(`key:${w.keyId}:${w.minute}`)) {
-          r.finalRequests = false;
-          r.finalTokens = false;
-        }
-        keys.push(r);
+        if (r && !('from' in r)) keys.push(r);
       }
-      if (laterOrgs.length > 0) {
-        for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) {
-          if ('from' in r) continue;
-          if (r.exhausted && unanswered.has(`money:${r.orgId}`)) r.exhausted = false;
-          orgs.push(r);
-        }
-      }
+      if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
     countLeaseAnswers(keys, orgs);
     s.enqueue({ leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
