@@ -79,14 +79,15 @@ test('a client that stops reading: the node holds at most its configured limit f
   await session.waitClosed();
 });
 
-test("usage: a free organisation whose grant runs out mid-session gets its socket closed after the response, with the reason; its spend is the grant plus at most that response", async () => {
-  const k = await gw.fundedKey({ tier: 'free' });
-  const { session } = await openRealtime(node.address, { key: k.key, model: 'demo-realtime-pricey' });
-  await session.waitFor('session.created');
+/**
+ * Turns of `demo-realtime-pricey` (0.10 USD a token) until the gateway closes the socket or `maxTurns`
+ * responses came: what they cost, in micro-dollars, and the most one cost.
+ */
+async function talkUntilClosed(session: Awaited<ReturnType<typeof openRealtime>>['session'], maxTurns: number): Promise<{ costs: number; maxCost: number; responses: number }> {
   let costs = 0;
   let maxCost = 0;
   let responses = 0;
-  while (session.closeCode === null && responses < 10) {
+  while (session.closeCode === null && responses < maxTurns) {
     session.say(`turn ${responses}`);
     const done = await session.waitFor('response.done', responses + 1).catch(() => null);
     if (!done) break;
@@ -98,6 +99,14 @@ test("usage: a free organisation whose grant runs out mid-session gets its socke
     // Give the close a moment to arrive before the next turn (it follows the response.done).
     await session.waitClosed(500).catch(() => {});
   }
+  return { costs, maxCost, responses };
+}
+
+test("usage: a free organisation whose grant runs out mid-session gets its socket closed after the response, with the reason; its spend is the grant plus at most that response", async () => {
+  const k = await gw.fundedKey({ tier: 'free' });
+  const { session } = await openRealtime(node.address, { key: k.key, model: 'demo-realtime-pricey' });
+  await session.waitFor('session.created');
+  const { costs, maxCost, responses } = await talkUntilClosed(session, 10);
   assert.equal(await session.waitClosed(), 1008);
   assert.match(session.closeReason, /^insufficient_quota: .*balance/);
   assert.ok(responses >= 1, 'at least one response went through');
@@ -121,20 +130,7 @@ test("a key's own spend limit reached mid-session closes the socket after the re
   await waitUntilKnown(node.url, created.key);
   const { session } = await openRealtime(node.address, { key: created.key, model: 'demo-realtime-pricey' });
   await session.waitFor('session.created');
-  let costs = 0;
-  let maxCost = 0;
-  let responses = 0;
-  while (session.closeCode === null && responses < 20) {
-    session.say(`turn ${responses}`);
-    const done = await session.waitFor('response.done', responses + 1).catch(() => null);
-    if (!done) break;
-    responses++;
-    const u = done.response.usage;
-    const cost = Math.ceil((u.input_tokens * 100_000_000_000 + u.output_tokens * 100_000_000_000) / 1_000_000);
-    costs += cost;
-    maxCost = Math.max(maxCost, cost);
-    await session.waitClosed(500).catch(() => {});
-  }
+  const { costs, maxCost, responses } = await talkUntilClosed(session, 20);
   assert.equal(await session.waitClosed(), 1008);
   assert.equal(session.closeReason, "insufficient_quota: the key's spend limit ($10.00) was reached; it never resets");
   assert.ok(costs >= 10_000_000, `closed with ${costs} spent of the 10 USD limit`);
