@@ -10,6 +10,12 @@ import type { NodeSession } from './node-session.js';
 
 /** How long a lease answer waits for the nodes asked to give back unused allowance. */
 const RECLAIM_TIMEOUT_MS = 150;
+/**
+ * How long a money answer waits for them: a node that answers late still holds money the asker
+ * would be told is spent, and a node loaded enough to take over 150 ms is no rarity. Within the
+ * node's patience after "reclaiming" (data-plane lease-client.ts RECLAIMING_WAIT_MS, 1.2 s).
+ */
+const MONEY_RECLAIM_TIMEOUT_MS = 1000;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
 const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
 
@@ -25,6 +31,8 @@ export class LeaseService {
   readonly moneyLeases = new MoneyLeaseLedger();
   /** Projects' caps and keys' own limits, leased by pool id through moneyLeases (docs/money-limits.md). */
   readonly moneyPools: MoneyPools;
+  /** Money reclaims awaited → the connection whose want they were made for. */
+  private readonly moneyReclaimFor = new Map<number, string>();
 
   constructor(
     private readonly state: ControlState,
@@ -55,7 +63,9 @@ export class LeaseService {
     // minute was spent may be served again, and its rate headers go back up).
     const grown = req.keyReturns.filter((r) => r.requests > 0 || r.tokens > 0).map((r) => ({ keyId: r.keyId, minute: r.minute }));
     if (grown.length > 0) this.announceFree(grown, s.connId);
-    for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros);
+    // Money given back to a reclaim still awaited is kept for the want it was made for.
+    const forConn = req.reclaimId && s.reclaims.has(req.reclaimId) ? this.moneyReclaimFor.get(req.reclaimId) : undefined;
+    for (const r of req.orgReturns) this.moneyLeases.giveBack(s.connId, r.orgId, r.micros, r.debtMicros, forConn);
     for (const u of req.used) this.keyLeases.recordUsed(s.connId, u);
     for (const t of req.taken) this.keyLeases.applyTaken(s.connId, t);
     // A node that stops gave back what it used of what it touched: its untouched shares are free.
@@ -70,14 +80,21 @@ export class LeaseService {
       s.reclaims.delete(req.reclaimId);
       done?.();
     }
-    if (req.keys.length > 0 || req.orgs.length > 0 || req.slotWants.length > 0) {
+    // Every want is answered, even when answering failed, so no node waits on a want never granted.
+    if (req.keys.length > 0 || req.slotWants.length > 0) {
       this.grantLeases(s, req).catch((err: Error) => {
         this.log(`sync: lease request of node ${s.nodeId} failed: ${err.message}`);
-        // Every want is answered, so no node waits on a want that will never be granted.
         const keys = req.keys.map((w) => ({ keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 }));
-        const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
         const slots = req.slotWants.map((w) => ({ keyId: w.keyId, slots: 0, final: false }));
-        s.enqueue({ leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
+        s.enqueue({ leaseGrant: { keys, orgs: [], pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
+      });
+    }
+    // Money is answered apart: its reclaims wait longer (MONEY_RECLAIM_TIMEOUT_MS).
+    if (req.orgs.length > 0) {
+      this.grantMoney(s, req.orgs).catch((err: Error) => {
+        this.log(`sync: money lease of node ${s.nodeId} failed: ${err.message}`);
+        const orgs = req.orgs.map((w) => ({ orgId: w.orgId, micros: 0, exhausted: false }));
+        s.enqueue({ leaseGrant: { keys: [], orgs, pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
       });
     }
   }
@@ -129,7 +146,7 @@ export class LeaseService {
       for (const [orgId, spendable] of spendableOf) {
         if (s.closed || spendable <= 0) continue;
         // No reclaim: an organisation whose money is all leased elsewhere is asked for when used.
-        const r = this.moneyLeases.grant(s.connId, orgId, spendable, this.sessions.size, 0, true);
+        const r = this.moneyLeases.grant(s.connId, orgId, spendable, this.sessions.size, { micros: 0, ahead: true }, true);
         if (r.kind === 'grant' && r.micros > 0) out.push({ orgId, micros: r.micros, exhausted: false });
       }
       return out;
@@ -172,17 +189,14 @@ export class LeaseService {
   }
 
   /**
-   * Answers a LeaseRequest with one LeaseGrant (docs/design.md#money-and-limits-across-nodes). Key
-   * slices come from in-memory minute pools; money slices are computed inside one serialised database
-   * job, so no usage report can commit between reading what is spendable and recording the slice.
-   * What does not fit is answered only after the nodes holding unused allowance were asked to give
-   * it back (bounded by RECLAIM_TIMEOUT_MS): a shortfall after that is final.
+   * Answers a LeaseRequest's key and slot wants with one LeaseGrant (docs/leases.md); its money
+   * wants are answered by grantMoney. Key slices come from in-memory minute pools. What does not fit
+   * is answered only after the nodes holding unused allowance were asked to give it back (bounded by
+   * RECLAIM_TIMEOUT_MS): a shortfall after that is final.
    */
   private async grantLeases(s: NodeSession, req: LeaseRequest): Promise<void> {
     const keys: KeyLease[] = [];
-    const orgs: OrgLease[] = [];
     const keyReclaims = new Map<string, KeyMinuteRef[]>();
-    const orgReclaims = new Map<string, string[]>();
     let waitWhole = false;
     const suspects = [...this.sessions].filter((x) => x !== s && x.mayHoldWhole).map((x) => x.connId);
     const laterKeys: KeyLeaseWant[] = [];
@@ -210,17 +224,7 @@ export class LeaseService {
         }
       } else slots.push(r);
     }
-    const laterOrgs: OrgLeaseWant[] = [];
-    if (req.orgs.length > 0) {
-      const first = await this.grantOrgs(s, req.orgs, false);
-      for (const [w, r] of first) {
-        if ('from' in r) {
-          laterOrgs.push(w);
-          for (const c of r.from) push(orgReclaims, c, w.orgId);
-        } else orgs.push(r);
-      }
-    }
-    if (laterKeys.length > 0 || laterOrgs.length > 0 || laterSlots.length > 0) {
+    if (laterKeys.length > 0 || laterSlots.length > 0) {
       // The node is told its answer waits for reclaims, so it does not take it as late.
       s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
       const waits: Promise<void>[] = [];
@@ -228,9 +232,8 @@ export class LeaseService {
       for (const target of this.sessions) {
         if (target === s) continue;
         const k = keyReclaims.get(target.connId) ?? [];
-        const o = orgReclaims.get(target.connId) ?? [];
         const sl = slotReclaims.get(target.connId) ?? [];
-        if (k.length > 0 || o.length > 0 || sl.length > 0) waits.push(this.reclaim(target, k, o, false, RECLAIM_TIMEOUT_MS, sl).done);
+        if (k.length > 0 || sl.length > 0) waits.push(this.reclaim(target, k, [], false, RECLAIM_TIMEOUT_MS, sl).done);
       }
       await Promise.all(waits);
       for (const w of laterSlots) {
@@ -241,10 +244,9 @@ export class LeaseService {
         const r = this.grantKey(s, w, [], true);
         if (r && !('from' in r)) keys.push(r);
       }
-      if (laterOrgs.length > 0) for (const [, r] of await this.grantOrgs(s, laterOrgs, true)) if (!('from' in r)) orgs.push(r);
     }
-    countLeaseAnswers(keys, orgs);
-    s.enqueue({ leaseGrant: { keys, orgs, pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
+    countLeaseAnswers(keys, []);
+    s.enqueue({ leaseGrant: { keys, orgs: [], pools: [], usedAck: 0, slots, bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
     // The other nodes holding part of a pool that shrank learn what it has left (rate headers).
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
   }
@@ -270,6 +272,43 @@ export class LeaseService {
   private sessionByConn(connId: string): NodeSession | undefined {
     for (const x of this.sessions) if (x.connId === connId) return x;
     return undefined;
+  }
+
+  /**
+   * Answers a request's money wants with one LeaseGrant (docs/money-limits.md#exact-across-nodes).
+   * A want a request waits for, when less than it needs is free, first has the other nodes holding
+   * money give back what they hold unused (bounded by MONEY_RECLAIM_TIMEOUT_MS); what is left after
+   * that is granted with "exhausted". Wants made ahead of need take only what is free.
+   */
+  private async grantMoney(s: NodeSession, wants: OrgLeaseWant[]): Promise<void> {
+    const orgs: OrgLease[] = [];
+    const later: OrgLeaseWant[] = [];
+    const reclaims = new Map<string, string[]>();
+    for (const [w, r] of await this.grantOrgs(s, wants, false)) {
+      if ('from' in r) {
+        later.push(w);
+        for (const c of r.from) push(reclaims, c, w.orgId);
+      } else orgs.push(r);
+    }
+    if (later.length > 0) {
+      // The node is told its answer waits for reclaims, so it does not take it as late.
+      s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
+      const waits: Promise<void>[] = [];
+      const ids: number[] = [];
+      for (const target of this.sessions) {
+        const o = target === s ? undefined : reclaims.get(target.connId);
+        if (!o) continue;
+        const r = this.reclaim(target, [], o, false, MONEY_RECLAIM_TIMEOUT_MS);
+        this.moneyReclaimFor.set(r.id, s.connId);
+        ids.push(r.id);
+        waits.push(r.done);
+      }
+      await Promise.all(waits);
+      for (const id of ids) this.moneyReclaimFor.delete(id);
+      for (const [, r] of await this.grantOrgs(s, later, true)) if (!('from' in r)) orgs.push(r);
+    }
+    countLeaseAnswers([], orgs);
+    s.enqueue({ leaseGrant: { keys: [], orgs, pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
   }
 
   private grantKey(s: NodeSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {
@@ -299,8 +338,8 @@ export class LeaseService {
         if (s.closed || s.leaving) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
         // A pool not known now (its limit just changed) is not said to be spent: asked again later.
         if (!spendableOf.has(w.orgId) && poolIds.includes(w.orgId)) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
-        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w.micros, afterReclaim, w.debtMicros ?? 0);
-        return [w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.micros === 0 }];
+        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w, afterReclaim);
+        return [w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.exhausted }];
       });
     };
     // Usually every organisation's committed money is in memory: decided and recorded in one

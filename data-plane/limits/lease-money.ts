@@ -1,12 +1,16 @@
 // Organisation money on the node's side of leases (docs/design.md#money-and-limits-across-nodes).
 //
-// Per organisation the node holds a signed slice, kept with the same arithmetic as the control
-// plane's ledger: grants add, returns and finished requests' costs subtract. A request is admitted
-// while the slice is positive and reserves its estimated cost (the costliest request seen) while in
-// flight, so the spend passes what is left by at most the requests in flight. With no slice the
-// request waits for one; the organisation is refused only when the control plane says nothing is
-// left after reclaiming from the other nodes. A credit, cap or config change gives the slice back and
-// asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
+// Per money pool (an organisation, or a project's or key's period: money-pools.ts) the node holds a
+// signed slice, kept with the same arithmetic as the control plane's ledger: grants add, returns and
+// finished requests' costs subtract. A request is admitted when the slice covers its estimated cost
+// (the costliest request of the pool seen here) and reserves it while in flight. A slice that does
+// not cover it asks for what the request needs, and the request waits: the control plane reclaims
+// the other nodes' unused money first, and what is left after that comes as the last of the pool
+// ("exhausted"), which the node may still spend; with nothing of it left the request is refused. So
+// no request is refused while a node holds money, and the spend passes the limit by at most the
+// requests in flight (docs/money-limits.md#exact-across-nodes). Slices are refilled ahead of need
+// from free money only, never from another node. A credit, cap or config change gives the slice
+// back and asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
 import type { OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 import { wake, type LeaseLink } from './lease-link.js';
 
@@ -18,6 +22,10 @@ export interface OrgSlice {
   maxCostMicros: number;
   pending: boolean;
   askedAtMs: number;
+  /** The want on its way (pending) was made for a waiting request. */
+  neededAsk: boolean;
+  /** The last want made ahead of need found nothing free: none again until money comes or a request needs it. */
+  dry: boolean;
   /** When the control plane last said nothing is left (0: it did not). */
   exhaustedAtMs: number;
   waiters: Array<() => void>;
@@ -47,10 +55,11 @@ export class LeaseMoney {
   canSpend(orgId: string): SpendVerdict {
     if (!this.link.connected) return 'yes';
     const o = this.orgFor(orgId);
-    if (o.sliceMicros > 0) return 'yes';
-    if (o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return 'no';
+    if (o.sliceMicros > 0 && o.sliceMicros >= o.maxCostMicros) return 'yes';
+    // The control plane said this is the last of the pool: spent while it lasts, then refused.
+    if (o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS) return o.sliceMicros > 0 ? 'yes' : 'no';
     o.exhaustedAtMs = 0;
-    this.askOrg(orgId, o);
+    this.askOrg(orgId, o, true);
     return 'wait';
   }
 
@@ -62,7 +71,7 @@ export class LeaseMoney {
    */
   spendFirst(orgId: string): boolean {
     if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgs.has(orgId)) return false;
-    this.askOrg(orgId, this.orgFor(orgId));
+    this.askOrg(orgId, this.orgFor(orgId), false);
     return true;
   }
 
@@ -83,6 +92,7 @@ export class LeaseMoney {
       o.sliceMicros += micros;
       o.lastGrantMicros = micros;
       o.exhaustedAtMs = 0;
+      o.dry = false;
       wake(o);
     }
   }
@@ -92,7 +102,7 @@ export class LeaseMoney {
     if (!this.link.connected) return false;
     const o = this.orgFor(orgId);
     o.waiters.push(wake);
-    this.askOrg(orgId, o);
+    this.askOrg(orgId, o, true);
     return true;
   }
 
@@ -104,7 +114,7 @@ export class LeaseMoney {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, askedAtMs: 0, exhaustedAtMs: 0, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -143,8 +153,9 @@ export class LeaseMoney {
     this.maybeAskOrg(orgId, o);
   }
 
+  /** Refills a slice running low ahead of need (from free money only). */
   private maybeAskOrg(orgId: string, o: OrgSlice): void {
-    if (o.exhaustedAtMs === 0 && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o);
+    if (o.exhaustedAtMs === 0 && !o.dry && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o, false);
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
@@ -157,7 +168,10 @@ export class LeaseMoney {
     o.pending = false;
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
-    // Nothing granted without "exhausted" (the control plane failed to answer): not a refusal.
+    // Nothing granted to a want made ahead of need: none again until it is needed.
+    o.dry = micros <= 0 && o.neededAsk === false;
+    // Nothing granted without "exhausted" (nothing free ahead of need, or the control plane failed
+    // to answer): not a refusal.
     o.exhaustedAtMs = exhausted ? Math.max(1, this.link.clock.now()) : 0;
     wake(o);
     // Still low (requests ran while the grant was on its way): ask again at once.
@@ -172,6 +186,7 @@ export class LeaseMoney {
     const o = this.orgs.get(orgId);
     if (!o || !this.link.connected) return;
     o.exhaustedAtMs = 0;
+    o.dry = false;
     const micros = Math.max(0, o.sliceMicros);
     if (micros > 0) {
       o.sliceMicros -= micros;
@@ -179,7 +194,7 @@ export class LeaseMoney {
     }
     // A grant on its way was computed before the change: ask again once it is back.
     o.pending = false;
-    this.askOrg(orgId, o);
+    this.askOrg(orgId, o, false);
   }
 
   /** A project's cap changed: each of its pools held here (by id prefix "project:ID@") is given back and asked afresh. */
@@ -204,14 +219,24 @@ export class LeaseMoney {
     wake(o);
   }
 
-  private askOrg(orgId: string, o: OrgSlice): void {
+  /**
+   * Asks for more of the pool: `needed` when a request waits for it (it may reclaim from the other
+   * nodes and be told the pool is exhausted), else ahead of need (only what is free).
+   */
+  private askOrg(orgId: string, o: OrgSlice, needed: boolean): void {
     if (this.link.leaving) return;
-    if (o.pending && !this.link.stale(o.askedAtMs)) return;
+    // One want at a time, but a request's need goes out even while a want made ahead of it is on its way.
+    if (o.pending && !this.link.stale(o.askedAtMs) && (o.neededAsk || !needed)) return;
     o.pending = true;
+    o.neededAsk = needed;
     o.askedAtMs = this.link.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
     const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros };
+    if (needed) {
+      want.needMicros = Math.max(1, o.maxCostMicros - o.sliceMicros);
+      if (o.sliceMicros > 0) want.heldMicros = o.sliceMicros;
+    } else want.ahead = true;
     // Spent past the slice and perhaps not reported yet: the control plane does not lease it again.
     if (o.sliceMicros < 0) want.debtMicros = -o.sliceMicros;
     this.link.wantOrgs.set(orgId, want);
@@ -225,7 +250,8 @@ export class LeaseMoney {
       const o = this.orgs.get(orgId);
       const micros = o ? Math.max(0, o.sliceMicros) : 0;
       if (o) o.sliceMicros -= micros;
-      orgReturns.push({ orgId, micros });
+      // With what it owes now: the control plane's view of this node's debt is fresh when it decides.
+      orgReturns.push({ orgId, micros, debtMicros: o ? Math.max(0, -o.sliceMicros) : 0 });
     }
     return orgReturns;
   }

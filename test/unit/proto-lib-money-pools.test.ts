@@ -87,16 +87,16 @@ test('control plane: a key pool is leased exactly across two connections, reclai
   const spendable = () => pools.spendableFromMemory([pool])!.get(pool)!;
   assert.equal(spendable(), 900, '1000 a day, 100 spent today');
   // Node a takes all of it (asked for 900); node b is short: the ledger names a, a gives back, b is served.
-  assert.deepEqual(ledger.grant('a', pool, spendable(), 2, 900), { kind: 'grant', micros: 900 });
-  assert.deepEqual(ledger.grant('b', pool, spendable(), 2, 50), { kind: 'reclaim', from: ['a'] });
+  assert.deepEqual(ledger.grant('a', pool, spendable(), 2, { micros: 900 }), { kind: 'grant', micros: 900, exhausted: false });
+  assert.deepEqual(ledger.grant('b', pool, spendable(), 2, { micros: 50 }), { kind: 'reclaim', from: ['a'] });
   ledger.giveBack('a', pool, 600);
-  assert.deepEqual(ledger.grant('b', pool, spendable(), 2, 50, true), { kind: 'grant', micros: 600 }, 'a small remainder is leased whole');
+  assert.deepEqual(ledger.grant('b', pool, spendable(), 2, { micros: 50 }, true), { kind: 'grant', micros: 600, exhausted: false }, 'a small remainder is leased whole');
   // a's report: 300 spent under its epoch: the day's spend and a's slice both move.
   pools.charge(ledger, 'a', 7, [{ keyId: 'key_l', projectId: 'proj_a', orgId: 'org', minute: Math.floor(WED / 60_000), costMicros: 300, leaseEpoch: 7 }]);
   assert.equal(spendable(), 600);
   assert.equal(ledger.balanceOf('a', pool), 0);
   // Nothing leasable is left (b holds 600, 300 were spent, 100 before): a final refusal.
-  assert.deepEqual(ledger.grant('a', pool, spendable(), 2, 10, true), { kind: 'grant', micros: 0 });
+  assert.deepEqual(ledger.grant('a', pool, spendable(), 2, { micros: 10 }, true), { kind: 'grant', micros: 0, exhausted: true });
 });
 
 test('control plane: the next day is a new pool: what is leased or owed in the last day does not count against it', async () => {
@@ -106,12 +106,12 @@ test('control plane: the next day is a new pool: what is leased or owed in the l
   const { pools, ledger, q } = control(now);
   const today = keyPoolId('key_l', periodStartMs('daily', WED));
   await pools.load(q, [today]);
-  ledger.grant('a', today, pools.spendableFromMemory([today])!.get(today)!, 1, 1000);
+  ledger.grant('a', today, pools.spendableFromMemory([today])!.get(today)!, 1, { micros: 1000 });
   assert.equal(ledger.outstandingFor(today), 1000, 'spent on node a, not reported yet');
   now.ms = WED + DAY;
   const tomorrow = keyPoolId('key_l', periodStartMs('daily', now.ms));
   assert.equal(pools.spendableFromMemory([tomorrow])!.get(tomorrow), 1000);
-  assert.deepEqual(ledger.grant('b', tomorrow, 1000, 2, 10), { kind: 'grant', micros: 1000 });
+  assert.deepEqual(ledger.grant('b', tomorrow, 1000, 2, { micros: 10 }), { kind: 'grant', micros: 1000, exhausted: false });
   // The last day's late report counts in that day, not in this one.
   pools.charge(ledger, 'a', 1, [{ keyId: 'key_l', projectId: 'proj_a', orgId: 'org', minute: Math.floor(WED / 60_000), costMicros: 1000, leaseEpoch: 1 }]);
   assert.equal(ledger.balanceOf('a', today), 0);
@@ -205,10 +205,10 @@ test('ledger: money a node spent past its slice and did not report yet is not le
   // the overspend a second time, and a sequential stream passed a limit by two requests.
   const ledger = new MoneyLeaseLedger();
   const pool = keyPoolId('key_l', 0);
-  assert.deepEqual(ledger.grant('a', pool, 1000, 1, 1000), { kind: 'grant', micros: 1000 });
+  assert.deepEqual(ledger.grant('a', pool, 1000, 1, { micros: 1000 }), { kind: 'grant', micros: 1000, exhausted: false });
   // The node spent 1400 of it (400 past its slice), none reported yet: nothing is left.
-  assert.deepEqual(ledger.grant('a', pool, 1000, 1, 400, true, 400), { kind: 'grant', micros: 0 });
+  assert.deepEqual(ledger.grant('a', pool, 1000, 1, { micros: 400, debtMicros: 400 }, true), { kind: 'grant', micros: 0, exhausted: true });
   // Reported: the debt is in the spend now (600 spendable after a new credit, say) and is not counted twice.
   ledger.consume('a', pool, 1400);
-  assert.deepEqual(ledger.grant('a', pool, 600, 1, 400, true, 400), { kind: 'grant', micros: 600 });
+  assert.deepEqual(ledger.grant('a', pool, 600, 1, { micros: 400, debtMicros: 400 }, true), { kind: 'grant', micros: 600, exhausted: false });
 });

@@ -600,6 +600,11 @@ export interface KeyLeaseReturn {
 export interface OrgLeaseReturn {
   orgId: string;
   micros: number;
+  /**
+   * How far below zero the slice is after the return (as OrgLeaseWant.debt_micros): a node answering
+   * a reclaim says what it owes now, so the control plane does not count a debt it has settled.
+   */
+  debtMicros?: number | undefined;
 }
 
 export interface KeyLeaseWant {
@@ -635,7 +640,31 @@ export interface OrgLeaseWant {
    * How far below zero the node's slice is (requests settled or in flight past what it was granted):
    * money spent that the control plane may not have seen reported yet, so it is not leased again.
    */
-  debtMicros?: number | undefined;
+  debtMicros?:
+    | number
+    | undefined;
+  /**
+   * Asked ahead of need (the slice is getting low, no request waits for it): only money nobody holds
+   * is granted; it never makes the control plane reclaim from other nodes and is never answered
+   * "exhausted" (docs/money-limits.md#exact-across-nodes).
+   */
+  ahead?:
+    | boolean
+    | undefined;
+  /**
+   * A request waits for this much more (its estimate past what the slice holds). When less than this
+   * is free, the other nodes' unused money is reclaimed first; what is left after that is granted
+   * with "exhausted". Absent: 1 (reclaim only when nothing is free).
+   */
+  needMicros?:
+    | number
+    | undefined;
+  /**
+   * What the slice holds when asked, if positive. When the pool is found spent past its limit (a
+   * request cost more than its estimate), up to this much is taken back in the answer (a negative
+   * OrgLease.micros with "exhausted"), so the node does not spend money that is not there.
+   */
+  heldMicros?: number | undefined;
 }
 
 export interface LeaseGrant {
@@ -689,9 +718,15 @@ export interface KeyLease {
 
 export interface OrgLease {
   orgId: string;
-  /** Money the node may spend for this organisation, added to what it holds. */
+  /**
+   * Money the node may spend for this organisation, added to what it holds (negative: taken back
+   * from what it held, see OrgLeaseWant.held_micros).
+   */
   micros: number;
-  /** True when the organisation has nothing left to lease. */
+  /**
+   * True when the pool has nothing left to lease beyond `micros`: the node holds the last of it (a
+   * request may still spend it, and pass the limit by at most what is in flight).
+   */
   exhausted: boolean;
 }
 
@@ -7087,7 +7122,7 @@ export const KeyLeaseReturn: MessageFns<KeyLeaseReturn> = {
 };
 
 function createBaseOrgLeaseReturn(): OrgLeaseReturn {
-  return { orgId: "", micros: 0 };
+  return { orgId: "", micros: 0, debtMicros: undefined };
 }
 
 export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
@@ -7097,6 +7132,9 @@ export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
     }
     if (message.micros !== 0) {
       writer.uint32(16).int64(message.micros);
+    }
+    if (message.debtMicros !== undefined) {
+      writer.uint32(7200).int64(message.debtMicros);
     }
     return writer;
   },
@@ -7130,6 +7168,14 @@ export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
             message.micros = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.debtMicros = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7150,6 +7196,11 @@ export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
         ? globalThis.String(object.org_id)
         : "",
       micros: isSet(object.micros) ? globalThis.Number(object.micros) : 0,
+      debtMicros: isSet(object.debtMicros)
+        ? globalThis.Number(object.debtMicros)
+        : isSet(object.debt_micros)
+        ? globalThis.Number(object.debt_micros)
+        : undefined,
     };
   },
 
@@ -7161,6 +7212,9 @@ export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
     if (message.micros !== 0) {
       obj.micros = Math.round(message.micros);
     }
+    if (message.debtMicros !== undefined) {
+      obj.debtMicros = Math.round(message.debtMicros);
+    }
     return obj;
   },
 
@@ -7171,6 +7225,7 @@ export const OrgLeaseReturn: MessageFns<OrgLeaseReturn> = {
     const message = createBaseOrgLeaseReturn();
     message.orgId = object.orgId ?? "";
     message.micros = object.micros ?? 0;
+    message.debtMicros = object.debtMicros ?? undefined;
     return message;
   },
 };
@@ -7386,7 +7441,14 @@ export const KeyLeaseWant: MessageFns<KeyLeaseWant> = {
 };
 
 function createBaseOrgLeaseWant(): OrgLeaseWant {
-  return { orgId: "", micros: 0, debtMicros: undefined };
+  return {
+    orgId: "",
+    micros: 0,
+    debtMicros: undefined,
+    ahead: undefined,
+    needMicros: undefined,
+    heldMicros: undefined,
+  };
 }
 
 export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
@@ -7399,6 +7461,15 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     }
     if (message.debtMicros !== undefined) {
       writer.uint32(7200).int64(message.debtMicros);
+    }
+    if (message.ahead !== undefined) {
+      writer.uint32(7208).bool(message.ahead);
+    }
+    if (message.needMicros !== undefined) {
+      writer.uint32(7216).int64(message.needMicros);
+    }
+    if (message.heldMicros !== undefined) {
+      writer.uint32(7224).int64(message.heldMicros);
     }
     return writer;
   },
@@ -7440,6 +7511,30 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
             message.debtMicros = longToNumber(reader.int64());
             continue;
           }
+          case 901: {
+            if (tag !== 7208) {
+              break;
+            }
+
+            message.ahead = reader.bool();
+            continue;
+          }
+          case 902: {
+            if (tag !== 7216) {
+              break;
+            }
+
+            message.needMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 903: {
+            if (tag !== 7224) {
+              break;
+            }
+
+            message.heldMicros = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7465,6 +7560,17 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
         : isSet(object.debt_micros)
         ? globalThis.Number(object.debt_micros)
         : undefined,
+      ahead: isSet(object.ahead) ? globalThis.Boolean(object.ahead) : undefined,
+      needMicros: isSet(object.needMicros)
+        ? globalThis.Number(object.needMicros)
+        : isSet(object.need_micros)
+        ? globalThis.Number(object.need_micros)
+        : undefined,
+      heldMicros: isSet(object.heldMicros)
+        ? globalThis.Number(object.heldMicros)
+        : isSet(object.held_micros)
+        ? globalThis.Number(object.held_micros)
+        : undefined,
     };
   },
 
@@ -7479,6 +7585,15 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     if (message.debtMicros !== undefined) {
       obj.debtMicros = Math.round(message.debtMicros);
     }
+    if (message.ahead !== undefined) {
+      obj.ahead = message.ahead;
+    }
+    if (message.needMicros !== undefined) {
+      obj.needMicros = Math.round(message.needMicros);
+    }
+    if (message.heldMicros !== undefined) {
+      obj.heldMicros = Math.round(message.heldMicros);
+    }
     return obj;
   },
 
@@ -7490,6 +7605,9 @@ export const OrgLeaseWant: MessageFns<OrgLeaseWant> = {
     message.orgId = object.orgId ?? "";
     message.micros = object.micros ?? 0;
     message.debtMicros = object.debtMicros ?? undefined;
+    message.ahead = object.ahead ?? undefined;
+    message.needMicros = object.needMicros ?? undefined;
+    message.heldMicros = object.heldMicros ?? undefined;
     return message;
   },
 };
