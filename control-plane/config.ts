@@ -8,6 +8,7 @@ import { dirname, join, resolve } from 'node:path';
 import { checkPepper, generateToken } from '../proto/lib/keys.js';
 import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
+import { PART_ENTRIES } from '../proto/lib/snapshot-parts.js';
 import { parse as parseYaml } from 'yaml';
 import { DEMO_CONFIG_PATH, parseGatewayConfig, readSecretFromDir, type LoadedGatewayConfig } from './gateway-config.js';
 
@@ -35,12 +36,14 @@ export interface ControlPlaneConfig {
   logRetentionDays: number;
   /** `--audit-retention-days` (default 365): older audit entries are deleted. */
   auditRetentionDays: number;
+  /** `--snapshot-part-entries` (default 10,000): keys and tombstones per message of a snapshot in parts. */
+  snapshotPartEntries: number;
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = ['db', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
+const FLAGS = ['db', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -130,8 +133,12 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   const rawAuditRetention = flags['audit-retention-days'] ?? '365';
   if (!/^\d{1,5}$/.test(rawAuditRetention) || Number(rawAuditRetention) < 1) throw new ConfigError(`--audit-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawAuditRetention)}`);
 
+  const rawPart = flags['snapshot-part-entries'] ?? String(PART_ENTRIES);
+  if (!/^\d{1,9}$/.test(rawPart) || Number(rawPart) < 1) throw new ConfigError(`--snapshot-part-entries must be a whole number, at least 1, got ${JSON.stringify(rawPart)}`);
+
   return Object.freeze({
     auditRetentionDays: Number(rawAuditRetention),
+    snapshotPartEntries: Number(rawPart),
     dbPath,
     logsDbPath,
     logRetentionDays: Number(rawRetention),

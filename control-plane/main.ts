@@ -43,6 +43,7 @@ async function main(): Promise<void> {
     pepperCheck: pepperCheck(cfg.pepper),
     log,
     storedResponses,
+    snapshotPartEntries: cfg.snapshotPartEntries,
     onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
   });
   // Project caps' and key limits' 80 % and 100 % thresholds, once per period (docs/money-limits.md).

@@ -5,6 +5,7 @@
 import type { ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { ControlMessage, Delta, NodeMessage, Report, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
 import { countOutbound } from './sync-traffic.js';
+import { splitSnapshot } from '../../proto/lib/snapshot-parts.js';
 
 const MAX_QUEUED = 1000;
 
@@ -20,6 +21,8 @@ export interface AckWaiter {
 export interface SessionHost {
   /** The store's current snapshot (for a node too far behind, or out of step). */
   snapshot(): Snapshot;
+  /** Keys and tombstones per message of a snapshot in parts (proto/lib/snapshot-parts.ts). */
+  snapshotPartEntries: number;
   /** Ends the session (its stream broke). */
   drop(s: NodeSession): void;
 }
@@ -63,6 +66,8 @@ export class NodeSession {
   lastReportAt = '';
   /** Usage the node holds unacknowledged, as its last NodeStatus said; null before it said. */
   journalDepth: number | null = null;
+  /** The node takes a large snapshot in parts (Hello.snapshot_parts). */
+  snapshotParts = false;
 
   constructor(
     readonly call: Call,
@@ -104,12 +109,26 @@ export class NodeSession {
     if (this.closed) return;
     this.queue.push(item);
     if (this.queue.length > MAX_QUEUED) {
-      // Too far behind: replace every queued delta by one fresh snapshot taken when it is written.
-      const keep = this.queue.filter((q): q is ControlMessage => q !== 'snapshot' && !q.delta);
+      // Too far behind: replace every queued delta (and what is left of a snapshot in parts) by one
+      // fresh snapshot taken when it is written.
+      const keep = this.queue.filter((q): q is ControlMessage => q !== 'snapshot' && !q.delta && !q.snapshot);
       this.queue.length = 0;
       this.queue.push('snapshot', ...keep);
     }
     this.pump();
+  }
+
+  /**
+   * The store's snapshot as the next message; a large one to a node that takes parts is split, and
+   * its other parts go first in the queue (each written as the stream drains, encoded one at a time).
+   */
+  private snapshotMessage(): ControlMessage {
+    const snapshot = this.host.snapshot();
+    this.lastSentVersion = snapshot.version;
+    if (!this.snapshotParts) return { snapshot };
+    const [first, ...rest] = splitSnapshot(snapshot, this.host.snapshotPartEntries);
+    this.queue.unshift(...rest.map((part) => ({ snapshot: part })));
+    return { snapshot: first };
   }
 
   private pump(): void {
@@ -118,17 +137,13 @@ export class NodeSession {
       const item = this.queue.shift()!;
       let msg: ControlMessage;
       if (item === 'snapshot') {
-        const snapshot = this.host.snapshot();
-        this.lastSentVersion = snapshot.version;
-        msg = { snapshot };
+        msg = this.snapshotMessage();
       } else if (item.delta) {
         const d: Delta = item.delta;
         if (d.toVersion <= this.lastSentVersion) continue;
         if (d.fromVersion !== this.lastSentVersion) {
           // Cannot happen with in-order queueing; a snapshot is the safe answer if it ever does.
-          const snapshot = this.host.snapshot();
-          this.lastSentVersion = snapshot.version;
-          msg = { snapshot };
+          msg = this.snapshotMessage();
         } else {
           this.lastSentVersion = d.toVersion;
           msg = item;

@@ -17,6 +17,7 @@ import type { MoneyPools } from './money-pools.js';
 import { ReportQueue } from './report-queue.js';
 import { queryUsageHandler } from './usage-query.js';
 import { countInbound } from './sync-traffic.js';
+import { PART_ENTRIES } from '../../proto/lib/snapshot-parts.js';
 
 /** A node left alone holds whole key budgets at once only if no other node was connected this long. */
 const LONE_QUIET_MS = 90_000;
@@ -31,6 +32,8 @@ export interface SyncServiceOptions {
   onNodeDisconnected?: (node: { id: string; address: string; connectedAt: string; lastSeenAt: string }) => void;
   /** Stored responses of the Responses API, sent to every node (stored-responses.ts). */
   storedResponses?: StoredResponsesFanout;
+  /** Keys and tombstones per message of a snapshot sent in parts (default PART_ENTRIES). */
+  snapshotPartEntries?: number;
 }
 
 export class SyncService implements NodeFleet {
@@ -53,7 +56,7 @@ export class SyncService implements NodeFleet {
     this.log = opts.log ?? ((l) => console.log(l));
     this.leases = new LeaseService(state, this.sessions, this.log);
     this.reportQueue = new ReportQueue(ingest, this.sessions, this.leases.moneyLeases, this.leases.moneyPools, this.log);
-    this.sessionHost = { snapshot: () => this.state.snapshots.snapshot(), drop: (s) => this.drop(s) };
+    this.sessionHost = { snapshot: () => this.state.snapshots.snapshot(), snapshotPartEntries: opts.snapshotPartEntries ?? PART_ENTRIES, drop: (s) => this.drop(s) };
   }
 
   /** Projects' caps and keys' own limits (docs/money-limits.md), kept by the lease service. */
@@ -176,6 +179,7 @@ export class SyncService implements NodeFleet {
     }
     const now = this.state.nowIso();
     const s = new NodeSession(call, nodeId, hello.instanceId, hello.listenAddress, now, this.sessionHost);
+    s.snapshotParts = hello.snapshotParts === true;
     const store = this.state.snapshots;
     // Catch-up and subscription in one synchronous step: no version can slip in between.
     const first = store.catchUp(hello.haveVersion);

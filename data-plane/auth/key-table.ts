@@ -4,8 +4,6 @@
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
 import { IpRangeSet } from '../../proto/lib/ip.js';
 import { createHmac } from 'node:crypto';
-import { BinaryReader } from '@bufbuild/protobuf/wire';
-import { ControlMessage, GatewayConfig as GatewayConfigCodec, KeyEntry as KeyEntryCodec, KeyTombstone as KeyTombstoneCodec, OrgEntry as OrgEntryCodec, ProjectCaps as ProjectCapsCodec } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, ProjectEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { limitResetOf, type LimitReset } from '../../proto/lib/money-pools.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
@@ -333,59 +331,11 @@ export class GatewayState {
   }
 }
 
-/** States built while their snapshot was decoded (decodeControlMessage), by the snapshot they stand for. */
-const prebuilt = new WeakMap<Snapshot, GatewayState>();
-
 /**
- * The sync stream's deserializer: a ControlMessage, except that a snapshot's keys and tombstones go
- * straight into a packed GatewayState as they are read, one short-lived KeyEntry at a time, instead of
- * an array of a million objects that would all live (and grow the heap) until the snapshot is applied.
- * The Snapshot returned has empty `keys` and `tombstones`; StateHolder.applySnapshot takes the state built.
+ * States built while their snapshot was decoded (snapshot-decoder.ts), by the snapshot they stand
+ * for: StateHolder.applySnapshot takes the state built instead of building one from the snapshot.
  */
-export function decodeControlMessage(buf: Uint8Array): ControlMessage {
-  const reader = new BinaryReader(buf);
-  // ControlMessage is a oneof; a snapshot is field 1 alone.
-  if (buf.length === 0 || reader.uint32() !== 10) return ControlMessage.decode(buf);
-  const length = reader.uint32();
-  const end = reader.pos + length;
-  if (end !== buf.length) return ControlMessage.decode(buf);
-  // One cheap pass to size the table exactly, then the real one.
-  let entries = 0;
-  while (reader.pos < end) {
-    const tag = reader.uint32();
-    if (tag === 26 || tag === 42) entries++;
-    reader.skip(tag & 7);
-  }
-  reader.pos = end - length;
-  const state = new GatewayState(undefined, entries);
-  const snapshot: Snapshot = { version: 0, config: undefined, keys: [], orgs: [], tombstones: [], projectCaps: { projects: [] } };
-  const tombstones: KeyTombstone[] = [];
-  while (reader.pos < end) {
-    const tag = reader.uint32();
-    if (tag === 8) snapshot.version = Number(reader.int64());
-    else if (tag === 18) snapshot.config = GatewayConfigCodec.decode(reader, reader.uint32());
-    else if (tag === 26) state.upsertKey(KeyEntryCodec.decode(reader, reader.uint32()));
-    else if (tag === 34) {
-      const o = OrgEntryCodec.decode(reader, reader.uint32());
-      snapshot.orgs.push(o);
-      state.upsertOrg(o);
-    } else if (tag === 42) tombstones.push(KeyTombstoneCodec.decode(reader, reader.uint32()));
-    else if (tag === 7202) {
-      // project_caps (field 900): projects with a spend cap.
-      const caps = ProjectCapsCodec.decode(reader, reader.uint32());
-      for (const p of caps.projects) state.upsertProject(p);
-      snapshot.projectCaps!.projects.push(...caps.projects);
-    } else reader.skip(tag & 7);
-  }
-  // As fromSnapshot: tombstones after every key (a tombstone never hides a live key).
-  for (const t of tombstones) state.addTombstone(t);
-  state.version = snapshot.version;
-  state.view = buildConfigView(snapshot.config);
-  prebuilt.set(snapshot, state);
-  const msg = ControlMessage.decode(new Uint8Array(0));
-  msg.snapshot = snapshot;
-  return msg;
-}
+export const prebuilt = new WeakMap<Snapshot, GatewayState>();
 
 /** Holds the current state; a snapshot swaps the reference. */
 export class StateHolder {

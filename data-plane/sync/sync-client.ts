@@ -7,7 +7,8 @@ import { projectPoolPrefix } from '../../proto/lib/money-pools.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 import { SyncServiceClient, SyncServiceService, type ControlMessage, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
-import { decodeControlMessage, type StateHolder } from '../auth/key-table.js';
+import type { StateHolder } from '../auth/key-table.js';
+import { SnapshotDecoder } from '../auth/snapshot-decoder.js';
 import type { OpenStreams } from '../auth/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
 import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
@@ -87,8 +88,9 @@ export class SyncClient {
       'grpc.keepalive_timeout_ms': 5_000,
       'grpc.initial_reconnect_backoff_ms': 100,
       'grpc.max_reconnect_backoff_ms': 1_000,
-      // A snapshot is one message: about 132 bytes per key, so 1,000,000 keys is ~130 MiB. The
-      // default (4 MiB) refused snapshots of ~30,000 keys and more. As large as the control plane sends.
+      // A snapshot comes in parts of about 1.3 MB (Hello.snapshot_parts), but a control plane of an
+      // earlier version sends it whole: about 132 bytes per key, so 1,000,000 keys is ~130 MiB (the
+      // default, 4 MiB, refused snapshots of ~30,000 keys and more). As large as a control plane sends.
       'grpc.max_receive_message_length': 256 * 1024 * 1024,
     });
     this.disconnectedSince = opts.now();
@@ -145,9 +147,10 @@ export class SyncClient {
     if (this.stopped) return;
     const md = new Metadata();
     md.set('authorization', `Bearer ${this.opts.nodeToken}`);
-    // The generated client's Connect, with a deserializer that packs a snapshot's keys as it reads them.
+    // The generated client's Connect, with a deserializer that packs a snapshot's keys as it reads
+    // them and assembles a snapshot sent in parts (one decoder per stream: a broken stream's parts go with it).
     const method = SyncServiceService.connect;
-    const call = this.client.makeBidiStreamRequest(method.path, method.requestSerialize, decodeControlMessage, md);
+    const call = this.client.makeBidiStreamRequest(method.path, method.requestSerialize, new SnapshotDecoder().decode, md);
     this.call = call;
     this.awaitingSnapshot = false;
     this.catchUpVersion = -1;
@@ -186,6 +189,7 @@ export class SyncClient {
         haveVersion: this.opts.holder.ready ? this.opts.holder.current.version : 0,
         listenAddress: this.opts.listenAddress,
         storedResponsesSeq: this.storedResponsesSeq,
+        snapshotParts: true,
       },
     });
     this.sendStatus();

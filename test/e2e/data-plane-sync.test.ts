@@ -94,3 +94,26 @@ test('start-up settings are checked: a short pepper fails with one line', async 
   await node.waitFor(/key pepper too short/);
   assert.equal(await exitCode(node), 2);
 });
+
+test('a snapshot in parts (--snapshot-part-entries 3): a node started after keys were made and one revoked serves each as the whole snapshot would', async () => {
+  const cp = await startControlPlane({ extraArgs: ['--snapshot-part-entries', '3'], adminListen: true });
+  const c = consoleClient(cp.address, cp.secrets.operatorToken);
+  const keys = [];
+  for (let i = 0; i < 8; i++) keys.push(await createKey(c));
+  const gone = keys.pop()!;
+  await c.revokeKey({ keyId: gone.keyId });
+  // 7 keys and a tombstone: three parts of at most three.
+  const dp = await startDataPlane(cp, { nodeId: 'parts-node' });
+  for (const k of keys) await waitUntilKnown(dp.url, k.key);
+  for (const k of keys) assert.equal(await chatStatus(dp.url, k.key), 200);
+  // It came as three messages (the control plane's count of what it sent).
+  const metrics = await (await fetch(`${cp.adminUrl}/metrics`)).text();
+  assert.match(metrics, /tollgate_cp_sync_messages_total\{direction="out",kind="snapshot"\} 3\b/);
+  const refused = await request(`${dp.url}/v1/chat/completions`, { method: 'POST', json: chatBody(), headers: bearer(gone.key) });
+  assert.equal(refused.status, 401);
+  // A key made after the snapshot arrives as a delta on top of it.
+  const later = await createKey(c);
+  await waitUntilKnown(dp.url, later.key);
+  assert.equal(await chatStatus(dp.url, later.key), 200);
+  c.close();
+});

@@ -16,10 +16,13 @@ test('process flags: bad values name the setting', () => {
     [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0'], { ...env, TOLLGATE_PEPPER: 'short' }, /key pepper too short/],
     [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0'], { ...env, TOLLGATE_PEPPER: '' }, /no key pepper/],
     [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--config', '/nonexistent.yaml'], env, /--config: .* does not exist/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--snapshot-part-entries', '0'], env, /--snapshot-part-entries must be a whole number, at least 1, got "0"/],
+    [['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--snapshot-part-entries', '1e4'], env, /--snapshot-part-entries must be a whole number/],
   ];
   for (const [argv, e, want] of cases) assert.throws(() => loadControlPlaneConfig(argv, e), want, argv.join(' '));
   const ok = loadControlPlaneConfig(['--db', '/tmp/tollgate-cfg-test/x.db', '--listen', '127.0.0.1:0', '--revoke-ack-timeout-ms', '250'], env);
   assert.equal(ok.revokeAckTimeoutMs, 250);
+  assert.equal(ok.snapshotPartEntries, 10_000, 'a snapshot in parts of 10,000 keys by default');
   assert.equal(ok.configPath, DEMO_CONFIG_PATH);
   assert.equal(ok.pepper.toString(), 'p'.repeat(32));
 });

@@ -37,13 +37,13 @@ async function setUp(t: { after(fn: () => unknown): void }, orgs: number) {
 }
 
 /** A node's session as the lease service sees it: what it is sent is kept. */
-function fakeSession(sessions: Set<NodeSession>): { s: NodeSession; slices: Promise<ControlMessage> } {
+function fakeSession(sessions: Set<NodeSession>, connId = 'inst#1'): { s: NodeSession; slices: Promise<ControlMessage> } {
   let answered!: (m: ControlMessage) => void;
   const slices = new Promise<ControlMessage>((resolve) => (answered = resolve));
   const enqueue = (m: ControlMessage) => {
     if (m.leaseGrant?.orgSlices) answered(m);
   };
-  const s = { connId: 'inst#1', nodeId: 'node-a', closed: false, leaving: false, leaseEpoch: 0, mayHoldWhole: false, reclaims: new Map(), enqueue } as unknown as NodeSession;
+  const s = { connId, nodeId: `node-${connId}`, closed: false, leaving: false, leaseEpoch: 0, mayHoldWhole: false, reclaims: new Map(), enqueue } as unknown as NodeSession;
   sessions.add(s);
   return { s, slices };
 }
@@ -54,8 +54,8 @@ async function orgSlices(t: { after(fn: () => unknown): void }, orgs: number): P
   const before = db.statementsIssued;
   service.onLeaseRequest(s, LeaseRequest.fromPartial({ wantOrgSlices: true, leaseEpoch: 1 }));
   const answer = await slices;
-  // A lone node is given all that is leasable: each organisation's whole grant.
-  for (const o of answer.leaseGrant!.orgs) assert.equal(o.micros, 5_000_000, o.orgId);
+  // A share for two nodes even for a lone node: a quarter of each organisation's grant.
+  for (const o of answer.leaseGrant!.orgs) assert.equal(o.micros, 1_250_000, o.orgId);
   return { statements: db.statementsIssued - before, slices: answer.leaseGrant!.orgs.length };
 }
 
@@ -65,4 +65,19 @@ test('bulk money slices read every organisation with one statement: as many for 
   assert.equal(one.slices, 1);
   assert.equal(many.slices, 500);
   assert.equal(many.statements, one.statements, `1 organisation: ${one.statements} statements; 500: ${many.statements}`);
+});
+
+test('bulk money slices: a node that connects after another still gets a slice of every organisation', async (t) => {
+  // Before, the first node, alone for a moment, was given everything: the next node's bulk slices were
+  // empty, and each organisation's first request on it waited for a reclaim (issue 19).
+  const { service, sessions } = await setUp(t, 3);
+  const first = fakeSession(sessions, 'inst-a#1');
+  service.onLeaseRequest(first.s, LeaseRequest.fromPartial({ wantOrgSlices: true, leaseEpoch: 1 }));
+  await first.slices;
+  const second = fakeSession(sessions, 'inst-b#2');
+  service.onLeaseRequest(second.s, LeaseRequest.fromPartial({ wantOrgSlices: true, leaseEpoch: 1 }));
+  const answer = await second.slices;
+  assert.equal(answer.leaseGrant!.orgs.length, 3);
+  // What the first left (3.75 USD), shared for two nodes: 0.9375 each.
+  for (const o of answer.leaseGrant!.orgs) assert.equal(o.micros, 937_500, o.orgId);
 });

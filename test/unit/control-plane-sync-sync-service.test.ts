@@ -5,7 +5,8 @@
 // - the versions a node holds only go up (a snapshot never takes it back);
 // - nothing is written while the stream pushed back (write returned false) until 'drain', nor after
 //   the stream ended;
-// - caught_up never names a version the node does not hold yet.
+// - caught_up never names a version the node does not hold yet;
+// - the parts of a snapshot in parts come in order, each of a bounded size, to a node that asked for parts.
 // At the end of each test, the node's copy (snapshot plus deltas applied) equals the store's state.
 // Leases and report ingest are not covered here.
 import assert from 'node:assert/strict';
@@ -44,6 +45,10 @@ class FakeStream extends EventEmitter {
   held: Held | undefined;
   /** The version the node said it holds in Hello (a delta may start there). */
   private helloVersion: number | undefined;
+  /** The node takes snapshots in parts (Hello.snapshot_parts) of at most this many entries (0: whole). */
+  private partEntries = 0;
+  /** A snapshot in parts being received: what its parts so far carried. */
+  private assembling: { version: number; next: number; count: number; keys: KeyEntry[] } | null = null;
   /** write() returns false from now on, until unblock() (which emits 'drain'). */
   private blocked = false;
   private mustWaitForDrain = false;
@@ -67,7 +72,9 @@ class FakeStream extends EventEmitter {
   write(msg: ControlMessage): boolean {
     if (this.ended) this.violate(`write after end: ${JSON.stringify(Object.keys(msg))}`);
     if (this.mustWaitForDrain) this.violate('write after write() returned false and before drain');
-    if (msg.snapshot) this.applySnapshot(msg.snapshot);
+    if (this.assembling && !msg.snapshot?.part) this.violate(`${Object.keys(msg).join()} between the parts of a snapshot`);
+    if (msg.snapshot?.part) this.applyPart(msg.snapshot);
+    else if (msg.snapshot) this.applySnapshot(msg.snapshot);
     else if (msg.delta) {
       const d = msg.delta;
       const holds = this.held?.version ?? this.helloVersion;
@@ -90,6 +97,21 @@ class FakeStream extends EventEmitter {
     return true;
   }
 
+  private applyPart(s: Snapshot): void {
+    const p = s.part!;
+    if (this.partEntries === 0) this.violate('a snapshot in parts to a node that did not ask for parts');
+    if (s.keys.length + s.tombstones.length > this.partEntries) this.violate(`a part of ${s.keys.length + s.tombstones.length} entries`);
+    if (p.index === 0) this.assembling = { version: s.version, next: 0, count: p.count, keys: [] };
+    const a = this.assembling;
+    if (!a || p.index !== a.next || p.count !== a.count || s.version !== a.version) this.violate(`part ${p.index} of ${p.count} out of order`);
+    a.keys.push(...s.keys);
+    a.next++;
+    if (a.next === a.count) {
+      this.assembling = null;
+      this.applySnapshot({ ...s, keys: a.keys, part: undefined });
+    }
+  }
+
   private applySnapshot(s: Snapshot): void {
     const holds = this.held?.version ?? this.helloVersion ?? 0;
     if (s.version < holds) this.violate(`snapshot at ${s.version} takes a node that holds ${holds} back`);
@@ -102,9 +124,10 @@ class FakeStream extends EventEmitter {
     this.held = { version, keys: new Map(keys.map((k) => [k.keyHash, k])) };
   }
 
-  hello(haveVersion = this.held?.version ?? 0, nodeId = 'node-a'): void {
+  hello(haveVersion = this.held?.version ?? 0, nodeId = 'node-a', partEntries = 0): void {
     this.helloVersion = haveVersion > 0 ? haveVersion : undefined;
-    this.send({ hello: { nodeId, instanceId: `inst-${nodeId}`, pepperCheck: pepperCheck(PEPPER), haveVersion, listenAddress: '127.0.0.1:1' } });
+    this.partEntries = partEntries;
+    this.send({ hello: { nodeId, instanceId: `inst-${nodeId}`, pepperCheck: pepperCheck(PEPPER), haveVersion, listenAddress: '127.0.0.1:1', snapshotParts: partEntries > 0 } });
   }
 
   send(msg: NodeMessage): void {
@@ -174,7 +197,7 @@ function applyChange(keys: Map<string, KeyEntry>, c: Change): void {
   else if (c.keyRemoved !== undefined) keys.delete(c.keyRemoved);
 }
 
-function setup(opts: { version?: number; maxRetained?: number } = {}) {
+function setup(opts: { version?: number; maxRetained?: number; partEntries?: number } = {}) {
   const store = new SnapshotStore({ version: 0, config: GatewayConfig.fromPartial({ serviceName: 'tollgate' }), keys: [], orgs: [], maxRetained: opts.maxRetained ?? 100 });
   let version = 0;
   const apply = (change: Change = { keyUpsert: key(`k${version + 1}`) }) => store.apply(++version, change);
@@ -184,7 +207,7 @@ function setup(opts: { version?: number; maxRetained?: number } = {}) {
   // them (logged, as a failed write is), which the protocol does not depend on.
   const db = {} as ControlState['db'];
   const state = { snapshots: store, db, now: () => 1_700_000_000_000, nowIso: () => new Date(1_700_000_000_000).toISOString() } as unknown as ControlState;
-  const sync = new SyncService(state, {} as ReportIngest, { nodeToken: NODE_TOKEN, pepperCheck: pepperCheck(PEPPER), log: (l) => logs.push(l) });
+  const sync = new SyncService(state, {} as ReportIngest, { nodeToken: NODE_TOKEN, pepperCheck: pepperCheck(PEPPER), log: (l) => logs.push(l), snapshotPartEntries: opts.partEntries });
   const connect = (stream: FakeStream) => sync.handlers().connect(stream as never);
   return { store, apply, sync, connect, logs, version: () => version };
 }
@@ -371,4 +394,44 @@ test('the fake stream itself refuses what the protocol forbids (so the tests abo
   s.write({ delta: { fromVersion: 3, toVersion: 4, changes: [{ keyUpsert: key('b') }] } });
   assert.throws(() => s.write({ delta: { fromVersion: 4, toVersion: 5, changes: [{ keyUpsert: key('c') }] } }), /before drain/);
   assert.equal(s.violations.length, 5);
+});
+
+test('a node that asks for parts gets a large snapshot in parts, in order, then caught_up; a node that does not gets it whole', () => {
+  const { store, apply, connect } = setup({ version: 23, partEntries: 5 });
+  const parts = new FakeStream();
+  connect(parts);
+  parts.hello(0, 'node-a', 5);
+  const snaps = parts.sent.filter((m) => m.snapshot);
+  assert.deepEqual(snaps.map((m) => m.snapshot!.part?.index), [0, 1, 2, 3, 4], '23 keys in parts of 5');
+  assert.ok(parts.kinds().lastIndexOf('snapshot') < parts.kinds().indexOf('caughtUp'), 'caught_up after the last part');
+  apply();
+  assert.deepEqual(parts.versions().slice(-1), ['delta 23→24']);
+  parts.check(store);
+  const whole = new FakeStream();
+  connect(whole);
+  whole.hello(0, 'node-b');
+  assert.deepEqual(whole.versions(), ['snapshot@24']);
+  assert.equal(whole.sent.find((m) => m.snapshot)!.snapshot!.part, undefined);
+  whole.check(store);
+});
+
+test('the parts of a snapshot wait for drain like any message; a backlog while they wait becomes one fresh snapshot in parts', () => {
+  const { store, apply, connect } = setup({ version: 12, partEntries: 4, maxRetained: 5000 });
+  const s = new FakeStream();
+  s.block();
+  connect(s);
+  s.hello(0, 'node-a', 4);
+  assert.equal(s.sent.length, 1, 'one part written, then the stream pushed back');
+  s.unblock();
+  assert.deepEqual(s.sent.filter((m) => m.snapshot).map((m) => m.snapshot!.part?.index), [0, 1, 2]);
+  // Pushed back in the middle of a new snapshot's parts, with a backlog past the queue's bound.
+  s.block();
+  s.send({ resync: { haveVersion: 12, reason: 'test' } });
+  const mark = s.sent.length;
+  for (let i = 0; i < 1500; i++) apply();
+  s.unblock();
+  const after = s.sent.slice(mark).filter((m) => m.snapshot || m.delta);
+  assert.ok(after.every((m) => m.snapshot), 'no delta: the backlog became a snapshot');
+  assert.equal(after.at(-1)!.snapshot!.version, store.version);
+  s.check(store);
 });

@@ -6,7 +6,8 @@ import { test } from 'node:test';
 import fc from 'fast-check';
 import { hashKey } from '../../proto/lib/keys.js';
 import { ControlMessage, type KeyEntry, type KeyTombstone } from '../../proto/gen/tollgate/v1/sync.js';
-import { decodeControlMessage, GatewayState, StateHolder } from '../../data-plane/auth/key-table.js';
+import { GatewayState, StateHolder } from '../../data-plane/auth/key-table.js';
+import { decodeControlMessage } from '../../data-plane/auth/snapshot-decoder.js';
 
 const pepper = Buffer.alloc(32, 3);
 const VALUES = Array.from({ length: 48 }, (_, i) => `sk-tollgate-prop${i}`);

@@ -135,7 +135,14 @@ export interface Hello {
    * The highest StoredResponse.seq the node holds from the control plane (0: none): it is sent
    * the records after it.
    */
-  storedResponsesSeq?: number | undefined;
+  storedResponsesSeq?:
+    | number
+    | undefined;
+  /**
+   * The node takes a large snapshot in parts (Snapshot.part): a control plane sends it so to such a
+   * node only, and whole to one that does not say this.
+   */
+  snapshotParts?: boolean | undefined;
 }
 
 export interface Ack {
@@ -155,7 +162,23 @@ export interface Snapshot {
   /** Revoked keys: they never authenticate; a node logs attempts made with them against the key. */
   tombstones: KeyTombstone[];
   /** Projects with a monthly spend cap (docs/money-limits.md); a project absent there has none. */
-  projectCaps?: ProjectCaps | undefined;
+  projectCaps?:
+    | ProjectCaps
+    | undefined;
+  /**
+   * Set when the snapshot is one of several messages (docs/scale.md, "A snapshot in parts"): the
+   * first carries the version, config, organisations, project caps and the first keys; the others
+   * carry the version and more keys, then the tombstones. The node applies it after the last.
+   */
+  part?: SnapshotPart | undefined;
+}
+
+export interface SnapshotPart {
+  /** 0 for the first part; the parts of one snapshot come in order, one after the other. */
+  index: number;
+  count: number;
+  /** In the first part: the keys and tombstones of all parts together (the node sizes its table once). */
+  entries: number;
 }
 
 export interface ProjectCaps {
@@ -1806,6 +1829,7 @@ function createBaseHello(): Hello {
     haveVersion: 0,
     listenAddress: "",
     storedResponsesSeq: undefined,
+    snapshotParts: undefined,
   };
 }
 
@@ -1828,6 +1852,9 @@ export const Hello: MessageFns<Hello> = {
     }
     if (message.storedResponsesSeq !== undefined) {
       writer.uint32(6400).int64(message.storedResponsesSeq);
+    }
+    if (message.snapshotParts !== undefined) {
+      writer.uint32(7208).bool(message.snapshotParts);
     }
     return writer;
   },
@@ -1893,6 +1920,14 @@ export const Hello: MessageFns<Hello> = {
             message.storedResponsesSeq = longToNumber(reader.int64());
             continue;
           }
+          case 901: {
+            if (tag !== 7208) {
+              break;
+            }
+
+            message.snapshotParts = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1937,6 +1972,11 @@ export const Hello: MessageFns<Hello> = {
         : isSet(object.stored_responses_seq)
         ? globalThis.Number(object.stored_responses_seq)
         : undefined,
+      snapshotParts: isSet(object.snapshotParts)
+        ? globalThis.Boolean(object.snapshotParts)
+        : isSet(object.snapshot_parts)
+        ? globalThis.Boolean(object.snapshot_parts)
+        : undefined,
     };
   },
 
@@ -1960,6 +2000,9 @@ export const Hello: MessageFns<Hello> = {
     if (message.storedResponsesSeq !== undefined) {
       obj.storedResponsesSeq = Math.round(message.storedResponsesSeq);
     }
+    if (message.snapshotParts !== undefined) {
+      obj.snapshotParts = message.snapshotParts;
+    }
     return obj;
   },
 
@@ -1974,6 +2017,7 @@ export const Hello: MessageFns<Hello> = {
     message.haveVersion = object.haveVersion ?? 0;
     message.listenAddress = object.listenAddress ?? "";
     message.storedResponsesSeq = object.storedResponsesSeq ?? undefined;
+    message.snapshotParts = object.snapshotParts ?? undefined;
     return message;
   },
 };
@@ -2135,7 +2179,7 @@ export const Resync: MessageFns<Resync> = {
 };
 
 function createBaseSnapshot(): Snapshot {
-  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [], projectCaps: undefined };
+  return { version: 0, config: undefined, keys: [], orgs: [], tombstones: [], projectCaps: undefined, part: undefined };
 }
 
 export const Snapshot: MessageFns<Snapshot> = {
@@ -2157,6 +2201,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     }
     if (message.projectCaps !== undefined) {
       ProjectCaps.encode(message.projectCaps, writer.uint32(7202).fork()).join();
+    }
+    if (message.part !== undefined) {
+      SnapshotPart.encode(message.part, writer.uint32(7210).fork()).join();
     }
     return writer;
   },
@@ -2222,6 +2269,14 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.projectCaps = ProjectCaps.decode(reader, reader.uint32());
             continue;
           }
+          case 901: {
+            if (tag !== 7210) {
+              break;
+            }
+
+            message.part = SnapshotPart.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2248,6 +2303,7 @@ export const Snapshot: MessageFns<Snapshot> = {
         : isSet(object.project_caps)
         ? ProjectCaps.fromJSON(object.project_caps)
         : undefined,
+      part: isSet(object.part) ? SnapshotPart.fromJSON(object.part) : undefined,
     };
   },
 
@@ -2271,6 +2327,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.projectCaps !== undefined) {
       obj.projectCaps = ProjectCaps.toJSON(message.projectCaps);
     }
+    if (message.part !== undefined) {
+      obj.part = SnapshotPart.toJSON(message.part);
+    }
     return obj;
   },
 
@@ -2289,6 +2348,110 @@ export const Snapshot: MessageFns<Snapshot> = {
     message.projectCaps = (object.projectCaps !== undefined && object.projectCaps !== null)
       ? ProjectCaps.fromPartial(object.projectCaps)
       : undefined;
+    message.part = (object.part !== undefined && object.part !== null)
+      ? SnapshotPart.fromPartial(object.part)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseSnapshotPart(): SnapshotPart {
+  return { index: 0, count: 0, entries: 0 };
+}
+
+export const SnapshotPart: MessageFns<SnapshotPart> = {
+  encode(message: SnapshotPart, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.index !== 0) {
+      writer.uint32(8).uint32(message.index);
+    }
+    if (message.count !== 0) {
+      writer.uint32(16).uint32(message.count);
+    }
+    if (message.entries !== 0) {
+      writer.uint32(24).uint64(message.entries);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SnapshotPart {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSnapshotPart();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.index = reader.uint32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.count = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.entries = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SnapshotPart {
+    return {
+      index: isSet(object.index) ? globalThis.Number(object.index) : 0,
+      count: isSet(object.count) ? globalThis.Number(object.count) : 0,
+      entries: isSet(object.entries) ? globalThis.Number(object.entries) : 0,
+    };
+  },
+
+  toJSON(message: SnapshotPart): unknown {
+    const obj: any = {};
+    if (message.index !== 0) {
+      obj.index = Math.round(message.index);
+    }
+    if (message.count !== 0) {
+      obj.count = Math.round(message.count);
+    }
+    if (message.entries !== 0) {
+      obj.entries = Math.round(message.entries);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SnapshotPart>, I>>(base?: I): SnapshotPart {
+    return SnapshotPart.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SnapshotPart>, I>>(object: I): SnapshotPart {
+    const message = createBaseSnapshotPart();
+    message.index = object.index ?? 0;
+    message.count = object.count ?? 0;
+    message.entries = object.entries ?? 0;
     return message;
   },
 };
