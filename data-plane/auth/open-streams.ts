@@ -23,15 +23,18 @@
 // same text as its close reason (`insufficient_quota: …`, errors.ts `closeReasonOf`). Every way
 // runs the abort path, so what was served is billed.
 //
-// Pure bookkeeping on key-registry.ts: no I/O of its own; each entry ends itself.
+// Pure bookkeeping in one SlotSet (slot-set.ts: an entry is added and removed per request, so no
+// hash table): no I/O of its own; each entry ends itself.
 import { endError, type EndReason, type GatewayError } from '../errors.js';
-import { KeyRegistry, type KeyEntry } from './key-registry.js';
+import { SlotSet, type Slotted } from '../slot-set.js';
 import type { GatewayState } from './key-table.js';
 
 export type { EndReason };
 
-/** Something open of one key that the registry can end. */
-export interface OpenEntry extends KeyEntry {
+/** Something open of one key that the registry can end; its `slot` is the registry's (start it at -1). */
+export interface OpenEntry extends Slotted {
+  readonly keyHash: string;
+  readonly orgId: string;
   /** The model it was opened for; '' while it names none. */
   readonly modelId: string;
   /** Ends it now with `err` (the reason's one error). Called at most once, synchronously; must not throw. */
@@ -50,7 +53,7 @@ export function endReasonFor(state: GatewayState, entry: OpenEntry, stale: boole
 }
 
 export class OpenStreams {
-  private readonly open = new KeyRegistry<OpenEntry>();
+  private readonly open = new SlotSet<OpenEntry>();
 
   /** Registers an open entry (again: nothing). */
   add(entry: OpenEntry): void {
@@ -59,7 +62,7 @@ export class OpenStreams {
 
   /** Unregisters it (it ended by itself); false when it was not there. */
   remove(entry: OpenEntry): boolean {
-    return this.open.remove(entry);
+    return this.open.delete(entry);
   }
 
   /**
@@ -69,11 +72,9 @@ export class OpenStreams {
   enforce(state: GatewayState, stale = false): number {
     if (this.open.size === 0) return 0;
     const doomed: Array<[OpenEntry, EndReason]> = [];
-    for (const [, entries] of this.open.byKeyHash()) {
-      for (const e of entries) {
-        const why = endReasonFor(state, e, stale);
-        if (why) doomed.push([e, why]);
-      }
+    for (const e of this.open.values()) {
+      const why = endReasonFor(state, e, stale);
+      if (why) doomed.push([e, why]);
     }
     // Ended after the walk: an entry's end may remove others.
     let n = 0;
@@ -81,19 +82,22 @@ export class OpenStreams {
     return n;
   }
 
-  /** How many are open (all keys, or one key). */
+  /** How many are open (all keys; or one key, counted by a walk over all). */
   count(keyHash?: string): number {
-    return keyHash === undefined ? this.open.size : this.open.countOf(keyHash);
+    if (keyHash === undefined) return this.open.size;
+    let n = 0;
+    for (const e of this.open.values()) if (e.keyHash === keyHash) n++;
+    return n;
   }
 
   /** A copy of everything open. */
   list(): OpenEntry[] {
-    return this.open.list();
+    return this.open.values();
   }
 
   private endOne(e: OpenEntry, why: EndReason, state: GatewayState): boolean {
     // Each entry ends once: one another entry's end already removed is skipped.
-    if (!this.open.remove(e)) return false;
+    if (!this.open.delete(e)) return false;
     try {
       const blockedReason = why === 'org_blocked' ? (state.keysByHash.get(e.keyHash)?.org.blockedReason ?? '') : '';
       e.end(why, endError(why, { blockedReason, modelId: e.modelId }));

@@ -11,6 +11,8 @@ import type { Reply } from './reply.js';
 export class OpenRequest implements OpenEntry {
   readonly keyHash: string;
   readonly orgId: string;
+  /** Its slot in the registry (slot-set.ts). */
+  slot = -1;
   /** The admitted request (request-context.ts `attach` sets it): its model, once the body named one. */
   context: { readonly model: ModelConfig | null } | null = null;
 

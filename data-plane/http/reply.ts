@@ -22,6 +22,7 @@ import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
 import type { OpenRequest } from './open-request.js';
 import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';
+import { SlotSet, type Slotted } from '../slot-set.js';
 
 export type { HeaderList };
 export { logBug };
@@ -34,7 +35,7 @@ export { logBug };
  */
 export const LINGER_MAX_BYTES = 64 * 1024 * 1024;
 
-export class Reply implements ReplyMeter, ResponseSink {
+export class Reply implements ReplyMeter, ResponseSink, Slotted {
   // Metrics (metrics.ts): `family` is set by the API server; replies without one are not counted.
   family: PathFamily | null = null;
   status = 0;
@@ -93,6 +94,8 @@ export class Reply implements ReplyMeter, ResponseSink {
   private totalSize = -1;
   private pending: Uint8Array | null = null;
   private pendingOffset = 0;
+  /** Its slot among the open replies (slot-set.ts). */
+  slot = -1;
 
   constructor(res: HttpResponse) {
     this.res = res;
@@ -417,7 +420,7 @@ function byteLength(body: RecognizedString): number {
 }
 
 /** Every response not yet ended, so a drain that runs out of time can close them through their abort path. */
-const liveReplies = new Set<Reply>();
+const liveReplies = new SlotSet<Reply>();
 
 /** How many responses are still open. */
 export function openReplies(): number {
@@ -429,7 +432,7 @@ export function openReplies(): number {
  * aborts its upstream and records its usage (rule 8).
  */
 export function closeOpenReplies(): number {
-  const open = [...liveReplies];
+  const open = liveReplies.values();
   for (const r of open) r.close();
   return open.length;
 }

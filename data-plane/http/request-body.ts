@@ -8,6 +8,7 @@ import type { HttpResponse } from 'uWebSockets.js';
 import { GatewayError } from '../errors.js';
 import type { BodyBudget, BodyBudgetRefusal } from '../limits/body-budget.js';
 import { logBug, type Reply } from './reply.js';
+import { SlotSet, type Slotted } from '../slot-set.js';
 
 export type BodyCallback = (err: GatewayError | null, body: Buffer) => void;
 
@@ -45,7 +46,7 @@ export interface BodyPace {
 }
 
 /** What BodyWatch watches: a body being read, and how to give up on it. */
-export interface PacedBody {
+export interface PacedBody extends Slotted {
   readonly startedAt: number;
   readonly received: number;
   tooSlow(): void;
@@ -58,7 +59,7 @@ export interface PacedBody {
  * this bounds for how long.
  */
 export class BodyWatch {
-  private readonly reading = new Set<PacedBody>();
+  private readonly reading = new SlotSet<PacedBody>();
   private timer: NodeJS.Timeout | null = null;
 
   constructor(
@@ -88,7 +89,8 @@ export class BodyWatch {
   sweep(now: number = this.now()): number {
     const { minBytesPerSec, graceMs } = this.pace;
     let refused = 0;
-    for (const body of this.reading) {
+    for (const body of this.reading.values()) {
+      if (!this.reading.has(body)) continue;
       const owed = ((now - body.startedAt - graceMs) * minBytesPerSec) / 1000;
       if (owed <= 0 || body.received >= owed) continue;
       this.remove(body);
@@ -128,6 +130,8 @@ class BodyCollector implements PacedBody {
   readonly account: string;
   private readonly budget: BodyBudget | undefined;
   readonly startedAt: number;
+  /** Its slot among the bodies the watch reads (slot-set.ts). */
+  slot = -1;
   heldBytes = 0;
   private parts: Buffer[] = [];
   received = 0;

@@ -84,6 +84,8 @@ const openSessions = openStreamGauge('realtime');
 export class RealtimeSession implements OpenEntry, MemoryMember {
   readonly keyHash: string;
   readonly orgId: string;
+  /** Its slot in the registry of what keys have open (slot-set.ts). */
+  slot = -1;
   readonly modelId: string;
   private ws: WebSocket<UserData> | null = null;
   private ended = false;

@@ -51,6 +51,7 @@ function registry() {
       keyHash: hashKey(pepper, `sk-${id}`),
       orgId: orgOf,
       modelId,
+      slot: -1,
       end: (why: EndReason, err: GatewayError) => ended.push({ kind, id, why, code: err.code, text: kind === 'realtime' ? closeReasonOf(err) : err.message }),
     };
     streams.add(e);
@@ -87,6 +88,7 @@ test('an entry whose end throws does not stop the others', () => {
     keyHash: hashKey(pepper, 'sk-a'),
     orgId: 'o1',
     modelId: '',
+    slot: -1,
     end: () => {
       throw new Error('boom');
     },

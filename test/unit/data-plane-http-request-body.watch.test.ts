@@ -7,6 +7,7 @@ function body(startedAt: number, received: number): PacedBody & { slow: boolean 
   return {
     startedAt,
     received,
+    slot: -1,
     slow: false,
     tooSlow() {
       this.slow = true;
