@@ -13,7 +13,7 @@ import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
 import { renderError, type ErrorShape } from '../http/error-shapes.js';
 import { log, logBug } from '../log.js';
-import type { ResponseSink } from './response-sink.js';
+import type { HeaderList, ResponseSink } from './response-sink.js';
 import { contentTypeHeader, endToEndHeaders, headerValue } from './upstream-headers.js';
 import { MAX_UPSTREAM_ERROR_BYTES, upstreamErrorAnswer } from './upstream-errors.js';
 import { isDraining } from '../drain.js';
@@ -23,6 +23,13 @@ import { isDraining } from '../drain.js';
  * (a model answer: the upstream bills the work whether or not anyone reads it).
  */
 export const USAGE_GRACE_MS = 3000;
+
+/**
+ * The most of an answer held when its inspector rewrites it (usage.cost written into a JSON answer):
+ * an answer no larger goes out whole at its end, in one write with its length, instead of chunked. A
+ * larger one (its length said so, or its bytes passed this) streams chunked from there.
+ */
+export const WHOLE_ANSWER_MAX_BYTES = 64 * 1024;
 
 /** Replies whose end the gateway imposed (revocation, a blocked organisation): their upstream is cancelled at once, no grace. */
 const cancelledReplies = new WeakSet<object>();
@@ -130,6 +137,10 @@ class Exchange {
   // A known-length answer: its length, and how much of it has come from the upstream.
   private total = -1;
   private received = 0;
+  // A small rewritten answer held to its end (WHOLE_ANSWER_MAX_BYTES), with the head it goes out with.
+  private held: Buffer[] | null = null;
+  private heldSize = 0;
+  private heldHead: HeaderList | null = null;
   // An upstream error answer being read (ProxyRequest.upstreamErrors).
   private errorParts: Buffer[] | null = null;
   private errorSize = 0;
@@ -274,8 +285,16 @@ class Exchange {
       this.sse = contentType.startsWith('text/event-stream');
       const inspector = (this.inspector = req.inspect ? req.inspect(statusCode, contentType) : null);
       const out = req.passAllHeaders ? endToEndHeaders(rawHeaders) : contentTypeHeader(contentType);
+      const length = len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
+      if (inspector && !inspector.passesThrough && !this.sse && length <= WHOLE_ANSWER_MAX_BYTES) {
+        // A rewritten answer (not an event stream), small or of a length not said: held, and sent
+        // whole at its end (onComplete).
+        this.held = [];
+        this.heldHead = out;
+        return true;
+      }
       // A known length without rewriting goes out with tryEnd; anything else chunked.
-      this.total = (!inspector || inspector.passesThrough) && len !== undefined && /^\d+$/.test(len) ? Number(len) : -1;
+      this.total = !inspector || inspector.passesThrough ? length : -1;
       reply.startStream(statusCode, out, this.total);
       if (this.total === 0) reply.end();
     } catch (err) {
@@ -306,11 +325,21 @@ class Exchange {
       }
       const out = this.inspector ? this.inspector.transform(chunk) : chunk;
       if (out.length === 0) return true;
+      let next: Buffer | string = out;
+      if (this.held) {
+        this.held.push(Buffer.from(out));
+        this.heldSize += out.length;
+        if (this.heldSize <= WHOLE_ANSWER_MAX_BYTES) return true;
+        // Too large to hold: it streams chunked from here, what was held first.
+        next = Buffer.concat(this.held);
+        this.held = null;
+        reply.startStream(this.status, this.heldHead!, -1);
+      }
       // The last bytes of a known-length answer: the provider reports before they go out, as the
       // response ends with them (so the request is settled when its cleanup runs).
       this.received += chunk.length;
       if (this.received === this.total) this.done(this.status, 'ok');
-      if (!reply.write(out)) {
+      if (!reply.write(next)) {
         this.paused = true;
         reply.onDrain(() => this.resume());
         return false;
@@ -341,7 +370,14 @@ class Exchange {
       const tail = !reply.done && this.inspector ? this.inspector.flush() : '';
       // Reported before the response ends, so the request is settled when its cleanup runs.
       this.done(this.status, 'ok');
-      if (!reply.done) reply.end(tail.length > 0 ? tail : undefined);
+      if (reply.done) return;
+      if (this.held) {
+        if (tail.length > 0) this.held.push(Buffer.from(tail));
+        reply.send(this.status, this.heldHead, this.held.length === 1 ? this.held[0] : Buffer.concat(this.held));
+        this.held = null;
+        return;
+      }
+      reply.end(tail.length > 0 ? tail : undefined);
     } catch (err) {
       logBug(err);
       this.done(this.status, 'error');

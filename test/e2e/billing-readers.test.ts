@@ -256,7 +256,11 @@ test('the caller sees the charge: x-request-id on every answer, usage.cost in JS
   // The raw text: a number with six decimals.
   const raw = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(k.key), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'up-chat', messages: [{ role: 'user', content: 'cached' }] }) });
   const rawId = raw.headers.get('x-request-id');
-  assert.match(await raw.text(), /"cost":0\.050000\}/);
+  const rawText = await raw.text();
+  assert.match(rawText, /"cost":0\.050000\}/);
+  // A small JSON answer goes out whole with its length, usage.cost written in: not chunked.
+  assert.equal(raw.headers.get('transfer-encoding'), null);
+  assert.equal(Number(raw.headers.get('content-length')), Buffer.byteLength(rawText));
 
   // Refusals and listings carry one too.
   const missing = await fetch(`${node.url}/v1/models`);
