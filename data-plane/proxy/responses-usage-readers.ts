@@ -1,7 +1,7 @@
 // The usage readers of the Responses API (`POST /v1/responses`): `ResponsesJsonReader` (a JSON
 // answer) and `ResponsesSseReader` (a stream), the JSON and SSE readers of usage-readers.ts and
 // sse-usage-reader.ts that also name the response's id as soon as it is read.
-import { countTokens } from './tokens.js';
+import { estimateTextTokens } from './tokens.js';
 import { dataOf, LINE_END, splitEvents, SseUsageReader, withData } from './sse-usage-reader.js';
 import { isObj, JsonUsageReader, obj, tokenUsageOf, withMemberText, withUsageCost, type UsagePricer } from './usage-readers.js';
 
@@ -44,17 +44,17 @@ export class ResponsesJsonReader extends JsonUsageReader {
     return out;
   }
 
-  /** Output tokens of the answer (for one without usage): its output's text, or (too large to keep) its bytes / 4. */
+  /** Output tokens of the answer (for one without usage), by the one estimator (tokens.ts): its output's text, or (too large to keep) its bytes / 4. */
   countedOutputTokens(): number {
     const output = this.member('output');
     if (!Array.isArray(output)) return Math.ceil((this.memberBytes.get('output') ?? 0) / 4);
     let n = 0;
     for (const item of output) {
       if (!isObj(item)) continue;
-      if (typeof item.arguments === 'string') n += countTokens(item.arguments);
+      if (typeof item.arguments === 'string') n += estimateTextTokens(item.arguments);
       for (const list of [item.content, item.summary]) {
         if (!Array.isArray(list)) continue;
-        for (const p of list) if (isObj(p)) n += countTokens(typeof p.text === 'string' ? p.text : typeof p.refusal === 'string' ? p.refusal : '');
+        for (const p of list) if (isObj(p)) n += estimateTextTokens(typeof p.text === 'string' ? p.text : typeof p.refusal === 'string' ? p.refusal : '');
       }
     }
     return n;
@@ -130,7 +130,7 @@ export class ResponsesSseReader extends SseUsageReader {
         if (!data) continue;
         try {
           const o = JSON.parse(data) as unknown;
-          if (isObj(o) && typeof o.type === 'string' && o.type.endsWith('.delta') && o.type !== 'response.audio.delta' && typeof o.delta === 'string') n += countTokens(o.delta);
+          if (isObj(o) && typeof o.type === 'string' && o.type.endsWith('.delta') && o.type !== 'response.audio.delta' && typeof o.delta === 'string') n += estimateTextTokens(o.delta);
         } catch {
           // not JSON: not a delta
         }

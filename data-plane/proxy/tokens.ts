@@ -6,7 +6,9 @@
 //   usage (an abort, a revocation, an upstream that reports none). It counts everything sent (text,
 //   images by OpenAI's rule, tools, the `response_format` schema) and everything received (text,
 //   reasoning, refusals, tool calls), and leans high: ASCII at 4 characters per token (OpenAI's rule
-//   of thumb), any other character a token of its own (CJK and emoji cost about that or more).
+//   of thumb), any other character a token of its own (CJK and emoji cost about that or more). An
+//   answer's member too large for its reader to keep (over 1 MiB of `choices` or `output`) is
+//   estimated from its bytes, at 4 a token. Chat and the Responses API use it alike.
 
 const TOKEN_RE = /[\p{L}\p{N}]+|[^\s\p{L}\p{N}]/gu;
 

@@ -8,7 +8,7 @@ import { parseStoredResponsePath } from '../../data-plane/routing/responses-path
 import { RESPONSE_RETENTION_MS, ResponseOwners } from '../../data-plane/endpoints/response-owners.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../../data-plane/proxy/responses-usage-readers.js';
 import { tokenUsageOf } from '../../data-plane/proxy/usage-readers.js';
-import { countTokens } from '../../data-plane/proxy/tokens.js';
+import { estimateTextTokens } from '../../data-plane/proxy/tokens.js';
 import { usageCostMicros, type TokenPrices } from '../../proto/lib/money.js';
 import { estimateTokens } from '../../data-plane/limits/key-budgets.js';
 import { LogColumns } from '../../proto/gen/tollgate/v1/sync.js';
@@ -79,7 +79,7 @@ test('the SSE reader reads response.incomplete and response.failed usage; a stre
   r.flush();
   assert.equal(r.usage, null);
   assert.equal(r.finalType, null);
-  assert.equal(r.countedCompletionTokens(), countTokens('one two') + countTokens('response.completed "usage":{"input_tokens":9}'));
+  assert.equal(r.countedCompletionTokens(), estimateTextTokens('one two') + estimateTextTokens('response.completed "usage":{"input_tokens":9}'));
 });
 
 test('the SSE reader with a pricer writes usage.cost into the final event\'s response.usage, the rest kept', () => {
@@ -139,7 +139,7 @@ test('the JSON reader counts the output of an answer without usage', () => {
   const r = new ResponsesJsonReader(() => {});
   r.transform(Buffer.from(JSON.stringify({ id: 'resp_n', output: [{ type: 'message', content: [{ type: 'output_text', text: 'one two three' }] }, { type: 'function_call', arguments: '{"a":1}' }] })));
   assert.equal(r.usage, null);
-  assert.equal(r.countedOutputTokens(), countTokens('one two three') + countTokens('{"a":1}'));
+  assert.equal(r.countedOutputTokens(), estimateTextTokens('one two three') + estimateTextTokens('{"a":1}'));
 });
 
 test('stored-response paths', () => {

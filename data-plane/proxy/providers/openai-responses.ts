@@ -6,7 +6,7 @@
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { countResponsesInputTokens } from '../responses-usage.js';
+import { estimateTokens } from '../tokens.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../responses-usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
@@ -55,7 +55,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         // input and the output received so far, counted: the same rules as chat (docs/billing-endings.md).
         call.complete(
           billedTokens(status, outcome, upstreamStatus, s?.usage ?? j?.usage ?? null, () => ({
-            prompt: countResponsesInputTokens(body),
+            prompt: estimateTokens(body),
             completion: s ? s.countedCompletionTokens() : j ? j.countedOutputTokens() : 0,
           })),
         );
