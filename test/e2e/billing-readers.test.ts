@@ -4,14 +4,13 @@
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import OpenAI from 'openai';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
 import { openRealtime } from '../helpers/realtime.js';
-import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows, waitForUsageTotals } from '../helpers/usage-db.js';
 import { bearer, request } from '../helpers/http.js';
 
@@ -90,35 +89,37 @@ const fixture = createServer((req: IncomingMessage, res: ServerResponse) => {
 
 let cp: ControlPlane;
 let node: DataPlane;
-let admin: Console;
 let realtime: FakeRealtimeUpstream;
 
-before(async () => {
-  realtime = await startFakeRealtimeUpstream();
-  await new Promise<void>((resolve) => fixture.listen(0, '127.0.0.1', resolve));
-  const base = `http://127.0.0.1:${(fixture.address() as AddressInfo).port}/v1`;
-  cp = await startControlPlane({
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test-credential' },
-    configYaml: configYaml((cfg) => {
-      cfg.models.push({ id: 'rt-up', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: '1.00', output_usd_per_mtok: '2.00', cached_input_usd_per_mtok: '0.50', input_audio_usd_per_mtok: '10.00', output_audio_usd_per_mtok: '20.00' });
-      cfg.realtime_upstreams = [{ model: 'rt-up', url: realtime.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
-      cfg.tiers.free.models.push('rt-up');
-      cfg.tiers.paid.models.push('rt-up');
-      // Room for answers of half a million tokens.
-      cfg.tiers.big = { rpm: 300, tpm: 10_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '100.00', models: [] };
-      const prices = { input_usd_per_mtok: '1.00', output_usd_per_mtok: '10.00' };
-      addUpstreamModel(cfg, 'up-chat', base, ['big'], prices);
-      addUpstreamModel(cfg, 'up-cached', base, ['big'], { ...prices, cached_input_usd_per_mtok: '0.25' });
-      addUpstreamModel(cfg, 'up-audio', base, ['big'], { ...prices, input_audio_usd_per_mtok: '40.00', output_audio_usd_per_mtok: '80.00' });
-      addUpstreamModel(cfg, 'up-embed', base, ['big'], { kind: 'embeddings', input_usd_per_mtok: '0.02', output_usd_per_mtok: undefined });
-    }),
-  });
-  node = await startDataPlane(cp);
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+const gw = gatewayFixture(
+  async () => {
+    realtime = await startFakeRealtimeUpstream();
+    await new Promise<void>((resolve) => fixture.listen(0, '127.0.0.1', resolve));
+    const base = `http://127.0.0.1:${(fixture.address() as AddressInfo).port}/v1`;
+    return {
+      controlPlane: {
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test-credential' },
+        configYaml: configYaml((cfg) => {
+          cfg.models.push({ id: 'rt-up', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: '1.00', output_usd_per_mtok: '2.00', cached_input_usd_per_mtok: '0.50', input_audio_usd_per_mtok: '10.00', output_audio_usd_per_mtok: '20.00' });
+          cfg.realtime_upstreams = [{ model: 'rt-up', url: realtime.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
+          cfg.tiers.free.models.push('rt-up');
+          cfg.tiers.paid.models.push('rt-up');
+          // Room for answers of half a million tokens.
+          cfg.tiers.big = { rpm: 300, tpm: 10_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '100.00', models: [] };
+          const prices = { input_usd_per_mtok: '1.00', output_usd_per_mtok: '10.00' };
+          addUpstreamModel(cfg, 'up-chat', base, ['big'], prices);
+          addUpstreamModel(cfg, 'up-cached', base, ['big'], { ...prices, cached_input_usd_per_mtok: '0.25' });
+          addUpstreamModel(cfg, 'up-audio', base, ['big'], { ...prices, input_audio_usd_per_mtok: '40.00', output_audio_usd_per_mtok: '80.00' });
+          addUpstreamModel(cfg, 'up-embed', base, ['big'], { kind: 'embeddings', input_usd_per_mtok: '0.02', output_usd_per_mtok: undefined });
+        }),
+      },
+    };
+  },
+  (g) => {
+    ({ cp, node } = g);
+  },
+);
 after(async () => {
-  admin?.close();
-  await stopAll();
   await realtime?.close();
   fixture.close();
 });
@@ -131,8 +132,7 @@ async function billed(keyId: string, n: number): Promise<number[]> {
 test('a chat answer with logprobs over 4 MiB is billed from the upstream\'s usage', async () => {
   // Before the fix the gateway gave up reading usage past 4 MiB and billed its own estimate: the
   // upstream said 12 + 4,000 tokens ($0.040012) and 3 micro-dollars were billed.
-  const k = await createKey(admin, { tier: 'big' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'big' });
   const r = await fetch(`${node.url}/v1/chat/completions`, { method: 'POST', headers: { ...bearer(k.key), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'up-chat', logprobs: true, messages: [{ role: 'user', content: 'logprobs' }] }) });
   assert.equal(r.status, 200);
   const answer = JSON.parse(await r.text());
@@ -142,8 +142,7 @@ test('a chat answer with logprobs over 4 MiB is billed from the upstream\'s usag
 
 test('embeddings over 4 MiB with 512,000 tokens are billed 512,000 tokens', async () => {
   // Before the fix: 256 tokens billed (one per token array of the gateway's own count).
-  const k = await createKey(admin, { tier: 'big' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'big' });
   const r = await request(`${node.url}/v1/embeddings`, { method: 'POST', json: { model: 'up-embed', input: new Array(256).fill([1, 2, 3]) }, headers: bearer(k.key) });
   assert.equal(r.status, 200);
   const [row] = await waitForUsageRows(cp.dbPath, k.keyId, 1);
@@ -154,8 +153,7 @@ test('embeddings over 4 MiB with 512,000 tokens are billed 512,000 tokens', asyn
 });
 
 test('cached input tokens at the cached price, or at the input price when the model has none; audio tokens at the audio prices', async () => {
-  const k = await createKey(admin, { tier: 'big' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'big' });
   const ask = async (model: string, what: string) => {
     const r = await request(`${node.url}/v1/chat/completions`, { method: 'POST', json: { model, messages: [{ role: 'user', content: what }] }, headers: bearer(k.key) });
     assert.equal(r.status, 200);
@@ -177,8 +175,7 @@ test('realtime: a response.done whose metadata mentions "response.created" is bi
   // Before the fix, events were told apart by substring tests: a response.done containing the text
   // "response.created" anywhere (here in the client's own metadata, which the upstream echoes) was
   // taken for a response.created and never billed (4 responses delivered, 1 billed).
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   realtime.usage = { input_tokens: 10_000, output_tokens: 0 };
   const { session } = await openRealtime(node.address, { key: k.key, model: 'rt-up' });
   await session.waitFor('session.created');
@@ -193,8 +190,7 @@ test('realtime: a response.done whose metadata mentions "response.created" is bi
 
 test('realtime: audio tokens priced as audio, cached as cached; turning on input-audio transcription is refused in-band', async () => {
   // Before the fix every realtime token was priced as text: this response was billed 2,000 micro-dollars.
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   realtime.usage = {
     input_tokens: 1000,
     output_tokens: 500,
@@ -233,8 +229,7 @@ test('models list shows every price, and what an unset one is billed at', async 
 });
 
 test('the caller sees the charge: x-request-id on every answer, usage.cost in JSON and in the SSE usage chunk, as the ledger recorded', async () => {
-  const k = await createKey(admin, { tier: 'big' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'big' });
   const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
   // 12 in at $1, 4,000 out at $10 per million tokens: $0.040012.
   const { data, response } = await client.chat.completions.create({ model: 'up-chat', messages: [{ role: 'user', content: 'small' }] }).withResponse();
@@ -281,8 +276,7 @@ test('the caller sees the charge: x-request-id on every answer, usage.cost in JS
 test("upstream errors: 401/403 become 502 upstream_unreachable, the upstream account's identifiers never reach the customer, 429 keeps retry-after", async () => {
   // Before the fix the upstream's error answer went to the customer unchanged: its masked key and
   // organisation id, a 401 as if the customer's own key were bad, and a 429 without retry-after.
-  const k = await createKey(admin, { tier: 'big' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'big' });
   const ask = (what: string) => request(`${node.url}/v1/chat/completions`, { method: 'POST', json: { model: 'up-chat', messages: [{ role: 'user', content: what }] }, headers: bearer(k.key) });
   for (const what of ['err-401', 'err-403']) {
     const r = await ask(what);
@@ -306,8 +300,7 @@ test("upstream errors: 401/403 become 502 upstream_unreachable, the upstream acc
 test('an upstream 103 Early Hints is not taken for the answer: the client gets the real one', async () => {
   // Before the fix the 103 (with Content-Length: 0) was taken as the final head: the client got an
   // empty 103 and lost the answer.
-  const k = await createKey(admin, { tier: 'big' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'big' });
   const r = await request(`${node.url}/v1/chat/completions`, { method: 'POST', json: { model: 'up-chat', messages: [{ role: 'user', content: 'early-hints' }] }, headers: bearer(k.key) });
   assert.equal(r.status, 200);
   assert.equal(r.body.choices[0].message.content, 'after the hints');
@@ -316,8 +309,7 @@ test('an upstream 103 Early Hints is not taken for the answer: the client gets t
 });
 
 test('the built-in demo models show usage.cost too, equal to what is recorded', async () => {
-  const k = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ tier: 'free' });
   const client = new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
   const chat = await client.chat.completions.create({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there, gateway!' }] });
   const stream = await client.chat.completions.create({ model: 'demo-chat', stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'Hello there, gateway!' }] });

@@ -2,40 +2,41 @@
 // and answer errors): chunks pass as they arrive, a client that leaves mid-stream costs the node
 // nothing, upstream failures map to the spec's statuses, and usage reaches the control plane.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { after, test } from 'node:test';
+import { type Console } from '../helpers/console.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer, request } from '../helpers/http.js';
-import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { type DataPlane } from '../helpers/processes.js';
 
 let up: FakeUpstream;
 let dp: DataPlane;
 let c: Console;
 
-before(async () => {
-  up = await startFakeUpstream();
-  const yaml = configYaml((cfg) => {
-    addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free'], { timeout_ms: 1500 });
-    addUpstreamModel(cfg, 'dead-chat', 'http://127.0.0.1:1/v1', ['free']);
-    addUpstreamModel(cfg, 'up-embed', up.baseUrl, ['free'], { kind: 'embeddings' });
-    // One request in flight per key: a leaked slot shows as a 429 on the next request.
-    cfg.tiers.free.max_parallel_requests = 1;
-  });
-  const cp = await startControlPlane({ configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } });
-  dp = await startDataPlane(cp);
-  c = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+const gw = gatewayFixture(
+  async () => {
+    up = await startFakeUpstream();
+    const yaml = configYaml((cfg) => {
+      addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free'], { timeout_ms: 1500 });
+      addUpstreamModel(cfg, 'dead-chat', 'http://127.0.0.1:1/v1', ['free']);
+      addUpstreamModel(cfg, 'up-embed', up.baseUrl, ['free'], { kind: 'embeddings' });
+      // One request in flight per key: a leaked slot shows as a 429 on the next request.
+      cfg.tiers.free.max_parallel_requests = 1;
+    });
+    return { controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } } };
+  },
+  (g) => {
+    ({ node: dp, console: c } = g);
+  },
+);
 after(async () => {
-  c.close();
-  await stopAll();
-  await up.close();
+  await up?.close();
 });
 
 async function newKey(): Promise<{ key: string; projectId: string }> {
-  const k = await createKey(c);
-  await waitUntilKnown(dp.url, k.key);
+  const k = await gw.fundedKey();
   return { key: k.key, projectId: k.projectId };
 }
 

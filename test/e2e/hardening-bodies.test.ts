@@ -4,15 +4,16 @@
 // bounded node-wide.
 import assert from 'node:assert/strict';
 import { connect, type Socket } from 'node:net';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { type Console } from '../helpers/console.js';
+import { eventually } from '../helpers/data-plane.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer } from '../helpers/http.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
 import { startRecordingBackend, type RecordingBackend } from '../helpers/recording-backend.js';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { startDataPlane, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 
 const KIB = 1024;
 const MIB = 1024 * KIB;
@@ -25,32 +26,34 @@ let node: DataPlane;
 let admin: Console;
 let backend: RecordingBackend;
 
-before(async () => {
-  up = await startFakeUpstream();
-  backend = await startRecordingBackend();
-  cp = await startControlPlane({
-    configYaml: configYaml((cfg) => {
-      addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' });
-      addUpstreamModel(cfg, 'up-chat', up.baseUrl);
-      cfg.tool_backends = [{ prefix: '/v1/files', base_url: backend.baseUrl, timeout_ms: 5000 }];
-    }),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
-  });
-  // The injected clock stands still: a run never crosses a minute of rpm.
-  node = await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+const gw = gatewayFixture(
+  async () => {
+    up = await startFakeUpstream();
+    backend = await startRecordingBackend();
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => {
+          addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['free', 'paid'], { kind: 'transcription', audio_usd_per_unit: '0.0001' });
+          addUpstreamModel(cfg, 'up-chat', up.baseUrl);
+          cfg.tool_backends = [{ prefix: '/v1/files', base_url: backend.baseUrl, timeout_ms: 5000 }];
+        }),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+      },
+      // The injected clock stands still: a run never crosses a minute of rpm.
+      node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } },
+    };
+  },
+  (g) => {
+    ({ cp, node, console: admin } = g);
+  },
+);
 after(async () => {
-  admin?.close();
-  await stopAll();
   await up?.close();
   await backend?.close();
 });
 
 async function keyOf(tier: 'free' | 'paid', on: DataPlane = node): Promise<{ key: string; orgId: string }> {
-  const k = await createKey(admin, { tier });
-  if (tier === 'paid') await admin.creditOrg({ orgId: k.orgId, amountMicros: 10_000_000, note: 'test' });
-  await waitUntilKnown(on.url, k.key);
+  const k = await gw.fundedKey({ tier, creditMicros: tier === 'paid' ? 10_000_000 : undefined, knownOn: [on] });
   return { key: k.key, orgId: k.orgId };
 }
 
@@ -307,8 +310,7 @@ test("one account's organisations together hold at most one share of the body bu
   for (let i = 0; i < 2; i++) {
     const org = await admin.createOrg({ name: `org-${i}`, ownerAccountId: acct, tier: 'paid' });
     await admin.creditOrg({ orgId: org.id, amountMicros: 10_000_000, note: 'test' });
-    const k = await createKey(admin, { orgId: org.id });
-    await waitUntilKnown(small.url, k.key);
+    const k = await gw.fundedKey({ orgId: org.id, knownOn: [small] });
     keys.push(k.key);
   }
   const slow = trickle(small, keys[0], 1536 * KIB + 1000, 1536 * KIB);

@@ -4,39 +4,38 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { connect } from 'node:net';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import OpenAI from 'openai';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer, rawRequest, request } from '../helpers/http.js';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { startDataPlane, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 
 let cp: ControlPlane;
 let node: DataPlane;
-let admin: Console;
 let upstream: FakeUpstream;
 let paidKey: string;
 
-before(async () => {
-  upstream = await startFakeUpstream();
-  cp = await startControlPlane({
-    configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl)),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
-  });
-  node = await startDataPlane(cp);
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const paid = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId: paid.orgId, amountMicros: 10_000_000, note: 'test' });
-  paidKey = paid.key;
-  await waitUntilKnown(node.url, paidKey);
-});
+const gw = gatewayFixture(
+  async () => {
+    upstream = await startFakeUpstream();
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl)),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+      },
+    };
+  },
+  async (g) => {
+    ({ cp, node } = g);
+    paidKey = (await g.fundedKey({ tier: 'paid', creditMicros: 10_000_000 })).key;
+  },
+);
 after(async () => {
-  admin?.close();
   await upstream?.close();
-  await stopAll();
 });
 
 function chatRaw(key: string, text: string) {
@@ -91,8 +90,7 @@ test('chat messages are checked: an object with a string role, content a string,
 });
 
 test('models.retrieve answers the model object, or 404 in the model endpoints\' shape', async () => {
-  const free = await createKey(admin, { tier: 'free' });
-  await waitUntilKnown(node.url, free.key);
+  const free = await gw.fundedKey({ tier: 'free' });
   const client = new OpenAI({ apiKey: free.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
   const m = await client.models.retrieve('demo-chat');
   assert.deepEqual({ id: m.id, object: m.object, owned_by: m.owned_by }, { id: 'demo-chat', object: 'model', owned_by: 'tollgate' });
@@ -189,10 +187,7 @@ test('20 concurrent 150 MiB speech bodies: node memory stays bounded and other r
 
 /** A paid key of its own organisation, with credit, known to `node`. */
 async function fundedKey(node: DataPlane): Promise<string> {
-  const k = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId: k.orgId, amountMicros: 10_000_000, note: 'test' });
-  await waitUntilKnown(node.url, k.key);
-  return k.key;
+  return (await gw.fundedKey({ tier: 'paid', creditMicros: 10_000_000, knownOn: [node] })).key;
 }
 
 // Large in bytes, small in tokens (the bulk is a field that is not prompt), so tpm slices play no part.

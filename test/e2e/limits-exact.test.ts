@@ -2,45 +2,34 @@
 // 429 only when the key's minute budget is really spent across the cluster, a 401 insufficient_quota
 // only when the organisation has no money left, spend past a cap by at most the requests in flight,
 // rate headers that never report more than is left, and leases that come back when a node leaves.
-import { test, after } from 'node:test';
+import { test, type TestContext } from 'node:test';
 import assert from 'node:assert/strict';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type DataPlane } from '../helpers/processes.js';
 import { bearer, chatBody, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
-import { consoleClient, createKey } from '../helpers/console.js';
-import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually } from '../helpers/data-plane.js';
+import { startGateway, type Gateway } from '../helpers/gateway-fixture.js';
 import { standingShare } from '../../proto/lib/leases.js';
 
-after(stopAll);
-
-async function startNodes(cp: ControlPlane, n: number, clockMs: number, first = 0): Promise<DataPlane[]> {
-  const nodes: DataPlane[] = [];
+/** A control plane and `n` connected nodes on one injected minute (started one after the other), stopped after the test. */
+async function cluster(t: TestContext, n: number, clockMs: number): Promise<Gateway> {
+  const gw = await startGateway(t, { nodes: 0 });
   for (let i = 0; i < n; i++) {
-    const node = await startDataPlane(cp, { nodeId: `node-${first + i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
+    const node = await gw.addNode({ nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
     await setClock(node.adminUrl!, { now_ms: clockMs });
-    nodes.push(node);
   }
-  return nodes;
+  await waitConnected(gw, n);
+  return gw;
 }
 
-async function waitConnected(cp: ControlPlane, n: number): Promise<void> {
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  try {
-    await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === n, `${n} nodes connected`);
-  } finally {
-    admin.close();
-  }
+async function waitConnected(gw: Gateway, n: number): Promise<void> {
+  await eventually(async () => (await gw.console.listNodes()).nodes.filter((x) => x.connected).length === n, `${n} nodes connected`);
 }
 
 /** A control plane, `n` connected nodes on one injected minute, and a free key every node knows. */
-async function clusterWithFreeKey(n: number): Promise<{ cp: ControlPlane; nodes: DataPlane[]; key: string }> {
-  const cp = await startControlPlane();
-  const nodes = await startNodes(cp, n, minuteStart() + 2_000);
-  await waitConnected(cp, n);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'free' });
-  admin.close();
-  for (const node of nodes) await waitUntilKnown(node.url, key);
-  return { cp, nodes, key };
+async function clusterWithFreeKey(t: TestContext, n: number): Promise<{ nodes: DataPlane[]; key: string }> {
+  const gw = await cluster(t, n, minuteStart() + 2_000);
+  const { key } = await gw.fundedKey({ tier: 'free' });
+  return { nodes: gw.nodes, key };
 }
 
 const chat = (node: DataPlane, key: string, content = 'Hello', model = 'demo-chat'): Promise<HttpResult> =>
@@ -48,9 +37,9 @@ const chat = (node: DataPlane, key: string, content = 'Hello', model = 'demo-cha
 
 const remaining = (r: HttpResult, what: 'requests' | 'tokens') => Number(r.headers.get(`x-ratelimit-remaining-${what}`));
 
-test('sticky traffic over three nodes: all 20 requests of a free key\'s minute are admitted; then every node refuses until the top of the minute', async () => {
+test('sticky traffic over three nodes: all 20 requests of a free key\'s minute are admitted; then every node refuses until the top of the minute', async (t) => {
   // Before: each idle node sat on a cold share; 18 + 2 requests over two of three nodes got 429s at 15.
-  const { nodes, key } = await clusterWithFreeKey(3);
+  const { nodes, key } = await clusterWithFreeKey(t, 3);
   let admitted = 0;
   for (let i = 0; i < 20; i++) {
     const r = await chat(i % 10 === 9 ? nodes[1] : nodes[0], key, `sticky ${i}`);
@@ -69,9 +58,9 @@ test('sticky traffic over three nodes: all 20 requests of a free key\'s minute a
   }
 });
 
-test('a 50,000-token request on a 60,000 tpm key is admitted with two nodes holding token leases', async () => {
+test('a 50,000-token request on a 60,000 tpm key is admitted with two nodes holding token leases', async (t) => {
   // Before: no node's slice could hold it: "tpm: 0/60000 used … retry after 1 s", minute after minute.
-  const { nodes, key } = await clusterWithFreeKey(2);
+  const { nodes, key } = await clusterWithFreeKey(t, 2);
   for (const n of nodes) {
     assert.equal((await chat(n, key, 'small first')).status, 200);
   }
@@ -81,23 +70,16 @@ test('a 50,000-token request on a 60,000 tpm key is admitted with two nodes hold
   assert.ok(remaining(big, 'tokens') <= 60_000 - 49_997, `remaining tokens ${remaining(big, 'tokens')}`);
 });
 
-test('a node killed mid-minute: the survivor serves exactly the rest of the key\'s minute; a node stopped gives its lease back whole', async () => {
-  const cp = await startControlPlane();
+test('a node killed mid-minute: the survivor serves exactly the rest of the key\'s minute; a node stopped gives its lease back whole', async (t) => {
   const clock = minuteStart() + 2_000;
-  const [a, b, c] = await startNodes(cp, 3, clock);
-  await waitConnected(cp, 3);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'free' });
-  const other = await createKey(admin, { tier: 'free' });
-  admin.close();
-  for (const n of [a, b, c]) {
-    await waitUntilKnown(n.url, key);
-    await waitUntilKnown(n.url, other.key);
-  }
+  const gw = await cluster(t, 3, clock);
+  const [a, b, c] = gw.nodes;
+  const { key } = await gw.fundedKey({ tier: 'free' });
+  const other = await gw.fundedKey({ tier: 'free' });
   // SIGTERM: the stopping node gives back what it holds unused, so the others can use all the rest.
   for (let i = 0; i < 5; i++) assert.equal((await chat(c, other.key)).status, 200);
   await c.proc.kill('SIGTERM');
-  await waitConnected(cp, 2);
+  await waitConnected(gw, 2);
   let rest = 0;
   for (let i = 0; i < 16; i++) if ((await chat(a, other.key)).status === 200) rest++;
   assert.equal(rest, 15, 'exactly the 15 requests the stopped node did not use');
@@ -109,21 +91,18 @@ test('a node killed mid-minute: the survivor serves exactly the rest of the key\
     return s.used.pending === 0 && s.used.sent > 0 && s.used.acked === s.used.sent;
   }, 'the control plane knows what node b used');
   await b.proc.kill('SIGKILL');
-  await waitConnected(cp, 1);
+  await waitConnected(gw, 1);
   let survivor = 0;
   for (let i = 0; i < 16; i++) if ((await chat(a, key)).status === 200) survivor++;
   assert.equal(survivor, 15, 'exactly the 15 requests the killed node did not use: none lost, none over');
 });
 
-test('a request waits for a lease at most 250 ms; a client that leaves while it waits costs nothing and the node keeps serving', async () => {
-  const cp = await startControlPlane();
+test('a request waits for a lease at most 250 ms; a client that leaves while it waits costs nothing and the node keeps serving', async (t) => {
   const clock = minuteStart() + 2_000;
-  const [a] = await startNodes(cp, 2, clock);
-  await waitConnected(cp, 2);
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  const { key } = await createKey(admin, { tier: 'free' });
-  admin.close();
-  await waitUntilKnown(a.url, key);
+  const gw = await cluster(t, 2, clock);
+  const [a] = gw.nodes;
+  const { cp } = gw;
+  const { key } = await gw.fundedKey({ tier: 'free', knownOn: [a] });
   // The node holds a standing share of every key's minute (docs/leases.md): it is what the first
   // requests use without asking; the requests below wait once it is used.
   const minute = Math.floor(clock / 60_000);
@@ -158,10 +137,10 @@ test('a request waits for a lease at most 250 ms; a client that leaves while it 
   assert.equal(rest, 18 - share, 'the rest of the minute, exactly');
 });
 
-test('the first transcription of a key\'s minute on a node of three waits for a lease instead of being refused', async () => {
+test('the first transcription of a key\'s minute on a node of three waits for a lease instead of being refused', async (t) => {
   // Before: transcriptions took the non-waiting admission, so with several nodes (no cold shares) the
   // first upload of a key-minute on a node got a false 429.
-  const { nodes, key } = await clusterWithFreeKey(3);
+  const { nodes, key } = await clusterWithFreeKey(t, 3);
   for (const node of nodes) {
     const form = new FormData();
     form.append('file', new Blob([Buffer.alloc(64 * 1024, 1)], { type: 'audio/wav' }), 'a.wav');

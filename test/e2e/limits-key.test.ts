@@ -1,15 +1,15 @@
 // Key budgets (rpm, tpm, max parallel requests) as fixed on the key, counted per clock minute of an
 // injected clock, with the x-ratelimit-* headers and the gateway's 429 body.
-import { test, after, before } from 'node:test';
+import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { type DataPlane } from '../helpers/processes.js';
 import { bearer, chatBody, minuteStart, rawRequest, request, setClock } from '../helpers/http.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { type Console } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 
-let cp: ControlPlane;
 let node: DataPlane;
 let admin: Console;
 let clock = 0;
@@ -40,23 +40,27 @@ function releaseHeld(): void {
   }
 }
 
-before(async () => {
-  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
-  const port = (upstream.address() as AddressInfo).port;
-  cp = await startControlPlane({
-    configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'slow-chat', `http://127.0.0.1:${port}/v1`, ['paid'])),
-    env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
-  });
-  node = await startDataPlane(cp, { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  clock = minuteStart() + 13_000;
-  await setClock(node.adminUrl!, { now_ms: clock });
-});
-after(async () => {
+const gw = gatewayFixture(
+  async () => {
+    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+    const port = (upstream.address() as AddressInfo).port;
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'slow-chat', `http://127.0.0.1:${port}/v1`, ['paid'])),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
+      },
+      node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } },
+    };
+  },
+  async (g) => {
+    ({ node, console: admin } = g);
+    clock = minuteStart() + 13_000;
+    await setClock(node.adminUrl!, { now_ms: clock });
+  },
+);
+after(() => {
   releaseHeld();
-  admin?.close();
   upstream.close();
-  await stopAll();
 });
 
 async function nextMinute(offsetMs = 13_000): Promise<void> {
@@ -66,7 +70,7 @@ async function nextMinute(offsetMs = 13_000): Promise<void> {
 
 test('free key: 20 requests per minute with counting-down headers, the 21st gets 429 to the top of the minute', async () => {
   await nextMinute();
-  const { key } = await createKey(admin, { tier: 'free' });
+  const { key } = await gw.fundedKey({ tier: 'free' });
   for (let i = 1; i <= 20; i++) {
     const res = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(`hi ${i}`) });
     assert.equal(res.status, 200, res.text);
@@ -100,7 +104,7 @@ test('free key: 20 requests per minute with counting-down headers, the 21st gets
 
 test('tpm trips on a large prompt with type tokens; the refused request costs nothing', async () => {
   await nextMinute();
-  const { key } = await createKey(admin, { tier: 'free' });
+  const { key } = await gw.fundedKey({ tier: 'free' });
   const big = 'word '.repeat(70_000);
   const refused = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody(big) });
   assert.equal(refused.status, 429, refused.text);
@@ -116,8 +120,7 @@ test('tpm trips on a large prompt with type tokens; the refused request costs no
 
 test('the 101st parallel request of a key is refused and a finished request frees its slot', async () => {
   await nextMinute();
-  const { key, orgId } = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId, amountMicros: 100_000_000, note: 'test' });
+  const { key } = await gw.fundedKey({ tier: 'paid', creditMicros: 100_000_000 });
   const allHeld = new Promise<void>((resolve) => {
     onHeld = () => held.length >= 100 && resolve();
   });
@@ -140,10 +143,10 @@ test('the 101st parallel request of a key is refused and a finished request free
 
 test('tier change: an old key keeps 20 rpm, a key created after gets 300', async () => {
   await nextMinute();
-  const first = await createKey(admin, { tier: 'free' });
+  const first = await gw.fundedKey({ tier: 'free' });
   await admin.setOrgTier({ orgId: first.orgId, tier: 'paid' });
   await admin.creditOrg({ orgId: first.orgId, amountMicros: 10_000_000, note: 'test' });
-  const second = await createKey(admin, { orgId: first.orgId, projectId: first.projectId });
+  const second = await gw.fundedKey({ orgId: first.orgId, projectId: first.projectId });
   const oldRes = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(first.key), json: chatBody() });
   const newRes = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(second.key), json: chatBody() });
   assert.equal(oldRes.status, 200, oldRes.text);
@@ -156,7 +159,7 @@ test('tier change: an old key keeps 20 rpm, a key created after gets 300', async
 
 test('a chunked body that grows over the 32 MB cap is refused with 413 while streaming', async () => {
   await nextMinute();
-  const { key } = await createKey(admin, { tier: 'free' });
+  const { key } = await gw.fundedKey({ tier: 'free' });
   const head =
     `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n` +
     `Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`;
@@ -176,7 +179,7 @@ test('a body refused by validation keeps its one request of rpm; model scope ref
   // Issue 21: a body read and then refused for its content (400) counts one request, so bad bodies are
   // not free to send (docs/design.md#what-counts-as-a-request); before, it gave its request back.
   await nextMinute();
-  const { key } = await createKey(admin, { tier: 'free', allowedModels: ['demo-chat'] });
+  const { key } = await gw.fundedKey({ tier: 'free', allowedModels: ['demo-chat'] });
   const missing = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: { model: 'demo-chat' } });
   assert.equal(missing.status, 400);
   const unknown = await request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('x', 'no-such-model') });

@@ -4,16 +4,17 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import OpenAI from 'openai';
 import { tokenCostMicros } from '../../proto/lib/money.js';
 import { countTokens, estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
 import { configYaml, addUpstreamModel } from '../helpers/config.js';
-import { consoleClient, createKey, type DemoKey } from '../helpers/console.js';
+import { type DemoKey } from '../helpers/console.js';
 import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { BIG_OUTPUT_BYTES, startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
-import { ROOT, runCliAsync, runProcessAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { ROOT, runCliAsync, runProcessAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 import { openRealtime } from '../helpers/realtime.js';
 
@@ -51,21 +52,26 @@ function assertShapeA(r: HttpResult, status: number, param: string | null | unde
   if (param !== undefined) assert.equal(r.body.error.param, param, what);
 }
 
-before(async () => {
-  upstream = await startFakeResponsesUpstream();
-  cp = await startControlPlane({ configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { cached_input_usd_per_mtok: '0.05' })), env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' } });
-  node = await startDataPlane(cp);
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  a = await createKey(c);
-  aDemoOnly = await createKey(c, { orgId: a.orgId, projectId: a.projectId, allowedModels: ['demo-chat'] });
-  b = await createKey(c, { orgId: a.orgId });
-  billed = await createKey(c, { orgId: a.orgId });
-  c.close();
-  for (const k of [a, aDemoOnly, b, billed]) await waitUntilKnown(node.url, k.key);
-});
+const gw = gatewayFixture(
+  async () => {
+    upstream = await startFakeResponsesUpstream();
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { cached_input_usd_per_mtok: '0.05' })),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },
+      },
+    };
+  },
+  async (g) => {
+    ({ cp, node } = g);
+    a = await g.fundedKey();
+    aDemoOnly = await g.fundedKey({ orgId: a.orgId, projectId: a.projectId, allowedModels: ['demo-chat'] });
+    b = await g.fundedKey({ orgId: a.orgId });
+    billed = await g.fundedKey({ orgId: a.orgId });
+  },
+);
 after(async () => {
-  await stopAll();
-  await upstream.close();
+  await upstream?.close();
 });
 
 test('demo provider: client.responses.create answers with text output and usage', async () => {
@@ -199,10 +205,7 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
 test('a JSON answer over 4 MiB is billed from the upstream\'s usage, its usage.cost written in', async () => {
   // Before the fix the Responses reader read no usage from a JSON answer over 4 MiB: the request was
   // billed the gateway's own estimate (its input, no output) instead of what the upstream served.
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  const k = await createKey(c, { orgId: a.orgId });
-  c.close();
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ orgId: a.orgId });
   upstream.setMode('big-json');
   let r: HttpResult;
   try {
@@ -224,13 +227,7 @@ test('a JSON answer over 4 MiB is billed from the upstream\'s usage, its usage.c
 });
 
 test('an upstream failing mid-stream: the input and the output streamed so far are billed, as for chat', async () => {
-  const k = await (async () => {
-    const c = consoleClient(cp.address, cp.secrets.operatorToken);
-    const key = await createKey(c, { orgId: a.orgId });
-    c.close();
-    await waitUntilKnown(node.url, key.key);
-    return key;
-  })();
+  const k = await gw.fundedKey({ orgId: a.orgId });
   upstream.setMode('cut-stream');
   try {
     const res = await fetch(`${node.url}/v1/responses`, { method: 'POST', headers: { ...bearer(k.key), 'content-type': 'application/json' }, body: JSON.stringify({ model: 'up-chat', input: 'cut me off', stream: true }) });
@@ -248,10 +245,7 @@ test('an upstream failing mid-stream: the input and the output streamed so far a
 });
 
 test('a client leaving mid-stream: the input and the output streamed so far are billed, as for chat', async () => {
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  const k = await createKey(c, { orgId: a.orgId });
-  c.close();
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ orgId: a.orgId });
   upstream.setMode('hold-stream');
   try {
     const abort = new AbortController();
@@ -310,12 +304,9 @@ test('another node learns who owns a response from the control plane: at connect
   // A key of its own in project A: key a's 20 rpm (free tier) are used up by the tests above within
   // one clock minute, and these polls on node 2 count too (this test failed whenever no minute ended
   // during the run).
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  const a1 = await createKey(c, { orgId: a.orgId, projectId: a.projectId });
-  c.close();
-  await waitUntilKnown(node.url, a1.key);
+  const a1 = await gw.fundedKey({ orgId: a.orgId, projectId: a.projectId });
   const early = await client(a1).responses.create({ model: 'up-chat', input: 'made before node 2 started' });
-  const node2 = await startDataPlane(cp, { nodeId: 'responses-node-2' });
+  const node2 = await gw.addNode({ nodeId: 'responses-node-2' });
   await waitUntilKnown(node2.url, a1.key);
   await waitUntilKnown(node2.url, b.key);
   const late = await client(a1).responses.create({ model: 'up-chat', input: 'made while node 2 runs' });
@@ -331,10 +322,7 @@ test('another node learns who owns a response from the control plane: at connect
 });
 
 test('WebSocket mode to an OpenAI-compatible upstream: {base_url}/responses over ws, the model spliced, billed from its usage', async () => {
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  const k = await createKey(c, { orgId: a.orgId });
-  c.close();
-  await waitUntilKnown(node.url, k.key);
+  const k = await gw.fundedKey({ orgId: a.orgId });
   const s = await openRealtime(node.address, { key: k.key, model: 'up-chat', path: '/v1/responses' });
   s.session.send({ type: 'response.create', model: 'up-chat', input: 'over the socket' });
   const done = await s.session.waitFor('response.completed');
@@ -356,10 +344,7 @@ test('WebSocket mode to an OpenAI-compatible upstream: {base_url}/responses over
 
 test("README's client.responses.create example runs as written against the demo provider", async () => {
   // A key of its own: key a's 20 rpm may be used up by the tests above within one clock minute.
-  const c = consoleClient(cp.address, cp.secrets.operatorToken);
-  const own = await createKey(c, { orgId: a.orgId });
-  c.close();
-  await waitUntilKnown(node.url, own.key);
+  const own = await gw.fundedKey({ orgId: a.orgId });
   const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
   const section = readme.slice(readme.indexOf('### The Responses API'));
   const block = /```js\n([\s\S]*?)```/.exec(section)![1].replace('http://127.0.0.1:8080/v1', `${node.url}/v1`);

@@ -1,11 +1,12 @@
 // Signed webhooks end to end: a control plane and a node as processes, a destination (an HTTP server
 // on port 0) that checks every signature with the standardwebhooks package.
 import assert from 'node:assert/strict';
-import { after, before, test } from 'node:test';
+import { after, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
-import { consoleClient, createKey, type Console } from '../helpers/console.js';
+import { createKey, type Console } from '../helpers/console.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
-import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, startDataPlane, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { startWebhookReceiver, type ReceivedWebhook, type WebhookReceiver } from '../helpers/webhook-receiver.js';
 
 let cp: ControlPlane;
@@ -13,24 +14,28 @@ let node: DataPlane;
 let admin: Console;
 let recv: WebhookReceiver;
 
-before(async () => {
-  recv = await startWebhookReceiver();
-  cp = await startControlPlane({
-    env: { TEST_HOOK_SECRET: recv.secret },
-    configYaml: configYaml((cfg) => {
-      // About 0.2 USD a request: a few dozen requests cross every threshold.
-      cfg.models.push({ id: 'demo-priced', provider: 'demo', kind: 'chat', input_usd_per_mtok: '10000', output_usd_per_mtok: '10000' });
-      cfg.tiers.paid.models.push('demo-priced');
-      cfg.webhooks = [{ url: recv.url, secret_env: 'TEST_HOOK_SECRET', events: ['*'], retry_initial_ms: 200 }];
-      cfg.webhook_balance_low_usd = '7.00';
-    }),
-  });
-  node = await startDataPlane(cp, { nodeId: 'node-a' });
-  admin = consoleClient(cp.address, cp.secrets.operatorToken);
-});
+gatewayFixture(
+  async () => {
+    recv = await startWebhookReceiver();
+    return {
+      controlPlane: {
+        env: { TEST_HOOK_SECRET: recv.secret },
+        configYaml: configYaml((cfg) => {
+          // About 0.2 USD a request: a few dozen requests cross every threshold.
+          cfg.models.push({ id: 'demo-priced', provider: 'demo', kind: 'chat', input_usd_per_mtok: '10000', output_usd_per_mtok: '10000' });
+          cfg.tiers.paid.models.push('demo-priced');
+          cfg.webhooks = [{ url: recv.url, secret_env: 'TEST_HOOK_SECRET', events: ['*'], retry_initial_ms: 200 }];
+          cfg.webhook_balance_low_usd = '7.00';
+        }),
+      },
+      node: { nodeId: 'node-a' },
+    };
+  },
+  (g) => {
+    ({ cp, node, console: admin } = g);
+  },
+);
 after(async () => {
-  admin?.close();
-  await stopAll();
   await recv?.close();
 });
 
