@@ -3,9 +3,8 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { type DataPlane } from '../helpers/processes.js';
-import { bearer, chatBody, minuteStart, rawRequest, request, setClock } from '../helpers/http.js';
+import { bearer, chatBody, listenLocal, minuteStart, rawRequest, request, setClock } from '../helpers/http.js';
 import { type Console } from '../helpers/console.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
@@ -42,8 +41,7 @@ function releaseHeld(): void {
 
 const gw = gatewayFixture(
   async () => {
-    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
-    const port = (upstream.address() as AddressInfo).port;
+    const port = await listenLocal(upstream);
     return {
       controlPlane: {
         configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'slow-chat', `http://127.0.0.1:${port}/v1`, ['paid'])),

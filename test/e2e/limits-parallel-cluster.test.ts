@@ -4,9 +4,8 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { startControlPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
-import { bearer, chatBody, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
+import { bearer, chatBody, listenLocal, minuteStart, request, setClock, type HttpResult } from '../helpers/http.js';
 import { consoleClient, type Console } from '../helpers/console.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
@@ -32,8 +31,7 @@ function release(n = held.length): void {
 
 const gw = gatewayFixture(
   async () => {
-    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
-    const port = (upstream.address() as AddressInfo).port;
+    const port = await listenLocal(upstream);
     return {
       controlPlane: {
         configYaml: configYaml((cfg) => {

@@ -6,8 +6,8 @@
 // 'big-json': a JSON answer whose output text is BIG_OUTPUT_BYTES long, its usage after it.
 import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { WebSocketServer } from 'ws';
+import { listenLocal } from './http.js';
 
 export const USAGE = {
   input_tokens: 1200,
@@ -114,8 +114,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       ws.send(JSON.stringify({ type: 'response.completed', sequence_number: 2, response }));
     });
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as AddressInfo).port;
+  const port = await listenLocal(server);
   return {
     baseUrl: `http://127.0.0.1:${port}/v1`,
     requests,

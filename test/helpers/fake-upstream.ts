@@ -8,7 +8,7 @@
 // only where OpenAI gives one (verbose_json), unless `transcriptionDuration` is set to null.
 // Speech answers SPEECH_BYTES of audio. Known usage: chat 11 + 6 tokens, embeddings 7.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { listenLocal } from './http.js';
 
 export type UpstreamMode = 'normal' | 'hold-stream' | 'stall' | 'reset-mid-body' | 'no-usage' | 'error-429' | 'hold-body' | 'hold-head';
 
@@ -262,8 +262,7 @@ export async function startFakeUpstream(): Promise<FakeUpstream> {
     sockets.add(s);
     s.on('close', () => sockets.delete(s));
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as AddressInfo).port;
+  const port = await listenLocal(server);
 
   const fake: FakeUpstream = {
     transcriptionDuration: 42,

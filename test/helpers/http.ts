@@ -1,7 +1,7 @@
 // Small HTTP helpers for tests: a JSON request with the status, headers and parsed body, the test
 // clock of a node (POST /test/clock on its admin listener, enabled by TOLLGATE_TEST_CLOCK=1), and
 // raw requests for what fetch will not send (a lying Content-Length).
-import { connect } from 'node:net';
+import { connect, type AddressInfo, type Server } from 'node:net';
 
 export interface HttpResult {
   status: number;
@@ -76,4 +76,10 @@ export function rawRequest(hostPort: string, head: string, body?: Buffer, opts: 
     sock.on('error', (e) => (data ? resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(data)?.[1] ?? 0), text: data }) : reject(e)));
     sock.on('close', () => resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(data)?.[1] ?? 0), text: data }));
   });
+}
+
+/** Starts `server` listening on a free loopback port (port 0); resolves with the port. */
+export async function listenLocal(server: Server): Promise<number> {
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return (server.address() as AddressInfo).port;
 }

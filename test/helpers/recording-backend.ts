@@ -1,7 +1,8 @@
 // A tool backend for tests (plain node:http): records every request exactly as it arrived (method, the
 // raw request target, headers, raw header lines, body) and answers 200 with a small JSON body.
 import { createServer, type IncomingMessage, type Server } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import type { Socket } from 'node:net';
+import { listenLocal } from './http.js';
 
 export interface RecordedRequest {
   method: string;
@@ -41,8 +42,7 @@ export async function startRecordingBackend(): Promise<RecordingBackend> {
     sockets.add(s);
     s.on('close', () => sockets.delete(s));
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const port = (server.address() as AddressInfo).port;
+  const port = await listenLocal(server);
   return {
     baseUrl: `http://127.0.0.1:${port}`,
     requests,
