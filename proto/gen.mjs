@@ -5,10 +5,11 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, cpSync, exist
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const committed = join(root, 'proto', 'gen');
-const check = process.argv.includes('--check');
+const check = parseArgs({ options: { check: { type: 'boolean', default: false } } }).values.check;
 const buf = join(root, 'node_modules', '.bin', 'buf');
 const out = mkdtempSync(join(tmpdir(), 'tollgate-proto-'));
 

@@ -4,12 +4,12 @@ import { parseArgs } from 'node:util';
 
 export const { values: opts } = parseArgs({
   options: {
-    keys: { type: 'string', default: '5000' },
-    orgs: { type: 'string', default: '500' },
-    rate: { type: 'string', default: '400' },
+    keys: { type: 'string' },
+    orgs: { type: 'string' },
+    rate: { type: 'string' },
     zipf: { type: 'string', default: '1.0' },
     duration: { type: 'string', default: '30' },
-    nodes: { type: 'string', default: '1,3' },
+    nodes: { type: 'string' },
     idle: { type: 'string', default: '3' },
     warmup: { type: 'string', default: '0' },
     'no-align': { type: 'boolean', default: false },
@@ -21,13 +21,12 @@ export const { values: opts } = parseArgs({
   },
 });
 export const FAKE = opts['fake-nodes']!;
-// Cluster scale (target 3) unless told otherwise: 10 simulated nodes, 100,000 req/s, 100,000 keys in 10,000 organisations.
-if (FAKE) {
-  opts.keys = process.argv.includes('--keys') ? opts.keys : '100000';
-  opts.orgs = process.argv.includes('--orgs') ? opts.orgs : '10000';
-  opts.rate = process.argv.includes('--rate') ? opts.rate : '100000';
-  opts.nodes = process.argv.includes('--nodes') ? opts.nodes : '10';
-}
+// Defaults: 5,000 keys in 500 organisations at 400 req/s on 1 then 3 nodes; with --fake-nodes, cluster
+// scale (target 3): 10 simulated nodes, 100,000 req/s, 100,000 keys in 10,000 organisations.
+opts.keys ??= FAKE ? '100000' : '5000';
+opts.orgs ??= FAKE ? '10000' : '500';
+opts.rate ??= FAKE ? '100000' : '400';
+opts.nodes ??= FAKE ? '10' : '1,3';
 export const KEYS = positive('keys');
 export const ORGS = Math.min(positive('orgs'), KEYS);
 export const RATE = positive('rate');

@@ -9,6 +9,7 @@ import { consoleClient, type Console } from '../helpers/console.js';
 import { bearer, request, setClock } from '../helpers/http.js';
 import { cliJsonAsync, runCliAsync, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { startWebhookReceiver, type WebhookReceiver } from '../helpers/webhook-receiver.js';
+import { within } from '../helpers/data-plane.js';
 
 let cp: ControlPlane;
 let nodeA: DataPlane;
@@ -70,15 +71,6 @@ after(async () => {
 });
 
 const models = (node: DataPlane, key: string) => request(`${node.url}/v1/models`, { headers: bearer(key) });
-
-async function within(ms: number, probe: () => Promise<boolean>): Promise<boolean> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await probe()) return true;
-    if (Date.now() > deadline) return false;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
 
 test('a key expires on both nodes, one of them cut off from the control plane, and is then revoked as expired', async () => {
   const created = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'hour', '--expires-in', '1h']);

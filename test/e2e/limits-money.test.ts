@@ -8,6 +8,7 @@ import { bearer, chatBody, request } from '../helpers/http.js';
 import { type Console } from '../helpers/console.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { within } from '../helpers/data-plane.js';
 
 let cp: ControlPlane;
 let node: DataPlane;
@@ -25,15 +26,6 @@ const gw = gatewayFixture(() => ({ controlPlane: { configYaml: configYaml(pricey
 });
 
 /** Polls `probe` until it returns true, at most `ms`; for state that propagates asynchronously by design. */
-async function within(ms: number, probe: () => Promise<boolean>): Promise<boolean> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await probe()) return true;
-    if (Date.now() > deadline) return false;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
 test('a free organisation spends its 5.00 USD grant and the next request gets 401 insufficient_quota', async () => {
   const { key, orgId } = await gw.fundedKey({ tier: 'free' });
   let admitted = 0;

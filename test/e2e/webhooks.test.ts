@@ -8,6 +8,7 @@ import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
 import { cliJsonAsync, runCliAsync, startDataPlane, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { startWebhookReceiver, type ReceivedWebhook, type WebhookReceiver } from '../helpers/webhook-receiver.js';
+import { within } from '../helpers/data-plane.js';
 
 let cp: ControlPlane;
 let node: DataPlane;
@@ -42,15 +43,6 @@ after(async () => {
 const delivered = (r: ReceivedWebhook[], type: string, pred: (w: ReceivedWebhook) => boolean = () => true) => r.filter((w) => w.type === type && w.answered < 300 && pred(w));
 
 /** Polls `probe` until it holds, at most `ms` (state the control plane reaches asynchronously by design). */
-async function within(ms: number, probe: () => Promise<boolean>): Promise<boolean> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await probe()) return true;
-    if (Date.now() > deadline) return false;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
-
 test('key.created reaches a destination that failed first: delivered once, the same webhook-id, every attempt signed', async () => {
   recv.answers = [500, 502];
   const { key, keyId, orgId, projectId } = await createKey(admin, { tier: 'paid' });

@@ -18,9 +18,15 @@ export async function waitUntilKnown(nodeUrl: string, key: string, timeoutMs = 1
 
 /** Polls until `check` resolves true (for state that arrives asynchronously by sync). */
 export async function eventually(check: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+  if (!(await within(timeoutMs, check))) throw new Error(`timed out waiting for ${what}`);
+}
+
+/** Polls `probe` every 25 ms until it holds (true) or `ms` passed (false): for an assertion with its own message. */
+export async function within(ms: number, probe: () => Promise<boolean>): Promise<boolean> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    if (await probe()) return true;
+    if (Date.now() > deadline) return false;
     await sleep(25);
   }
 }
