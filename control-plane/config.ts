@@ -26,6 +26,8 @@ export interface ControlPlaneConfig {
   operatorTokenCreatedAt: string | null;
   nodeToken: string;
   revokeAckTimeoutMs: number;
+  /** `--rejoin-grace-ms` (default 3,000): how long after its start it waits for the nodes connected before (docs/leases.md). */
+  rejoinGraceMs: number;
   /** `--log-level` (default info). */
   logLevel: LogLevel;
   /** Server certificate and key; with `ca`, every client must present a certificate it signed. */
@@ -41,9 +43,9 @@ export interface ControlPlaneConfig {
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
+  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--rejoin-grace-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = ['db', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
+const FLAGS = ['db', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'rejoin-grace-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -105,6 +107,9 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     revokeAckTimeoutMs = Number(rawTimeout);
   }
 
+  const rawGrace = flags['rejoin-grace-ms'] ?? '3000';
+  if (!/^\d{1,9}$/.test(rawGrace)) throw new ConfigError(`--rejoin-grace-ms must be a whole number of milliseconds, got ${JSON.stringify(rawGrace)}`);
+
   let operatorToken = env.TOLLGATE_OPERATOR_TOKEN || '';
   let operatorTokenCreatedAt: string | null = null;
   if (!operatorToken) {
@@ -150,6 +155,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     operatorTokenCreatedAt,
     nodeToken,
     revokeAckTimeoutMs,
+    rejoinGraceMs: Number(rawGrace),
     logLevel,
     tls,
   } as ControlPlaneConfig);

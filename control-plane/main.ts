@@ -46,6 +46,7 @@ async function main(): Promise<void> {
     snapshotPartEntries: cfg.snapshotPartEntries,
     onNodeDisconnected: (node) => webhooks.nodeDisconnected(node, (id) => sync.liveNodes().some((n) => n.id === id)),
   });
+  await sync.expectRejoin(cfg.rejoinGraceMs);
   // Project caps' and key limits' 80 % and 100 % thresholds, once per period (docs/money-limits.md).
   sync.moneyPools.onSpent = (spent) => {
     webhooks.events.limitThresholds(spent).catch((err: Error) => log(`webhooks: ${spent.kind} limit threshold not recorded: ${err.message}`));

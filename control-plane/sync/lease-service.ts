@@ -19,7 +19,15 @@ const MONEY_RECLAIM_TIMEOUT_MS = 1000;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
 const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
 
+/** How often a want that waits for the nodes connected before the start is told it still waits. */
+const REJOIN_NOTICE_MS = 1000;
+
 let reclaimIds = 0;
+
+/** The node is told the answer to its wants waits (for reclaims, or for nodes to come back), so it does not take it as late. */
+function tellWaiting(s: NodeSession): void {
+  s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
+}
 
 export class LeaseService {
   private readonly keyLeases = new KeyLeaseLedger((keyId) => {
@@ -39,6 +47,11 @@ export class LeaseService {
     /** Every connected node's session (the sync service's set). */
     private readonly sessions: ReadonlySet<NodeSession>,
     private readonly log: (line: string) => void,
+    /**
+     * While the control plane waits for the nodes connected before its start (rejoin.ts): resolves
+     * when it stops waiting. Null: not waiting. No want is answered and no share granted until then.
+     */
+    private readonly rejoining: () => Promise<void> | null = () => null,
   ) {
     this.moneyPools = new MoneyPools(state.snapshots, () => state.now());
   }
@@ -104,6 +117,13 @@ export class LeaseService {
    * the parallel slots. Only with several nodes; after any node that was alone said what it holds.
    */
   private grantShares(s: NodeSession, minute: number, slots: boolean): void {
+    const rejoining = this.rejoining();
+    if (rejoining) {
+      void rejoining.then(() => {
+        if (!s.closed) this.grantShares(s, minute, slots);
+      });
+      return;
+    }
     const whole = [...this.sessions].filter((x) => x.mayHoldWhole).map((x) => x.wholeReclaim);
     const answer = () => {
       if (s.closed) return;
@@ -122,7 +142,7 @@ export class LeaseService {
       s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk, slotShare, reclaiming: false, orgSlices: false } });
     };
     if (whole.length > 0 && this.sessions.size >= 2) {
-      s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
+      tellWaiting(s);
       void Promise.all(whole).then(answer);
     }
     else answer();
@@ -199,6 +219,15 @@ export class LeaseService {
    * RECLAIM_TIMEOUT_MS): a shortfall after that is final.
    */
   private async grantLeases(s: NodeSession, req: LeaseRequest): Promise<void> {
+    const rejoining = this.rejoining();
+    if (rejoining) {
+      // What a node not yet back holds is unknown: the node is told its answer waits, again each
+      // second, within its patience for such a notice (data-plane lease-client.ts RECLAIMING_WAIT_MS).
+      tellWaiting(s);
+      const again = setInterval(() => tellWaiting(s), REJOIN_NOTICE_MS);
+      await rejoining;
+      clearInterval(again);
+    }
     const keys: KeyLease[] = [];
     const keyReclaims = new Map<string, KeyMinuteRef[]>();
     let waitWhole = false;
@@ -230,7 +259,7 @@ export class LeaseService {
     }
     if (laterKeys.length > 0 || laterSlots.length > 0) {
       // The node is told its answer waits for reclaims, so it does not take it as late.
-      s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
+      tellWaiting(s);
       const waits: Promise<void>[] = [];
       if (waitWhole) for (const x of this.sessions) if (x !== s && x.mayHoldWhole) waits.push(x.wholeReclaim);
       for (const target of this.sessions) {
@@ -296,7 +325,7 @@ export class LeaseService {
     }
     if (later.length > 0) {
       // The node is told its answer waits for reclaims, so it does not take it as late.
-      s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
+      tellWaiting(s);
       const waits: Promise<void>[] = [];
       const ids: number[] = [];
       for (const target of this.sessions) {

@@ -5,10 +5,10 @@
 // lease service (lease-service.ts).
 import { status } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
-import type { Hello, NodeMessage, Report, SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
+import { LeaseRequest, type Hello, type NodeMessage, type Report, type SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { NodeFleet } from '../console/console-service.js';
-import { touchNode, upsertNode } from '../store/sync-repo.js';
+import { connectedNodeIds, nodeDisconnected, nodesGone, touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
 import { LeaseService } from './lease-service.js';
@@ -18,6 +18,7 @@ import { ReportQueue } from './report-queue.js';
 import { queryUsageHandler } from './usage-query.js';
 import { countInbound } from './sync-traffic.js';
 import { PART_ENTRIES } from '../../proto/lib/snapshot-parts.js';
+import { Rejoin } from './rejoin.js';
 
 /** A node left alone holds whole key budgets at once only if no other node was connected this long. */
 const LONE_QUIET_MS = 90_000;
@@ -47,6 +48,8 @@ export class SyncService implements NodeFleet {
   private lastSeveralAtMs = -Infinity;
   /** Set by closeAll: nodes leaving at shutdown are not reported as disconnected. */
   private closing = false;
+  /** The nodes connected to the previous control plane, waited for after the start (rejoin.ts). */
+  private rejoin: Rejoin | null = null;
 
   constructor(
     private readonly state: ControlState,
@@ -54,9 +57,26 @@ export class SyncService implements NodeFleet {
     private readonly opts: SyncServiceOptions,
   ) {
     this.log = opts.log ?? ((l) => console.log(l));
-    this.leases = new LeaseService(state, this.sessions, this.log);
+    this.leases = new LeaseService(state, this.sessions, this.log, () => (this.rejoin?.pending ? this.rejoin.done : null));
     this.reportQueue = new ReportQueue(ingest, this.sessions, this.leases.moneyLeases, this.leases.moneyPools, this.log);
     this.sessionHost = { snapshot: () => this.state.snapshots.snapshot(), snapshotPartEntries: opts.snapshotPartEntries ?? PART_ENTRIES, drop: (s) => this.drop(s) };
+  }
+
+  /**
+   * Before the server serves: the nodes that were connected when the previous control plane stopped
+   * or died are waited for, up to `graceMs` (docs/leases.md, "A control plane that restarts").
+   */
+  async expectRejoin(graceMs: number): Promise<void> {
+    const expected = await connectedNodeIds(this.state.db);
+    if (expected.length === 0) return;
+    this.log(`sync: waiting up to ${graceMs} ms for the ${expected.length} node${expected.length === 1 ? '' : 's'} connected before the start: ${expected.join(', ')}`);
+    this.rejoin = new Rejoin(expected, graceMs, (missing) => {
+      if (missing.length === 0 || this.closing) return;
+      this.log(`sync: ${missing.length} node${missing.length === 1 ? '' : 's'} did not come back within ${graceMs} ms of the start: ${missing.join(', ')}`);
+      this.persist(() => nodesGone(this.state.db, missing));
+      this.broadcastRoster();
+      if (this.sessions.size === 1) for (const other of this.sessions) other.mayHoldWhole = true;
+    });
   }
 
   /** Projects' caps and keys' own limits (docs/money-limits.md), kept by the lease service. */
@@ -103,6 +123,7 @@ export class SyncService implements NodeFleet {
   /** Ends every stream (at shutdown) so the server can stop. */
   closeAll(): void {
     this.closing = true;
+    this.rejoin?.end();
     for (const s of [...this.sessions]) {
       this.drop(s);
       s.call.end();
@@ -201,8 +222,13 @@ export class SyncService implements NodeFleet {
     // The node stays stale until it holds this version (its catch-up is applied), not merely until
     // the stream is accepted.
     s.enqueue({ caughtUp: { version: store.version } });
+    // What the node holds as it connects counts from now: before the roster, any share or any want.
+    if (hello.heldSlots.length > 0 || hello.heldKeyMinutes.length > 0) {
+      this.leases.onLeaseRequest(s, LeaseRequest.fromPartial({ slotReturns: hello.heldSlots, keyReturns: hello.heldKeyMinutes }));
+    }
+    this.rejoin?.arrived(nodeId);
     this.broadcastRoster();
-    if (this.sessions.size === 1) s.mayHoldWhole = true;
+    if (this.rosterSize() === 1) s.mayHoldWhole = true;
     else for (const other of this.sessions) if (other !== s && other.mayHoldWhole) this.leases.reclaimWhole(other);
     this.log(`sync: node ${nodeId} connected (have ${hello.haveVersion}, current ${store.version}, ${first.kind})`);
     this.persist(() => upsertNode(this.state.db, { id: nodeId, address: hello.listenAddress, connected_at: now, last_seen_at: now, acked_version: hello.haveVersion }));
@@ -246,12 +272,17 @@ export class SyncService implements NodeFleet {
 
   /** Every node learns how many nodes are connected (it sizes each node's cold share of key budgets). */
   private broadcastRoster(): void {
-    const connectedNodes = this.sessions.size;
+    const connectedNodes = this.rosterSize();
     const now = this.state.now();
     if (connectedNodes > 1) this.lastSeveralAtMs = now;
     // A lone node may hold this minute's whole budgets only if nobody else can have used them.
     const wholeNow = connectedNodes === 1 && now - this.lastSeveralAtMs > LONE_QUIET_MS;
     for (const s of this.sessions) s.enqueue({ roster: { connectedNodes, wholeNow } });
+  }
+
+  /** The nodes connected, and those waited for after the start (rejoin.ts). */
+  private rosterSize(): number {
+    return this.sessions.size + (this.rejoin?.missing ?? 0);
   }
 
   private drop(s: NodeSession): void {
@@ -268,10 +299,12 @@ export class SyncService implements NodeFleet {
     for (const w of [...s.waiters]) w.resolve(false);
     this.broadcastRoster();
     // The last node left is alone again: it holds whole key budgets of the minutes it starts.
-    if (this.sessions.size === 1) for (const other of this.sessions) other.mayHoldWhole = true;
+    if (this.rosterSize() === 1) for (const other of this.sessions) other.mayHoldWhole = true;
     this.log(`sync: node ${s.nodeId} disconnected`);
     if (!this.closing) this.opts.onNodeDisconnected?.({ id: s.nodeId, address: s.address, connectedAt: s.connectedAt, lastSeenAt: s.lastSeenAt });
-    this.persist(() => touchNode(this.state.db, s.nodeId, this.state.nowIso(), s.ackedVersion));
+    // At shutdown the node stays marked connected: the next control plane waits for it.
+    const at = this.state.nowIso();
+    this.persist(() => (this.closing ? touchNode(this.state.db, s.nodeId, at, s.ackedVersion) : nodeDisconnected(this.state.db, s.nodeId, at, s.ackedVersion)));
   }
 
   private persist(write: () => Promise<unknown>): void {

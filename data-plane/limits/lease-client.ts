@@ -10,7 +10,7 @@
 // - parallel-request slots (lease-slots.ts);
 // - organisations' money slices (lease-money.ts).
 // A reclaim, a give-back when the node stops and a connection change go through every part in turn.
-import type { BulkShare, KeyLease, LeaseReclaim, SlotLease, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
+import type { BulkShare, KeyLease, KeyLeaseReturn, LeaseReclaim, SlotHeld, SlotLease, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 import { LeaseLink, wake, type LeaseRequestOut } from './lease-link.js';
@@ -72,6 +72,15 @@ export class LeaseClient implements AllowanceSource {
     }
     this.link.connected = connected;
     if (connected && connectedNodes !== undefined) this.setConnectedNodes(connectedNodes);
+  }
+
+  /**
+   * What the node holds between connections (its slots in use, what it used of this minute's key
+   * minutes), said in its Hello: a control plane that restarted counts it from the moment the node is
+   * connected (docs/leases.md, "A control plane that restarts").
+   */
+  held(): { heldSlots: SlotHeld[]; heldKeyMinutes: KeyLeaseReturn[] } {
+    return { heldSlots: this.slots.inUse(), heldKeyMinutes: this.keys.held(minuteOf(this.link.clock.now())) };
   }
 
   /**

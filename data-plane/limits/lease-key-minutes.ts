@@ -383,13 +383,20 @@ export class LeaseKeyMinutes {
     this.usedDirty.clear();
   }
 
-  /** On a new connection: what this node holds of the current minute's key minutes is said at once (LeaseClient.sayHeld). */
-  sayHeld(minute: number): void {
+  /** What this node holds of the minute's key minutes (said in a Hello, and at once on a new connection). */
+  held(minute: number): KeyLeaseReturn[] {
+    const out: KeyLeaseReturn[] = [];
     for (const [keyId, k] of this.keys) {
       const heldRequests = finiteOrZero(k.allowRequests);
       const heldTokens = finiteOrZero(k.allowTokens);
-      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) this.link.keyReturns.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
+      if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) out.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
     }
+    return out;
+  }
+
+  /** On a new connection: what this node holds of the current minute's key minutes is said at once (LeaseClient.sayHeld). */
+  sayHeld(minute: number): void {
+    this.link.keyReturns.push(...this.held(minute));
   }
 
   wakeAll(): void {

@@ -6,7 +6,7 @@
 // refused only when every slot of the key is in use across the cluster. A lone node, or one cut off,
 // counts the key's limit locally.
 import { leaseChunk, standingShare } from '../../proto/lib/leases.js';
-import type { SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { SlotHeld, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits } from './key-budgets.js';
 import { finiteLimit, PENDING_STALE_MS, wake, type LeaseLink } from './lease-link.js';
 import type { StandingShare, LeaseStandingShares } from './lease-standing-shares.js';
@@ -240,6 +240,13 @@ export class LeaseSlots {
       sl.finalAtMs = 0;
       sl.dryAtMs = -Infinity;
     }
+  }
+
+  /** The slots in use here, as said in a Hello (LeaseClient.held): between connections a node holds what it uses. */
+  inUse(): SlotHeld[] {
+    const out: SlotHeld[] = [];
+    for (const [keyId, sl] of this.slots) if (sl.inUse > 0) out.push({ keyId, held: sl.inUse, returned: 0 });
+    return out;
   }
 
   /** On a new connection: the slots in use here are said at once (LeaseClient.sayHeld). */

@@ -190,6 +190,7 @@ export class SyncClient {
         listenAddress: this.opts.listenAddress,
         storedResponsesSeq: this.storedResponsesSeq,
         snapshotParts: true,
+        ...(this.opts.leases?.held() ?? { heldSlots: [], heldKeyMinutes: [] }),
       },
     });
     this.sendStatus();

@@ -4,7 +4,7 @@
 // releases them. That is how a test observes "the record stays active until every node acked".
 import { credentials, Metadata, type ClientDuplexStream } from '@grpc/grpc-js';
 import { randomBytes } from 'node:crypto';
-import { SyncServiceClient, type ControlMessage, type Delta, type NodeMessage, type Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
+import { SyncServiceClient, type ControlMessage, type Delta, type Hello, type NodeMessage, type Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
 import { pepperCheck } from '../../proto/lib/keys.js';
 import type { Secrets } from './processes.js';
 
@@ -16,6 +16,8 @@ export interface FakeNodeOptions {
   listenAddress?: string;
   /** Told every message from the control plane (lease grants, for a fake node that plays leases). */
   onMessage?: (msg: ControlMessage) => void;
+  /** What the node says it holds in its Hello (parallel slots in use, key minutes). */
+  held?: Pick<Hello, 'heldSlots' | 'heldKeyMinutes'>;
 }
 
 export interface FakeNode {
@@ -122,6 +124,8 @@ export async function startFakeNode(
       pepperCheck: pepperCheck(Buffer.from(cp.secrets.pepper, 'utf8')),
       haveVersion: 0,
       listenAddress: opts.listenAddress ?? '127.0.0.1:0',
+      heldSlots: opts.held?.heldSlots ?? [],
+      heldKeyMinutes: opts.held?.heldKeyMinutes ?? [],
     },
   });
 

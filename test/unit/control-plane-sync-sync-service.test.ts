@@ -17,7 +17,7 @@ import { SyncService } from '../../control-plane/sync/sync-service.js';
 import { SnapshotStore } from '../../control-plane/snapshot-store.js';
 import type { ControlState } from '../../control-plane/control-state.js';
 import type { ReportIngest } from '../../control-plane/sync/report-ingest.js';
-import { GatewayConfig, KeyEntry, type Change, type ControlMessage, type NodeMessage, type Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
+import { GatewayConfig, Hello, KeyEntry, type Change, type ControlMessage, type NodeMessage, type Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
 import { pepperCheck } from '../../proto/lib/keys.js';
 
 const NODE_TOKEN = 'node-token-for-the-unit-test';
@@ -127,7 +127,7 @@ class FakeStream extends EventEmitter {
   hello(haveVersion = this.held?.version ?? 0, nodeId = 'node-a', partEntries = 0): void {
     this.helloVersion = haveVersion > 0 ? haveVersion : undefined;
     this.partEntries = partEntries;
-    this.send({ hello: { nodeId, instanceId: `inst-${nodeId}`, pepperCheck: pepperCheck(PEPPER), haveVersion, listenAddress: '127.0.0.1:1', snapshotParts: partEntries > 0 } });
+    this.send({ hello: Hello.fromPartial({ nodeId, instanceId: `inst-${nodeId}`, pepperCheck: pepperCheck(PEPPER), haveVersion, listenAddress: '127.0.0.1:1', snapshotParts: partEntries > 0 }) });
   }
 
   send(msg: NodeMessage): void {
@@ -269,7 +269,7 @@ test('after a gap (the node is older than what is retained, or claims a version 
   // holds is unknown, so a delta of any kind would be a violation; it must get a snapshot at 8.
   const ahead = new FakeStream();
   connect(ahead);
-  ahead.send({ hello: { nodeId: 'node-b', instanceId: 'inst-b', pepperCheck: pepperCheck(PEPPER), haveVersion: 50, listenAddress: '' } });
+  ahead.send({ hello: Hello.fromPartial({ nodeId: 'node-b', instanceId: 'inst-b', pepperCheck: pepperCheck(PEPPER), haveVersion: 50, listenAddress: '' }) });
   assert.deepEqual(ahead.versions(), ['snapshot@8']);
   ahead.check(store);
 });
@@ -376,7 +376,7 @@ test('a wrong node token or a first message other than hello ends the stream wit
   assert.equal(noHello.failure?.code, status.FAILED_PRECONDITION);
   const badPepper = new FakeStream();
   connect(badPepper);
-  badPepper.send({ hello: { nodeId: 'x', instanceId: 'i', pepperCheck: pepperCheck(Buffer.from('another pepper')), haveVersion: 0, listenAddress: '' } });
+  badPepper.send({ hello: Hello.fromPartial({ nodeId: 'x', instanceId: 'i', pepperCheck: pepperCheck(Buffer.from('another pepper')), haveVersion: 0, listenAddress: '' }) });
   assert.equal(badPepper.failure?.code, status.FAILED_PRECONDITION);
   for (const s of [wrong, noHello, badPepper]) assert.deepEqual(s.sent, []);
   assert.equal(sync.connectedCount(), 0);

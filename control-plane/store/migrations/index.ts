@@ -10,6 +10,7 @@ import { sql as auditLog } from './016-audit-log.js';
 import { sql as keyExpiry } from './017-key-expiry.js';
 import { sql as storedResponses } from './035-stored-responses.js';
 import { sql as moneyLimits } from './036-money-limits.js';
+import { sql as nodesConnected } from './037-nodes-connected.js';
 
 export interface Migration {
   version: number;
@@ -28,4 +29,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 17, name: 'key-expiry', sql: keyExpiry },
   { version: 35, name: 'stored-responses', sql: storedResponses },
   { version: 36, name: 'money-limits', sql: moneyLimits },
+  { version: 37, name: 'nodes-connected', sql: nodesConnected },
 ];

@@ -142,7 +142,17 @@ export interface Hello {
    * The node takes a large snapshot in parts (Snapshot.part): a control plane sends it so to such a
    * node only, and whole to one that does not say this.
    */
-  snapshotParts?: boolean | undefined;
+  snapshotParts?:
+    | boolean
+    | undefined;
+  /**
+   * What the node holds as it connects (docs/leases.md, "A control plane that restarts"): its
+   * parallel slots in use and what it holds of the current minute's key budgets. Counted as this
+   * connection's from its first moment, so a node listed as connected never has requests in flight
+   * that the control plane does not count.
+   */
+  heldSlots: SlotHeld[];
+  heldKeyMinutes: KeyLeaseReturn[];
 }
 
 export interface Ack {
@@ -1830,6 +1840,8 @@ function createBaseHello(): Hello {
     listenAddress: "",
     storedResponsesSeq: undefined,
     snapshotParts: undefined,
+    heldSlots: [],
+    heldKeyMinutes: [],
   };
 }
 
@@ -1855,6 +1867,12 @@ export const Hello: MessageFns<Hello> = {
     }
     if (message.snapshotParts !== undefined) {
       writer.uint32(7208).bool(message.snapshotParts);
+    }
+    for (const v of message.heldSlots) {
+      SlotHeld.encode(v!, writer.uint32(6482).fork()).join();
+    }
+    for (const v of message.heldKeyMinutes) {
+      KeyLeaseReturn.encode(v!, writer.uint32(6490).fork()).join();
     }
     return writer;
   },
@@ -1928,6 +1946,22 @@ export const Hello: MessageFns<Hello> = {
             message.snapshotParts = reader.bool();
             continue;
           }
+          case 810: {
+            if (tag !== 6482) {
+              break;
+            }
+
+            message.heldSlots.push(SlotHeld.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 811: {
+            if (tag !== 6490) {
+              break;
+            }
+
+            message.heldKeyMinutes.push(KeyLeaseReturn.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1977,6 +2011,16 @@ export const Hello: MessageFns<Hello> = {
         : isSet(object.snapshot_parts)
         ? globalThis.Boolean(object.snapshot_parts)
         : undefined,
+      heldSlots: globalThis.Array.isArray(object?.heldSlots)
+        ? object.heldSlots.map((e: any) => SlotHeld.fromJSON(e))
+        : globalThis.Array.isArray(object?.held_slots)
+        ? object.held_slots.map((e: any) => SlotHeld.fromJSON(e))
+        : [],
+      heldKeyMinutes: globalThis.Array.isArray(object?.heldKeyMinutes)
+        ? object.heldKeyMinutes.map((e: any) => KeyLeaseReturn.fromJSON(e))
+        : globalThis.Array.isArray(object?.held_key_minutes)
+        ? object.held_key_minutes.map((e: any) => KeyLeaseReturn.fromJSON(e))
+        : [],
     };
   },
 
@@ -2003,6 +2047,12 @@ export const Hello: MessageFns<Hello> = {
     if (message.snapshotParts !== undefined) {
       obj.snapshotParts = message.snapshotParts;
     }
+    if (message.heldSlots?.length) {
+      obj.heldSlots = message.heldSlots.map((e) => SlotHeld.toJSON(e));
+    }
+    if (message.heldKeyMinutes?.length) {
+      obj.heldKeyMinutes = message.heldKeyMinutes.map((e) => KeyLeaseReturn.toJSON(e));
+    }
     return obj;
   },
 
@@ -2018,6 +2068,8 @@ export const Hello: MessageFns<Hello> = {
     message.listenAddress = object.listenAddress ?? "";
     message.storedResponsesSeq = object.storedResponsesSeq ?? undefined;
     message.snapshotParts = object.snapshotParts ?? undefined;
+    message.heldSlots = object.heldSlots?.map((e) => SlotHeld.fromPartial(e)) || [];
+    message.heldKeyMinutes = object.heldKeyMinutes?.map((e) => KeyLeaseReturn.fromPartial(e)) || [];
     return message;
   },
 };
