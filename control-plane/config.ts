@@ -26,7 +26,7 @@ export interface ControlPlaneConfig {
   operatorTokenCreatedAt: string | null;
   nodeToken: string;
   revokeAckTimeoutMs: number;
-  /** `--rejoin-grace-ms` (default 3,000): how long after its start it waits for the nodes connected before (docs/leases.md). */
+  /** `--rejoin-grace-ms` (default 5,000): how long after its start it waits for the nodes connected before (docs/leases.md). */
   rejoinGraceMs: number;
   /** `--log-level` (default info). */
   logLevel: LogLevel;
@@ -107,7 +107,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     revokeAckTimeoutMs = Number(rawTimeout);
   }
 
-  const rawGrace = flags['rejoin-grace-ms'] ?? '3000';
+  const rawGrace = flags['rejoin-grace-ms'] ?? '5000';
   if (!/^\d{1,9}$/.test(rawGrace)) throw new ConfigError(`--rejoin-grace-ms must be a whole number of milliseconds, got ${JSON.stringify(rawGrace)}`);
 
   let operatorToken = env.TOLLGATE_OPERATOR_TOKEN || '';

@@ -99,6 +99,7 @@ async function main(): Promise<void> {
       else reject(new ConfigError(`--listen ${cfg.listen}: cannot listen (${err.message})`));
     }),
   );
+  sync.startRejoinGrace();
   if (cfg.operatorTokenCreatedAt) {
     // Shown once, to the operator who started it: a plain line on the terminal, never a log event.
     console.log(`operator token: ${cfg.operatorToken}`);

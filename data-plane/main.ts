@@ -140,7 +140,7 @@ async function main(): Promise<void> {
   registerDrainable({ open: openReplies, closeAll: closeOpenReplies });
   registerDrainable({ open: () => api.realtime.open, closeAll: () => api.realtime.closeAll('the gateway node is shutting down; reconnect') });
   if (config.adminHost !== null) {
-    const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState(), standing: leases.standingState() }));
+    const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState(), standing: leases.standingState(), roster: leases.rosterState() }));
     // Open realtime sessions, paused upstreams and the most bytes held for one client (`?reset=1`).
     admin.get('/stats/realtime', (res, req) => {
       res.writeHeader('content-type', 'application/json').end(JSON.stringify(api.realtime.stats.snapshot(req.getQuery('reset') === '1')));

@@ -19,12 +19,9 @@ const MONEY_RECLAIM_TIMEOUT_MS = 1000;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
 const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
 
-/** How often a want that waits for the nodes connected before the start is told it still waits. */
-const REJOIN_NOTICE_MS = 1000;
-
 let reclaimIds = 0;
 
-/** The node is told the answer to its wants waits (for reclaims, or for nodes to come back), so it does not take it as late. */
+/** The node is told the answer to its wants waits for reclaims, so it does not take it as late. */
 function tellWaiting(s: NodeSession): void {
   s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
 }
@@ -219,15 +216,10 @@ export class LeaseService {
    * RECLAIM_TIMEOUT_MS): a shortfall after that is final.
    */
   private async grantLeases(s: NodeSession, req: LeaseRequest): Promise<void> {
+    // What a node not yet back holds is unknown: the answer waits for it (the roster told every node
+    // so, Roster.rejoining, and their requests wait meanwhile).
     const rejoining = this.rejoining();
-    if (rejoining) {
-      // What a node not yet back holds is unknown: the node is told its answer waits, again each
-      // second, within its patience for such a notice (data-plane lease-client.ts RECLAIMING_WAIT_MS).
-      tellWaiting(s);
-      const again = setInterval(() => tellWaiting(s), REJOIN_NOTICE_MS);
-      await rejoining;
-      clearInterval(again);
-    }
+    if (rejoining) await rejoining;
     const keys: KeyLease[] = [];
     const keyReclaims = new Map<string, KeyMinuteRef[]>();
     let waitWhole = false;

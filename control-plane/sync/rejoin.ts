@@ -15,17 +15,20 @@ export class Rejoin {
 
   constructor(
     expected: readonly string[],
-    graceMs: number,
+    private readonly graceMs: number,
     /** Called once at the end with the nodes that did not come back (none when all did). */
     private readonly onEnd: (missing: string[]) => void,
   ) {
     this.absent = new Set(expected);
     this.done = new Promise((resolve) => (this.finish = resolve));
     if (this.absent.size === 0) this.end();
-    else {
-      this.timer = setTimeout(() => this.end(), graceMs);
-      this.timer.unref();
-    }
+  }
+
+  /** The grace starts when the nodes can connect (the server listens). */
+  startGrace(): void {
+    if (this.ended || this.timer) return;
+    this.timer = setTimeout(() => this.end(), this.graceMs);
+    this.timer.unref();
   }
 
   /** Still waiting for some node. */

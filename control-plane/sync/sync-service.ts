@@ -64,19 +64,28 @@ export class SyncService implements NodeFleet {
 
   /**
    * Before the server serves: the nodes that were connected when the previous control plane stopped
-   * or died are waited for, up to `graceMs` (docs/leases.md, "A control plane that restarts").
+   * or died are waited for, up to `graceMs` from startRejoinGrace (docs/leases.md, "A control plane
+   * that restarts").
    */
   async expectRejoin(graceMs: number): Promise<void> {
     const expected = await connectedNodeIds(this.state.db);
     if (expected.length === 0) return;
     this.log(`sync: waiting up to ${graceMs} ms for the ${expected.length} node${expected.length === 1 ? '' : 's'} connected before the start: ${expected.join(', ')}`);
     this.rejoin = new Rejoin(expected, graceMs, (missing) => {
-      if (missing.length === 0 || this.closing) return;
-      this.log(`sync: ${missing.length} node${missing.length === 1 ? '' : 's'} did not come back within ${graceMs} ms of the start: ${missing.join(', ')}`);
-      this.persist(() => nodesGone(this.state.db, missing));
+      if (this.closing) return;
+      if (missing.length > 0) {
+        this.log(`sync: ${missing.length} node${missing.length === 1 ? '' : 's'} did not come back within ${graceMs} ms of the start: ${missing.join(', ')}`);
+        this.persist(() => nodesGone(this.state.db, missing));
+        if (this.sessions.size === 1) for (const other of this.sessions) other.mayHoldWhole = true;
+      }
+      // Every node learns the wait is over (and how many are connected) before the answers it held back.
       this.broadcastRoster();
-      if (this.sessions.size === 1) for (const other of this.sessions) other.mayHoldWhole = true;
     });
+  }
+
+  /** The server listens: the grace of the nodes waited for starts now. */
+  startRejoinGrace(): void {
+    this.rejoin?.startGrace();
   }
 
   /** Projects' caps and keys' own limits (docs/money-limits.md), kept by the lease service. */
@@ -277,7 +286,8 @@ export class SyncService implements NodeFleet {
     if (connectedNodes > 1) this.lastSeveralAtMs = now;
     // A lone node may hold this minute's whole budgets only if nobody else can have used them.
     const wholeNow = connectedNodes === 1 && now - this.lastSeveralAtMs > LONE_QUIET_MS;
-    for (const s of this.sessions) s.enqueue({ roster: { connectedNodes, wholeNow } });
+    const rejoining = this.rejoin?.pending === true;
+    for (const s of this.sessions) s.enqueue({ roster: { connectedNodes, wholeNow, rejoining } });
   }
 
   /** The nodes connected, and those waited for after the start (rejoin.ts). */

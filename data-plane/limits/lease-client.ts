@@ -33,6 +33,8 @@ export class LeaseClient implements AllowanceSource {
   private readonly money: LeaseMoney;
   /** When (performance.now()) the control plane last said an answer waits for reclaims. */
   private reclaimingAtMs = -Infinity;
+  /** The control plane waits for the nodes connected before its start (Roster.rejoining). */
+  private rejoining = false;
 
   constructor(
     clock: Clock,
@@ -60,6 +62,7 @@ export class LeaseClient implements AllowanceSource {
       this.link.reset();
       this.shares.reset();
       this.reclaimingAtMs = -Infinity;
+      this.rejoining = false;
       this.keys.reset();
       const orgs = this.money.reset();
       this.slots.reset();
@@ -99,7 +102,10 @@ export class LeaseClient implements AllowanceSource {
    * The roster: how many nodes are connected. `wholeNow`: alone, and nobody else was connected lately,
    * so the current minute is whole too (otherwise from the next one).
    */
-  setConnectedNodes(n: number, wholeNow = false): void {
+  setConnectedNodes(n: number, wholeNow = false, rejoining = false): void {
+    // The wait is over: the answers held back follow this roster, so waiting requests are not late.
+    if (this.rejoining && !rejoining) this.noteReclaiming();
+    this.rejoining = rejoining;
     const lone = n <= 1;
     if (!lone) this.link.loneFromMinute = Infinity;
     else if (this.link.loneFromMinute === Infinity) this.link.loneFromMinute = minuteOf(this.link.clock.now()) + (wholeNow ? 0 : 1);
@@ -177,10 +183,17 @@ export class LeaseClient implements AllowanceSource {
 
   /**
    * Whether an answer the request that started at `startedAt` (performance.now()) waits for is known
-   * to be on its way (the control plane said "reclaiming" since): not late yet.
+   * to be on its way (the control plane said "reclaiming" since, or it waits for the nodes connected
+   * before its start: Roster.rejoining): not late yet.
    */
   answerDeferred(startedAt: number): boolean {
-    return this.link.connected && this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS;
+    if (!this.link.connected) return false;
+    return this.rejoining || (this.reclaimingAtMs >= startedAt && performance.now() - this.reclaimingAtMs < RECLAIMING_WAIT_MS);
+  }
+
+  /** For the admin listener: connected, how many nodes the roster counts, and whether the control plane waits for some to come back. */
+  rosterState(): { connected: boolean; nodes: number; rejoining: boolean } {
+    return { connected: this.link.connected, nodes: this.link.nodes, rejoining: this.rejoining };
   }
 
   // ── standing shares (lease-standing-shares.ts) ───────────────────────────

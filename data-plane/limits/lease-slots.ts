@@ -46,6 +46,8 @@ const SLOTS_DRY_MS = 1000;
 /** The parallel slots this node holds, by key (LeaseClient delegates to it). */
 export class LeaseSlots {
   private readonly slots = new Map<string, KeySlots>();
+  /** What the latest Hello said is in use, per key (corrected by sayHeld once the stream is accepted). */
+  private readonly saidInHello = new Map<string, number>();
 
   constructor(
     private readonly link: LeaseLink,
@@ -245,17 +247,30 @@ export class LeaseSlots {
   /** The slots in use here, as said in a Hello (LeaseClient.held): between connections a node holds what it uses. */
   inUse(): SlotHeld[] {
     const out: SlotHeld[] = [];
-    for (const [keyId, sl] of this.slots) if (sl.inUse > 0) out.push({ keyId, held: sl.inUse, returned: 0 });
+    this.saidInHello.clear();
+    for (const [keyId, sl] of this.slots) {
+      if (sl.inUse === 0) continue;
+      out.push({ keyId, held: sl.inUse, returned: 0 });
+      this.saidInHello.set(keyId, sl.inUse);
+    }
     return out;
   }
 
-  /** On a new connection: the slots in use here are said at once (LeaseClient.sayHeld). */
+  /**
+   * On a new connection: the slots in use here are said at once (LeaseClient.sayHeld). What the
+   * Hello said is corrected, not added to: requests that ended since give their slots back, and
+   * those admitted since are taken (a negative `returned`), so the control plane counts exactly
+   * what is in use (SlotLedger.applyHeld keeps the larger of what it counted less what was given
+   * back, and what the node holds).
+   */
   sayHeld(): void {
     for (const [keyId, sl] of this.slots) {
-      if (sl.inUse === 0) continue;
+      const said = this.saidInHello.get(keyId) ?? 0;
+      if (sl.inUse === 0 && said === 0) continue;
       sl.leased = true;
-      this.link.slotReturns.push({ keyId, held: sl.held, returned: 0 });
+      this.link.slotReturns.push({ keyId, held: sl.held, returned: this.saidInHello.has(keyId) ? said - sl.held : 0 });
     }
+    this.saidInHello.clear();
   }
 
   wakeAll(): void {

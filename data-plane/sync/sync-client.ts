@@ -253,7 +253,7 @@ export class SyncClient {
       if (msg.leaseGrant.bulk) leases.applyBulk(msg.leaseGrant.bulk);
       if (msg.leaseGrant.slotShare) leases.applySlotShare(msg.leaseGrant.slotShare);
     } else if (msg.roster && leases) {
-      leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow);
+      leases.setConnectedNodes(msg.roster.connectedNodes, msg.roster.wholeNow, msg.roster.rejoining === true);
     } else if (msg.leaseReclaim && leases) {
       leases.onReclaim(msg.leaseReclaim);
     }

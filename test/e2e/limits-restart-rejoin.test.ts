@@ -9,6 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { startControlPlane, type ControlPlane } from '../helpers/processes.js';
 import { consoleClient } from '../helpers/console.js';
+import { bearer, chatBody, request } from '../helpers/http.js';
 import { launchGateway, type Gateway } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
 import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
@@ -18,17 +19,21 @@ import type { ControlMessage, SlotLease } from '../../proto/gen/tollgate/v1/sync
 const LIMIT = 10;
 const fleet: FakeNode[] = [];
 
+interface RosterSeen {
+  nodes: number;
+  rejoining: boolean;
+}
 
 /** A fake node that keeps every roster and slot grant it is sent. */
 async function node(cp: ControlPlane, nodeId: string, heldSlots: Array<{ keyId: string; held: number }> = []) {
-  const rosters: number[] = [];
+  const rosters: RosterSeen[] = [];
   const slots: SlotLease[] = [];
   const n = await startFakeNode(cp, {
     nodeId,
     holdAcks: false,
     held: { heldSlots: heldSlots.map((h) => ({ ...h, returned: 0 })), heldKeyMinutes: [] },
     onMessage: (m: ControlMessage) => {
-      if (m.roster) rosters.push(m.roster.connectedNodes);
+      if (m.roster) rosters.push({ nodes: m.roster.connectedNodes, rejoining: m.roster.rejoining === true });
       if (m.leaseGrant) slots.push(...m.leaseGrant.slots);
     },
   });
@@ -37,51 +42,77 @@ async function node(cp: ControlPlane, nodeId: string, heldSlots: Array<{ keyId: 
 }
 
 /**
- * A gateway with a key on the paid tier; three nodes connect, then the control plane is killed and
- * started again on its database with `extraArgs`.
+ * A gateway with a key on the paid tier (and a real node `node-r` when asked); the fake nodes
+ * `fakes` connect too, then the control plane is killed and started again on its database and
+ * address with `extraArgs`.
  */
-async function restartUnderThreeNodes(t: { after(fn: () => unknown): void }, extraArgs: string[]): Promise<{ cp: ControlPlane; keyId: string }> {
-  const gw: Gateway = await launchGateway({ controlPlane: { configYaml: configYaml((cfg) => (cfg.tiers.paid.max_parallel_requests = LIMIT)) }, nodes: 0 });
+async function restartUnder(t: { after(fn: () => unknown): void }, fakes: string[], extraArgs: string[], realNode = false) {
+  const gw: Gateway = await launchGateway({
+    controlPlane: { configYaml: configYaml((cfg) => (cfg.tiers.paid.max_parallel_requests = LIMIT)) },
+    nodes: realNode ? [{ nodeId: 'node-r', adminListen: true }] : 0,
+  });
   t.after(() => gw.close());
-  const { keyId } = await gw.fundedKey({ tier: 'paid', creditMicros: 100_000_000 });
+  const key = await gw.fundedKey({ tier: 'paid', creditMicros: 100_000_000 });
   const admin = gw.console;
-  for (const id of ['node-a', 'node-b', 'node-c']) await node(gw.cp, id);
-  await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === 3, 'three nodes connected');
+  for (const id of fakes) await node(gw.cp, id);
+  const all = fakes.length + (realNode ? 1 : 0);
+  await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === all, `${all} nodes connected`);
   await gw.cp.proc.kill('SIGKILL');
   for (const n of fleet.splice(0)) n.close();
-  const cp = await startControlPlane({ dir: gw.cp.dir, secrets: gw.cp.secrets, configPath: gw.cp.configPath, extraArgs });
+  const cp = await startControlPlane({ dir: gw.cp.dir, secrets: gw.cp.secrets, configPath: gw.cp.configPath, listen: gw.cp.address, extraArgs });
   t.after(() => cp.proc.kill('SIGKILL'));
   t.after(() => {
     for (const n of fleet.splice(0)) n.close();
   });
-  return { cp, keyId };
+  const console2 = consoleClient(cp.address, cp.secrets.operatorToken);
+  t.after(() => console2.close());
+  return { cp, keyId: key.keyId, key: key.key, real: gw.nodes[0], admin: console2 };
 }
 
 test('after a restart a node back early is leased nothing until the node using the other slots is back: the eleventh is refused', async (t) => {
-  const { cp, keyId } = await restartUnderThreeNodes(t, ['--rejoin-grace-ms', '60000']);
+  const { cp, keyId, admin } = await restartUnder(t, ['node-a', 'node-b', 'node-c'], ['--rejoin-grace-ms', '60000']);
   // node-c holds nothing; node-b has 5 of the key's requests in flight; node-a (5 more) is not back yet.
   const c = await node(cp, 'node-c');
-  await node(cp, 'node-b', [{ keyId: keyId, held: 5 }]);
-  c.n.write({ leaseRequest: { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [{ keyId: keyId, held: 0, want: 1, need: 1 }], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: true, wantOrgSlices: false } });
-  // The node not yet back counts: node-c is never told it is one of two.
+  await node(cp, 'node-b', [{ keyId, held: 5 }]);
+  c.n.write({ leaseRequest: { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [{ keyId, held: 0, want: 1, need: 1 }], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: true, wantOrgSlices: false } });
+  // The node not yet back counts, and every node is told the control plane waits: node-c is never
+  // told it is one of two.
   await eventually(async () => c.rosters.length >= 2, 'node-c told the roster twice');
-  assert.deepEqual([...new Set(c.rosters)], [3], 'the roster counts the node not yet back');
-  await node(cp, 'node-a', [{ keyId: keyId, held: 5 }]);
+  assert.deepEqual(c.rosters, c.rosters.map(() => ({ nodes: 3, rejoining: true })), 'the roster counts the node not yet back');
+  await node(cp, 'node-a', [{ keyId, held: 5 }]);
   await eventually(async () => c.slots.some((s) => s.keyId === keyId), 'node-c answered');
-  assert.deepEqual(c.slots.filter((s) => s.keyId === keyId), [{ keyId: keyId, slots: 0, final: true }], 'every slot is in use on the two other nodes');
-  const admin = consoleClient(cp.address, cp.secrets.operatorToken);
-  t.after(() => admin.close());
+  assert.deepEqual(c.slots.filter((s) => s.keyId === keyId), [{ keyId, slots: 0, final: true }], 'every slot is in use on the two other nodes');
+  assert.deepEqual(c.rosters.at(-1), { nodes: 3, rejoining: false }, 'the wait is over');
   assert.equal((await admin.listNodes()).nodes.filter((x) => x.connected).length, 3);
 });
 
-test('a node that does not come back within the grace no longer counts: the others are leased its share', async (t) => {
-  const { cp, keyId } = await restartUnderThreeNodes(t, ['--rejoin-grace-ms', '300']);
+test('a node that does not come back within the grace no longer counts: the others are answered, and the roster drops it', async (t) => {
+  const { cp, keyId } = await restartUnder(t, ['node-a', 'node-c'], ['--rejoin-grace-ms', '300']);
+  // node-a never comes back. Whether node-c is back before the grace ends or after, it is answered
+  // once the grace is over, and the roster it is last told counts it alone.
   const c = await node(cp, 'node-c');
-  await node(cp, 'node-b', [{ keyId: keyId, held: 5 }]);
-  c.n.write({ leaseRequest: { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [{ keyId: keyId, held: 0, want: 2, need: 1 }], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false } });
-  // node-a never comes back: after the grace the roster says two, and node-c gets the slots it asked for.
-  await eventually(async () => c.rosters.at(-1) === 2, 'the roster without node-a');
+  c.n.write({ leaseRequest: { keys: [], orgs: [], reclaimId: 0, keyReturns: [], orgReturns: [], leaseEpoch: 1, leaving: false, used: [], usedSeq: 0, slotWants: [{ keyId, held: 0, want: 2, need: 1 }], slotReturns: [], taken: [], bulkMinute: 0, wantSlotShare: false, wantOrgSlices: false } });
+  await cp.proc.waitFor(/did not come back within 300 ms of the start: node-a/);
   await eventually(async () => c.slots.some((s) => s.keyId === keyId), 'node-c answered');
-  assert.deepEqual(c.slots.filter((s) => s.keyId === keyId), [{ keyId: keyId, slots: 2, final: false }]);
-  await cp.proc.waitFor(/sync: 1 node did not come back within 300 ms of the start: node-a/);
+  assert.deepEqual(c.slots.filter((s) => s.keyId === keyId), [{ keyId, slots: 2, final: false }]);
+  await eventually(async () => c.rosters.at(-1)?.rejoining === false, 'node-c told the wait is over');
+  assert.deepEqual(c.rosters.at(-1), { nodes: 1, rejoining: false });
+});
+
+test('a real node back early keeps its request waiting past the lease wait while the control plane waits, and refuses it once the node holding every slot is back', async (t) => {
+  // Before: the node waited its 250 ms for the slot, took one in advance (the control plane was late)
+  // and admitted the eleventh while node-a, not yet back, had all ten in flight.
+  const { cp, keyId, key, real, admin } = await restartUnder(t, ['node-a'], ['--rejoin-grace-ms', '60000'], true);
+  // node-r knows it is back, and that the control plane waits for node-a (its admin listener says).
+  const roster = async () => ((await (await fetch(`${real.adminUrl}/stats/leases`)).json()) as { roster: { connected: boolean; rejoining: boolean } }).roster;
+  await eventually(async () => (await roster()).rejoining, 'node-r back and told the control plane waits', 20_000);
+  assert.equal((await admin.listNodes()).nodes.find((x) => x.id === 'node-r')?.connected, true);
+  const answer = request(`${real.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key), json: chatBody('hi') });
+  // A second is four times the node's lease wait: the request must still be waiting.
+  const early = await Promise.race([answer.then(() => 'answered'), new Promise((resolve) => setTimeout(resolve, 1000, 'waiting'))]);
+  assert.equal(early, 'waiting', 'the request was answered while the control plane still waited for node-a');
+  await node(cp, 'node-a', [{ keyId, held: LIMIT }]);
+  const refused = await answer;
+  assert.equal(refused.status, 429, refused.text);
+  assert.equal(refused.body.error.type, 'max_parallel_requests');
 });

@@ -28,6 +28,9 @@ test('after the grace it stops waiting and names the nodes that did not come bac
   try {
     const ends: string[][] = [];
     const r = new Rejoin(['node-a', 'node-b', 'node-c'], 3000, (missing) => ends.push(missing));
+    mock.timers.tick(10_000);
+    assert.equal(r.pending, true, 'the grace starts when the server listens');
+    r.startGrace();
     r.arrived('node-b');
     mock.timers.tick(2999);
     assert.equal(r.pending, true);

@@ -158,6 +158,47 @@ test('lease client: on a new connection it says at once what it holds (slots in 
   assert.deepEqual(l.grant('n2#2', { keyId: 'k', held: 0, want: 10, need: 10 }, 10, [], true), { kind: 'grant', slots: 5, final: true });
 });
 
+test('lease client: what the Hello said is corrected on the new connection, never counted twice: requests that ended in between free their slots', () => {
+  // Before: the Hello said 5 in use, 1 request ended before the stream was accepted, and the node
+  // then said "held 4, returned 0": the ledger kept max(5 - 0, 4) = 5, a phantom slot that made
+  // another node's need of 6 final at 5 until the key sat idle for a minute.
+  const { lc, sent } = client(3);
+  const lim = { ...limits, maxParallel: 10 };
+  lc.slotsFor('k', lim);
+  lc.applySlotGrant({ keyId: 'k', slots: 5, final: false });
+  for (let i = 1; i <= 5; i++) lc.noteInFlight('k', i, 10);
+  lc.slotsFor('gone', lim);
+  lc.applySlotGrant({ keyId: 'gone', slots: 1, final: false });
+  lc.noteInFlight('gone', 1, 10);
+  lc.setConnected(false);
+  const hello = lc.held();
+  assert.deepEqual(hello.heldSlots, [{ keyId: 'k', held: 5, returned: 0 }, { keyId: 'gone', held: 1, returned: 0 }]);
+  const l = new SlotLedger();
+  for (const r of hello.heldSlots) l.applyHeld('n1#1', r);
+  // Between the Hello and the stream's acceptance one request of k ends, and the one of `gone`.
+  lc.noteInFlight('k', 4, 10);
+  lc.noteInFlight('gone', 0, 10);
+  lc.setConnected(true);
+  for (const r of sent.at(-1)!.slotReturns) l.applyHeld('n1#1', r);
+  assert.equal(l.heldBy('n1#1', 'k'), 4);
+  assert.equal(l.heldBy('n1#1', 'gone'), 0);
+  assert.deepEqual(l.grant('n2#2', { keyId: 'k', held: 0, want: 6, need: 6 }, 10, [], true), { kind: 'grant', slots: 6, final: false });
+});
+
+test('lease client: while the control plane waits for the nodes connected before its start, a request keeps waiting (within its bound)', () => {
+  const { lc } = client(3);
+  const started = performance.now();
+  assert.equal(lc.answerDeferred(started), false);
+  lc.setConnectedNodes(3, false, true);
+  assert.equal(lc.answerDeferred(started), true, 'rejoining: not late');
+  lc.setConnectedNodes(3, false, false);
+  assert.equal(lc.answerDeferred(started), true, 'the answers held back follow the roster that ends the wait');
+  assert.equal(lc.answerDeferred(performance.now() + 1), false, 'a request that starts later is not told so');
+  lc.setConnectedNodes(3, false, true);
+  lc.setConnected(false);
+  assert.equal(lc.answerDeferred(started), false, 'cut off: the local limits apply at once');
+});
+
 test('lease client: a slot prefetch that came back empty is not sent again on every request (waiting requests still ask)', () => {
   // Before: with every slot of the key leased somewhere, each admission and each end sent a want
   // that came back empty: a control-plane round trip per request.

@@ -119,6 +119,12 @@ export interface Roster {
    * recently (it may have used this minute's budgets): the lone node leases this minute as usual.
    */
   wholeNow: boolean;
+  /**
+   * The control plane waits for the nodes connected before its start (docs/leases.md, "A control
+   * plane that restarts"): the answers to wants and standing shares wait until they are back, so a
+   * request waiting for one is not late (it waits within its bound). False again when they are back.
+   */
+  rejoining?: boolean | undefined;
 }
 
 export interface Hello {
@@ -1739,7 +1745,7 @@ export const CaughtUp: MessageFns<CaughtUp> = {
 };
 
 function createBaseRoster(): Roster {
-  return { connectedNodes: 0, wholeNow: false };
+  return { connectedNodes: 0, wholeNow: false, rejoining: undefined };
 }
 
 export const Roster: MessageFns<Roster> = {
@@ -1749,6 +1755,9 @@ export const Roster: MessageFns<Roster> = {
     }
     if (message.wholeNow !== false) {
       writer.uint32(16).bool(message.wholeNow);
+    }
+    if (message.rejoining !== undefined) {
+      writer.uint32(6496).bool(message.rejoining);
     }
     return writer;
   },
@@ -1782,6 +1791,14 @@ export const Roster: MessageFns<Roster> = {
             message.wholeNow = reader.bool();
             continue;
           }
+          case 812: {
+            if (tag !== 6496) {
+              break;
+            }
+
+            message.rejoining = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1806,6 +1823,7 @@ export const Roster: MessageFns<Roster> = {
         : isSet(object.whole_now)
         ? globalThis.Boolean(object.whole_now)
         : false,
+      rejoining: isSet(object.rejoining) ? globalThis.Boolean(object.rejoining) : undefined,
     };
   },
 
@@ -1817,6 +1835,9 @@ export const Roster: MessageFns<Roster> = {
     if (message.wholeNow !== false) {
       obj.wholeNow = message.wholeNow;
     }
+    if (message.rejoining !== undefined) {
+      obj.rejoining = message.rejoining;
+    }
     return obj;
   },
 
@@ -1827,6 +1848,7 @@ export const Roster: MessageFns<Roster> = {
     const message = createBaseRoster();
     message.connectedNodes = object.connectedNodes ?? 0;
     message.wholeNow = object.wholeNow ?? false;
+    message.rejoining = object.rejoining ?? undefined;
     return message;
   },
 };
