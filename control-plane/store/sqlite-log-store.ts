@@ -9,9 +9,15 @@
 // The leak question ("who used this key between T1 and T2") reads the key's index entries in the
 // window, newest first, and decodes only those blocks, until a page is full. A report's blocks go in
 // with its cursor (log_cursors) in one transaction, which makes a replay a no-op.
+// The key index follows the blocks (docs/scale.md, "The log index follows the blocks"): a block's
+// entries are kept in memory once its report committed, and written for all blocks together once a
+// minute (or when many wait), sorted by key, in one transaction that also moves log_index_cursor. A
+// query reads those in memory beside the table. A control plane that stopped without writing them
+// indexes the blocks past the cursor again when it opens (from their columns), so nothing is lost.
 import type { LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
 import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
-import { LogBlocksBuilder, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
+import { decodeLogColumns, LogBlocksBuilder, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
+import { LogColumns } from '../../proto/gen/tollgate/v1/sync.js';
 import { Db, type Param, type Queryable, type Tx } from './db.js';
 import type { LogFilter, LogPage, LogPart, LogSource, LogStore, StoredLog } from './log-store.js';
 
@@ -30,7 +36,19 @@ export interface SqliteLogStoreOptions {
   retentionDays: number;
   now(): number;
   log?(line: string): void;
+  /** How often the key index of the blocks written since is written (default INDEX_EVERY_MS). */
+  indexEveryMs?: number;
 }
+
+/** The key index is written this often (docs/scale.md, "The log index follows the blocks"). */
+const INDEX_EVERY_MS = 60_000;
+/** …or as soon as this many entries wait (memory: about 150 bytes each). */
+const INDEX_MAX_PENDING = 200_000;
+/** Entries per INSERT of the key index. */
+const INDEX_CHUNK = 20_000;
+
+/** One row of logkeys_DAY: key_id, max_at, block, min_at, project_id, org_id, rows. */
+type IndexEntry = [string, number, number, number, string, string, number];
 
 export function dayOf(ms: number): string {
   return new Date(ms).toISOString().slice(0, 10).replace(/-/g, '');
@@ -62,19 +80,40 @@ const byPageOrder = (a: Placed, b: Placed): number => (before(a, b) ? -1 : befor
 export class SqliteLogStore implements LogStore {
   /** Day partitions that exist (kept in step with CREATE and DROP). */
   private readonly days = new Set<string>();
+  /** Key index entries of committed blocks not written yet, by day. */
+  private pending = new Map<string, IndexEntry[]>();
+  private pendingCount = 0;
+  /** Entries being written (still read by queries until their transaction committed). */
+  private writing: Map<string, IndexEntry[]> | null = null;
+  private indexing: Promise<void> | null = null;
+  private readonly indexTimer: NodeJS.Timeout;
 
   private constructor(
     private readonly db: Db,
     private readonly opts: SqliteLogStoreOptions,
-  ) {}
+  ) {
+    this.indexTimer = setInterval(() => void this.writeIndex(), opts.indexEveryMs ?? INDEX_EVERY_MS);
+    this.indexTimer.unref();
+  }
 
   static async open(path: string, opts: SqliteLogStoreOptions): Promise<SqliteLogStore> {
     const db = await Db.open(path);
     await db.exec(`CREATE TABLE IF NOT EXISTS log_cursors (
       node_id TEXT NOT NULL, instance_id TEXT NOT NULL, last_seq INTEGER NOT NULL, PRIMARY KEY (node_id, instance_id)
     ) WITHOUT ROWID`);
-    const store = new SqliteLogStore(db, opts);
     const tables = (await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'log%'")).map((r) => r.name);
+    if (!tables.includes('log_index_cursor')) {
+      // Blocks written before the index followed them were indexed as they came: each day is
+      // indexed up to its last block.
+      await db.tx(async (tx) => {
+        await tx.exec('CREATE TABLE log_index_cursor (day TEXT PRIMARY KEY, block INTEGER NOT NULL) WITHOUT ROWID');
+        for (const name of tables) {
+          const m = DAY_TABLE_RE.exec(name);
+          if (m) await tx.run(`INSERT INTO log_index_cursor (day, block) SELECT ?, COALESCE(MAX(id), 0) FROM ${name}`, [m[1]]);
+        }
+      });
+    }
+    const store = new SqliteLogStore(db, opts);
     for (const name of tables) {
       const m = DAY_TABLE_RE.exec(name);
       if (m) store.days.add(m[1]);
@@ -83,7 +122,32 @@ export class SqliteLogStore implements LogStore {
       const m = OLD_TABLE_RE.exec(name);
       if (m) await store.convertOldDay(m[1]);
     }
+    await store.indexUnindexed();
     return store;
+  }
+
+  /** Blocks past their day's index cursor (the previous process stopped before writing their entries) are indexed now. */
+  private async indexUnindexed(): Promise<void> {
+    let indexed = 0;
+    for (const day of [...this.days].sort()) {
+      const cursor = (await this.db.get<{ block: number }>('SELECT block FROM log_index_cursor WHERE day = ?', [day]))?.block ?? 0;
+      for (let after = cursor; ; ) {
+        const blocks = await this.db.all<{ id: number; columns: Buffer }>(`SELECT id, columns FROM logblocks_${day} WHERE id > ? ORDER BY id LIMIT 256`, [after]);
+        if (blocks.length === 0) break;
+        const entries: IndexEntry[] = [];
+        for (const b of blocks) {
+          try {
+            entries.push(...entriesOfColumns(b.id, b.columns));
+          } catch {
+            this.opts.log?.(`request logs: block ${b.id} of ${day} cannot be decoded; not indexed`);
+          }
+        }
+        after = blocks[blocks.length - 1].id;
+        await this.db.tx((tx) => this.insertIndex(tx, day, entries, after));
+        indexed += blocks.length;
+      }
+    }
+    if (indexed > 0) this.opts.log?.(`request logs: ${indexed} block(s) written before the last stop indexed`);
   }
 
   /** The oldest day kept: rows of older days are neither stored nor kept. */
@@ -104,7 +168,8 @@ export class SqliteLogStore implements LogStore {
       org_id TEXT NOT NULL, rows INTEGER NOT NULL, PRIMARY KEY (key_id, max_at, block)
     ) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS logkeys_${day}_by_project ON logkeys_${day} (project_id, max_at);
-    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_org ON logkeys_${day} (org_id, max_at);`);
+    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_org ON logkeys_${day} (org_id, max_at);
+    INSERT OR IGNORE INTO log_index_cursor (day, block) VALUES ('${day}', 0);`);
     this.days.add(day);
   }
 
@@ -140,10 +205,12 @@ export class SqliteLogStore implements LogStore {
           written += b.rows;
         }
       }
+      const entries = new Map<string, IndexEntry[]>();
       for (const [day, blocks] of byDay) {
         await this.ensureDay(tx, day, added);
-        await this.insertBlocks(tx, day, source.nodeId, blocks);
+        entries.set(day, await this.insertBlocks(tx, day, source.nodeId, blocks));
       }
+      tx.afterCommit(() => this.queueIndex(entries));
       return { duplicate: false, written };
     });
   }
@@ -160,9 +227,10 @@ export class SqliteLogStore implements LogStore {
 
   /**
    * One day's blocks: one multi-row INSERT for the blocks (SQLite numbers the rows of one statement
-   * one after the other, so the last id gives them all), then their index entries 64 to a statement.
+   * one after the other, so the last id gives them all). Returns their key index entries.
    */
-  private async insertBlocks(q: Queryable, day: string, nodeId: string, blocks: readonly LogBlock[]): Promise<void> {
+  private async insertBlocks(q: Queryable, day: string, nodeId: string, blocks: readonly LogBlock[]): Promise<IndexEntry[]> {
+    const entries: IndexEntry[] = [];
     for (let i = 0; i < blocks.length; i += BLOCK_CHUNK) {
       const part = blocks.slice(i, i + BLOCK_CHUNK);
       const params: Param[] = [];
@@ -171,14 +239,67 @@ export class SqliteLogStore implements LogStore {
         `INSERT INTO logblocks_${day} (node_id, min_at, max_at, rows, columns) VALUES ${part.map(() => '(?, ?, ?, ?, ?)').join(', ')}`,
         params,
       );
-      const keys: (string | number)[][] = [];
       part.forEach((b, j) => {
         const id = lastID - (part.length - 1 - j);
-        for (const k of b.keys) keys.push([k.keyId, k.maxAtMs, id, k.minAtMs, k.projectId, k.orgId, k.rows]);
+        for (const k of b.keys) entries.push([k.keyId, k.maxAtMs, id, k.minAtMs, k.projectId, k.orgId, k.rows]);
       });
-      // The blocks' key index in one statement however many keys (issue 19).
-      if (keys.length > 0) await q.runPrepared(keysInsertSql(day), [JSON.stringify(keys)]);
     }
+    return entries;
+  }
+
+  /** Entries of committed blocks wait in memory for the next index write. */
+  private queueIndex(byDay: Map<string, IndexEntry[]>): void {
+    for (const [day, entries] of byDay) {
+      if (entries.length === 0) continue;
+      const list = this.pending.get(day);
+      if (list) list.push(...entries);
+      else this.pending.set(day, entries);
+      this.pendingCount += entries.length;
+    }
+    if (this.pendingCount >= INDEX_MAX_PENDING) void this.writeIndex();
+  }
+
+  /**
+   * Writes the waiting key index entries of every day in one transaction, each day's sorted by key
+   * (neighbouring keys share pages), and moves the days' cursors past their blocks. On failure they
+   * wait for the next try.
+   */
+  writeIndex(): Promise<void> {
+    if (this.indexing) return this.indexing;
+    if (this.pendingCount === 0) return Promise.resolve();
+    const batch = this.pending;
+    this.writing = batch;
+    this.pending = new Map();
+    this.pendingCount = 0;
+    this.indexing = this.db
+      .tx(async (tx) => {
+        for (const [day, entries] of batch) {
+          // A day dropped by retention meanwhile has no table any more.
+          if (!this.days.has(day)) continue;
+          entries.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : a[1] - b[1]));
+          let last = 0;
+          for (const e of entries) if (e[2] > last) last = e[2];
+          await this.insertIndex(tx, day, entries, last);
+        }
+      })
+      .catch((err: Error) => {
+        this.opts.log?.(`request logs: key index not written (${err.message}); trying again with the next`);
+        for (const [day, entries] of batch) {
+          const list = this.pending.get(day);
+          this.pending.set(day, list ? [...entries, ...list] : entries);
+          this.pendingCount += entries.length;
+        }
+      })
+      .finally(() => {
+        this.writing = null;
+        this.indexing = null;
+      });
+    return this.indexing;
+  }
+
+  private async insertIndex(tx: Queryable, day: string, entries: readonly IndexEntry[], lastBlock: number): Promise<void> {
+    for (let i = 0; i < entries.length; i += INDEX_CHUNK) await tx.runPrepared(keysInsertSql(day), [JSON.stringify(entries.slice(i, i + INDEX_CHUNK))]);
+    await tx.run('INSERT INTO log_index_cursor (day, block) VALUES (?, ?) ON CONFLICT (day) DO UPDATE SET block = MAX(block, excluded.block)', [day, lastBlock]);
   }
 
   isPageToken(token: string): boolean {
@@ -260,19 +381,32 @@ export class SqliteLogStore implements LogStore {
   }
 
   /** Blocks of one day that may hold matching rows with at in [sinceMs, maxAt], newest first. */
-  private candidates(day: string, f: LogRowFilter, sinceMs: number, maxAt: number): Promise<Candidate[]> {
+  private async candidates(day: string, f: LogRowFilter, sinceMs: number, maxAt: number): Promise<Candidate[]> {
     const range = [sinceMs, maxAt];
-    if (f.keyId !== undefined) {
-      return this.db.all<Candidate>(`SELECT block, max_at FROM logkeys_${day} WHERE key_id = ? AND max_at >= ? AND min_at <= ? ORDER BY max_at DESC`, [f.keyId, ...range]);
+    let field: 0 | 4 | 5;
+    let value: string;
+    if (f.keyId !== undefined) [field, value] = [0, f.keyId];
+    else if (f.projectId !== undefined) [field, value] = [4, f.projectId];
+    else if (f.orgId !== undefined) [field, value] = [5, f.orgId];
+    else return this.db.all<Candidate>(`SELECT id AS block, max_at FROM logblocks_${day} WHERE max_at >= ? AND min_at <= ? ORDER BY max_at DESC`, range);
+    // The entries still in memory are taken before the table is read: a write that commits in
+    // between moves them from one to the other, and each block is then found at least once.
+    const found = new Map<number, number>();
+    for (const held of [this.writing, this.pending]) {
+      for (const e of held?.get(day) ?? []) {
+        if (e[field] === value && e[1] >= sinceMs && e[3] <= maxAt) found.set(e[2], Math.max(found.get(e[2]) ?? 0, e[1]));
+      }
     }
-    for (const [col, v] of [['project_id', f.projectId], ['org_id', f.orgId]] as const) {
-      if (v === undefined) continue;
-      return this.db.all<Candidate>(
-        `SELECT block, MAX(max_at) AS max_at FROM logkeys_${day} WHERE ${col} = ? AND max_at >= ? AND min_at <= ? GROUP BY block ORDER BY max_at DESC`,
-        [v, ...range],
-      );
-    }
-    return this.db.all<Candidate>(`SELECT id AS block, max_at FROM logblocks_${day} WHERE max_at >= ? AND min_at <= ? ORDER BY max_at DESC`, range);
+    // A key has one entry per block; a project or an organisation one per key of theirs in it.
+    const stored = await this.db.all<Candidate>(
+      field === 0
+        ? `SELECT block, max_at FROM logkeys_${day} WHERE key_id = ? AND max_at >= ? AND min_at <= ? ORDER BY max_at DESC`
+        : `SELECT block, MAX(max_at) AS max_at FROM logkeys_${day} WHERE ${field === 4 ? 'project_id' : 'org_id'} = ? AND max_at >= ? AND min_at <= ? GROUP BY block ORDER BY max_at DESC`,
+      [value, ...range],
+    );
+    if (found.size === 0) return stored;
+    for (const c of stored) found.set(c.block, Math.max(found.get(c.block) ?? 0, c.max_at));
+    return [...found].map(([block, max_at]) => ({ block, max_at })).sort((a, b) => b.max_at - a.max_at);
   }
 
   async applyRetention(): Promise<string[]> {
@@ -281,8 +415,10 @@ export class SqliteLogStore implements LogStore {
     for (const day of [...this.days].sort()) {
       if (day >= oldest) break;
       await this.db.forgetStatements(`_${day}`);
-      await this.db.exec(`DROP TABLE IF EXISTS logblocks_${day}; DROP TABLE IF EXISTS logkeys_${day};`);
+      await this.db.exec(`DROP TABLE IF EXISTS logblocks_${day}; DROP TABLE IF EXISTS logkeys_${day}; DELETE FROM log_index_cursor WHERE day = '${day}';`);
       this.days.delete(day);
+      this.pendingCount -= this.pending.get(day)?.length ?? 0;
+      this.pending.delete(day);
       dropped.push(day);
     }
     if (dropped.length > 0) this.opts.log?.(`request logs: dropped ${dropped.length} day partition(s) older than ${this.opts.retentionDays} days (${dropped[0]}..${dropped[dropped.length - 1]})`);
@@ -294,7 +430,11 @@ export class SqliteLogStore implements LogStore {
     return [...this.days].sort();
   }
 
-  close(): Promise<void> {
+  /** Writes the waiting key index, then closes. */
+  async close(): Promise<void> {
+    clearInterval(this.indexTimer);
+    await this.writeIndex();
+    if (this.pendingCount > 0) await this.writeIndex();
     return this.db.close();
   }
 
@@ -309,8 +449,10 @@ export class SqliteLogStore implements LogStore {
       const builders = new Map<string, LogBlocksBuilder>();
       const flush = async (node: string, blocks: LogBlocksBuilder) => {
         for (const b of blocks.blocks()) {
-          await this.ensureDay(tx, dayOf(b.minAtMs), added);
-          await this.insertBlocks(tx, dayOf(b.minAtMs), node, [b]);
+          const day = dayOf(b.minAtMs);
+          await this.ensureDay(tx, day, added);
+          const entries = await this.insertBlocks(tx, day, node, [b]);
+          await this.insertIndex(tx, day, entries, entries.reduce((m, e) => Math.max(m, e[2]), 0));
         }
         builders.delete(node);
       };
@@ -359,6 +501,20 @@ function oldRow(r: Record<string, string | number>): LogRow {
     reason: s('reason'),
     keyPrefix: s('key_prefix'),
   };
+}
+
+/** A stored block's index entries, from its columns (as LogColumnsBuilder made them for its LogBlock). */
+function entriesOfColumns(block: number, columns: Buffer): IndexEntry[] {
+  const byKey = new Map<string, IndexEntry>();
+  for (const r of decodeLogColumns(LogColumns.decode(columns)).rows) {
+    const e = byKey.get(r.keyId);
+    if (e) {
+      e[1] = Math.max(e[1], r.atMs);
+      e[3] = Math.min(e[3], r.atMs);
+      e[6]++;
+    } else byKey.set(r.keyId, [r.keyId, r.atMs, block, r.atMs, r.projectId, r.orgId, 1]);
+  }
+  return [...byKey.values()];
 }
 
 const keysSql = new Map<string, string>();

@@ -163,3 +163,63 @@ test('reports written together: one transaction for all; a batch that overlaps w
   assert.deepEqual(await s.writeBlocks(src, [part(3), part(4)]), { duplicate: true, written: 0 });
   assert.deepEqual((await s.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), ['r-4', 'r-3', 'r-2', 'r-1']);
 });
+
+/** Rows in the key index table of a day, read through a connection of its own. */
+async function indexRows(dir: string, day: string): Promise<number> {
+  const raw = await Db.open(join(dir, 'logs.db'));
+  try {
+    return (await raw.get<{ n: number }>(`SELECT COUNT(*) AS n FROM logkeys_${day}`))!.n;
+  } finally {
+    await raw.close();
+  }
+}
+
+test('the key index follows the blocks: written once for many reports, and every query finds the rows before and after it is written', async (t) => {
+  // Before, each report wrote its index entries (three B-trees per key) in its own transaction: half
+  // of the control plane's CPU per report with 5,000 keys (docs/scale.md, "The log index follows the blocks").
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+  const s = await open(t, { ms: T0 }, 30, dir);
+  const src = { nodeId: 'n1', instanceId: 'i1' };
+  for (let seq = 1; seq <= 5; seq++) {
+    await writeRows(s, src, seq, [row(seq * 10, T0 + seq, { keyId: `key_${seq % 2}`, projectId: `proj_${seq % 2}`, orgId: 'org_1' }), row(seq * 10 + 1, T0 + seq, { keyId: 'key_all' })]);
+  }
+  const asked = async () => ({
+    key0: (await s.query({ keyId: 'key_0' }, 100, '')).logs.map((l) => l.requestId),
+    key1: (await s.query({ keyId: 'key_1' }, 100, '')).logs.map((l) => l.requestId),
+    all: (await s.query({ keyId: 'key_all' }, 100, '')).logs.length,
+    project: (await s.query({ projectId: 'proj_1' }, 100, '')).logs.length,
+    org: (await s.query({ orgId: 'org_1' }, 100, '')).logs.length,
+  });
+  const before = await asked();
+  assert.deepEqual(before, { key0: ['r-40', 'r-20'], key1: ['r-50', 'r-30', 'r-10'], all: 5, project: 8, org: 10 });
+  assert.equal(await indexRows(dir, '20250310'), 0, 'nothing indexed yet');
+  await s.writeIndex();
+  assert.equal(await indexRows(dir, '20250310'), 10, 'one entry per key and block, in one write');
+  assert.deepEqual(await asked(), before);
+});
+
+test('a store that stopped without writing its key index indexes the blocks past the cursor when it opens again', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+  const logged: string[] = [];
+  const first = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
+  await writeRows(first, { nodeId: 'n1', instanceId: 'i1' }, 1, [row(1, T0), row(2, T0 + 1, { keyId: 'key_b' })]);
+  await first.writeIndex();
+  await writeRows(first, { nodeId: 'n1', instanceId: 'i1' }, 2, [row(3, T0 + 2, { keyId: 'key_c' })]);
+  // The process dies here: key_c's entry was never written. The next one opens the same file.
+  const second = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0, log: (l) => logged.push(l) });
+  t.after(async () => {
+    await first.close().catch(() => {});
+    await second.close().catch(() => {});
+    rmSync(dir, { recursive: true, force: true });
+  });
+  assert.deepEqual(logged, ['request logs: 1 block(s) written before the last stop indexed']);
+  assert.equal(await indexRows(dir, '20250310'), 3);
+  assert.deepEqual((await second.query({ keyId: 'key_c' }, 100, '')).logs.map((l) => l.requestId), ['r-3']);
+  // A logs.db from before the cursor existed was indexed block by block: nothing to index again.
+  const raw = await Db.open(join(dir, 'logs.db'));
+  await raw.exec('DROP TABLE log_index_cursor');
+  await raw.close();
+  const third = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0, log: (l) => logged.push(l) });
+  await third.close();
+  assert.equal(logged.length, 1);
+});
