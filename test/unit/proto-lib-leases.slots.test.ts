@@ -135,14 +135,18 @@ test('slot ledger: keys whose slots were all given back are forgotten (no pool p
   assert.equal(l.size, 0);
 });
 
+/** The node leased `n` of the key's slots (its limit 10) and has `n` requests of it in flight. */
+function inFlight(lc: ReturnType<typeof client>['lc'], keyId: string, n: number): void {
+  lc.slotsFor(keyId, { ...limits, maxParallel: 10 });
+  lc.applySlotGrant({ keyId, slots: n, final: false });
+  for (let i = 1; i <= n; i++) lc.noteInFlight(keyId, i, 10);
+}
+
 test('lease client: on a new connection it says at once what it holds (slots in use, key minutes used), so a restarted control plane counts them', () => {
   // Before: a node whose slots were all in use never asked again, so after a control-plane restart
   // nobody counted them and the other nodes were leased the key's whole limit again.
   const { lc, sent } = client(3);
-  const lim = { ...limits, maxParallel: 10 };
-  lc.slotsFor('k', lim);
-  lc.applySlotGrant({ keyId: 'k', slots: 5, final: false });
-  for (let i = 1; i <= 5; i++) lc.noteInFlight('k', i, 10);
+  inFlight(lc, 'k', 5);
   lc.allowanceFor('k', 100, limits);
   lc.applyKeyGrant(lease({ requests: 4, tokens: 5000, freeRequests: 16, freeTokens: 55_000 }));
   lc.noteUsage('k', 100, 3, 900);
@@ -163,13 +167,8 @@ test('lease client: what the Hello said is corrected on the new connection, neve
   // then said "held 4, returned 0": the ledger kept max(5 - 0, 4) = 5, a phantom slot that made
   // another node's need of 6 final at 5 until the key sat idle for a minute.
   const { lc, sent } = client(3);
-  const lim = { ...limits, maxParallel: 10 };
-  lc.slotsFor('k', lim);
-  lc.applySlotGrant({ keyId: 'k', slots: 5, final: false });
-  for (let i = 1; i <= 5; i++) lc.noteInFlight('k', i, 10);
-  lc.slotsFor('gone', lim);
-  lc.applySlotGrant({ keyId: 'gone', slots: 1, final: false });
-  lc.noteInFlight('gone', 1, 10);
+  inFlight(lc, 'k', 5);
+  inFlight(lc, 'gone', 1);
   lc.setConnected(false);
   const hello = lc.held();
   assert.deepEqual(hello.heldSlots, [{ keyId: 'k', held: 5, returned: 0 }, { keyId: 'gone', held: 1, returned: 0 }]);
