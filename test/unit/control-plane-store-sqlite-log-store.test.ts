@@ -223,3 +223,17 @@ test('a store that stopped without writing its key index indexes the blocks past
   await third.close();
   assert.equal(logged.length, 1);
 });
+
+test('a report with 130,000 keys in its blocks is indexed like any other (its entries are queued without spreading them as arguments)', async (t) => {
+  // Before: queueing 130,000 entries behind others of the same day threw RangeError after COMMIT, so
+  // the report was stored, its resend was a duplicate, and its keys were never indexed.
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+  const s = await open(t, { ms: T0 }, 30, dir);
+  const src = { nodeId: 'n1', instanceId: 'i1' };
+  await writeRows(s, src, 1, [row(1, T0)]);
+  const many = Array.from({ length: 130_000 }, (_, i) => row(100 + i, T0 + 1, { keyId: `key_${i}` }));
+  assert.deepEqual(await writeRows(s, src, 2, many), { duplicate: false, written: 130_000 });
+  assert.deepEqual((await s.query({ keyId: 'key_129999' }, 10, '')).logs.map((l) => l.requestId), ['r-130099']);
+  await s.writeIndex();
+  assert.equal(await indexRows(dir, '20250310'), 130_001);
+});
