@@ -117,17 +117,25 @@ test('a pepper left in ./data by an older npm start is moved out of it', async (
 
 test('SIGTERM to the npm process alone stops the control plane and the node', async () => {
   const dir = tempDir('tollgate-start-term-');
-  const [cpPort, dpPort] = [await freePort(), await freePort()];
-  const npm = spawn('npm', ['start', '--', ...startArgs(dir, cpPort, dpPort)], { cwd: ROOT, env: { ...process.env, ...NO_SECRET_ENV }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  npm.stdout.on('data', (c) => (out += c));
-  npm.stderr.on('data', (c) => (out += c));
-  const exited = new Promise<void>((resolve) => npm.once('exit', () => resolve()));
-  const deadline = Date.now() + 60_000;
-  while (!out.includes('Tollgate is running')) {
-    if (Date.now() > deadline || npm.exitCode !== null) throw new Error(`npm start did not come up:\n${out}`);
-    await sleep(100);
+  // npm itself is the process signalled here, so startOnFreePorts (which starts the launcher) does not
+  // fit: the same retry on a port taken between finding it free and binding it, by hand.
+  let started: { npm: ReturnType<typeof spawn>; exited: Promise<void>; cpPort: number; dpPort: number } | null = null;
+  for (let attempt = 1; !started; attempt++) {
+    const [cpPort, dpPort] = [await freePort(), await freePort()];
+    const npm = spawn('npm', ['start', '--', ...startArgs(dir, cpPort, dpPort)], { cwd: ROOT, env: { ...process.env, ...NO_SECRET_ENV }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    npm.stdout!.on('data', (c) => (out += c));
+    npm.stderr!.on('data', (c) => (out += c));
+    const exited = new Promise<void>((resolve) => npm.once('exit', () => resolve()));
+    const deadline = Date.now() + 60_000;
+    while (!out.includes('Tollgate is running') && !(out.includes('already in use') && npm.exitCode !== null)) {
+      if (Date.now() > deadline || (npm.exitCode !== null && !out.includes('already in use'))) throw new Error(`npm start did not come up:\n${out}`);
+      await sleep(100);
+    }
+    if (out.includes('Tollgate is running')) started = { npm, exited, cpPort, dpPort };
+    else if (attempt === 3) throw new Error(`no free ports after 3 tries:\n${out}`);
   }
+  const { npm, exited, cpPort, dpPort } = started;
   assert.ok(await accepts(cpPort));
   assert.ok(await accepts(dpPort));
   npm.kill('SIGTERM');

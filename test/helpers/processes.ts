@@ -113,8 +113,10 @@ export async function startOnFreePorts(start: (cpPort: number, dpPort: number) =
   for (let attempt = 1; ; attempt++) {
     const [cpPort, dpPort] = [await freePort(), await freePort()];
     const proc = start(cpPort, dpPort);
-    const m = await proc.waitFor(new RegExp(`${ready.source}|is already in use`), 90_000);
-    if (m[0] !== 'is already in use') return { proc, cpPort, dpPort };
+    // A port found free may be taken before the launcher binds it (by one of its own children on
+    // port 0, or by another test): the launcher or the control plane says so, and new ports are tried.
+    const m = await proc.waitFor(new RegExp(`${ready.source}|already in use`), 90_000);
+    if (m[0] !== 'already in use') return { proc, cpPort, dpPort };
     await proc.kill('SIGKILL');
     if (attempt === 3) throw new Error(`no free ports after 3 tries:\n${proc.output()}`);
   }
