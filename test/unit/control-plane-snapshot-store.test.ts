@@ -1,17 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SnapshotStore } from '../../control-plane/snapshot-store.js';
-import type { Delta, GatewayConfig, KeyEntry } from '../../proto/gen/tollgate/v1/sync.js';
+import { GatewayConfig, type Delta, type KeyEntry } from '../../proto/gen/tollgate/v1/sync.js';
 
-const config = (serviceName: string): GatewayConfig => ({
-  serviceName,
-  tiers: [],
-  models: [],
-  toolBackends: [],
-  realtimeUpstreams: [],
-  trustedProxies: [],
-  maxStalenessMs: 0,
-});
+const config = (serviceName: string): GatewayConfig => GatewayConfig.fromPartial({ serviceName });
 const key = (id: string): KeyEntry => ({
   keyId: id,
   keyHash: `hash-${id}`,
