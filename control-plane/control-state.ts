@@ -204,12 +204,47 @@ export class ControlState {
     if (opts.fundsChanged) await bumpFundsVersion(tx, ids);
     const month = monthOf(this.opts.now());
     const rows = await orgsWithMonthSpend(tx, ids, month);
+    const owners = orgIds === 'all' ? await orgOwners(tx) : null;
+    return this.publishOrgs(tx, rows, month, owners);
+  }
+
+  /**
+   * refreshOrgs for the organisations a usage report just charged (`spent`: what this transaction
+   * added to each one's spend, per month), without reading them back: their rows are the committed
+   * ones kept in memory plus what this transaction added. Every change of an organisation's money
+   * goes through refreshOrgs or here, and each keeps the rows it commits, so the sum is what a read
+   * in this transaction would return (test/unit/control-plane-sync-report-ingest.test.ts compares
+   * them). An organisation not kept for the current month is read, as refreshOrgs does.
+   */
+  async refreshSpent(tx: Tx, spent: readonly { orgId: string; month: string; micros: number }[]): Promise<number> {
+    const month = monthOf(this.opts.now());
+    const added = new Map<string, { total: number; month: number }>();
+    for (const s of spent) {
+      const a = added.get(s.orgId) ?? { total: 0, month: 0 };
+      a.total += s.micros;
+      if (s.month === month) a.month += s.micros;
+      added.set(s.orgId, a);
+    }
+    const rows: OrgWithMonthSpend[] = [];
+    for (const [orgId, a] of added) {
+      const kept = this.committedOrgs.get(orgId);
+      if (!kept || kept.month !== month) return this.refreshOrgs(tx, added.keys());
+      rows.push({ ...kept, spend_total_micros: kept.spend_total_micros + a.total, month_spend_micros: kept.month_spend_micros + a.month });
+    }
+    return this.publishOrgs(tx, rows, month, null);
+  }
+
+  /**
+   * Keeps `rows` (as they are in `tx`) as the committed money once it commits, tells the observer, and
+   * publishes an org_upsert for each organisation whose tier, blocked state or funds version differs
+   * from what nodes hold. `owners`: every organisation's owner when all are refreshed, else null.
+   */
+  private async publishOrgs(tx: Tx, rows: readonly OrgWithMonthSpend[], month: string, owners: Map<string, string> | null): Promise<number> {
     // Every change of an organisation's money goes through here (usage, credit, cap, tier, config):
     // what was read in the transaction is what is committed once it commits.
     tx.afterCommit(() => {
       for (const row of rows) this.committedOrgs.set(row.id, { ...row, month });
     });
-    const owners = orgIds === 'all' ? await orgOwners(tx) : null;
     let emitted = 0;
     for (const row of rows) {
       const state = this.stateOf(row, row.month_spend_micros);

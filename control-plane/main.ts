@@ -38,7 +38,10 @@ async function main(): Promise<void> {
   await audit.applyRetention();
   const storedResponses = new StoredResponsesFanout(db, () => state.now(), log);
   storedResponses.start();
-  const sync: SyncService = new SyncService(state, new ReportIngest(state, webhooks.revokedKeys.wrap(logs), storedResponses), {
+  const ingest = new ReportIngest(state, webhooks.revokedKeys.wrap(logs), storedResponses, log);
+  // Usage a former process journaled and did not fold is folded before nodes connect.
+  await ingest.usageFold.start();
+  const sync: SyncService = new SyncService(state, ingest, {
     nodeToken: cfg.nodeToken,
     pepperCheck: pepperCheck(cfg.pepper),
     log,
@@ -165,7 +168,7 @@ async function main(): Promise<void> {
     const force = setTimeout(() => server.forceShutdown(), 3000);
     server.tryShutdown(() => {
       clearTimeout(force);
-      Promise.all([db.close(), logs.close()]).then(
+      Promise.all([ingest.usageFold.close().then(() => db.close()), logs.close()]).then(
         () => {
           logger.info('stopped: database closed cleanly');
           admin?.close();

@@ -26,8 +26,14 @@ export async function keySpendSince(q: Queryable, projectId: string, keyId: stri
 export async function projectSpendsSince(q: Queryable, projectIds: readonly string[], sinceMinute: number, untilMinute = Number.MAX_SAFE_INTEGER): Promise<Map<string, number>> {
   const out = new Map<string, number>();
   if (projectIds.length === 0) return out;
+  // Each table behind the view usage_minutes is read on its own: SQLite does not push an IN (subquery)
+  // term into a compound view, so through the view usage_folded would be scanned whole.
   const rows = await q.all<{ project_id: string; s: number }>(
-    'SELECT project_id, SUM(cost_micros) AS s FROM usage_minutes WHERE project_id IN (SELECT value FROM json_each(?)) AND minute >= ? AND minute < ? GROUP BY project_id',
+    `SELECT project_id, SUM(s) AS s FROM (
+       SELECT project_id, SUM(cost_micros) AS s FROM usage_folded WHERE project_id IN (SELECT value FROM json_each(?1)) AND minute >= ?2 AND minute < ?3 GROUP BY project_id
+       UNION ALL
+       SELECT project_id, SUM(cost_micros) AS s FROM usage_journal WHERE project_id IN (SELECT value FROM json_each(?1)) AND minute >= ?2 AND minute < ?3 GROUP BY project_id
+     ) GROUP BY project_id`,
     [JSON.stringify(projectIds), sinceMinute, untilMinute],
   );
   for (const r of rows) out.set(r.project_id, r.s);

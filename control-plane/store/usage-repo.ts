@@ -43,18 +43,41 @@ export async function setReportCursor(q: Queryable, nodeId: string, instanceId: 
 
 // Rows of a report's usage and money are written by one statement per table however many keys and
 // organisations the report holds: the rows go in as one JSON array (json_each), so the work in the
-// event loop and on the database queue per report stays constant (issue 19).
-const ADD_USAGE_MINUTES_SQL = `INSERT INTO usage_minutes (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
-  SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8 FROM json_each(?) WHERE true
+// event loop and on the database queue per report stays constant (issue 19). Usage rows are appended
+// to usage_journal (a few pages at its tail) and folded into usage_folded later (foldUsage); the view
+// usage_minutes reads both.
+const JOURNAL_USAGE_SQL = `INSERT INTO usage_journal (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
+  SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8 FROM json_each(?)`;
+
+/** Appends minutes of usage to the journal in one statement; they count in usage_minutes at once. */
+export async function addUsageMinutes(q: Queryable, rows: readonly UsageMinute[]): Promise<void> {
+  if (rows.length === 0) return;
+  const json = JSON.stringify(rows.map((r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]));
+  await q.runPrepared(JOURNAL_USAGE_SQL, [json]);
+}
+
+// Sorted by the primary key, so each page of usage_folded that the fold touches is written once.
+const FOLD_USAGE_SQL = `INSERT INTO usage_folded (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
+  SELECT project_id, minute, key_id, model, MIN(org_id), SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_micros)
+  FROM usage_journal WHERE id <= ? GROUP BY project_id, minute, key_id, model ORDER BY project_id, minute, key_id, model
   ON CONFLICT (project_id, minute, key_id, model) DO UPDATE SET requests = requests + excluded.requests,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens, completion_tokens = completion_tokens + excluded.completion_tokens,
     cost_micros = cost_micros + excluded.cost_micros`;
 
-/** Adds minutes of usage in one statement; a (project, minute, key, model) seen before is added to. */
-export async function addUsageMinutes(q: Queryable, rows: readonly UsageMinute[]): Promise<void> {
-  if (rows.length === 0) return;
-  const json = JSON.stringify(rows.map((r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]));
-  await q.runPrepared(ADD_USAGE_MINUTES_SQL, [json]);
+/** The journal's extent: its first and last row ids and how many rows it holds (0s when empty). */
+export async function usageJournalExtent(q: Queryable): Promise<{ first: number; last: number; rows: number }> {
+  const r = await q.get<{ first: number | null; last: number | null; rows: number }>('SELECT MIN(id) AS first, MAX(id) AS last, COUNT(*) AS rows FROM usage_journal');
+  return { first: r?.first ?? 0, last: r?.last ?? 0, rows: r?.rows ?? 0 };
+}
+
+/**
+ * Folds the journal's rows up to id `upTo` into usage_folded, summed per project, minute, key and
+ * model, and deletes them: two statements, to run inside one transaction so that a row is counted in
+ * exactly one of the two tables. Returns the journal rows folded.
+ */
+export async function foldUsage(q: Queryable, upTo: number): Promise<number> {
+  await q.runPrepared(FOLD_USAGE_SQL, [upTo]);
+  return (await q.runPrepared('DELETE FROM usage_journal WHERE id <= ?', [upTo])).changes;
 }
 
 export async function addSpend(q: Queryable, orgId: string, month: string, micros: number): Promise<void> {

@@ -2,11 +2,11 @@
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
 // usage and money go to the state database in one transaction: the report's cursor moved (or the
-// report found a replay) by one statement, the minutes by one upsert, spend per organisation and
-// month by one upsert and all-time spend by one update, last_used_at by one statement, and the
-// organisations whose money moved read back by one query (issue 19): a fixed number of statements
-// however many keys and organisations a report holds, and nothing per request. A report at or below a cursor
-// is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
+// report found a replay) by one statement, the minutes appended to the usage journal by one insert
+// (folded later, usage-fold.ts), spend per organisation and month by one upsert and all-time spend by
+// one update, last_used_at by one statement, and the organisations whose money moved looked at in
+// memory (ControlState.refreshSpent; issue 19): a fixed number of statements however many keys and organisations a report holds,
+// and nothing per request. A report at or below a cursor is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
 // node sending the report again. Reports of older nodes (one UsageRecord per call, one LogColumns) are
 // summed and packed here into the same form.
 import { clampCount, decodeLogColumns, LogBlocksBuilder } from '../../proto/lib/log-columns.js';
@@ -18,6 +18,7 @@ import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
 import { addSpendMany, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
+import { UsageFold } from './usage-fold.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -50,13 +51,18 @@ export const LAST_USED_RESOLUTION_MS = 60_000;
 export class ReportIngest {
   /** When this process last wrote each key's last_used_at (committed), as ms since the epoch. */
   private readonly lastUsedWritten = new Map<string, number>();
+  /** Folds the usage journal this appends to (started by the process, usage-fold.ts). */
+  readonly usageFold: UsageFold;
 
   constructor(
     private readonly state: ControlState,
     private readonly logs: LogStore | null = null,
     /** Where the responses nodes created are kept and sent on (the Responses API). */
     private readonly storedResponses: StoredResponsesFanout | null = null,
-  ) {}
+    log: (line: string) => void = () => undefined,
+  ) {
+    this.usageFold = new UsageFold(state.db, log);
+  }
 
   /**
    * Consecutive reports of one node instance (seq ascending), written together: one transaction per
@@ -145,9 +151,12 @@ export class ReportIngest {
           spent.set(sk, entry);
         }
       }
+      // Appended to the usage journal; folded into usage_folded later, counted in usage_minutes now.
       await addUsageMinutes(tx, [...minutes.values()]);
+      tx.afterCommit(() => this.usageFold.journaled(minutes.size));
       // Money aggregated per organisation and month, written for all of them at once.
-      await addSpendMany(tx, [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost })));
+      const spends = [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost }));
+      await addSpendMany(tx, spends);
       const lastUsed = new Map<string, number>();
       for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
@@ -168,7 +177,8 @@ export class ReportIngest {
         const stored = fresh.flatMap((r) => r.storedResponses?.responses ?? []);
         if (stored.length > 0) await this.storedResponses.write(tx, stored);
       }
-      if (monthly.size > 0) await this.state.refreshOrgs(tx, new Set([...monthly.values()].map((m) => m.orgId)));
+      // The organisations charged, from their committed money in memory plus this report's: no read.
+      if (spends.length > 0) await this.state.refreshSpent(tx, spends);
       if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       // Money limits below the organisation (docs/money-limits.md) follow in memory: no statement.
       if (onKeySpend && keyCosts.length > 0) tx.afterCommit(() => onKeySpend(keyCosts));

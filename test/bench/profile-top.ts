@@ -10,7 +10,11 @@ interface Node {
 }
 
 // Several profiles (a node writes one per process, e.g. `DIR/*.cpuprofile`): each is summarised in turn.
+// `--from S` counts only the samples S seconds or more after the profile began (the load, not the
+// start-up); the busy time per 5 s printed first shows where the load is.
 const args = process.argv.slice(2);
+const fromAt = args.indexOf('--from');
+const fromUs = fromAt >= 0 ? Number(args.splice(fromAt, 2)[1]) * 1e6 : 0;
 const n = args.find((a) => /^\d+$/.test(a)) ?? '30';
 for (const file of args.filter((a) => !/^\d+$/.test(a))) summarise(file);
 
@@ -19,7 +23,16 @@ function summarise(file: string): void {
   const prof = JSON.parse(readFileSync(file, 'utf8')) as { nodes: Node[]; samples: number[]; timeDeltas: number[] };
   const byId = new Map(prof.nodes.map((x) => [x.id, x]));
   const self = new Map<number, number>();
-  prof.samples.forEach((id, i) => self.set(id, (self.get(id) ?? 0) + (prof.timeDeltas[i] ?? 0)));
+  const idle = new Set(prof.nodes.filter((x) => x.callFrame.functionName === '(idle)' || x.callFrame.functionName === '(program)').map((x) => x.id));
+  const perFive: number[] = [];
+  let at = 0;
+  prof.samples.forEach((id, i) => {
+    const dt = prof.timeDeltas[i] ?? 0;
+    at += dt;
+    if (!idle.has(id)) perFive[Math.floor(at / 5e6)] = (perFive[Math.floor(at / 5e6)] ?? 0) + dt;
+    if (at >= fromUs) self.set(id, (self.get(id) ?? 0) + dt);
+  });
+  console.log(`busy ms per 5 s: ${Array.from(perFive, (v) => Math.round((v ?? 0) / 1000)).join(' ')}`);
   const fn = new Map<string, number>();
   const files = new Map<string, number>();
   let busy = 0;
@@ -50,8 +63,8 @@ function summarise(file: string): void {
     const seen = new Set<string>();
     for (let cur: number | undefined = id; cur !== undefined; cur = parent.get(cur)) {
       const c = byId.get(cur)!.callFrame;
-      if (!/data-plane|proto\/lib/.test(c.url)) continue;
-      const name = `${c.functionName || '(anonymous)'} ${c.url.replace(/^.*\/(data-plane|proto)\//, '$1/')}`;
+      if (!/data-plane|control-plane|proto\/lib/.test(c.url)) continue;
+      const name = `${c.functionName || '(anonymous)'} ${c.url.replace(/^.*\/(data-plane|control-plane|proto)\//, '$1/')}`;
       if (seen.has(name)) continue;
       seen.add(name);
       incl.set(name, (incl.get(name) ?? 0) + us);

@@ -16,7 +16,8 @@ const TABLES = [
   'api_keys',
   'credentials',
   'credit_ledger',
-  'usage_minutes',
+  'usage_folded',
+  'usage_journal',
   'org_spend',
   'report_cursors',
   'sync_version',
@@ -34,6 +35,8 @@ test('migrations from an empty database create every table, in WAL mode; a secon
   assert.deepEqual(applied, MIGRATIONS.map((m) => m.version));
   const tables = (await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table'")).map((r) => r.name);
   for (const name of TABLES) assert.ok(tables.includes(name), `table ${name} missing`);
+  // Usage is read through a view of the folded rows and the journal (038-usage-journal).
+  assert.deepEqual(await db.get("SELECT type FROM sqlite_master WHERE name = 'usage_minutes'"), { type: 'view' });
   const mode = await db.get<{ journal_mode: string }>('PRAGMA journal_mode');
   assert.equal(mode?.journal_mode, 'wal');
   const fk = await db.get<{ foreign_keys: number }>('PRAGMA foreign_keys');

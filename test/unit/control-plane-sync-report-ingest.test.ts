@@ -8,10 +8,12 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import fc from 'fast-check';
 import { readGatewayConfig } from '../../control-plane/config.js';
 import { ControlState } from '../../control-plane/control-state.js';
 import { Db } from '../../control-plane/store/db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
+import { addCredit, setOrgOwnCap, setOrgTier } from '../../control-plane/store/orgs-repo.js';
 import { ReportIngest } from '../../control-plane/sync/report-ingest.js';
 import type { Report, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { ROOT } from '../helpers/processes.js';
@@ -61,7 +63,7 @@ function report(seq: number, keys: number, orgs: number, requests = 1, costMicro
 }
 
 /** Statements issued by ingesting reports 1 and 2 (the second: the steady state). */
-async function statementsPerReport(keys: number, orgs: number, t: { after(fn: () => unknown): void }): Promise<{ first: number; second: number; db: Db; state: ControlState }> {
+async function statementsPerReport(keys: number, orgs: number, t: { after(fn: () => unknown): void }): Promise<{ first: number; second: number; db: Db; state: ControlState; ingest: ReportIngest }> {
   const { db, state, ingest } = await setUp(t, keys, orgs);
   const counted = async (seq: number) => {
     const before = db.statementsIssued;
@@ -70,7 +72,7 @@ async function statementsPerReport(keys: number, orgs: number, t: { after(fn: ()
     assert.equal(r.inserted, keys);
     return db.statementsIssued - before;
   };
-  return { first: await counted(1), second: await counted(2), db, state };
+  return { first: await counted(1), second: await counted(2), db, state, ingest };
 }
 
 test('ingesting a report issues the same number of SQLite statements for 1 key in 1 organisation as for 2,000 keys in 500', async (t) => {
@@ -83,7 +85,9 @@ test('ingesting a report issues the same number of SQLite statements for 1 key i
   assert.equal(large.second, small.second);
   assert.ok(large.second <= 10, `a report costs ${large.second} statements`);
 
-  // What was written is all of it, once: two reports of one call of 10 µ$ per key.
+  // What was written is all of it, once: two reports of one call of 10 µ$ per key (journaled, then
+  // folded into one row per key and minute).
+  assert.equal(await large.ingest.usageFold.foldNow(), 4000);
   const sums = await large.db.get<{ rows: number; requests: number; cost: number }>('SELECT COUNT(*) AS rows, SUM(requests) AS requests, SUM(cost_micros) AS cost FROM usage_minutes');
   assert.deepEqual(sums, { rows: 2000, requests: 4000, cost: 40_000 });
   const spend = await large.db.all<{ org_id: string; spend_micros: number; spend_total_micros: number }>(
@@ -122,4 +126,52 @@ test('spend alone publishes nothing to nodes; crossing the monthly cap publishes
   assert.equal(state.spendableFromMemory([orgId(0)])?.get(orgId(0)), 0);
   await ingest.ingestMany(source, [report(4, 300, 30)]);
   assert.equal(state.snapshots.version, version0 + 1, 'a blocked organisation spending more publishes nothing new');
+});
+
+test('the organisations a report charged are looked at from committed money in memory: what a read would find, whatever came before', async (t) => {
+  const KEYS = 12;
+  const ORGS = 4;
+  const { db, state, ingest } = await setUp(t, KEYS, ORGS);
+  const ids = Array.from({ length: ORGS }, (_, j) => orgId(j));
+  // A minute of the month before: a late report moves all-time spend, not this month's.
+  const LAST_MONTH = Math.floor(Date.UTC(2026, 9, 31, 23, 59) / 60_000);
+  let seq = 0;
+  const op = fc.oneof(
+    fc.record({ kind: fc.constant('report' as const), keys: fc.uniqueArray(fc.nat(KEYS - 1), { minLength: 1, maxLength: KEYS }), cost: fc.nat(2_500_000), late: fc.boolean() }),
+    fc.record({ kind: fc.constant('credit' as const), org: fc.nat(ORGS - 1), amount: fc.integer({ min: 1, max: 3_000_000 }) }),
+    fc.record({ kind: fc.constant('cap' as const), org: fc.nat(ORGS - 1), cap: fc.option(fc.nat(8_000_000), { nil: null }) }),
+    fc.record({ kind: fc.constant('tier' as const), org: fc.nat(ORGS - 1), tier: fc.constantFrom('free', 'paid') }),
+  );
+  await fc.assert(
+    fc.asyncProperty(fc.array(op, { minLength: 1, maxLength: 12 }), async (ops) => {
+      for (const o of ops) {
+        if (o.kind === 'report') {
+          const r = report(++seq, KEYS, ORGS, 1, o.cost);
+          r.usageTotals = r.usageTotals.filter((_, i) => o.keys.includes(i)).map((u) => ({ ...u, minute: o.late ? LAST_MONTH : u.minute }));
+          const before = db.statementsIssued;
+          const published = state.snapshots.version;
+          await ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [r]);
+          // BEGIN, cursor, journal, month spend, all-time spend, last used, COMMIT: no read of the organisations.
+          if (state.snapshots.version === published) assert.ok(db.statementsIssued - before <= 7, `a report took ${db.statementsIssued - before} statements`);
+        } else {
+          await db.tx(async (tx) => {
+            const org = orgId(o.org);
+            if (o.kind === 'credit') await addCredit(tx, org, o.amount, 'test', new Date(NOW).toISOString());
+            else if (o.kind === 'cap') await setOrgOwnCap(tx, org, o.cap);
+            else await setOrgTier(tx, org, o.tier);
+            await state.refreshOrgs(tx, [org], { fundsChanged: true });
+          });
+        }
+        // What memory says each may spend is what the database says, and reading every organisation
+        // back publishes nothing the report did not already publish.
+        const fromMemory = state.spendableFromMemory(ids);
+        assert.deepEqual(fromMemory, await state.spendableMany(db, ids));
+        const version = state.snapshots.version;
+        assert.equal(await db.tx((tx) => state.refreshOrgs(tx, ids)), 0, `after ${o.kind}: a read finds a change nodes were not told`);
+        assert.equal(state.snapshots.version, version);
+        assert.deepEqual(state.spendableFromMemory(ids), fromMemory);
+      }
+    }),
+    { numRuns: 40 },
+  );
 });

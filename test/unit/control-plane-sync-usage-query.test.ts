@@ -32,7 +32,7 @@ async function seeded(t: import('node:test').TestContext): Promise<Db> {
       );
       await tx.run('INSERT INTO credentials (key_hash, key_id) VALUES (?, ?)', [`hash_${k}`, k]);
       await tx.run(
-        "INSERT INTO usage_minutes (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros) VALUES ('proj', ?, ?, 'demo-chat', 'org', 3, 10, 20, 7)",
+        "INSERT INTO usage_folded (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros) VALUES ('proj', ?, ?, 'demo-chat', 'org', 3, 10, 20, 7)",
         [29_000_000 + i, k],
       );
     }
@@ -76,9 +76,9 @@ test('a burst of usage queries takes no place in the queue of ingest and lease w
 
 test('the read-only connection sees each commit and cannot write', async (t) => {
   const db = await seeded(t);
-  await db.tx((tx) => tx.run("UPDATE usage_minutes SET requests = 5 WHERE key_id = 'key_a'"));
+  await db.tx((tx) => tx.run("UPDATE usage_folded SET requests = 5 WHERE key_id = 'key_a'"));
   assert.deepEqual(await db.readOnly((q) => q.get("SELECT requests FROM usage_minutes WHERE key_id = 'key_a'")), { requests: 5 });
-  await assert.rejects(db.readOnly((q) => q.run("DELETE FROM usage_minutes")), /SQLITE_READONLY/);
+  await assert.rejects(db.readOnly((q) => q.run("DELETE FROM usage_folded")), /SQLITE_READONLY/);
   assert.deepEqual(await db.readOnly((q) => q.get('SELECT COUNT(*) AS n FROM usage_minutes')), { n: KEYS.length });
   // A revoked key (its credential gone) is refused from the read-only connection too.
   await db.tx((tx) => tx.run("DELETE FROM credentials WHERE key_id = 'key_b'"));

@@ -11,6 +11,7 @@ import { sql as keyExpiry } from './017-key-expiry.js';
 import { sql as storedResponses } from './035-stored-responses.js';
 import { sql as moneyLimits } from './036-money-limits.js';
 import { sql as nodesConnected } from './037-nodes-connected.js';
+import { sql as usageJournal } from './038-usage-journal.js';
 
 export interface Migration {
   version: number;
@@ -30,4 +31,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 35, name: 'stored-responses', sql: storedResponses },
   { version: 36, name: 'money-limits', sql: moneyLimits },
   { version: 37, name: 'nodes-connected', sql: nodesConnected },
+  { version: 38, name: 'usage-journal', sql: usageJournal },
 ];
