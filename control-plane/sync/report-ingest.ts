@@ -5,15 +5,18 @@
 // report found a replay) by one statement, the minutes appended to the usage journal by one insert
 // (folded later, usage-fold.ts), spend per organisation and month by one upsert and all-time spend by
 // one update, last_used_at by one statement, and the organisations whose money moved looked at in
-// memory (ControlState.refreshSpent; issue 19): a fixed number of statements however many keys and organisations a report holds,
-// and nothing per request. A report at or below a cursor is a replay and changes nothing in that store, so a crash between the two writes is repaired by the
-// node sending the report again. Reports of older nodes (one UsageRecord per call, one LogColumns) are
-// summed and packed here into the same form.
+// memory (ControlState.refreshSpent; issue 19): a fixed number of statements however many keys and
+// organisations a report holds, and nothing per request. The reports of several nodes that wait while
+// a transaction runs are written in the next one together (group commit), with one cursor statement
+// each. A report at or below a cursor is a replay and changes nothing in that store, so a crash
+// between the two writes is repaired by the node sending the report again. Reports of older nodes
+// (one UsageRecord per call, one LogColumns) are summed and packed here into the same form.
 import { clampCount, decodeLogColumns, LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import { monthOf } from '../../proto/lib/money.js';
-import type { LogBlock, Report, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
+import type { LogBlock, Report, StoredResponse, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
+import type { Tx } from '../store/db.js';
 import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
@@ -44,6 +47,20 @@ export interface KeySpend {
 }
 
 export type KeySpendHook = (costs: readonly KeySpend[]) => void;
+/** Told each organisation's cost per lease epoch right after COMMIT (money leases). */
+export type SpendHook = (orgId: string, costMicros: number, leaseEpoch: number) => void;
+
+type UsageResult = Omit<IngestResult, 'logs'>;
+
+/** One node's consecutive reports waiting to be written with others (ReportIngest.writeUsage). */
+interface UsageUnit {
+  src: ReportSource;
+  reports: readonly Report[];
+  onSpend?: SpendHook;
+  onKeySpend?: KeySpendHook;
+  resolve(r: UsageResult): void;
+  reject(err: Error): void;
+}
 
 /** last_used_at is kept to this resolution (design: a convenience for operators, not money). */
 export const LAST_USED_RESOLUTION_MS = 60_000;
@@ -53,6 +70,9 @@ export class ReportIngest {
   private readonly lastUsedWritten = new Map<string, number>();
   /** Folds the usage journal this appends to (started by the process, usage-fold.ts). */
   readonly usageFold: UsageFold;
+  /** Units of usage waiting for the next transaction, and whether one is being written (writeUsage). */
+  private waiting: UsageUnit[] = [];
+  private writing = false;
 
   constructor(
     private readonly state: ControlState,
@@ -70,7 +90,7 @@ export class ReportIngest {
    * `onSpend` runs right after COMMIT for each organisation's cost in them, per lease epoch the costs
    * were reserved under (money leases).
    */
-  async ingestMany(source: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void, onKeySpend?: KeySpendHook): Promise<IngestResult> {
+  async ingestMany(source: ReportSource, reports: readonly Report[], onSpend?: SpendHook, onKeySpend?: KeySpendHook): Promise<IngestResult> {
     if (reports.length === 0) return { duplicate: true, inserted: 0, logs: 0 };
     for (let i = 1; i < reports.length; i++) {
       if (reports[i].seq <= reports[i - 1].seq || reports[i].instanceId !== reports[0].instanceId) throw new Error('reports sent together must be consecutive reports of one instance');
@@ -86,10 +106,60 @@ export class ReportIngest {
     return { ...r, logs };
   }
 
-  private writeUsage(src: ReportSource, reports: readonly Report[], onSpend?: (orgId: string, costMicros: number, leaseEpoch: number) => void, onKeySpend?: KeySpendHook): Promise<Omit<IngestResult, 'logs'>> {
-    return this.state.db.tx(async (tx) => {
-      const now = this.state.now();
-      const at = new Date(now).toISOString();
+  /**
+   * Writes a unit's usage and money with the units of other nodes that wait meanwhile: while one
+   * transaction runs, the units that arrive queue, and the next transaction takes all of them (group
+   * commit; docs/scale.md). A node sends its next unit only after this one is written, so a
+   * transaction holds at most one unit per node instance and each node's order is kept. When a shared
+   * transaction fails, each of its units is written alone, so one report that cannot be written fails
+   * only its own node's stream.
+   */
+  private writeUsage(src: ReportSource, reports: readonly Report[], onSpend?: SpendHook, onKeySpend?: KeySpendHook): Promise<UsageResult> {
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ src, reports, onSpend, onKeySpend, resolve, reject });
+      this.writeWaiting();
+    });
+  }
+
+  private writeWaiting(): void {
+    if (this.writing || this.waiting.length === 0) return;
+    const units = this.waiting;
+    this.waiting = [];
+    this.writing = true;
+    void this.writeUnits(units).finally(() => {
+      this.writing = false;
+      this.writeWaiting();
+    });
+  }
+
+  private async writeUnits(units: readonly UsageUnit[]): Promise<void> {
+    try {
+      const results = await this.state.db.tx((tx) => this.writeInTx(tx, units));
+      units.forEach((u, i) => u.resolve(results[i]));
+    } catch (err) {
+      if (units.length === 1) return units[0].reject(err as Error);
+      for (const u of units) {
+        await this.state.db.tx((tx) => this.writeInTx(tx, [u])).then(
+          ([r]) => u.resolve(r),
+          (e: Error) => u.reject(e),
+        );
+      }
+    }
+  }
+
+  /** The units' usage and money in `tx`: a fixed number of statements, plus one cursor per unit. */
+  private async writeInTx(tx: Tx, units: readonly UsageUnit[]): Promise<UsageResult[]> {
+    const now = this.state.now();
+    const at = new Date(now).toISOString();
+    const results: UsageResult[] = [];
+    const minutes = new Map<string, UsageMinute>();
+    const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
+    const lastUsed = new Map<string, number>();
+    const stored: StoredResponse[] = [];
+    const hooks: (() => void)[] = [];
+    // A report's totals fall in a minute or two: the month of each is computed once.
+    const monthOfMinute = new Map<number, string>();
+    for (const { src, reports, onSpend, onKeySpend } of units) {
       const first = reports[0].seq;
       const last = reports[reports.length - 1].seq;
       let fresh = reports;
@@ -97,25 +167,25 @@ export class ReportIngest {
       if (!(await advanceReportCursor(tx, src.nodeId, src.instanceId, first, last, at))) {
         const cursor = await reportCursor(tx, src.nodeId, src.instanceId);
         fresh = reports.filter((r) => r.seq > cursor);
-        if (fresh.length === 0) return { duplicate: true, inserted: 0 };
+        if (fresh.length === 0) {
+          results.push({ duplicate: true, inserted: 0 });
+          continue;
+        }
         await setReportCursor(tx, src.nodeId, src.instanceId, last, at);
       }
       const totals: UsageTotal[] = [];
       for (const r of fresh) totals.push(...r.usageTotals, ...(r.usage.length > 0 ? totalsOfRecords(r.usage, now) : []));
-      const minutes = new Map<string, UsageMinute>();
+      // What this unit's node reserved its costs under: told to its own connection's leases.
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
-      const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
-      let calls = 0;
       const keyCosts: KeySpend[] = [];
-      // A report's totals fall in a minute or two: the month of each is computed once.
-      const monthOfMinute = new Map<number, string>();
+      let calls = 0;
       for (const t of totals) {
         const requests = clampCount(t.requests);
         if (requests === 0 || !t.keyId) continue;
         const minute = clampCount(t.minute);
         const cost = clampCount(t.costMicros);
         calls += requests;
-        // Totals of one key, model and minute under two lease epochs are one row of usage.
+        // Totals of one key, model and minute under two lease epochs (or from two nodes) are one row of usage.
         const id = `${t.projectId}\u0000${minute}\u0000${t.keyId}\u0000${t.model}`;
         const m = minutes.get(id);
         if (m) {
@@ -151,39 +221,38 @@ export class ReportIngest {
           spent.set(sk, entry);
         }
       }
-      // Appended to the usage journal; folded into usage_folded later, counted in usage_minutes now.
-      await addUsageMinutes(tx, [...minutes.values()]);
-      tx.afterCommit(() => this.usageFold.journaled(minutes.size));
-      // Money aggregated per organisation and month, written for all of them at once.
-      const spends = [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost }));
-      await addSpendMany(tx, spends);
-      const lastUsed = new Map<string, number>();
       for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
         if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
       }
-      // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
-      // process last wrote it: a busy key costs one row update a minute, not one per report (issue
-      // 19: updating rows scattered over api_keys was most of a large report's cost).
-      const touched: [string, string][] = [];
-      for (const [keyId, atMs] of lastUsed) {
-        const written = this.lastUsedWritten.get(keyId);
-        if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
-      }
-      await touchLastUsedMany(tx, touched);
-      tx.afterCommit(() => {
-        for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
-      });
-      if (this.storedResponses) {
-        const stored = fresh.flatMap((r) => r.storedResponses?.responses ?? []);
-        if (stored.length > 0) await this.storedResponses.write(tx, stored);
-      }
-      // The organisations charged, from their committed money in memory plus this report's: no read.
-      if (spends.length > 0) await this.state.refreshSpent(tx, spends);
-      if (onSpend) tx.afterCommit(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
+      for (const r of fresh) stored.push(...(r.storedResponses?.responses ?? []));
+      if (onSpend) hooks.push(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
       // Money limits below the organisation (docs/money-limits.md) follow in memory: no statement.
-      if (onKeySpend && keyCosts.length > 0) tx.afterCommit(() => onKeySpend(keyCosts));
-      return { duplicate: false, inserted: calls };
+      if (onKeySpend && keyCosts.length > 0) hooks.push(() => onKeySpend(keyCosts));
+      results.push({ duplicate: false, inserted: calls });
+    }
+    // Appended to the usage journal; folded into usage_folded later, counted in usage_minutes now.
+    await addUsageMinutes(tx, [...minutes.values()]);
+    tx.afterCommit(() => this.usageFold.journaled(minutes.size));
+    // Money aggregated per organisation and month, written for all of them at once.
+    const spends = [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost }));
+    await addSpendMany(tx, spends);
+    // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
+    // process last wrote it: a busy key costs one row update a minute, not one per report (issue
+    // 19: updating rows scattered over api_keys was most of a large report's cost).
+    const touched: [string, string][] = [];
+    for (const [keyId, atMs] of lastUsed) {
+      const written = this.lastUsedWritten.get(keyId);
+      if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
+    }
+    await touchLastUsedMany(tx, touched);
+    tx.afterCommit(() => {
+      for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
     });
+    if (this.storedResponses && stored.length > 0) await this.storedResponses.write(tx, stored);
+    // The organisations charged, from their committed money in memory plus this write's: no read.
+    if (spends.length > 0) await this.state.refreshSpent(tx, spends);
+    for (const h of hooks) tx.afterCommit(h);
+    return results;
   }
 }
 

@@ -175,3 +175,50 @@ test('the organisations a report charged are looked at from committed money in m
     { numRuns: 40 },
   );
 });
+
+test('reports of several nodes that wait while a transaction runs are written in the next one together; one that cannot be written fails alone', async (t) => {
+  const { db, state, ingest } = await setUp(t, 40, 4);
+  let txs = 0;
+  db.txObserver = () => void txs++;
+  const spentBy = new Map<string, number>();
+  const onSpend = (node: string) => (_org: string, cost: number) => spentBy.set(node, (spentBy.get(node) ?? 0) + cost);
+  // node-a's report is being written; node-b, node-c and node-d send theirs meanwhile.
+  const a = ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [report(1, 40, 4)], onSpend('node-a'));
+  const others = ['node-b', 'node-c', 'node-d'].map((node) => ingest.ingestMany({ nodeId: node, instanceId: 'inst-1' }, [report(1, 40, 4, 2)], onSpend(node)));
+  const results = await Promise.all([a, ...others]);
+  assert.deepEqual(results.map((r) => [r.duplicate, r.inserted]), [[false, 40], [false, 80], [false, 80], [false, 80]]);
+  assert.equal(txs, 2, "node-a's transaction, then one for the three that waited");
+  // Each node's costs are told to its own connection's leases; together they are the organisations' spend.
+  assert.deepEqual(Object.fromEntries(spentBy), { 'node-a': 400, 'node-b': 800, 'node-c': 800, 'node-d': 800 });
+  const spend = await db.get<{ s: number }>('SELECT SUM(spend_micros) AS s FROM org_spend');
+  assert.equal(spend?.s, 2800);
+  assert.deepEqual(await db.get('SELECT SUM(requests) AS r, SUM(cost_micros) AS c FROM usage_minutes'), { r: 280, c: 2800 });
+  // A replay in a shared transaction changes nothing; a new report beside it is written.
+  const replayed = await Promise.all([
+    ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [report(2, 40, 4)]),
+    ingest.ingestMany({ nodeId: 'node-b', instanceId: 'inst-1' }, [report(1, 40, 4, 2)]),
+    ingest.ingestMany({ nodeId: 'node-c', instanceId: 'inst-1' }, [report(2, 40, 4)]),
+  ]);
+  assert.deepEqual(replayed.map((r) => r.duplicate), [false, true, false]);
+  assert.deepEqual(await db.get('SELECT SUM(requests) AS r FROM usage_minutes'), { r: 360 });
+
+  // node-f's report cannot be written (a usage row without a project): node-e's and node-g's, written
+  // in the same transaction, are written again alone; node-f's fails, and its cursor does not move.
+  const poison = report(1, 40, 4);
+  poison.usageTotals[3] = { ...poison.usageTotals[3], projectId: null as unknown as string };
+  const blocker = ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [report(3, 40, 4)]);
+  const mixed = await Promise.allSettled([
+    ingest.ingestMany({ nodeId: 'node-e', instanceId: 'inst-1' }, [report(1, 40, 4)]),
+    ingest.ingestMany({ nodeId: 'node-f', instanceId: 'inst-1' }, [poison]),
+    ingest.ingestMany({ nodeId: 'node-g', instanceId: 'inst-1' }, [report(1, 40, 4)]),
+  ]);
+  await blocker;
+  assert.deepEqual(mixed.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
+  assert.match(String((mixed[1] as PromiseRejectedResult).reason), /NOT NULL/);
+  assert.deepEqual(await db.get('SELECT SUM(requests) AS r FROM usage_minutes'), { r: 360 + 40 + 80 });
+  assert.equal(await db.get("SELECT last_seq FROM report_cursors WHERE node_id = 'node-f'"), undefined);
+  assert.deepEqual(await db.get('SELECT SUM(spend_micros) AS s FROM org_spend'), { s: 3600 + 400 + 800 });
+  // Memory agrees with the database after all of it.
+  const ids = Array.from({ length: 4 }, (_, j) => orgId(j));
+  assert.deepEqual(state.spendableFromMemory(ids), await state.spendableMany(db, ids));
+});
