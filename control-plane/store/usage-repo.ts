@@ -56,10 +56,13 @@ export async function addUsageMinutes(q: Queryable, rows: readonly UsageMinute[]
   await q.runPrepared(JOURNAL_USAGE_SQL, [json]);
 }
 
-// Sorted by the primary key, so each page of usage_folded that the fold touches is written once.
+// Each journal row is added to its folded row in primary-key order (then in the order the rows came),
+// so each page of usage_folded the fold touches is written once, a row's organisation is the first
+// one that came, as when rows were upserted at ingest, and sums past 2^63 turn REAL as `+` does instead
+// of failing as SUM() would (a fold that fails on one row would hold up every tenant's).
 const FOLD_USAGE_SQL = `INSERT INTO usage_folded (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
-  SELECT project_id, minute, key_id, model, MIN(org_id), SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_micros)
-  FROM usage_journal WHERE id <= ? GROUP BY project_id, minute, key_id, model ORDER BY project_id, minute, key_id, model
+  SELECT project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros
+  FROM usage_journal WHERE id <= ? ORDER BY project_id, minute, key_id, model, id
   ON CONFLICT (project_id, minute, key_id, model) DO UPDATE SET requests = requests + excluded.requests,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens, completion_tokens = completion_tokens + excluded.completion_tokens,
     cost_micros = cost_micros + excluded.cost_micros`;
@@ -71,7 +74,7 @@ export async function usageJournalExtent(q: Queryable): Promise<{ first: number;
 }
 
 /**
- * Folds the journal's rows up to id `upTo` into usage_folded, summed per project, minute, key and
+ * Folds the journal's rows up to id `upTo` into usage_folded, added per project, minute, key and
  * model, and deletes them: two statements, to run inside one transaction so that a row is counted in
  * exactly one of the two tables. Returns the journal rows folded.
  */

@@ -1,7 +1,7 @@
 // Usage is journaled, then folded (docs/scale.md). A report's usage rows are appended to usage_journal
 // in the report's transaction, before it is acknowledged; this folds the journal into usage_folded,
 // summed per project, minute, key and model, every FOLD_EVERY_MS or as soon as FOLD_AT_ROWS rows wait,
-// in one transaction that sums the rows in and deletes them (usage-repo.ts foldUsage). Readers see
+// in one transaction that adds the rows in and deletes them (usage-repo.ts foldUsage). Readers see
 // both tables through the view usage_minutes, so a fold changes no sum: it only moves rows, and the
 // pages of usage_folded it dirties are written once per fold instead of once per report.
 import type { Db } from '../store/db.js';
@@ -20,6 +20,8 @@ export class UsageFold {
   private timer: NodeJS.Timeout | null = null;
   private running: Promise<number> | null = null;
   private closed = false;
+  /** The last fold failed: wait for the timer rather than retry after each report. */
+  private failing = false;
 
   private readonly maxRows: number;
 
@@ -43,7 +45,9 @@ export class UsageFold {
   /** A report's transaction committed `rows` journal rows (called from its afterCommit hook). */
   journaled(rows: number): void {
     this.waiting += rows;
-    if (this.waiting >= FOLD_AT_ROWS && !this.closed) void this.foldNow();
+    // After a failed fold only the timer retries: a fold that keeps failing is tried every
+    // FOLD_EVERY_MS, not after every report (its rows still count meanwhile, through the view).
+    if (this.waiting >= FOLD_AT_ROWS && !this.closed && !this.failing) void this.foldNow();
   }
 
   /** Journal rows waiting to be folded, as last counted. */
@@ -54,36 +58,39 @@ export class UsageFold {
   /**
    * Folds everything the journal holds (in transactions of at most MAX_FOLD_ROWS rows); one fold at a
    * time, a call while one runs shares it. Returns the rows folded. A failure is logged and the rows
-   * stay in the journal for the next fold: the view still counts them.
+   * not folded stay in the journal for a later fold: the view still counts them.
    */
   foldNow(): Promise<number> {
     if (this.running) return this.running;
     if (this.waiting === 0) return Promise.resolve(0);
-    this.running = this.foldAll()
-      .catch((err: Error) => {
-        this.log(`usage: journal not folded (its rows still count, a later fold retries): ${err.message}`);
-        return 0;
-      })
-      .finally(() => {
-        this.running = null;
-      });
+    this.running = this.foldAll().finally(() => {
+      this.running = null;
+    });
     return this.running;
   }
 
   private async foldAll(): Promise<number> {
     let folded = 0;
     for (;;) {
-      const done = await this.db.tx(async (tx) => {
-        const { first, last, rows } = await usageJournalExtent(tx);
-        if (rows === 0) {
-          tx.afterCommit(() => (this.waiting = 0));
-          return { n: 0, more: false };
-        }
-        const upTo = Math.min(last, first + this.maxRows - 1);
-        const n = await foldUsage(tx, upTo);
-        tx.afterCommit(() => (this.waiting = Math.max(0, this.waiting - n)));
-        return { n, more: upTo < last };
-      });
+      let done: { n: number; more: boolean };
+      try {
+        done = await this.db.tx(async (tx) => {
+          const { first, last, rows } = await usageJournalExtent(tx);
+          if (rows === 0) {
+            tx.afterCommit(() => (this.waiting = 0));
+            return { n: 0, more: false };
+          }
+          const upTo = Math.min(last, first + this.maxRows - 1);
+          const n = await foldUsage(tx, upTo);
+          tx.afterCommit(() => (this.waiting = Math.max(0, this.waiting - n)));
+          return { n, more: upTo < last };
+        });
+      } catch (err) {
+        this.failing = true;
+        this.log(`usage: journal not folded (its rows still count, the next fold in ${FOLD_EVERY_MS / 1000} s retries): ${(err as Error).message}`);
+        return folded;
+      }
+      this.failing = false;
       folded += done.n;
       if (!done.more) return folded;
     }

@@ -157,3 +157,41 @@ test(`a fold starts on its own once ${FOLD_AT_ROWS.toLocaleString('en')} journal
   assert.equal(end.journal, 0);
   assert.equal(end.all.requests, FOLD_AT_ROWS + 10);
 });
+
+test('after a failed fold only the timer retries: reports past the threshold do not start one each', async (t) => {
+  const { db } = await open(t);
+  t.after(() => db.close());
+  const lines: string[] = [];
+  const fold = new UsageFold(db, (l) => lines.push(l));
+  let rolledBack = 0;
+  db.txObserver = (_s, committed) => void (committed || rolledBack++);
+  await db.exec("CREATE TEMP TRIGGER fail_fold BEFORE INSERT ON usage_folded BEGIN SELECT RAISE(ABORT, 'disk full'); END");
+  await journal(db, fold, rows(FOLD_AT_ROWS));
+  await eventually(async () => rolledBack === 1, 'the fold the threshold started failed');
+  for (let i = 0; i < 10; i++) await journal(db, fold, rows(5, MINUTE + 1));
+  assert.equal(rolledBack, 1, 'no fold was started by the ten reports after it');
+  assert.equal(lines.length, 1);
+  await db.exec('DROP TRIGGER fail_fold');
+  // The timer's next fold (foldNow is what it calls) folds all of it, and the threshold works again.
+  assert.equal(await fold.foldNow(), FOLD_AT_ROWS + 50);
+  await journal(db, fold, rows(FOLD_AT_ROWS));
+  await eventually(async () => (await sums(db)).journal === 0, 'the threshold starts folds again');
+});
+
+test('a fold adds as the upsert at ingest did: the first organisation that came, and sums past 2^63 that do not stop it', async (t) => {
+  const { db } = await open(t);
+  t.after(() => db.close());
+  const fold = new UsageFold(db);
+  const row = (org: string, cost: number, keyId = 'key_x'): UsageMinute => ({ projectId: 'proj_x', orgId: org, keyId, model: 'm', minute: MINUTE, requests: 1, promptTokens: 0, completionTokens: 0, costMicros: cost });
+  await journal(db, fold, [row('org_b', 10)]);
+  await journal(db, fold, [row('org_a', 10)]);
+  // Two costs a node clamped to 2^53 each, summed over many calls in its reports: past 2^63 together.
+  const huge = 600 * (2 ** 53 - 1);
+  await journal(db, fold, [row('org_b', huge, 'key_huge')]);
+  await journal(db, fold, [row('org_b', huge, 'key_huge')]);
+  await journal(db, fold, rows(10));
+  assert.equal(await fold.foldNow(), 14);
+  assert.equal((await sums(db)).journal, 0);
+  assert.deepEqual(await db.get("SELECT org_id, requests, cost_micros FROM usage_folded WHERE key_id = 'key_x'"), { org_id: 'org_b', requests: 2, cost_micros: 20 });
+  assert.deepEqual(await db.get("SELECT typeof(cost_micros) AS t, requests FROM usage_folded WHERE key_id = 'key_huge'"), { t: 'real', requests: 2 });
+});
