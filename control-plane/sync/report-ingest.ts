@@ -152,8 +152,10 @@ export class ReportIngest {
     const now = this.state.now();
     const at = new Date(now).toISOString();
     const results: UsageResult[] = [];
-    const minutes = new Map<string, UsageMinute>();
-    const monthly = new Map<string, { orgId: string; month: string; cost: number }>();
+    // Rows are found by key, then among that key's few rows by minute, model and project: no string is
+    // built per total (at cluster scale a write holds tens of thousands of them).
+    const minutes = new Map<string, UsageMinute[]>();
+    const monthly = new Map<string, { orgId: string; month: string; cost: number }[]>();
     const lastUsed = new Map<string, number>();
     const stored: StoredResponse[] = [];
     const hooks: (() => void)[] = [];
@@ -176,7 +178,7 @@ export class ReportIngest {
       const totals: UsageTotal[] = [];
       for (const r of fresh) totals.push(...r.usageTotals, ...(r.usage.length > 0 ? totalsOfRecords(r.usage, now) : []));
       // What this unit's node reserved its costs under: told to its own connection's leases.
-      const spent = new Map<string, { orgId: string; epoch: number; cost: number }>();
+      const spent = new Map<string, { orgId: string; epoch: number; cost: number }[]>();
       const keyCosts: KeySpend[] = [];
       let calls = 0;
       for (const t of totals) {
@@ -186,15 +188,15 @@ export class ReportIngest {
         const cost = clampCount(t.costMicros);
         calls += requests;
         // Totals of one key, model and minute under two lease epochs (or from two nodes) are one row of usage.
-        const id = `${t.projectId}\u0000${minute}\u0000${t.keyId}\u0000${t.model}`;
-        const m = minutes.get(id);
+        const rows = minutes.get(t.keyId);
+        const m = rows?.find((x) => x.minute === minute && x.model === t.model && x.projectId === t.projectId);
         if (m) {
           m.requests += requests;
           m.promptTokens += clampCount(t.promptTokens);
           m.completionTokens += clampCount(t.completionTokens);
           m.costMicros += cost;
         } else {
-          minutes.set(id, {
+          const row = {
             projectId: t.projectId,
             minute,
             keyId: t.keyId,
@@ -204,37 +206,44 @@ export class ReportIngest {
             promptTokens: clampCount(t.promptTokens),
             completionTokens: clampCount(t.completionTokens),
             costMicros: cost,
-          });
+          };
+          if (rows) rows.push(row);
+          else minutes.set(t.keyId, [row]);
         }
         if (cost > 0 && t.orgId) {
           let month = monthOfMinute.get(minute);
           if (month === undefined) monthOfMinute.set(minute, (month = monthOf(minute * 60_000)));
-          const mk = `${t.orgId}\u0000${month}`;
-          const mo = monthly.get(mk) ?? { orgId: t.orgId, month, cost: 0 };
-          mo.cost += cost;
-          monthly.set(mk, mo);
+          const months = monthly.get(t.orgId);
+          const mo = months?.find((x) => x.month === month);
+          if (mo) mo.cost += cost;
+          else if (months) months.push({ orgId: t.orgId, month, cost });
+          else monthly.set(t.orgId, [{ orgId: t.orgId, month, cost }]);
           const epoch = clampCount(t.leaseEpoch);
           if (onKeySpend) keyCosts.push({ keyId: t.keyId, projectId: t.projectId, orgId: t.orgId, minute, costMicros: cost, leaseEpoch: epoch });
-          const sk = `${epoch}:${t.orgId}`;
-          const entry = spent.get(sk) ?? { orgId: t.orgId, epoch, cost: 0 };
-          entry.cost += cost;
-          spent.set(sk, entry);
+          const epochs = spent.get(t.orgId);
+          const entry = epochs?.find((x) => x.epoch === epoch);
+          if (entry) entry.cost += cost;
+          else if (epochs) epochs.push({ orgId: t.orgId, epoch, cost });
+          else spent.set(t.orgId, [{ orgId: t.orgId, epoch, cost }]);
         }
       }
-      for (const l of fresh.flatMap((r) => [...r.lastUsed, ...r.usage])) {
-        if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
+      for (const r of fresh) {
+        for (const list of [r.lastUsed, r.usage]) {
+          for (const l of list) if (l.keyId && Number.isSafeInteger(l.atMs) && l.atMs > 0) lastUsed.set(l.keyId, Math.max(lastUsed.get(l.keyId) ?? 0, l.atMs));
+        }
       }
       for (const r of fresh) stored.push(...(r.storedResponses?.responses ?? []));
-      if (onSpend) hooks.push(() => spent.forEach((e) => onSpend(e.orgId, e.cost, e.epoch)));
+      if (onSpend) hooks.push(() => spent.forEach((epochs) => epochs.forEach((e) => onSpend(e.orgId, e.cost, e.epoch))));
       // Money limits below the organisation (docs/money-limits.md) follow in memory: no statement.
       if (onKeySpend && keyCosts.length > 0) hooks.push(() => onKeySpend(keyCosts));
       results.push({ duplicate: false, inserted: calls });
     }
     // Appended to the usage journal; folded into usage_folded later, counted in usage_minutes now.
-    await addUsageMinutes(tx, [...minutes.values()]);
-    tx.afterCommit(() => this.usageFold.journaled(minutes.size));
+    const rows = [...minutes.values()].flat();
+    await addUsageMinutes(tx, rows);
+    tx.afterCommit(() => this.usageFold.journaled(rows.length));
     // Money aggregated per organisation and month, written for all of them at once.
-    const spends = [...monthly.values()].map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost }));
+    const spends = [...monthly.values()].flat().map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost }));
     await addSpendMany(tx, spends);
     // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
     // process last wrote it: a busy key costs one row update a minute, not one per report (issue

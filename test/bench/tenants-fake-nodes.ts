@@ -1,11 +1,15 @@
 // --fake-nodes: the control plane alone at cluster scale (target 3). Simulated nodes (fake-node.ts)
 // connect over the sync protocol and send what real nodes serving RATE req/s in all would send: a
 // report a second each (usage summed per key and minute, last-used times, the request logs as one
-// block), and with --fake-leases per-minute (the default) the lease traffic of today's protocol: a
-// key lease on a key's first request in each minute on that node, a slot want on its first request
-// ever, a money want when the organisation's slice is low, and what was used of each key minute every
-// 100 ms; --fake-leases none sends reports only. Prints the control plane's share of one core, its
-// CPU per simulated request, its RSS, and whether its acknowledgements kept up.
+// block), and the lease traffic. --fake-leases shares (the default) is today's nodes with standing
+// shares (docs/leases.md): the slot share and every organisation's money slice asked once, each
+// minute's share of every key asked once a minute (and the next minute's before it starts), and what
+// was used of each key minute once a second; no per-key want while a key stays within its share.
+// --fake-leases per-minute is the protocol before standing shares: a key lease on a key's first
+// request in each minute on that node, a slot want on its first request ever, a money want when the
+// organisation's slice is low, and what was used every 100 ms. --fake-leases none sends reports only.
+// Prints the control plane's share of one core, its CPU per simulated request, its RSS, and whether
+// its acknowledgements kept up.
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
@@ -41,11 +45,16 @@ interface FakeSim {
   keyWants: KeyLeaseWant[];
   slotWants: SlotWant[];
   orgWants: number[];
+  /** --fake-leases shares: whether the standing shares were asked, the last minute asked, the last second used was said. */
+  sharesAsked: boolean;
+  bulkAsked: number;
+  usedSecond: number;
 }
 
 export async function fakeNodesBench(): Promise<void> {
   const nodesCount = NODE_COUNTS[0];
-  const leases = opts['fake-leases'] === 'none' ? 'none' : 'per-minute';
+  const leases = opts['fake-leases'] as 'shares' | 'per-minute' | 'none';
+  if (!['shares', 'per-minute', 'none'].includes(leases)) throw new Error(`--fake-leases must be shares, per-minute or none, got ${JSON.stringify(leases)}`);
   const withLogs = !opts['no-fake-logs'];
   console.log(
     `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}`,
@@ -64,7 +73,7 @@ export async function fakeNodesBench(): Promise<void> {
 
   const sims: FakeSim[] = [];
   for (let i = 0; i < nodesCount; i++) {
-    const sim = { seq: 0, usedSeq: 0, sentReports: 0, requestsInReport: new Map(), usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [] } as unknown as FakeSim;
+    const sim = { seq: 0, usedSeq: 0, sentReports: 0, requestsInReport: new Map(), usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [], sharesAsked: false, bulkAsked: 0, usedSecond: 0 } as unknown as FakeSim;
     sim.node = await startFakeNode(
       cp,
       {
@@ -126,6 +135,11 @@ export async function fakeNodesBench(): Promise<void> {
       t.costMicros += DEMO_COST_MICROS;
       sim.lastUsed.set(r, nowMs);
       if (leases === 'none') continue;
+      if (leases === 'shares') {
+        sim.usedThisMinute.set(r, (sim.usedThisMinute.get(r) ?? 0) + 1);
+        sim.usedThisTick.add(r);
+        continue;
+      }
       if (!sim.seenThisMinute.has(r)) {
         sim.seenThisMinute.add(r);
         sim.keyWants.push({ keyId: t.keyId, minute, requests: 1000, tokens: 1_000_000, heldRequests: 0, heldTokens: 0, needRequests: 1, needTokens: 0 });
@@ -144,6 +158,23 @@ export async function fakeNodesBench(): Promise<void> {
       sim.usedThisTick.add(r);
     }
     if (leases === 'none') return;
+    if (leases === 'shares') {
+      // Asked once per connection, then once a minute (the next minute's in its last ten seconds).
+      const first = !sim.sharesAsked;
+      sim.sharesAsked = true;
+      const bulk = minute !== sim.bulkAsked ? minute : nowMs % 60_000 >= 50_000 && sim.bulkAsked !== minute + 1 ? minute + 1 : 0;
+      if (bulk) sim.bulkAsked = bulk;
+      // What was used within the standing shares is said once a whole second.
+      const second = Math.floor(nowMs / 1000);
+      const said = second !== sim.usedSecond;
+      sim.usedSecond = second;
+      const used = said ? [...sim.usedThisTick].map((r) => ({ keyId: keyIdOf(r), minute, requests: sim.usedThisMinute.get(r) ?? 0, tokens: (sim.usedThisMinute.get(r) ?? 0) * (DEMO_PROMPT_TOKENS + DEMO_COMPLETION_TOKENS) })) : [];
+      if (said) sim.usedThisTick.clear();
+      if (first || bulk || used.length > 0) {
+        sim.node.write({ leaseRequest: leaseRequest({ wantSlotShare: first, wantOrgSlices: first, bulkMinute: bulk, used, usedSeq: used.length > 0 ? ++sim.usedSeq : 0 }) });
+      }
+      return;
+    }
     const used = [...sim.usedThisTick].map((r) => ({ keyId: keyIdOf(r), minute, requests: sim.usedThisMinute.get(r) ?? 0, tokens: (sim.usedThisMinute.get(r) ?? 0) * (DEMO_PROMPT_TOKENS + DEMO_COMPLETION_TOKENS) }));
     sim.usedThisTick.clear();
     const req = leaseRequest({

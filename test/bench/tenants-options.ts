@@ -16,7 +16,7 @@ export const { values: opts } = parseArgs({
     'no-control': { type: 'boolean', default: false },
     'cpu-prof': { type: 'string' },
     'fake-nodes': { type: 'boolean', default: false },
-    'fake-leases': { type: 'string', default: 'per-minute' },
+    'fake-leases': { type: 'string', default: 'shares' },
     'no-fake-logs': { type: 'boolean', default: false },
   },
 });
