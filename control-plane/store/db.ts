@@ -182,7 +182,10 @@ export class Db implements Queryable {
     return this.enqueue(() => fn(this.direct));
   }
 
-  /** One write transaction; rolled back when `fn` throws. Hooks from afterCommit run right after COMMIT. */
+  /**
+   * One write transaction; rolled back when `fn` throws. Hooks from afterCommit run right after COMMIT
+   * (all of them; if one throws, the call rejects after the others ran, and the work is committed).
+   */
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
     return this.enqueue(async () => {
       const hooks: (() => void)[] = [];
@@ -199,7 +202,17 @@ export class Db implements Queryable {
         throw err;
       }
       this.txObserver?.((performance.now() - began) / 1000, true);
-      for (const h of hooks) h();
+      // Every hook runs, even after one threw (each publishes its own part of what was committed);
+      // then the first error is thrown: the transaction is committed all the same.
+      let hookError: unknown = null;
+      for (const h of hooks) {
+        try {
+          h();
+        } catch (err) {
+          hookError ??= err;
+        }
+      }
+      if (hookError !== null) throw hookError;
       return result;
     });
   }

@@ -53,6 +53,13 @@ export type SpendHook = (orgId: string, costMicros: number, leaseEpoch: number) 
 type UsageResult = Omit<IngestResult, 'logs'>;
 
 /** One node's consecutive reports waiting to be written with others (ReportIngest.writeUsage). */
+/** What a write learned: each unit's result, whether it committed, which unit's own hooks threw. */
+interface WriteOutcome {
+  committed: boolean;
+  results: UsageResult[];
+  hookErrors: Map<number, Error>;
+}
+
 interface UsageUnit {
   src: ReportSource;
   reports: readonly Report[];
@@ -79,7 +86,7 @@ export class ReportIngest {
     private readonly logs: LogStore | null = null,
     /** Where the responses nodes created are kept and sent on (the Responses API). */
     private readonly storedResponses: StoredResponsesFanout | null = null,
-    log: (line: string) => void = () => undefined,
+    private readonly log: (line: string) => void = () => undefined,
   ) {
     this.usageFold = new UsageFold(state.db, log);
   }
@@ -109,8 +116,9 @@ export class ReportIngest {
   /**
    * Writes a unit's usage and money with the units of other nodes that wait meanwhile: while one
    * transaction runs, the units that arrive queue, and the next transaction takes all of them (group
-   * commit; docs/scale.md). A node sends its next unit only after this one is written, so a
-   * transaction holds at most one unit per node instance and each node's order is kept. When a shared
+   * commit; docs/scale.md). A node sends its next unit only after this one is written, so each node's
+   * order is kept (a node that reconnects may have its old stream's unit and its resend in one
+   * transaction: their cursor statements run in order, and the resend is a replay). When a shared
    * transaction fails, each of its units is written alone, so one report that cannot be written fails
    * only its own node's stream.
    */
@@ -133,35 +141,57 @@ export class ReportIngest {
   }
 
   private async writeUnits(units: readonly UsageUnit[]): Promise<void> {
+    const done: WriteOutcome = { committed: false, results: [], hookErrors: new Map() };
     try {
-      const results = await this.state.db.tx((tx) => this.writeInTx(tx, units));
-      units.forEach((u, i) => u.resolve(results[i]));
+      await this.state.db.tx((tx) => this.writeInTx(tx, units, done));
     } catch (err) {
-      if (units.length === 1) return units[0].reject(err as Error);
-      for (const u of units) {
-        await this.state.db.tx((tx) => this.writeInTx(tx, [u])).then(
-          ([r]) => u.resolve(r),
-          (e: Error) => u.reject(e),
-        );
+      if (!done.committed) {
+        if (units.length === 1) return units[0].reject(err as Error);
+        this.log(`sync: ${units.length} nodes' reports not written together (${(err as Error).message}); writing each alone`);
+        for (const u of units) {
+          const alone: WriteOutcome = { committed: false, results: [], hookErrors: new Map() };
+          await this.state.db.tx((tx) => this.writeInTx(tx, [u], alone)).catch((e: Error) => {
+            if (!alone.committed) alone.hookErrors.set(0, e);
+            else this.log(`sync: after reports were written: ${e.message}`);
+          });
+          const e = alone.hookErrors.get(0);
+          if (e) u.reject(e);
+          else u.resolve(alone.results[0]);
+        }
+        return;
       }
+      // Committed, and a hook that was not a unit's own failed after COMMIT: logged; the units are written.
+      this.log(`sync: after reports were written: ${(err as Error).message}`);
     }
+    // A unit whose own hook (its connection's leases) failed fails its stream; its report is written,
+    // so the node's resend is a replay.
+    units.forEach((u, i) => {
+      const e = done.hookErrors.get(i);
+      if (e) u.reject(e);
+      else u.resolve(done.results[i]);
+    });
   }
 
-  /** The units' usage and money in `tx`: a fixed number of statements, plus one cursor per unit. */
-  private async writeInTx(tx: Tx, units: readonly UsageUnit[]): Promise<UsageResult[]> {
+  /**
+   * The units' usage and money in `tx`: a fixed number of statements, plus one cursor per unit.
+   * `done` learns each unit's result, whether COMMIT happened, and which unit's own hooks threw.
+   */
+  private async writeInTx(tx: Tx, units: readonly UsageUnit[], done: WriteOutcome): Promise<void> {
     const now = this.state.now();
     const at = new Date(now).toISOString();
-    const results: UsageResult[] = [];
+    const results = done.results;
+    // First of this transaction's hooks: from here on it is committed, whatever a later hook does.
+    tx.afterCommit(() => (done.committed = true));
     // Rows are found by key, then among that key's few rows by minute, model and project: no string is
     // built per total (at cluster scale a write holds tens of thousands of them).
-    const minutes = new Map<string, UsageMinute[]>();
+    const minutes = new Map<string, Map<number, UsageMinute[]>>();
     const monthly = new Map<string, { orgId: string; month: string; cost: number }[]>();
     const lastUsed = new Map<string, number>();
     const stored: StoredResponse[] = [];
     const hooks: (() => void)[] = [];
     // A report's totals fall in a minute or two: the month of each is computed once.
     const monthOfMinute = new Map<number, string>();
-    for (const { src, reports, onSpend, onKeySpend } of units) {
+    for (const [unitIndex, { src, reports, onSpend, onKeySpend }] of units.entries()) {
       const first = reports[0].seq;
       const last = reports[reports.length - 1].seq;
       let fresh = reports;
@@ -178,7 +208,9 @@ export class ReportIngest {
       const totals: UsageTotal[] = [];
       for (const r of fresh) totals.push(...r.usageTotals, ...(r.usage.length > 0 ? totalsOfRecords(r.usage, now) : []));
       // What this unit's node reserved its costs under: told to its own connection's leases.
+      // By organisation for finding, and in the order first met for telling (as before batching).
       const spent = new Map<string, { orgId: string; epoch: number; cost: number }[]>();
+      const spentInOrder: { orgId: string; epoch: number; cost: number }[] = [];
       const keyCosts: KeySpend[] = [];
       let calls = 0;
       for (const t of totals) {
@@ -188,8 +220,10 @@ export class ReportIngest {
         const cost = clampCount(t.costMicros);
         calls += requests;
         // Totals of one key, model and minute under two lease epochs (or from two nodes) are one row of usage.
-        const rows = minutes.get(t.keyId);
-        const m = rows?.find((x) => x.minute === minute && x.model === t.model && x.projectId === t.projectId);
+        let byMinute = minutes.get(t.keyId);
+        if (!byMinute) minutes.set(t.keyId, (byMinute = new Map()));
+        const rows = byMinute.get(minute);
+        const m = rows?.find((x) => x.model === t.model && x.projectId === t.projectId);
         if (m) {
           m.requests += requests;
           m.promptTokens += clampCount(t.promptTokens);
@@ -208,7 +242,7 @@ export class ReportIngest {
             costMicros: cost,
           };
           if (rows) rows.push(row);
-          else minutes.set(t.keyId, [row]);
+          else byMinute.set(minute, [row]);
         }
         if (cost > 0 && t.orgId) {
           let month = monthOfMinute.get(minute);
@@ -223,8 +257,12 @@ export class ReportIngest {
           const epochs = spent.get(t.orgId);
           const entry = epochs?.find((x) => x.epoch === epoch);
           if (entry) entry.cost += cost;
-          else if (epochs) epochs.push({ orgId: t.orgId, epoch, cost });
-          else spent.set(t.orgId, [{ orgId: t.orgId, epoch, cost }]);
+          else {
+            const e = { orgId: t.orgId, epoch, cost };
+            spentInOrder.push(e);
+            if (epochs) epochs.push(e);
+            else spent.set(t.orgId, [e]);
+          }
         }
       }
       for (const r of fresh) {
@@ -233,13 +271,20 @@ export class ReportIngest {
         }
       }
       for (const r of fresh) stored.push(...(r.storedResponses?.responses ?? []));
-      if (onSpend) hooks.push(() => spent.forEach((epochs) => epochs.forEach((e) => onSpend(e.orgId, e.cost, e.epoch))));
-      // Money limits below the organisation (docs/money-limits.md) follow in memory: no statement.
-      if (onKeySpend && keyCosts.length > 0) hooks.push(() => onKeySpend(keyCosts));
+      // The unit's own hooks (its connection's leases, the money limits below the organisation, which
+      // follow in memory: no statement): one that throws fails this unit alone.
+      hooks.push(() => {
+        try {
+          if (onSpend) for (const e of spentInOrder) onSpend(e.orgId, e.cost, e.epoch);
+          if (onKeySpend && keyCosts.length > 0) onKeySpend(keyCosts);
+        } catch (err) {
+          done.hookErrors.set(unitIndex, err as Error);
+        }
+      });
       results.push({ duplicate: false, inserted: calls });
     }
     // Appended to the usage journal; folded into usage_folded later, counted in usage_minutes now.
-    const rows = [...minutes.values()].flat();
+    const rows = [...minutes.values()].flatMap((byMinute) => [...byMinute.values()].flat());
     await addUsageMinutes(tx, rows);
     tx.afterCommit(() => this.usageFold.journaled(rows.length));
     // Money aggregated per organisation and month, written for all of them at once.
@@ -261,7 +306,6 @@ export class ReportIngest {
     // The organisations charged, from their committed money in memory plus this write's: no read.
     if (spends.length > 0) await this.state.refreshSpent(tx, spends);
     for (const h of hooks) tx.afterCommit(h);
-    return results;
   }
 }
 

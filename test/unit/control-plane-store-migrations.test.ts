@@ -84,3 +84,28 @@ test('010-free-grants: organisations that exist keep their grant, and each owner
   // Account a had its grant through its first organisation; b owns none, so it has none yet.
   assert.deepEqual(await db.all('SELECT account_id, org_id FROM free_grants'), [{ account_id: 'a', org_id: 'o1' }]);
 });
+
+test('after COMMIT every afterCommit hook runs, even after one threw; the call rejects with the first error and the work stays committed', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db);
+  const ran: string[] = [];
+  await assert.rejects(
+    db.tx(async (tx) => {
+      await tx.run("INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a', 'n', 'h', 't')");
+      tx.afterCommit(() => ran.push('first'));
+      tx.afterCommit(() => {
+        throw new Error('hook broke');
+      });
+      tx.afterCommit(() => {
+        throw new Error('second hook broke');
+      });
+      tx.afterCommit(() => ran.push('last'));
+    }),
+    /^Error: hook broke$/,
+  );
+  assert.deepEqual(ran, ['first', 'last']);
+  assert.deepEqual(await db.get("SELECT id FROM accounts WHERE id = 'a'"), { id: 'a' });
+});

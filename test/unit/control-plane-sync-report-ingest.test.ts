@@ -223,3 +223,33 @@ test('reports of several nodes that wait while a transaction runs are written in
   const ids = Array.from({ length: 4 }, (_, j) => orgId(j));
   assert.deepEqual(state.spendableFromMemory(ids), await state.spendableMany(db, ids));
 });
+
+test("in a shared transaction, a node's hook that throws after COMMIT fails that node alone: the others' leases are still told and their reports are not taken for replays", async (t) => {
+  const { db, ingest } = await setUp(t, 10, 2);
+  const told = new Map<string, number>();
+  const onSpend = (node: string) => (_org: string, cost: number) => {
+    if (node === 'node-c') throw new Error('lease ledger broke');
+    told.set(node, (told.get(node) ?? 0) + cost);
+  };
+  const blocker = ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [report(1, 10, 2)], onSpend('node-a'));
+  const shared = await Promise.allSettled(['node-b', 'node-c', 'node-d'].map((node) => ingest.ingestMany({ nodeId: node, instanceId: 'inst-1' }, [report(1, 10, 2)], onSpend(node))));
+  await blocker;
+  assert.deepEqual(
+    shared.map((r) => (r.status === 'fulfilled' ? [r.value.duplicate, r.value.inserted] : String(r.reason))),
+    [[false, 10], 'Error: lease ledger broke', [false, 10]],
+  );
+  assert.deepEqual(Object.fromEntries(told), { 'node-a': 100, 'node-b': 100, 'node-d': 100 });
+  // Written once: node-c's report is in the database (its resend will be a replay).
+  assert.deepEqual(await db.get('SELECT SUM(requests) AS r FROM usage_minutes'), { r: 40 });
+  assert.deepEqual(await db.get("SELECT last_seq FROM report_cursors WHERE node_id = 'node-c'"), { last_seq: 1 });
+});
+
+test("a unit's costs are told to its connection in the order its totals first name them", async (t) => {
+  const { ingest } = await setUp(t, 3, 3);
+  const r = report(1, 3, 3);
+  // Totals of organisations 2 (epoch 0), 0 (epoch 0), then 2 again under epoch 1.
+  r.usageTotals = [{ ...r.usageTotals[2] }, { ...r.usageTotals[0] }, { ...r.usageTotals[2], leaseEpoch: 1 }];
+  const calls: string[] = [];
+  await ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [r], (org, cost, epoch) => calls.push(`${org}/${epoch}/${cost}`));
+  assert.deepEqual(calls, [`${orgId(2)}/0/10`, `${orgId(0)}/0/10`, `${orgId(2)}/1/10`]);
+});
