@@ -25,6 +25,16 @@ const TABLES = [
   'nodes',
 ];
 
+/** A database in a directory of its own, every migration applied; both gone after the test. */
+async function migratedDb(t: { after(fn: () => unknown): void }): Promise<Db> {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db);
+  return db;
+}
+
 test('migrations from an empty database create every table, in WAL mode; a second run is a no-op', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
@@ -49,11 +59,7 @@ test('migrations from an empty database create every table, in WAL mode; a secon
 });
 
 test('a failed transaction leaves nothing behind', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
-  t.after(() => db.close());
-  await runMigrations(db);
+  const db = await migratedDb(t);
   await assert.rejects(
     db.tx(async (tx) => {
       await tx.run("INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a', 'n', 'h', 't')");
@@ -86,11 +92,7 @@ test('010-free-grants: organisations that exist keep their grant, and each owner
 });
 
 test('after COMMIT every afterCommit hook runs, even after one threw; the call rejects with the first error and the work stays committed', async (t) => {
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
-  t.after(() => db.close());
-  await runMigrations(db);
+  const db = await migratedDb(t);
   const ran: string[] = [];
   await assert.rejects(
     db.tx(async (tx) => {
