@@ -52,7 +52,6 @@ export type SpendHook = (orgId: string, costMicros: number, leaseEpoch: number) 
 
 type UsageResult = Omit<IngestResult, 'logs'>;
 
-/** One node's consecutive reports waiting to be written with others (ReportIngest.writeUsage). */
 /** What a write learned: each unit's result, whether it committed, which unit's own hooks threw. */
 interface WriteOutcome {
   committed: boolean;
@@ -60,6 +59,7 @@ interface WriteOutcome {
   hookErrors: Map<number, Error>;
 }
 
+/** One node's consecutive reports waiting to be written with others (ReportIngest.writeUsage). */
 interface UsageUnit {
   src: ReportSource;
   reports: readonly Report[];
@@ -141,35 +141,36 @@ export class ReportIngest {
   }
 
   private async writeUnits(units: readonly UsageUnit[]): Promise<void> {
+    const failed = await this.writeTogether(units);
+    if (!failed) return;
+    if (units.length === 1) return units[0].reject(failed);
+    this.log(`sync: ${units.length} nodes' reports not written together (${failed.message}); writing each alone`);
+    for (const u of units) {
+      const e = await this.writeTogether([u]);
+      if (e) u.reject(e);
+    }
+  }
+
+  /**
+   * Writes the units in one transaction and, once it committed, settles each: a unit whose own hook
+   * (its connection's leases) threw fails its stream (its report is written, so the node's resend is
+   * a replay), the others are acknowledged. Returns the error when it did not commit (nothing settled).
+   */
+  private async writeTogether(units: readonly UsageUnit[]): Promise<Error | null> {
     const done: WriteOutcome = { committed: false, results: [], hookErrors: new Map() };
     try {
       await this.state.db.tx((tx) => this.writeInTx(tx, units, done));
     } catch (err) {
-      if (!done.committed) {
-        if (units.length === 1) return units[0].reject(err as Error);
-        this.log(`sync: ${units.length} nodes' reports not written together (${(err as Error).message}); writing each alone`);
-        for (const u of units) {
-          const alone: WriteOutcome = { committed: false, results: [], hookErrors: new Map() };
-          await this.state.db.tx((tx) => this.writeInTx(tx, [u], alone)).catch((e: Error) => {
-            if (!alone.committed) alone.hookErrors.set(0, e);
-            else this.log(`sync: after reports were written: ${e.message}`);
-          });
-          const e = alone.hookErrors.get(0);
-          if (e) u.reject(e);
-          else u.resolve(alone.results[0]);
-        }
-        return;
-      }
+      if (!done.committed) return err as Error;
       // Committed, and a hook that was not a unit's own failed after COMMIT: logged; the units are written.
       this.log(`sync: after reports were written: ${(err as Error).message}`);
     }
-    // A unit whose own hook (its connection's leases) failed fails its stream; its report is written,
-    // so the node's resend is a replay.
     units.forEach((u, i) => {
       const e = done.hookErrors.get(i);
       if (e) u.reject(e);
       else u.resolve(done.results[i]);
     });
+    return null;
   }
 
   /**
@@ -185,7 +186,7 @@ export class ReportIngest {
     // Rows are found by key, then among that key's few rows by minute, model and project: no string is
     // built per total (at cluster scale a write holds tens of thousands of them).
     const minutes = new Map<string, Map<number, UsageMinute[]>>();
-    const monthly = new Map<string, { orgId: string; month: string; cost: number }[]>();
+    const monthly = new Map<string, { orgId: string; month: string; micros: number }[]>();
     const lastUsed = new Map<string, number>();
     const stored: StoredResponse[] = [];
     const hooks: (() => void)[] = [];
@@ -249,9 +250,9 @@ export class ReportIngest {
           if (month === undefined) monthOfMinute.set(minute, (month = monthOf(minute * 60_000)));
           const months = monthly.get(t.orgId);
           const mo = months?.find((x) => x.month === month);
-          if (mo) mo.cost += cost;
-          else if (months) months.push({ orgId: t.orgId, month, cost });
-          else monthly.set(t.orgId, [{ orgId: t.orgId, month, cost }]);
+          if (mo) mo.micros += cost;
+          else if (months) months.push({ orgId: t.orgId, month, micros: cost });
+          else monthly.set(t.orgId, [{ orgId: t.orgId, month, micros: cost }]);
           const epoch = clampCount(t.leaseEpoch);
           if (onKeySpend) keyCosts.push({ keyId: t.keyId, projectId: t.projectId, orgId: t.orgId, minute, costMicros: cost, leaseEpoch: epoch });
           const epochs = spent.get(t.orgId);
@@ -288,7 +289,7 @@ export class ReportIngest {
     await addUsageMinutes(tx, rows);
     tx.afterCommit(() => this.usageFold.journaled(rows.length));
     // Money aggregated per organisation and month, written for all of them at once.
-    const spends = [...monthly.values()].flat().map((m) => ({ orgId: m.orgId, month: m.month, micros: m.cost }));
+    const spends = [...monthly.values()].flat();
     await addSpendMany(tx, spends);
     // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
     // process last wrote it: a busy key costs one row update a minute, not one per report (issue
