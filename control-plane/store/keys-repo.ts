@@ -68,16 +68,6 @@ export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash:
   return q.all<ApiKeyRow & { key_hash: string }>('SELECT k.*, c.key_hash FROM credentials c JOIN api_keys k ON k.id = c.key_id');
 }
 
-const TOUCH_LAST_USED_SQL = `UPDATE api_keys SET last_used_at = v.at
-  FROM (SELECT value ->> 0 AS id, value ->> 1 AS at FROM json_each(?)) AS v
-  WHERE api_keys.id = v.id AND api_keys.last_used_at < v.at`;
-
-/** Moves keys' last_used_at forward (never back), in one statement however many keys. */
-export async function touchLastUsedMany(q: Queryable, entries: readonly (readonly [keyId: string, at: string])[]): Promise<void> {
-  if (entries.length === 0) return;
-  await q.runPrepared(TOUCH_LAST_USED_SQL, [JSON.stringify(entries)]);
-}
-
 /** Revoked keys' hashes with the key they belonged to (nodes log attempts made with them). */
 export function tombstonedKeys(q: Queryable): Promise<{ key_hash: string; key_id: string; project_id: string; org_id: string }[]> {
   return q.all('SELECT t.key_hash, k.id AS key_id, k.project_id, k.org_id FROM key_tombstones t JOIN api_keys k ON k.id = t.key_id');

@@ -13,47 +13,48 @@ export interface UsageMinute {
   costMicros: number;
 }
 
-/**
- * Moves a node instance's report cursor to `lastSeq` if it is below `firstSeq`, in one statement:
- * true when it moved (every report from firstSeq to lastSeq is new). False when some or all of them
- * are replays: the caller reads the cursor and takes only the reports past it.
- */
-export async function advanceReportCursor(q: Queryable, nodeId: string, instanceId: string, firstSeq: number, lastSeq: number, at: string): Promise<boolean> {
-  const r = await q.runPrepared(
-    `INSERT INTO report_cursors (node_id, instance_id, last_seq, updated_at) VALUES (?, ?, ?, ?)
-     ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq, updated_at = excluded.updated_at
-     WHERE report_cursors.last_seq < ?`,
-    [nodeId, instanceId, lastSeq, at, firstSeq],
-  );
-  return r.changes === 1;
-}
-
+/** A node instance's report cursor: the last report seq written (0 when none was). */
 export async function reportCursor(q: Queryable, nodeId: string, instanceId: string): Promise<number> {
   const row = await q.get<{ last_seq: number }>('SELECT last_seq FROM report_cursors WHERE node_id = ? AND instance_id = ?', [nodeId, instanceId]);
   return row?.last_seq ?? 0;
 }
 
-export async function setReportCursor(q: Queryable, nodeId: string, instanceId: string, seq: number, at: string): Promise<void> {
-  await q.run(
-    `INSERT INTO report_cursors (node_id, instance_id, last_seq, updated_at) VALUES (?, ?, ?, ?)
-     ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = MAX(last_seq, excluded.last_seq), updated_at = excluded.updated_at`,
-    [nodeId, instanceId, seq, at],
-  );
+/** What reports write to the state database, written by writeReportRows in one statement. */
+export interface ReportRows {
+  /** Each node instance's new cursor (a cursor is never moved back). */
+  cursors: readonly { nodeId: string; instanceId: string; lastSeq: number; at: string }[];
+  /** Minutes of usage, appended to the journal (folded into usage_folded later). */
+  usage: readonly UsageMinute[];
+  /** Spend per organisation and month, added to org_spend and to the organisation's all-time spend. */
+  spend: readonly { orgId: string; month: string; micros: number }[];
+  /** Keys' last_used_at (ISO 8601), moved forward only. */
+  lastUsed: readonly (readonly [keyId: string, at: string])[];
 }
 
-// Rows of a report's usage and money are written by one statement per table however many keys and
-// organisations the report holds: the rows go in as one JSON array (json_each), so the work in the
-// event loop and on the database queue per report stays constant (issue 19). Usage rows are appended
-// to usage_journal (a few pages at its tail) and folded into usage_folded later (foldUsage); the view
-// usage_minutes reads both.
-const JOURNAL_USAGE_SQL = `INSERT INTO usage_journal (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
-  SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8 FROM json_each(?)`;
+const REPORT_SINK_SQL = 'INSERT INTO report_sink (cursors, usage, spend, last_used) VALUES (?, ?, ?, ?)';
+
+/**
+ * Writes reports' rows (every table a report changes in the state database) by one statement,
+ * however many keys and organisations they hold: one row into the view report_sink, whose trigger
+ * does the five writes (039-report-sink.ts). The rows go in as JSON arrays (json_each), so the work
+ * in the event loop and on the database queue per report stays constant (issue 19). Usage rows are
+ * appended to usage_journal (a few pages at its tail) and folded into usage_folded later (foldUsage);
+ * the view usage_minutes reads both.
+ */
+export async function writeReportRows(q: Queryable, rows: ReportRows): Promise<void> {
+  const json = <T>(list: readonly T[], row: (x: T) => unknown[]) => (list.length === 0 ? null : JSON.stringify(list.map(row)));
+  await q.runPrepared(REPORT_SINK_SQL, [
+    json(rows.cursors, (c) => [c.nodeId, c.instanceId, c.lastSeq, c.at]),
+    json(rows.usage, (r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]),
+    json(rows.spend, (r) => [r.orgId, r.month, r.micros]),
+    json(rows.lastUsed, (l) => [l[0], l[1]]),
+  ]);
+}
 
 /** Appends minutes of usage to the journal in one statement; they count in usage_minutes at once. */
 export async function addUsageMinutes(q: Queryable, rows: readonly UsageMinute[]): Promise<void> {
   if (rows.length === 0) return;
-  const json = JSON.stringify(rows.map((r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]));
-  await q.runPrepared(JOURNAL_USAGE_SQL, [json]);
+  await writeReportRows(q, { cursors: [], usage: rows, spend: [], lastUsed: [] });
 }
 
 // Each journal row is added to its folded row in primary-key order (then in the order the rows came),
@@ -81,22 +82,6 @@ export async function usageJournalExtent(q: Queryable): Promise<{ first: number;
 export async function foldUsage(q: Queryable, upTo: number): Promise<number> {
   await q.runPrepared(FOLD_USAGE_SQL, [upTo]);
   return (await q.runPrepared('DELETE FROM usage_journal WHERE id <= ?', [upTo])).changes;
-}
-
-export async function addSpend(q: Queryable, orgId: string, month: string, micros: number): Promise<void> {
-  await addSpendMany(q, [{ orgId, month, micros }]);
-}
-
-const ADD_MONTH_SPEND_SQL = `INSERT INTO org_spend (org_id, month, spend_micros) SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?) WHERE true
-  ON CONFLICT (org_id, month) DO UPDATE SET spend_micros = spend_micros + excluded.spend_micros`;
-const ADD_TOTAL_SPEND_SQL = `UPDATE orgs SET spend_total_micros = spend_total_micros + v.micros
-  FROM (SELECT value ->> 0 AS id, SUM(value ->> 1) AS micros FROM json_each(?) GROUP BY 1) AS v WHERE orgs.id = v.id`;
-
-/** Adds spend per organisation and month (and to each organisation's all-time spend): two statements in all. */
-export async function addSpendMany(q: Queryable, rows: readonly { orgId: string; month: string; micros: number }[]): Promise<void> {
-  if (rows.length === 0) return;
-  await q.runPrepared(ADD_MONTH_SPEND_SQL, [JSON.stringify(rows.map((r) => [r.orgId, r.month, r.micros]))]);
-  await q.runPrepared(ADD_TOTAL_SPEND_SQL, [JSON.stringify(rows.map((r) => [r.orgId, r.micros]))]);
 }
 
 /** How usage is grouped when read: per key and model (the console's default), or by one column. */

@@ -1,26 +1,27 @@
 // Reports from nodes, written exactly once. A report carries usage summed per key, model, minute and
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
-// usage and money go to the state database in one transaction: the report's cursor moved (or the
-// report found a replay) by one statement, the minutes appended to the usage journal by one insert
-// (folded later, usage-fold.ts), spend per organisation and month by one upsert and all-time spend by
-// one update, last_used_at by one statement, and the organisations whose money moved looked at in
+// usage and money go to the state database in one transaction of three statements (BEGIN, one insert
+// into report_sink, COMMIT; 039-report-sink.ts): the report's cursor moved, the minutes appended to
+// the usage journal (folded later, usage-fold.ts), spend per organisation and month and all-time,
+// and last_used_at, all by that one insert, and the organisations whose money moved looked at in
 // memory (ControlState.refreshSpent; issue 19): a fixed number of statements however many keys and
-// organisations a report holds, and nothing per request. The reports of several nodes that wait while
-// a transaction runs are written in the next one together (group commit), with one cursor statement
-// each. A report at or below a cursor is a replay and changes nothing in that store, so a crash
-// between the two writes is repaired by the node sending the report again. Reports of older nodes
-// (one UsageRecord per call, one LogColumns) are summed and packed here into the same form.
+// organisations a report holds, and nothing per request. Each node instance's cursor is kept in
+// memory once read (this process is the database's only writer), so telling a replay costs no
+// statement. The reports of several nodes that wait while a transaction runs are written in the next
+// one together (group commit). A report at or below a cursor is a replay and changes nothing in that
+// store, so a crash between the two writes is repaired by the node sending the report again. Reports
+// of older nodes (one UsageRecord per call, one LogColumns) are summed and packed here into the same
+// form.
 import { clampCount, decodeLogColumns, LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import { monthOf } from '../../proto/lib/money.js';
 import type { LogBlock, Report, StoredResponse, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { Tx } from '../store/db.js';
-import { touchLastUsedMany } from '../store/keys-repo.js';
 import type { LogStore } from '../store/log-store.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
-import { addSpendMany, addUsageMinutes, advanceReportCursor, reportCursor, setReportCursor, type UsageMinute } from '../store/usage-repo.js';
+import { reportCursor, writeReportRows, type UsageMinute } from '../store/usage-repo.js';
 import { UsageFold } from './usage-fold.js';
 
 export interface ReportSource {
@@ -75,6 +76,12 @@ export const LAST_USED_RESOLUTION_MS = 60_000;
 export class ReportIngest {
   /** When this process last wrote each key's last_used_at (committed), as ms since the epoch. */
   private readonly lastUsedWritten = new Map<string, number>();
+  /**
+   * Each node instance's report cursor as committed, by node then instance: read once per instance,
+   * then kept (only this ingest moves cursors, after COMMIT). A node keeps one instance per process,
+   * so this holds one entry per node process that reported since this one started.
+   */
+  private readonly cursors = new Map<string, Map<string, number>>();
   /** Folds the usage journal this appends to (started by the process, usage-fold.ts). */
   readonly usageFold: UsageFold;
   /** Units of usage waiting for the next transaction, and whether one is being written (writeUsage). */
@@ -174,7 +181,8 @@ export class ReportIngest {
   }
 
   /**
-   * The units' usage and money in `tx`: a fixed number of statements, plus one cursor per unit.
+   * The units' usage and money in `tx`: one statement however many units, keys and organisations,
+   * plus a cursor read for a node instance this process has not seen report yet.
    * `done` learns each unit's result, whether COMMIT happened, and which unit's own hooks threw.
    */
   private async writeInTx(tx: Tx, units: readonly UsageUnit[], done: WriteOutcome): Promise<void> {
@@ -192,20 +200,19 @@ export class ReportIngest {
     const hooks: (() => void)[] = [];
     // A report's totals fall in a minute or two: the month of each is computed once.
     const monthOfMinute = new Map<number, string>();
+    // Cursors this transaction moves (a node's resent unit may follow its first in the same one).
+    const moved = new Map<string, Map<string, number>>();
     for (const [unitIndex, { src, reports, onSpend, onKeySpend }] of units.entries()) {
-      const first = reports[0].seq;
-      const last = reports[reports.length - 1].seq;
-      let fresh = reports;
-      // Normally all are new: one statement moves the cursor. Else only those past it count.
-      if (!(await advanceReportCursor(tx, src.nodeId, src.instanceId, first, last, at))) {
-        const cursor = await reportCursor(tx, src.nodeId, src.instanceId);
-        fresh = reports.filter((r) => r.seq > cursor);
-        if (fresh.length === 0) {
-          results.push({ duplicate: true, inserted: 0 });
-          continue;
-        }
-        await setReportCursor(tx, src.nodeId, src.instanceId, last, at);
+      const cursor = moved.get(src.nodeId)?.get(src.instanceId) ?? this.cursors.get(src.nodeId)?.get(src.instanceId) ?? (await reportCursor(tx, src.nodeId, src.instanceId));
+      // Normally all are new. Else only those past the cursor count (a resend after a lost ack).
+      const fresh = reports[0].seq > cursor ? reports : reports.filter((r) => r.seq > cursor);
+      if (fresh.length === 0) {
+        results.push({ duplicate: true, inserted: 0 });
+        continue;
       }
+      let byInstance = moved.get(src.nodeId);
+      if (!byInstance) moved.set(src.nodeId, (byInstance = new Map()));
+      byInstance.set(src.instanceId, reports[reports.length - 1].seq);
       const totals: UsageTotal[] = [];
       for (const r of fresh) totals.push(...r.usageTotals, ...(r.usage.length > 0 ? totalsOfRecords(r.usage, now) : []));
       // What this unit's node reserved its costs under: told to its own connection's leases.
@@ -284,13 +291,10 @@ export class ReportIngest {
       });
       results.push({ duplicate: false, inserted: calls });
     }
-    // Appended to the usage journal; folded into usage_folded later, counted in usage_minutes now.
+    // Usage appended to the journal (folded into usage_folded later, counted in usage_minutes now),
+    // money aggregated per organisation and month, and last_used_at: one statement for all of them.
     const rows = [...minutes.values()].flatMap((byMinute) => [...byMinute.values()].flat());
-    await addUsageMinutes(tx, rows);
-    tx.afterCommit(() => this.usageFold.journaled(rows.length));
-    // Money aggregated per organisation and month, written for all of them at once.
     const spends = [...monthly.values()].flat();
-    await addSpendMany(tx, spends);
     // A key's last_used_at is written when it moves by LAST_USED_RESOLUTION_MS or more since this
     // process last wrote it: a busy key costs one row update a minute, not one per report (issue
     // 19: updating rows scattered over api_keys was most of a large report's cost).
@@ -299,8 +303,16 @@ export class ReportIngest {
       const written = this.lastUsedWritten.get(keyId);
       if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
     }
-    await touchLastUsedMany(tx, touched);
+    const cursors = [...moved].flatMap(([nodeId, byInstance]) => [...byInstance].map(([instanceId, lastSeq]) => ({ nodeId, instanceId, lastSeq, at })));
+    if (cursors.length === 0) return;
+    await writeReportRows(tx, { cursors, usage: rows, spend: spends, lastUsed: touched });
     tx.afterCommit(() => {
+      for (const c of cursors) {
+        let byInstance = this.cursors.get(c.nodeId);
+        if (!byInstance) this.cursors.set(c.nodeId, (byInstance = new Map()));
+        byInstance.set(c.instanceId, c.lastSeq);
+      }
+      this.usageFold.journaled(rows.length);
       for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
     });
     if (this.storedResponses && stored.length > 0) await this.storedResponses.write(tx, stored);

@@ -35,7 +35,7 @@ import { printTable, writeResults, type RunResult } from './tenants-report.js';
 async function main(): Promise<void> {
   if (FAKE) return fakeNodesBench();
   const profArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${opts['cpu-prof']}`] : [];
-  console.log(`tollgate bench:tenants: ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${RATE} req/s for ${DURATION_SEC} s per run, nodes ${NODE_COUNTS.join(' then ')}`);
+  console.log(`tollgate bench:tenants: ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${RATE} req/s for ${DURATION_SEC} s per run, nodes ${NODE_COUNTS.join(' then ')}${opts['report-every-ms'] ? `, nodes sending reports every ${opts['report-every-ms']} ms` : ''}`);
   const first = await startControlPlane({ configYaml: benchConfig() });
   const admin = consoleClient(first.address, first.secrets.operatorToken);
   const control = await createKey(admin, { tier: 'bench' });
@@ -51,7 +51,7 @@ async function main(): Promise<void> {
   const results: RunResult[] = [];
   for (const n of NODE_COUNTS) {
     const nodes: DataPlane[] = [];
-    for (let i = 0; i < n; i++) nodes.push(await startDataPlane(cp, { adminListen: true, nodeId: `bench-${n}-${i}` }));
+    for (let i = 0; i < n; i++) nodes.push(await startDataPlane(cp, { adminListen: true, nodeId: `bench-${n}-${i}`, extraArgs: opts['report-every-ms'] ? ['--report-every-ms', opts['report-every-ms']] : [] }));
     for (const node of nodes) await waitForKeys(node, [control.key, tenantKeys[0], tenantKeys[KEYS - 1]]);
     console.log(`\n${n} node${n > 1 ? 's' : ''}:`);
     if (!opts['no-control']) results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, one key`, cp, nodes, () => control.key, 1, 1));

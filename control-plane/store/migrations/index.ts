@@ -12,6 +12,7 @@ import { sql as storedResponses } from './035-stored-responses.js';
 import { sql as moneyLimits } from './036-money-limits.js';
 import { sql as nodesConnected } from './037-nodes-connected.js';
 import { sql as usageJournal } from './038-usage-journal.js';
+import { sql as reportSink } from './039-report-sink.js';
 
 export interface Migration {
   version: number;
@@ -32,4 +33,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 36, name: 'money-limits', sql: moneyLimits },
   { version: 37, name: 'nodes-connected', sql: nodesConnected },
   { version: 38, name: 'usage-journal', sql: usageJournal },
+  { version: 39, name: 'report-sink', sql: reportSink },
 ];
