@@ -39,7 +39,11 @@ export function keyEntryOf(row: ApiKeyRow, keyHash: string): KeyEntry {
 }
 
 /** Told each organisation's money whenever refreshOrgs looks at it, in its transaction (webhooks). */
-export type OrgObserver = (tx: Tx, now: { orgId: string; state: OrgState; monthSpendMicros: number; month: string }, before: OrgEntry | undefined) => Promise<void>;
+export type OrgObserver = (
+  tx: Tx,
+  now: { orgId: string; state: OrgState; monthSpendMicros: number; month: string },
+  before: OrgEntry | undefined,
+) => Promise<void> | undefined;
 
 export class ControlState {
   private lastMonth: string;
@@ -225,7 +229,7 @@ export class ControlState {
       if (s.month === month) a.month += s.micros;
       added.set(s.orgId, a);
     }
-    const rows: OrgWithMonthSpend[] = [];
+    const rows: (OrgWithMonthSpend & { month: string })[] = [];
     for (const [orgId, a] of added) {
       const kept = this.committedOrgs.get(orgId);
       if (!kept || kept.month !== month) return this.refreshOrgs(tx, added.keys());
@@ -239,16 +243,19 @@ export class ControlState {
    * publishes an org_upsert for each organisation whose tier, blocked state or funds version differs
    * from what nodes hold. `owners`: every organisation's owner when all are refreshed, else null.
    */
-  private async publishOrgs(tx: Tx, rows: readonly OrgWithMonthSpend[], month: string, owners: Map<string, string> | null): Promise<number> {
+  private async publishOrgs(tx: Tx, rows: readonly (OrgWithMonthSpend & { month?: string })[], month: string, owners: Map<string, string> | null): Promise<number> {
     // Every change of an organisation's money goes through here (usage, credit, cap, tier, config):
     // what was read in the transaction is what is committed once it commits.
     tx.afterCommit(() => {
-      for (const row of rows) this.committedOrgs.set(row.id, { ...row, month });
+      for (const row of rows) this.committedOrgs.set(row.id, row.month === month ? (row as OrgWithMonthSpend & { month: string }) : { ...row, month });
     });
     let emitted = 0;
     for (const row of rows) {
       const state = this.stateOf(row, row.month_spend_micros);
-      await this.orgObserver?.(tx, { orgId: row.id, state, monthSpendMicros: row.month_spend_micros, month }, this.snapshots.org(row.id));
+      const prev = this.snapshots.org(row.id);
+      // Awaited only when the observer has something to write (most organisations a report charges do not).
+      const observed = this.orgObserver?.(tx, { orgId: row.id, state, monthSpendMicros: row.month_spend_micros, month }, prev);
+      if (observed) await observed;
       const next: OrgEntry = {
         orgId: row.id,
         tier: row.tier,
@@ -256,9 +263,8 @@ export class ControlState {
         blockedReason: state.blockedReason,
         fundsVersion: row.funds_version,
         // Read only for an organisation nodes do not hold yet: ingest reads no owner per organisation.
-        ownerAccountId: owners ? (owners.get(row.id) ?? '') : (this.snapshots.org(row.id)?.ownerAccountId ?? (await orgOwner(tx, row.id))),
+        ownerAccountId: owners ? (owners.get(row.id) ?? '') : (prev?.ownerAccountId ?? (await orgOwner(tx, row.id))),
       };
-      const prev = this.snapshots.org(row.id);
       if (
         prev &&
         prev.tier === next.tier &&

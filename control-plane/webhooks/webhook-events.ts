@@ -94,7 +94,23 @@ export class WebhookEvents {
    * An organisation's money after a change (usage, credit, cap, tier, config): cap thresholds of the
    * month, the low balance, and blocked/unblocked transitions against what nodes held before.
    */
-  async observeOrg(tx: Tx, now: OrgNow, before: OrgBefore | undefined): Promise<void> {
+  observeOrg(tx: Tx, now: OrgNow, before: OrgBefore | undefined): Promise<void> | undefined {
+    // Most organisations a report charges cross nothing: told from memory, with no promise made.
+    return this.orgHasNews(now, before) ? this.announceOrg(tx, now, before) : undefined;
+  }
+
+  /** Whether announceOrg would enqueue or mark anything (marks as they are in memory). */
+  private orgHasNews(now: OrgNow, before: OrgBefore | undefined): boolean {
+    const { orgId, state, monthSpendMicros, month } = now;
+    if (before !== undefined && before.blocked !== state.blocked) return true;
+    const lowMarked = this.marks.has(`org.balance.low:${orgId}`);
+    if (state.balanceMicros <= this.opts.settings().balanceLowMicros ? !lowMarked : lowMarked) return true;
+    const cap = state.effectiveCapMicros;
+    if (cap === null || cap <= 0) return false;
+    return CAP_THRESHOLDS_PERCENT.some((pct) => monthSpendMicros * 100 >= cap * pct && !this.marks.has(`org.cap.threshold:${orgId}:${month}:${pct}`));
+  }
+
+  private async announceOrg(tx: Tx, now: OrgNow, before: OrgBefore | undefined): Promise<void> {
     const { orgId, state, monthSpendMicros, month } = now;
     const cap = state.effectiveCapMicros;
     if (cap !== null && cap > 0) {

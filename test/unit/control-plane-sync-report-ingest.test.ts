@@ -149,11 +149,15 @@ test('the organisations a report charged are looked at from committed money in m
         if (o.kind === 'report') {
           const r = report(++seq, KEYS, ORGS, 1, o.cost);
           r.usageTotals = r.usageTotals.filter((_, i) => o.keys.includes(i)).map((u) => ({ ...u, minute: o.late ? LAST_MONTH : u.minute }));
+          // An organisation charged that memory does not hold for this month yet is read (once).
+          const charged = [...new Set(r.usageTotals.filter((u) => u.costMicros > 0).map((u) => u.orgId))];
+          const orgRead = charged.length > 0 && state.spendableFromMemory(charged) === null ? 1 : 0;
           const before = db.statementsIssued;
           const published = state.snapshots.version;
           await ingest.ingestMany({ nodeId: 'node-a', instanceId: 'inst-1' }, [r]);
-          // BEGIN, one insert into report_sink, COMMIT: no read of the organisations, nor of the cursor.
-          if (state.snapshots.version === published) assert.ok(db.statementsIssued - before <= 3, `a report took ${db.statementsIssued - before} statements`);
+          // BEGIN, one insert into report_sink, COMMIT (the cursor is read by the first report only).
+          const expected = 3 + orgRead + (seq === 1 ? 1 : 0);
+          if (state.snapshots.version === published) assert.ok(db.statementsIssued - before <= expected, `a report took ${db.statementsIssued - before} statements, not ${expected}`);
         } else {
           await db.tx(async (tx) => {
             const org = orgId(o.org);
