@@ -1,6 +1,7 @@
 // The only module of the data plane that reads argv and the environment. It returns a frozen, typed
 // object; a bad setting fails start with one line naming it (ConfigError, exit code 2).
 import { ConfigError, readProcessFlags } from '../proto/lib/process-flags.js';
+import { isNodeId } from '../proto/lib/node-ids.js';
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
@@ -102,7 +103,7 @@ export function loadConfig(argv: readonly string[] = process.argv.slice(2), env:
   if (!nodeToken) throw new ConfigError('no node token: set TOLLGATE_NODE_TOKEN or pass --node-token-file');
 
   const nodeId = flags['node-id'] ?? `${hostname()}-${randomBytes(3).toString('hex')}`;
-  if (!/^[A-Za-z0-9._:-]{1,128}$/.test(nodeId)) throw new ConfigError(`--node-id must be 1-128 characters of A-Z a-z 0-9 . _ : -, got ${JSON.stringify(nodeId)}`);
+  if (!isNodeId(nodeId)) throw new ConfigError(`--node-id must be 1-128 characters of A-Z a-z 0-9 . _ : -, got ${JSON.stringify(nodeId)}`);
 
   const bufferedMib = flags['max-buffered-body-mib'] ?? '256';
   if (!/^\d{1,6}$/.test(bufferedMib) || Number(bufferedMib) < 1) throw new ConfigError(`--max-buffered-body-mib must be a whole number of MiB, at least 1, got ${JSON.stringify(bufferedMib)}`);

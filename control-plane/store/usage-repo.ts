@@ -13,10 +13,10 @@ export interface UsageMinute {
   costMicros: number;
 }
 
-/** A node instance's report cursor: the last report seq written (0 when none was). */
-export async function reportCursor(q: Queryable, nodeId: string, instanceId: string): Promise<number> {
+/** A node instance's report cursor: the last report seq written (null when none was). */
+export async function reportCursor(q: Queryable, nodeId: string, instanceId: string): Promise<number | null> {
   const row = await q.get<{ last_seq: number }>('SELECT last_seq FROM report_cursors WHERE node_id = ? AND instance_id = ?', [nodeId, instanceId]);
-  return row?.last_seq ?? 0;
+  return row?.last_seq ?? null;
 }
 
 /** What reports write to the state database, written by writeReportRows in one statement. */

@@ -15,6 +15,7 @@
 // form.
 import { clampCount, decodeLogColumns, LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import { UsageTotals } from '../../proto/lib/usage-totals.js';
+import { isInstanceId, isNodeId } from '../../proto/lib/node-ids.js';
 import { monthOf } from '../../proto/lib/money.js';
 import type { LogBlock, Report, StoredResponse, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
@@ -73,15 +74,18 @@ interface UsageUnit {
 /** last_used_at is kept to this resolution (design: a convenience for operators, not money). */
 export const LAST_USED_RESOLUTION_MS = 60_000;
 
+/** Node instances whose report cursors are kept in memory (the most recently used; others are read). */
+const MAX_KEPT_CURSORS = 4096;
+
 export class ReportIngest {
   /** When this process last wrote each key's last_used_at (committed), as ms since the epoch. */
   private readonly lastUsedWritten = new Map<string, number>();
   /**
-   * Each node instance's report cursor as committed, by node then instance: read once per instance,
-   * then kept (only this ingest moves cursors, after COMMIT). A node keeps one instance per process,
-   * so this holds one entry per node process that reported since this one started.
+   * Node instances' report cursors as committed, by "node id\ninstance id" (neither holds a newline):
+   * read once, then kept (only this ingest moves cursors, after COMMIT). A node has one instance per
+   * process; the MAX_KEPT_CURSORS most recently used are kept, and one not kept is read again.
    */
-  private readonly cursors = new Map<string, Map<string, number>>();
+  private readonly cursors = new Map<string, number>();
   /** Folds the usage journal this appends to (started by the process, usage-fold.ts). */
   readonly usageFold: UsageFold;
   /** Units of usage waiting for the next transaction, and whether one is being written (writeUsage). */
@@ -111,6 +115,8 @@ export class ReportIngest {
     }
     // A node replaying its journal after a restart sends reports numbered by its former instance.
     const src = { nodeId: source.nodeId, instanceId: reports[0].instanceId || source.instanceId };
+    // The ids key the cursors (written through JSON, where a NUL would cut them short): plain only.
+    if (!isNodeId(src.nodeId) || !isInstanceId(src.instanceId)) throw new Error(`reports refused: node id ${JSON.stringify(src.nodeId)} or instance id ${JSON.stringify(src.instanceId)} is not 1-128 characters of A-Z a-z 0-9 . _ : -`);
     let logs = 0;
     if (this.logs) {
       const parts = reports.map((r) => ({ seq: r.seq, blocks: r.logs ? [...r.logBlocks, ...blocksOfColumns(r)] : r.logBlocks })).filter((p) => p.blocks.length > 0);
@@ -180,6 +186,21 @@ export class ReportIngest {
     return null;
   }
 
+  /** A node instance's cursor: kept, or read (committed state, so kept at once); null when it has none. */
+  private async cursorOf(tx: Tx, id: string, src: ReportSource): Promise<number | null> {
+    const kept = this.cursors.get(id);
+    if (kept !== undefined) return kept;
+    const read = await reportCursor(tx, src.nodeId, src.instanceId);
+    if (read !== null) this.keepCursor(id, read);
+    return read;
+  }
+
+  private keepCursor(id: string, lastSeq: number): void {
+    this.cursors.delete(id);
+    this.cursors.set(id, lastSeq);
+    if (this.cursors.size > MAX_KEPT_CURSORS) this.cursors.delete(this.cursors.keys().next().value!);
+  }
+
   /**
    * The units' usage and money in `tx`: one statement however many units, keys and organisations,
    * plus a cursor read for a node instance this process has not seen report yet.
@@ -201,18 +222,18 @@ export class ReportIngest {
     // A report's totals fall in a minute or two: the month of each is computed once.
     const monthOfMinute = new Map<number, string>();
     // Cursors this transaction moves (a node's resent unit may follow its first in the same one).
-    const moved = new Map<string, Map<string, number>>();
+    const moved = new Map<string, { nodeId: string; instanceId: string; lastSeq: number; at: string }>();
     for (const [unitIndex, { src, reports, onSpend, onKeySpend }] of units.entries()) {
-      const cursor = moved.get(src.nodeId)?.get(src.instanceId) ?? this.cursors.get(src.nodeId)?.get(src.instanceId) ?? (await reportCursor(tx, src.nodeId, src.instanceId));
-      // Normally all are new. Else only those past the cursor count (a resend after a lost ack).
-      const fresh = reports[0].seq > cursor ? reports : reports.filter((r) => r.seq > cursor);
+      const id = `${src.nodeId}\n${src.instanceId}`;
+      const cursor = moved.get(id)?.lastSeq ?? (await this.cursorOf(tx, id, src));
+      // Normally all are new. Else only those past the cursor count (a resend after a lost ack). An
+      // instance without a cursor has written nothing: every report of it is new, whatever its seq.
+      const fresh = cursor === null || reports[0].seq > cursor ? reports : reports.filter((r) => r.seq > cursor);
       if (fresh.length === 0) {
         results.push({ duplicate: true, inserted: 0 });
         continue;
       }
-      let byInstance = moved.get(src.nodeId);
-      if (!byInstance) moved.set(src.nodeId, (byInstance = new Map()));
-      byInstance.set(src.instanceId, reports[reports.length - 1].seq);
+      moved.set(id, { nodeId: src.nodeId, instanceId: src.instanceId, lastSeq: reports[reports.length - 1].seq, at });
       const totals: UsageTotal[] = [];
       for (const r of fresh) totals.push(...r.usageTotals, ...(r.usage.length > 0 ? totalsOfRecords(r.usage, now) : []));
       // What this unit's node reserved its costs under: told to its own connection's leases.
@@ -303,15 +324,10 @@ export class ReportIngest {
       const written = this.lastUsedWritten.get(keyId);
       if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
     }
-    const cursors = [...moved].flatMap(([nodeId, byInstance]) => [...byInstance].map(([instanceId, lastSeq]) => ({ nodeId, instanceId, lastSeq, at })));
-    if (cursors.length === 0) return;
-    await writeReportRows(tx, { cursors, usage: rows, spend: spends, lastUsed: touched });
+    if (moved.size === 0) return;
+    await writeReportRows(tx, { cursors: [...moved.values()], usage: rows, spend: spends, lastUsed: touched });
     tx.afterCommit(() => {
-      for (const c of cursors) {
-        let byInstance = this.cursors.get(c.nodeId);
-        if (!byInstance) this.cursors.set(c.nodeId, (byInstance = new Map()));
-        byInstance.set(c.instanceId, c.lastSeq);
-      }
+      for (const [id, c] of moved) this.keepCursor(id, c.lastSeq);
       this.usageFold.journaled(rows.length);
       for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
     });

@@ -4,6 +4,7 @@
 // report queue (report-queue.ts), written in order and acked once committed; lease requests go to the
 // lease service (lease-service.ts).
 import { status } from '@grpc/grpc-js';
+import { isInstanceId, isNodeId } from '../../proto/lib/node-ids.js';
 import { secretsEqual } from '../../proto/lib/keys.js';
 import { LeaseRequest, type Hello, type NodeMessage, type Report, type SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
@@ -194,6 +195,11 @@ export class SyncService implements NodeFleet {
       return null;
     }
     const nodeId = hello.nodeId.trim() || `node-${hello.instanceId.slice(0, 8) || 'unnamed'}`;
+    if (!isNodeId(nodeId) || !isInstanceId(hello.instanceId)) {
+      this.log(`sync: refused a node: node id ${JSON.stringify(nodeId.slice(0, 128))} or instance id ${JSON.stringify(hello.instanceId.slice(0, 128))} is not plain`);
+      failCall(call, status.INVALID_ARGUMENT, 'node id and instance id must be 1-128 characters of A-Z a-z 0-9 . _ : -');
+      return null;
+    }
     // Two processes under one node id would share a row in `nodes list` and hide each other's acks.
     // The same process reconnecting (same instance id) replaces its old stream.
     for (const other of this.sessions) {

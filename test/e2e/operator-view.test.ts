@@ -49,6 +49,19 @@ test('key revoke names the connected nodes that did not confirm and the known no
   assert.match(text.stderr, /known but not connected, which may still accept the key .*: edge-gone \(last seen \d{4}-/);
 });
 
+test('a node whose node id holds a character outside A-Z a-z 0-9 . _ : - is refused with INVALID_ARGUMENT, before it is given anything', async () => {
+  const cp = await startControlPlane();
+  for (const nodeId of ['edge\u0000nul', 'edge with space', 'edge\nline']) {
+    await assert.rejects(startFakeNode(cp, { nodeId }), (err: Error & { code?: number }) => {
+      assert.equal(err.code, 3, `${JSON.stringify(nodeId)}: ${err.message}`);
+      assert.match(err.message, /node id and instance id must be 1-128 characters of A-Z a-z 0-9 \. _ : -/);
+      return true;
+    });
+  }
+  await cp.proc.waitFor(/sync: refused a node: node id \\?"edge with space\\?" or instance id \\?"[0-9a-f]+\\?" is not plain/);
+  assert.deepEqual((await cliJsonAsync(cp, cp.secrets.operatorToken, ['nodes', 'list'])).nodes, []);
+});
+
 test('a second node under a node id already connected is refused and named; the first keeps it', async () => {
   const cp = await startControlPlane();
   const first = await startDataPlane(cp, { nodeId: 'edge-dup' });

@@ -265,7 +265,7 @@ test("a node instance's report cursor is read once, then kept: after a restart a
   const calls = async () => (await db.get<{ r: number }>('SELECT COALESCE(SUM(requests), 0) AS r FROM usage_minutes'))!.r;
   await ingest.ingestMany(src, [report(1, 10, 2), report(2, 10, 2)]);
   assert.equal(await calls(), 20);
-  // A control plane that restarted knows no cursor: it reads it (once), then keeps it.
+  // A control plane that restarted knows no cursor: it reads it (once, even for a replay), then keeps it.
   const restarted = new ReportIngest(state);
   const counted = async (reports: Report[]) => {
     const before = db.statementsIssued;
@@ -273,7 +273,7 @@ test("a node instance's report cursor is read once, then kept: after a restart a
     return { duplicate: r.duplicate, inserted: r.inserted, statements: db.statementsIssued - before };
   };
   assert.deepEqual(await counted([report(1, 10, 2), report(2, 10, 2)]), { duplicate: true, inserted: 0, statements: 3 }, 'BEGIN, the cursor read, COMMIT');
-  assert.deepEqual(await counted([report(2, 10, 2), report(3, 10, 2)]), { duplicate: false, inserted: 10, statements: 4 }, 'the cursor read, then the write');
+  assert.deepEqual(await counted([report(2, 10, 2), report(3, 10, 2)]), { duplicate: false, inserted: 10, statements: 3 }, 'the cursor read by the replay is kept');
   assert.deepEqual(await counted([report(4, 10, 2)]), { duplicate: false, inserted: 10, statements: 3 }, 'the cursor is kept');
   assert.equal(await calls(), 40);
   // A node that reconnects may have its old stream's unit and its resend written in one transaction.
@@ -283,4 +283,24 @@ test("a node instance's report cursor is read once, then kept: after a restart a
   assert.deepEqual(both.map((r) => [r.duplicate, r.inserted]), [[false, 10], [false, 10]]);
   assert.equal(await calls(), 70);
   assert.deepEqual(await db.get("SELECT last_seq FROM report_cursors WHERE node_id = 'node-a'"), { last_seq: 6 });
+});
+
+test("a node instance's first report is new whatever its seq (0 included), and its resend is a replay", async (t) => {
+  const { db, ingest } = await setUp(t, 1, 1);
+  const src = { nodeId: 'node-a', instanceId: 'inst-1' };
+  const first = await ingest.ingestMany(src, [report(0, 1, 1)]);
+  const again = await ingest.ingestMany(src, [report(0, 1, 1), report(1, 1, 1)]);
+  assert.deepEqual([first, again].map((r) => [r.duplicate, r.inserted]), [[false, 1], [false, 1]]);
+  assert.deepEqual(await db.get('SELECT SUM(requests) AS r FROM usage_minutes'), { r: 2 });
+});
+
+test('a report whose node or instance id holds a character outside A-Z a-z 0-9 . _ : - is refused before anything is written', async (t) => {
+  const { db, ingest } = await setUp(t, 1, 1);
+  for (const src of [{ nodeId: 'node\u0000x', instanceId: 'inst-1' }, { nodeId: 'node-a', instanceId: 'inst\n1' }, { nodeId: '', instanceId: 'inst-1' }]) {
+    const r = report(1, 1, 1);
+    r.instanceId = src.instanceId;
+    await assert.rejects(ingest.ingestMany(src, [r]), /node id|instance id/, JSON.stringify(src));
+  }
+  assert.deepEqual(await db.get('SELECT COUNT(*) AS n FROM report_cursors'), { n: 0 });
+  assert.deepEqual(await db.get('SELECT COUNT(*) AS n FROM usage_minutes'), { n: 0 });
 });
