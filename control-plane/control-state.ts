@@ -213,6 +213,15 @@ export class ControlState {
   }
 
   /**
+   * Whether refreshSpent decides for these spends from memory alone (every organisation charged is
+   * kept for the current month), so that it may run before the spends are written.
+   */
+  spentFromMemory(spent: readonly { orgId: string }[]): boolean {
+    const month = monthOf(this.opts.now());
+    return spent.every((s) => this.committedOrgs.get(s.orgId)?.month === month);
+  }
+
+  /**
    * refreshOrgs for the organisations a usage report just charged (`spent`: what this transaction
    * added to each one's spend, per month), without reading them back: their rows are the committed
    * ones kept in memory plus what this transaction added. Every change of an organisation's money

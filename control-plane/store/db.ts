@@ -1,6 +1,7 @@
 // The only module (with the repos beside it) that touches sqlite3. One connection; every statement
 // runs through one in-process queue, and a transaction is BEGIN IMMEDIATE … COMMIT with nothing else
-// interleaved, so callers never see another caller's uncommitted writes. Reads that may be many and
+// interleaved, so callers never see another caller's uncommitted writes (BEGIN goes with its first
+// statement; a transaction of one statement sent by runLast needs neither BEGIN nor COMMIT). Reads that may be many and
 // slow (usage) go through `readOnly` instead: a second, read-only connection with its own queue,
 // which in WAL mode sees the last committed state and never waits behind, or holds up, the writer's
 // queue (report ingest, money leases).
@@ -25,6 +26,12 @@ export interface Queryable {
 export interface Tx extends Queryable {
   /** Runs after COMMIT, before the next queued statement: the place to publish what the transaction made. */
   afterCommit(fn: () => void): void;
+  /**
+   * The transaction's last statement (runPrepared): none may follow it. When it is also the first,
+   * it runs alone, without BEGIN and COMMIT: one statement is atomic by itself, and a hand-off to
+   * SQLite's thread and back costs the same whatever the statement does (docs/scale.md).
+   */
+  runLast(sql: string, params: Param[]): Promise<RunResult>;
 }
 
 export class Db implements Queryable {
@@ -185,19 +192,47 @@ export class Db implements Queryable {
   /**
    * One write transaction; rolled back when `fn` throws. Hooks from afterCommit run right after COMMIT
    * (all of them; if one throws, the call rejects after the others ran, and the work is committed).
+   * BEGIN IMMEDIATE is sent with the first statement (nothing else runs on this connection meanwhile:
+   * the queue holds it), so a transaction that issues none costs none, and one whose only statement
+   * is `runLast` runs it alone.
    */
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
     return this.enqueue(async () => {
       const hooks: (() => void)[] = [];
-      const tx: Tx = { ...this.direct, afterCommit: (h) => void hooks.push(h) };
+      // idle: nothing sent; open: BEGIN sent; closing: runLast sent in the transaction; alone: runLast sent without one.
+      const at: { phase: 'idle' | 'open' | 'closing' | 'alone' } = { phase: 'idle' };
+      const inTransaction = () => at.phase === 'open' || at.phase === 'closing';
+      const begin = async () => {
+        if (at.phase === 'idle') {
+          at.phase = 'open';
+          await this.direct.exec('BEGIN IMMEDIATE');
+        } else if (at.phase !== 'open') throw new Error('no statement may follow runLast in a transaction');
+      };
+      const d = this.direct;
+      const tx: Tx = {
+        run: async (sql, params) => (await begin(), d.run(sql, params)),
+        get: async <R>(sql: string, params?: Param[]) => (await begin(), d.get<R>(sql, params)),
+        all: async <R>(sql: string, params?: Param[]) => (await begin(), d.all<R>(sql, params)),
+        exec: async (sql) => (await begin(), d.exec(sql)),
+        runPrepared: async (sql, params) => (await begin(), d.runPrepared(sql, params)),
+        runLast: async (sql, params) => {
+          if (at.phase === 'idle') {
+            at.phase = 'alone';
+            return d.runPrepared(sql, params);
+          }
+          await begin();
+          at.phase = 'closing';
+          return d.runPrepared(sql, params);
+        },
+        afterCommit: (h) => void hooks.push(h),
+      };
       const began = performance.now();
-      await this.direct.exec('BEGIN IMMEDIATE');
       let result: T;
       try {
         result = await fn(tx);
-        await this.direct.exec('COMMIT');
+        if (inTransaction()) await this.direct.exec('COMMIT');
       } catch (err) {
-        await this.direct.exec('ROLLBACK').catch(() => undefined);
+        if (inTransaction()) await this.direct.exec('ROLLBACK').catch(() => undefined);
         this.txObserver?.((performance.now() - began) / 1000, false);
         throw err;
       }

@@ -1,4 +1,4 @@
-import type { Queryable } from './db.js';
+import type { Queryable, Tx } from './db.js';
 
 /** Model calls of one key and model in one minute, summed. */
 export interface UsageMinute {
@@ -39,16 +39,19 @@ const REPORT_SINK_SQL = 'INSERT INTO report_sink (cursors, usage, spend, last_us
  * does the five writes (039-report-sink.ts). The rows go in as JSON arrays (json_each), so the work
  * in the event loop and on the database queue per report stays constant (issue 19). Usage rows are
  * appended to usage_journal (a few pages at its tail) and folded into usage_folded later (foldUsage);
- * the view usage_minutes reads both.
+ * the view usage_minutes reads both. With `last`, it is the transaction's last statement (Tx.runLast).
  */
-export async function writeReportRows(q: Queryable, rows: ReportRows): Promise<void> {
+export async function writeReportRows(q: Queryable | Tx, rows: ReportRows, opts: { last?: boolean } = {}): Promise<void> {
   const json = <T>(list: readonly T[], row: (x: T) => unknown[]) => (list.length === 0 ? null : JSON.stringify(list.map(row)));
-  await q.runPrepared(REPORT_SINK_SQL, [
+  // The transaction's last statement (Tx.runLast): alone when nothing came before it.
+  const params = [
     json(rows.cursors, (c) => [c.nodeId, c.instanceId, c.lastSeq, c.at]),
     json(rows.usage, (r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]),
     json(rows.spend, (r) => [r.orgId, r.month, r.micros]),
     json(rows.lastUsed, (l) => [l[0], l[1]]),
-  ]);
+  ];
+  if (opts.last && 'runLast' in q) await q.runLast(REPORT_SINK_SQL, params);
+  else await q.runPrepared(REPORT_SINK_SQL, params);
 }
 
 /** Appends minutes of usage to the journal in one statement; they count in usage_minutes at once. */

@@ -1,8 +1,8 @@
 // Reports from nodes, written exactly once. A report carries usage summed per key, model, minute and
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
-// usage and money go to the state database in one transaction of three statements (BEGIN, one insert
-// into report_sink, COMMIT; 039-report-sink.ts): the report's cursor moved, the minutes appended to
+// usage and money go to the state database by one insert into report_sink (039-report-sink.ts), a
+// transaction by itself unless the write must also read or publish something (then BEGIN … COMMIT): the report's cursor moved, the minutes appended to
 // the usage journal (folded later, usage-fold.ts), spend per organisation and month and all-time,
 // and last_used_at, all by that one insert, and the organisations whose money moved looked at in
 // memory (ControlState.refreshSpent; issue 19): a fixed number of statements however many keys and
@@ -325,14 +325,25 @@ export class ReportIngest {
       if (written === undefined || atMs - written >= LAST_USED_RESOLUTION_MS) touched.push([keyId, new Date(atMs).toISOString()]);
     }
     if (moved.size === 0) return;
-    await writeReportRows(tx, { cursors: [...moved.values()], usage: rows, spend: spends, lastUsed: touched });
+    const reportRows = { cursors: [...moved.values()], usage: rows, spend: spends, lastUsed: touched };
     tx.afterCommit(() => {
       for (const [id, c] of moved) this.keepCursor(id, c.lastSeq);
       this.usageFold.journaled(rows.length);
       for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
     });
-    if (this.storedResponses && stored.length > 0) await this.storedResponses.write(tx, stored);
     // The organisations charged, from their committed money in memory plus this write's: no read.
+    // Decided from memory, they are looked at first and the report's rows written last, so that a
+    // report that changes nothing nodes enforce is that one statement alone, without BEGIN and
+    // COMMIT. One that must read an organisation, or keeps stored responses, writes its rows first.
+    if (stored.length === 0 && this.state.spentFromMemory(spends)) {
+      if (spends.length > 0) await this.state.refreshSpent(tx, spends);
+      // (Each unit's hooks come after refreshSpent's: a connection's leases see the committed money.)
+      for (const h of hooks) tx.afterCommit(h);
+      await writeReportRows(tx, reportRows, { last: true });
+      return;
+    }
+    await writeReportRows(tx, reportRows);
+    if (this.storedResponses && stored.length > 0) await this.storedResponses.write(tx, stored);
     if (spends.length > 0) await this.state.refreshSpent(tx, spends);
     for (const h of hooks) tx.afterCommit(h);
   }

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Db } from '../../control-plane/store/db.js';
+import { Db, type Tx } from '../../control-plane/store/db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { MIGRATIONS } from '../../control-plane/store/migrations/index.js';
 
@@ -110,4 +110,35 @@ test('after COMMIT every afterCommit hook runs, even after one threw; the call r
   );
   assert.deepEqual(ran, ['first', 'last']);
   assert.deepEqual(await db.get("SELECT id FROM accounts WHERE id = 'a'"), { id: 'a' });
+});
+
+test('a transaction sends BEGIN with its first statement: none costs nothing, runLast alone runs without BEGIN and COMMIT, and nothing may follow runLast', async (t) => {
+  const db = await migratedDb(t);
+  const insert = "INSERT INTO accounts (id, name, token_hash, created_at) VALUES (?1, 'n', ?1, 't')";
+  const counted = async (fn: (tx: Tx) => Promise<unknown>) => {
+    const before = db.statementsIssued;
+    const committed: boolean[] = [];
+    db.txObserver = (_s, ok) => void committed.push(ok);
+    let error: unknown = null;
+    await db.tx(fn).catch((err) => (error = err));
+    return { statements: db.statementsIssued - before, committed, error: error === null ? null : String(error) };
+  };
+  let hooks = 0;
+  assert.deepEqual(await counted(async (tx) => tx.afterCommit(() => hooks++)), { statements: 0, committed: [true], error: null });
+  assert.deepEqual(await counted(async (tx) => (tx.afterCommit(() => hooks++), tx.runLast(insert, ['alone']))), { statements: 1, committed: [true], error: null });
+  assert.deepEqual(await counted(async (tx) => (await tx.run(insert, ['first']), tx.runLast(insert, ['last']))), { statements: 4, committed: [true], error: null });
+  assert.equal(hooks, 2, 'hooks run after a transaction of no statement and after runLast alone');
+  // A statement after runLast is refused (not sent) and the transaction rolled back: BEGIN, x, y, ROLLBACK; nothing written.
+  const after = await counted(async (tx) => {
+    await tx.run(insert, ['x']);
+    await tx.runLast(insert, ['y']);
+    await tx.run(insert, ['z']);
+  });
+  assert.deepEqual(after, { statements: 4, committed: [false], error: 'Error: no statement may follow runLast in a transaction' });
+  // runLast alone that fails writes nothing (the statement is atomic by itself) and runs no hook.
+  const failed = await counted(async (tx) => (tx.afterCommit(() => hooks++), tx.runLast(insert, ['alone'])));
+  assert.equal(failed.statements, 1);
+  assert.match(String(failed.error), /UNIQUE constraint failed/);
+  assert.equal(hooks, 2);
+  assert.deepEqual((await db.all('SELECT id FROM accounts ORDER BY id')).map((r) => r.id), ['alone', 'first', 'last']);
 });
