@@ -8,7 +8,9 @@
 //                      indexed by key, project and organisation, each with max_at.
 // The leak question ("who used this key between T1 and T2") reads the key's index entries in the
 // window, newest first, and decodes only those blocks, until a page is full. A report's blocks go in
-// with its cursor (log_cursors) in one transaction, which makes a replay a no-op.
+// with its cursor (log_cursors) in one transaction, which makes a replay a no-op: normally one
+// statement, an insert into the day's view logsink_YYYYMMDD whose trigger writes both (the cursor and
+// the next block id are kept in memory once read).
 // The key index follows the blocks (docs/scale.md, "The log index follows the blocks"): a block's
 // entries are kept in memory once its report committed, and written for all blocks together once a
 // minute (or when many wait), sorted by key, in one transaction that also moves log_index_cursor. A
@@ -46,9 +48,26 @@ const INDEX_EVERY_MS = 60_000;
 const INDEX_MAX_PENDING = 200_000;
 /** Entries per INSERT of the key index. */
 const INDEX_CHUNK = 20_000;
+/** Node instances whose log cursors are kept in memory (others are read again). */
+const MAX_KEPT_CURSORS = 4096;
 
 /** One row of logkeys_DAY: key_id, max_at, block, min_at, project_id, org_id, rows. */
 type IndexEntry = [string, number, number, number, string, string, number];
+
+/**
+ * The view a report's blocks of one day are written through, and its trigger: each row inserts a
+ * block (its id given) and moves its node instance's cursor (never back). `IF NOT EXISTS`: days made
+ * before the view get it when the store opens.
+ */
+function sinkSql(day: string): string {
+  return `CREATE VIEW IF NOT EXISTS logsink_${day} AS
+      SELECT NULL AS id, NULL AS node_id, NULL AS min_at, NULL AS max_at, NULL AS rows, NULL AS columns, NULL AS instance_id, NULL AS last_seq;
+    CREATE TRIGGER IF NOT EXISTS logsink_${day}_insert INSTEAD OF INSERT ON logsink_${day} BEGIN
+      INSERT INTO logblocks_${day} (id, node_id, min_at, max_at, rows, columns) VALUES (NEW.id, NEW.node_id, NEW.min_at, NEW.max_at, NEW.rows, NEW.columns);
+      INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (NEW.node_id, NEW.instance_id, NEW.last_seq)
+        ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = MAX(last_seq, excluded.last_seq);
+    END;`;
+}
 
 export function dayOf(ms: number): string {
   return new Date(ms).toISOString().slice(0, 10).replace(/-/g, '');
@@ -80,6 +99,13 @@ const byPageOrder = (a: Placed, b: Placed): number => (before(a, b) ? -1 : befor
 export class SqliteLogStore implements LogStore {
   /** Day partitions that exist (kept in step with CREATE and DROP). */
   private readonly days = new Set<string>();
+  /**
+   * Node instances' log cursors as committed, by "node id\ninstance id": read once, then kept (this
+   * store is the file's only writer); the MAX_KEPT_CURSORS most recently used.
+   */
+  private readonly cursors = new Map<string, number>();
+  /** Each day's next block id, once read (blocks are numbered here so that one insert writes them all). */
+  private readonly nextBlock = new Map<string, number>();
   /** Key index entries of committed blocks not written yet, by day. */
   private pending = new Map<string, IndexEntry[]>();
   private pendingCount = 0;
@@ -116,7 +142,10 @@ export class SqliteLogStore implements LogStore {
     const store = new SqliteLogStore(db, opts);
     for (const name of tables) {
       const m = DAY_TABLE_RE.exec(name);
-      if (m) store.days.add(m[1]);
+      if (!m) continue;
+      store.days.add(m[1]);
+      // Days written by a version before the sink get theirs.
+      await db.exec(sinkSql(m[1]));
     }
     for (const name of tables) {
       const m = OLD_TABLE_RE.exec(name);
@@ -169,30 +198,31 @@ export class SqliteLogStore implements LogStore {
     ) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS logkeys_${day}_by_project ON logkeys_${day} (project_id, max_at);
     CREATE INDEX IF NOT EXISTS logkeys_${day}_by_org ON logkeys_${day} (org_id, max_at);
-    INSERT OR IGNORE INTO log_index_cursor (day, block) VALUES ('${day}', 0);`);
+    INSERT OR IGNORE INTO log_index_cursor (day, block) VALUES ('${day}', 0);
+    ${sinkSql(day)}`);
     this.days.add(day);
   }
 
+  /**
+   * A report's blocks and its cursor, written together: normally by one statement, a transaction by
+   * itself (one row per block into the day's view logsink_DAY, whose trigger inserts the block and
+   * moves the cursor; BLOCK_CHUNK blocks a statement). The cursor and each day's next block id are
+   * kept in memory once read, so telling a replay and numbering blocks cost no statement.
+   */
   async writeBlocks(source: LogSource, parts: readonly LogPart[]): Promise<{ duplicate: boolean; written: number }> {
     if (parts.length === 0) return { duplicate: true, written: 0 };
     const oldest = this.oldestKeptDay();
-    const first = parts[0].seq;
+    const id = `${source.nodeId}\n${source.instanceId}`;
     const last = parts[parts.length - 1].seq;
     return this.inTx([], async (tx, added) => {
-      // Normally all are new: one statement moves the cursor. Else only those past it are written.
-      let fresh = parts;
-      const moved = await tx.runPrepared(
-        `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
-         ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = excluded.last_seq WHERE log_cursors.last_seq < ?`,
-        [source.nodeId, source.instanceId, last, first],
-      );
-      if (moved.changes === 0) {
-        const cur = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
-        const cursor = cur?.last_seq ?? 0;
-        fresh = parts.filter((p) => p.seq > cursor);
-        if (fresh.length === 0) return { duplicate: true, written: 0 };
-        await tx.run('UPDATE log_cursors SET last_seq = ? WHERE node_id = ? AND instance_id = ?', [last, source.nodeId, source.instanceId]);
+      let cursor = this.cursors.get(id);
+      if (cursor === undefined) {
+        const row = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
+        // What was read is committed: kept at once. An instance without a cursor has written nothing.
+        if (row) this.keepCursor(id, (cursor = row.last_seq));
       }
+      const fresh = cursor === undefined ? parts : parts.filter((p) => p.seq > cursor);
+      if (fresh.length === 0) return { duplicate: true, written: 0 };
       const byDay = new Map<string, LogBlock[]>();
       let written = 0;
       for (const part of fresh) {
@@ -205,14 +235,52 @@ export class SqliteLogStore implements LogStore {
           written += b.rows;
         }
       }
+      // Each statement: the day's view, its rows' SQL and parameters. Ids come from memory (read once a day).
+      const statements: { sql: string; params: Param[] }[] = [];
       const entries = new Map<string, IndexEntry[]>();
+      const nextIds = new Map<string, number>();
       for (const [day, blocks] of byDay) {
         await this.ensureDay(tx, day, added);
-        entries.set(day, await this.insertBlocks(tx, day, source.nodeId, blocks));
+        let next = this.nextBlock.get(day) ?? (await tx.get<{ next: number }>(`SELECT COALESCE(MAX(id), 0) + 1 AS next FROM logblocks_${day}`))!.next;
+        const dayEntries: IndexEntry[] = [];
+        for (let i = 0; i < blocks.length; i += BLOCK_CHUNK) {
+          const part = blocks.slice(i, i + BLOCK_CHUNK);
+          const params: Param[] = [];
+          for (const b of part) {
+            const blockId = next++;
+            params.push(blockId, source.nodeId, b.minAtMs, b.maxAtMs, b.rows, b.columns, source.instanceId, last);
+            for (const k of b.keys) dayEntries.push([k.keyId, k.maxAtMs, blockId, k.minAtMs, k.projectId, k.orgId, k.rows]);
+          }
+          statements.push({ sql: `INSERT INTO logsink_${day} (id, node_id, min_at, max_at, rows, columns, instance_id, last_seq) VALUES ${part.map(() => '(?, ?, ?, ?, ?, ?, ?, ?)').join(', ')}`, params });
+        }
+        entries.set(day, dayEntries);
+        nextIds.set(day, next);
       }
-      tx.afterCommit(() => this.queueIndex(entries));
+      // Nothing to store (every row empty or past retention): the cursor moves alone.
+      if (statements.length === 0) {
+        statements.push({
+          sql: `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
+            ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = MAX(last_seq, excluded.last_seq)`,
+          params: [source.nodeId, source.instanceId, last],
+        });
+      }
+      for (const [i, st] of statements.entries()) {
+        if (i === statements.length - 1) await tx.runLast(st.sql, st.params);
+        else await tx.runPrepared(st.sql, st.params);
+      }
+      tx.afterCommit(() => {
+        this.keepCursor(id, last);
+        for (const [day, next] of nextIds) this.nextBlock.set(day, next);
+        this.queueIndex(entries);
+      });
       return { duplicate: false, written };
     });
+  }
+
+  private keepCursor(id: string, lastSeq: number): void {
+    this.cursors.delete(id);
+    this.cursors.set(id, lastSeq);
+    if (this.cursors.size > MAX_KEPT_CURSORS) this.cursors.delete(this.cursors.keys().next().value!);
   }
 
   /** A transaction that may create day tables: if it rolls back, the tables it made do not exist. */
@@ -221,6 +289,8 @@ export class SqliteLogStore implements LogStore {
       return await this.db.tx((tx) => work(tx, added));
     } catch (err) {
       for (const d of added) this.days.delete(d);
+      // Read again next time (what memory holds is committed, but a failure is not the place to trust it).
+      this.nextBlock.clear();
       throw err;
     }
   }
@@ -416,14 +486,20 @@ export class SqliteLogStore implements LogStore {
     for (const day of [...this.days].sort()) {
       if (day >= oldest) break;
       await this.db.forgetStatements(`_${day}`);
-      await this.db.exec(`DROP TABLE IF EXISTS logblocks_${day}; DROP TABLE IF EXISTS logkeys_${day}; DELETE FROM log_index_cursor WHERE day = '${day}';`);
+      await this.db.exec(`DROP VIEW IF EXISTS logsink_${day}; DROP TABLE IF EXISTS logblocks_${day}; DROP TABLE IF EXISTS logkeys_${day}; DELETE FROM log_index_cursor WHERE day = '${day}';`);
       this.days.delete(day);
+      this.nextBlock.delete(day);
       this.pendingCount -= this.pending.get(day)?.length ?? 0;
       this.pending.delete(day);
       dropped.push(day);
     }
     if (dropped.length > 0) this.opts.log?.(`request logs: dropped ${dropped.length} day partition(s) older than ${this.opts.retentionDays} days (${dropped[0]}..${dropped[dropped.length - 1]})`);
     return dropped;
+  }
+
+  /** Statements this store sent to SQLite so far (tests count them: a report's must not grow). */
+  get statementsIssued(): number {
+    return this.db.statementsIssued;
   }
 
   /** The day partitions that exist (for tests and operators). */

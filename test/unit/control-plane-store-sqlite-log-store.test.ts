@@ -237,3 +237,43 @@ test('a report with 130,000 keys in its blocks is indexed like any other (its en
   await s.writeIndex();
   assert.equal(await indexRows(dir, '20250310'), 130_001);
 });
+
+test("a report's blocks and cursor are one statement once its instance's cursor and the day's next block id are known; after a restart a resend is a replay and block ids go on", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+  const first = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
+  const src = { nodeId: 'n1', instanceId: 'i1' };
+  const counted = async (s: SqliteLogStore, seq: number, rows: LogRow[], source: LogSource = src) => {
+    const before = s.statementsIssued;
+    const r = await writeRows(s, source, seq, rows);
+    return { ...r, statements: s.statementsIssued - before };
+  };
+  assert.deepEqual(await writeRows(first, src, 1, [row(1, T0)]), { duplicate: false, written: 1 });
+  assert.deepEqual(await counted(first, 2, [row(2, T0 + 1), row(3, T0 + 2, { keyId: 'key_b' })]), { duplicate: false, written: 2, statements: 1 });
+  // A new instance's first report is new whatever its seq.
+  assert.deepEqual((await writeRows(first, { nodeId: 'n1', instanceId: 'i0' }, 0, [row(4, T0 + 3)])).duplicate, false);
+  await first.close();
+  // The next process opens the file; a day made before the sink view existed gets one when it opens.
+  const raw = await Db.open(join(dir, 'logs.db'));
+  await raw.exec('DROP VIEW logsink_20250310');
+  await raw.close();
+  const second = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
+  t.after(async () => {
+    await second.close().catch(() => {});
+    rmSync(dir, { recursive: true, force: true });
+  });
+  assert.deepEqual(await writeRows(second, src, 2, [row(2, T0 + 1), row(3, T0 + 2, { keyId: 'key_b' })]), { duplicate: true, written: 0 }, 'the resend of a written report');
+  assert.deepEqual(await writeRows(second, src, 3, [row(5, T0 + 4)]), { duplicate: false, written: 1 });
+  assert.deepEqual(await counted(second, 4, [row(6, T0 + 5)]), { duplicate: false, written: 1, statements: 1 });
+  const check = await Db.open(join(dir, 'logs.db'));
+  try {
+    assert.deepEqual(await check.get('SELECT COUNT(*) AS n, COUNT(DISTINCT id) AS ids, MIN(id) AS first, MAX(id) AS last FROM logblocks_20250310'), { n: 5, ids: 5, first: 1, last: 5 });
+    assert.deepEqual(await check.all('SELECT instance_id, last_seq FROM log_cursors ORDER BY instance_id'), [{ instance_id: 'i0', last_seq: 0 }, { instance_id: 'i1', last_seq: 4 }]);
+  } finally {
+    await check.close();
+  }
+  const keyA = ['r-6', 'r-5', 'r-4', 'r-2', 'r-1'];
+  assert.deepEqual((await second.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), keyA);
+  await second.writeIndex();
+  assert.deepEqual((await second.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), keyA, 'the index entries name the blocks written');
+  assert.deepEqual((await second.query({ keyId: 'key_b' }, 100, '')).logs.map((l) => l.requestId), ['r-3']);
+});
