@@ -213,12 +213,13 @@ export class ControlState {
   }
 
   /**
-   * Whether refreshSpent decides for these spends from memory alone (every organisation charged is
-   * kept for the current month), so that it may run before the spends are written.
+   * The current month when refreshSpent decides for these spends from memory alone (every
+   * organisation charged is kept for it), so that it may run before the spends are written: pass
+   * that month to refreshSpent (the clock may pass midnight in between). Null when one must be read.
    */
-  spentFromMemory(spent: readonly { orgId: string }[]): boolean {
+  spentFromMemory(spent: readonly { orgId: string }[]): string | null {
     const month = monthOf(this.opts.now());
-    return spent.every((s) => this.committedOrgs.get(s.orgId)?.month === month);
+    return spent.every((s) => this.committedOrgs.get(s.orgId)?.month === month) ? month : null;
   }
 
   /**
@@ -229,8 +230,7 @@ export class ControlState {
    * in this transaction would return (test/unit/control-plane-sync-report-ingest.test.ts compares
    * them). An organisation not kept for the current month is read, as refreshOrgs does.
    */
-  async refreshSpent(tx: Tx, spent: readonly { orgId: string; month: string; micros: number }[]): Promise<number> {
-    const month = monthOf(this.opts.now());
+  async refreshSpent(tx: Tx, spent: readonly { orgId: string; month: string; micros: number }[], month = monthOf(this.opts.now())): Promise<number> {
     const added = new Map<string, { total: number; month: number }>();
     for (const s of spent) {
       const a = added.get(s.orgId) ?? { total: 0, month: 0 };

@@ -194,19 +194,22 @@ export class Db implements Queryable {
    * (all of them; if one throws, the call rejects after the others ran, and the work is committed).
    * BEGIN IMMEDIATE is sent with the first statement (nothing else runs on this connection meanwhile:
    * the queue holds it), so a transaction that issues none costs none, and one whose only statement
-   * is `runLast` runs it alone.
+   * is `runLast` runs it alone: then it is committed once that statement succeeded, and an error
+   * `fn` throws after it is thrown after the hooks ran, as a hook's is.
    */
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
     return this.enqueue(async () => {
       const hooks: (() => void)[] = [];
       // idle: nothing sent; open: BEGIN sent; closing: runLast sent in the transaction; alone: runLast sent without one.
-      const at: { phase: 'idle' | 'open' | 'closing' | 'alone' } = { phase: 'idle' };
+      const at: { phase: 'idle' | 'open' | 'closing' | 'alone'; beginning: Promise<void> | null; aloneDone: boolean } = { phase: 'idle', beginning: null, aloneDone: false };
       const inTransaction = () => at.phase === 'open' || at.phase === 'closing';
-      const begin = async () => {
+      // Every statement waits for BEGIN, also one sent while BEGIN is on its way (statements issued together).
+      const begin = (): Promise<void> => {
         if (at.phase === 'idle') {
           at.phase = 'open';
-          await this.direct.exec('BEGIN IMMEDIATE');
-        } else if (at.phase !== 'open') throw new Error('no statement may follow runLast in a transaction');
+          at.beginning = this.direct.exec('BEGIN IMMEDIATE');
+        } else if (at.phase !== 'open') return Promise.reject(new Error('no statement may follow runLast in a transaction'));
+        return at.beginning!;
       };
       const d = this.direct;
       const tx: Tx = {
@@ -218,7 +221,9 @@ export class Db implements Queryable {
         runLast: async (sql, params) => {
           if (at.phase === 'idle') {
             at.phase = 'alone';
-            return d.runPrepared(sql, params);
+            const r = await d.runPrepared(sql, params);
+            at.aloneDone = true;
+            return r;
           }
           await begin();
           at.phase = 'closing';
@@ -227,19 +232,23 @@ export class Db implements Queryable {
         afterCommit: (h) => void hooks.push(h),
       };
       const began = performance.now();
-      let result: T;
+      let result: T | undefined;
+      // An error after a lone runLast committed: thrown once the hooks ran, like a hook's (below).
+      let hookError: unknown = null;
       try {
         result = await fn(tx);
         if (inTransaction()) await this.direct.exec('COMMIT');
       } catch (err) {
-        if (inTransaction()) await this.direct.exec('ROLLBACK').catch(() => undefined);
-        this.txObserver?.((performance.now() - began) / 1000, false);
-        throw err;
+        if (!at.aloneDone) {
+          if (inTransaction()) await this.direct.exec('ROLLBACK').catch(() => undefined);
+          this.txObserver?.((performance.now() - began) / 1000, false);
+          throw err;
+        }
+        hookError = err;
       }
       this.txObserver?.((performance.now() - began) / 1000, true);
       // Every hook runs, even after one threw (each publishes its own part of what was committed);
       // then the first error is thrown: the transaction is committed all the same.
-      let hookError: unknown = null;
       for (const h of hooks) {
         try {
           h();
@@ -248,7 +257,7 @@ export class Db implements Queryable {
         }
       }
       if (hookError !== null) throw hookError;
-      return result;
+      return result as T;
     });
   }
 

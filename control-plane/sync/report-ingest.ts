@@ -335,8 +335,10 @@ export class ReportIngest {
     // Decided from memory, they are looked at first and the report's rows written last, so that a
     // report that changes nothing nodes enforce is that one statement alone, without BEGIN and
     // COMMIT. One that must read an organisation, or keeps stored responses, writes its rows first.
-    if (stored.length === 0 && this.state.spentFromMemory(spends)) {
-      if (spends.length > 0) await this.state.refreshSpent(tx, spends);
+    const month = stored.length === 0 ? this.state.spentFromMemory(spends) : null;
+    if (month !== null) {
+      // The month checked is the month decided for, whatever the clock says by then: nothing is read.
+      if (spends.length > 0) await this.state.refreshSpent(tx, spends, month);
       // (Each unit's hooks come after refreshSpent's: a connection's leases see the committed money.)
       for (const h of hooks) tx.afterCommit(h);
       await writeReportRows(tx, reportRows, { last: true });

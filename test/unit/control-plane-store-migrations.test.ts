@@ -142,3 +142,29 @@ test('a transaction sends BEGIN with its first statement: none costs nothing, ru
   assert.equal(hooks, 2);
   assert.deepEqual((await db.all('SELECT id FROM accounts ORDER BY id')).map((r) => r.id), ['alone', 'first', 'last']);
 });
+
+test('statements issued together in a transaction all wait for its BEGIN (none runs outside it and survives a rollback); an error after a lone runLast is thrown after its hooks, and the statement stays committed', async (t) => {
+  const db = await migratedDb(t);
+  const insert = "INSERT INTO accounts (id, name, token_hash, created_at) VALUES (?1, 'n', ?1, 't')";
+  for (let i = 0; i < 500; i++) {
+    await assert.rejects(
+      db.tx(async (tx) => {
+        await Promise.all([tx.runPrepared(insert, [`a${i}`]), tx.runPrepared(insert, [`b${i}`])]);
+        throw new Error('changed my mind');
+      }),
+      /changed my mind/,
+    );
+  }
+  assert.deepEqual(await db.get('SELECT COUNT(*) AS n FROM accounts'), { n: 0 });
+  let hooks = 0;
+  await assert.rejects(
+    db.tx(async (tx) => {
+      tx.afterCommit(() => hooks++);
+      await tx.runLast(insert, ['lone']);
+      throw new Error('after the last statement');
+    }),
+    /after the last statement/,
+  );
+  assert.equal(hooks, 1, 'committed: its hooks ran');
+  assert.deepEqual(await db.all('SELECT id FROM accounts'), [{ id: 'lone' }]);
+});

@@ -24,7 +24,7 @@ const orgId = (j: number) => `org_s${String(j).padStart(6, '0')}`;
 const projectId = (j: number) => `proj_s${String(j).padStart(6, '0')}`;
 const keyId = (i: number) => `key_s${String(i).padStart(7, '0')}`;
 
-async function setUp(t: { after(fn: () => unknown): void }, keys: number, orgs: number) {
+async function setUp(t: { after(fn: () => unknown): void }, keys: number, orgs: number, clock = { ms: NOW }) {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-ingest-statements-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
   const db = await Db.open(join(dir, 'tollgate.db'));
@@ -47,7 +47,7 @@ async function setUp(t: { after(fn: () => unknown): void }, keys: number, orgs: 
     }
   });
   const configPath = join(ROOT, 'control-plane', 'demo-config.yaml');
-  const state = await ControlState.open(db, readGatewayConfig(configPath), { configPath, now: () => NOW, log: () => {} });
+  const state = await ControlState.open(db, readGatewayConfig(configPath), { configPath, now: () => clock.ms, log: () => {} });
   return { db, state, ingest: new ReportIngest(state) };
 }
 
@@ -305,4 +305,27 @@ test('a report whose node or instance id holds a character outside A-Z a-z 0-9 .
   }
   assert.deepEqual(await db.get('SELECT COUNT(*) AS n FROM report_cursors'), { n: 0 });
   assert.deepEqual(await db.get('SELECT COUNT(*) AS n FROM usage_minutes'), { n: 0 });
+});
+
+test('the month that turns while a report is written: the organisations are decided for the month memory was checked in, and memory never holds a month it did not read', async (t) => {
+  const clock = { ms: Date.UTC(2026, 10, 30, 23, 59, 59, 999) };
+  const { db, state, ingest } = await setUp(t, 1, 1, clock);
+  const src = { nodeId: 'node-a', instanceId: 'inst-1' };
+  // A November report keeps the organisation in memory for November.
+  await ingest.ingestMany(src, [report(1, 1, 1, 1, 1000)]);
+  // Midnight passes between the check of memory and refreshSpent; the report spends 6.00 USD of the
+  // free tier's 5.00 (grant and cap).
+  const refreshSpent = state.refreshSpent.bind(state);
+  state.refreshSpent = (tx, spent, month) => {
+    clock.ms = Date.UTC(2026, 11, 1);
+    return refreshSpent(tx, spent, month);
+  };
+  const december = report(2, 1, 1, 1, 6_000_000);
+  december.usageTotals = december.usageTotals.map((u) => ({ ...u, minute: Math.floor(Date.UTC(2026, 11, 1) / 60_000) }));
+  await ingest.ingestMany(src, [december]);
+  state.refreshSpent = refreshSpent;
+  assert.equal(state.snapshots.org(orgId(0))?.blocked, true, 'blocked: its balance is spent');
+  // Memory holds November's money only: for December it knows nothing (a caller reads), never a stale sum.
+  assert.equal(state.spendableFromMemory([orgId(0)]), null);
+  assert.deepEqual(await state.spendableMany(db, [orgId(0)]), new Map([[orgId(0), 0]]));
 });
