@@ -140,6 +140,11 @@ export class SqliteLogStore implements LogStore {
       });
     }
     const store = new SqliteLogStore(db, opts);
+    // A day's view without its tables (dropped by a version before the view) goes too.
+    for (const { name } of await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'view' AND name LIKE 'logsink_%'")) {
+      const day = /^logsink_(\d{8})$/.exec(name)?.[1];
+      if (day && !tables.includes(`logblocks_${day}`)) await db.exec(`DROP VIEW ${name}`);
+    }
     for (const name of tables) {
       const m = DAY_TABLE_RE.exec(name);
       if (!m) continue;
@@ -213,7 +218,8 @@ export class SqliteLogStore implements LogStore {
     if (parts.length === 0) return { duplicate: true, written: 0 };
     const oldest = this.oldestKeptDay();
     const id = `${source.nodeId}\n${source.instanceId}`;
-    const last = parts[parts.length - 1].seq;
+    // The highest seq, whatever the order parts came in (a cursor never moves back).
+    const last = parts.reduce((m, p) => Math.max(m, p.seq), -Infinity);
     return this.inTx([], async (tx, added) => {
       let cursor = this.cursors.get(id);
       if (cursor === undefined) {
@@ -241,7 +247,8 @@ export class SqliteLogStore implements LogStore {
       const nextIds = new Map<string, number>();
       for (const [day, blocks] of byDay) {
         await this.ensureDay(tx, day, added);
-        let next = this.nextBlock.get(day) ?? (await tx.get<{ next: number }>(`SELECT COALESCE(MAX(id), 0) + 1 AS next FROM logblocks_${day}`))!.next;
+        // A day made by this write starts at 1; another is read once.
+        let next = this.nextBlock.get(day) ?? (added.includes(day) ? 1 : (await tx.get<{ next: number }>(`SELECT COALESCE(MAX(id), 0) + 1 AS next FROM logblocks_${day}`))!.next);
         const dayEntries: IndexEntry[] = [];
         for (let i = 0; i < blocks.length; i += BLOCK_CHUNK) {
           const part = blocks.slice(i, i + BLOCK_CHUNK);
@@ -269,7 +276,7 @@ export class SqliteLogStore implements LogStore {
         else await tx.runPrepared(st.sql, st.params);
       }
       tx.afterCommit(() => {
-        this.keepCursor(id, last);
+        this.keepCursor(id, Math.max(cursor ?? -Infinity, last));
         for (const [day, next] of nextIds) this.nextBlock.set(day, next);
         this.queueIndex(entries);
       });

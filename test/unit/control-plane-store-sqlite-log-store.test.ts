@@ -277,3 +277,35 @@ test("a report's blocks and cursor are one statement once its instance's cursor 
   assert.deepEqual((await second.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), keyA, 'the index entries name the blocks written');
   assert.deepEqual((await second.query({ keyId: 'key_b' }, 100, '')).logs.map((l) => l.requestId), ['r-3']);
 });
+
+test('parts out of seq order move the cursor to their highest seq, in memory as in the file; a day view left without its tables is dropped when the store opens', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
+  const s = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
+  t.after(async () => {
+    await s.close().catch(() => {});
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const src = { nodeId: 'n1', instanceId: 'i1' };
+  const part = (seq: number) => {
+    const b = new LogBlocksBuilder();
+    b.add(row(seq, T0 + seq));
+    return { seq, blocks: b.blocks() };
+  };
+  assert.deepEqual(await s.writeBlocks(src, [part(4)]), { duplicate: false, written: 1 });
+  assert.deepEqual(await s.writeBlocks(src, [part(6), part(3)]), { duplicate: false, written: 1 }, 'only 6 is past the cursor');
+  assert.deepEqual(await s.writeBlocks(src, [part(4)]), { duplicate: true, written: 0 }, 'the resend of 4 is a replay');
+  assert.deepEqual(await s.writeBlocks(src, [part(5)]), { duplicate: true, written: 0 }, 'the cursor is at 6');
+  assert.deepEqual((await s.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), ['r-6', 'r-4']);
+  await s.close();
+  const raw = await Db.open(join(dir, 'logs.db'));
+  await raw.exec("CREATE VIEW logsink_20250101 AS SELECT NULL AS id");
+  await raw.close();
+  const again = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
+  await again.close();
+  const check = await Db.open(join(dir, 'logs.db'));
+  try {
+    assert.deepEqual(await check.all("SELECT name FROM sqlite_master WHERE type = 'view' ORDER BY name"), [{ name: 'logsink_20250310' }]);
+  } finally {
+    await check.close();
+  }
+});
