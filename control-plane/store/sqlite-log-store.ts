@@ -21,6 +21,7 @@ import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
 import { decodeLogColumns, LogBlocksBuilder, type LogRow, type LogRowFilter } from '../../proto/lib/log-columns.js';
 import { LogColumns } from '../../proto/gen/tollgate/v1/sync.js';
 import { Db, type Param, type Queryable, type Tx } from './db.js';
+import { KeptCursors } from './kept-cursors.js';
 import type { LogFilter, LogPage, LogPart, LogSource, LogStore, StoredLog } from './log-store.js';
 
 const DAY_MS = 86_400_000;
@@ -48,8 +49,6 @@ const INDEX_EVERY_MS = 60_000;
 const INDEX_MAX_PENDING = 200_000;
 /** Entries per INSERT of the key index. */
 const INDEX_CHUNK = 20_000;
-/** Node instances whose log cursors are kept in memory (others are read again). */
-const MAX_KEPT_CURSORS = 4096;
 
 /** One row of logkeys_DAY: key_id, max_at, block, min_at, project_id, org_id, rows. */
 type IndexEntry = [string, number, number, number, string, string, number];
@@ -99,11 +98,8 @@ const byPageOrder = (a: Placed, b: Placed): number => (before(a, b) ? -1 : befor
 export class SqliteLogStore implements LogStore {
   /** Day partitions that exist (kept in step with CREATE and DROP). */
   private readonly days = new Set<string>();
-  /**
-   * Node instances' log cursors as committed, by "node id\ninstance id": read once, then kept (this
-   * store is the file's only writer); the MAX_KEPT_CURSORS most recently used.
-   */
-  private readonly cursors = new Map<string, number>();
+  /** Node instances' log cursors as committed (this store is the file's only writer). */
+  private readonly cursors = new KeptCursors();
   /** Each day's next block id, once read (blocks are numbered here so that one insert writes them all). */
   private readonly nextBlock = new Map<string, number>();
   /** Key index entries of committed blocks not written yet, by day. */
@@ -217,17 +213,12 @@ export class SqliteLogStore implements LogStore {
   async writeBlocks(source: LogSource, parts: readonly LogPart[]): Promise<{ duplicate: boolean; written: number }> {
     if (parts.length === 0) return { duplicate: true, written: 0 };
     const oldest = this.oldestKeptDay();
-    const id = `${source.nodeId}\n${source.instanceId}`;
+    const id = KeptCursors.id(source.nodeId, source.instanceId);
     // The highest seq, whatever the order parts came in (a cursor never moves back).
     const last = parts.reduce((m, p) => Math.max(m, p.seq), -Infinity);
     return this.inTx([], async (tx, added) => {
-      let cursor = this.cursors.get(id);
-      if (cursor === undefined) {
-        const row = await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]);
-        // What was read is committed: kept at once. An instance without a cursor has written nothing.
-        if (row) this.keepCursor(id, (cursor = row.last_seq));
-      }
-      const fresh = cursor === undefined ? parts : parts.filter((p) => p.seq > cursor);
+      const cursor = await this.cursors.get(id, async () => (await tx.get<{ last_seq: number }>('SELECT last_seq FROM log_cursors WHERE node_id = ? AND instance_id = ?', [source.nodeId, source.instanceId]))?.last_seq ?? null);
+      const fresh = cursor === null ? parts : parts.filter((p) => p.seq > cursor);
       if (fresh.length === 0) return { duplicate: true, written: 0 };
       const byDay = new Map<string, LogBlock[]>();
       let written = 0;
@@ -276,18 +267,12 @@ export class SqliteLogStore implements LogStore {
         else await tx.runPrepared(st.sql, st.params);
       }
       tx.afterCommit(() => {
-        this.keepCursor(id, Math.max(cursor ?? -Infinity, last));
+        this.cursors.keep(id, Math.max(cursor ?? -Infinity, last));
         for (const [day, next] of nextIds) this.nextBlock.set(day, next);
         this.queueIndex(entries);
       });
       return { duplicate: false, written };
     });
-  }
-
-  private keepCursor(id: string, lastSeq: number): void {
-    this.cursors.delete(id);
-    this.cursors.set(id, lastSeq);
-    if (this.cursors.size > MAX_KEPT_CURSORS) this.cursors.delete(this.cursors.keys().next().value!);
   }
 
   /** A transaction that may create day tables: if it rolls back, the tables it made do not exist. */

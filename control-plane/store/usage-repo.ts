@@ -43,13 +43,13 @@ const REPORT_SINK_SQL = 'INSERT INTO report_sink (cursors, usage, spend, last_us
  */
 export async function writeReportRows(q: Queryable | Tx, rows: ReportRows, opts: { last?: boolean } = {}): Promise<void> {
   const json = <T>(list: readonly T[], row: (x: T) => unknown[]) => (list.length === 0 ? null : JSON.stringify(list.map(row)));
-  // The transaction's last statement (Tx.runLast): alone when nothing came before it.
   const params = [
     json(rows.cursors, (c) => [c.nodeId, c.instanceId, c.lastSeq, c.at]),
     json(rows.usage, (r) => [r.projectId, r.minute, r.keyId, r.model, r.orgId, r.requests, r.promptTokens, r.completionTokens, r.costMicros]),
     json(rows.spend, (r) => [r.orgId, r.month, r.micros]),
     json(rows.lastUsed, (l) => [l[0], l[1]]),
   ];
+  // The transaction's last statement (Tx.runLast): alone when nothing came before it.
   if (opts.last && 'runLast' in q) await q.runLast(REPORT_SINK_SQL, params);
   else await q.runPrepared(REPORT_SINK_SQL, params);
 }

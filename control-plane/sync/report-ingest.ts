@@ -2,9 +2,10 @@
 // lease epoch, last_used_at, and request logs packed in blocks, numbered per (node_id, instance_id).
 // Its log blocks go to the log store (their own file, their own cursor), stored as they came; its
 // usage and money go to the state database by one insert into report_sink (039-report-sink.ts), a
-// transaction by itself unless the write must also read or publish something (then BEGIN … COMMIT): the report's cursor moved, the minutes appended to
-// the usage journal (folded later, usage-fold.ts), spend per organisation and month and all-time,
-// and last_used_at, all by that one insert, and the organisations whose money moved looked at in
+// transaction by itself unless the write must also read or publish something (then BEGIN … COMMIT):
+// the report's cursor moved, the minutes appended to the usage journal (folded later,
+// usage-fold.ts), spend per organisation and month and all-time, and last_used_at, all by that one
+// insert, and the organisations whose money moved looked at in
 // memory (ControlState.refreshSpent; issue 19): a fixed number of statements however many keys and
 // organisations a report holds, and nothing per request. Each node instance's cursor is kept in
 // memory once read (this process is the database's only writer), so telling a replay costs no
@@ -24,6 +25,7 @@ import type { LogStore } from '../store/log-store.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
 import { reportCursor, writeReportRows, type UsageMinute } from '../store/usage-repo.js';
 import { UsageFold } from './usage-fold.js';
+import { KeptCursors } from '../store/kept-cursors.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -74,18 +76,11 @@ interface UsageUnit {
 /** last_used_at is kept to this resolution (design: a convenience for operators, not money). */
 export const LAST_USED_RESOLUTION_MS = 60_000;
 
-/** Node instances whose report cursors are kept in memory (the most recently used; others are read). */
-const MAX_KEPT_CURSORS = 4096;
-
 export class ReportIngest {
   /** When this process last wrote each key's last_used_at (committed), as ms since the epoch. */
   private readonly lastUsedWritten = new Map<string, number>();
-  /**
-   * Node instances' report cursors as committed, by "node id\ninstance id" (neither holds a newline):
-   * read once, then kept (only this ingest moves cursors, after COMMIT). A node has one instance per
-   * process; the MAX_KEPT_CURSORS most recently used are kept, and one not kept is read again.
-   */
-  private readonly cursors = new Map<string, number>();
+  /** Node instances' report cursors as committed (only this ingest moves them, after COMMIT). */
+  private readonly cursors = new KeptCursors();
   /** Folds the usage journal this appends to (started by the process, usage-fold.ts). */
   readonly usageFold: UsageFold;
   /** Units of usage waiting for the next transaction, and whether one is being written (writeUsage). */
@@ -186,21 +181,6 @@ export class ReportIngest {
     return null;
   }
 
-  /** A node instance's cursor: kept, or read (committed state, so kept at once); null when it has none. */
-  private async cursorOf(tx: Tx, id: string, src: ReportSource): Promise<number | null> {
-    const kept = this.cursors.get(id);
-    if (kept !== undefined) return kept;
-    const read = await reportCursor(tx, src.nodeId, src.instanceId);
-    if (read !== null) this.keepCursor(id, read);
-    return read;
-  }
-
-  private keepCursor(id: string, lastSeq: number): void {
-    this.cursors.delete(id);
-    this.cursors.set(id, lastSeq);
-    if (this.cursors.size > MAX_KEPT_CURSORS) this.cursors.delete(this.cursors.keys().next().value!);
-  }
-
   /**
    * The units' usage and money in `tx`: one statement however many units, keys and organisations,
    * plus a cursor read for a node instance this process has not seen report yet.
@@ -224,8 +204,8 @@ export class ReportIngest {
     // Cursors this transaction moves (a node's resent unit may follow its first in the same one).
     const moved = new Map<string, { nodeId: string; instanceId: string; lastSeq: number; at: string }>();
     for (const [unitIndex, { src, reports, onSpend, onKeySpend }] of units.entries()) {
-      const id = `${src.nodeId}\n${src.instanceId}`;
-      const cursor = moved.get(id)?.lastSeq ?? (await this.cursorOf(tx, id, src));
+      const id = KeptCursors.id(src.nodeId, src.instanceId);
+      const cursor = moved.get(id)?.lastSeq ?? (await this.cursors.get(id, () => reportCursor(tx, src.nodeId, src.instanceId)));
       // Normally all are new. Else only those past the cursor count (a resend after a lost ack). An
       // instance without a cursor has written nothing: every report of it is new, whatever its seq.
       const fresh = cursor === null || reports[0].seq > cursor ? reports : reports.filter((r) => r.seq > cursor);
@@ -327,7 +307,7 @@ export class ReportIngest {
     if (moved.size === 0) return;
     const reportRows = { cursors: [...moved.values()], usage: rows, spend: spends, lastUsed: touched };
     tx.afterCommit(() => {
-      for (const [id, c] of moved) this.keepCursor(id, c.lastSeq);
+      for (const [id, c] of moved) this.cursors.keep(id, c.lastSeq);
       this.usageFold.journaled(rows.length);
       for (const [keyId, at] of touched) this.lastUsedWritten.set(keyId, Date.parse(at));
     });
