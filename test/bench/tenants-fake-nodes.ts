@@ -9,13 +9,14 @@
 // request in each minute on that node, a slot want on its first request ever, a money want when the
 // organisation's slice is low, and what was used every 100 ms. --fake-leases none sends reports only.
 // Prints the control plane's share of one core, its CPU per simulated request, its RSS, and whether
-// its acknowledgements kept up.
+// its acknowledgements kept up. --warmup SEC: the same traffic first, unmeasured. --bare: then the same
+// simulated nodes against a bare SyncService (bare-sync.ts), whose CPU is what the messages alone cost.
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
-import { startControlPlane, stopAll } from '../helpers/processes.js';
+import { startControlPlane, startProcess, stopAll, type ControlPlane } from '../helpers/processes.js';
 import { cpuMicros, watchRss } from './procstat.js';
-import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep, ZIPF } from './tenants-options.js';
+import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep, WARMUP_SEC, ZIPF } from './tenants-options.js';
 import { benchConfig, seedTenants, zipfSampler } from './tenants-provision.js';
 import { cpCounters, writeResults } from './tenants-report.js';
 
@@ -66,16 +67,44 @@ export async function fakeNodesBench(): Promise<void> {
   console.log(`  seeded in ${((performance.now() - seed0) / 1000).toFixed(1)} s`);
   const profArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${opts['cpu-prof']}`] : [];
   const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets, configPath: first.configPath, adminListen: true, nodeArgs: profArgs });
-  const cpPid = cp.proc.child.pid!;
+  const results = [await simulate('control plane', { address: cp.address, secrets: cp.secrets, pid: cp.proc.child.pid!, adminUrl: cp.adminUrl, lastLines: () => cp.proc.output() }, leases, withLogs)];
+  await cp.proc.kill('SIGTERM');
+  if (opts.bare) {
+    // The same simulated nodes against a bare SyncService (bare-sync.ts): what the messages alone cost.
+    const bare = startProcess(['test/bench/bare-sync.ts']);
+    const address = (await bare.waitFor(/bare sync listening on (\S+)/))[1];
+    results.push(await simulate('bare sync server', { address, secrets: cp.secrets, pid: bare.child.pid!, adminUrl: undefined, lastLines: () => bare.output() }, leases, withLogs));
+    await bare.kill('SIGTERM');
+    const [full, floor] = results.map((r) => r.cpUsPerRequest);
+    if (full !== null && floor !== null) {
+      console.log(`  the messages alone (bare sync server): ${floor.toFixed(2)} µs per simulated request, ${((100 * floor) / full).toFixed(0)}% of the control plane's ${full.toFixed(2)} µs`);
+    }
+  }
+  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, result: results[0], bare: results[1] ?? null });
+  await stopAll();
+}
+
+/** Where simulated nodes connect: the control plane, or the bare sync server. */
+interface Target {
+  address: string;
+  secrets: ControlPlane['secrets'];
+  pid: number;
+  adminUrl: string | undefined;
+  lastLines(): string;
+}
+
+/** Simulated nodes against `target`: RATE req/s for DURATION_SEC, then the tail; printed and returned. */
+async function simulate(label: string, target: Target, leases: 'shares' | 'per-minute' | 'none', withLogs: boolean) {
+  const nodesCount = NODE_COUNTS[0];
+  const cpPid = target.pid;
   const orgIdOf = (r: number) => `org_t${String(r % ORGS).padStart(7, '0')}`;
   const projectIdOf = (r: number) => `proj_t${String(r % ORGS).padStart(7, '0')}`;
   const keyIdOf = (r: number) => `key_t${String(r).padStart(8, '0')}`;
-
   const sims: FakeSim[] = [];
   for (let i = 0; i < nodesCount; i++) {
     const sim = { seq: 0, usedSeq: 0, sentReports: 0, requestsInReport: new Map(), usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [], sharesAsked: false, bulkAsked: 0, usedSecond: 0 } as unknown as FakeSim;
     sim.node = await startFakeNode(
-      cp,
+      target,
       {
         nodeId: `fake-${i}`,
         holdAcks: false,
@@ -198,36 +227,55 @@ export async function fakeNodesBench(): Promise<void> {
     sim.requestsInReport.set(sim.seq, usageTotals.reduce((n, t) => n + t.requests, 0));
   };
 
-  // Idle, then the load, then a tail for the last reports.
+  // RATE req/s from the simulated nodes for `seconds`, a report from each every second; returns the requests simulated.
+  const drive = async (seconds: number): Promise<number> => {
+    const t0 = performance.now();
+    let simulated = 0;
+    let lastReportAt = t0;
+    let carry = 0;
+    let ticks = 0;
+    while (performance.now() - t0 < seconds * 1000) {
+      ticks++;
+      const due = ((performance.now() - t0) / 1000) * RATE;
+      const count = Math.max(0, due - simulated);
+      const per = (count + carry) / nodesCount;
+      const whole = Math.floor(per);
+      carry = (per - whole) * nodesCount;
+      const now = Date.now();
+      for (const sim of sims) tick(sim, whole, now);
+      simulated += whole * nodesCount;
+      if (performance.now() - lastReportAt >= 1000) {
+        lastReportAt = performance.now();
+        for (const sim of sims) report(sim);
+      }
+      await sleep(Math.max(0, t0 + ticks * 100 - performance.now()));
+    }
+    for (const sim of sims) report(sim);
+    return simulated;
+  };
+  // Idle first (before any load: a process catching up on a warm-up is not idle), then the warm-up,
+  // then the load, then a tail for the last reports.
   const idle0 = cpuMicros(cpPid);
   const idleT0 = performance.now();
   await sleep(IDLE_SEC * 1000);
   const idleRate = idle0 === null ? null : (cpuMicros(cpPid)! - idle0) / ((performance.now() - idleT0) / 1000);
+  // --warmup: the same load first, not counted (the steady state of a process that has run a while).
+  if (WARMUP_SEC > 0) {
+    await drive(WARMUP_SEC);
+    const until = performance.now() + 60_000;
+    while (sims.some((x) => x.node.reportAcks.length < x.sentReports) && performance.now() < until) await sleep(100);
+    // Only the measured run's reports count from here.
+    for (const sim of sims) {
+      sim.requestsInReport.clear();
+      sim.node.reportAcks.length = 0;
+      sim.sentReports = 0;
+    }
+  }
   const stopRss = watchRss(cpPid, 200);
   const cpu0 = cpuMicros(cpPid);
   const t0 = performance.now();
   const wall0 = Date.now();
-  let simulated = 0;
-  let lastReportAt = t0;
-  let carry = 0;
-  let ticks = 0;
-  while (performance.now() - t0 < DURATION_SEC * 1000) {
-    ticks++;
-    const due = ((performance.now() - t0) / 1000) * RATE;
-    const count = Math.max(0, due - simulated);
-    const per = (count + carry) / nodesCount;
-    const whole = Math.floor(per);
-    carry = (per - whole) * nodesCount;
-    const now = Date.now();
-    for (const sim of sims) tick(sim, whole, now);
-    simulated += whole * nodesCount;
-    if (performance.now() - lastReportAt >= 1000) {
-      lastReportAt = performance.now();
-      for (const sim of sims) report(sim);
-    }
-    await sleep(Math.max(0, t0 + ticks * 100 - performance.now()));
-  }
-  for (const sim of sims) report(sim);
+  const simulated = await drive(DURATION_SEC);
   const loadSec = (performance.now() - t0) / 1000;
   const wall1 = Date.now();
   // The tail: until every report is acknowledged (the control plane kept up) or 60 s.
@@ -236,7 +284,7 @@ export async function fakeNodesBench(): Promise<void> {
   const tailSec = (performance.now() - tail0) / 1000;
   const cpu1 = cpuMicros(cpPid);
   const peakRss = stopRss();
-  console.log(`  control plane's counters: ${JSON.stringify(await cpCounters(cp.adminUrl))}`);
+  if (target.adminUrl) console.log(`  control plane's counters: ${JSON.stringify(await cpCounters(target.adminUrl))}`);
   const measuredSec = loadSec + tailSec;
   const used = cpu0 === null || cpu1 === null || idleRate === null ? null : cpu1 - cpu0 - idleRate * measuredSec;
   const acked = sims.reduce((s, x) => s + x.node.reportAcks.length, 0);
@@ -267,7 +315,7 @@ export async function fakeNodesBench(): Promise<void> {
     perTickPerNode: perNodeTick,
   };
   console.log(
-    `  simulated ${simulated.toLocaleString('en')} requests in ${loadSec.toFixed(1)} s (${result.simulatedRate.toFixed(0)}/s${result.crossedMinute ? ', crossed a minute' : ''}); ` +
+    `  ${label}: simulated ${simulated.toLocaleString('en')} requests in ${loadSec.toFixed(1)} s (${result.simulatedRate.toFixed(0)}/s${result.crossedMinute ? ', crossed a minute' : ''}); ` +
       `${acked}/${sentReports} reports acknowledged, the last ${tailSec.toFixed(1)} s after the load; ` +
       `control plane: ${result.coreShare === null ? 'n/a' : `${(result.coreShare * 100).toFixed(1)}% of one core`}, ${result.cpUsPerRequest === null ? 'n/a' : result.cpUsPerRequest.toFixed(2)} µs per simulated request, ` +
       `${result.cpUsPerAckedRequest === null ? 'n/a' : result.cpUsPerAckedRequest.toFixed(2)} µs per acknowledged request (${ackedRequests.toLocaleString('en')}; at ${RATE.toLocaleString('en')} req/s that is ${result.cpUsPerAckedRequest === null ? 'n/a' : ((result.cpUsPerAckedRequest * RATE) / 1e4).toFixed(0)}% of a core), peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB`,
@@ -277,10 +325,8 @@ export async function fakeNodesBench(): Promise<void> {
     if (err) console.log(`  ${sim.node.nodeId}: its stream failed: ${err.message}`);
     sim.node.close();
   }
-  if (acked < sentReports) console.log(`  the control plane's last lines:\n${cp.proc.output().split('\n').slice(-8).join('\n')}`);
-  await cp.proc.kill('SIGTERM');
-  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, result });
-  await stopAll();
+  if (acked < sentReports) console.log(`  ${label}: its last lines:\n${target.lastLines().split('\n').slice(-8).join('\n')}`);
+  return result;
 }
 
 function leaseRequest(p: Partial<LeaseRequest>): LeaseRequest {

@@ -10,8 +10,19 @@ import { cpCounters, cpuOf, leaseWaits, printRun, type RunResult } from './tenan
 
 const BODY = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' }] });
 
-/** One measured run: the idle window, RATE req/s for `durationSec` from `pickKey`, then the tail; printed and returned. */
-export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number, durationSec = DURATION_SEC, align = ALIGN): Promise<RunResult> {
+/** CPU per second of the control plane (all threads and its main thread) and of the nodes, while idle. */
+export interface IdleRates {
+  cp: number | null;
+  main: number | null;
+  nodes: number | null;
+}
+
+/**
+ * One measured run: the idle window, RATE req/s for `durationSec` from `pickKey`, then the tail;
+ * printed and returned. `idleGiven`: idle rates measured earlier, used instead of this run's idle
+ * window (after a warm-up the processes are still finishing its work, so they are not idle then).
+ */
+export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number, durationSec = DURATION_SEC, align = ALIGN, idleGiven?: IdleRates): Promise<RunResult> {
   const cpPid = cp.proc.child.pid!;
   const nodePids = nodes.map((n) => n.proc.child.pid!);
   const durationMs = durationSec * 1000;
@@ -30,9 +41,9 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
   }
   await sleep(waitMs);
   const idleSec = (performance.now() - idleStart) / 1000;
-  const idleCp = idleCp0 === null ? null : (cpuOf([cpPid])! - idleCp0) / idleSec;
-  const idleMain = idleMain0 === null ? null : (mainThreadCpuMicros(cpPid)! - idleMain0) / idleSec;
-  const idleNodes = idleNodes0 === null ? null : (cpuOf(nodePids)! - idleNodes0) / idleSec;
+  const idleCp = idleGiven ? idleGiven.cp : idleCp0 === null ? null : (cpuOf([cpPid])! - idleCp0) / idleSec;
+  const idleMain = idleGiven ? idleGiven.main : idleMain0 === null ? null : (mainThreadCpuMicros(cpPid)! - idleMain0) / idleSec;
+  const idleNodes = idleGiven ? idleGiven.nodes : idleNodes0 === null ? null : (cpuOf(nodePids)! - idleNodes0) / idleSec;
 
   for (const n of nodes) await leaseWaits(n.adminUrl!, true);
   const counters0 = await cpCounters(cp.adminUrl);
@@ -117,6 +128,7 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
     cpMainThreadUsPerRequest: perReq(main0, main1, idleMain),
     nodesUsPerRequest: perReq(nodes0, nodes1, idleNodes),
     cpIdleUsPerSec: idleCp,
+    cpMainIdleUsPerSec: idleMain,
     nodesIdleUsPerSec: idleNodes,
     latencyMs: { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: latencies[latencies.length - 1] ?? 0 },
     waited,

@@ -18,6 +18,7 @@ export const { values: opts } = parseArgs({
     'fake-nodes': { type: 'boolean', default: false },
     'fake-leases': { type: 'string', default: 'shares' },
     'no-fake-logs': { type: 'boolean', default: false },
+    bare: { type: 'boolean', default: false },
     'report-every-ms': { type: 'string' },
   },
 });

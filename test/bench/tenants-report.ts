@@ -49,6 +49,7 @@ export interface RunResult {
   cpMainThreadUsPerRequest: number | null;
   nodesUsPerRequest: number | null;
   cpIdleUsPerSec: number | null;
+  cpMainIdleUsPerSec: number | null;
   nodesIdleUsPerSec: number | null;
   latencyMs: { p50: number; p90: number; p99: number; max: number };
   waited: number;

@@ -26,7 +26,7 @@
 // tenants-fake-nodes.ts (--fake-nodes: the control plane alone with simulated nodes).
 import { consoleClient, createKey } from '../helpers/console.js';
 import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
-import { DURATION_SEC, FAKE, KEYS, NODE_COUNTS, opts, ORGS, RATE, WARMUP_SEC, ZIPF } from './tenants-options.js';
+import { ALIGN, DURATION_SEC, FAKE, KEYS, NODE_COUNTS, opts, ORGS, RATE, WARMUP_SEC, ZIPF } from './tenants-options.js';
 import { fakeNodesBench } from './tenants-fake-nodes.js';
 import { runLoad } from './tenants-load.js';
 import { benchConfig, seedTenants, tenantKey, waitForKeys, zipfSampler } from './tenants-provision.js';
@@ -55,8 +55,10 @@ async function main(): Promise<void> {
     for (const node of nodes) await waitForKeys(node, [control.key, tenantKeys[0], tenantKeys[KEYS - 1]]);
     console.log(`\n${n} node${n > 1 ? 's' : ''}:`);
     if (!opts['no-control']) results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, one key`, cp, nodes, () => control.key, 1, 1));
-    if (WARMUP_SEC > 0) await runLoad(`warm-up (not counted), ${WARMUP_SEC} s`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, WARMUP_SEC, false);
-    results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs${WARMUP_SEC > 0 ? ` after ${WARMUP_SEC} s of warm-up` : ''}`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS));
+    // The warm-up's idle window, before any of the K keys' load, is the measured run's idle too.
+    const warm = WARMUP_SEC > 0 ? await runLoad(`warm-up (not counted), ${WARMUP_SEC} s`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, WARMUP_SEC, false) : null;
+    const idle = warm ? { cp: warm.cpIdleUsPerSec, main: warm.cpMainIdleUsPerSec, nodes: warm.nodesIdleUsPerSec } : undefined;
+    results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs${WARMUP_SEC > 0 ? ` after ${WARMUP_SEC} s of warm-up` : ''}`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, DURATION_SEC, ALIGN, idle));
     for (const node of nodes) await node.proc.kill('SIGTERM');
   }
   await cp.proc.kill('SIGTERM');
