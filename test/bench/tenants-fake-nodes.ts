@@ -9,7 +9,8 @@
 // request in each minute on that node, a slot want on its first request ever, a money want when the
 // organisation's slice is low, and what was used every 100 ms. --fake-leases none sends reports only.
 // Prints the control plane's share of one core, its CPU per simulated request, its RSS, and whether
-// its acknowledgements kept up. --warmup SEC: the same traffic first, unmeasured. --bare: then the same
+// its acknowledgements kept up. --fake-report-every-ms MS: reports that often instead of every second
+// (what a longer cadence would save). --warmup SEC: the same traffic first, unmeasured. --bare: then the same
 // simulated nodes against a bare SyncService (bare-sync.ts), whose CPU is what the messages alone cost.
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
@@ -20,6 +21,8 @@ import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep,
 import { benchConfig, seedTenants, zipfSampler } from './tenants-provision.js';
 import { cpCounters, writeResults } from './tenants-report.js';
 
+/** --fake-report-every-ms: how often each simulated node sends its report (1000: as nodes do by default). */
+const REPORT_EVERY_MS = Number(opts['fake-report-every-ms']);
 const DEMO_PROMPT_TOKENS = 20;
 const DEMO_COMPLETION_TOKENS = 30;
 // demo-chat: 0.50 and 1.50 USD per million tokens.
@@ -56,9 +59,10 @@ export async function fakeNodesBench(): Promise<void> {
   const nodesCount = NODE_COUNTS[0];
   const leases = opts['fake-leases'] as 'shares' | 'per-minute' | 'none';
   if (!['shares', 'per-minute', 'none'].includes(leases)) throw new Error(`--fake-leases must be shares, per-minute or none, got ${JSON.stringify(leases)}`);
+  if (!Number.isInteger(REPORT_EVERY_MS) || REPORT_EVERY_MS < 100) throw new Error(`--fake-report-every-ms must be a whole number of milliseconds, at least 100, got ${JSON.stringify(opts['fake-report-every-ms'])}`);
   const withLogs = !opts['no-fake-logs'];
   console.log(
-    `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}`,
+    `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}; a report every ${REPORT_EVERY_MS} ms`,
   );
   const first = await startControlPlane({ configYaml: benchConfig() });
   await first.proc.kill('SIGTERM');
@@ -227,7 +231,7 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
     sim.requestsInReport.set(sim.seq, usageTotals.reduce((n, t) => n + t.requests, 0));
   };
 
-  // RATE req/s from the simulated nodes for `seconds`, a report from each every second; returns the requests simulated.
+  // RATE req/s from the simulated nodes for `seconds`, a report from each every REPORT_EVERY_MS; returns the requests simulated.
   const drive = async (seconds: number): Promise<number> => {
     const t0 = performance.now();
     let simulated = 0;
@@ -244,7 +248,7 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
       const now = Date.now();
       for (const sim of sims) tick(sim, whole, now);
       simulated += whole * nodesCount;
-      if (performance.now() - lastReportAt >= 1000) {
+      if (performance.now() - lastReportAt >= REPORT_EVERY_MS) {
         lastReportAt = performance.now();
         for (const sim of sims) report(sim);
       }

@@ -19,6 +19,7 @@ export const { values: opts } = parseArgs({
     'fake-leases': { type: 'string', default: 'shares' },
     'no-fake-logs': { type: 'boolean', default: false },
     bare: { type: 'boolean', default: false },
+    'fake-report-every-ms': { type: 'string', default: '1000' },
     'report-every-ms': { type: 'string' },
   },
 });
