@@ -23,6 +23,8 @@ import { cpCounters, writeResults } from './tenants-report.js';
 
 /** --fake-report-every-ms: how often each simulated node sends its report (1000: as nodes do by default). */
 const REPORT_EVERY_MS = Number(opts['fake-report-every-ms']);
+/** Between the simulated nodes' connecting and the idle window. */
+const SETTLE_MS = 10_000;
 const DEMO_PROMPT_TOKENS = 20;
 const DEMO_COMPLETION_TOKENS = 30;
 // demo-chat: 0.50 and 1.50 USD per million tokens.
@@ -257,8 +259,10 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
     for (const sim of sims) report(sim);
     return simulated;
   };
-  // Idle first (before any load: a process catching up on a warm-up is not idle), then the warm-up,
-  // then the load, then a tail for the last reports.
+  // Settle, then idle (before any load: a process catching up on a warm-up is not idle), then the
+  // warm-up, then the load, then a tail for the last reports. A process just started, or that just
+  // sent its snapshots, keeps compiling and collecting for several seconds: not its idle cost.
+  await sleep(SETTLE_MS);
   const idle0 = cpuMicros(cpPid);
   const idleT0 = performance.now();
   await sleep(IDLE_SEC * 1000);
