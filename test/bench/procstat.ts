@@ -39,7 +39,9 @@ function tickMicros(pid: number, tid: number): { total: number; sys: number } | 
 
 /**
  * CPU time the process has used so far, in microseconds, or null: the sum over its threads of
- * schedstat (see schedMicros), or of utime + stime where schedstat is missing.
+ * schedstat (see schedMicros), or of utime + stime where schedstat is missing. A thread that ended
+ * is no longer counted (the process's own stat keeps it): Node's threads, the libuv pool and V8's
+ * workers, live as long as the process, and Tollgate starts no worker threads.
  */
 export function cpuMicros(pid: number): number | null {
   const threads = threadCpuMicros(pid);

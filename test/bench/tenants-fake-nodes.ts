@@ -35,11 +35,13 @@ interface FakeSim {
   seq: number;
   usedSeq: number;
   sentReports: number;
+  /** The first report of the measured run (after a warm-up, acknowledgements of earlier ones do not count). */
+  firstSeq: number;
   /** Requests summed in each report sent, by seq (to count what the control plane acknowledged). */
   requestsInReport: Map<number, number>;
   usage: Map<string, UsageTotal>;
   lastUsed: Map<number, number>;
-  /** A second's request logs of this node, built once and sent with every report (building 100,000 rows a second would cost this process more than the control plane). */
+  /** One report's request logs of this node (a second's, or --fake-report-every-ms's), built once and sent with every report (building 100,000 rows a second would cost this process more than the control plane). */
   logBlocks: LogBlock[];
   minute: number;
   seenThisMinute: Set<number>;
@@ -62,6 +64,9 @@ export async function fakeNodesBench(): Promise<void> {
   const leases = opts['fake-leases'] as 'shares' | 'per-minute' | 'none';
   if (!['shares', 'per-minute', 'none'].includes(leases)) throw new Error(`--fake-leases must be shares, per-minute or none, got ${JSON.stringify(leases)}`);
   if (!Number.isInteger(REPORT_EVERY_MS) || REPORT_EVERY_MS < 100) throw new Error(`--fake-report-every-ms must be a whole number of milliseconds, at least 100, got ${JSON.stringify(opts['fake-report-every-ms'])}`);
+  // The bare server answers no key, slot or money want with a grant: with per-minute leases the
+  // simulated nodes would send it other traffic than they send the control plane.
+  if (opts.bare && leases === 'per-minute') throw new Error('--bare measures --fake-leases shares or none, not per-minute');
   const withLogs = !opts['no-fake-logs'];
   console.log(
     `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}; a report every ${REPORT_EVERY_MS} ms`,
@@ -82,12 +87,19 @@ export async function fakeNodesBench(): Promise<void> {
     results.push(await simulate('bare sync server', { address, secrets: cp.secrets, pid: bare.child.pid!, adminUrl: undefined, lastLines: () => bare.output() }, leases, withLogs));
     await bare.kill('SIGTERM');
     const [full, floor] = results.map((r) => r.cpUsPerRequest);
-    if (full !== null && floor !== null) {
+    if (full !== null && floor !== null && full > 0) {
       console.log(`  the messages alone (bare sync server): ${floor.toFixed(2)} µs per simulated request, ${((100 * floor) / full).toFixed(0)}% of the control plane's ${full.toFixed(2)} µs`);
     }
   }
   writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, result: results[0], bare: results[1] ?? null });
   await stopAll();
+}
+
+/** Reports of the measured run the target acknowledged. */
+function ackedSince(sim: FakeSim): number {
+  let n = 0;
+  for (const seq of sim.node.reportAcks) if (seq >= sim.firstSeq) n++;
+  return n;
 }
 
 /** Where simulated nodes connect: the control plane, or the bare sync server. */
@@ -108,7 +120,7 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
   const keyIdOf = (r: number) => `key_t${String(r).padStart(8, '0')}`;
   const sims: FakeSim[] = [];
   for (let i = 0; i < nodesCount; i++) {
-    const sim = { seq: 0, usedSeq: 0, sentReports: 0, requestsInReport: new Map(), usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [], sharesAsked: false, bulkAsked: 0, usedSecond: 0 } as unknown as FakeSim;
+    const sim = { seq: 0, usedSeq: 0, sentReports: 0, firstSeq: 1, requestsInReport: new Map(), usage: new Map(), lastUsed: new Map(), logBlocks: [], minute: 0, seenThisMinute: new Set(), usedThisMinute: new Map(), usedThisTick: new Set(), slotted: new Set(), money: new Map(), moneyAsked: new Set(), keyWants: [], slotWants: [], orgWants: [], sharesAsked: false, bulkAsked: 0, usedSecond: 0 } as unknown as FakeSim;
     sim.node = await startFakeNode(
       target,
       {
@@ -138,10 +150,12 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
     const at = Date.now();
     for (const sim of sims) {
       const b = new LogBlocksBuilder();
-      for (let n = 0; n < RATE / nodesCount; n++) {
+      // One report's worth: a node's requests of REPORT_EVERY_MS.
+      const rows = Math.round(((RATE / nodesCount) * REPORT_EVERY_MS) / 1000);
+      for (let n = 0; n < rows; n++) {
         const r = zipf();
         b.add({
-          requestId: `req_${sim.node.nodeId}_${n}`, atMs: at + Math.floor(n / (RATE / nodesCount / 1000)), keyId: keyIdOf(r), projectId: projectIdOf(r), orgId: orgIdOf(r), clientIp: '10.1.2.3', userAgent: 'bench', method: 'POST',
+          requestId: `req_${sim.node.nodeId}_${n}`, atMs: at + Math.floor((n * REPORT_EVERY_MS) / rows), keyId: keyIdOf(r), projectId: projectIdOf(r), orgId: orgIdOf(r), clientIp: '10.1.2.3', userAgent: 'bench', method: 'POST',
           path: '/v1/chat/completions', status: 200, latencyUs: 400, bytesIn: 190, bytesOut: 400, model: 'demo-chat', promptTokens: DEMO_PROMPT_TOKENS, completionTokens: DEMO_COMPLETION_TOKENS, costMicros: DEMO_COST_MICROS, reason: '', keyPrefix: 'sk-tollgate-...0000',
         });
       }
@@ -271,11 +285,12 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
   if (WARMUP_SEC > 0) {
     await drive(WARMUP_SEC);
     const until = performance.now() + 60_000;
-    while (sims.some((x) => x.node.reportAcks.length < x.sentReports) && performance.now() < until) await sleep(100);
-    // Only the measured run's reports count from here.
+    while (sims.some((x) => ackedSince(x) < x.sentReports) && performance.now() < until) await sleep(100);
+    if (sims.some((x) => ackedSince(x) < x.sentReports)) console.log(`  ${label}: warning: the warm-up's reports were not all acknowledged within 60 s; the measured run starts behind`);
+    // Only the measured run's reports count from here (a late acknowledgement of a warm-up report is not one of them).
     for (const sim of sims) {
+      sim.firstSeq = sim.seq + 1;
       sim.requestsInReport.clear();
-      sim.node.reportAcks.length = 0;
       sim.sentReports = 0;
     }
   }
@@ -288,14 +303,14 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
   const wall1 = Date.now();
   // The tail: until every report is acknowledged (the control plane kept up) or 60 s.
   const tail0 = performance.now();
-  while (sims.some((x) => x.node.reportAcks.length < x.sentReports) && performance.now() - tail0 < 60_000) await sleep(100);
+  while (sims.some((x) => ackedSince(x) < x.sentReports) && performance.now() - tail0 < 60_000) await sleep(100);
   const tailSec = (performance.now() - tail0) / 1000;
   const cpu1 = cpuMicros(cpPid);
   const peakRss = stopRss();
   if (target.adminUrl) console.log(`  control plane's counters: ${JSON.stringify(await cpCounters(target.adminUrl))}`);
   const measuredSec = loadSec + tailSec;
-  const used = cpu0 === null || cpu1 === null || idleRate === null ? null : cpu1 - cpu0 - idleRate * measuredSec;
-  const acked = sims.reduce((s, x) => s + x.node.reportAcks.length, 0);
+  const used = cpu0 === null || cpu1 === null || idleRate === null ? null : Math.max(0, cpu1 - cpu0 - idleRate * measuredSec);
+  const acked = sims.reduce((s, x) => s + ackedSince(x), 0);
   // What the control plane wrote and acknowledged (when it could not keep up, less than was sent).
   const ackedRequests = sims.reduce((n, x) => n + x.node.reportAcks.reduce((m, seq) => m + (x.requestsInReport.get(seq) ?? 0), 0), 0);
   const sentReports = sims.reduce((s, x) => s + x.sentReports, 0);

@@ -18,6 +18,27 @@ export interface IdleRates {
 }
 
 /**
+ * The idle rates of the control plane and the nodes over `ms`, after `settleMs` for them to finish
+ * what they were doing (a run's tail, starting up).
+ */
+export async function measureIdle(cp: ControlPlane, nodes: DataPlane[], ms: number, settleMs: number): Promise<IdleRates> {
+  await sleep(settleMs);
+  const cpPid = cp.proc.child.pid!;
+  const nodePids = nodes.map((n) => n.proc.child.pid!);
+  const cp0 = cpuOf([cpPid]);
+  const main0 = mainThreadCpuMicros(cpPid);
+  const nodes0 = cpuOf(nodePids);
+  const t0 = performance.now();
+  await sleep(ms);
+  const sec = (performance.now() - t0) / 1000;
+  return {
+    cp: cp0 === null ? null : (cpuOf([cpPid])! - cp0) / sec,
+    main: main0 === null ? null : (mainThreadCpuMicros(cpPid)! - main0) / sec,
+    nodes: nodes0 === null ? null : (cpuOf(nodePids)! - nodes0) / sec,
+  };
+}
+
+/**
  * One measured run: the idle window, RATE req/s for `durationSec` from `pickKey`, then the tail;
  * printed and returned. `idleGiven`: idle rates measured earlier, used instead of this run's idle
  * window (after a warm-up the processes are still finishing its work, so they are not idle then).

@@ -39,6 +39,10 @@ export const NODE_COUNTS = opts.nodes!.split(',').map(Number);
 export const IDLE_SEC = Number(opts.idle);
 /** Seconds of the K keys' load sent to the same nodes before the measured run (0: none): steady state, without the nodes' first minute. */
 export const WARMUP_SEC = Number(opts.warmup);
+if (!Number.isFinite(WARMUP_SEC) || WARMUP_SEC < 0) throw new Error(`--warmup must be a number of seconds, 0 or more, got ${JSON.stringify(opts.warmup)}`);
+for (const flag of ['bare', 'fake-report-every-ms', 'no-fake-logs', 'fake-leases'] as const) {
+  if (!FAKE && process.argv.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`))) throw new Error(`--${flag} is a flag of --fake-nodes`);
+}
 export const ALIGN = !opts['no-align'] && DURATION_SEC < 60;
 export const TAIL_MS = 2000;
 export const MB = 1024 * 1024;

@@ -89,7 +89,7 @@ export function printRun(r: RunResult, threads0: ReturnType<typeof threadCpuMicr
   const threadUse = tids
     .map((t, i) => ({ i, us: (threads1.get(t)?.total ?? 0) - (threads0.get(t)?.total ?? 0), sys: (threads1.get(t)?.sys ?? 0) - (threads0.get(t)?.sys ?? 0) }))
     .filter((x) => x.us > 0);
-  console.log(`    control plane's threads (creation order #: µs per request, of which in the kernel): ${threadUse.map((x) => `#${x.i} ${(x.us / sent).toFixed(1)} (${(x.sys / sent).toFixed(1)})`).join(', ')}`);
+  console.log(`    control plane's threads (creation order #: µs per request, of which in the kernel as clock ticks count it): ${threadUse.map((x) => `#${x.i} ${(x.us / sent).toFixed(1)} (${(x.sys / sent).toFixed(1)})`).join(', ')}`);
   console.log(`    control plane's work: ${Object.entries(cpWork).map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`);
   if (firstRefusal) console.log(`    first refusal: ${firstRefusal}`);
 }

@@ -28,7 +28,7 @@ import { consoleClient, createKey } from '../helpers/console.js';
 import { startControlPlane, startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
 import { ALIGN, DURATION_SEC, FAKE, KEYS, NODE_COUNTS, opts, ORGS, RATE, WARMUP_SEC, ZIPF } from './tenants-options.js';
 import { fakeNodesBench } from './tenants-fake-nodes.js';
-import { runLoad } from './tenants-load.js';
+import { measureIdle, runLoad } from './tenants-load.js';
 import { benchConfig, seedTenants, tenantKey, waitForKeys, zipfSampler } from './tenants-provision.js';
 import { printTable, writeResults, type RunResult } from './tenants-report.js';
 
@@ -55,9 +55,10 @@ async function main(): Promise<void> {
     for (const node of nodes) await waitForKeys(node, [control.key, tenantKeys[0], tenantKeys[KEYS - 1]]);
     console.log(`\n${n} node${n > 1 ? 's' : ''}:`);
     if (!opts['no-control']) results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, one key`, cp, nodes, () => control.key, 1, 1));
-    // The warm-up's idle window, before any of the K keys' load, is the measured run's idle too.
-    const warm = WARMUP_SEC > 0 ? await runLoad(`warm-up (not counted), ${WARMUP_SEC} s`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, WARMUP_SEC, false) : null;
-    const idle = warm ? { cp: warm.cpIdleUsPerSec, main: warm.cpMainIdleUsPerSec, nodes: warm.nodesIdleUsPerSec } : undefined;
+    // With a warm-up, the measured run's idle rates are read before it (10 s to settle, 10 s idle):
+    // right after the warm-up the processes are still finishing its work.
+    const idle = WARMUP_SEC > 0 ? await measureIdle(cp, nodes, 10_000, 10_000) : undefined;
+    if (WARMUP_SEC > 0) await runLoad(`warm-up (not counted), ${WARMUP_SEC} s`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, WARMUP_SEC, false);
     results.push(await runLoad(`${n} node${n > 1 ? 's' : ''}, ${KEYS.toLocaleString('en')} keys / ${ORGS.toLocaleString('en')} orgs${WARMUP_SEC > 0 ? ` after ${WARMUP_SEC} s of warm-up` : ''}`, cp, nodes, () => tenantKeys[zipf()], KEYS, ORGS, DURATION_SEC, ALIGN, idle));
     for (const node of nodes) await node.proc.kill('SIGTERM');
   }
