@@ -48,10 +48,6 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
   const nodePids = nodes.map((n) => n.proc.child.pid!);
   const durationMs = durationSec * 1000;
   // Idle window: at least IDLE_SEC; when aligning, until the run's middle is the top of a minute.
-  const idleStart = performance.now();
-  const idleCp0 = cpuOf([cpPid]);
-  const idleMain0 = mainThreadCpuMicros(cpPid);
-  const idleNodes0 = cpuOf(nodePids);
   let waitMs = IDLE_SEC * 1000;
   if (align) {
     const now = Date.now();
@@ -60,11 +56,8 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
     waitMs = top - durationMs / 2 - now;
     console.log(`  waiting ${(waitMs / 1000).toFixed(0)} s (idle measurement) so that the run crosses ${new Date(top).toISOString().slice(11, 19)} UTC`);
   }
-  await sleep(waitMs);
-  const idleSec = (performance.now() - idleStart) / 1000;
-  const idleCp = idleGiven ? idleGiven.cp : idleCp0 === null ? null : (cpuOf([cpPid])! - idleCp0) / idleSec;
-  const idleMain = idleGiven ? idleGiven.main : idleMain0 === null ? null : (mainThreadCpuMicros(cpPid)! - idleMain0) / idleSec;
-  const idleNodes = idleGiven ? idleGiven.nodes : idleNodes0 === null ? null : (cpuOf(nodePids)! - idleNodes0) / idleSec;
+  const measured = await measureIdle(cp, nodes, waitMs, 0);
+  const { cp: idleCp, main: idleMain, nodes: idleNodes } = idleGiven ?? measured;
 
   for (const n of nodes) await leaseWaits(n.adminUrl!, true);
   const counters0 = await cpCounters(cp.adminUrl);
