@@ -45,9 +45,12 @@ const gw = gatewayFixture(
   },
   async (g) => {
     ({ cp, console: admin } = g);
+    // One clock value for every node, read once: the nodes' key minutes are the same minute however
+    // long the nodes take to start.
+    const clock = minuteStart() + 5_000;
     for (let i = 0; i < 3; i++) {
       const n = await g.addNode({ nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
-      await setClock(n.adminUrl!, { now_ms: minuteStart() + 5_000 });
+      await setClock(n.adminUrl!, { now_ms: clock });
     }
     nodes = g.nodes;
     await eventually(async () => (await admin.listNodes()).nodes.filter((x) => x.connected).length === 3, 'three nodes connected');

@@ -19,9 +19,12 @@ test('a request whose lease answer is late is admitted, not refused with "0/20 u
   // request was refused with a 429 saying "requests per minute (rpm): 0/20 used".
   const cp = await startControlPlane();
   const nodes: DataPlane[] = [];
+  // One clock value for both nodes, read once: read per node, a wall-clock minute that turned while
+  // node b started put b in the next minute, with a whole 20 of its own (it admitted 13 of 13).
+  const clock = minuteStart() + 2_000;
   for (let i = 0; i < 2; i++) {
     const node = await startDataPlane(cp, { nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
-    await setClock(node.adminUrl!, { now_ms: minuteStart() + 2_000 });
+    await setClock(node.adminUrl!, { now_ms: clock });
     nodes.push(node);
   }
   const admin = consoleClient(cp.address, cp.secrets.operatorToken);

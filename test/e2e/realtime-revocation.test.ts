@@ -34,7 +34,9 @@ const gw = gatewayFixture(() => ({
   ],
 }), async () => {
   ({ cp, nodes, console: admin } = gw);
-  for (const n of nodes) await setClock(n.adminUrl!, { now_ms: minuteStart() + 5_000 });
+  // One clock value for both nodes, read once (read per node, a minute could turn in between).
+  const clock = minuteStart() + 5_000;
+  for (const n of nodes) await setClock(n.adminUrl!, { now_ms: clock });
 });
 
 test('an open socket is closed within a second of `tollgate key revoke` returning, on each of two nodes (1008, reason)', async () => {
