@@ -42,6 +42,7 @@ import { eventTypeOf, parse, type Obj } from './event-scan.js';
 import { clientEventRefusal, TRANSCRIPTION_DONE } from './client-events.js';
 import { CLOSE, isSendableCode, truncateReason } from './close-codes.js';
 import type { RealtimeStats } from './realtime-stats.js';
+import { sendToClientSocket } from './client-send.js';
 
 // Re-exported: the gateway and the tests import them from here.
 export { CLOSE, truncateReason } from './close-codes.js';
@@ -259,10 +260,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
   private sendToClient(data: Buffer, isBinary: boolean): void {
     if (this.ended || !this.ws) return;
     const ws = this.ws;
-    let status = 1;
-    ws.cork(() => {
-      status = ws.send(data, isBinary);
-    });
+    const status = sendToClientSocket(ws, data, isBinary);
     this.counts.toClient++;
     this.counts.bytesToClient += data.length;
     const buffered = ws.getBufferedAmount();
