@@ -1,16 +1,16 @@
 // How a realtime message goes to the client's uWS socket: corked, and never by uWS's direct write.
 //
-// uWS v20.30.0, the build this node runs (docs/design.md, "Dependencies"), sends a message of 16 KiB
-// or more that is not to be compressed, on a socket with nothing buffered, by writing it to the kernel
-// at once (WebSocket::send's `us_socket_write2` path). That path is broken when the kernel does not
+// uWS v20.30.0, the build this node runs (docs/design.md#dependencies), sends a message of 16 KiB or
+// more that is not to be compressed, on a socket with nothing buffered, by writing it to the kernel at
+// once (WebSocket::send's `us_socket_write2` path). That path is broken when the kernel does not
 // take the whole frame:
-// - when it takes none of the payload, the payload is dropped but its header stays: the client reads
-//   the next frames as this one's payload and fails the connection (invalid UTF-8, 1007 at the node,
-//   1006 at the client). Seen as a flaky `realtime-node-memory` test: 532 of 800 chunks, then 1006.
+// - a frame's payload can be lost behind its header (fixed upstream after this version,
+//   uNetworking/uWebSockets pull request 1662): the client reads the next frames as its payload and
+//   fails the connection on invalid UTF-8 (1007 at the node, 1006 at the client). Seen as a flaky
+//   `realtime-node-memory` test, 532 of 800 chunks and then 1006, which stopped with this change.
 // - when the send is made inside uWS's `drain` callback (a resumed upstream's messages can be), the
 //   rest is buffered but uWS stops watching the socket for room: it is never written, and the client
-//   waits forever for the end of the message.
-// Fixed upstream after this version (uNetworking/uWebSockets pull request 1662 for the first).
+//   waits forever for the end of the message (test/unit/data-plane-realtime-client-send.test.ts).
 //
 // The direct path is taken only for a message sent without compression. This node negotiates no
 // compression (`compression: DISABLED`), so asking for it is ignored for the bytes (uWS checks the
