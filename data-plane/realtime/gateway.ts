@@ -109,6 +109,8 @@ export class RealtimeGateway {
       closeOnBackpressureLimit: 0,
       idleTimeout: IDLE_TIMEOUT_SEC,
       sendPingsAutomatically: true,
+      // No compression: client-send.ts sets uWS's compress flag on every message only to avoid a
+      // broken write path, and relies on this to keep the bytes uncompressed.
       compression: uWS.DISABLED,
       upgrade: (res, req, context) => this.upgrade(res, req, context),
       open: (ws) => guard(() => ws.getUserData().session.open(ws)),
