@@ -74,6 +74,22 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },
 });
 
+/**
+ * The one rule for a refusal after admission (docs/design.md#what-counts-as-a-request), the same for
+ * an HTTP request and a socket turn: a refusal for what the request holds (its body, its query, its
+ * event: a 400) keeps its one request of rpm and gives back its tokens, slot and money, so bad
+ * requests are not free to send; every other refusal after admission (the model's scope, a stored
+ * object that is not the key's, a later limit, no upstream) is given back whole.
+ */
+const KEEPS_REQUEST: Readonly<Record<ErrorCode, boolean>> = Object.freeze(
+  Object.fromEntries((Object.keys(CATALOG) as ErrorCode[]).map((code) => [code, CATALOG[code].status === 400])) as Record<ErrorCode, boolean>,
+);
+
+/** Whether a refusal after admission keeps its one request of rpm (the rule above). */
+export function keepsRequest(err: unknown): boolean {
+  return err instanceof GatewayError && KEEPS_REQUEST[err.code];
+}
+
 export interface GatewayErrorOptions {
   /** Shape A `param`; undefined renders as null (except where the catalog omits it). */
   param?: string | null;

@@ -4,9 +4,9 @@
 // onData attached before the handler returns (style.md, rule 2), so a body is read while admission
 // waits for a lease, still within the node-wide body budget; a refused request's body is not wanted.
 import type { StateHolder } from '../auth/key-table.js';
-import { CATALOG, GatewayError, type ErrorShape } from '../errors.js';
+import { GatewayError, keepsRequest, type ErrorShape } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import type { Admission } from '../http/admission.js';
+import type { Admission, Admittable } from '../http/admission.js';
 import { logBug, type Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import { closesConnection, collectBody, streamBody, type BodyStream, type BodyWatch } from '../http/request-body.js';
@@ -179,13 +179,16 @@ export function failCall(ctx: RequestContext, reply: Reply, shape: ErrorShape, e
   ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
 }
 
-/** A 400 for what a body holds, once it was read: it counts one request (rpm), no tokens, no money. */
-export function isContentRefusal(err: unknown): boolean {
-  return err instanceof GatewayError && CATALOG[err.code].status === 400;
-}
-
-export function countRefused(ctx: RequestContext): void {
-  ctx.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
+/**
+ * Refuses an admitted request or socket turn with `err`: it keeps its one request of rpm or is given
+ * back whole as the one rule says (errors.ts `keepsRequest`), then the refusal is answered, with the
+ * key's rate headers as they are after it when `budgets` is given.
+ */
+export function refuseAdmitted(ctx: RequestContext, reply: Admittable, err: unknown, shape: ErrorShape, closeConnection = false, budgets?: KeyBudgets): void {
+  if (keepsRequest(err)) ctx.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
+  else ctx.refuse();
+  if (budgets) reply.rateHeaders = budgets.headers(ctx.key.limits);
+  reply.sendError(err, shape, closeConnection);
 }
 
 function isTooLarge(err: unknown): boolean {

@@ -12,7 +12,7 @@ import type { RequestContext } from '../http/request-context.js';
 import { validateJson } from '../http/validate-request.js';
 import { estimateTokens } from '../limits/key-budgets.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
-import { countRefused, failCall, type Endpoint, type EndpointDeps } from './intake.js';
+import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
 import { estimateResponseTokens, type ResponsesEndpoint } from './responses.js';
 
 /**
@@ -71,17 +71,14 @@ export class ModelCalls implements Endpoint {
       if (estimate > 0) reply.rateHeaders = deps.keyBudgets.headers(key.limits);
       const state = deps.holder.current;
       const invalid = validateJson(route, r.contentType, body, parseError, state, parseError ? undefined : text);
-      if (invalid) {
-        countRefused(ctx);
-        return reply.sendError(invalid, 'openai');
-      }
+      if (invalid) return refuseAdmitted(ctx, reply, invalid, 'openai');
       const obj = body as Record<string, unknown>;
       const model = state.view.models.get(obj.model as string)!;
       const scope = checkModelScope(state, key, model);
-      if (scope) return reply.sendError(scope, 'openai');
+      if (scope) return refuseAdmitted(ctx, reply, scope, 'openai');
       if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
       const provider = deps.providers[model.provider];
-      if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
+      if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
       ctx.model = model;
       ctx.providerStarted = true;
       // What an end without the upstream's usage bills: the estimate the tpm reservation took.
@@ -99,9 +96,9 @@ export class ModelCalls implements Endpoint {
   /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
   private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
     const prev = this.responses.checkPrevious(ctx.key, obj, state);
-    if (prev) return reply.sendError(prev, 'openai');
+    if (prev) return refuseAdmitted(ctx, reply, prev, 'openai');
     const provider = this.responses.providerOf(model);
-    if (!provider) return reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
+    if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
     ctx.model = model;
     ctx.providerStarted = true;
     this.responses.create(ctx, provider, modelCall(ctx, reply, model, 'openai', obj, raw, text));

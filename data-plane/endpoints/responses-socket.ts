@@ -1,20 +1,26 @@
 // The Responses API's WebSocket mode (`/v1/responses` upgraded, `?model=MODEL`): the client sends
-// `response.create` events and gets each response's events back. The session around it is realtime's
-// (realtime/gateway.ts checks everything before the upgrade, realtime/session.ts relays with
-// backpressure, holds one parallel slot while open, bills every final event — `response.completed`,
-// `response.incomplete`, `response.failed` — and closes on revocation, exhaustion and drain). What
-// differs is here, as an UpstreamLink around the real one:
-// - each client `response.create` is checked before it goes on: its model must be the session's (it is
-//   replaced by the upstream's name), and its `previous_response_id` must be the project's own;
-// - each `response.created` from the upstream records the response's owner before the client sees it.
+// `response.create` events, each with the same top-level fields as the body of `POST /v1/responses`
+// (the upstream reads them there), and gets each response's events back. The session around it is
+// realtime's (realtime/gateway.ts checks everything before the upgrade, realtime/session.ts relays
+// with backpressure and holds one parallel slot while open); each create is a turn admitted and
+// billed as a request (socket-turns.ts). What is the Responses API's own is here:
+// - ResponsesTurnRules: a create is checked on exactly the fields the upstream reads: a `response`
+//   member (fields named in a second place the upstream does not read) is refused, the model must be
+//   the socket's and is spliced in as the upstream names it, and `previous_response_id` must be the
+//   project's own; the turn reserves its input and its `max_output_tokens`;
+// - ResponsesSocketLink: each `response.created` from the upstream records the response's owner
+//   before the client sees it.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
+import { GatewayError } from '../errors.js';
 import { findDuplicateKey } from '../http/validate-request.js';
 import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
+import { estimateTokens } from '../proxy/tokens.js';
+import { rewriteChatBody } from '../proxy/json-splice.js';
 import { LocalUpstreamLink } from '../realtime/local-link.js';
 import type { UpstreamEvents, UpstreamLink } from '../realtime/upstream-link.js';
-
-export { RESPONSES_SOCKET_PATH as RESPONSES_PATH } from '../routing/routes.js';
+import { estimateResponseTokens } from './responses.js';
+import type { TurnRules } from './socket-turns.js';
 
 type Obj = Record<string, unknown>;
 
@@ -24,16 +30,28 @@ export interface ResponsesSocketHooks {
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
 }
 
+/**
+ * A client message on a Responses socket that is not passed on, as an error event (null: it may go
+ * on): one that is not a JSON object with a string `type`, or any event but a create that repeats a
+ * key (a create is checked as a turn, after admission).
+ */
+export function responsesEventRefusal(data: Buffer, isBinary: boolean): Buffer | null {
+  const ev = isBinary ? null : parseObj(data);
+  if (!ev || typeof ev.type !== 'string') return errorEvent('invalid_event', 'Each message must be a JSON object with a string `type`.', null);
+  if (ev.type === 'response.create') return null;
+  const dup = findDuplicateKey(data.toString('utf8'));
+  return dup === null ? null : errorEvent('invalid_event', `Duplicate key '${dup.slice(0, 64)}' in the event: each key may appear once.`, dup.slice(0, 64));
+}
+
 function errorEvent(code: string, message: string, param: string | null): Buffer {
   return Buffer.from(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', code, message, param } }));
 }
 
-export class ResponsesSocketLink implements UpstreamLink {
-  private outer: UpstreamEvents | null = null;
+/** A create on a Responses socket: checked where the upstream reads it, the model spliced in. */
+export class ResponsesTurnRules implements TurnRules {
   private readonly upstreamModel: string;
 
   constructor(
-    private readonly inner: UpstreamLink,
     private readonly hooks: ResponsesSocketHooks,
     private readonly key: KeyRecord,
     private readonly model: ModelConfig,
@@ -41,6 +59,45 @@ export class ResponsesSocketLink implements UpstreamLink {
   ) {
     this.upstreamModel = model.provider === 'demo' ? model.id : model.upstreamModel || model.id;
   }
+
+  check(ev: Obj, text: string, _data: Buffer): GatewayError | Buffer {
+    const dup = findDuplicateKey(text);
+    if (dup !== null) return new GatewayError('INVALID_REQUEST', `Duplicate key '${dup.slice(0, 64)}' in the event: each key may appear once.`, { param: dup.slice(0, 64) });
+    if ('response' in ev) {
+      return new GatewayError('INVALID_REQUEST', "Unknown parameter: 'response'. In WebSocket mode the fields of response.create stand at the top level, as in the body of POST /v1/responses.", { param: 'response' });
+    }
+    if (ev.model !== undefined && ev.model !== this.model.id) {
+      return new GatewayError('MODEL_NOT_ALLOWED', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, { param: 'model' });
+    }
+    const prev = ev.previous_response_id;
+    if (prev !== undefined && prev !== null) {
+      if (typeof prev !== 'string') return new GatewayError('INVALID_REQUEST', "Invalid type for 'previous_response_id': expected a string.", { param: 'previous_response_id' });
+      if (!this.hooks.checkPreviousId(this.key, prev, this.state())) return new GatewayError('NOT_FOUND', `No response found with id '${prev.slice(0, 128)}'.`, { param: 'previous_response_id' });
+    }
+    // The model where the upstream reads it, the rest byte for byte (json-splice.ts).
+    const model = JSON.stringify(this.upstreamModel);
+    const out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
+    return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel }));
+  }
+
+  estimate(ev: Obj, _pendingInput: number): number {
+    return estimateResponseTokens(ev);
+  }
+
+  inputEstimate(ev: Obj, _pendingInput: number): number {
+    return estimateTokens(ev);
+  }
+}
+
+export class ResponsesSocketLink implements UpstreamLink {
+  private outer: UpstreamEvents | null = null;
+
+  constructor(
+    private readonly inner: UpstreamLink,
+    private readonly hooks: ResponsesSocketHooks,
+    private readonly key: KeyRecord,
+    private readonly model: ModelConfig,
+  ) {}
 
   get events(): UpstreamEvents | null {
     return this.outer;
@@ -68,22 +125,7 @@ export class ResponsesSocketLink implements UpstreamLink {
   }
 
   send(data: Buffer, isBinary: boolean): void {
-    const ev = isBinary ? null : parseObj(data);
-    if (!ev || typeof ev.type !== 'string') return this.answer(errorEvent('invalid_event', 'Each message must be a JSON object with a string `type`.', null));
-    const dup = findDuplicateKey(data.toString('utf8'));
-    if (dup !== null) return this.answer(errorEvent('invalid_event', `Duplicate key '${dup}' in the event: each key may appear once.`, dup));
-    if (ev.type !== 'response.create') return this.inner.send(data, false);
-    // The fields may stand at the top level or under `response`.
-    const fields = isObj(ev.response) ? ev.response : ev;
-    if (fields.model !== undefined && fields.model !== this.model.id) {
-      return this.answer(errorEvent('model_not_allowed', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, 'model'));
-    }
-    const prev = fields.previous_response_id;
-    if (prev !== undefined && prev !== null && (typeof prev !== 'string' || !this.hooks.checkPreviousId(this.key, prev, this.state()))) {
-      return this.answer(errorEvent('previous_response_not_found', `No response found with id '${String(prev).slice(0, 128)}'.`, 'previous_response_id'));
-    }
-    fields.model = this.upstreamModel;
-    this.inner.send(Buffer.from(JSON.stringify(ev)), false);
+    this.inner.send(data, isBinary);
   }
 
   pause(): void {
@@ -96,11 +138,6 @@ export class ResponsesSocketLink implements UpstreamLink {
 
   close(code: number, reason: string): void {
     this.inner.close(code, reason);
-  }
-
-  /** An answer of the gateway's own to the client, on a later tick (never from inside its send). */
-  private answer(data: Buffer): void {
-    setImmediate(() => this.outer?.message(data, false));
   }
 }
 
@@ -119,7 +156,7 @@ export class DemoResponsesSocketLink extends LocalUpstreamLink {
     if (!ev || ev.type !== 'response.create') {
       return this.emit({ type: 'error', error: { type: 'invalid_request_error', code: 'unknown_event', message: 'The demo model handles `response.create` events only.', param: null } });
     }
-    const body = isObj(ev.response) ? ev.response : ev;
+    const body = ev;
     if (body.input === undefined || (typeof body.input !== 'string' && !Array.isArray(body.input))) {
       return this.emit({ type: 'error', error: { type: 'invalid_request_error', code: 'missing_required_parameter', message: "Missing required parameter: 'input'.", param: 'input' } });
     }

@@ -9,7 +9,7 @@ import type { BodyStream } from '../http/request-body.js';
 import { encodedBodyRefusal, findRemoteInBody } from '../proxy/pdf-guard.js';
 import type { ToolBackends } from '../proxy/tool-backends.js';
 import { forwardTool } from '../proxy/tool-router.js';
-import type { Endpoint } from './intake.js';
+import { refuseAdmitted, type Endpoint } from './intake.js';
 
 export class Tools implements Endpoint {
   readonly discardsRefusedStream = false;
@@ -31,11 +31,11 @@ export class Tools implements Endpoint {
       // A body read whole: the PDF route's (routing/routes.ts).
       const headers = r.headers ?? [];
       const encoded = encodedBodyRefusal(headers);
-      if (encoded) return r.reply.sendError(encoded, 'passthrough');
+      if (encoded) return refuseAdmitted(r.ctx!, r.reply, encoded, 'passthrough');
       const found = findRemoteInBody(body, r.contentType);
       if (found) {
         const message = `The HTML references a remote resource (${found.where}: ${JSON.stringify(found.url)}); only local references (data: URIs, fragments, relative paths) are allowed.`;
-        return r.reply.sendError(new GatewayError('REMOTE_REFERENCE', message), 'passthrough');
+        return refuseAdmitted(r.ctx!, r.reply, new GatewayError('REMOTE_REFERENCE', message), 'passthrough');
       }
     }
     this.forward(r, body);

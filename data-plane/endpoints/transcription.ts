@@ -11,7 +11,7 @@ import type { BodyBudget } from '../limits/body-budget.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';
 import type { CallResult } from '../proxy/providers/provider.js';
 import { UploadSpill } from '../proxy/upload-spill.js';
-import { countRefused, failCall, isContentRefusal, type Endpoint, type EndpointDeps } from './intake.js';
+import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
 
 export interface TranscriptionDeps extends EndpointDeps {
   /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
@@ -55,8 +55,7 @@ export class Transcription implements Endpoint {
         // body holds keeps its one request of rpm (docs/design.md#what-counts-as-a-request).
         const refuse = (e: unknown) => {
           stream.discard();
-          if (isContentRefusal(e)) countRefused(ctx);
-          reply.sendError(e, 'openai', e instanceof GatewayError && closesConnection(e));
+          refuseAdmitted(ctx, reply, e, 'openai', e instanceof GatewayError && closesConnection(e));
         };
         if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
         const state = this.deps.holder.current;

@@ -6,7 +6,7 @@ import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../http/reply.js';
 import { parseUsageQuery, renderUsage } from '../http/usage-endpoint.js';
 import type { UsageSource } from '../sync/usage-client.js';
-import { PlainEndpoint, type EndpointDeps } from './intake.js';
+import { refuseAdmitted, PlainEndpoint, type EndpointDeps } from './intake.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
 
@@ -25,11 +25,7 @@ export class Usage extends PlainEndpoint {
     const reply = r.reply;
     const key = r.key!;
     // Refused or not served: the request is given back, and the rate headers say so.
-    const refuse = (err: unknown) => {
-      ctx.refuse();
-      reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(err, 'openai');
-    };
+    const refuse = (err: unknown) => refuseAdmitted(ctx, reply, err, 'openai', false, this.deps.keyBudgets);
     const q = parseUsageQuery(r.query, this.deps.clock.now());
     if (q instanceof GatewayError) return refuse(q);
     const source = this.deps.usage;

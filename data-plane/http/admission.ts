@@ -7,12 +7,13 @@
 import { GatewayError, orgBlockedMessage } from '../errors.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
-import type { Admission as KeyAdmission, KeyBudgets, Ticket } from '../limits/key-budgets.js';
+import type { Admission as KeyAdmission, AdmitOptions, KeyBudgets, Ticket } from '../limits/key-budgets.js';
+import type { RateHeaders } from '../limits/rate-headers.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, waitForMoney } from '../limits/money-pools.js';
 import type { ErrorShape } from './error-shapes.js';
-import { logBug, type Reply } from './reply.js';
-import type { RequestContext } from './request-context.js';
+import { logBug } from './reply.js';
+import type { FinishSource, RequestContext } from './request-context.js';
 
 /**
  * The longest a request short of this node's lease waits for the control plane's answer (which
@@ -26,6 +27,19 @@ export interface AdmissionDeps {
   clock: Clock;
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
+}
+
+/**
+ * What admission answers: an HTTP request's Reply, or one turn on a socket (endpoints/socket-turns.ts),
+ * which renders a refusal as an in-band error event. Either way the same checks, in the same order,
+ * with the same refusals (docs/design.md#socket-turns).
+ */
+export interface Admittable extends FinishSource {
+  /** The client went away (or the turn's socket closed): nothing to answer. */
+  readonly done: boolean;
+  rateHeaders: RateHeaders | null;
+  readonly requestId: string;
+  sendError(err: unknown, shape: ErrorShape, closeConnection?: boolean): void;
 }
 
 export class Admission {
@@ -46,13 +60,14 @@ export class Admission {
    * request was refused (answered) or the client went away; nothing was consumed.
    */
   admitOrWait(
-    reply: Reply,
+    reply: Admittable,
     key: KeyRecord,
     path: string,
     estimatedTokens: number,
     then: (ctx: RequestContext | null) => void,
     closeIfRefused: () => boolean = () => false,
     familyShape: ErrorShape = 'openai',
+    opts?: AdmitOptions,
   ): void {
     const deps = this.deps;
     const leases = deps.leases;
@@ -60,7 +75,7 @@ export class Admission {
     // budgets admit. Anything else (a refusal, a wait) takes the general path below, which asks again
     // (a refused admission consumed nothing).
     if (!reply.done && (leases === undefined || maySpendNow(leases, key, deps.clock.now()))) {
-      const a = deps.keyBudgets.admit(key.limits, estimatedTokens);
+      const a = deps.keyBudgets.admit(key.limits, estimatedTokens, undefined, opts);
       if (a.ok) {
         reply.rateHeaders = a.headers;
         const ctx = this.newContext(key, path, a.ticket, minuteOf(deps.clock.now()), reply.requestId);
@@ -113,7 +128,7 @@ export class Admission {
         // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
         if (money?.verdict === 'wait' && !lastTry && waitForMoney(leases!, money.pool, wake)) return park();
         const now = deps.clock.now();
-        const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
+        const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started, opts);
         reply.rateHeaders = a.headers;
         if (a.ok) {
           const ctx = this.newContext(key, path, a.ticket, minuteOf(now), reply.requestId);
@@ -135,7 +150,7 @@ export class Admission {
             break;
           }
           advanced = true;
-          b = deps.keyBudgets.admit(key.limits, estimatedTokens, started);
+          b = deps.keyBudgets.admit(key.limits, estimatedTokens, started, opts);
           reply.rateHeaders = b.headers;
           if (b.ok) {
             const ctx = this.newContext(key, path, b.ticket, minuteOf(now), reply.requestId);
@@ -161,8 +176,23 @@ export class Admission {
     attempt(false);
   }
 
+  /**
+   * Admits at once, without a check that could refuse: for work the upstream already began on its own
+   * (`opts.force`, endpoints/socket-turns.ts), which is counted and billed whatever the limits say.
+   */
+  admitNow(target: Admittable, key: KeyRecord, path: string, estimatedTokens: number, opts: AdmitOptions & { force: true }): RequestContext {
+    const now = this.deps.clock.now();
+    const a = this.deps.keyBudgets.admit(key.limits, estimatedTokens, undefined, opts);
+    if (!a.ok) throw new Error(`a forced admission was refused (${a.dimension})`);
+    target.rateHeaders = a.headers;
+    const ctx = this.newContext(key, path, a.ticket, minuteOf(now), target.requestId);
+    ctx.spend = reserveMoney(this.deps.leases, key, now);
+    ctx.attach(target);
+    return ctx;
+  }
+
   /** The token estimate of an admitted request, waiting (bounded) for a lease like admitOrWait. */
-  reserveOrWait(ctx: RequestContext, reply: Reply, key: KeyRecord, estimate: number, then: (ok: boolean) => void): void {
+  reserveOrWait(ctx: RequestContext, reply: Admittable, key: KeyRecord, estimate: number, then: (ok: boolean) => void): void {
     const deps = this.deps;
     // The common case, without a closure: the estimate fits (a refusal changed nothing; asked again below).
     if (!reply.done && ctx.ticket.reserveTokens(estimate) === null) {

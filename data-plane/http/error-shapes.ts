@@ -52,3 +52,14 @@ export function renderError(err: unknown, routeShape: ErrorShape): RenderedError
   }
   return { status, statusLine: statusLine(status), headers, body };
 }
+
+/**
+ * A refusal on a socket, as an in-band `error` event: the HTTP answer's status and Shape A error
+ * object, and for a 429 the seconds to wait (`retry_after`, as the header says over HTTP).
+ */
+export function renderErrorEvent(err: unknown): Buffer {
+  const r = renderError(err, 'openai');
+  const retry = r.headers.find(([k]) => k === 'retry-after');
+  const body = JSON.parse(r.body) as { error: unknown };
+  return Buffer.from(JSON.stringify({ type: 'error', status: r.status, error: body.error, ...(retry ? { retry_after: Number(retry[1]) } : {}) }));
+}

@@ -107,7 +107,10 @@ export class RequestContext {
     // body): it consumes no request, tokens, slot or money.
     if (!this.providerStarted) return this.refuse();
     // Aborted with no provider to say what the upstream did: the estimate of what was sent.
-    if (aborted && this.abortFns.length === 0) return this.complete({ status: 499, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
+    if (aborted && this.abortFns.length === 0) {
+      this.complete({ status: 499, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
+      return;
+    }
     // Aborted, the provider reports how it ended (at once, or after reading its upstream's usage for
     // a short grace: stream-proxy.ts). Or sent in full before the provider reported (a known-length
     // answer finished while the upstream's end is still on its way): the provider reports soon.
@@ -129,9 +132,9 @@ export class RequestContext {
     this.logDraft?.settle();
   }
 
-  /** The request ran: tokens settle the ticket, a model call is recorded and paid for. */
-  complete(reported: CallResult): void {
-    if (this.completed) return;
+  /** The request ran: tokens settle the ticket, a model call is recorded and paid for. Answers the cost billed. */
+  complete(reported: CallResult): number {
+    if (this.completed) return 0;
     this.completed = true;
     if (this.graceTimer) clearTimeout(this.graceTimer);
     const r: CallResult = {
@@ -171,5 +174,6 @@ export class RequestContext {
     // Every reservation is settled, with or without a model (a tool call costs nothing but held one).
     this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
     this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined, this.responseId);
+    return cost;
   }
 }

@@ -64,6 +64,17 @@ export interface LeaseShort {
 
 export type KeyDimension = 'requests' | 'tokens' | 'max_parallel_requests';
 
+/**
+ * How a request is admitted besides its estimate. `slot: false`: a turn on a socket that already holds
+ * the key's parallel slot (one response at a time per connection) takes none of its own. `force`: a
+ * turn the upstream already began on its own (a realtime response started by voice activity) is
+ * counted even past the limits: the work is being done, so it is billed and counted, never refused.
+ */
+export interface AdmitOptions {
+  slot?: boolean;
+  force?: boolean;
+}
+
 export type Admission =
   | { ok: true; ticket: Ticket; headers: RateHeaders }
   | { ok: false; dimension: KeyDimension; message: string; retryAfterSec: number; headers: RateHeaders; leaseShort?: LeaseShort };
@@ -149,8 +160,10 @@ export class KeyBudgets {
    * Admits one request of the key reserving `estimatedTokens`, or refuses it without consuming
    * anything. `startedAt` (performance.now()): when the request first asked, for leased slots.
    */
-  admit(limits: KeyLimits, estimatedTokens: number, startedAt?: number): Admission {
+  admit(limits: KeyLimits, estimatedTokens: number, startedAt?: number, opts?: AdmitOptions): Admission {
     const now = this.clock.now();
+    const slot = opts?.slot !== false;
+    const force = opts?.force === true;
     const minute = minuteOf(now);
     this.sweep(minute);
     const estimate = sanitizeTokens(estimatedTokens) ?? 0;
@@ -165,7 +178,9 @@ export class KeyBudgets {
     let leaseShort: LeaseShort | undefined;
     let clusterFull = false;
     const retryAfterSec = secondsToNextMinute(now);
-    if (state.requests + 1 > rpm) {
+    if (force) {
+      // counted below whatever the limits say
+    } else if (state.requests + 1 > rpm) {
       dimension = 'requests';
     } else if (state.tokens + estimate > tpm) {
       dimension = 'tokens';
@@ -177,6 +192,8 @@ export class KeyBudgets {
       dimension = needRequests > 0 ? 'requests' : 'tokens';
       const final = (needRequests > 0 && lease.requestsFinal) || (needTokens > 0 && needTokens >= (lease.tokensFinalNeed ?? Infinity));
       if (!final) leaseShort = { requests: needRequests, tokens: needTokens };
+    } else if (!slot) {
+      // the socket's slot covers the turn
     } else if (state.inFlight + 1 > parallel) {
       dimension = 'max_parallel_requests';
     } else {
@@ -203,32 +220,11 @@ export class KeyBudgets {
 
     state.requests += 1;
     state.tokens += estimate;
-    state.inFlight += 1;
+    if (slot) state.inFlight += 1;
     this.touch(state, minute);
     this.allowance?.noteUsage?.(state.keyId, state.minute, state.requests, state.tokens);
-    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
-    return { ok: true, ticket: this.ticketFor(state, limits, minute, estimate), headers: headersOf(state, limits, now, lease) };
-  }
-
-  /**
-   * Tokens a long-lived session (a realtime WebSocket) used just now, counted in the current minute
-   * outside any ticket: the session's slot and request were taken on admission, its tokens arrive
-   * response by response and may span minutes. Never refused (the tokens are spent); returns the
-   * key's rate headers after counting, so the caller can tell whether the key's tpm is now spent.
-   */
-  useTokens(limits: KeyLimits, tokens: number): RateHeaders {
-    const now = this.clock.now();
-    const minute = minuteOf(now);
-    const n = sanitizeTokens(tokens) ?? 0;
-    const state = this.stateFor(limits.keyId, minute);
-    this.touch(state, minute);
-    // Asked first so a lease client starts this key minute (its cold share) and sees the usage.
-    const lease = this.allowance?.allowanceFor(limits.keyId, minute, limits);
-    if (n > 0) {
-      state.tokens += n;
-      this.allowance?.noteUsage?.(state.keyId, minute, state.requests, state.tokens);
-    }
-    return headersOf(state, limits, now, lease);
+    if (slot) this.allowance?.noteInFlight?.(state.keyId, state.inFlight, limits.maxParallel);
+    return { ok: true, ticket: new KeyTicket(this.clock, this.allowance, state, limits, minute, estimate, slot), headers: headersOf(state, limits, now, lease) };
   }
 
   /** The rate headers of a key for the current minute, without counting anything. */
@@ -298,9 +294,6 @@ export class KeyBudgets {
     }
   }
 
-  private ticketFor(state: KeyState, limits: KeyLimits, minute: number, estimate: number): Ticket {
-    return new KeyTicket(this.clock, this.allowance, state, limits, minute, estimate);
-  }
 }
 
 /** One admitted request's hold on its key's budgets (a class: no closures per request). */
@@ -314,6 +307,8 @@ class KeyTicket implements Ticket {
     private readonly limits: KeyLimits,
     private readonly minute: number,
     private estimate: number,
+    /** False for a socket turn: the socket holds the slot, the turn releases none. */
+    private readonly slot: boolean,
   ) {}
 
   reserveTokens(tokens: number): TokenRefusal | null {
@@ -345,8 +340,7 @@ class KeyTicket implements Ticket {
     if (this.settled) return;
     this.settled = true;
     const { state, minute } = this;
-    state.inFlight = Math.max(0, state.inFlight - 1);
-    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, this.limits.maxParallel);
+    this.releaseSlot();
     const actual = sanitizeTokens(actualTokens) ?? this.estimate;
     if (state.minute === minute && actual !== this.estimate) {
       state.tokens = Math.max(0, state.tokens + actual - this.estimate);
@@ -358,12 +352,18 @@ class KeyTicket implements Ticket {
     if (this.settled) return;
     this.settled = true;
     const { state, minute } = this;
-    state.inFlight = Math.max(0, state.inFlight - 1);
-    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, this.limits.maxParallel);
+    this.releaseSlot();
     if (state.minute === minute) {
       state.requests = Math.max(0, state.requests - 1);
       state.tokens = Math.max(0, state.tokens - this.estimate);
     }
+  }
+
+  private releaseSlot(): void {
+    if (!this.slot) return;
+    const state = this.state;
+    state.inFlight = Math.max(0, state.inFlight - 1);
+    this.allowance?.noteInFlight?.(state.keyId, state.inFlight, this.limits.maxParallel);
   }
 }
 

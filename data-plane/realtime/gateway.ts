@@ -29,7 +29,9 @@ import { CLOSE, RealtimeSession, RealtimeStats, type UserData } from './session.
 import type { SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import { connectWsUpstream } from './ws-upstream.js';
-import { DemoResponsesSocketLink, ResponsesSocketLink, type ResponsesSocketHooks } from '../endpoints/responses-socket.js';
+import { DemoResponsesSocketLink, ResponsesSocketLink, ResponsesTurnRules, responsesEventRefusal, type ResponsesSocketHooks } from '../endpoints/responses-socket.js';
+import { RealtimeTurnRules } from '../endpoints/realtime-turns.js';
+import { refuseAdmitted } from '../endpoints/intake.js';
 import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
 
 export { REALTIME_PATH, offersKeyInProtocol };
@@ -176,12 +178,9 @@ export class RealtimeGateway {
     const ctx = r.ctx!;
     const reply = r.reply;
     const key = r.key!;
-    // Refused by a later check: the attempt costs nothing, and its rate headers say so.
-    const refuse = (err: GatewayError) => {
-      ctx.refuse();
-      reply.rateHeaders = this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(err, 'openai');
-    };
+    // Refused by a later check: as an HTTP request is (the one rule, errors.ts `keepsRequest`: a 400
+    // for what the attempt holds keeps its request of rpm), and its rate headers say so.
+    const refuse = (err: GatewayError) => refuseAdmitted(ctx, reply, err, 'openai', false, this.deps.keyBudgets);
     try {
       const state = this.deps.holder.current;
       const modelId = new URLSearchParams(r.query).get('model') ?? '';
@@ -214,7 +213,7 @@ export class RealtimeGateway {
     if (model.kind !== 'chat') return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a chat model; ${RESPONSES_PATH} needs one.`, { param: 'model' }));
     const scope = checkModelScope(state, key, model);
     if (scope) return refuse(scope);
-    const wrap = (link: UpstreamLink) => new ResponsesSocketLink(link, api.hooks, key, model, () => this.deps.holder.current);
+    const wrap = (link: UpstreamLink) => new ResponsesSocketLink(link, api.hooks, key, model);
     if (model.provider === 'demo') return this.accept(r, model, wrap(new DemoResponsesSocketLink(api.demo, model.id)));
     if (model.provider !== 'openai' || !model.baseUrl) return refuse(new GatewayError('UPSTREAM_UNREACHABLE', `No Responses upstream is configured for \`${model.id}\`.`));
     const url = new URL(model.baseUrl);
@@ -290,12 +289,15 @@ export class RealtimeGateway {
     const reply = r.reply;
     const res = r.res;
     ctx.providerStarted = true;
+    const responsesApi = r.path === RESPONSES_PATH;
     const session = new RealtimeSession(
       {
         clock: this.deps.clock,
         keyBudgets: this.deps.keyBudgets,
         leases: this.deps.leases,
-        reporter: this.deps.reporter,
+        admission: this.admission,
+        turnRules: responsesApi ? new ResponsesTurnRules(this.responses!.hooks, r.key!, model, () => this.deps.holder.current) : new RealtimeTurnRules(),
+        eventRefusal: responsesApi ? responsesEventRefusal : undefined,
         openStreams: this.deps.openStreams,
         sessions: this.sessions,
         logSession: this.logSession,
@@ -303,7 +305,7 @@ export class RealtimeGateway {
         maxMessageBytes: this.maxMessageBytes,
         stats: this.stats,
         memory: this.memory,
-        responsesApi: r.path === RESPONSES_PATH,
+        responsesApi,
       },
       ctx,
       r.key!,

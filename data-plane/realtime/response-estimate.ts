@@ -67,7 +67,8 @@ export class ResponseTally {
   addItem(item: unknown): void {
     if (!isObj(item)) return;
     const parts: unknown[] = [];
-    if (Array.isArray(item.content)) {
+    if (typeof item.content === 'string') parts.push({ text: item.content });
+    else if (Array.isArray(item.content)) {
       for (const part of item.content) {
         if (!isObj(part)) continue;
         if (typeof part.audio === 'string') this.audioInBytes += base64StringBytes(part.audio);
@@ -85,7 +86,9 @@ export class ResponseTally {
   addConfig(config: unknown): void {
     if (!isObj(config)) return;
     this.textIn += estimateTokens({ instructions: config.instructions, tools: config.tools });
-    if (Array.isArray(config.input)) for (const item of config.input) this.addItem(item);
+    // Input items (a Responses create's may also be one plain string).
+    if (typeof config.input === 'string') this.textIn += estimateTextTokens(config.input);
+    else if (Array.isArray(config.input)) for (const item of config.input) this.addItem(item);
   }
 
   addTextOut(text: string): void {

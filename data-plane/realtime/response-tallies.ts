@@ -14,8 +14,12 @@ export class ResponseTallies {
   private readonly tallies = new Map<string, ResponseTally>();
   private lastTally: ResponseTally | null = null;
 
-  /** A client event that adds to the next response's input: counted, then forgotten. */
-  clientEvent(data: Buffer): void {
+  /**
+   * A client event that adds to the next response's input: counted, then forgotten. A create's own
+   * fields stand under `response` on /v1/realtime, at the top level in the Responses API's WebSocket
+   * mode (`responsesApi`), where its `input` may also be a plain string.
+   */
+  clientEvent(data: Buffer, responsesApi = false): void {
     const type = eventTypeOf(data);
     const t = this.pendingInput;
     if (type === 'input_audio_buffer.append') {
@@ -23,14 +27,21 @@ export class ResponseTallies {
       if (audio) t.audioInBytes += base64SpanBytes(data, audio);
     } else if (type === 'conversation.item.create') t.addItem(parse(data)?.item);
     else if (type === 'session.update') t.addConfig(parse(data)?.session);
-    else if (type === 'response.create') t.addConfig(parse(data)?.response);
+    else if (type === 'response.create') {
+      const ev = parse(data);
+      t.addConfig(responsesApi ? ev : ev?.response);
+    }
   }
 
-  /** A response began upstream (`fallbackId` when the event names none): what the client sent since the last one is its input. */
-  created(ev: Obj | null, fallbackId: string): void {
+  /** The input tokens of what waits for the next response, as far as it was counted. */
+  pendingInputTokens(): number {
+    return this.pendingInput.counts().promptTokens;
+  }
+
+  /** A response `id` began upstream: what the client sent since the last one is its input. */
+  created(id: string): void {
     const tally = this.pendingInput;
     this.pendingInput = new ResponseTally();
-    const id = typeof ev?.response?.id === 'string' ? ev.response.id : fallbackId;
     const known = this.tallies.get(id);
     if (known) known.add(tally);
     else if (this.tallies.size >= MAX_TALLIED_RESPONSES && this.lastTally) this.lastTally.add(tally);
@@ -49,12 +60,11 @@ export class ResponseTallies {
   }
 
   /**
-   * The counts of the response `ev` ends, taken out of those in flight: by its id, else the oldest in
-   * flight, else (no response.created was seen) what the client sent since the last one.
+   * The counts of the response `named` ends, taken out of those in flight: by its id, else the oldest
+   * in flight, else (no response.created was seen) what the client sent since the last one.
    */
-  take(ev: Obj): ResponseTally {
-    const named = ev.response?.id;
-    const id = typeof named === 'string' && this.tallies.has(named) ? named : this.tallies.keys().next().value;
+  take(named: string | undefined): ResponseTally {
+    const id = named !== undefined && this.tallies.has(named) ? named : this.tallies.keys().next().value;
     if (id === undefined) {
       const waiting = this.pendingInput;
       this.pendingInput = new ResponseTally();
@@ -69,9 +79,9 @@ export class ResponseTallies {
     return tally;
   }
 
-  /** Every response still in flight, taken out (the session ends: each is billed its estimate). */
-  takeAll(): ResponseTally[] {
-    const all = [...this.tallies.values()];
+  /** Every response still in flight, by id, taken out (the session ends: each is billed its estimate). */
+  takeAll(): Map<string, ResponseTally> {
+    const all = new Map(this.tallies);
     this.tallies.clear();
     this.lastTally = null;
     return all;

@@ -1,48 +1,51 @@
 // One open realtime session: the client's uWS socket relayed to its upstream link, both ways, with
-// backpressure on both sides, and accounting of every `response.done` as it passes.
+// backpressure on both sides. Each response on it is a turn (endpoints/socket-turns.ts), admitted and
+// billed as a request; the session only relays, counts, and ends.
 //
 // Backpressure:
 // - upstream → client: after each send, when uWS holds `maxBufferedBytes` or more for the client
 //   (getBufferedAmount), the upstream is paused (its socket is not read, so its messages wait at the
 //   upstream); uWS's `drain` resumes it once half of that has gone out.
-// - client → upstream: uWS cannot stop reading a WebSocket, so the upstream link's unsent bytes are
-//   watched instead: a client that keeps sending past `maxBufferedBytes` + one message of what the
-//   upstream has not taken is closed (1008), never buffered without bound.
+// - client → upstream: uWS cannot stop reading a WebSocket, so the upstream link's unsent bytes (and
+//   what waits behind a turn being admitted) are watched instead: a client that keeps sending past
+//   `maxBufferedBytes` + one message of what the upstream has not taken is closed (1008), never
+//   buffered without bound.
 //
-// Accounting: `response.done` usage (input and output tokens, validated) counts against the key's
-// tpm in the current minute and is charged to the organisation at once (a usage record and the
-// node's money slice), each response on its own. When the key's tpm is spent or the organisation's
-// money runs out, the socket is closed after the response in flight (1008 for money, 1013 for tpm),
-// with a reason that says why.
-//
-// A response the upstream reports no usage for (none, or malformed), and every response still in
-// flight when the session ends (revoked, blocked, drained, client or upstream gone), is billed the
-// estimate of response-estimate.ts: counted as the messages pass, never kept.
+// Turns: a client's `response.create` is admitted (rpm, its tpm estimate, money) before it goes on;
+// while its admission waits for a lease, the client's later messages wait behind it, in order. A
+// refused turn is answered in-band and not forwarded. Each response's final event (`response.done`,
+// or the Responses API's `response.completed|incomplete|failed`) settles its turn with the upstream's
+// usage; one without usable usage, and every response still in flight when the session ends (revoked,
+// blocked, drained, client or upstream gone), is billed the estimate of response-estimate.ts, counted
+// as the messages pass, never kept. When the key's tpm is spent or the organisation's money runs
+// out, the socket is closed after the response in flight (1013 for tpm, 1008 for money), with a
+// reason that says why.
 import type { WebSocket } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { usageCostMicros, type TokenCounts } from '../../proto/lib/money.js';
+import type { TokenCounts } from '../../proto/lib/money.js';
 import { tokenUsageOf } from '../proxy/usage-readers.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import { logBug } from '../log.js';
 import type { RequestContext } from '../http/request-context.js';
-import { minuteOf, secondsToNextMinute, type Clock } from '../limits/clock.js';
+import type { Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
-import { cancelMoneyWait, moneyVerdict, reserveMoney, waitForMoney } from '../limits/money-pools.js';
-import type { Reporter } from '../sync/reporter.js';
+import type { Admission } from '../http/admission.js';
+import { SocketTurns, type TurnRules, type TurnSocket } from '../endpoints/socket-turns.js';
 import type { EndReason, OpenEntry, OpenStreams } from '../auth/open-streams.js';
-import { closeReasonOf, endError, type GatewayError } from '../errors.js';
+import { closeReasonOf, type GatewayError } from '../errors.js';
 import { openStreamGauge } from '../metrics.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
 import { AUDIO_DELTAS, TEXT_DELTAS } from './response-estimate.js';
 import { ResponseTallies } from './response-tallies.js';
-import { eventTypeOf, parse, type Obj } from './event-scan.js';
+import { eventTypeOf, parse, parseText, type Obj } from './event-scan.js';
 import { clientEventRefusal, TRANSCRIPTION_DONE } from './client-events.js';
 import { CLOSE, isSendableCode, truncateReason } from './close-codes.js';
 import type { RealtimeStats } from './realtime-stats.js';
 import { sendToClientSocket } from './client-send.js';
+import { SessionLimits } from './session-limits.js';
 
 // Re-exported: the gateway and the tests import them from here.
 export { CLOSE, truncateReason } from './close-codes.js';
@@ -54,7 +57,15 @@ export interface SessionDeps {
   clock: Clock;
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
-  reporter: Reporter;
+  /** The one admission every turn passes (http/admission.ts). */
+  admission: Admission;
+  /** How this socket's creates are estimated and checked (endpoints/realtime-turns.ts, responses-socket.ts). */
+  turnRules: TurnRules;
+  /**
+   * A client message of the Responses API's WebSocket mode that is not passed on, as an error event
+   * (endpoints/responses-socket.ts `responsesEventRefusal`); absent on /v1/realtime.
+   */
+  eventRefusal?: (data: Buffer, isBinary: boolean) => Buffer | null;
   /** The node's one registry of what keys have open (auth/open-streams.ts): its policy ends a session. */
   openStreams?: OpenStreams;
   /** The node's open sessions (the drain ends them). */
@@ -78,11 +89,10 @@ export interface UserData {
   session: RealtimeSession;
 }
 
-
 /** Open realtime sessions, for the `tollgate_node_open_streams{kind="realtime"}` gauge. */
 const openSessions = openStreamGauge('realtime');
 
-export class RealtimeSession implements OpenEntry, MemoryMember {
+export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
   readonly keyHash: string;
   readonly orgId: string;
   /** Its slot in the registry of what keys have open (slot-set.ts). */
@@ -91,15 +101,20 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
   private ws: WebSocket<UserData> | null = null;
   private ended = false;
   private responsesInFlight = 0;
-  private pendingClose: { code: number; reason: string } | null = null;
   private upstreamPaused = false;
   /** What this session held when last measured (its share of RealtimeMemory.held). */
   private heldBytes = 0;
-  private orgWake: (() => void) | null = null;
+  /** The key's tpm and the money, checked after each response (session-limits.ts). */
+  private readonly limits: SessionLimits;
   private readonly startedAtMs: number;
   /** The counts of what went in and came out, per response in flight. */
   private readonly tallies = new ResponseTallies();
   private readonly counts = { fromClient: 0, toClient: 0, bytesFromClient: 0, bytesToClient: 0, responses: 0, prompt: 0, completion: 0, cost: 0 };
+  /** Each response a turn: admitted, checked, billed (endpoints/socket-turns.ts). */
+  private readonly turns: SocketTurns;
+  /** Client messages that arrived while a turn was being admitted, in order, and their bytes. */
+  private held: Array<[Buffer, boolean]> = [];
+  private heldClientBytes = 0;
 
   constructor(
     private readonly deps: SessionDeps,
@@ -114,6 +129,40 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
     this.orgId = key.orgId;
     this.modelId = model.id;
     this.startedAtMs = deps.clock.now();
+    this.turns = new SocketTurns(deps, this, deps.turnRules, key, model, path, ctx.requestId);
+    this.limits = new SessionLimits(deps, key, () => this.closeIfDecided());
+  }
+
+  /** TurnSocket: the session is over (a turn admitted late is given back). */
+  get closed(): boolean {
+    return this.ended;
+  }
+
+  /**
+   * TurnSocket: the gateway's own answer to a client (a refused turn or event). Nothing upstream can be
+   * paused for these, so a client that keeps sending what is refused without reading the answers is
+   * closed once they pass what the node holds for one client.
+   */
+  toClient(data: Buffer): void {
+    this.sendToClient(data, false);
+    const ws = this.ws;
+    if (ws && ws.getBufferedAmount() > this.deps.maxBufferedBytes + this.deps.maxMessageBytes) {
+      this.close(CLOSE.POLICY, 'the client sends faster than it reads its answers; slow down');
+    }
+  }
+
+  /** TurnSocket: an admitted, checked create goes on. */
+  toUpstream(data: Buffer): void {
+    this.forward(data, false);
+  }
+
+  /** TurnSocket: a turn's admission ended after a wait: what the client sent meanwhile goes on, in order. */
+  settled(): void {
+    while (!this.ended && !this.turns.admitting && this.held.length > 0) {
+      const [data, isBinary] = this.held.shift()!;
+      this.heldClientBytes -= data.length;
+      this.relay(data, isBinary);
+    }
   }
 
   /** uWS `open`: the client is upgraded; the upstream's messages may flow. */
@@ -151,13 +200,37 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
     if (this.ended) return;
     this.counts.fromClient++;
     this.counts.bytesFromClient += data.length;
+    if (!this.turns.admitting) return this.relay(data, isBinary);
+    // Behind a turn being admitted: held in order, within the same bound as the upstream's buffer.
+    this.held.push([data, isBinary]);
+    this.heldClientBytes += data.length;
+    if (this.heldClientBytes + this.link.bufferedAmount > this.deps.maxBufferedBytes + this.deps.maxMessageBytes) {
+      this.close(CLOSE.POLICY, 'the client sends faster than the upstream accepts; slow down');
+    }
+  }
+
+  /** A client message in its turn: refused in-band, admitted as a turn, or passed on. */
+  private relay(data: Buffer, isBinary: boolean): void {
+    const refused = this.deps.eventRefusal?.(data, isBinary);
+    if (refused) return this.toClient(refused);
     // The model is the one the session was admitted and is billed for: a client may not switch it,
     // however the event is spelled (a `\u` escape can write any of its characters) or framed (binary).
     if (data.includes('"session.update"') || data.includes('\\u') || data.includes('transcription')) {
       const refusal = clientEventRefusal(data, this.model);
-      if (refusal) return this.sendToClient(Buffer.from(JSON.stringify(refusal)), false);
+      if (refusal) return this.toClient(Buffer.from(JSON.stringify(refusal)));
     }
-    if (!isBinary) this.tallies.clientEvent(data);
+    if (isBinary) return this.forward(data, true);
+    this.tallies.clientEvent(data, this.deps.responsesApi === true);
+    if (eventTypeOf(data) === 'response.create') {
+      const ev = parseText(data.toString('utf8'));
+      if (ev) return this.turns.create(ev, data, this.tallies.pendingInputTokens());
+    }
+    this.forward(data, false);
+  }
+
+  /** To the upstream, within what it may hold for this client. */
+  private forward(data: Buffer, isBinary: boolean): void {
+    if (this.ended) return;
     this.link.send(data, isBinary);
     if (this.link.bufferedAmount > this.deps.maxBufferedBytes + this.deps.maxMessageBytes) {
       this.close(CLOSE.POLICY, 'the client sends faster than the upstream accepts; slow down');
@@ -245,7 +318,10 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
       const type = eventTypeOf(data);
       if (type === 'response.created') {
         this.responsesInFlight++;
-        this.tallies.created(parse(data), `#${this.counts.toClient}`);
+        const ev = parse(data);
+        const id = typeof ev?.response?.id === 'string' ? (ev.response.id as string) : `#${this.counts.toClient}`;
+        this.tallies.created(id);
+        this.turns.began(id);
       } else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
       else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
       else if (type !== undefined && (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type))) this.tallies.delta(data, AUDIO_DELTAS.has(type));
@@ -284,86 +360,42 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
     this.close(CLOSE.BAD_GATEWAY, `upstream connection lost${reason ? `: ${reason}` : ''}`);
   }
 
-
-  /** One `response.done`: tokens against tpm, cost to the organisation, then the limits checked. */
+  /** One response's final event: its turn billed (the upstream's usage, else what was counted), then the limits checked. */
   private account(ev: Obj): void {
     this.responsesInFlight = Math.max(0, this.responsesInFlight - 1);
-    const tally = this.tallies.take(ev);
-    // The upstream's usage when it reports one; else the estimate of what went in and came out.
-    this.charge(tokenUsageOf(ev.response?.usage) ?? tally.counts());
+    const id = typeof ev.response?.id === 'string' ? (ev.response.id as string) : undefined;
+    const tally = this.tallies.take(id);
+    const usage = tokenUsageOf(ev.response?.usage) ?? null;
+    const counts = usage ?? tally.counts();
+    this.noteBilled(counts, this.turns.ended(id, usage, tally.counts()));
+    this.checkLimits();
   }
 
   /** A transcription of input audio the upstream reports with token usage. */
   private accountTranscription(ev: Obj): void {
     const usage = tokenUsageOf(ev.usage);
-    if (usage) this.charge(usage);
-    else this.checkLimits();
-  }
-
-  /** Usage as the upstream reported it (or the estimate): each part at its price (audio as audio, cached as cached). */
-  private charge(usage: TokenCounts): void {
-    const deps = this.deps;
-    const prompt = usage.promptTokens;
-    const completion = usage.completionTokens;
-    const cost = usageCostMicros(usage, this.model);
-    const now = deps.clock.now();
-    const n = ++this.counts.responses;
-    this.counts.prompt += prompt;
-    this.counts.completion += completion;
-    this.counts.cost += cost;
-    const headers = deps.keyBudgets.useTokens(this.key.limits, prompt + completion);
-    const reservation = reserveMoney(deps.leases, this.key, now);
-    deps.leases?.settleSpend(this.key.orgId, reservation, cost);
-    deps.reporter.record({
-      requestId: `${this.ctx.requestId}.${n}`,
-      keyId: this.key.keyId,
-      orgId: this.key.orgId,
-      projectId: this.key.projectId,
-      model: this.model.id,
-      path: this.path,
-      status: 200,
-      promptTokens: prompt,
-      completionTokens: completion,
-      costMicros: cost,
-      atMs: now,
-      minute: minuteOf(now),
-      leaseEpoch: reservation?.epoch ?? 0,
-    });
-    if (headers.limitTokens > 0 && headers.remainingTokens <= 0) {
-      const retry = secondsToNextMinute(now);
-      this.closeAfterResponse(CLOSE.TRY_AGAIN_LATER, `tokens: the key's tokens per minute (${headers.limitTokens}) are spent; retry after ${retry} s`);
-    }
+    if (usage) this.noteBilled(usage, this.turns.extra(usage));
     this.checkLimits();
   }
 
+  /** For the session's log entry. */
+  private noteBilled(usage: TokenCounts, cost: number): void {
+    this.counts.responses++;
+    this.counts.prompt += usage.promptTokens;
+    this.counts.completion += usage.completionTokens;
+    this.counts.cost += cost;
+  }
+
+  /** After a response: the limits, then the close they decided once nothing is in flight. */
   private checkLimits(): void {
-    this.checkMoney();
-    if (this.pendingClose && this.responsesInFlight === 0) this.close(this.pendingClose.code, this.pendingClose.reason);
-  }
-
-  /** The organisation's money: spent (close), on its way (wait for the control plane), or there. */
-  private checkMoney(): void {
     if (this.ended) return;
-    const org = this.key.org;
-    // The organisation's money, the project's cap and the key's own limit (docs/money-limits.md).
-    const leases = this.deps.leases;
-    const money = org.blocked ? null : leases ? moneyVerdict(leases, this.key, this.deps.clock.now()) : { verdict: 'yes' as const };
-    if (money === null || money.verdict === 'no') {
-      this.closeAfterResponse(CLOSE.POLICY, money && money.pool ? `insufficient_quota: ${money.short}` : closeReasonOf(endError('org_blocked', { blockedReason: org.blockedReason })));
-    } else if (money.verdict === 'wait' && !this.orgWake) {
-      const wake = () => {
-        this.orgWake = null;
-        setImmediate(() => {
-          this.checkMoney();
-          if (this.pendingClose && this.responsesInFlight === 0) this.close(this.pendingClose.code, this.pendingClose.reason);
-        });
-      };
-      if (leases && waitForMoney(leases, money.pool, wake)) this.orgWake = wake;
-    }
+    this.limits.check();
+    this.closeIfDecided();
   }
 
-  private closeAfterResponse(code: number, reason: string): void {
-    this.pendingClose ??= { code, reason };
+  private closeIfDecided(): void {
+    const c = this.limits.pendingClose;
+    if (c && this.responsesInFlight === 0) this.close(c.code, c.reason);
   }
 
   private finish(code: number, reason: string): void {
@@ -375,10 +407,12 @@ export class RealtimeSession implements OpenEntry, MemoryMember {
     if (this.upstreamPaused) deps.stats.pausedUpstreams--;
     deps.memory.leave(this, this.heldBytes);
     this.heldBytes = 0;
-    if (this.orgWake && deps.leases) cancelMoneyWait(deps.leases, this.key, this.orgWake);
+    this.limits.stop();
     // Responses the upstream had begun and not finished: the upstream did the work, so they are
-    // billed the estimate of what went in and what had come out.
-    for (const tally of this.tallies.takeAll()) this.charge(tally.counts());
+    // billed the estimate of what went in and what had come out; a create forwarded and not begun,
+    // its input estimate.
+    const counted = this.tallies.takeAll();
+    for (const b of this.turns.endAll((id) => counted.get(id)?.counts())) this.noteBilled(b.counts, b.cost);
     // The session's request and slot: the slot is released, its tokens were counted per response.
     this.ctx.complete({ status: 101, promptTokens: 0, completionTokens: 0 });
     const now = deps.clock.now();

@@ -12,11 +12,12 @@ import OpenAI from 'openai';
 import { QueryUsageRequest, SyncServiceClient, type QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import { tokenCostMicros } from '../../proto/lib/money.js';
 import { assertFails, assertNoStackTrace, assertUsageError } from '../helpers/console-cli.js';
-import { consoleClient, type Console, type DemoKey } from '../helpers/console.js';
+import { consoleClient, createKey, type Console, type DemoKey } from '../helpers/console.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, rawRequest, request, setClock } from '../helpers/http.js';
 import { cliJsonAsync, ROOT, runCliAsync, runProcessAsync, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
+import { waitUntilKnown } from '../helpers/data-plane.js';
 
 // 2026-03-10T23:58:00Z: two minutes before a UTC day ends, so usage falls on two days.
 const T0 = Date.UTC(2026, 2, 10, 23, 58, 0);
@@ -198,7 +199,11 @@ test('the defaults: grouped by day, from the start of the current UTC month, no 
 });
 
 test('a key cannot read another project, whatever the query, path or headers say', async () => {
-  const own = (await request(usageUrl(`${range}&group_by=model`), { headers: bearer(a.key) })).body;
+  // A key of project A of its own: each refused query keeps its one request of rpm (a 400, the one
+  // rule of docs/design.md#what-counts-as-a-request), and these are 17 of its 20.
+  const probe = await createKey(op, { orgId: a.orgId, projectId: a.projectId, name: 'probe' });
+  await waitUntilKnown(node.url, probe.key);
+  const own = (await request(usageUrl(`${range}&group_by=model`), { headers: bearer(probe.key) })).body;
   const refused: Array<[string, string | null]> = [
     [`project_id=${b.projectId}`, 'project_id'],
     [`${range}&project_id=${b.projectId}`, 'project_id'],
@@ -217,7 +222,7 @@ test('a key cannot read another project, whatever the query, path or headers say
     [`limit=5`, 'limit'],
   ];
   for (const [query, param] of refused) {
-    const r = await request(usageUrl(query), { headers: bearer(a.key) });
+    const r = await request(usageUrl(query), { headers: bearer(probe.key) });
     assertShapeA(r, 400, param, query);
     assert.equal(r.body.error.type, 'invalid_request_error', query);
     assert.ok(!r.body.error.message.includes(b.projectId), `${query}: the message names no other project`);
@@ -228,7 +233,7 @@ test('a key cannot read another project, whatever the query, path or headers say
   assert.ok(!JSON.stringify(pathTrick.body).includes('"data"'));
   // Headers that name a project elsewhere change nothing here.
   const headerTrick = await request(usageUrl(`${range}&group_by=model`), {
-    headers: { ...bearer(a.key), 'openai-project': b.projectId, 'x-project-id': b.projectId, 'openai-organization': b.orgId },
+    headers: { ...bearer(probe.key), 'openai-project': b.projectId, 'x-project-id': b.projectId, 'openai-organization': b.orgId },
   });
   assert.equal(headerTrick.status, 200);
   assert.deepEqual(headerTrick.body, own);
@@ -241,16 +246,16 @@ test('a key cannot read another project, whatever the query, path or headers say
   assertShapeA(await request(usageUrl(range), { headers: bearer(`${a.key.slice(0, -4)}zzzz`) }), 401, null, 'unknown key');
 });
 
-test('a usage read counts one request against the key; a refused one counts nothing', async () => {
+test('a usage read counts one request against the key; a query refused for what it holds (400) keeps its one, as every 400 after admission does', async () => {
   const remaining = (r: { headers: Headers }) => Number(r.headers.get('x-ratelimit-remaining-requests'));
   const first = await request(usageUrl(range), { headers: bearer(b.key) });
   assert.equal(first.status, 200);
   assert.equal(first.headers.get('x-ratelimit-limit-requests'), '20');
   const bad = await request(usageUrl('group_by=nope'), { headers: bearer(b.key) });
   assert.equal(bad.status, 400);
-  assert.equal(remaining(bad), remaining(first), 'a 400 costs no request');
+  assert.equal(remaining(bad), remaining(first) - 1, 'a 400 keeps its request');
   const second = await request(usageUrl(range), { headers: bearer(b.key) });
-  assert.equal(remaining(second), remaining(first) - 1, 'a served read costs one request');
+  assert.equal(remaining(second), remaining(bad) - 1, 'a served read costs one request');
 });
 
 test('console: members of the organisation read usage, key show and key find; non-members get not found', async () => {

@@ -37,6 +37,8 @@ export interface FakeResponsesUpstream {
   /** WebSocket mode: the handshakes (URL and authorization) and every message received. */
   sockets: Array<{ url: string; authorization: string | undefined; received: any[] }>;
   setMode(mode: Mode): void;
+  /** WebSocket mode: 'hold' answers a create with response.created and one delta, then nothing. */
+  setSocketMode(mode: 'normal' | 'hold'): void;
   close(): Promise<void>;
 }
 
@@ -98,7 +100,9 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
     });
   });
   // WebSocket mode on /v1/responses: each response.create answered with created, a delta and completed.
+  // It reads the create's fields at the top level, as OpenAI's WebSocket mode does.
   const sockets: FakeResponsesUpstream['sockets'] = [];
+  let socketMode: 'normal' | 'hold' = 'normal';
   const wss = new WebSocketServer({ server, path: '/v1/responses' });
   wss.on('connection', (ws, req) => {
     const rec = { url: req.url ?? '', authorization: req.headers.authorization, received: [] as any[] };
@@ -111,6 +115,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       const response = { id, object: 'response', status: 'completed', model: ev.model, output: [], usage: USAGE };
       ws.send(JSON.stringify({ type: 'response.created', sequence_number: 0, response: { ...response, status: 'in_progress', usage: null } }));
       ws.send(JSON.stringify({ type: 'response.output_text.delta', sequence_number: 1, delta: 'hi' }));
+      if (socketMode === 'hold') return;
       ws.send(JSON.stringify({ type: 'response.completed', sequence_number: 2, response }));
     });
   });
@@ -121,6 +126,9 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
     sockets,
     setMode(m) {
       mode = m;
+    },
+    setSocketMode(m) {
+      socketMode = m;
     },
     close: () =>
       new Promise<void>((resolve) => {

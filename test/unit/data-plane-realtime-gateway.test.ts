@@ -1,6 +1,6 @@
 // The realtime gateway's pure parts: which subprotocols carry credentials, token counts from an
 // upstream, the in-band refusal of a model switch, close reasons, the realtime_upstreams config,
-// KeyBudgets.useTokens, the demo model's events, and the estimate a response without usage is billed.
+// socket turns' admission in KeyBudgets, the demo model's events, and the estimate a response without usage is billed.
 // (Ending open sessions for a revoked key is the registry's: open-streams.test.ts.)
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -139,23 +139,31 @@ test('config: realtime_upstreams name a realtime openai model, take a ws(s) URL 
   }
 });
 
-test("KeyBudgets.useTokens counts a session's tokens in the current minute, outside any ticket, and reports what is left", () => {
+test("a socket turn is admitted without a slot of its own (the socket holds one) and a turn the upstream began is counted past the limits", () => {
   const clock = new ManualClock(Date.UTC(2025, 0, 1, 0, 0, 10));
   const kb = new KeyBudgets(clock);
-  const limits = { keyId: 'k', rpmLimit: 20, tpmLimit: 100, maxParallel: 1 };
-  const a = kb.admit(limits, 0);
-  assert.ok(a.ok);
-  assert.equal(kb.useTokens(limits, 60).remainingTokens, 40);
-  assert.equal(kb.useTokens(limits, 60).remainingTokens, 0, 'spent: never negative');
-  assert.equal(kb.usage('k').tokens, 120);
-  // The next minute starts afresh; the session's slot is still held.
-  clock.advance(60_000);
-  assert.equal(kb.useTokens(limits, 30).remainingTokens, 70);
-  assert.equal(kb.usage('k').inFlight, 1);
-  assert.equal(kb.useTokens(limits, Number.NaN).remainingTokens, 70, 'a malformed count adds nothing');
-  if (a.ok) a.ticket.settle(0);
+  const limits = { keyId: 'k', rpmLimit: 3, tpmLimit: 100, maxParallel: 1 };
+  const socket = kb.admit(limits, 0);
+  assert.ok(socket.ok);
+  // The key's one slot is the socket's: a turn still fits, and counts one request and its estimate.
+  const turn = kb.admit(limits, 60, undefined, { slot: false });
+  assert.ok(turn.ok);
+  assert.deepEqual(kb.usage('k'), { minute: kb.usage('k').minute, requests: 2, tokens: 60, inFlight: 1 });
+  // Over tpm it is refused as a request is, and consumes nothing.
+  const over = kb.admit(limits, 50, undefined, { slot: false });
+  assert.ok(!over.ok && over.dimension === 'tokens');
+  if (turn.ok) turn.ticket.settle(70);
+  assert.equal(kb.usage('k').inFlight, 1, "settling a turn leaves the socket's slot held");
+  assert.equal(kb.usage('k').tokens, 70);
+  // Forced: counted past rpm and tpm, never refused.
+  assert.ok(kb.admit(limits, 0, undefined, { slot: false }).ok);
+  const forced = kb.admit(limits, 500, undefined, { slot: false, force: true });
+  assert.ok(forced.ok);
+  assert.equal(kb.usage('k').requests, 4);
+  assert.equal(kb.usage('k').tokens, 570);
+  if (forced.ok) forced.ticket.refund();
+  if (socket.ok) socket.ticket.settle(0);
   assert.equal(kb.usage('k').inFlight, 0);
-  assert.equal(kb.usage('k').tokens, 30, "settling the session's ticket leaves the tokens it used");
 });
 
 test('the demo realtime model answers in OpenAI realtime event style with usage', async () => {

@@ -1,0 +1,220 @@
+// Every turn on a socket is a request (docs/design.md#socket-turns): each `response.create` a client
+// sends on a realtime or Responses-API WebSocket passes the same admission as an HTTP request (one
+// request of rpm, a tpm reservation of its own estimate, the money check, waiting for a lease when
+// the node's is short), is checked on exactly the fields the upstream will read, and is billed by
+// its own RequestContext (the one bill, request-context.ts `complete`) when its final event passes,
+// or at the session's end from what was counted. A refused turn gets an in-band `error` event with
+// the code and message the HTTP refusal has (error-shapes.ts `renderErrorEvent`); it is not
+// forwarded, and the socket stays open. The socket's own connection holds the key's parallel slot,
+// so a turn takes none. A response the upstream began on its own (a realtime response started by
+// voice activity, a transcription of input audio) is admitted as a turn that cannot be refused: the
+// work is being done, so it is counted and billed.
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { TokenCounts } from '../../proto/lib/money.js';
+import type { KeyRecord } from '../auth/key-table.js';
+import { GatewayError, type ErrorShape } from '../errors.js';
+import type { Admission, Admittable } from '../http/admission.js';
+import { renderErrorEvent } from '../http/error-shapes.js';
+import { logBug } from '../http/reply.js';
+import type { RequestContext } from '../http/request-context.js';
+import type { RateHeaders } from '../limits/rate-headers.js';
+import type { KeyBudgets } from '../limits/key-budgets.js';
+import { refuseAdmitted } from './intake.js';
+
+type Obj = Record<string, unknown>;
+
+/** What differs between the socket endpoints: how a create is estimated, checked and rewritten. */
+export interface TurnRules {
+  /**
+   * The create as the upstream will get it, or the refusal: checked on exactly the fields the upstream
+   * reads (called after admission, as an HTTP body is validated after admission).
+   */
+  check(ev: Obj, text: string, data: Buffer): GatewayError | Buffer;
+  /**
+   * Tokens the turn reserves: its input as far as the node knows it, plus its output ceiling.
+   * `pendingInput`: what the client sent into the conversation since the last response began.
+   */
+  estimate(ev: Obj, pendingInput: number): number;
+  /** Tokens billed as its input if it ends without the upstream's usage (its estimate, less the output). */
+  inputEstimate(ev: Obj, pendingInput: number): number;
+}
+
+/** One turn, as admission sees it: its refusals are error events on the socket. */
+class SocketTurn implements Admittable {
+  rateHeaders: RateHeaders | null = null;
+  readonly logDraft = null;
+  readonly open = null;
+  ctx: RequestContext | null = null;
+  /** The upstream's id of the response, once `response.created` named it. */
+  responseId: string | null = null;
+
+  constructor(
+    readonly requestId: string,
+    private readonly session: TurnSocket,
+  ) {}
+
+  get done(): boolean {
+    return this.session.closed;
+  }
+
+  onFinish(_fn: (aborted: boolean) => void): void {
+    // A turn is always settled explicitly (SocketTurns): nothing waits for a response to finish.
+  }
+
+  sendError(err: unknown, _shape: ErrorShape): void {
+    this.session.toClient(renderErrorEvent(err));
+  }
+}
+
+/** What the turns need of their session. */
+export interface TurnSocket {
+  readonly closed: boolean;
+  /** A message of the gateway's own to the client. */
+  toClient(data: Buffer): void;
+  /** A checked create to the upstream. */
+  toUpstream(data: Buffer): void;
+  /** The turn's admission finished (admitted or refused): the session goes on with what it held. */
+  settled(): void;
+}
+
+export interface SocketTurnsDeps {
+  admission: Admission;
+  keyBudgets: KeyBudgets;
+}
+
+export class SocketTurns {
+  /** Admitted and forwarded, their response not yet begun upstream (oldest first). */
+  private readonly waiting: SocketTurn[] = [];
+  /** Begun upstream, by the response's id. */
+  private readonly running = new Map<string, SocketTurn>();
+  private n = 0;
+  /** A create is being admitted (waiting for a lease): later client messages wait behind it. */
+  admitting = false;
+
+  constructor(
+    private readonly deps: SocketTurnsDeps,
+    private readonly socket: TurnSocket,
+    private readonly rules: TurnRules,
+    private readonly key: KeyRecord,
+    private readonly model: ModelConfig,
+    private readonly path: string,
+    private readonly sessionRequestId: string,
+  ) {}
+
+  /** Turns begun or forwarded and not finished. */
+  get inFlight(): number {
+    return this.waiting.length + this.running.size;
+  }
+
+  /** A client's `response.create`: admitted, checked and forwarded, or refused in-band. */
+  create(ev: Obj, data: Buffer, pendingInput: number): void {
+    const turn = new SocketTurn(this.nextId(), this.socket);
+    const estimate = this.rules.estimate(ev, pendingInput);
+    this.admitting = true;
+    let sync = true;
+    this.deps.admission.admitOrWait(
+      turn,
+      this.key,
+      this.path,
+      estimate,
+      (ctx) => {
+        this.admitting = false;
+        try {
+          if (ctx) this.admitted(turn, ctx, ev, data, pendingInput);
+        } catch (e) {
+          logBug(e);
+          if (ctx && !ctx.completed) ctx.refuse();
+        }
+        if (!sync) this.socket.settled();
+      },
+      undefined,
+      'openai',
+      { slot: false },
+    );
+    sync = false;
+  }
+
+  private admitted(turn: SocketTurn, ctx: RequestContext, ev: Obj, data: Buffer, pendingInput: number): void {
+    turn.ctx = ctx;
+    if (this.socket.closed) return ctx.refuse();
+    const checked = this.rules.check(ev, data.toString('utf8'), data);
+    if (checked instanceof GatewayError) return refuseAdmitted(ctx, turn, checked, 'openai', false, this.deps.keyBudgets);
+    ctx.model = this.model;
+    ctx.providerStarted = true;
+    ctx.estimatedPromptTokens = this.rules.inputEstimate(ev, pendingInput);
+    this.waiting.push(turn);
+    this.socket.toUpstream(checked);
+  }
+
+  /** A response began upstream: the oldest forwarded turn is its, else the upstream began it on its own. */
+  began(responseId: string): void {
+    if (this.running.has(responseId)) return;
+    const turn = this.waiting.shift() ?? this.forced();
+    turn.responseId = responseId;
+    this.running.set(responseId, turn);
+  }
+
+  /**
+   * A response ended: billed the upstream's usage, else `counted` (what passed for it). Answers the
+   * cost billed, in micro-dollars.
+   */
+  ended(responseId: string | undefined, usage: TokenCounts | null, counted: TokenCounts): number {
+    let turn = responseId !== undefined ? this.running.get(responseId) : undefined;
+    if (turn) this.running.delete(turn.responseId!);
+    else turn = this.waiting.shift() ?? this.firstRunning() ?? this.forced();
+    return this.settle(turn, 200, usage ?? counted);
+  }
+
+  /** Usage the upstream reports for work of its own outside a response (a transcription of input audio). */
+  extra(usage: TokenCounts): number {
+    return this.settle(this.forced(), 200, usage);
+  }
+
+  /**
+   * The session ends: a response begun upstream is billed what was counted for it (`counted`, by its
+   * id); one forwarded and not begun is billed its input estimate (the upstream may have begun it).
+   * Answers what each cost, with the counts billed.
+   */
+  endAll(counted: (responseId: string) => TokenCounts | undefined): Array<{ counts: TokenCounts; cost: number }> {
+    const out: Array<{ counts: TokenCounts; cost: number }> = [];
+    for (const [id, turn] of this.running) {
+      const c = counted(id) ?? { promptTokens: turn.ctx?.estimatedPromptTokens ?? 0, completionTokens: 0 };
+      out.push({ counts: c, cost: this.settle(turn, 499, c) });
+    }
+    this.running.clear();
+    for (const turn of this.waiting) {
+      const c = { promptTokens: turn.ctx?.estimatedPromptTokens ?? 0, completionTokens: 0 };
+      out.push({ counts: c, cost: this.settle(turn, 499, c) });
+    }
+    this.waiting.length = 0;
+    return out;
+  }
+
+  private settle(turn: SocketTurn, status: number, counts: TokenCounts): number {
+    const ctx = turn.ctx;
+    if (!ctx) return 0;
+    return ctx.complete({ status, ...counts });
+  }
+
+  private firstRunning(): SocketTurn | undefined {
+    for (const [id, turn] of this.running) {
+      this.running.delete(id);
+      return turn;
+    }
+    return undefined;
+  }
+
+  /** A turn the upstream began on its own: counted whatever the limits say, never refused. */
+  private forced(): SocketTurn {
+    const turn = new SocketTurn(this.nextId(), this.socket);
+    const ctx = this.deps.admission.admitNow(turn, this.key, this.path, 0, { slot: false, force: true });
+    ctx.model = this.model;
+    ctx.providerStarted = true;
+    turn.ctx = ctx;
+    return turn;
+  }
+
+  private nextId(): string {
+    return `${this.sessionRequestId}.${++this.n}`;
+  }
+}
