@@ -146,9 +146,9 @@ export function orgBlockedMessage(blockedReason: string): string {
 /**
  * Why the node ends something a key has open (auth/open-streams.ts decides, in this order of
  * precedence): the node can no longer vouch for any key, the key no longer authenticates, its
- * organisation is blocked, or the key may no longer use the model it was opened for.
+ * expiry passed, its organisation is blocked, or the key may no longer use the model it was opened for.
  */
-export type EndReason = 'node_stale' | 'key_revoked' | 'org_blocked' | 'model_not_allowed';
+export type EndReason = 'node_stale' | 'key_revoked' | 'key_expired' | 'org_blocked' | 'model_not_allowed';
 
 /** The one error (catalog code and text) of each reason to end what a key has open. */
 export function endError(why: EndReason, detail: { blockedReason?: string; modelId?: string } = {}): GatewayError {
@@ -157,6 +157,9 @@ export function endError(why: EndReason, detail: { blockedReason?: string; model
       return new GatewayError('KEY_STALE');
     case 'key_revoked':
       return new GatewayError('KEY_INVALID', 'This API key was revoked.');
+    case 'key_expired':
+      // What a request of the expired key is answered (gate.ts: an expired key is not found).
+      return new GatewayError('KEY_INVALID');
     case 'org_blocked':
       return new GatewayError('ORG_BLOCKED', orgBlockedMessage(detail.blockedReason ?? ''));
     case 'model_not_allowed':

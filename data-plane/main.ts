@@ -14,7 +14,7 @@ import { closeOpenReplies, openReplies } from './http/reply.js';
 import { ApiServer, listen } from './http/server.js';
 import { BodyWatch } from './http/request-body.js';
 import { BodyBudget } from './limits/body-budget.js';
-import { ManualClock, systemClock, type Clock } from './limits/clock.js';
+import { Alarm, ManualClock, systemClock, type Clock } from './limits/clock.js';
 import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './limits/lease-client.js';
@@ -72,7 +72,13 @@ async function main(): Promise<void> {
   const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log: journalLog, sendEveryMs: config.reportEveryMs });
   const pools = new PoolRegistry();
   const toolBackends = new ToolBackends();
-  const openStreams = new OpenStreams();
+  // What keys have open ends at the earliest of their keys' expiries too, on the node's clock, cut off or not.
+  const expiryAlarm = new Alarm(clock, () => openStreams.enforce(holder.current, isStale()));
+  const openStreams: OpenStreams = new OpenStreams({
+    now: () => clock.now(),
+    expiryOf: (keyHash) => holder.current.keysByHash.get(keyHash)?.expiresAtMs ?? 0,
+    alarm: expiryAlarm,
+  });
   const responseOwners = new ResponseOwners();
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false, undefined, true);

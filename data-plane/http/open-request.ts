@@ -11,6 +11,8 @@ import type { Reply } from './reply.js';
 export class OpenRequest implements OpenEntry {
   readonly keyHash: string;
   readonly orgId: string;
+  /** Its key's expiry (0: none), so the registry need not look the key up again. */
+  readonly expiresAtMs: number;
   /** Its slot in the registry (slot-set.ts). */
   slot = -1;
   /** The admitted request (request-context.ts `attach` sets it): its model, once the body named one. */
@@ -23,6 +25,7 @@ export class OpenRequest implements OpenEntry {
   ) {
     this.keyHash = key.keyHash;
     this.orgId = key.orgId;
+    this.expiresAtMs = key.expiresAtMs ?? 0;
   }
 
   get modelId(): string {

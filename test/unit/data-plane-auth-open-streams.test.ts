@@ -1,13 +1,14 @@
 // The node's one registry of what keys have open, and its one policy: HTTP requests and realtime
-// sessions are ended for the same reasons (a node past its maximum staleness, a revoked key, a
-// blocked organisation, a narrowed scope), each reason with one error; each entry ends once, and an
-// entry that ended by itself is not ended again.
+// sessions are ended for the same reasons (a node past its maximum staleness, a revoked key, an
+// expired key, a blocked organisation, a narrowed scope), each reason with one error; each entry ends
+// once, and an entry that ended by itself is not ended again. The registry keeps one alarm at the
+// earliest expiry among the keys of what is open.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { GatewayConfig, ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { hashKey } from '../../proto/lib/keys.js';
 import { GatewayState } from '../../data-plane/auth/key-table.js';
-import { OpenStreams, type EndReason, type OpenEntry } from '../../data-plane/auth/open-streams.js';
+import { OpenStreams, endReasonFor, type EndReason, type OpenEntry, type OpenStreamsOptions } from '../../data-plane/auth/open-streams.js';
 import { closeReasonOf, type GatewayError } from '../../data-plane/errors.js';
 
 const pepper = Buffer.alloc(32, 1);
@@ -29,8 +30,8 @@ function stateWithKeys(): GatewayState {
   return state;
 }
 
-function keyEntry(id: string, org: string, allowed: string[] = []) {
-  return { keyId: id, keyHash: hashKey(pepper, `sk-${id}`), projectId: 'p', orgId: org, allowedModels: allowed, rpmLimit: 20, tpmLimit: 100, maxParallelRequests: 100 };
+function keyEntry(id: string, org: string, allowed: string[] = [], expiresAtMs?: number) {
+  return { keyId: id, keyHash: hashKey(pepper, `sk-${id}`), projectId: 'p', orgId: org, allowedModels: allowed, rpmLimit: 20, tpmLimit: 100, maxParallelRequests: 100, ...(expiresAtMs === undefined ? {} : { expiresAtMs }) };
 }
 
 interface Ended {
@@ -43,21 +44,36 @@ interface Ended {
 }
 
 /** Entries as HTTP requests and realtime sessions register them: the registry tells them apart by nothing. */
-function registry() {
-  const streams = new OpenStreams();
+function registry(opts: OpenStreamsOptions = {}) {
+  const streams = new OpenStreams(opts);
   const ended: Ended[] = [];
-  const open = (kind: Ended['kind'], id: string, modelId = '', orgOf = ''): OpenEntry => {
+  const open = (kind: Ended['kind'], id: string, modelId = '', orgOf = '', expiresAtMs?: number): OpenEntry => {
     const e: OpenEntry = {
       keyHash: hashKey(pepper, `sk-${id}`),
       orgId: orgOf,
       modelId,
       slot: -1,
+      // An HTTP request carries its key's expiry; a realtime session leaves it to the registry.
+      ...(kind === 'http' && expiresAtMs !== undefined ? { expiresAtMs } : {}),
       end: (why: EndReason, err: GatewayError) => ended.push({ kind, id, why, code: err.code, text: kind === 'realtime' ? closeReasonOf(err) : err.message }),
     };
     streams.add(e);
     return e;
   };
   return { streams, ended, open };
+}
+
+/** An alarm that only records where it is set (limits/clock.ts `Alarm` rings it in the node). */
+function fakeAlarm() {
+  const alarm = {
+    deadline: Infinity,
+    sets: 0,
+    set(ms: number) {
+      alarm.deadline = ms;
+      alarm.sets++;
+    },
+  };
+  return alarm;
 }
 
 test('a revoked key: every open entry of that key ends once, and no other; one that ended by itself is not ended', () => {
@@ -151,4 +167,76 @@ test('a node past its maximum staleness ends everything open, HTTP and realtime 
   ]);
   assert.match(ended[1].text, /^invalid_api_key: this gateway node cannot currently verify API keys/);
   assert.equal(streams.count(), 0);
+});
+
+test("a key's expiry passing on the node's clock ends its HTTP requests and realtime sessions, with the 401 a request of the expired key gets; revocation comes first, a blocked organisation after", () => {
+  const state = stateWithKeys();
+  const T = Date.UTC(2026, 0, 1);
+  state.upsertKey(keyEntry('a', 'o1', [], T));
+  state.upsertKey(keyEntry('c', 'o2', [], T));
+  state.upsertKey(keyEntry('e', 'o3', [], T + 60_000));
+  let now = T - 1;
+  const { streams, ended, open } = registry({ now: () => now });
+  for (const kind of ['http', 'realtime'] as const) {
+    open(kind, 'a', 'rt', 'o1', T);
+    open(kind, 'b', 'rt', 'o1');
+    open(kind, 'c', 'rt', 'o2', T);
+    open(kind, 'e', 'rt', 'o3', T + 60_000);
+  }
+  assert.equal(streams.enforce(state), 0, 'a millisecond before the expiry nothing ends');
+  assert.equal(endReasonFor(state, streams.list()[0], false, T - 1), null);
+  assert.equal(endReasonFor(state, streams.list()[0], false, T), 'key_expired');
+
+  now = T;
+  state.upsertOrg({ orgId: 'o2', tier: 'free', blocked: true, blockedReason: 'balance_exhausted', fundsVersion: 1, ownerAccountId: '' });
+  assert.equal(streams.enforce(state), 4);
+  assert.deepEqual(ended.map((e) => `${e.kind}:${e.id}:${e.why}:${e.code}`).sort(), [
+    'http:a:key_expired:KEY_INVALID',
+    'http:c:key_expired:KEY_INVALID',
+    'realtime:a:key_expired:KEY_INVALID',
+    'realtime:c:key_expired:KEY_INVALID',
+  ]);
+  const text = (kind: Ended['kind']) => ended.find((e) => e.kind === kind && e.id === 'a')!.text;
+  assert.equal(text('http'), 'Invalid API key: the key does not exist or was revoked.');
+  assert.equal(text('realtime'), 'invalid_api_key: invalid API key: the key does not exist or was revoked.');
+
+  // A revoked key that has also expired is named revoked.
+  ended.length = 0;
+  now = T + 60_000;
+  state.removeKey(hashKey(pepper, 'sk-e'));
+  assert.equal(streams.enforce(state), 2);
+  assert.deepEqual(ended.map((e) => `${e.id}:${e.why}`), ['e:key_revoked', 'e:key_revoked']);
+  assert.equal(streams.count(), 2, "the keys without an expiry keep theirs");
+});
+
+test('the alarm stands at the earliest expiry among the keys of what is open: set on add, reset by each enforcement to what stays open', () => {
+  const state = stateWithKeys();
+  const T = Date.UTC(2026, 0, 1);
+  state.upsertKey(keyEntry('a', 'o1', [], T + 2000));
+  state.upsertKey(keyEntry('c', 'o2', [], T + 1000));
+  const alarm = fakeAlarm();
+  let now = T;
+  // A realtime session carries no expiry: the registry asks the state (as main.ts wires it).
+  const { streams, ended, open } = registry({ now: () => now, alarm, expiryOf: (h) => state.keysByHash.get(h)?.expiresAtMs ?? 0 });
+
+  open('http', 'b');
+  assert.equal(alarm.deadline, Infinity, 'a key without an expiry sets nothing');
+  open('http', 'a', '', 'o1', T + 2000);
+  assert.equal(alarm.deadline, T + 2000);
+  const session = open('realtime', 'c', 'rt');
+  assert.equal(alarm.deadline, T + 1000, "the session's key expires first");
+  const sets = alarm.sets;
+  open('http', 'a', '', 'o1', T + 2000);
+  assert.equal(alarm.sets, sets, 'a later expiry leaves it');
+
+  // The session left by itself: the alarm rings for nothing, and is set to what is left.
+  streams.remove(session);
+  now = T + 1000;
+  assert.equal(streams.enforce(state), 0);
+  assert.equal(alarm.deadline, T + 2000);
+  now = T + 2000;
+  assert.equal(streams.enforce(state), 2);
+  assert.deepEqual(ended.map((e) => `${e.id}:${e.why}`), ['a:key_expired', 'a:key_expired']);
+  assert.equal(alarm.deadline, Infinity, 'what stays open has no expiry');
+  assert.equal(streams.count(), 1);
 });
