@@ -59,6 +59,9 @@ export interface KeyGrant {
   finalTokens: boolean;
   freeRequests: number;
   freeTokens: number;
+  /** What the pool's other holders last said they used (for the node's rate headers, docs/leases.md). */
+  othersUsedRequests: number;
+  othersUsedTokens: number;
 }
 
 export type KeyGrantResult = { kind: 'grant'; grant: KeyGrant } | { kind: 'reclaim'; from: string[] };
@@ -147,6 +150,7 @@ export class KeyLeaseLedger {
     pool.totalTokens += tokens;
     mine.requests += requests;
     mine.tokens += tokens;
+    const others = othersUsed(pool, connId);
     return {
       kind: 'grant',
       grant: {
@@ -156,8 +160,16 @@ export class KeyLeaseLedger {
         finalTokens: shortTok,
         freeRequests: finite(rpm - pool.totalRequests),
         freeTokens: finite(tpm - pool.totalTokens),
+        othersUsedRequests: others.requests,
+        othersUsedTokens: others.tokens,
       },
     };
+  }
+
+  /** What the other holders of a pool than `connId` (its node instance) last said they used. */
+  othersUsedOf(keyId: string, minute: number, connId: string): { requests: number; tokens: number } {
+    const pool = this.pools.get(`${keyId}:${minute}`);
+    return pool ? othersUsed(pool, connId) : { requests: 0, tokens: 0 };
   }
 
   /**
@@ -318,8 +330,13 @@ export class KeyLeaseLedger {
       const limits = holders && holders.size > 0 ? this.limitsOf(keyId) : undefined;
       if (holders && limits) {
         for (const [c, b] of holders) {
-          if (!b.closed) this.register(pool, c, standingShare(limits.rpm, b.nodes), standingShare(limits.tpm, b.nodes), true);
-          else {
+          if (!b.closed) {
+            this.register(pool, c, standingShare(limits.rpm, b.nodes), standingShare(limits.tpm, b.nodes), true);
+            // What it said it used of the key before the pool was made is what it used.
+            const d = b.declared.get(keyId);
+            const h = pool.held.get(c)!;
+            if (d) [h.usedRequests, h.usedTokens] = [d.requests, d.tokens];
+          } else {
             const d = b.declared.get(keyId);
             if (!d || pool.gone.has(b.instance) || [...holders.values()].some((x) => !x.closed && x.instance === b.instance)) continue;
             pool.gone.set(b.instance, { requests: d.requests, tokens: d.tokens, usedRequests: d.requests, usedTokens: d.tokens });
@@ -350,4 +367,26 @@ export class KeyLeaseLedger {
     pool.totalRequests += h.requests;
     pool.totalTokens += h.tokens;
   }
+}
+
+/**
+ * What the holders of a pool other than `connId`'s node instance last said they used, and what nodes
+ * gone left counted: as far as the control plane knows, the rest of the key's use. A holder that
+ * never said counts nothing (its untouched standing share is not used).
+ */
+function othersUsed(pool: Pool, connId: string): { requests: number; tokens: number } {
+  const instance = instanceOf(connId);
+  let requests = 0;
+  let tokens = 0;
+  for (const [c, h] of pool.held) {
+    if (instanceOf(c) === instance) continue;
+    requests += Math.max(0, h.usedRequests);
+    tokens += Math.max(0, h.usedTokens);
+  }
+  for (const [i, g] of pool.gone) {
+    if (i === instance) continue;
+    requests += g.requests;
+    tokens += g.tokens;
+  }
+  return { requests, tokens };
 }

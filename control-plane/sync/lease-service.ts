@@ -276,7 +276,7 @@ export class LeaseService {
     this.announceFree(keys.filter((g) => g.requests > 0 || g.tokens > 0), s.connId);
   }
 
-  /** Tells every other node registered in these pools what each has left unleased. */
+  /** Tells every other node registered in these pools what each has left unleased, and what the others used. */
   private announceFree(pools: Array<{ keyId: string; minute: number }>, exceptConn: string): void {
     const updates = new Map<NodeSession, KeyPoolFree[]>();
     for (const p of pools) {
@@ -287,7 +287,8 @@ export class LeaseService {
         const target = this.sessionByConn(c);
         if (!target) continue;
         const list = updates.get(target) ?? [];
-        list.push({ keyId: p.keyId, minute: p.minute, freeRequests: free.requests, freeTokens: free.tokens });
+        const used = this.keyLeases.othersUsedOf(p.keyId, p.minute, c);
+        list.push({ keyId: p.keyId, minute: p.minute, freeRequests: free.requests, freeTokens: free.tokens, othersUsedRequests: used.requests, othersUsedTokens: used.tokens });
         updates.set(target, list);
       }
     }

@@ -114,9 +114,12 @@ export interface MinuteAllowance {
   requestsFinal?: boolean;
   /** A token need at least this large cannot be leased this minute (after reclaiming). */
   tokensFinalNeed?: number;
-  /** What the key's pool had unleased across the cluster when last heard (for the rate headers). */
-  freeRequests?: number;
-  freeTokens?: number;
+  /**
+   * What the control plane last said the key's other holders (other nodes, nodes gone) used of the
+   * minute: the rate headers count it as used (absent: nothing heard, or no other nodes).
+   */
+  othersUsedRequests?: number;
+  othersUsedTokens?: number;
 }
 
 export interface KeyBudgetsOptions {
@@ -377,20 +380,18 @@ function sanitizeTokens(n: number): number | undefined {
 }
 
 /**
- * Remaining = what the key has left across the cluster as far as this node knows: what it holds
- * unused plus what the pool had unleased when it last heard (never more than the key's limit minus
- * this node's own count). `spent`: the refusal says the key's minute is spent: 0 remaining.
+ * Remaining = what the key has left across the cluster as far as this node knows (docs/leases.md,
+ * "Rate headers"): the key's limit minus this node's own count minus what the control plane last said
+ * the other nodes used. What this node or another holds unused is not used, so it is never taken
+ * off: an admitted request takes exactly one off, whatever the node holds. `spent`: the refusal says
+ * the key's minute is spent across the cluster: 0 remaining.
  */
 function headersOf(counts: { requests: number; tokens: number }, limits: KeyLimits, nowMs: number, lease?: MinuteAllowance, spent = false): RateHeaders {
   const rpm = limitOf(limits.rpmLimit);
   const tpm = limitOf(limits.tpmLimit);
-  let remainingRequests = rpm - counts.requests;
-  let remainingTokens = tpm - counts.tokens;
-  if (lease !== undefined) {
-    if (Number.isFinite(lease.requests)) remainingRequests = Math.min(remainingRequests, lease.requests - counts.requests + (lease.freeRequests ?? 0));
-    if (Number.isFinite(lease.tokens)) remainingTokens = Math.min(remainingTokens, lease.tokens - counts.tokens + (lease.freeTokens ?? 0));
-    if (spent && lease.requestsFinal) remainingRequests = 0;
-  }
+  let remainingRequests = rpm - counts.requests - (lease?.othersUsedRequests ?? 0);
+  const remainingTokens = tpm - counts.tokens - (lease?.othersUsedTokens ?? 0);
+  if (spent && lease?.requestsFinal) remainingRequests = 0;
   return {
     limitRequests: rpm === Infinity ? 0 : rpm,
     remainingRequests: rpm === Infinity ? 0 : Math.max(0, remainingRequests),

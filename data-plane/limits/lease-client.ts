@@ -10,7 +10,7 @@
 // - parallel-request slots (lease-slots.ts);
 // - organisations' money slices (lease-money.ts).
 // A reclaim, a give-back when the node stops and a connection change go through every part in turn.
-import type { BulkShare, KeyLease, KeyLeaseReturn, LeaseReclaim, SlotHeld, SlotLease, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
+import type { BulkShare, KeyLease, KeyLeaseReturn, KeyPoolFree, LeaseReclaim, SlotHeld, SlotLease, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
 import type { AllowanceSource, KeyLimits, MinuteAllowance } from './key-budgets.js';
 import { minuteOf, type Clock } from './clock.js';
 import { LeaseLink, wake, type LeaseRequestOut } from './lease-link.js';
@@ -169,8 +169,8 @@ export class LeaseClient implements AllowanceSource {
     this.keys.prefetchNextMinute();
   }
 
-  applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
-    this.keys.applyPoolFree(keyId, minute, freeRequests, freeTokens);
+  applyPoolFree(p: KeyPoolFree): void {
+    this.keys.applyPoolFree(p);
   }
 
   /**

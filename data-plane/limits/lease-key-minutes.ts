@@ -12,46 +12,13 @@
 // by the sync client, only for those that changed): if it dies, the control plane frees the rest of
 // what it held instead of losing it for the minute.
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
-import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, KeyMinuteRef } from '../../proto/gen/tollgate/v1/sync.js';
+import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, KeyMinuteRef, KeyPoolFree } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits, MinuteAllowance } from './key-budgets.js';
+import { allowanceOf, heardOthers, newKeyMinute, type KeyMinute } from './key-minute.js';
 import { finiteLimit, finiteOrZero, wake, type LeaseLink } from './lease-link.js';
 import type { StandingShare, LeaseStandingShares } from './lease-standing-shares.js';
 import { minuteOf } from './clock.js';
 
-export interface KeyMinute {
-  minute: number;
-  rpm: number;
-  tpm: number;
-  allowRequests: number;
-  allowTokens: number;
-  usedRequests: number;
-  usedTokens: number;
-  pending: boolean;
-  /** When the pending want was sent (a want unanswered this long is asked again). */
-  askedAtMs: number;
-  /** The pool had less than one request free even after reclaiming. */
-  finalRequests: boolean;
-  /** The smallest token need the pool could not cover after reclaiming (Infinity: none). */
-  finalTokensNeed: number;
-  freeRequests: number;
-  freeTokens: number;
-  /** Requests waiting for this key minute's next grant. */
-  waiters: Array<() => void>;
-  /**
-   * A want of this key minute went unanswered past the wait bound: until the next answer the node
-   * admits against the key's own limits counted here (fail-static for this key minute), and the
-   * control plane counts what it used from the node's used reports (docs/leases.md).
-   */
-  advancing: boolean;
-  /** The minute's standing share (BulkShare) is on its way: requests wait for it, not for a want. */
-  awaitingBulk: boolean;
-  /** The standing share was added (or given back before it came). */
-  bulkApplied: boolean;
-  /** Nothing heard yet of what the pool has free (a standing share is used without asking). */
-  freeUnknown: boolean;
-  /** The node asked the control plane for this key minute (a want, or what it took in advance): its use is said every 100 ms. */
-  asked: boolean;
-}
 
 const UNLIMITED: MinuteAllowance = { requests: Infinity, tokens: Infinity };
 
@@ -73,21 +40,13 @@ export class LeaseKeyMinutes {
 
   allowanceFor(keyId: string, minute: number, limits?: KeyLimits): MinuteAllowance {
     if (!this.link.connected || !limits) return UNLIMITED;
-    const k = this.keyMinute(keyId, minute, limits);
-    return {
-      requests: k.allowRequests,
-      tokens: k.allowTokens,
-      requestsFinal: k.finalRequests,
-      tokensFinalNeed: k.finalTokensNeed,
-      freeRequests: k.freeRequests,
-      freeTokens: k.freeTokens,
-    };
+    return allowanceOf(this.keyMinute(keyId, minute, limits));
   }
 
   peekAllowance(keyId: string, minute: number): MinuteAllowance | undefined {
     const k = this.keys.get(keyId);
     if (!this.link.connected || !k || k.minute !== minute) return undefined;
-    return { requests: k.allowRequests, tokens: k.allowTokens, requestsFinal: k.finalRequests, tokensFinalNeed: k.finalTokensNeed, freeRequests: k.freeRequests, freeTokens: k.freeTokens };
+    return allowanceOf(k);
   }
 
   private keyMinute(keyId: string, minute: number, limits: KeyLimits): KeyMinute {
@@ -231,6 +190,7 @@ export class LeaseKeyMinutes {
     k.freeRequests = g.freeRequests;
     k.freeTokens = g.freeTokens;
     k.freeUnknown = false;
+    heardOthers(k, g);
     if (g.finalRequests) k.finalRequests = true;
     if (g.finalTokens) {
       const asked = this.lastNeedTokens.get(g.keyId) ?? 1;
@@ -264,17 +224,19 @@ export class LeaseKeyMinutes {
 
   /**
    * Another node leased from, or gave back to, a pool this node is in: what the pool has left
-   * unleased (in order on the stream, so the latest is the truth). Budget given back lifts a "spent".
+   * unleased and what the others used (in order on the stream, so the latest is the truth). Budget
+   * given back lifts a "spent".
    */
-  applyPoolFree(keyId: string, minute: number, freeRequests: number, freeTokens: number): void {
-    let k = this.keys.get(keyId);
-    if (!k || k.minute !== minute) k = this.nextKeys.get(keyId);
-    if (!k || k.minute !== minute) return;
-    k.freeRequests = freeRequests;
-    k.freeTokens = freeTokens;
+  applyPoolFree(p: KeyPoolFree): void {
+    let k = this.keys.get(p.keyId);
+    if (!k || k.minute !== p.minute) k = this.nextKeys.get(p.keyId);
+    if (!k || k.minute !== p.minute) return;
+    k.freeRequests = p.freeRequests;
+    k.freeTokens = p.freeTokens;
     k.freeUnknown = false;
-    if (freeRequests > 0) k.finalRequests = false;
-    if (freeTokens > 0) k.finalTokensNeed = Infinity;
+    heardOthers(k, p);
+    if (p.freeRequests > 0) k.finalRequests = false;
+    if (p.freeTokens > 0) k.finalTokensNeed = Infinity;
   }
 
   /**
@@ -425,29 +387,4 @@ export class LeaseKeyMinutes {
       }
     }
   }
-}
-
-/** A key's minute as a node starts it: `allow*` leased so far (unlimited stays unlimited), nothing used. */
-function newKeyMinute(minute: number, rpm: number, tpm: number, allowRequests: number, allowTokens: number, freeRequests: number, freeTokens: number): KeyMinute {
-  return {
-    minute,
-    rpm,
-    tpm,
-    allowRequests: rpm === Infinity ? Infinity : allowRequests,
-    allowTokens: tpm === Infinity ? Infinity : allowTokens,
-    usedRequests: 0,
-    usedTokens: 0,
-    pending: false,
-    askedAtMs: 0,
-    finalRequests: false,
-    finalTokensNeed: Infinity,
-    freeRequests,
-    freeTokens,
-    waiters: [],
-    advancing: false,
-    awaitingBulk: false,
-    bulkApplied: false,
-    freeUnknown: false,
-    asked: false,
-  };
 }

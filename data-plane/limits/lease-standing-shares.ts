@@ -8,7 +8,7 @@ import { minuteOf } from './clock.js';
 import type { BulkShare, KeyShare, SlotShare } from '../../proto/gen/tollgate/v1/sync.js';
 import { standingShare } from '../../proto/lib/leases.js';
 import { wake, type LeaseLink } from './lease-link.js';
-import type { KeyMinute } from './lease-key-minutes.js';
+import type { KeyMinute } from './key-minute.js';
 
 /** A standing share: of each key's budget its share among `nodes`, unless an exception says what. */
 export interface StandingShare {
@@ -82,8 +82,7 @@ export class LeaseStandingShares {
     const tokens = ex ? ex.tokens : standingShare(k.tpm, b.nodes);
     if (Number.isFinite(k.allowRequests)) k.allowRequests += requests;
     if (Number.isFinite(k.allowTokens)) k.allowTokens += tokens;
-    // What the pool has free is unknown until an answer says: the rate headers count only what
-    // this node holds, and a top-up may still be asked for.
+    // What the pool has free is unknown until an answer says: a top-up may still be asked for.
     if (!k.pending && k.freeRequests === k.rpm) {
       k.freeRequests = 0;
       k.freeTokens = 0;

@@ -244,7 +244,7 @@ export class SyncClient {
       for (const a of msg.reportAcks.acks) this.opts.reporter.ack(a.seq, a.instanceId);
     } else if (msg.leaseGrant && leases) {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
-      for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p.keyId, p.minute, p.freeRequests, p.freeTokens);
+      for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p);
       if (msg.leaseGrant.orgSlices) leases.applyOrgSlices(msg.leaseGrant.orgs);
       else for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
       for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);

@@ -1,7 +1,7 @@
 // Exactness across nodes, both ways (issue 8; docs/design.md#money-and-limits-across-nodes): a gateway
 // 429 only when the key's minute budget is really spent across the cluster, a 401 insufficient_quota
 // only when the organisation has no money left, spend past a cap by at most the requests in flight,
-// rate headers that never report more than is left, and leases that come back when a node leaves.
+// rate headers that never report more than is left as far as the node knows, and leases that come back when a node leaves.
 import { test, type TestContext } from 'node:test';
 import assert from 'node:assert/strict';
 import { type DataPlane } from '../helpers/processes.js';
@@ -41,12 +41,21 @@ test('sticky traffic over three nodes: all 20 requests of a free key\'s minute a
   // Before: each idle node sat on a cold share; 18 + 2 requests over two of three nodes got 429s at 15.
   const { nodes, key } = await clusterWithFreeKey(t, 3);
   let admitted = 0;
+  const here = [0, 0];
+  const last = [20, 20];
   for (let i = 0; i < 20; i++) {
-    const r = await chat(i % 10 === 9 ? nodes[1] : nodes[0], key, `sticky ${i}`);
+    const n = i % 10 === 9 ? 1 : 0;
+    const r = await chat(nodes[n], key, `sticky ${i}`);
     assert.equal(r.status, 200, `request ${i}: ${r.text}`);
     admitted++;
-    // The headers never report more than the key really has left across the cluster.
-    assert.ok(remaining(r, 'requests') <= 20 - admitted, `request ${i}: remaining ${remaining(r, 'requests')} > ${20 - admitted}`);
+    here[n]++;
+    // The headers say what is left as far as the answering node knows (docs/leases.md, "Rate
+    // headers"): never more than the key's limit minus what it admitted itself, never less than what
+    // is really left, one down per request it admits (more when it hears what another node used).
+    const left = remaining(r, 'requests');
+    assert.ok(left <= 20 - here[n] && left >= 20 - admitted && left < last[n], `request ${i} on node ${n}: remaining ${left} (node ${here[n]}, cluster ${admitted}, before ${last[n]})`);
+    if (i < 9) assert.equal(left, 20 - admitted, 'the other nodes used nothing: exact');
+    last[n] = left;
   }
   for (const node of nodes) {
     const r = await chat(node, key, 'one too many');
@@ -130,8 +139,8 @@ test('a request waits for a lease at most 250 ms; a client that leaves while it 
   // one are the key's only requests of the minute.
   let ok: HttpResult | undefined;
   await eventually(async () => (ok = await chat(a, key, 'after')).status === 200, 'the node serves again');
-  assert.ok(remaining(ok!, 'requests') <= 18 - share, ok!.text);
-  // (The headers leave out the other node's standing share until it is taken back: count instead.)
+  // The other node used nothing (its standing share is not spent): the headers say what is left.
+  assert.equal(remaining(ok!, 'requests'), 18 - share, ok!.text);
   let rest = 0;
   for (let i = 0; i < 20; i++) if ((await chat(a, key, `rest ${i}`)).status === 200) rest++;
   assert.equal(rest, 18 - share, 'the rest of the minute, exactly');

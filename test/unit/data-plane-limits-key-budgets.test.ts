@@ -11,6 +11,7 @@ import {
   type Admission,
   type AllowanceSource,
   type KeyLimits,
+  type MinuteAllowance,
   type Ticket,
 } from '../../data-plane/limits/key-budgets.js';
 
@@ -320,6 +321,57 @@ test('an allowance source caps what this node admits per key and minute (lease s
   assert.equal(spent.headers.remainingRequests, 0, 'the headers say the minute is spent');
   // Without a slice the node admits nothing for that key.
   refused(kb.admit({ ...FREE, keyId: 'unleased' }, 1));
+});
+
+test('rate headers with leases: the limit minus this node\'s count minus what the others were said to use, whatever the node holds', () => {
+  // Before (issue 32, finding 7): remaining was what the node held unused plus what the pool had free
+  // when last heard; holding a standing share of 2 and having heard nothing, a new key's first
+  // requests on a node of two reported 1, 0, then 15 once a grant said what was free.
+  const clock = new ManualClock(T0 + 2_000);
+  let lease: MinuteAllowance = { requests: 2, tokens: 7_500 };
+  const kb = new KeyBudgets(clock, { allowance: { allowanceFor: () => lease, peekAllowance: () => lease } });
+  const seen: number[] = [];
+  for (let i = 0; i < 20; i++) {
+    // The node's lease grows as grants come (by chunks of 3); the headers do not follow it.
+    if (i >= 2) lease = { requests: Math.min(20, 2 + 3 * Math.ceil((i - 1) / 3)), tokens: 60_000, othersUsedRequests: 0, othersUsedTokens: 0 };
+    const a = kb.admit(FREE, 10);
+    admitted(a).settle(10);
+    seen.push(a.ok ? a.headers.remainingRequests : -1);
+    assert.equal(a.ok && a.headers.remainingTokens, 60_000 - 10 * (i + 1));
+  }
+  assert.deepEqual(seen, Array.from({ length: 20 }, (_, i) => 19 - i));
+  assert.equal(kb.headers(FREE).remainingRequests, 0);
+  const over = refused(kb.admit(FREE, 10));
+  assert.equal(over.dimension, 'requests');
+  assert.equal(over.headers.remainingRequests, 0);
+});
+
+test('rate headers count what the control plane said the other nodes used, never below 0', () => {
+  const clock = new ManualClock(T0 + 2_000);
+  let lease: MinuteAllowance = { requests: 10, tokens: 30_000, othersUsedRequests: 4, othersUsedTokens: 1_000 };
+  const kb = new KeyBudgets(clock, { allowance: { allowanceFor: () => lease, peekAllowance: () => lease } });
+  const first = kb.admit(FREE, 100);
+  assert.deepEqual(counts(first.headers), { limitRequests: 20, remainingRequests: 15, limitTokens: 60_000, remainingTokens: 58_900 });
+  // The reservation is replaced by the usage on settle: tokens left follow it.
+  admitted(first).settle(40);
+  assert.deepEqual(counts(kb.headers(FREE)), { limitRequests: 20, remainingRequests: 15, limitTokens: 60_000, remainingTokens: 58_960 });
+  // The others used more (a later grant, or the pool's news): that much less is left.
+  lease = { ...lease, othersUsedRequests: 9, othersUsedTokens: 2_000 };
+  const second = kb.admit(FREE, 100);
+  assert.equal(second.headers.remainingRequests, 9);
+  assert.equal(second.headers.remainingTokens, 60_000 - 40 - 100 - 2_000);
+  // Reported use past the limit (nodes admitted in advance of a late answer): 0, never negative.
+  lease = { ...lease, othersUsedRequests: 25, othersUsedTokens: 70_000 };
+  assert.deepEqual([kb.headers(FREE).remainingRequests, kb.headers(FREE).remainingTokens], [0, 0]);
+  // Nothing heard (a lone node, or the control plane away): the key's limits minus this node's count.
+  lease = { requests: Infinity, tokens: Infinity };
+  assert.deepEqual([kb.headers(FREE).remainingRequests, kb.headers(FREE).remainingTokens], [18, 60_000 - 140]);
+  // A refusal because the pool is spent across the cluster says 0, whatever was heard.
+  lease = { requests: 2, tokens: 30_000, requestsFinal: true, othersUsedRequests: 10, othersUsedTokens: 0 };
+  const spent = refused(kb.admit(FREE, 1));
+  assert.equal(spent.leaseShort, undefined);
+  assert.equal(spent.headers.remainingRequests, 0);
+  assert.match(spent.message, /requests per minute \(rpm\): 20\/20 used/);
 });
 
 test('estimateTokens', () => {

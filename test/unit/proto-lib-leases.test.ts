@@ -120,10 +120,10 @@ test('lease client: with several nodes it holds nothing unasked, prefetches chun
   let woken = 0;
   assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => woken++), true);
   assert.equal(sent.length, 1);
-  lc.applyKeyGrant(lease({ requests: 2, tokens: 5000, freeRequests: 18, freeTokens: 55_000 }));
+  lc.applyKeyGrant(lease({ requests: 2, tokens: 5000, freeRequests: 18, freeTokens: 55_000, othersUsedRequests: 3, othersUsedTokens: 900 }));
   assert.equal(woken, 1);
   const b = lc.allowanceFor('k', 100, limits);
-  assert.deepEqual([b.requests, b.tokens, b.freeRequests], [2, 5000, 18]);
+  assert.deepEqual([b.requests, b.tokens, b.othersUsedRequests, b.othersUsedTokens], [2, 5000, 3, 900]);
   lc.noteUsage('k', 100, 2, 100);
   assert.equal(sent.length, 2, 'nothing left of the chunk: the next one is asked for');
   // The pool is spent after reclaiming: waiting is pointless, refusals count to the top of the minute.
@@ -218,14 +218,17 @@ test('lease client: a stopping node gives everything back, says so, asks for not
   assert.deepEqual(sent.at(-1)!.keys, [], 'asks for nothing');
 });
 
-test('lease client: budget given back to a spent pool lifts "spent" and the headers\' view of what is free', () => {
+test('lease client: budget given back to a spent pool lifts "spent"; the pool\'s news says what the others used', () => {
   const { lc } = client(2);
   lc.allowanceFor('k', 100, limits);
-  lc.applyKeyGrant(lease({ finalRequests: true, freeRequests: 0, freeTokens: 0 }));
+  lc.applyKeyGrant(lease({ finalRequests: true, freeRequests: 0, freeTokens: 0, othersUsedRequests: 16, othersUsedTokens: 5000 }));
   assert.equal(lc.allowanceFor('k', 100, limits).requestsFinal, true);
-  lc.applyPoolFree('k', 100, 4, 1000);
+  lc.applyPoolFree({ keyId: 'k', minute: 100, freeRequests: 4, freeTokens: 1000, othersUsedRequests: 12, othersUsedTokens: 4000 });
   const a = lc.allowanceFor('k', 100, limits);
-  assert.deepEqual([a.requestsFinal, a.freeRequests, a.freeTokens], [false, 4, 1000]);
+  assert.deepEqual([a.requestsFinal, a.othersUsedRequests, a.othersUsedTokens], [false, 12, 4000]);
+  // A message that does not say (an answer that failed) leaves what was heard.
+  lc.applyPoolFree({ keyId: 'k', minute: 100, freeRequests: 4, freeTokens: 1000 });
+  assert.equal(lc.allowanceFor('k', 100, limits).othersUsedRequests, 12);
   assert.equal(lc.waitForKey('k', 100, limits, 1, 0, () => undefined), true, 'a request may wait for it again');
 });
 

@@ -710,9 +710,8 @@ export interface LeaseGrant {
   keys: KeyLease[];
   orgs: OrgLease[];
   /**
-   * What key minute pools this node holds part of have left unleased, after a grant to another node
-   * (for the rate headers: what this node holds unused plus the pool's free is never more than the
-   * key really has left).
+   * What key minute pools this node holds part of have left unleased, and what the other nodes said
+   * they used there, after a grant to another node.
    */
   pools: KeyPoolFree[];
   /** Non-zero: the LeaseRequest.used_seq whose `used` the control plane has recorded. */
@@ -737,6 +736,9 @@ export interface KeyPoolFree {
   minute: number;
   freeRequests: number;
   freeTokens: number;
+  /** As KeyLease.others_used_requests, for the node this is sent to. */
+  othersUsedRequests?: number | undefined;
+  othersUsedTokens?: number | undefined;
 }
 
 export interface KeyLease {
@@ -750,9 +752,19 @@ export interface KeyLease {
    */
   finalRequests: boolean;
   finalTokens: boolean;
-  /** What the pool has left unleased after this grant (for the rate headers). */
+  /**
+   * What the pool has left unleased after this grant (whether asking for more can help, and when a
+   * spent pool has budget again).
+   */
   freeRequests: number;
   freeTokens: number;
+  /**
+   * What the pool's other holders (other nodes, and nodes gone) last said they used of it: the rate
+   * headers say the key's limit minus this and what the node itself counted (docs/leases.md, "Rate
+   * headers"). A standing share a node never said it used counts nothing.
+   */
+  othersUsedRequests?: number | undefined;
+  othersUsedTokens?: number | undefined;
 }
 
 export interface OrgLease {
@@ -8071,7 +8083,14 @@ export const LeaseGrant: MessageFns<LeaseGrant> = {
 };
 
 function createBaseKeyPoolFree(): KeyPoolFree {
-  return { keyId: "", minute: 0, freeRequests: 0, freeTokens: 0 };
+  return {
+    keyId: "",
+    minute: 0,
+    freeRequests: 0,
+    freeTokens: 0,
+    othersUsedRequests: undefined,
+    othersUsedTokens: undefined,
+  };
 }
 
 export const KeyPoolFree: MessageFns<KeyPoolFree> = {
@@ -8087,6 +8106,12 @@ export const KeyPoolFree: MessageFns<KeyPoolFree> = {
     }
     if (message.freeTokens !== 0) {
       writer.uint32(32).int64(message.freeTokens);
+    }
+    if (message.othersUsedRequests !== undefined) {
+      writer.uint32(7200).int64(message.othersUsedRequests);
+    }
+    if (message.othersUsedTokens !== undefined) {
+      writer.uint32(7208).int64(message.othersUsedTokens);
     }
     return writer;
   },
@@ -8136,6 +8161,22 @@ export const KeyPoolFree: MessageFns<KeyPoolFree> = {
             message.freeTokens = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.othersUsedRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7208) {
+              break;
+            }
+
+            message.othersUsedTokens = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -8166,6 +8207,16 @@ export const KeyPoolFree: MessageFns<KeyPoolFree> = {
         : isSet(object.free_tokens)
         ? globalThis.Number(object.free_tokens)
         : 0,
+      othersUsedRequests: isSet(object.othersUsedRequests)
+        ? globalThis.Number(object.othersUsedRequests)
+        : isSet(object.others_used_requests)
+        ? globalThis.Number(object.others_used_requests)
+        : undefined,
+      othersUsedTokens: isSet(object.othersUsedTokens)
+        ? globalThis.Number(object.othersUsedTokens)
+        : isSet(object.others_used_tokens)
+        ? globalThis.Number(object.others_used_tokens)
+        : undefined,
     };
   },
 
@@ -8183,6 +8234,12 @@ export const KeyPoolFree: MessageFns<KeyPoolFree> = {
     if (message.freeTokens !== 0) {
       obj.freeTokens = Math.round(message.freeTokens);
     }
+    if (message.othersUsedRequests !== undefined) {
+      obj.othersUsedRequests = Math.round(message.othersUsedRequests);
+    }
+    if (message.othersUsedTokens !== undefined) {
+      obj.othersUsedTokens = Math.round(message.othersUsedTokens);
+    }
     return obj;
   },
 
@@ -8195,6 +8252,8 @@ export const KeyPoolFree: MessageFns<KeyPoolFree> = {
     message.minute = object.minute ?? 0;
     message.freeRequests = object.freeRequests ?? 0;
     message.freeTokens = object.freeTokens ?? 0;
+    message.othersUsedRequests = object.othersUsedRequests ?? undefined;
+    message.othersUsedTokens = object.othersUsedTokens ?? undefined;
     return message;
   },
 };
@@ -8209,6 +8268,8 @@ function createBaseKeyLease(): KeyLease {
     finalTokens: false,
     freeRequests: 0,
     freeTokens: 0,
+    othersUsedRequests: undefined,
+    othersUsedTokens: undefined,
   };
 }
 
@@ -8237,6 +8298,12 @@ export const KeyLease: MessageFns<KeyLease> = {
     }
     if (message.freeTokens !== 0) {
       writer.uint32(64).int64(message.freeTokens);
+    }
+    if (message.othersUsedRequests !== undefined) {
+      writer.uint32(7200).int64(message.othersUsedRequests);
+    }
+    if (message.othersUsedTokens !== undefined) {
+      writer.uint32(7208).int64(message.othersUsedTokens);
     }
     return writer;
   },
@@ -8318,6 +8385,22 @@ export const KeyLease: MessageFns<KeyLease> = {
             message.freeTokens = longToNumber(reader.int64());
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.othersUsedRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 901: {
+            if (tag !== 7208) {
+              break;
+            }
+
+            message.othersUsedTokens = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -8360,6 +8443,16 @@ export const KeyLease: MessageFns<KeyLease> = {
         : isSet(object.free_tokens)
         ? globalThis.Number(object.free_tokens)
         : 0,
+      othersUsedRequests: isSet(object.othersUsedRequests)
+        ? globalThis.Number(object.othersUsedRequests)
+        : isSet(object.others_used_requests)
+        ? globalThis.Number(object.others_used_requests)
+        : undefined,
+      othersUsedTokens: isSet(object.othersUsedTokens)
+        ? globalThis.Number(object.othersUsedTokens)
+        : isSet(object.others_used_tokens)
+        ? globalThis.Number(object.others_used_tokens)
+        : undefined,
     };
   },
 
@@ -8389,6 +8482,12 @@ export const KeyLease: MessageFns<KeyLease> = {
     if (message.freeTokens !== 0) {
       obj.freeTokens = Math.round(message.freeTokens);
     }
+    if (message.othersUsedRequests !== undefined) {
+      obj.othersUsedRequests = Math.round(message.othersUsedRequests);
+    }
+    if (message.othersUsedTokens !== undefined) {
+      obj.othersUsedTokens = Math.round(message.othersUsedTokens);
+    }
     return obj;
   },
 
@@ -8405,6 +8504,8 @@ export const KeyLease: MessageFns<KeyLease> = {
     message.finalTokens = object.finalTokens ?? false;
     message.freeRequests = object.freeRequests ?? 0;
     message.freeTokens = object.freeTokens ?? 0;
+    message.othersUsedRequests = object.othersUsedRequests ?? undefined;
+    message.othersUsedTokens = object.othersUsedTokens ?? undefined;
     return message;
   },
 };
