@@ -55,7 +55,7 @@ export class ModelCalls implements Endpoint {
     } catch {
       parseError = true;
     }
-    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) : estimateTokens(parsed);
+    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) + this.responses.chainTokens(parsed) : estimateTokens(parsed);
     const ctx = r.ctx!;
     this.admission.reserveOrWait(ctx, r.reply, r.key!, estimate, (ok) => {
       if (ok) this.reserved(r, ctx, parsed, parseError, estimate, raw, text);

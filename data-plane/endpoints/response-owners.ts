@@ -18,6 +18,11 @@ export interface ResponseOwner {
   /** The gateway's model id the response was created with. */
   model: string;
   createdAtMs: number;
+  /**
+   * The tokens a request continuing this response re-reads (its input and output as the upstream
+   * reported them), when this node saw it end; kept on this node only.
+   */
+  contextTokens?: number;
 }
 
 export class ResponseOwners {
@@ -54,6 +59,12 @@ export class ResponseOwners {
       v = s;
     }
     return v;
+  }
+
+  /** A response ended with `tokens` of context (input and output): a chain from it re-reads them. */
+  noteContext(id: string, tokens: number): void {
+    const o = this.byId.get(id);
+    if (o && Number.isSafeInteger(tokens) && tokens > 0) o.contextTokens = tokens;
   }
 
   remove(id: string): void {

@@ -11,6 +11,7 @@
 // - ResponsesSocketLink: each `response.created` from the upstream records the response's owner
 //   before the client sees it.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { TokenCounts } from '../../proto/lib/money.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import { findDuplicateKey } from '../http/validate-request.js';
@@ -28,6 +29,8 @@ type Obj = Record<string, unknown>;
 export interface ResponsesSocketHooks {
   checkPreviousId(key: KeyRecord, id: string, state: GatewayState): boolean;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
+  chainTokens(body: unknown): number;
+  noteContext(id: string, promptTokens: number, completionTokens: number): void;
 }
 
 /**
@@ -80,12 +83,17 @@ export class ResponsesTurnRules implements TurnRules {
     return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel }));
   }
 
+  // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.
   estimate(ev: Obj, _pendingInput: number): number {
-    return estimateResponseTokens(ev);
+    return estimateResponseTokens(ev) + this.hooks.chainTokens(ev);
   }
 
   inputEstimate(ev: Obj, _pendingInput: number): number {
-    return estimateTokens(ev);
+    return estimateTokens(ev) + this.hooks.chainTokens(ev);
+  }
+
+  ended(responseId: string, usage: TokenCounts): void {
+    this.hooks.noteContext(responseId, usage.promptTokens, usage.completionTokens);
   }
 }
 

@@ -95,6 +95,22 @@ export class ResponsesEndpoint {
     this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
   }
 
+  /**
+   * The tokens a create continuing `previous_response_id` re-reads upstream (the earlier response's
+   * input and output), as far as this node knows them: 0 when it names none or the node did not see
+   * it end. Added to the create's estimate (docs/design.md#token-estimates).
+   */
+  chainTokens(body: unknown): number {
+    const prev = body !== null && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>).previous_response_id : undefined;
+    if (typeof prev !== 'string' || prev === '') return 0;
+    return this.deps.owners.get(prev, this.deps.clock.now())?.contextTokens ?? 0;
+  }
+
+  /** A response of this node ended: a chain from it re-reads its input and output. */
+  noteContext(id: string, promptTokens: number, completionTokens: number): void {
+    this.deps.owners.noteContext(id, promptTokens + completionTokens);
+  }
+
   /** The provider of a model's Responses API, if it has one. */
   providerOf(model: ModelConfig): ResponsesProvider | undefined {
     return this.deps.providers[model.provider];
@@ -110,6 +126,12 @@ export class ResponsesEndpoint {
     c.recordOwner = (id: string) => {
       ctx.responseId = id;
       if (stored) this.recordOwnerOf(key, model, id);
+    };
+    // A chain from this response re-reads its input and output (chainTokens).
+    const complete = c.complete;
+    c.complete = (r: CallResult) => {
+      if (stored && ctx.responseId) this.noteContext(ctx.responseId, r.promptTokens, r.completionTokens);
+      complete(r);
     };
     provider.create(c);
   }

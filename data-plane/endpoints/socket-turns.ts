@@ -37,6 +37,8 @@ export interface TurnRules {
   estimate(ev: Obj, pendingInput: number): number;
   /** Tokens billed as its input if it ends without the upstream's usage (its estimate, less the output). */
   inputEstimate(ev: Obj, pendingInput: number): number;
+  /** A response ended with the upstream's usage. */
+  ended?(responseId: string, usage: TokenCounts): void;
 }
 
 /** One turn, as admission sees it: its refusals are error events on the socket. */
@@ -162,6 +164,7 @@ export class SocketTurns {
     let turn = responseId !== undefined ? this.running.get(responseId) : undefined;
     if (turn) this.running.delete(turn.responseId!);
     else turn = this.waiting.shift() ?? this.firstRunning() ?? this.forced();
+    if (usage && responseId !== undefined) this.rules.ended?.(responseId, usage);
     return this.settle(turn, 200, usage ?? counted);
   }
 
@@ -178,7 +181,10 @@ export class SocketTurns {
   endAll(counted: (responseId: string) => TokenCounts | undefined): Array<{ counts: TokenCounts; cost: number }> {
     const out: Array<{ counts: TokenCounts; cost: number }> = [];
     for (const [id, turn] of this.running) {
-      const c = counted(id) ?? { promptTokens: turn.ctx?.estimatedPromptTokens ?? 0, completionTokens: 0 };
+      // What passed for it, its input never below the turn's own estimate (which knows a chain's context).
+      const estimate = turn.ctx?.estimatedPromptTokens ?? 0;
+      const seen = counted(id) ?? { promptTokens: 0, completionTokens: 0 };
+      const c = seen.promptTokens >= estimate ? seen : { ...seen, promptTokens: estimate };
       out.push({ counts: c, cost: this.settle(turn, 499, c) });
     }
     this.running.clear();

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { tokenCostMicros } from '../../proto/lib/money.js';
-import { estimateTextTokens } from '../../data-plane/proxy/tokens.js';
+import { estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
 import { configYaml, addUpstreamModel } from '../helpers/config.js';
 import { type DemoKey } from '../helpers/console.js';
 import { within } from '../helpers/data-plane.js';
@@ -35,6 +35,8 @@ const gw = gatewayFixture(
         configYaml: configYaml((cfg) => {
           addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { cached_input_usd_per_mtok: '0.05' });
           addUpstreamModel(cfg, 'up-other', upstream.baseUrl, ['free', 'paid']);
+          // One fake answer uses 1,500 tokens (USAGE): a second fits, a chain re-reading the first does not.
+          cfg.tiers['tpm-2800'] = { rpm: 300, tpm: 2800, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['up-chat'] };
         }),
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },
       },
@@ -229,4 +231,52 @@ test('a realtime ?model= refusal keeps its request of rpm, as an HTTP body refus
   const w1 = await remaining(w);
   assert.equal(h0 - h1 - 1, 1, 'the HTTP 400 keeps its request');
   assert.equal(w0 - w1 - 1, 1, 'the realtime 400 keeps its request');
+});
+
+test('a chained create reserves the context it re-reads as far as the node knows it, over HTTP and on a socket', async () => {
+  // Before: a create naming previous_response_id was estimated from its new input only.
+  const total = USAGE.input_tokens + USAGE.output_tokens;
+  for (const via of ['http', 'socket'] as const) {
+    const k = await gw.fundedKey({ tier: 'tpm-2800' });
+    const first = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: { model: 'up-chat', input: 'first' } });
+    assert.equal(first.status, 200, first.text);
+    const body = { model: 'up-chat', input: 'go on', previous_response_id: first.body.id };
+    // The minute holds the first's 1,500; the chain's 1,500 more and its input pass 2,800.
+    if (via === 'http') {
+      const r = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: body });
+      assert.equal(r.status, 429, r.text);
+      assert.equal(r.body.error.type, 'tokens');
+      assert.match(r.body.error.message, new RegExp(`this request needs about ${total + estimateTokens(body)}`));
+    } else {
+      const s = await socket(k);
+      s.session.send({ type: 'response.create', ...body });
+      const ev = await s.session.waitFor('error');
+      assert.deepEqual([ev.status, ev.error.type], [429, 'tokens'], JSON.stringify(ev));
+      assert.match(ev.error.message, new RegExp(`this request needs about ${total + estimateTokens({ type: 'response.create', ...body })}`));
+      s.ws.close(1000);
+      await s.session.waitClosed();
+    }
+  }
+});
+
+test('a chained socket response cut mid-way bills the context it re-reads', async () => {
+  const k = await gw.fundedKey({ tier: 'paid', creditMicros: 50_000_000 });
+  const s = await socket(k);
+  s.session.send({ type: 'response.create', model: 'up-chat', input: 'first' });
+  const one = await s.session.waitFor('response.completed');
+  upstream.setSocketMode('hold');
+  try {
+    const ev = { type: 'response.create', model: 'up-chat', input: 'go on', previous_response_id: one.response.id };
+    s.session.send(ev);
+    await s.session.waitFor('response.output_text.delta', 2);
+    s.ws.terminate();
+    const cut = { prompt: USAGE.input_tokens + USAGE.output_tokens + estimateTokens(ev), completion: estimateTextTokens('hi') };
+    const [row] = await waitForUsageTotals(cp.dbPath, k.keyId, 2);
+    assert.equal(row.requests, 2);
+    assert.equal(row.prompt_tokens, USAGE.input_tokens + cut.prompt);
+    assert.equal(row.cost_micros, USAGE_COST + tokenCostMicros(cut.prompt, cut.completion, IN_PRICE, OUT_PRICE));
+    assert.equal((await cliUsage(k)).totals.cost_usd, usd(row.cost_micros));
+  } finally {
+    upstream.setSocketMode('normal');
+  }
 });
