@@ -10,6 +10,7 @@ import type { OpenStreams } from '../auth/open-streams.js';
 import { ResponseOwners } from '../endpoints/response-owners.js';
 import { ResponsesEndpoint } from '../endpoints/responses.js';
 import { Intake, type Endpoint } from '../endpoints/intake.js';
+import { SocketEndpoint } from '../endpoints/sockets.js';
 import { Listings, StoredResponses } from '../endpoints/listings.js';
 import { ModelCalls } from '../endpoints/model-calls.js';
 import { Tools } from '../endpoints/tools.js';
@@ -117,9 +118,9 @@ export class ApiServer {
       realtime: REALTIME_OVER_HTTP,
     };
     this.app = uWS.App();
-    this.realtime = new RealtimeGateway(deps, this.gate, this.admission, deps.realtime);
-    // The Responses API's WebSocket mode is the realtime gateway's (endpoints/responses-socket.ts).
-    this.realtime.responses = { hooks: this.responses, demo: demoResponses };
+    this.realtime = new RealtimeGateway(deps, this.gate, this.intake, deps.realtime);
+    // The socket endpoints, realtime and the Responses API's WebSocket mode: the gateway is their uWS side.
+    this.realtime.endpoint = new SocketEndpoint(deps, this.admission, this.realtime, { hooks: this.responses, demo: demoResponses });
     this.realtime.register(this.app);
     this.app.any('/*', (res, req) => this.onRequest(res, req));
   }

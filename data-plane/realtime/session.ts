@@ -30,8 +30,7 @@ import type { RequestContext } from '../http/request-context.js';
 import type { Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../limits/lease-client.js';
-import type { Admission } from '../http/admission.js';
-import { SocketTurns, type TurnRules, type TurnSocket } from '../endpoints/socket-turns.js';
+import type { SocketTurns, TurnSocket } from '../endpoints/socket-turns.js';
 import type { EndReason, OpenEntry, OpenStreams } from '../auth/open-streams.js';
 import { closeReasonOf, type GatewayError } from '../errors.js';
 import { openStreamGauge } from '../metrics.js';
@@ -57,10 +56,8 @@ export interface SessionDeps {
   clock: Clock;
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
-  /** The one admission every turn passes (http/admission.ts). */
-  admission: Admission;
-  /** How this socket's creates are estimated and checked (endpoints/realtime-turns.ts, responses-socket.ts). */
-  turnRules: TurnRules;
+  /** The session's turns, admitted and billed as requests (endpoints/sockets.ts makes them). */
+  turns(socket: TurnSocket): SocketTurns;
   /**
    * A client message of the Responses API's WebSocket mode that is not passed on, as an error event
    * (endpoints/responses-socket.ts `responsesEventRefusal`); absent on /v1/realtime.
@@ -129,7 +126,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
     this.orgId = key.orgId;
     this.modelId = model.id;
     this.startedAtMs = deps.clock.now();
-    this.turns = new SocketTurns(deps, this, deps.turnRules, key, model, path, ctx.requestId);
+    this.turns = deps.turns(this);
     this.limits = new SessionLimits(deps, key, () => this.closeIfDecided());
   }
 
