@@ -216,13 +216,14 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
       const refusal = clientEventRefusal(data, this.model);
       if (refusal) return this.toClient(Buffer.from(JSON.stringify(refusal)));
     }
-    if (isBinary) return this.forward(data, true);
-    this.tallies.clientEvent(data, this.deps.responsesApi === true);
-    if (eventTypeOf(data) === 'response.create') {
+    // A create is a turn however it is framed: an upstream may read a binary frame as an event too.
+    const type = isBinary ? (data[0] === 123 /* { */ ? eventTypeOf(data) : undefined) : eventTypeOf(data);
+    if (!isBinary || type !== undefined) this.tallies.clientEvent(data, this.deps.responsesApi === true);
+    if (type === 'response.create') {
       const ev = parseText(data.toString('utf8'));
       if (ev) return this.turns.create(ev, data, this.tallies.pendingInputTokens());
     }
-    this.forward(data, false);
+    this.forward(data, isBinary);
   }
 
   /** To the upstream, within what it may hold for this client. */

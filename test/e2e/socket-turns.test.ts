@@ -280,3 +280,18 @@ test('a chained socket response cut mid-way bills the context it re-reads', asyn
     upstream.setSocketMode('normal');
   }
 });
+
+test('a realtime response.create sent as a binary frame is a turn like any other: counted against rpm, refused in-band past it', async () => {
+  // Before: a binary frame went upstream unread, so a create framed as binary skipped admission.
+  const k = await gw.fundedKey({ tier: 'free' });
+  const s = await openRealtime(node.address, { key: k.key, model: 'demo-realtime' });
+  await s.session.waitFor('session.created');
+  s.session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'hi' }] } });
+  for (let i = 0; i < 25; i++) s.ws.send(Buffer.from(JSON.stringify({ type: 'response.create' })), { binary: true });
+  const ok = await within(15_000, async () => s.session.count('error') >= 6);
+  assert.ok(ok, `6 refusals; got ${s.session.count('error')} errors`);
+  const errors = s.session.events.filter((e) => e.type === 'error');
+  assert.deepEqual([...new Set(errors.map((e) => `${e.status} ${e.error.type}`))], ['429 requests']);
+  s.ws.close(1000);
+  await s.session.waitClosed();
+});
