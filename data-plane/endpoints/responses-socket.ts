@@ -69,6 +69,10 @@ export class ResponsesTurnRules implements TurnRules {
     if ('response' in ev) {
       return new GatewayError('INVALID_REQUEST', "Unknown parameter: 'response'. In WebSocket mode the fields of response.create stand at the top level, as in the body of POST /v1/responses.", { param: 'response' });
     }
+    // A background response outlives its turn: it is followed and billed from HTTP creates only.
+    if (ev.background !== undefined && ev.background !== false) {
+      return new GatewayError('INVALID_REQUEST', 'Background responses are created with POST /v1/responses, not over the WebSocket.', { param: 'background' });
+    }
     if (ev.model !== undefined && ev.model !== this.model.id) {
       return new GatewayError('MODEL_NOT_ALLOWED', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, { param: 'model' });
     }

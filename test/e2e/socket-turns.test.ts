@@ -128,7 +128,7 @@ test('tpm: a create whose max_output_tokens passes the key\'s tpm is refused on 
   await s.session.waitClosed();
 });
 
-test('the fields the upstream reads are the ones checked: a create with a `response` member, another model or another project\'s previous_response_id is refused, and the model goes upstream as the upstream names it', async () => {
+test('the fields the upstream reads are the ones checked: a create with a `response` member, another model, another project\'s previous_response_id or `background` is refused, and the model goes upstream as the upstream names it', async () => {
   // Before: the checks read `response` when it was an object and the top level was forwarded, so an
   // empty `"response": {}` let another tenant's previous_response_id and any model through.
   const a = await gw.fundedKey({ tier: 'free' });
@@ -140,14 +140,16 @@ test('the fields the upstream reads are the ones checked: a create with a `respo
   s.session.send({ type: 'response.create', response: {}, model: 'up-other', previous_response_id: made.body.id, input: 'tell me' });
   s.session.send({ type: 'response.create', model: 'up-chat', previous_response_id: made.body.id, input: 'tell me' });
   s.session.send({ type: 'response.create', model: 'up-other', input: 'tell me' });
+  s.session.send({ type: 'response.create', model: 'up-chat', input: 'later', background: true });
   s.session.send({ type: 'response.create', input: 'no model named' });
-  const { errors, completed } = await answers(s, 4);
+  const { errors, completed } = await answers(s, 5);
   assert.deepEqual(
     errors.map((e) => [e.status, e.error.type, e.error.param]),
     [
       [400, 'invalid_request_error', 'response'],
       [404, 'invalid_request_error', 'previous_response_id'],
       [401, 'model_not_allowed', 'model'],
+      [400, 'invalid_request_error', 'background'],
     ],
   );
   assert.equal(completed.length, 1);
