@@ -109,12 +109,16 @@ export function reserveMoney(leases: LeaseClient | undefined, key: KeyRecord, no
  */
 export function reserveWorstCase(leases: LeaseClient | undefined, key: KeyRecord, reservation: SpendReservation | undefined, worst: WorstCase, nowMs: number, final = false): MoneyVerdict {
   if (!leases || !reservation) return YES;
-  let wait: string | null = null;
-  const pools: Array<[string, SpendReservation]> = [[key.orgId, reservation], ...(reservation.extra ?? [])];
-  for (const [pool, r] of pools) {
-    const v = leases.raiseSpend(pool, r, worst.micros, !worst.priced, final);
-    if (v.verdict === 'no') return worstCaseRefusal(key, pool, worst, v.leftMicros, nowMs);
-    if (v.verdict === 'wait' && wait === null) wait = pool;
+  const v = leases.raiseSpend(key.orgId, reservation, worst.micros, !worst.priced, final);
+  if (v.verdict === 'no') return worstCaseRefusal(key, key.orgId, worst, v.leftMicros, nowMs);
+  let wait: string | null = v.verdict === 'wait' ? key.orgId : null;
+  // (Most keys have neither a project cap nor a limit of their own: no more pools.)
+  if (reservation.extra) {
+    for (const [pool, r] of reservation.extra) {
+      const e = leases.raiseSpend(pool, r, worst.micros, !worst.priced, final);
+      if (e.verdict === 'no') return worstCaseRefusal(key, pool, worst, e.leftMicros, nowMs);
+      if (e.verdict === 'wait' && wait === null) wait = pool;
+    }
   }
   return wait === null ? YES : { verdict: 'wait', pool: wait };
 }

@@ -42,14 +42,11 @@ export function requestWorstCase(model: ModelConfig, api: OutputApi, body: unkno
   const inputPrice = Math.max(model.inputMicrosPerMtok, model.inputAudioMicrosPerMtok ?? 0, model.cacheWriteMicrosPerMtok ?? 0);
   const outputPrice = Math.max(model.outputMicrosPerMtok, model.outputAudioMicrosPerMtok ?? 0);
   const input = count(inputTokens) ?? 0;
-  let named: number | null = null;
   let field = api === 'chat' ? 'max_completion_tokens' : 'max_output_tokens';
-  for (const f of api === 'chat' ? ['max_completion_tokens', 'max_tokens'] : ['max_output_tokens']) {
-    named = count(obj[f]);
-    if (named !== null) {
-      field = f;
-      break;
-    }
+  let named = count(obj[field]);
+  if (named === null && api === 'chat') {
+    named = count(obj.max_tokens);
+    if (named !== null) field = 'max_tokens';
   }
   const perChoice = model.kind === 'embeddings' ? 0 : (named ?? (model.maxOutputTokens !== undefined && model.maxOutputTokens > 0 ? model.maxOutputTokens : null));
   const choices = api === 'chat' ? (count(obj.n) ?? 1) : 1;
