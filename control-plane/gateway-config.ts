@@ -55,6 +55,8 @@ export interface ModelSettings {
   cacheWriteMicrosPerMtok?: number;
   inputAudioMicrosPerMtok?: number;
   outputAudioMicrosPerMtok?: number;
+  /** `max_output_tokens`: the most output one request may produce; undefined: none configured (docs/money-limits.md). */
+  maxOutputTokens?: number;
   timeoutMs: number;
   voices: string[];
 }
@@ -130,6 +132,7 @@ const MODEL_KEYS = new Set([
   'cache_write_usd_per_mtok',
   'input_audio_usd_per_mtok',
   'output_audio_usd_per_mtok',
+  'max_output_tokens',
   'timeout_ms',
   'voices',
 ]);
@@ -311,6 +314,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       cacheWriteMicrosPerMtok: optionalUsd(`${where}.cache_write_usd_per_mtok`, raw.cache_write_usd_per_mtok),
       inputAudioMicrosPerMtok: optionalUsd(`${where}.input_audio_usd_per_mtok`, raw.input_audio_usd_per_mtok),
       outputAudioMicrosPerMtok: optionalUsd(`${where}.output_audio_usd_per_mtok`, raw.output_audio_usd_per_mtok),
+      maxOutputTokens: raw.max_output_tokens === undefined || raw.max_output_tokens === null ? undefined : posInt(`${where}.max_output_tokens`, raw.max_output_tokens),
       timeoutMs: raw.timeout_ms === undefined ? DEFAULT_UPSTREAM_TIMEOUT_MS : posInt(`${where}.timeout_ms`, raw.timeout_ms),
       voices: strList(`${where}.voices`, raw.voices),
     });
@@ -399,6 +403,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       upstreamApiKey: m.apiKeyEnv ? (env[m.apiKeyEnv] ?? '') : (m.apiKeyFromFile ?? ''),
       kind: m.kind,
       ...modelPrices(m),
+      maxOutputTokens: m.maxOutputTokens,
       timeoutMs: m.timeoutMs,
       voices: m.voices,
     })),

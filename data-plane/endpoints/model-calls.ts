@@ -11,6 +11,7 @@ import { logBug, type Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import { validateJson } from '../http/validate-request.js';
 import { estimateTokens } from '../limits/key-budgets.js';
+import { requestWorstCase } from '../limits/worst-case.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
 import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
 import { estimateResponseTokens, type ResponsesEndpoint } from './responses.js';
@@ -76,6 +77,27 @@ export class ModelCalls implements Endpoint {
       const model = state.view.models.get(obj.model as string)!;
       const scope = checkModelScope(state, key, model);
       if (scope) return refuseAdmitted(ctx, reply, scope, 'openai');
+      if (route.kind === 'speech') return this.call(r, ctx, model, obj, estimate, raw, text, state);
+      // Near a money limit the request runs only if its worst case fits (docs/money-limits.md#the-last-request).
+      const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj) : estimate;
+      const worst = requestWorstCase(model, route.kind === 'responses' ? 'responses' : 'chat', obj, input);
+      this.admission.reserveWorstCaseOrWait(key, ctx.spend, worst, () => reply.done, (refusal) => {
+        if (refusal === 'gone') return;
+        if (refusal) return refuseAdmitted(ctx, reply, refusal, 'openai');
+        this.call(r, ctx, model, obj, estimate, raw, text, state);
+      });
+    } catch (e) {
+      logBug(e);
+      reply.sendError(e, route.shape);
+    }
+  }
+
+  /** Within every limit, money included: the provider is called. */
+  private call(r: ApiRequest, ctx: RequestContext, model: ModelConfig, obj: Record<string, unknown>, estimate: number, raw: Buffer, text: string, state: GatewayState): void {
+    const deps = this.deps;
+    const reply = r.reply;
+    const route = r.route!;
+    try {
       if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
       const provider = deps.providers[model.provider];
       if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');

@@ -9,8 +9,9 @@ import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
 import type { Admission as KeyAdmission, AdmitOptions, KeyBudgets, Ticket } from '../limits/key-budgets.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
-import type { LeaseClient } from '../limits/lease-client.js';
-import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, waitForMoney } from '../limits/money-pools.js';
+import type { LeaseClient, SpendReservation } from '../limits/lease-client.js';
+import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, reserveWorstCase, waitForMoney } from '../limits/money-pools.js';
+import type { WorstCase } from '../limits/worst-case.js';
 import type { ErrorShape } from './error-shapes.js';
 import { logBug } from './reply.js';
 import type { FinishSource, RequestContext } from './request-context.js';
@@ -242,7 +243,59 @@ export class Admission {
     };
     attempt(false);
   }
+
+  /**
+   * Raises an admitted request's money reservation (`spend`: RequestContext.spend) to its worst case
+   * (worst-case.ts requestWorstCase) in every pool it touches, waiting (bounded, as reserveOrWait) for
+   * a pool's slice when it is short (docs/money-limits.md#the-last-request). The common case is
+   * synchronous. `then(null)`: reserved; `then(error)`: refused, 401 insufficient_quota naming the
+   * output tokens that would fit (nothing is answered here: the caller refunds the request and answers);
+   * `then('gone')`: `gone()` said the client went away while it waited. Out of time with no final
+   * answer: reserved in advance of it, as admitOrWait admits.
+   */
+  reserveWorstCaseOrWait(key: KeyRecord, spend: SpendReservation | undefined, worst: WorstCase, gone: () => boolean, then: (r: WorstCaseResult) => void): void {
+    const { clock, leases } = this.deps;
+    const now = reserveWorstCase(leases, key, spend, worst, clock.now());
+    if (now.verdict !== 'wait') return then(now.verdict === 'yes' ? null : moneyRefusal(now));
+    const started = performance.now();
+    let timer: NodeJS.Timeout | null = null;
+    let finished = false;
+    const wake = (): void => {
+      setImmediate(() => attempt(false));
+    };
+    const finish = (r: WorstCaseResult) => {
+      finished = true;
+      if (timer) clearTimeout(timer);
+      if (leases) cancelMoneyWait(leases, key, wake);
+      this.waits.note(performance.now() - started, r === null);
+      then(r);
+    };
+    const attempt = (lastTry: boolean) => {
+      if (finished) return;
+      try {
+        if (gone()) return finish('gone');
+        if (lastTry && leases?.answerDeferred(started) && performance.now() - started < LEASE_WAIT_RECLAIMING_MS) {
+          timer = setTimeout(() => attempt(true), 50);
+          return;
+        }
+        const v = reserveWorstCase(leases, key, spend, worst, clock.now(), lastTry);
+        if (v.verdict === 'no') return finish(moneyRefusal(v));
+        if (v.verdict === 'wait' && !lastTry && waitForMoney(leases!, v.pool, wake)) {
+          timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+          return;
+        }
+        finish(null);
+      } catch (e) {
+        logBug(e);
+        if (!finished) finish(e instanceof GatewayError ? e : new GatewayError('INTERNAL'));
+      }
+    };
+    attempt(false);
+  }
 }
+
+/** What reserveWorstCaseOrWait answers: reserved (null), refused (the error to answer with), or the client went away. */
+export type WorstCaseResult = GatewayError | null | 'gone';
 
 export function blockedMessage(reason: string): string {
   // One text per reason, whether a request is refused or what is open is ended (errors.ts).

@@ -17,7 +17,7 @@ import { LeaseLink, wake, type LeaseRequestOut } from './lease-link.js';
 import { LeaseKeyMinutes } from './lease-key-minutes.js';
 import { LeaseStandingShares } from './lease-standing-shares.js';
 import { LeaseSlots } from './lease-slots.js';
-import { LeaseMoney, type SpendReservation, type SpendVerdict } from './lease-money.js';
+import { LeaseMoney, type RaiseVerdict, type SpendReservation, type SpendVerdict } from './lease-money.js';
 
 export type { LeaseRequestOut } from './lease-link.js';
 export type { SpendReservation, SpendVerdict } from './lease-money.js';
@@ -290,6 +290,10 @@ export class LeaseClient implements AllowanceSource {
 
   reserveSpend(orgId: string): SpendReservation | undefined {
     return this.money.reserveSpend(orgId);
+  }
+
+  raiseSpend(poolId: string, reservation: SpendReservation, micros: number, unpriced: boolean, final: boolean): RaiseVerdict {
+    return this.money.raiseSpend(poolId, reservation, micros, unpriced, final);
   }
 
   sliceOf(orgId: string): number | undefined {

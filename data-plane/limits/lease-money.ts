@@ -3,12 +3,13 @@
 // Per money pool (an organisation, or a project's or key's period: money-pools.ts) the node holds a
 // signed slice, kept with the same arithmetic as the control plane's ledger: grants add, returns and
 // finished requests' costs subtract. A request is admitted when the slice covers its estimated cost
-// (the costliest request of the pool seen here) and reserves it while in flight. A slice that does
-// not cover it asks for what the request needs, and the request waits: the control plane reclaims
-// the other nodes' unused money first, and what is left after that comes as the last of the pool
-// ("exhausted"), which the node may still spend; with nothing of it left the request is refused. So
-// no request is refused while a node holds money, and the spend passes the limit by at most the
-// requests in flight (docs/money-limits.md#exact-across-nodes). Slices are refilled ahead of need
+// (the costliest request of the pool seen here) and reserves it while in flight; once its body is read
+// the reservation is raised to its worst case (raiseSpend). A slice that does not cover it asks for
+// what the request needs, and the request waits: the control plane reclaims the other nodes' unused
+// money first, and what is left after that comes as the last of the pool ("exhausted"): a request
+// whose worst case fits may spend it, one that cannot be priced takes all of it, others are refused.
+// So no request is refused while its worst case could be paid, and the spend passes the limit by at
+// most one request per node (docs/money-limits.md#the-last-request). Slices are refilled ahead of need
 // from free money only, never from another node. A credit, cap or config change gives the slice
 // back and asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
 import type { OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
@@ -20,6 +21,10 @@ export interface OrgSlice {
   lastGrantMicros: number;
   /** The most one request of the organisation has cost on this node: the estimate reserved per request. */
   maxCostMicros: number;
+  /** The largest worst case a request reserved here (raiseSpend): what refills are sized for, with maxCostMicros. */
+  maxWorstMicros: number;
+  /** spendFirst admitted a request before the first slice: its reservation is marked `first`. */
+  firstOpen: boolean;
   pending: boolean;
   askedAtMs: number;
   /** The want on its way (pending) was made for a waiting request. */
@@ -31,6 +36,11 @@ export interface OrgSlice {
   waiters: Array<() => void>;
 }
 
+/** What a slice is sized for: the costliest request seen, or the largest worst case reserved. */
+function unitOf(o: OrgSlice): number {
+  return Math.max(o.maxCostMicros, o.maxWorstMicros);
+}
+
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
 const EXHAUSTED_RETRY_MS = 1000;
 
@@ -40,7 +50,14 @@ export interface SpendReservation {
   micros: number;
   /** The same request's reservations from its project's and key's pools (money-pools.ts), settled with it. */
   extra?: Array<[pool: string, reservation: SpendReservation]>;
+  /** Admitted by spendFirst before the pool's first slice came: raised to its worst case without waiting for it. */
+  first?: boolean;
 }
+
+/** raiseSpend's answer; `no`: the pool has no more, and `leftMicros` is what this request could have of it. */
+export type RaiseVerdict = { verdict: 'yes' } | { verdict: 'wait' } | { verdict: 'no'; leftMicros: number };
+const RAISED: RaiseVerdict = { verdict: 'yes' };
+const WAIT: RaiseVerdict = { verdict: 'wait' };
 
 /** May a request of the organisation spend? `wait`: a slice is being asked for. */
 export type SpendVerdict = 'yes' | 'wait' | 'no';
@@ -71,7 +88,9 @@ export class LeaseMoney {
    */
   spendFirst(orgId: string): boolean {
     if (!this.link.standingShares || !this.link.connected || this.link.leaving || this.orgs.has(orgId)) return false;
-    this.askOrg(orgId, this.orgFor(orgId), false);
+    const o = this.orgFor(orgId);
+    o.firstOpen = true;
+    this.askOrg(orgId, o, false);
     return true;
   }
 
@@ -106,6 +125,41 @@ export class LeaseMoney {
     return true;
   }
 
+  /**
+   * Sets a request's reservation from a pool to `micros`, its worst case once its body is known
+   * (docs/money-limits.md#the-last-request). Covered by the slice: taken (or the excess given back).
+   * Short, and the control plane has not said this is the last of the pool: the shortfall is asked
+   * for, as the need, and the caller waits (waitForOrg) and asks again. Short at the last of the pool
+   * (exhausted): `no`, unless `unpriced` (the request's output has no known bound), which takes all
+   * that is left, so the next one finds nothing. `final`: out of time with no answer: taken, in advance
+   * of it, as admission does.
+   */
+  raiseSpend(poolId: string, r: SpendReservation, micros: number, unpriced: boolean, final: boolean): RaiseVerdict {
+    const o = this.orgs.get(poolId);
+    if (!o || !this.link.connected || r.epoch !== this.link.epoch) return RAISED;
+    const delta = micros - r.micros;
+    if (micros > o.maxWorstMicros) o.maxWorstMicros = micros;
+    const exhausted = o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS;
+    // Admitted by spendFirst, its first slice still on its way: one request past what is left at most.
+    const first = r.first === true && o.lastGrantMicros === 0 && !exhausted;
+    if (delta <= 0 || delta <= o.sliceMicros || first || (final && !exhausted)) {
+      o.sliceMicros -= delta;
+      r.micros = micros;
+      this.maybeAskOrg(poolId, o);
+      return RAISED;
+    }
+    if (exhausted) {
+      if (!unpriced) return { verdict: 'no', leftMicros: r.micros + Math.max(0, o.sliceMicros) };
+      if (o.sliceMicros > 0) {
+        r.micros += o.sliceMicros;
+        o.sliceMicros = 0;
+      }
+      return r.micros > 0 ? RAISED : { verdict: 'no', leftMicros: 0 };
+    }
+    this.askOrg(poolId, o, true, delta - o.sliceMicros);
+    return WAIT;
+  }
+
   cancelOrgWait(orgId: string, wake: () => void): void {
     const o = this.orgs.get(orgId);
     if (o) o.waiters = o.waiters.filter((w) => w !== wake);
@@ -114,7 +168,7 @@ export class LeaseMoney {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -130,7 +184,12 @@ export class LeaseMoney {
     if (!o || !this.link.connected) return undefined;
     o.sliceMicros -= o.maxCostMicros;
     this.maybeAskOrg(orgId, o);
-    return { epoch: this.link.epoch, micros: o.maxCostMicros };
+    const r: SpendReservation = { epoch: this.link.epoch, micros: o.maxCostMicros };
+    if (o.firstOpen) {
+      o.firstOpen = false;
+      r.first = true;
+    }
+    return r;
   }
 
   /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
@@ -155,7 +214,7 @@ export class LeaseMoney {
 
   /** Refills a slice running low ahead of need (from free money only). */
   private maybeAskOrg(orgId: string, o: OrgSlice): void {
-    if (o.exhaustedAtMs === 0 && !o.dry && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * o.maxCostMicros)) this.askOrg(orgId, o, false);
+    if (o.exhaustedAtMs === 0 && !o.dry && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * unitOf(o))) this.askOrg(orgId, o, false);
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
@@ -223,7 +282,7 @@ export class LeaseMoney {
    * Asks for more of the pool: `needed` when a request waits for it (it may reclaim from the other
    * nodes and be told the pool is exhausted), else ahead of need (only what is free).
    */
-  private askOrg(orgId: string, o: OrgSlice, needed: boolean): void {
+  private askOrg(orgId: string, o: OrgSlice, needed: boolean, needMicros?: number): void {
     if (this.link.leaving) return;
     // One want at a time, but a request's need goes out even while a want made ahead of it is on its way.
     if (o.pending && !this.link.stale(o.askedAtMs) && (o.neededAsk || !needed)) return;
@@ -232,9 +291,11 @@ export class LeaseMoney {
     o.askedAtMs = this.link.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
-    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * o.maxCostMicros };
+    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * unitOf(o) };
     if (needed) {
-      want.needMicros = Math.max(1, o.maxCostMicros - o.sliceMicros);
+      want.needMicros = Math.max(1, needMicros ?? o.maxCostMicros - o.sliceMicros);
+      // A worst case's shortfall (raiseSpend) may be more than a few of the costliest requests.
+      if (needMicros !== undefined) want.micros = Math.max(want.micros, want.needMicros);
       if (o.sliceMicros > 0) want.heldMicros = o.sliceMicros;
     } else want.ahead = true;
     // Spent past the slice and perhaps not reported yet: the control plane does not lease it again.
@@ -250,6 +311,9 @@ export class LeaseMoney {
       const o = this.orgs.get(orgId);
       const micros = o ? Math.max(0, o.sliceMicros) : 0;
       if (o) o.sliceMicros -= micros;
+      // Money was left after all (another node's request needs it): "nothing left" said to this node
+      // earlier is stale, so its next request asks again rather than being refused for a second.
+      if (o && micros > 0) o.exhaustedAtMs = 0;
       // With what it owes now: the control plane's view of this node's debt is fresh when it decides.
       orgReturns.push({ orgId, micros, debtMicros: o ? Math.max(0, -o.sliceMicros) : 0 });
     }

@@ -3,11 +3,13 @@
 // its own limit, and its cost is charged to each. Each pool is leased through the same money slices
 // (LeaseClient canSpend/reserveSpend/settleSpend, by pool id), so a project cap and a key limit are
 // exact across nodes as an organisation's money is. A key or project without a limit touches only its
-// organisation's pool: nothing more on the request path.
+// organisation's pool: nothing more on the request path. Once a request's body is read its
+// reservation in each pool is raised to its worst case (reserveWorstCase, worst-case.ts).
 import type { KeyRecord, LimitPeriod } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
-import { keyLimitMessage, keyLimitShort, keyPoolId, periodEndMs, periodStartMs, projectCapMessage, projectCapShort, projectPoolId, type LimitReset } from '../../proto/lib/money-pools.js';
+import { keyLimitMessage, keyLimitShort, keyPoolId, periodEndMs, periodStartMs, projectCapMessage, projectCapShort, projectPoolId, worstCaseMessage, worstCaseShort, type LimitReset } from '../../proto/lib/money-pools.js';
 import type { LeaseClient, SpendReservation, SpendVerdict } from './lease-client.js';
+import { affordableOutputTokens, type WorstCase } from './worst-case.js';
 
 export type MoneyVerdict =
   | { verdict: 'yes' }
@@ -64,7 +66,7 @@ export function moneyVerdict(leases: LeaseClient, key: KeyRecord, nowMs: number,
   return wait === null ? YES : { verdict: 'wait', pool: wait };
 }
 
-function refusalOf(key: KeyRecord, pool: string, nowMs: number): MoneyVerdict {
+function refusalOf(key: KeyRecord, pool: string, nowMs: number): MoneyVerdict & { verdict: 'no' } {
   const l = key.moneyLimit;
   if (l && pool === l.pool.id) return { verdict: 'no', pool, message: keyLimitMessage(l.micros, l.reset, nowMs), short: keyLimitShort(l.micros, l.reset, nowMs) };
   const cap = key.project?.capMicros ?? 0;
@@ -96,6 +98,41 @@ export function reserveMoney(leases: LeaseClient | undefined, key: KeyRecord, no
   return out;
 }
 
+/**
+ * Raises a request's reservation in each of its pools to its worst case, known once its body is read
+ * (worst-case.ts requestWorstCase; docs/money-limits.md#the-last-request). `yes`: reserved in every
+ * pool. `wait`: a pool's slice is short and its shortfall was asked for, as the need (the control
+ * plane reclaims from the other nodes before it says the pool has no more): wait for it
+ * (waitForMoney) and call again. `no`: a pool has less left than the worst case (an unpriced request:
+ * nothing left), with its usual refusal, naming the output tokens that would fit. `final`: out of
+ * time with no answer: reserved in advance of it, as admission does.
+ */
+export function reserveWorstCase(leases: LeaseClient | undefined, key: KeyRecord, reservation: SpendReservation | undefined, worst: WorstCase, nowMs: number, final = false): MoneyVerdict {
+  if (!leases || !reservation) return YES;
+  const v = leases.raiseSpend(key.orgId, reservation, worst.micros, !worst.priced, final);
+  if (v.verdict === 'no') return worstCaseRefusal(key, key.orgId, worst, v.leftMicros, nowMs);
+  let wait: string | null = v.verdict === 'wait' ? key.orgId : null;
+  // (Most keys have neither a project cap nor a limit of their own: no more pools.)
+  if (reservation.extra) {
+    for (const [pool, r] of reservation.extra) {
+      const e = leases.raiseSpend(pool, r, worst.micros, !worst.priced, final);
+      if (e.verdict === 'no') return worstCaseRefusal(key, pool, worst, e.leftMicros, nowMs);
+      if (e.verdict === 'wait' && wait === null) wait = pool;
+    }
+  }
+  return wait === null ? YES : { verdict: 'wait', pool: wait };
+}
+
+function worstCaseRefusal(key: KeyRecord, pool: string, worst: WorstCase, leftMicros: number, nowMs: number): MoneyVerdict {
+  const ordinary = pool === key.orgId ? { verdict: 'no' as const, pool: '', message: '', short: '' } : refusalOf(key, pool, nowMs);
+  // Unpriced, refused only with nothing left: the pool's ordinary refusal.
+  if (!worst.priced) return ordinary;
+  const fits = affordableOutputTokens(worst, leftMicros);
+  const l = key.moneyLimit;
+  const what = pool === key.orgId ? 'org' : l && pool === l.pool.id ? { keyLimitMicros: l.micros, reset: l.reset } : { projectCapMicros: key.project?.capMicros ?? 0 };
+  return { verdict: 'no', pool: ordinary.pool, message: worstCaseMessage(what, worst.outputTokens, fits, worst.field), short: worstCaseShort(what, worst.outputTokens, fits) };
+}
+
 /** Waits for the pool the verdict named (true: `wake` is called once its grant comes). */
 export function waitForMoney(leases: LeaseClient, pool: string, wake: () => void): boolean {
   return leases.waitForOrg(pool, wake);
@@ -109,6 +146,6 @@ export function cancelMoneyWait(leases: LeaseClient, key: KeyRecord, wake: () =>
 
 /** The refusal of a request whose money is spent: 401 `insufficient_quota`, naming the pool that refused. */
 export function moneyRefusal(v: { pool: string; message: string }, orgMessage?: string): GatewayError {
-  if (v.pool === '') return new GatewayError('ORG_BLOCKED', orgMessage);
+  if (v.pool === '') return new GatewayError('ORG_BLOCKED', orgMessage ?? (v.message || undefined));
   return new GatewayError('SPEND_LIMIT_REACHED', v.message);
 }

@@ -114,3 +114,26 @@ export function keyLimitMessage(limitMicros: number, reset: LimitReset, nowMs: n
 export function projectCapMessage(capMicros: number, nowMs: number): string {
   return `The project's monthly spend cap of $${formatUsd(capMicros)} was reached; requests are refused until ${instant(periodEndMs('monthly', nowMs))} (the next UTC month) or until the cap is raised.`;
 }
+
+/** The pool a worst-case refusal names: the organisation's money, a key's limit or a project's cap. */
+export type WorstCasePool = 'org' | { keyLimitMicros: number; reset: LimitReset } | { projectCapMicros: number };
+
+function poolPhrase(p: WorstCasePool): string {
+  if (p === 'org') return "the organisation's balance and monthly spend cap";
+  if ('keyLimitMicros' in p) return `this API key's spend limit of $${formatUsd(p.keyLimitMicros)}${p.reset === 'never' ? '' : ` per ${PER[p.reset]}`}`;
+  return `the project's monthly spend cap of $${formatUsd(p.projectCapMicros)}`;
+}
+
+/**
+ * The refusal of a request whose worst case (its input and the most output it allows) does not fit
+ * in what is left of a pool, saying how much output would (as OpenRouter's "can only afford").
+ */
+export function worstCaseMessage(p: WorstCasePool, requestedTokens: number, affordableTokens: number, field: string): string {
+  return `This request requires more than is left of ${poolPhrase(p)}, or fewer ${field}: you requested up to ${requestedTokens} output tokens, but can only afford ${affordableTokens}.`;
+}
+
+/** The same, short enough for a WebSocket close reason. */
+export function worstCaseShort(p: WorstCasePool, requestedTokens: number, affordableTokens: number): string {
+  const what = p === 'org' ? "the organisation's money" : 'keyLimitMicros' in p ? "the key's spend limit" : "the project's cap";
+  return `${what} leaves too little: can only afford ${affordableTokens} of ${requestedTokens} output tokens`;
+}

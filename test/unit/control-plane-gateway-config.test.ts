@@ -44,6 +44,10 @@ test('bad gateway configs are refused with one line naming the setting', () => {
     ['trusted proxy prefix too long', (d) => (d.trusted_proxies = ['10.0.0.0/33']), /^trusted_proxies\[0\]: "10\.0\.0\.0\/33": .*prefix length/],
     ['trusted proxy host bits', (d) => (d.trusted_proxies = ['fd00::1/8']), /^trusted_proxies\[0\]: "fd00::1\/8": .*host bits.*fd00::\/8/],
     ['trusted proxies not a list', (d) => (d.trusted_proxies = '10.0.0.0/8'), /^trusted_proxies: must be a list/],
+    // A model's output ceiling prices a request that names no max (docs/money-limits.md#the-last-request).
+    ['zero output ceiling', (d) => (d.models[0].max_output_tokens = 0), /^model demo-chat\.max_output_tokens: must be a whole number >= 1, got 0/],
+    ['fractional output ceiling', (d) => (d.models[0].max_output_tokens = 1.5), /^model demo-chat\.max_output_tokens: must be a whole number >= 1/],
+    ['output ceiling as text', (d) => (d.models[0].max_output_tokens = '4096'), /^model demo-chat\.max_output_tokens: must be a whole number >= 1, got "4096"/],
   ];
   for (const [name, mutate, want] of cases) {
     const d = demo();
@@ -55,6 +59,15 @@ test('bad gateway configs are refused with one line naming the setting', () => {
       return true;
     });
   }
+});
+
+test('a model\'s max_output_tokens reaches the nodes\' ModelConfig; absent, none is configured', () => {
+  const d = demo();
+  d.models[0].max_output_tokens = 4096;
+  const { settings, proto } = parseGatewayConfig(d, {});
+  assert.equal(settings.models.get('demo-chat')?.maxOutputTokens, 4096);
+  assert.equal(proto.models.find((m) => m.id === 'demo-chat')?.maxOutputTokens, 4096);
+  assert.equal(proto.models.find((m) => m.id === 'demo-chat-pro')?.maxOutputTokens, undefined);
 });
 
 test('api_key_env resolves to upstream_api_key from the environment', () => {

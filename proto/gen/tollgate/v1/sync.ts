@@ -335,7 +335,15 @@ export interface ModelConfig {
     | number
     | undefined;
   /** Audio output tokens (chat, realtime; unset: the output price). */
-  outputAudioMicrosPerMtok?: number | undefined;
+  outputAudioMicrosPerMtok?:
+    | number
+    | undefined;
+  /**
+   * The most output tokens one request of the model may produce (the upstream's own ceiling, as the
+   * operator configured it): a request that names no max is priced with it near a money limit
+   * (docs/money-limits.md#the-last-request). Unset: none configured.
+   */
+  maxOutputTokens?: number | undefined;
 }
 
 export interface ToolBackend {
@@ -691,8 +699,8 @@ export interface OrgLeaseWant {
     | boolean
     | undefined;
   /**
-   * A request waits for this much more (its estimate past what the slice holds). When less than this
-   * is free, the other nodes' unused money is reclaimed first; what is left after that is granted
+   * A request waits for this much more (its estimate, or once its body is read its worst case, past
+   * what the slice holds: docs/money-limits.md#the-last-request). When less than this is free, the other nodes' unused money is reclaimed first; what is left after that is granted
    * with "exhausted". Absent: 1 (reclaim only when nothing is free).
    */
   needMicros?:
@@ -3827,6 +3835,7 @@ function createBaseModelConfig(): ModelConfig {
     cacheWriteMicrosPerMtok: undefined,
     inputAudioMicrosPerMtok: undefined,
     outputAudioMicrosPerMtok: undefined,
+    maxOutputTokens: undefined,
   };
 }
 
@@ -3876,6 +3885,9 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     }
     if (message.outputAudioMicrosPerMtok !== undefined) {
       writer.uint32(2424).int64(message.outputAudioMicrosPerMtok);
+    }
+    if (message.maxOutputTokens !== undefined) {
+      writer.uint32(2432).int64(message.maxOutputTokens);
     }
     return writer;
   },
@@ -4013,6 +4025,14 @@ export const ModelConfig: MessageFns<ModelConfig> = {
             message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
             continue;
           }
+          case 304: {
+            if (tag !== 2432) {
+              break;
+            }
+
+            message.maxOutputTokens = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4088,6 +4108,11 @@ export const ModelConfig: MessageFns<ModelConfig> = {
         : isSet(object.output_audio_micros_per_mtok)
         ? globalThis.Number(object.output_audio_micros_per_mtok)
         : undefined,
+      maxOutputTokens: isSet(object.maxOutputTokens)
+        ? globalThis.Number(object.maxOutputTokens)
+        : isSet(object.max_output_tokens)
+        ? globalThis.Number(object.max_output_tokens)
+        : undefined,
     };
   },
 
@@ -4138,6 +4163,9 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     if (message.outputAudioMicrosPerMtok !== undefined) {
       obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
     }
+    if (message.maxOutputTokens !== undefined) {
+      obj.maxOutputTokens = Math.round(message.maxOutputTokens);
+    }
     return obj;
   },
 
@@ -4161,6 +4189,7 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
     message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
     message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
+    message.maxOutputTokens = object.maxOutputTokens ?? undefined;
     return message;
   },
 };
