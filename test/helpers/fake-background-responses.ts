@@ -71,8 +71,10 @@ export class FakeBackgroundResponses {
     this.event(b, 'response.output_text.delta', { item_id: message.id, output_index: 0, content_index: 0, delta: 'Upstream says' });
     if (!stream) return send(res, 200, queued);
     res.writeHead(200, { 'content-type': 'text/event-stream' });
-    this.follow(b, -1, res);
-    if (this.cutCreateStream) setTimeout(() => res.socket?.destroy(), 50);
+    if (!this.cutCreateStream) return this.follow(b, -1, res);
+    // Cut: what was sent so far, then the connection dies; the response runs on without it.
+    for (const ev of b.events) res.write(ev);
+    setTimeout(() => res.socket?.destroy(), 50);
   }
 
   /** Lets `id` (the newest when omitted) finish: its last events go out, GET answers it completed. */
