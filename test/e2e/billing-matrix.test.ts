@@ -10,7 +10,7 @@
 // seconds.
 import assert from 'node:assert/strict';
 import { createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { openRealtime } from '../helpers/realtime.js';
 import { CANCEL_USAGE } from '../helpers/fake-background-responses.js';
 import { USAGE } from '../helpers/fake-responses-upstream.js';
@@ -328,7 +328,11 @@ for (const row of ['JSON', 'SSE'] as const) {
           // The node cancels the running response upstream and bills what the cancel reports.
           return k.keyId;
         }
-        if (e === 'abort mid-stream') ac.abort();
+        if (e === 'abort mid-stream') {
+          ac.abort();
+          // Finished only once the node let go of the create stream (after its read-on): only following sees the end.
+          await eventually(async () => bg.streamsOpen(id) === 0, 'the node let go of the create stream');
+        }
         bg.finish(id);
         if (row === 'SSE' && e !== 'abort mid-stream') await sseUntil(res, null);
       } finally {

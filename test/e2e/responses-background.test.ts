@@ -184,6 +184,9 @@ test('stream and background: a client that leaves and resumes with starting_afte
   const id = /"id":"(resp_[0-9a-f]+)"/.exec(head)![1];
   const last = Math.max(...sequenceNumbers(head));
   ac.abort();
+  // The node reads the upstream on for a few seconds after its client left, then lets go: from then on
+  // only following the response can see its end.
+  await eventually(async () => upstream.background.streamsOpen(id) === 0, 'the node let go of the create stream');
   await eventually(async () => (await read(n2, k, id)).status === 200, `${id} known on node 2`);
   // The node sends the head with the first event (reply.ts), so the resumed answer is awaited once the
   // upstream has the resume and the response finished.

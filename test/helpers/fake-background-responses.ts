@@ -59,6 +59,11 @@ export class FakeBackgroundResponses {
     return TERMINAL.has(String(b.response.status));
   }
 
+  /** How many streams follow `id` now (the create's, resumed ones): 0 once the gateway let go of them. */
+  streamsOpen(id: string): number {
+    return this.pick(id).streams.size;
+  }
+
   /** A background create: `final` is the completed response (with its usage). */
   create(final: Record<string, unknown>, stream: boolean, res: ServerResponse): void {
     const id = String(final.id);
