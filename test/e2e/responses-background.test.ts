@@ -40,7 +40,11 @@ const gw = gatewayFixture(
     upstream = await startFakeResponsesUpstream();
     return {
       controlPlane: {
-        configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { cached_input_usd_per_mtok: '0.05' })),
+        configYaml: configYaml((cfg) => {
+          // A tier of one parallel request: a running background response holds it.
+          cfg.tiers.single = { rpm: 100, tpm: 100_000, max_parallel_requests: 1, monthly_cap_usd: null, free_grant_usd: '5.00', models: [] };
+          addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid', 'single'], { cached_input_usd_per_mtok: '0.05' });
+        }),
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },
       },
       // Each report is sent as soon as it is journaled: a test waits for its row, not for the once-a-second send.
@@ -224,4 +228,20 @@ test('the demo provider answers a background create queued, then completes it; b
   assert.match(final.output[0].content[0].text, /Hello in the background/);
   const cost = tokenCostMicros(final.usage.input_tokens, final.usage.output_tokens, 500_000, 1_500_000);
   assert.deepEqual(await billed(k), [['/v1/responses', final.usage.input_tokens, final.usage.output_tokens, cost]]);
+});
+
+test('a running background response holds its parallel request until it is billed', async () => {
+  // Before the fix the slot was given back with the `queued` answer: a key of one parallel request
+  // could run any number of background responses at once.
+  const k = await gw.fundedKey({ tier: 'single' });
+  const first = await create(n1, k);
+  assert.equal(first.status, 200, first.text);
+  const second = await create(n1, k);
+  assert.equal(second.status, 429, second.text);
+  assert.equal(second.body.error.type, 'max_parallel_requests');
+  upstream.background.finish(first.body.id);
+  await billed(k);
+  const third = await create(n1, k);
+  assert.equal(third.status, 200, third.text);
+  upstream.background.finish(third.body.id);
 });
