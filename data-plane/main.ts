@@ -145,6 +145,8 @@ async function main(): Promise<void> {
   }, STALE_CHECK_MS).unref();
   registerDrainable({ open: openReplies, closeAll: closeOpenReplies });
   registerDrainable({ open: () => api.realtime.open, closeAll: () => api.realtime.closeAll('the gateway node is shutting down; reconnect') });
+  // Background responses are followed while the node drains; at its deadline each is billed safely above.
+  registerDrainable(api.backgroundResponses);
   if (config.adminHost !== null) {
     const admin = createAdminApp(() => holder.ready && !isDraining(), manualClock, (reset) => api.leaseWaits.snapshot(reset), () => ({ used: leases.usedState(), standing: leases.standingState(), roster: leases.rosterState() }));
     // Open realtime sessions, paused upstreams and the most bytes held for one client (`?reset=1`).

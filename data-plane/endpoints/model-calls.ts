@@ -123,6 +123,8 @@ export class ModelCalls implements Endpoint {
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
     ctx.model = model;
     ctx.providerStarted = true;
+    // What an end without the upstream's usage bills: its input, a chain's context included.
+    ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
     this.responses.create(ctx, provider, modelCall(ctx, reply, model, 'openai', obj, raw, text));
   }
 }
@@ -139,6 +141,7 @@ function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape:
     body,
     rawBody,
     bodyText,
+    inputTokens: ctx.estimatedPromptTokens,
     complete(r: CallResult) {
       ctx.complete(r);
     },

@@ -22,6 +22,10 @@ export class RealtimeTurnRules implements TurnRules {
   inputEstimate(_ev: Obj, pendingInput: number): number {
     return pendingInput;
   }
+
+  outputFields(ev: Obj): unknown {
+    return ev.response;
+  }
 }
 
 /** The output ceiling a realtime response names ("inf" or none: nothing to reserve beyond the input). */

@@ -96,6 +96,10 @@ export class ResponsesTurnRules implements TurnRules {
     return estimateTokens(ev) + this.hooks.chainTokens(ev);
   }
 
+  outputFields(ev: Obj): unknown {
+    return ev;
+  }
+
   ended(responseId: string, usage: TokenCounts): void {
     this.hooks.noteContext(responseId, usage.promptTokens, usage.completionTokens);
   }

@@ -2,8 +2,10 @@
 // on the node's HTTP pipeline (the gate and endpoints/model-calls.ts run the checks up to the model scope, then hand the
 // request here). Stored responses belong to the project that created them: every stored-response
 // request, and every `previous_response_id`, is checked against the owner record (response-owners.ts)
-// before the upstream is asked, and anything not the key's own answers 404 Shape A.
+// before the upstream is asked, and anything not the key's own answers 404 Shape A. A background
+// create is followed to its end and billed then (background-responses.ts).
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import type { TokenCounts } from '../../proto/lib/money.js';
 import type { GatewayState, KeyRecord } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { Clock } from '../limits/clock.js';
@@ -12,6 +14,7 @@ import type { Reply } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
 import { parseStoredResponsePath, type StoredAction } from '../routing/responses-paths.js';
+import type { BackgroundFollowers } from './background-responses.js';
 import type { ResponseOwners } from './response-owners.js';
 
 /** A create: a model call that also names the response's id as soon as the upstream does. */
@@ -21,6 +24,23 @@ export interface ResponsesCall extends ModelCall {
    * naming the id reach the client, so the client can never ask for it before it is recorded.
    */
   recordOwner(id: string): void;
+  /**
+   * A background response (`background: true`) that the answer left running upstream, its usage not
+   * in it: the node follows it to its end and bills it then. Called instead of `complete`, with the
+   * status `complete` would have had.
+   */
+  follow(id: string, status: number): void;
+}
+
+/** What the upstream said of a response read off the request path (a follower's retrieve or cancel). */
+export interface UpstreamRead {
+  /** The answer's HTTP status; 0 when none came (unreachable, timed out). */
+  httpStatus: number;
+  /** The response's `status` (`queued`, `in_progress`, `completed`, …); null when not read. */
+  status: string | null;
+  usage: TokenCounts | null;
+  /** Output tokens of its `output`, counted (for a terminal response without usage). */
+  outputTokens: number;
 }
 
 /** A request on a stored response, already checked to be the key's own. */
@@ -44,12 +64,18 @@ export interface StoredCall {
 export interface ResponsesProvider {
   create(call: ResponsesCall): void;
   stored(call: StoredCall): void;
+  /** `GET /responses/{id}` for a follower, off the request path; `done` is called exactly once. */
+  retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
+  /** `POST /responses/{id}/cancel` for a follower whose key may no longer run it; `done` once. */
+  cancel(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
 }
 
 export interface ResponsesDeps {
   clock: Clock;
   owners: ResponseOwners;
   providers: Readonly<Record<string, ResponsesProvider>>;
+  /** Follows background responses to their end (background-responses.ts). */
+  followers: BackgroundFollowers;
   /** A response created on this node, for the control plane to fan out to the other nodes. */
   reportOwner?(id: string, projectId: string, model: string, createdAtMs: number): void;
 }
@@ -133,6 +159,8 @@ export class ResponsesEndpoint {
       if (stored && ctx.responseId) this.noteContext(ctx.responseId, r.promptTokens, r.completionTokens);
       complete(r);
     };
+    const followers = this.deps.followers;
+    c.follow = (id: string, status: number) => followers.follow(ctx, provider, model, id, call.body, status);
     provider.create(c);
   }
 

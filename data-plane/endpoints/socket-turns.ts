@@ -19,6 +19,7 @@ import { logBug } from '../http/reply.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
+import { requestWorstCase } from '../limits/worst-case.js';
 import { refuseAdmitted } from './intake.js';
 
 type Obj = Record<string, unknown>;
@@ -39,6 +40,8 @@ export interface TurnRules {
   inputEstimate(ev: Obj, pendingInput: number): number;
   /** A response ended with the upstream's usage. */
   ended?(responseId: string, usage: TokenCounts): void;
+  /** Where the create names its output ceiling (`max_output_tokens`), for its worst case in money. */
+  outputFields(ev: Obj): unknown;
 }
 
 /** One turn, as admission sees it: its refusals are error events on the socket. */
@@ -114,20 +117,26 @@ export class SocketTurns {
     const estimate = this.rules.estimate(ev, pendingInput);
     this.admitting = true;
     let sync = true;
+    // Admission, the check and the money's worst case may each wait: the client's later messages
+    // wait behind the turn until it is forwarded or refused.
+    const done = () => {
+      this.admitting = false;
+      if (!sync) this.socket.settled();
+    };
     this.deps.admission.admitOrWait(
       turn,
       this.key,
       this.path,
       estimate,
       (ctx) => {
-        this.admitting = false;
+        if (!ctx) return done();
         try {
-          if (ctx) this.admitted(turn, ctx, ev, data, pendingInput);
+          this.admitted(turn, ctx, ev, data, pendingInput, done);
         } catch (e) {
           logBug(e);
-          if (ctx && !ctx.completed) ctx.refuse();
+          if (!ctx.completed) ctx.refuse();
+          done();
         }
-        if (!sync) this.socket.settled();
       },
       undefined,
       'openai',
@@ -136,16 +145,37 @@ export class SocketTurns {
     sync = false;
   }
 
-  private admitted(turn: SocketTurn, ctx: RequestContext, ev: Obj, data: Buffer, pendingInput: number): void {
+  private admitted(turn: SocketTurn, ctx: RequestContext, ev: Obj, data: Buffer, pendingInput: number, done: () => void): void {
     turn.ctx = ctx;
-    if (this.socket.closed) return ctx.refuse();
+    if (this.socket.closed) {
+      ctx.refuse();
+      return done();
+    }
     const checked = this.rules.check(ev, data.toString('utf8'), data);
-    if (checked instanceof GatewayError) return refuseAdmitted(ctx, turn, checked, 'openai', false, this.deps.keyBudgets);
-    ctx.model = this.model;
-    ctx.providerStarted = true;
-    ctx.estimatedPromptTokens = this.rules.inputEstimate(ev, pendingInput);
-    this.waiting.push(turn);
-    this.socket.toUpstream(checked);
+    if (checked instanceof GatewayError) {
+      refuseAdmitted(ctx, turn, checked, 'openai', false, this.deps.keyBudgets);
+      return done();
+    }
+    const input = this.rules.inputEstimate(ev, pendingInput);
+    // Near a money limit the turn runs only if its worst case fits (docs/money-limits.md#the-last-request).
+    const worst = requestWorstCase(this.model, 'responses', this.rules.outputFields(ev), input);
+    this.deps.admission.reserveWorstCaseOrWait(this.key, ctx.spend, worst, () => this.socket.closed, (refusal) => {
+      try {
+        if (refusal === 'gone') ctx.refuse();
+        else if (refusal) refuseAdmitted(ctx, turn, refusal, 'openai', false, this.deps.keyBudgets);
+        else {
+          ctx.model = this.model;
+          ctx.providerStarted = true;
+          ctx.estimatedPromptTokens = input;
+          this.waiting.push(turn);
+          this.socket.toUpstream(checked);
+        }
+      } catch (e) {
+        logBug(e);
+        if (!ctx.completed) ctx.refuse();
+      }
+      done();
+    });
   }
 
   /** A response began upstream: the oldest forwarded turn is its, else the upstream began it on its own. */

@@ -73,6 +73,8 @@ export class RequestContext {
   spend: SpendReservation | undefined;
   private logDraft: LogDraft | null = null;
   private graceTimer: NodeJS.Timeout | null = null;
+  /** Its work goes on after its answer (a background response): whoever follows it completes it. */
+  private deferred = false;
 
   constructor(
     private readonly deps: ContextDeps,
@@ -102,7 +104,7 @@ export class RequestContext {
         }
       }
     }
-    if (this.completed) return;
+    if (this.completed || this.deferred) return;
     // Ended before any upstream call (refused by a later check, too large, aborted while reading the
     // body): it consumes no request, tokens, slot or money.
     if (!this.providerStarted) return this.refuse();
@@ -121,6 +123,17 @@ export class RequestContext {
       this.complete({ status: 500, promptTokens: this.estimatedPromptTokens, completionTokens: 0 });
     }, PROVIDER_REPORT_GRACE_MS);
     this.graceTimer.unref();
+  }
+
+  /**
+   * The upstream goes on after the answer (a background response, endpoints/background-responses.ts):
+   * the request stays open (its slot, tokens and money held) until its follower completes it, and is
+   * never settled by the grace timer below.
+   */
+  deferSettlement(): void {
+    this.deferred = true;
+    if (this.graceTimer) clearTimeout(this.graceTimer);
+    this.graceTimer = null;
   }
 
   /** Refused by a check after admission (400, 401 for the model): nothing is counted. */

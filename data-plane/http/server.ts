@@ -7,6 +7,7 @@
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWebSockets.js';
 import type { StateHolder } from '../auth/key-table.js';
 import type { OpenStreams } from '../auth/open-streams.js';
+import { BackgroundFollowers } from '../endpoints/background-responses.js';
 import { ResponseOwners } from '../endpoints/response-owners.js';
 import { ResponsesEndpoint } from '../endpoints/responses.js';
 import { Intake, type Endpoint } from '../endpoints/intake.js';
@@ -89,13 +90,17 @@ export class ApiServer {
   readonly realtime: RealtimeGateway;
   /** The Responses API (data-plane/endpoints/responses.ts). */
   readonly responses: ResponsesEndpoint;
+  /** Background responses followed to their end (a Drainable: main.ts registers it). */
+  readonly backgroundResponses: BackgroundFollowers;
 
   constructor(deps: ServerDeps) {
     this.gate = new Gate(deps);
     this.admission = new Admission(deps, (key, path, ticket, minute, requestId) => new RequestContext(deps, requestId || this.gate.nextRequestId(), key, path, ticket, minute));
     this.intake = new Intake(deps, this.admission);
     const demoResponses = new DemoResponsesProvider(() => deps.clock.now());
+    this.backgroundResponses = new BackgroundFollowers({ holder: deps.holder, clock: deps.clock, openStreams: deps.openStreams, isStale: () => deps.isStale() });
     this.responses = new ResponsesEndpoint({
+      followers: this.backgroundResponses,
       clock: deps.clock,
       owners: deps.responseOwners ?? new ResponseOwners(),
       providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },

@@ -9,8 +9,8 @@ import { isObj, JsonUsageReader, obj, tokenUsageOf, withMemberText, withUsageCos
 const RESPONSES_FINAL_TYPES: ReadonlySet<string> = new Set(['response.completed', 'response.incomplete', 'response.failed']);
 /** Responses event types read whole (the others are only counted while no usage came). */
 const RESPONSES_READ_TYPES: ReadonlySet<string> = new Set(['response.created', ...RESPONSES_FINAL_TYPES]);
-/** Top-level members of a Responses JSON answer kept besides `usage`: the id, and the output to count without usage. */
-const RESPONSES_MEMBERS = Object.freeze(['id', 'output']);
+/** Top-level members of a Responses JSON answer kept besides `usage`: the id, the status (a background response's), and the output to count without usage. */
+const RESPONSES_MEMBERS = Object.freeze(['id', 'status', 'output']);
 
 /** A response id as the upstream names it, or null. */
 function responseIdOf(v: unknown): string | null {
@@ -42,6 +42,12 @@ export class ResponsesJsonReader extends JsonUsageReader {
       }
     }
     return out;
+  }
+
+  /** The response's `status` (`queued`, `in_progress`, `completed`, …), or null. */
+  status(): string | null {
+    const v = this.member('status');
+    return typeof v === 'string' ? v : null;
   }
 
   /** Output tokens of the answer (for one without usage), by the one estimator (tokens.ts): its output's text, or (too large to keep) its bytes / 4. */

@@ -10,8 +10,10 @@
 // seconds.
 import assert from 'node:assert/strict';
 import { createKey } from '../helpers/console.js';
-import { waitUntilKnown } from '../helpers/data-plane.js';
+import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { openRealtime } from '../helpers/realtime.js';
+import { CANCEL_USAGE } from '../helpers/fake-background-responses.js';
+import { USAGE } from '../helpers/fake-responses-upstream.js';
 import { startDataPlane } from '../helpers/processes.js';
 import { estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
 import {
@@ -20,6 +22,7 @@ import {
   EMBED_USAGE,
   ENDINGS,
   IN,
+  OUT,
   PER_CHAR,
   REALTIME_USAGE,
   RESPONSE,
@@ -241,5 +244,117 @@ matrix.cell('realtime response in flight × drain', RT_ESTIMATE, async () => {
   } finally {
     matrix.rt.holdResponses = false;
   }
+  return k.keyId;
+});
+
+// Background responses (`POST /v1/responses` with `background: true`; issue 32): answered `queued`
+// without usage, followed by the node to their end upstream and billed once from the final usage.
+// Before the fix every cell here was billed the create's input estimate (a few tokens). The fake's
+// response runs until the cell finishes it; its usage is the Responses fake's USAGE (no cached price
+// on up-responses: all input at IN), a cancelled one's CANCEL_USAGE.
+const BG_BODY = { model: 'up-responses', input: 'Think about otters, slowly.', background: true };
+const BG_USAGE = USAGE.input_tokens * IN + USAGE.output_tokens * OUT;
+const BG_CANCELLED = CANCEL_USAGE.input_tokens * IN + CANCEL_USAGE.output_tokens * OUT;
+/** A terminal response without usage: the input estimate and its output text counted. */
+const bgEstimate = (body: Record<string, unknown>) => estimateTokens(body) * IN + estimateTextTokens('Upstream says hello.') * OUT;
+const BACKGROUND: Record<'JSON' | 'SSE', Record<Ending, Cost>> = {
+  JSON: {
+    normal: BG_USAGE,
+    // The terminal object the node polls holds 5 MiB of output before its usage.
+    'answer over 4 MiB': BG_USAGE,
+    'client abort before the head': { na: 'the `queued` answer comes at once; a client that leaves after it is the "normal" cell (the response runs on, followed)' },
+    'abort mid-stream': { na: 'the `queued` answer is one small piece' },
+    'key revoked mid-stream': BG_CANCELLED,
+    'org blocked mid-stream': BG_CANCELLED,
+    'upstream error mid-stream': { na: 'the `queued` answer is one small piece; its stream is the SSE row' },
+    'upstream without usage': bgEstimate(BG_BODY),
+  },
+  SSE: {
+    normal: BG_USAGE,
+    'answer over 4 MiB': { na: 'the terminal object a node polls is the JSON row' },
+    'client abort before the head': { na: 'the stream starts at once; a client leaving mid-stream is "abort mid-stream"' },
+    'abort mid-stream': BG_USAGE,
+    'key revoked mid-stream': BG_CANCELLED,
+    'org blocked mid-stream': BG_CANCELLED,
+    'upstream error mid-stream': BG_USAGE,
+    'upstream without usage': bgEstimate({ ...BG_BODY, stream: true }),
+  },
+};
+
+/** Reads an SSE answer until `until` is in it, or to its end (null, or the stream closed). */
+async function sseUntil(res: Response, until: string | null): Promise<string> {
+  const reader = res.body!.getReader();
+  let text = '';
+  try {
+    while (until === null || !text.includes(until)) {
+      const r = await reader.read();
+      if (r.done) break;
+      text += Buffer.from(r.value).toString();
+    }
+  } catch {
+    // cut: what arrived is the answer
+  }
+  reader.releaseLock();
+  return text;
+}
+
+for (const row of ['JSON', 'SSE'] as const) {
+  for (const e of ENDINGS) {
+    matrix.cell(`background response ${row} × ${e}`, BACKGROUND[row][e], async () => {
+      const k = await matrix.newKey();
+      const bg = matrix.rsp.background;
+      matrix.rsp.setMode(e === 'answer over 4 MiB' ? 'big-json' : 'normal');
+      bg.noUsage = e === 'upstream without usage';
+      bg.cutCreateStream = e === 'upstream error mid-stream';
+      try {
+        const ac = new AbortController();
+        const res = await fetch(`${matrix.node.url}/v1/responses`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${k.key}`, 'content-type': 'application/json' },
+          body: JSON.stringify(row === 'SSE' ? { ...BG_BODY, stream: true } : BG_BODY),
+          signal: ac.signal,
+        });
+        assert.equal(res.status, 200);
+        let id: string;
+        if (row === 'JSON') {
+          const queued = await res.json();
+          assert.equal(queued.status, 'queued');
+          id = queued.id;
+        } else {
+          id = /"id":"(resp_[0-9a-f]+)"/.exec(await sseUntil(res, 'response.output_text.delta'))![1];
+        }
+        if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {
+          await matrix.endByGateway(e, k);
+          // The node cancels the running response upstream and bills what the cancel reports.
+          return k.keyId;
+        }
+        if (e === 'abort mid-stream') {
+          ac.abort();
+          // Finished only once the node let go of the create stream (after its read-on): only following sees the end.
+          await eventually(async () => bg.streamsOpen(id) === 0, 'the node let go of the create stream');
+        }
+        bg.finish(id);
+        if (row === 'SSE' && e !== 'abort mid-stream') await sseUntil(res, null);
+      } finally {
+        matrix.rsp.setMode('normal');
+        bg.noUsage = false;
+        bg.cutCreateStream = false;
+      }
+      return k.keyId;
+    });
+  }
+}
+
+// A node draining while it follows a background response: it follows on for its drain time, then bills
+// the response safely above what it could use (the input estimate plus its max_output_tokens) before
+// its last report; the response runs on upstream. Before the fix: the input estimate only.
+const BG_DRAIN_BODY = { ...BG_BODY, max_output_tokens: 100 };
+matrix.cell('background response JSON × drain', estimateTokens(BG_DRAIN_BODY) * IN + 100 * OUT, async () => {
+  const k = await createKey(matrix.admin, { tier: 'matrix' });
+  const draining = await startDataPlane(matrix.cp, { nodeId: 'matrix-bg-drain', extraArgs: ['--drain-seconds', '1', '--report-every-ms', '0'] });
+  await waitUntilKnown(draining.url, k.key);
+  const res = await fetch(`${draining.url}/v1/responses`, { method: 'POST', headers: { authorization: `Bearer ${k.key}`, 'content-type': 'application/json' }, body: JSON.stringify(BG_DRAIN_BODY) });
+  assert.equal((await res.json()).status, 'queued');
+  assert.equal(await draining.proc.kill('SIGTERM'), 0);
   return k.keyId;
 });

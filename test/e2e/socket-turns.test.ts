@@ -297,3 +297,25 @@ test('a realtime response.create sent as a binary frame is a turn like any other
   s.ws.close(1000);
   await s.session.waitClosed();
 });
+
+test('money: a burst of 30 creates on a socket of a key limited to $0.01 stays within the limit plus one turn\'s worst case', async () => {
+  // Before: a turn reserved no money at all; the socket forwarded every create (30 × 690 µ$ here).
+  const funded = await gw.fundedKey({ tier: 'paid', creditMicros: 1_000_000_000 });
+  const created = await cliJsonAsync(cp, cp.secrets.operatorToken, ['key', 'create', '--project', funded.projectId, '--limit-usd', '0.01']);
+  const k: DemoKey = { ...funded, key: created.key, keyId: created.id };
+  await within(10_000, async () => (await request(`${node.url}/v1/models`, { headers: bearer(k.key) })).status === 200);
+  const s = await socket(k);
+  const create = { type: 'response.create', model: 'up-chat', input: 'hi', max_output_tokens: 1000 };
+  for (let i = 0; i < 30; i++) s.session.send(create);
+  const { completed, errors } = await answers(s, 30);
+  const worst = Math.ceil(((estimateTokens(create)) * IN_PRICE + 1000 * OUT_PRICE) / 1_000_000);
+  const spent = completed.length * USAGE_COST;
+  assert.ok(completed.length >= 1, 'the first turns fit');
+  assert.ok(spent <= 10_000 + worst, `spent ${spent} µ$ of a 10,000 µ$ limit: past it by more than one worst case (${worst})`);
+  assert.ok(errors.length >= 1);
+  for (const e of errors) assert.deepEqual([e.status, e.error.type, e.error.code], [401, 'insufficient_quota', '401'], JSON.stringify(e));
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  const shown = await within(10_000, async () => (await cliJsonAsync(cp, cp.secrets.operatorToken, ['key', 'show', k.keyId])).spent_usd === usd(spent));
+  assert.ok(shown, `key show says ${usd(spent)} spent`);
+});

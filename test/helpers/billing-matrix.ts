@@ -8,6 +8,7 @@ import { addUpstreamModel, configYaml } from './config.js';
 import { consoleClient, createKey, type Console, type DemoKey } from './console.js';
 import { waitUntilKnown } from './data-plane.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from './fake-realtime-upstream.js';
+import { startFakeResponsesUpstream, type FakeResponsesUpstream } from './fake-responses-upstream.js';
 import { startFakeUpstream, type FakeUpstream } from './fake-upstream.js';
 import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from './processes.js';
 import { waitForUsageRows } from './usage-db.js';
@@ -158,6 +159,8 @@ const audio = wavFile(FILE_SECONDS);
 export class BillingMatrix {
   up!: FakeUpstream;
   rt!: FakeRealtimeUpstream;
+  /** The Responses API upstream (model `up-responses`): background responses. */
+  rsp!: FakeResponsesUpstream;
   cp!: ControlPlane;
   node!: DataPlane;
   admin!: Console;
@@ -165,8 +168,8 @@ export class BillingMatrix {
   /** `needsReaders`: cells expected to fail until another branch is merged (see NEEDS_READERS in the test). */
   constructor(private readonly needsReaders: readonly string[]) {
     before(async () => {
-      [this.up, this.rt] = await Promise.all([startFakeUpstream(), startFakeRealtimeUpstream()]);
-      const { up, rt } = this;
+      [this.up, this.rt, this.rsp] = await Promise.all([startFakeUpstream(), startFakeRealtimeUpstream(), startFakeResponsesUpstream()]);
+      const { up, rt, rsp } = this;
       const price = { input_usd_per_mtok: String(IN), output_usd_per_mtok: String(OUT) };
       this.cp = await startControlPlane({
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
@@ -174,6 +177,7 @@ export class BillingMatrix {
           cfg.tiers.matrix = { rpm: 100_000, tpm: 100_000_000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '1000', models: [] };
           addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['matrix'], price);
           addUpstreamModel(cfg, 'up-embed', up.baseUrl, ['matrix'], { kind: 'embeddings', ...price });
+          addUpstreamModel(cfg, 'up-responses', rsp.baseUrl, ['matrix'], price);
           addUpstreamModel(cfg, 'up-speech', up.baseUrl, ['matrix'], { kind: 'speech', audio_usd_per_unit: String((PER_CHAR * 1000) / 1e6), voices: ['alloy'], input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
           addUpstreamModel(cfg, 'up-transcribe', up.baseUrl, ['matrix'], { kind: 'transcription', audio_usd_per_unit: String(PER_SECOND / 1e6), input_usd_per_mtok: undefined, output_usd_per_mtok: undefined });
           cfg.models.push({ id: 'rt-chat', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: String(RT_IN), output_usd_per_mtok: String(RT_OUT), input_audio_usd_per_mtok: String(RT_AUDIO_IN), output_audio_usd_per_mtok: String(RT_AUDIO_OUT) });
@@ -188,7 +192,7 @@ export class BillingMatrix {
     after(async () => {
       this.admin?.close();
       await stopAll();
-      await Promise.all([this.up?.close(), this.rt?.close()]);
+      await Promise.all([this.up?.close(), this.rt?.close(), this.rsp?.close()]);
     });
   }
 

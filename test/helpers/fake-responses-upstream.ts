@@ -4,9 +4,11 @@
 // Mode 'cut-stream': the stream stops after its first text delta and the connection is reset;
 // 'hold-stream': the stream stops after its first text delta and waits until the gateway goes away;
 // 'big-json': a JSON answer whose output text is BIG_OUTPUT_BYTES long, its usage after it.
+// Background mode (`background: true`) is fake-background-responses.ts's, reached through `background`.
 import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { WebSocketServer } from 'ws';
+import { FakeBackgroundResponses } from './fake-background-responses.js';
 import { listenLocal } from './http.js';
 
 export const USAGE = {
@@ -39,6 +41,8 @@ export interface FakeResponsesUpstream {
   setMode(mode: Mode): void;
   /** WebSocket mode: 'hold' answers a create with response.created and one delta, then nothing. */
   setSocketMode(mode: 'normal' | 'hold'): void;
+  /** Background responses: the test finishes (or forgets) them. */
+  background: FakeBackgroundResponses;
   close(): Promise<void>;
 }
 
@@ -52,6 +56,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
   const requests: ResponsesUpstreamRequest[] = [];
   const stored = new Map<string, { response: Record<string, unknown>; input: unknown }>();
   let mode: Mode = 'normal';
+  const background = new FakeBackgroundResponses();
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -71,6 +76,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
         const message = { id: `msg_${id.slice(5)}`, type: 'message', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] };
         const response: Record<string, unknown> = { id, object: 'response', created_at: 1, status: 'completed', model: body.model, output: [message], usage: USAGE, metadata: {} };
         stored.set(id, { response, input: body.input });
+        if (body.background === true) return background.create(response, body.stream === true, res);
         if (body.stream !== true) return send(res, 200, response);
         res.writeHead(200, { 'content-type': 'text/event-stream' });
         let seq = 0;
@@ -89,6 +95,10 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       }
       const m = /^\/v1\/responses\/([^/]+)(\/input_items|\/cancel)?$/.exec(path);
       const s = m ? stored.get(m[1]) : undefined;
+      // A background response the upstream forgot (its retention passed) is gone on every path.
+      if (m && background.forgotten.has(m[1])) return send(res, 404, { error: { message: 'not found', type: 'invalid_request_error', param: null, code: null } });
+      if (m && background.has(m[1]) && m[2] === '/cancel') return background.cancel(m[1], res);
+      if (m && background.has(m[1]) && m[2] === undefined && req.method === 'GET') return background.get(m[1], new URLSearchParams((req.url ?? '').split('?')[1] ?? ''), res);
       if (!m || !s) return send(res, 404, { error: { message: 'not found', type: 'invalid_request_error', param: null, code: null } });
       if (m[2] === '/input_items') return send(res, 200, { object: 'list', data: [{ id: 'msg_in', type: 'message', role: 'user', content: [{ type: 'input_text', text: String(s.input) }] }], first_id: 'msg_in', last_id: 'msg_in', has_more: false });
       if (m[2] === '/cancel') return send(res, 200, { ...s.response, status: 'cancelled' });
@@ -124,6 +134,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
     baseUrl: `http://127.0.0.1:${port}/v1`,
     requests,
     sockets,
+    background,
     setMode(m) {
       mode = m;
     },

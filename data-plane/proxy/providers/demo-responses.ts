@@ -1,13 +1,16 @@
 // The built-in `demo` provider's Responses API: answers `POST /v1/responses` locally (JSON, or the
 // Responses event stream with `stream: true`) with real token counts from the gateway's tokenizer,
 // and keeps what it created in memory (bounded, for the retention of response-owners.ts) so the
-// stored-response paths work offline too.
+// stored-response paths work offline too. `background: true` answers `queued` and completes the
+// response DEMO_BACKGROUND_MS later (until then it reads `in_progress` and can be cancelled).
 import { randomBytes } from 'node:crypto';
-import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
+import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses.js';
 import { RESPONSE_RETENTION_MS } from '../../endpoints/response-owners.js';
 import { GatewayError } from '../../errors.js';
 import { truncateTokens } from '../tokens.js';
 import { countResponsesInputTokens, responsesInputText } from '../responses-usage.js';
+import { tokenUsageOf } from '../usage-readers.js';
 import { splitText } from './demo.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
@@ -17,11 +20,19 @@ const SSE_HEADERS = [
 ] as const;
 /** Responses the demo keeps at most (per node); the oldest go first. */
 const MAX_STORED = 10_000;
+/** How long a demo background response runs before it completes. */
+export const DEMO_BACKGROUND_MS = 200;
 
 interface Stored {
   response: Record<string, unknown>;
   inputItems: Array<Record<string, unknown>>;
   createdAtMs: number;
+  /** A background response: its input tokens (what a cancel bills). */
+  backgroundInputTokens?: number;
+}
+
+function isRunning(r: Record<string, unknown>): boolean {
+  return r.status === 'queued' || r.status === 'in_progress';
 }
 
 /** A demo response: its events in order, the last the final one. */
@@ -119,7 +130,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
       metadata: body.metadata && typeof body.metadata === 'object' ? body.metadata : {},
     };
     const final = { ...base, status: cut.cut ? 'incomplete' : 'completed', incomplete_details: cut.cut ? { reason: 'max_output_tokens' } : null, output: [message], usage };
-    if (final.store) this.keep(id, { response: final, inputItems: inputItemsOf(body.input), createdAtMs });
+    if (final.store || body.background === true) this.keep(id, { response: final, inputItems: inputItemsOf(body.input), createdAtMs });
     const at = { item_id: msgId, output_index: 0, content_index: 0 };
     const events: Array<Record<string, unknown>> = [
       { type: 'response.created', response: base },
@@ -142,6 +153,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
     // The owner is recorded before the id goes out, and the request settled before the answer is
     // written (it is written in full, synchronously).
     call.recordOwner(r.id);
+    if (body.background === true && body.stream !== true) return this.startBackground(call, r);
     call.complete({ status: 200, promptTokens: r.promptTokens, completionTokens: r.outputTokens });
     if (body.stream !== true) return reply.send(200, JSON_HEADERS, JSON.stringify(r.final));
     reply.startStream(200, SSE_HEADERS);
@@ -151,6 +163,38 @@ export class DemoResponsesProvider implements ResponsesProvider {
     reply.end(sseEvent(r.events[r.events.length - 1]));
   }
 
+  /** Answers `queued` (no usage) and completes the response DEMO_BACKGROUND_MS later; its follower bills it. */
+  private startBackground(call: ResponsesCall, r: DemoResponse): void {
+    const s = this.kept.get(r.id)!;
+    const final = { ...r.final, background: true };
+    const queued = { ...final, status: 'queued', incomplete_details: null, output: [], usage: null };
+    s.response = { ...queued, status: 'in_progress' };
+    s.backgroundInputTokens = r.promptTokens;
+    setTimeout(() => {
+      if (isRunning(s.response)) s.response = final;
+    }, DEMO_BACKGROUND_MS).unref();
+    call.follow(r.id, 200);
+    call.reply.send(200, JSON_HEADERS, JSON.stringify(queued));
+  }
+
+  retrieve(_model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {
+    const s = this.kept.get(id);
+    done(s ? readOf(s.response) : GONE);
+  }
+
+  cancel(_model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {
+    const s = this.kept.get(id);
+    if (s) this.cancelRunning(s);
+    done(s ? readOf(s.response) : GONE);
+  }
+
+  /** A running background response ends `cancelled`, billed its input (no output was produced yet). */
+  private cancelRunning(s: Stored): void {
+    if (!isRunning(s.response)) return;
+    const input = s.backgroundInputTokens ?? 0;
+    s.response = { ...s.response, status: 'cancelled', usage: { input_tokens: input, input_tokens_details: { cached_tokens: 0 }, output_tokens: 0, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: input } };
+  }
+
   stored(call: StoredCall): void {
     const s = this.kept.get(call.id);
     const reply = call.reply;
@@ -158,7 +202,12 @@ export class DemoResponsesProvider implements ResponsesProvider {
       call.complete({ status: 404, promptTokens: 0, completionTokens: 0 });
       return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }), 'openai');
     }
-    // Only background responses can be cancelled, and the demo answers in the foreground.
+    // Only background responses can be cancelled (OpenAI's rule); one that ended answers as it is.
+    if (call.action === 'cancel' && s.backgroundInputTokens !== undefined) {
+      this.cancelRunning(s);
+      call.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
+      return reply.send(200, JSON_HEADERS, JSON.stringify(s.response));
+    }
     if (call.action === 'cancel') {
       call.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
       return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'openai');
@@ -198,4 +247,10 @@ function inputItemsPage(items: Array<Record<string, unknown>>, query: string): R
   }
   const data = list.slice(0, limit);
   return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: list.length > limit };
+}
+
+const GONE: UpstreamRead = Object.freeze({ httpStatus: 404, status: null, usage: null, outputTokens: 0 });
+
+function readOf(response: Record<string, unknown>): UpstreamRead {
+  return { httpStatus: 200, status: String(response.status), usage: tokenUsageOf(response.usage), outputTokens: 0 };
 }

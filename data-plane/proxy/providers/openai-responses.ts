@@ -2,11 +2,12 @@
 // apart from the model splice, streamed both ways through stream-proxy.ts, its usage read by the
 // Responses readers of usage-readers.ts (JSON of any size and SSE, bounded; `usage.cost` written in)
 // and billed as chat bills however it ended (billedTokens); the stored-response paths forwarded as
-// they are (the gateway has already checked the response is the key's project's own).
+// they are (the gateway has already checked the response is the key's project's own). A background
+// response the answer left running is handed to its follower (endpoints/background-responses.ts),
+// which reads it here (`retrieve`, `cancel`: off the request path, through the same readers).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall } from '../../endpoints/responses.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { estimateTokens } from '../tokens.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../responses-usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
@@ -30,6 +31,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
     const pricer = pricerOf(call.model);
+    const background = body.background === true;
     proxyRequest({
       pool: t.pool,
       method: 'POST',
@@ -51,11 +53,16 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       onDone(status, outcome, upstreamStatus) {
         const s = sse as ResponsesSseReader | null;
         const j = json as ResponsesJsonReader | null;
+        const usage = s?.usage ?? j?.usage ?? null;
+        const id = s?.id ?? j?.id ?? null;
+        // Background: the answer (`queued`, or a stream that ended before its final event) left the
+        // response running upstream, which bills it whoever reads it: followed to its end, billed then.
+        if (background && usage === null && id !== null && upstreamStatus >= 200 && upstreamStatus < 300) return call.follow(id, outcome === 'aborted' ? 499 : status);
         // The upstream's usage, else (a stream cut, a client gone, an upstream reporting none) the
         // input and the output received so far, counted: the same rules as chat (docs/billing-endings.md).
         call.complete(
-          billedTokens(status, outcome, upstreamStatus, s?.usage ?? j?.usage ?? null, () => ({
-            prompt: estimateTokens(body),
+          billedTokens(status, outcome, upstreamStatus, usage, () => ({
+            prompt: call.inputTokens,
             completion: s ? s.countedCompletionTokens() : j ? j.countedOutputTokens() : 0,
           })),
         );
@@ -85,4 +92,40 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       },
     });
   }
+
+  retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {
+    this.read(model, 'GET', id, '', done);
+  }
+
+  cancel(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {
+    this.read(model, 'POST', id, '/cancel', done);
+  }
+
+  /** One request about a response, its answer read by the JSON reader (any size, bounded); `done` once. */
+  private read(model: ModelConfig, method: 'GET' | 'POST', id: string, suffix: string, done: (r: UpstreamRead) => void): void {
+    const t = this.target(model);
+    const reader = new ResponsesJsonReader(ignoreId);
+    let httpStatus = 0;
+    let called = false;
+    const finish = (r: UpstreamRead) => {
+      if (called) return;
+      called = true;
+      done(r);
+    };
+    t.pool
+      .request({ path: `${t.basePath}/responses/${encodeURIComponent(id)}${suffix}`, method, headers: t.authHeaders, headersTimeout: t.timeoutMs, bodyTimeout: t.timeoutMs })
+      .then(async (res) => {
+        httpStatus = res.statusCode;
+        if (httpStatus < 200 || httpStatus >= 300) {
+          await res.body.dump();
+          return finish({ httpStatus, status: null, usage: null, outputTokens: 0 });
+        }
+        for await (const chunk of res.body) reader.transform(chunk as Buffer);
+        reader.flush();
+        finish({ httpStatus, status: reader.status(), usage: reader.usage, outputTokens: reader.countedOutputTokens() });
+      })
+      .catch(() => finish({ httpStatus: 0, status: null, usage: null, outputTokens: 0 }));
+  }
 }
+
+function ignoreId(): void {}

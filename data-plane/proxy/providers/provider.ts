@@ -27,6 +27,11 @@ export interface ModelCall {
   rawBody: Buffer;
   /** `rawBody` decoded as UTF-8 (the text that was parsed): rewrites start from it, not from a second decoding. */
   bodyText: string;
+  /**
+   * The input tokens the request is billed when it ends without the upstream's usage: the estimate
+   * its admission took (a Responses chain's context included, as far as the node knows it).
+   */
+  inputTokens: number;
   /** Records usage and settles the key's ticket; idempotent (first call wins). */
   complete(result: CallResult): void;
   /** Registers what to do when the client goes away before the response ended. */
@@ -39,7 +44,7 @@ export interface ModelCall {
 }
 
 /** A transcription: the multipart body, already read up to and including its `model` field. */
-export interface TranscriptionCall extends Omit<ModelCall, 'body' | 'rawBody' | 'bodyText'> {
+export interface TranscriptionCall extends Omit<ModelCall, 'body' | 'rawBody' | 'bodyText' | 'inputTokens'> {
   contentType: string;
   /**
    * The body in three pieces, in order: the bytes spilled to disk (`upload.spill.chunks()`), the bytes in
