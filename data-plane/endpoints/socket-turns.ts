@@ -195,7 +195,7 @@ export class SocketTurns {
     if (turn) this.running.delete(turn.responseId!);
     else turn = this.waiting.shift() ?? this.firstRunning() ?? this.forced();
     if (usage && responseId !== undefined) this.rules.ended?.(responseId, usage);
-    return this.settle(turn, 200, usage ?? counted);
+    return this.settle(turn, 200, usage ?? atLeastEstimate(turn, counted));
   }
 
   /** Usage the upstream reports for work of its own outside a response (a transcription of input audio). */
@@ -211,10 +211,7 @@ export class SocketTurns {
   endAll(counted: (responseId: string) => TokenCounts | undefined): Array<{ counts: TokenCounts; cost: number }> {
     const out: Array<{ counts: TokenCounts; cost: number }> = [];
     for (const [id, turn] of this.running) {
-      // What passed for it, its input never below the turn's own estimate (which knows a chain's context).
-      const estimate = turn.ctx?.estimatedPromptTokens ?? 0;
-      const seen = counted(id) ?? { promptTokens: 0, completionTokens: 0 };
-      const c = seen.promptTokens >= estimate ? seen : { ...seen, promptTokens: estimate };
+      const c = atLeastEstimate(turn, counted(id) ?? { promptTokens: 0, completionTokens: 0 });
       out.push({ counts: c, cost: this.settle(turn, 499, c) });
     }
     this.running.clear();
@@ -253,4 +250,10 @@ export class SocketTurns {
   private nextId(): string {
     return `${this.sessionRequestId}.${++this.n}`;
   }
+}
+
+/** What passed for a turn without the upstream's usage, its input never below the turn's own estimate (which knows a chain's context). */
+function atLeastEstimate(turn: SocketTurn, seen: TokenCounts): TokenCounts {
+  const estimate = turn.ctx?.estimatedPromptTokens ?? 0;
+  return seen.promptTokens >= estimate ? seen : { ...seen, promptTokens: estimate };
 }

@@ -358,3 +358,48 @@ matrix.cell('background response JSON × drain', estimateTokens(BG_DRAIN_BODY) *
   assert.equal(await draining.proc.kill('SIGTERM'), 0);
   return k.keyId;
 });
+
+// Turns on a Responses WebSocket (`/v1/responses?model=up-responses`; issue 32): each response.create
+// is a request admitted and billed on its own, from its final event's usage, or, ended without it, its
+// input estimate and the output that passed. Before the fix a cut turn billed 0 input tokens for a
+// top-level string input (OpenAI's own shape).
+const TURN = { type: 'response.create', model: 'up-responses', input: 'Think about otters, slowly.' };
+const TURN_CUT = estimateTokens(TURN) * IN + estimateTextTokens('hi') * OUT;
+const SOCKET_TURN: Record<Ending, Cost> = {
+  normal: BG_USAGE,
+  'answer over 4 MiB': { na: 'socket events are read one message at a time, whatever the response has sent' },
+  'client abort before the head': { na: 'a socket has no head after its 101; see "abort mid-stream"' },
+  'abort mid-stream': TURN_CUT,
+  'key revoked mid-stream': TURN_CUT,
+  'org blocked mid-stream': TURN_CUT,
+  'upstream error mid-stream': TURN_CUT,
+  'upstream without usage': TURN_CUT,
+};
+for (const e of ENDINGS) {
+  matrix.cell(`responses socket turn × ${e}`, SOCKET_TURN[e], async () => {
+    const k = await matrix.newKey();
+    const mode = e === 'normal' ? 'normal' : e === 'upstream without usage' ? 'no-usage' : e === 'upstream error mid-stream' ? 'drop' : 'hold';
+    matrix.rsp.setSocketMode(mode);
+    try {
+      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'up-responses', path: '/v1/responses' });
+      s.session.send(TURN);
+      await s.session.waitFor('response.output_text.delta');
+      if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {
+        await matrix.endByGateway(e, k);
+        assert.equal(await s.session.waitClosed(), 1008);
+      } else if (e === 'abort mid-stream') {
+        s.ws.terminate();
+        await s.session.waitClosed();
+      } else if (e === 'upstream error mid-stream') {
+        await s.session.waitClosed();
+      } else {
+        await s.session.waitFor('response.completed');
+        s.ws.close(1000);
+        await s.session.waitClosed();
+      }
+    } finally {
+      matrix.rsp.setSocketMode('normal');
+    }
+    return k.keyId;
+  });
+}

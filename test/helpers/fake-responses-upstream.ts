@@ -30,6 +30,7 @@ export interface ResponsesUpstreamRequest {
 /** The output text of a 'big-json' answer: over the 4 MiB a Responses answer was once read up to. */
 export const BIG_OUTPUT_BYTES = 5 * 1024 * 1024;
 
+type SocketMode = 'normal' | 'hold' | 'drop' | 'no-usage';
 type Mode = 'normal' | 'cut-stream' | 'hold-stream' | 'big-json';
 
 export interface FakeResponsesUpstream {
@@ -39,8 +40,11 @@ export interface FakeResponsesUpstream {
   /** WebSocket mode: the handshakes (URL and authorization) and every message received. */
   sockets: Array<{ url: string; authorization: string | undefined; received: any[] }>;
   setMode(mode: Mode): void;
-  /** WebSocket mode: 'hold' answers a create with response.created and one delta, then nothing. */
-  setSocketMode(mode: 'normal' | 'hold'): void;
+  /**
+   * WebSocket mode: 'hold' answers a create with response.created and one delta, then nothing;
+   * 'drop' then kills the connection; 'no-usage' completes it without usage.
+   */
+  setSocketMode(mode: SocketMode): void;
   /** Background responses: the test finishes (or forgets) them. */
   background: FakeBackgroundResponses;
   close(): Promise<void>;
@@ -112,7 +116,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
   // WebSocket mode on /v1/responses: each response.create answered with created, a delta and completed.
   // It reads the create's fields at the top level, as OpenAI's WebSocket mode does.
   const sockets: FakeResponsesUpstream['sockets'] = [];
-  let socketMode: 'normal' | 'hold' = 'normal';
+  let socketMode: SocketMode = 'normal';
   const wss = new WebSocketServer({ server, path: '/v1/responses' });
   wss.on('connection', (ws, req) => {
     const rec = { url: req.url ?? '', authorization: req.headers.authorization, received: [] as any[] };
@@ -126,7 +130,8 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       ws.send(JSON.stringify({ type: 'response.created', sequence_number: 0, response: { ...response, status: 'in_progress', usage: null } }));
       ws.send(JSON.stringify({ type: 'response.output_text.delta', sequence_number: 1, delta: 'hi' }));
       if (socketMode === 'hold') return;
-      ws.send(JSON.stringify({ type: 'response.completed', sequence_number: 2, response }));
+      if (socketMode === 'drop') return void ws.terminate();
+      ws.send(JSON.stringify({ type: 'response.completed', sequence_number: 2, response: socketMode === 'no-usage' ? { ...response, usage: null } : response }));
     });
   });
   const port = await listenLocal(server);
