@@ -10,6 +10,7 @@ import { configYaml, addUpstreamModel } from '../helpers/config.js';
 import { type DemoKey } from '../helpers/console.js';
 import { within } from '../helpers/data-plane.js';
 import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
+import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from '../helpers/fake-realtime-upstream.js';
 import { bearer, minuteStart, request, setClock } from '../helpers/http.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { cliJsonAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
@@ -26,15 +27,20 @@ const USAGE_COST = Math.ceil(
 let cp: ControlPlane;
 let node: DataPlane;
 let upstream: FakeResponsesUpstream;
+let rt: FakeRealtimeUpstream;
 
 const gw = gatewayFixture(
   async () => {
     upstream = await startFakeResponsesUpstream();
+    rt = await startFakeRealtimeUpstream();
     return {
       controlPlane: {
         configYaml: configYaml((cfg) => {
           addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { cached_input_usd_per_mtok: '0.05' });
           addUpstreamModel(cfg, 'up-other', upstream.baseUrl, ['free', 'paid']);
+          cfg.models.push({ id: 'rt-up', provider: 'openai', kind: 'realtime', input_usd_per_mtok: '1.00', output_usd_per_mtok: '2.00' });
+          cfg.realtime_upstreams = [{ model: 'rt-up', url: rt.url }];
+          cfg.tiers['rpm-3'] = { rpm: 3, tpm: 1000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['rt-up'] };
           // One fake answer uses 1,500 tokens (USAGE): a second fits, a chain re-reading the first does not.
           cfg.tiers['tpm-2800'] = { rpm: 300, tpm: 2800, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['up-chat'] };
         }),
@@ -51,6 +57,7 @@ const gw = gatewayFixture(
 );
 after(async () => {
   await upstream?.close();
+  await rt?.close();
 });
 
 const socket = (k: DemoKey, model = 'up-chat') => openRealtime(node.address, { key: k.key, model, path: '/v1/responses' });
@@ -318,4 +325,21 @@ test('money: a burst of 30 creates on a socket of a key limited to $0.01 stays w
   await s.session.waitClosed();
   const shown = await within(10_000, async () => (await cliJsonAsync(cp, cp.secrets.operatorToken, ['key', 'show', k.keyId])).spent_usd === usd(spent));
   assert.ok(shown, `key show says ${usd(spent)} spent`);
+});
+
+test('a realtime response the upstream begins on its own is counted and billed as a turn, never refused; the client\'s next create is refused past the rpm', async () => {
+  const k = await gw.fundedKey({ tier: 'rpm-3' });
+  const s = await openRealtime(node.address, { key: k.key, model: 'rt-up' });
+  await s.session.waitFor('session.created');
+  // The socket took one request of 3; five responses begun upstream are counted past it, not refused.
+  for (let i = 0; i < 5; i++) s.session.send({ type: 'test.spontaneous' });
+  await s.session.waitFor('response.done', 5);
+  s.session.send({ type: 'response.create' });
+  const refused = await s.session.waitFor('error');
+  assert.deepEqual([refused.status, refused.error.type], [429, 'requests']);
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 5);
+  // The fake's usage: 10 in, 20 out, at 1 and 2 µ$ a token.
+  assert.deepEqual(rows.map((r) => [r.model, r.requests, r.cost_micros]), [['rt-up', 5, 5 * (10 * 1 + 20 * 2)]]);
 });

@@ -1,7 +1,8 @@
 // A fake OpenAI-compatible realtime upstream (a `ws` WebSocketServer on loopback) for gateway tests.
 // It records each connection's URL and headers, greets with session.created, and answers
 // `response.create` with response.created, text deltas and response.done carrying the usage the test
-// set. Test-only client events drive it: `test.flood` sends `count` messages of `bytes` bytes as fast
+// set. Test-only client events drive it: `test.spontaneous` begins a response without a
+// response.create (as voice activity does), `test.flood` sends `count` messages of `bytes` bytes as fast
 // as its socket takes them (recording how far it got), `test.drop` kills the connection without a
 // close frame. `refuseWith` makes the handshake answer an HTTP status instead.
 import { WebSocketServer, type WebSocket } from 'ws';
@@ -117,7 +118,8 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
       if (isBinary) return void conn.receivedBinary.push(Buffer.from(data as Buffer));
       const ev = JSON.parse(data.toString());
       conn.received.push(ev);
-      if (ev.type === 'response.create') {
+      // `test.spontaneous`: a response the upstream begins on its own, as server voice activity does.
+      if (ev.type === 'response.create' || ev.type === 'test.spontaneous') {
         const id = `resp_fake_${++n}`;
         // The client's response.metadata is echoed back in both events, as OpenAI does.
         const metadata = ev.response?.metadata ?? null;
