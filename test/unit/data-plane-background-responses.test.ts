@@ -42,6 +42,8 @@ function context() {
   const first = new Promise<CallResult>((r) => (resolve = r));
   const ctx = {
     key: { keyHash: hashKey(pepper, 'sk-k'), orgId: 'o' },
+    // The create's input estimate as admission took it (no chain here: the body's own estimate).
+    estimatedPromptTokens: 0,
     deferSettlement: () => (deferred = true),
     complete: (r: CallResult) => {
       completed.push(r);
