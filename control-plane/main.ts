@@ -12,7 +12,7 @@ import { log as logger, logLine } from './log.js';
 import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
 import { Db } from './store/db.js';
 import { runMigrations } from './store/migrate.js';
-import { SqliteLogStore } from './store/sqlite-log-store.js';
+import { SqliteLogStore } from './store/log-store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 import { AuditRecorder } from './audit/audit-recorder.js';

@@ -9,7 +9,7 @@ import { CpError, invalidArgument, notFound, permissionDenied, toServiceError, u
 import type { Queryable, Tx } from '../store/db.js';
 import { findAccountByTokenHash, getRole, ROLES, type AccountRow, type Role } from '../store/accounts-repo.js';
 import { getOrg, getProject, type OrgRow, type ProjectRow } from '../store/orgs-repo.js';
-import type { LogStore } from '../store/log-store.js';
+import type { LogStore } from '../store/log-store/log-store.js';
 import { auditScope, type AuditRecorder } from '../audit/audit-recorder.js';
 import type { WebhookAdmin } from '../webhooks/webhook-admin.js';
 import type { WebhookEvents } from '../webhooks/webhook-events.js';

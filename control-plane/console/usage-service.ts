@@ -8,7 +8,7 @@ import type { Role } from '../store/accounts-repo.js';
 import { listOrgsOfAccount } from '../store/orgs-repo.js';
 import { getKey } from '../store/keys-repo.js';
 import { usageInRange, type UsageGroupBy } from '../store/usage-repo.js';
-import type { LogFilter } from '../store/log-store.js';
+import type { LogFilter } from '../store/log-store/log-store.js';
 import { queryAudit } from '../audit/audit-query.js';
 import { ConsoleAccess, MAX_LOG_PAGE, parseInstant, RANK, refuseKeyValue } from './console-access.js';
 

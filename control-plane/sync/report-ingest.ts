@@ -21,7 +21,7 @@ import { monthOf } from '../../proto/lib/money.js';
 import type { LogBlock, Report, StoredResponse, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import type { Tx } from '../store/db.js';
-import type { LogStore } from '../store/log-store.js';
+import type { LogStore } from '../store/log-store/log-store.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
 import { reportCursor, writeReportRows, type UsageMinute } from '../store/usage-repo.js';
 import { UsageFold } from './usage-fold.js';

@@ -6,7 +6,7 @@
 import { matchLogColumns } from '../../proto/lib/log-columns.js';
 import { LogColumns } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Queryable } from '../store/db.js';
-import type { LogPart, LogSource, LogStore } from '../store/log-store.js';
+import type { LogPart, LogSource, LogStore } from '../store/log-store/log-store.js';
 import type { WebhookEvents } from './webhook-events.js';
 
 /** At most this many distinct IPs are named in one event. */

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 import { Db } from '../../control-plane/store/db.js';
-import { SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
+import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-store.js';
 import { cpus } from 'node:os';
 import { ConsoleClient } from '../../cli/console-client.js';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';

@@ -8,9 +8,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import test from 'node:test';
 import { LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
-import type { LogSource } from '../../control-plane/store/log-store.js';
+import type { LogSource } from '../../control-plane/store/log-store/log-store.js';
 import { Db } from '../../control-plane/store/db.js';
-import { SqliteLogStore } from '../../control-plane/store/sqlite-log-store.js';
+import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-store.js';
 
 const DAY = 86_400_000;
 const T0 = Date.UTC(2025, 2, 10, 12, 0, 0);

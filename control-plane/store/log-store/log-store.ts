@@ -1,7 +1,7 @@
 // The request-log store: one small interface, so a column store (ClickHouse) can take the request
 // logs when one SQLite file is not enough, while the control state stays in SQLite.
-import type { RequestLog } from '../../proto/gen/tollgate/v1/console.js';
-import type { LogBlock } from '../../proto/gen/tollgate/v1/sync.js';
+import type { RequestLog } from '../../../proto/gen/tollgate/v1/console.js';
+import type { LogBlock } from '../../../proto/gen/tollgate/v1/sync.js';
 
 /** A stored entry: a node's row with the node that sent it (what the console answers). */
 export type StoredLog = RequestLog;
