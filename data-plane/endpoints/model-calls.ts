@@ -81,6 +81,8 @@ export class ModelCalls implements Endpoint {
       // Near a money limit the request runs only if its worst case fits (docs/money-limits.md#the-last-request).
       const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj) : estimate;
       const worst = requestWorstCase(model, route.kind === 'responses' ? 'responses' : 'chat', obj, input);
+      // The common case, without a closure: the worst case is in the slice (or no limit is near).
+      if (this.admission.reserveWorstCaseNow(key, ctx.spend, worst)) return this.call(r, ctx, model, obj, estimate, raw, text, state);
       this.admission.reserveWorstCaseOrWait(key, ctx.spend, worst, () => reply.done, (refusal) => {
         if (refusal === 'gone') return;
         if (refusal) return refuseAdmitted(ctx, reply, refusal, 'openai');

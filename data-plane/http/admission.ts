@@ -253,6 +253,14 @@ export class Admission {
    * `then('gone')`: `gone()` said the client went away while it waited. Out of time with no final
    * answer: reserved in advance of it, as admitOrWait admits.
    */
+  /**
+   * The common case of reserveWorstCaseOrWait, synchronous: true when the worst case was reserved at
+   * once; false changed nothing that reserveWorstCaseOrWait will not ask again.
+   */
+  reserveWorstCaseNow(key: KeyRecord, spend: SpendReservation | undefined, worst: WorstCase): boolean {
+    return reserveWorstCase(this.deps.leases, key, spend, worst, this.deps.clock.now()).verdict === 'yes';
+  }
+
   reserveWorstCaseOrWait(key: KeyRecord, spend: SpendReservation | undefined, worst: WorstCase, gone: () => boolean, then: (r: WorstCaseResult) => void): void {
     const { clock, leases } = this.deps;
     const now = reserveWorstCase(leases, key, spend, worst, clock.now());

@@ -23,6 +23,11 @@ export interface OrgSlice {
   maxCostMicros: number;
   /** The largest worst case a request reserved here (raiseSpend): what refills are sized for, with maxCostMicros. */
   maxWorstMicros: number;
+  /**
+   * What the requests in flight on this connection hold reserved: refills ahead of need are sized to
+   * cover it, so that away from a limit the raise to a worst case finds it in the slice and never waits.
+   */
+  reservedMicros: number;
   /** spendFirst admitted a request before the first slice: its reservation is marked `first`. */
   firstOpen: boolean;
   pending: boolean;
@@ -39,6 +44,11 @@ export interface OrgSlice {
 /** What a slice is sized for: the costliest request seen, or the largest worst case reserved. */
 function unitOf(o: OrgSlice): number {
   return Math.max(o.maxCostMicros, o.maxWorstMicros);
+}
+
+/** What a refill ahead of need asks for beyond a debt: a few units, or what is in flight if more. */
+function aheadOf(o: OrgSlice): number {
+  return Math.max(4 * unitOf(o), o.reservedMicros);
 }
 
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
@@ -144,6 +154,7 @@ export class LeaseMoney {
     const first = r.first === true && o.lastGrantMicros === 0 && !exhausted;
     if (delta <= 0 || delta <= o.sliceMicros || first || (final && !exhausted)) {
       o.sliceMicros -= delta;
+      o.reservedMicros += delta;
       r.micros = micros;
       this.maybeAskOrg(poolId, o);
       return RAISED;
@@ -152,6 +163,7 @@ export class LeaseMoney {
       if (!unpriced) return { verdict: 'no', leftMicros: r.micros + Math.max(0, o.sliceMicros) };
       if (o.sliceMicros > 0) {
         r.micros += o.sliceMicros;
+        o.reservedMicros += o.sliceMicros;
         o.sliceMicros = 0;
       }
       return r.micros > 0 ? RAISED : { verdict: 'no', leftMicros: 0 };
@@ -168,7 +180,7 @@ export class LeaseMoney {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -183,6 +195,7 @@ export class LeaseMoney {
     const o = this.orgs.get(orgId);
     if (!o || !this.link.connected) return undefined;
     o.sliceMicros -= o.maxCostMicros;
+    o.reservedMicros += o.maxCostMicros;
     this.maybeAskOrg(orgId, o);
     const r: SpendReservation = { epoch: this.link.epoch, micros: o.maxCostMicros };
     if (o.firstOpen) {
@@ -208,13 +221,14 @@ export class LeaseMoney {
     if (!this.link.connected || !reservation || reservation.epoch !== this.link.epoch) return;
     const o = this.orgFor(orgId);
     o.sliceMicros += reservation.micros - costMicros;
+    o.reservedMicros = Math.max(0, o.reservedMicros - reservation.micros);
     if (costMicros > o.maxCostMicros) o.maxCostMicros = costMicros;
     this.maybeAskOrg(orgId, o);
   }
 
   /** Refills a slice running low ahead of need (from free money only). */
   private maybeAskOrg(orgId: string, o: OrgSlice): void {
-    if (o.exhaustedAtMs === 0 && !o.dry && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * unitOf(o))) this.askOrg(orgId, o, false);
+    if (o.exhaustedAtMs === 0 && !o.dry && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * unitOf(o), o.reservedMicros / 2)) this.askOrg(orgId, o, false);
   }
 
   applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
@@ -291,7 +305,7 @@ export class LeaseMoney {
     o.askedAtMs = this.link.clock.now();
     // What the slice is short plus enough for a few of the organisation's most expensive requests;
     // the control plane may give more.
-    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + 4 * unitOf(o) };
+    const want: OrgLeaseWant = { orgId, micros: Math.max(0, -o.sliceMicros) + aheadOf(o) };
     if (needed) {
       want.needMicros = Math.max(1, needMicros ?? o.maxCostMicros - o.sliceMicros);
       // A worst case's shortfall (raiseSpend) may be more than a few of the costliest requests.

@@ -52,7 +52,9 @@ export function requestWorstCase(model: ModelConfig, api: OutputApi, body: unkno
   const choices = api === 'chat' ? (count(obj.n) ?? 1) : 1;
   const priced = perChoice !== null;
   const outputTokens = (perChoice ?? UNPRICED_OUTPUT_TOKENS) * choices;
-  const micros = usageCostMicros({ promptTokens: input, completionTokens: outputTokens }, { inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice });
+  // Two parts at two prices (no cached or audio parts): summed directly, exact while it is a safe integer.
+  const sum = input * inputPrice + outputTokens * outputPrice;
+  const micros = Number.isSafeInteger(sum) ? Math.ceil(sum / 1_000_000) : usageCostMicros({ promptTokens: input, completionTokens: outputTokens }, { inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice });
   return { micros, priced, inputTokens: input, outputTokens, field, inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice };
 }
 
