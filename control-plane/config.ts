@@ -13,7 +13,6 @@ import { parse as parseYaml } from 'yaml';
 import { DEMO_CONFIG_PATH, parseGatewayConfig, readSecretFromDir, type LoadedGatewayConfig } from './gateway-config.js';
 
 /** A start-up setting is wrong: main prints the message alone and exits with code 2. */
-export { ConfigError };
 
 export interface ControlPlaneConfig {
   dbPath: string;

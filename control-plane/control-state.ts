@@ -4,7 +4,8 @@
 import { monthOf } from '../proto/lib/money.js';
 import type { Change, GatewayConfig, KeyEntry, OrgEntry } from '../proto/gen/tollgate/v1/sync.js';
 import type { Org } from '../proto/gen/tollgate/v1/console.js';
-import { ConfigError, readGatewayConfig } from './config.js';
+import { readGatewayConfig } from './config.js';
+import { ConfigError } from '../proto/lib/process-flags.js';
 import { redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from './gateway-config.js';
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from './store/db.js';

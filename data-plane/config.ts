@@ -9,7 +9,6 @@ import { checkPepper } from '../proto/lib/keys.js';
 import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 
-export { ConfigError };
 
 export interface NodeConfig {
   controlPlane: string;

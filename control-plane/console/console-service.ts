@@ -14,8 +14,6 @@ import { KeyService } from './key-service.js';
 import { OrgService } from './org-service.js';
 import { UsageService } from './usage-service.js';
 
-export type { Caller, ConsoleServiceOptions, NodeFleet } from './console-access.js';
-export { apiKeyOf } from './key-service.js';
 
 export class ConsoleService {
   private readonly orgs: OrgService;

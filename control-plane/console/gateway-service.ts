@@ -1,7 +1,7 @@
 // The console's view of the gateway (proto/tollgate/v1/console.proto): its models, its nodes, config
 // reloads and webhooks. Nodes, config and webhooks are the operator's (docs/design.md#console-roles).
 import type { ConsoleServiceServer, NodeInfo } from '../../proto/gen/tollgate/v1/console.js';
-import { ConfigError } from '../config.js';
+import { ConfigError } from '../../proto/lib/process-flags.js';
 import { modelPrices } from '../gateway-config.js';
 import { CpError, invalidArgument } from '../errors.js';
 import { listNodes as listNodeRows } from '../store/sync-repo.js';

@@ -5,6 +5,3 @@
 // One ledger per kind of lease, each in its own file: keys' rpm and tpm per minute
 // (key-lease-ledger.ts), parallel-request slots (slot-ledger.ts), and organisations' money
 // (money-lease-ledger.ts); small shared helpers in lease-math.ts.
-export { KeyLeaseLedger, type KeyGrant, type KeyGrantResult, type KeyLimitsForLease } from './key-lease-ledger.js';
-export { SlotLedger, type SlotGrantResult } from './slot-ledger.js';
-export { MoneyLeaseLedger, type MoneyGrantResult } from './money-lease-ledger.js';

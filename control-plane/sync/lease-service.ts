@@ -4,7 +4,9 @@
 import type { KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, OrgLease, OrgLeaseWant, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 import type { ControlState } from '../control-state.js';
 import { countLeaseAnswers } from '../metrics.js';
-import { KeyLeaseLedger, MoneyLeaseLedger, SlotLedger } from './lease-ledger.js';
+import { KeyLeaseLedger } from './key-lease-ledger.js';
+import { MoneyLeaseLedger } from './money-lease-ledger.js';
+import { SlotLedger } from './slot-ledger.js';
 import { MoneyPools, partitionPools } from './money-pools.js';
 import type { NodeSession } from './node-session.js';
 

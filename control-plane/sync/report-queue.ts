@@ -4,7 +4,7 @@
 import { status } from '@grpc/grpc-js';
 import type { Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { countIngest } from '../metrics.js';
-import type { MoneyLeaseLedger } from './lease-ledger.js';
+import type { MoneyLeaseLedger } from './money-lease-ledger.js';
 import type { MoneyPools } from './money-pools.js';
 import { failCall, type NodeSession } from './node-session.js';
 import type { ReportIngest } from './report-ingest.js';

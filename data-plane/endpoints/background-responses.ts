@@ -20,7 +20,7 @@ import type { Clock } from '../limits/clock.js';
 import type { StateHolder } from '../auth/key-table.js';
 import { endReasonFor, type EndReason, type OpenEntry, type OpenStreams } from '../auth/open-streams.js';
 import { endError, type GatewayError } from '../errors.js';
-import { logBug } from '../http/reply.js';
+import { logBug } from '../log.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { CallResult } from '../proxy/providers/provider.js';
 import { estimateTokens } from '../proxy/tokens.js';

@@ -15,7 +15,7 @@ import type { KeyRecord } from '../auth/key-table.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
 import type { Admission, Admittable } from '../http/admission.js';
 import { renderErrorEvent } from '../http/error-shapes.js';
-import { logBug } from '../http/reply.js';
+import { logBug } from '../log.js';
 import type { RequestContext } from '../http/request-context.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';

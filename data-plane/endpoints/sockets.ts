@@ -13,7 +13,7 @@ import { GatewayError, orgBlockedMessage } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission } from '../http/admission.js';
-import { logBug } from '../http/reply.js';
+import { logBug } from '../log.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
 import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';

@@ -3,7 +3,7 @@
 // the query and the JSON are http/usage-endpoint.ts's.
 import { GatewayError } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import { logBug } from '../http/reply.js';
+import { logBug } from '../log.js';
 import { parseUsageQuery, renderUsage } from '../http/usage-endpoint.js';
 import type { UsageSource } from '../sync/usage-client.js';
 import { refuseAdmitted, PlainEndpoint, type EndpointDeps } from './intake.js';

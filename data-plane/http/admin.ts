@@ -5,7 +5,8 @@
 import uWS, { type TemplatedApp } from 'uWebSockets.js';
 import type { ManualClock } from '../limits/clock.js';
 import { METRICS_CONTENT_TYPE, scrape } from '../metrics.js';
-import { logBug, Reply } from './reply.js';
+import { Reply } from './reply.js';
+import { logBug } from '../log.js';
 import { collectBody } from './request-body.js';
 
 const TEXT = [['content-type', 'text/plain; charset=utf-8']] as const;

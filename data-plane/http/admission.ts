@@ -9,11 +9,12 @@ import type { KeyRecord } from '../auth/key-table.js';
 import { minuteOf, type Clock } from '../limits/clock.js';
 import type { Admission as KeyAdmission, AdmitOptions, KeyBudgets, Ticket } from '../limits/key-budgets.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
-import type { LeaseClient, SpendReservation } from '../limits/lease-client.js';
+import type { LeaseClient } from '../limits/lease-client.js';
+import type { SpendReservation } from '../limits/lease-money.js';
 import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, reserveWorstCase, waitForMoney } from '../limits/money-pools.js';
 import type { WorstCase } from '../limits/worst-case.js';
 import type { ErrorShape } from './error-shapes.js';
-import { logBug } from './reply.js';
+import { logBug } from '../log.js';
 import type { FinishSource, RequestContext } from './request-context.js';
 
 /**

@@ -25,7 +25,6 @@ import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';
 import { SlotSet, type Slotted } from '../slot-set.js';
 
 export type { HeaderList };
-export { logBug };
 
 /**
  * The most of a request body left unread that an early answer (503, 413, 429, 401 before the body was

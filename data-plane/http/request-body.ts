@@ -7,7 +7,8 @@ import { Readable } from 'node:stream';
 import type { HttpResponse } from 'uWebSockets.js';
 import { GatewayError } from '../errors.js';
 import type { BodyBudget, BodyBudgetRefusal } from '../limits/body-budget.js';
-import { logBug, type Reply } from './reply.js';
+import { type Reply } from './reply.js';
+import { logBug } from '../log.js';
 import { SlotSet, type Slotted } from '../slot-set.js';
 
 export type BodyCallback = (err: GatewayError | null, body: Buffer) => void;

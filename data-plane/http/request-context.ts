@@ -6,12 +6,11 @@ import { usageCostMicros } from '../../proto/lib/money.js';
 import type { KeyRecord } from '../auth/key-table.js';
 import type { Clock } from '../limits/clock.js';
 import type { Ticket } from '../limits/key-budgets.js';
-import type { SpendReservation } from '../limits/lease-client.js';
+import type { SpendReservation } from '../limits/lease-money.js';
 import type { CallResult } from '../proxy/providers/provider.js';
-import { logRequestError } from '../log.js';
+import { logBug, logRequestError } from '../log.js';
 import { estimateTokens } from '../proxy/tokens.js';
 import { cleanCount } from '../proxy/usage-readers.js';
-import { logBug } from './reply.js';
 import type { LogDraft } from './request-log.js';
 
 export interface ContextDeps {
@@ -32,7 +31,6 @@ export interface FinishSource {
 /** The most tokens one request may report (far above any context window); more is clamped. */
 export const MAX_TOKENS_PER_REQUEST = 100_000_000;
 /** One boundary for every count an upstream reports (usage-readers.ts). */
-export { cleanCount };
 
 /**
  * How long a finished response waits for its provider to report before the context settles on its

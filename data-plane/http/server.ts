@@ -34,7 +34,7 @@ import type { RouteKind } from '../routing/routes.js';
 import type { Reporter } from '../sync/reporter.js';
 import type { UsageSource } from '../sync/usage-client.js';
 import { Admission, type WaitStats } from './admission.js';
-import { logBug } from './reply.js';
+import { logBug } from '../log.js';
 import { RequestContext } from './request-context.js';
 import type { BodyWatch } from './request-body.js';
 

@@ -40,7 +40,6 @@ export interface EdgeVerdict {
 
 // Which budgets and which body cap a path has is the path family's (routing/path-families.ts), the
 // one classifier the router uses too.
-export { BODY_CAP_AUDIO_BYTES, BODY_CAP_FILES_BYTES, BODY_CAP_GENERAL_BYTES, BODY_CAP_GROUP120_BYTES } from '../routing/path-families.js';
 
 /**
  * Every edge budget a request counts in: the general anonymous or credentialed budget of `/v1/*` plus

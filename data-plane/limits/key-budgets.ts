@@ -429,5 +429,3 @@ export function formatLimitMessage(
 
 // Rendered elsewhere, re-exported for the modules that import them from here: the rate headers
 // (rate-headers.ts) and the one token estimator (proxy/tokens.ts, docs/design.md#token-estimates).
-export { rateHeaderPairs, writeRateHeaders, type RateHeaders } from './rate-headers.js';
-export { estimateTokens } from '../proxy/tokens.js';

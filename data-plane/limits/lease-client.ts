@@ -19,8 +19,6 @@ import { LeaseStandingShares } from './lease-standing-shares.js';
 import { LeaseSlots } from './lease-slots.js';
 import { LeaseMoney, type RaiseVerdict, type SpendReservation, type SpendVerdict } from './lease-money.js';
 
-export type { LeaseRequestOut } from './lease-link.js';
-export type { SpendReservation, SpendVerdict } from './lease-money.js';
 
 /** How long after "reclaiming" a request out of time keeps waiting (the whole-budget reclaim takes up to 1 s). */
 const RECLAIMING_WAIT_MS = 1200;

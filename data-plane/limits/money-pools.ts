@@ -8,7 +8,8 @@
 import type { KeyRecord, LimitPeriod } from '../auth/key-table.js';
 import { GatewayError } from '../errors.js';
 import { keyLimitMessage, keyLimitShort, keyPoolId, periodEndMs, periodStartMs, projectCapMessage, projectCapShort, projectPoolId, worstCaseMessage, worstCaseShort, type LimitReset } from '../../proto/lib/money-pools.js';
-import type { LeaseClient, SpendReservation, SpendVerdict } from './lease-client.js';
+import type { LeaseClient } from './lease-client.js';
+import type { SpendReservation, SpendVerdict } from './lease-money.js';
 import { affordableOutputTokens, type WorstCase } from './worst-case.js';
 
 export type MoneyVerdict =

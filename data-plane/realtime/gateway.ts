@@ -16,18 +16,20 @@ import type { Endpoint, Intake } from '../endpoints/intake.js';
 import type { SocketPlan, SocketOpener } from '../endpoints/sockets.js';
 import { offersKeyInProtocol, type Gate } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import { logBug } from '../http/reply.js';
-import { writeRateHeaders, type KeyBudgets } from '../limits/key-budgets.js';
+import { logBug } from '../log.js';
+import { type KeyBudgets } from '../limits/key-budgets.js';
+import { writeRateHeaders } from '../limits/rate-headers.js';
 import type { LeaseClient } from '../limits/lease-client.js';
 import type { Clock } from '../limits/clock.js';
 import { REALTIME_PATH, RESPONSES_SOCKET_PATH as RESPONSES_PATH } from '../routing/routes.js';
 import type { OpenStreams } from '../auth/open-streams.js';
-import { CLOSE, RealtimeSession, RealtimeStats, type UserData } from './session.js';
+import { RealtimeSession, type UserData } from './session.js';
+import { CLOSE } from './close-codes.js';
+import { RealtimeStats } from './realtime-stats.js';
 import type { SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from './upstream-link.js';
 import { connectWsUpstream } from './ws-upstream.js';
 
-export { REALTIME_PATH, offersKeyInProtocol };
 export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;
 export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
 /** Seconds without any frame from the client (uWS pings it automatically before that). */

@@ -47,10 +47,6 @@ import { sendToClientSocket } from './client-send.js';
 import { SessionLimits } from './session-limits.js';
 
 // Re-exported: the gateway and the tests import them from here.
-export { CLOSE, truncateReason } from './close-codes.js';
-export { RealtimeStats } from './realtime-stats.js';
-export { clientEventRefusal } from './client-events.js';
-export { eventTypeOf, stringMemberSpans, tokens } from './event-scan.js';
 
 export interface SessionDeps {
   clock: Clock;

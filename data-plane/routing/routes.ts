@@ -29,7 +29,6 @@ export interface Route {
 }
 
 // Path sanity is its own pure module; re-exported here, where the pipeline looks paths up.
-export { isBadPath, MAX_PATH_CHARS } from './path-sanity.js';
 
 /**
  * The error shape of a path's family, decided before routing: a 401 on `/v1/chat/completionz` looks

@@ -11,7 +11,8 @@ import type { StateHolder } from '../auth/key-table.js';
 import { SnapshotDecoder } from '../auth/snapshot-decoder.js';
 import type { OpenStreams } from '../auth/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
-import type { LeaseClient, LeaseRequestOut } from '../limits/lease-client.js';
+import type { LeaseClient } from '../limits/lease-client.js';
+import type { LeaseRequestOut } from '../limits/lease-link.js';
 import type { Reporter } from './reporter.js';
 import type { ResponseOwners } from '../endpoints/response-owners.js';
 

@@ -9,8 +9,10 @@ import { renderError, type ErrorShape } from '../../data-plane/http/error-shapes
 import type { Reply } from '../../data-plane/http/reply.js';
 import { RequestContext } from '../../data-plane/http/request-context.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
-import { KeyBudgets, type AllowanceSource, type KeyLimits, type MinuteAllowance, type RateHeaders } from '../../data-plane/limits/key-budgets.js';
-import type { LeaseClient, SpendReservation, SpendVerdict } from '../../data-plane/limits/lease-client.js';
+import { KeyBudgets, type AllowanceSource, type KeyLimits, type MinuteAllowance } from '../../data-plane/limits/key-budgets.js';
+import { type RateHeaders } from '../../data-plane/limits/rate-headers.js';
+import type { LeaseClient } from '../../data-plane/limits/lease-client.js';
+import type { SpendReservation, SpendVerdict } from '../../data-plane/limits/lease-money.js';
 
 /** 17 s into a minute: every 429 says retry-after 43. */
 export const T0 = Date.UTC(2025, 0, 1, 12, 0, 17);

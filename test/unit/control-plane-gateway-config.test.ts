@@ -2,7 +2,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { parse } from 'yaml';
-import { ConfigError, readGatewayConfig } from '../../control-plane/config.js';
+import { readGatewayConfig } from '../../control-plane/config.js';
+import { ConfigError } from '../../proto/lib/process-flags.js';
 import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config.js';
 
 const demo = () => parse(readFileSync(DEMO_CONFIG_PATH, 'utf8'));

@@ -7,7 +7,8 @@ import type { KeyRecord } from '../../data-plane/auth/key-table.js';
 import { GatewayError } from '../../data-plane/errors.js';
 import { Admission, LEASE_WAIT_MS, type WorstCaseResult } from '../../data-plane/http/admission.js';
 import type { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
-import { LeaseClient, type LeaseRequestOut } from '../../data-plane/limits/lease-client.js';
+import { LeaseClient } from '../../data-plane/limits/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
 import type { WorstCase } from '../../data-plane/limits/worst-case.js';
 import { advance, clock, useManualTime, wakesRun } from '../helpers/admission-fakes.js';
 

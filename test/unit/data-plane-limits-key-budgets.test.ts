@@ -2,18 +2,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ManualClock, minuteOf, secondsToNextMinute } from '../../data-plane/limits/clock.js';
-import {
-  KeyBudgets,
-  estimateTokens,
-  rateHeaderPairs,
-  writeRateHeaders,
-  type RateHeaders,
-  type Admission,
-  type AllowanceSource,
-  type KeyLimits,
-  type MinuteAllowance,
-  type Ticket,
-} from '../../data-plane/limits/key-budgets.js';
+import { KeyBudgets, type Admission, type AllowanceSource, type KeyLimits, type MinuteAllowance, type Ticket } from '../../data-plane/limits/key-budgets.js';
+import { estimateTokens } from '../../data-plane/proxy/tokens.js';
+import { rateHeaderPairs, writeRateHeaders, type RateHeaders } from '../../data-plane/limits/rate-headers.js';
 
 const T0 = Date.UTC(2025, 0, 1, 12, 0, 0); // top of a minute
 

@@ -4,7 +4,8 @@
 // in and one acknowledgement out per node every 100 ms, most of the control plane's CPU per request.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { LeaseClient, type LeaseRequestOut } from '../../data-plane/limits/lease-client.js';
+import { LeaseClient } from '../../data-plane/limits/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
 import { ManualClock, minuteOf } from '../../data-plane/limits/clock.js';
 import type { KeyLimits } from '../../data-plane/limits/key-budgets.js';
 

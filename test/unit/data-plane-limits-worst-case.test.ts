@@ -6,7 +6,8 @@ import assert from 'node:assert/strict';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { affordableOutputTokens, requestWorstCase, UNPRICED_OUTPUT_TOKENS } from '../../data-plane/limits/worst-case.js';
 import { worstCaseMessage, worstCaseShort } from '../../proto/lib/money-pools.js';
-import { LeaseClient, type LeaseRequestOut } from '../../data-plane/limits/lease-client.js';
+import { LeaseClient } from '../../data-plane/limits/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { client } from '../helpers/leases.js';
 

@@ -8,9 +8,8 @@ import { parseStoredResponsePath } from '../../data-plane/routing/responses-path
 import { RESPONSE_RETENTION_MS, ResponseOwners } from '../../data-plane/endpoints/response-owners.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../../data-plane/proxy/responses-usage-readers.js';
 import { tokenUsageOf } from '../../data-plane/proxy/usage-readers.js';
-import { estimateTextTokens } from '../../data-plane/proxy/tokens.js';
+import { estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';
 import { usageCostMicros, type TokenPrices } from '../../proto/lib/money.js';
-import { estimateTokens } from '../../data-plane/limits/key-budgets.js';
 import { LogColumns } from '../../proto/gen/tollgate/v1/sync.js';
 import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
 import { decodeLogColumns, LogColumnsBuilder, type LogRow } from '../../proto/lib/log-columns.js';

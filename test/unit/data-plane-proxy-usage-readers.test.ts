@@ -2,7 +2,7 @@
 // usage read from JSON and SSE answers of any size in bounded memory, and cost from usage details.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { eventTypeOf } from '../../data-plane/realtime/session.js';
+import { eventTypeOf } from '../../data-plane/realtime/event-scan.js';
 import { upstreamErrorAnswer } from '../../data-plane/proxy/upstream-errors.js';
 import { SseUsageReader } from '../../data-plane/proxy/sse-usage-reader.js';
 import { JsonUsageReader, tokenUsageOf } from '../../data-plane/proxy/usage-readers.js';

@@ -12,8 +12,10 @@ import { DEMO_CONFIG_PATH, parseGatewayConfig, redactGatewayConfig } from '../..
 import { GatewayState } from '../../data-plane/auth/key-table.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
-import { offersKeyInProtocol } from '../../data-plane/realtime/gateway.js';
-import { clientEventRefusal, stringMemberSpans, tokens, truncateReason } from '../../data-plane/realtime/session.js';
+import { offersKeyInProtocol } from '../../data-plane/gate/gate.js';
+import { clientEventRefusal } from '../../data-plane/realtime/client-events.js';
+import { stringMemberSpans, tokens } from '../../data-plane/realtime/event-scan.js';
+import { truncateReason } from '../../data-plane/realtime/close-codes.js';
 import { audioTokensOfBytes, ResponseTally } from '../../data-plane/realtime/response-estimate.js';
 import { estimateTextTokens } from '../../data-plane/proxy/tokens.js';
 import { usageCostMicros } from '../../proto/lib/money.js';

@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../data-plane/errors.js';
-import { isBadPath, RouteTable, shapeOf } from '../../data-plane/routing/routes.js';
+import { RouteTable, shapeOf } from '../../data-plane/routing/routes.js';
+import { isBadPath } from '../../data-plane/routing/path-sanity.js';
 
 const bad = [
   '/v1/../x',

@@ -4,12 +4,13 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { keyLimitMessage, keyLimitShort, keyPoolId, periodEndMs, periodStartMs, poolOf, projectCapMessage, projectCapShort, projectPoolId } from '../../proto/lib/money-pools.js';
-import { MoneyLeaseLedger } from '../../control-plane/sync/lease-ledger.js';
+import { MoneyLeaseLedger } from '../../control-plane/sync/money-lease-ledger.js';
 import { MoneyPools, partitionPools } from '../../control-plane/sync/money-pools.js';
 import { SnapshotStore } from '../../control-plane/snapshot-store.js';
 import type { Queryable } from '../../control-plane/store/db.js';
 import { GatewayConfig, type KeyEntry } from '../../proto/gen/tollgate/v1/sync.js';
-import { LeaseClient, type LeaseRequestOut } from '../../data-plane/limits/lease-client.js';
+import { LeaseClient } from '../../data-plane/limits/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { GatewayState } from '../../data-plane/auth/key-table.js';
 import { extraPools, moneyVerdict, reserveMoney } from '../../data-plane/limits/money-pools.js';
