@@ -125,7 +125,7 @@ export function isGatewayError(err: unknown): err is GatewayError {
 /**
  * Why the gateway refused a request: the catalog code of the error it answered with (and a 429's
  * tripped dimension). One value, read two ways: as the metrics' `reason` label (the code) and as the
- * request log's `reason` (http/request-log.ts `refusalReason`).
+ * request log's `reason` (request/request-log.ts `refusalReason`).
  */
 export type Refusal = Pick<GatewayError, 'code' | 'type'>;
 
@@ -144,7 +144,7 @@ export function orgBlockedMessage(blockedReason: string): string {
 }
 
 /**
- * Why the node ends something a key has open (auth/open-streams.ts decides, in this order of
+ * Why the node ends something a key has open (state/open-streams.ts decides, in this order of
  * precedence): the node can no longer vouch for any key, the key no longer authenticates, its
  * expiry passed, its organisation is blocked, or the key may no longer use the model it was opened for.
  */

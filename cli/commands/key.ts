@@ -5,7 +5,7 @@ import { formatFields, formatTable, nullIfEmpty, printJson, usageError } from '.
 import { DURATION_HELP, parseDurationSec } from '../duration-arg.js';
 import { listFlag, optionalString, requireString, usdFlag, type Command } from './command.js';
 import { formatUsd } from '../../proto/lib/money.js';
-import { LIMIT_RESETS } from '../../proto/lib/money-pools.js';
+import { LIMIT_RESETS } from '../../proto/lib/spend-limits.js';
 
 /** A key's own money limit as JSON; with `spend` (key show), what it spent in the current period too. */
 function limitJson(k: ApiKey, spend: boolean): Record<string, unknown> {

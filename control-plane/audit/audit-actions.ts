@@ -4,7 +4,7 @@
 import { status, type handleUnaryCall, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import type { ConsoleServiceServer } from '../../proto/gen/tollgate/v1/console.js';
 import { formatUsd } from '../../proto/lib/money.js';
-import { isLimitReset } from '../../proto/lib/money-pools.js';
+import { isLimitReset } from '../../proto/lib/spend-limits.js';
 import { AuditScope, callerAddressOf, runInAuditScope, type AuditRecorder } from './audit-recorder.js';
 
 type Any = Record<string, any>;

@@ -1,7 +1,7 @@
 // The console's side of money limits below the organisation (docs/money-limits.md): a key's own
 // limit given at creation, a project's monthly cap, and what was spent against each (read from the
 // committed usage, so `key show` and `project list` agree with what the nodes were leased).
-import { LIMIT_RESETS, isLimitReset, limitResetOf, periodEndMs, periodStartMs, type LimitReset } from '../../proto/lib/money-pools.js';
+import { LIMIT_RESETS, isLimitReset, limitResetOf, periodEndMs, periodStartMs, type LimitReset } from '../../proto/lib/spend-limits.js';
 import { monthOf } from '../../proto/lib/money.js';
 import type { ApiKey, CreateKeyRequest, Project, SetProjectCapRequest } from '../../proto/gen/tollgate/v1/console.js';
 import type { ControlState } from '../control-state.js';

@@ -40,7 +40,7 @@ export interface IngestResult {
   logs: number;
 }
 
-/** A key's cost in one minute under one lease epoch, as committed (money-pools.ts keeps key and project limits by it). */
+/** A key's cost in one minute under one lease epoch, as committed (leases/money-pools.ts keeps key and project limits by it). */
 export interface KeySpend {
   keyId: string;
   projectId: string;

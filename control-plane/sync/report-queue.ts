@@ -4,8 +4,8 @@
 import { status } from '@grpc/grpc-js';
 import type { Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { countIngest } from '../metrics.js';
-import type { MoneyLeaseLedger } from './money-lease-ledger.js';
-import type { MoneyPools } from './money-pools.js';
+import type { MoneyLeaseLedger } from '../leases/money-lease-ledger.js';
+import type { MoneyPools } from '../leases/money-pools.js';
 import { failCall, type NodeSession } from './node-session.js';
 import type { ReportIngest } from './report-ingest.js';
 
@@ -27,7 +27,7 @@ export class ReportQueue {
     /** Every connected node's session (the sync service's set). */
     private readonly sessions: ReadonlySet<NodeSession>,
     private readonly moneyLeases: MoneyLeaseLedger,
-    /** Projects' caps and keys' own limits (money-pools.ts): charged after each report is written. */
+    /** Projects' caps and keys' own limits (leases/money-pools.ts): charged after each report is written. */
     private readonly moneyPools: MoneyPools,
     private readonly log: (line: string) => void,
   ) {}

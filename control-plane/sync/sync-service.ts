@@ -12,14 +12,14 @@ import type { NodeFleet } from '../console/console-access.js';
 import { connectedNodeIds, nodeDisconnected, nodesGone, touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
-import { LeaseService } from './lease-service.js';
+import { LeaseService } from '../leases/lease-service.js';
 import { failCall, NodeSession, type Call, type SessionHost } from './node-session.js';
-import type { MoneyPools } from './money-pools.js';
+import type { MoneyPools } from '../leases/money-pools.js';
 import { ReportQueue } from './report-queue.js';
 import { queryUsageHandler } from './usage-query.js';
 import { countInbound } from './sync-traffic.js';
 import { PART_ENTRIES } from '../../proto/lib/snapshot-parts.js';
-import { Rejoin } from './rejoin.js';
+import { Rejoin } from '../leases/rejoin.js';
 
 /** A node left alone holds whole key budgets at once only if no other node was connected this long. */
 const LONE_QUIET_MS = 90_000;

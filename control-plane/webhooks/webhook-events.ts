@@ -33,7 +33,7 @@ export interface OrgNow {
   month: string;
 }
 
-/** What a project or key with a limit spent in its period, after a usage report (money-pools.ts). */
+/** What a project or key with a limit spent in its period, after a usage report (leases/money-pools.ts). */
 export interface LimitSpend {
   kind: 'project' | 'key';
   id: string;

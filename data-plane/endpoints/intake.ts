@@ -1,15 +1,15 @@
 // Admission and body reading, joined in one place: after the gate (gate/gate.ts) has found the route,
 // the route's bodyMode (routing/routes.ts) says how the body is read while admission (key budgets, the
-// money slice; http/admission.ts) decides, and the endpoint is called once both are done. uWS wants
+// money slice; request/admission.ts) decides, and the endpoint is called once both are done. uWS wants
 // onData attached before the handler returns (style.md, rule 2), so a body is read while admission
 // waits for a lease, still within the node-wide body budget; a refused request's body is not wanted.
-import type { StateHolder } from '../auth/key-table.js';
+import type { StateHolder } from '../state/key-table.js';
 import { GatewayError, keepsRequest, type ErrorShape } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import type { Admission, Admittable } from '../http/admission.js';
+import type { Admission, Admittable } from '../request/admission.js';
 import { type Reply } from '../http/reply.js';
 import { logBug } from '../log.js';
-import type { RequestContext } from '../http/request-context.js';
+import type { RequestContext } from '../request/request-context.js';
 import { closesConnection, collectBody, streamBody, type BodyStream, type BodyWatch } from '../http/request-body.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import type { Clock } from '../limits/clock.js';

@@ -2,12 +2,12 @@
 // `GET /v1/audio/voices`, and stored responses of the Responses API (`/v1/responses/{id}…`). Each is
 // a request like any other: one rpm, no tokens (docs/design.md#what-counts-as-a-request).
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import type { GatewayState, KeyRecord } from '../auth/key-table.js';
+import type { GatewayState, KeyRecord } from '../state/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import type { EndpointDeps } from './intake.js';
 import { failCall, PlainEndpoint } from './intake.js';
-import type { ResponsesEndpoint } from './responses.js';
+import type { ResponsesEndpoint } from './responses/responses.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
 /** 2025-01-01, a fixed `created` for configured models. */

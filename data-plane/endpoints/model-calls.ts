@@ -2,20 +2,20 @@
 // Responses API). The body is read whole (intake.ts), its tokens estimated and reserved (tpm), the
 // request validated (400), the model's scope checked (401), then the provider is called.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import type { GatewayState } from '../auth/key-table.js';
+import type { GatewayState } from '../state/key-table.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import type { Admission } from '../http/admission.js';
+import type { Admission } from '../request/admission.js';
 import { type Reply } from '../http/reply.js';
 import { logBug } from '../log.js';
-import type { RequestContext } from '../http/request-context.js';
-import { validateJson } from '../http/validate-request.js';
+import type { RequestContext } from '../request/request-context.js';
+import { validateJson } from '../request/validate-request.js';
 import { estimateTokens } from '../proxy/tokens.js';
 import { requestWorstCase } from '../limits/worst-case.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
 import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
-import { estimateResponseTokens, type ResponsesEndpoint } from './responses.js';
+import { estimateResponseTokens, type ResponsesEndpoint } from './responses/responses.js';
 
 /**
  * JSON bodies a model endpoint can accept, below the path's cap: a speech request is a short text

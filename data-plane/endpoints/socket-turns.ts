@@ -11,12 +11,12 @@
 // work is being done, so it is counted and billed.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../proto/lib/money.js';
-import type { KeyRecord } from '../auth/key-table.js';
+import type { KeyRecord } from '../state/key-table.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
-import type { Admission, Admittable } from '../http/admission.js';
+import type { Admission, Admittable } from '../request/admission.js';
 import { renderErrorEvent } from '../http/error-shapes.js';
 import { logBug } from '../log.js';
-import type { RequestContext } from '../http/request-context.js';
+import type { RequestContext } from '../request/request-context.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import { requestWorstCase } from '../limits/worst-case.js';

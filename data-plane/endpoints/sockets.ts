@@ -8,11 +8,11 @@
 // (`refuseAdmitted`). The uWS upgrade itself, and the session, are realtime/'s (`SocketOpener`); each
 // turn on the open socket is a request (socket-turns.ts).
 import type { ModelConfig, RealtimeUpstream } from '../../proto/gen/tollgate/v1/sync.js';
-import type { KeyRecord, StateHolder } from '../auth/key-table.js';
+import type { KeyRecord, StateHolder } from '../state/key-table.js';
 import { GatewayError, orgBlockedMessage } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import type { Admission } from '../http/admission.js';
+import type { Admission } from '../request/admission.js';
 import { logBug } from '../log.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
@@ -22,7 +22,7 @@ import { CLOSE } from '../realtime/close-codes.js';
 import { REALTIME_PATH, RESPONSES_SOCKET_PATH } from '../routing/routes.js';
 import { PlainEndpoint, refuseAdmitted } from './intake.js';
 import { RealtimeTurnRules } from './realtime-turns.js';
-import { DemoResponsesSocketLink, ResponsesSocketLink, ResponsesTurnRules, responsesEventRefusal, type ResponsesSocketHooks } from './responses-socket.js';
+import { DemoResponsesSocketLink, ResponsesSocketLink, ResponsesTurnRules, responsesEventRefusal, type ResponsesSocketHooks } from './responses/responses-socket.js';
 import { SocketTurns, type TurnRules, type TurnSocket } from './socket-turns.js';
 
 /** What a socket endpoint hands the session it opens. */

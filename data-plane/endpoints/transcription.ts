@@ -5,7 +5,7 @@ import { GatewayError } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../log.js';
-import type { RequestContext } from '../http/request-context.js';
+import type { RequestContext } from '../request/request-context.js';
 import { closesConnection, type BodyStream } from '../http/request-body.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';

@@ -1,10 +1,10 @@
 // `GET /v1/usage`: the key's own project only (the control plane takes the project from its record of
 // the key). The one request that waits for the control plane, bounded by the usage client's deadline;
-// the query and the JSON are http/usage-endpoint.ts's.
+// the query and the JSON are request/usage-endpoint.ts's.
 import { GatewayError } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../log.js';
-import { parseUsageQuery, renderUsage } from '../http/usage-endpoint.js';
+import { parseUsageQuery, renderUsage } from '../request/usage-endpoint.js';
 import type { UsageSource } from '../sync/usage-client.js';
 import { refuseAdmitted, PlainEndpoint, type EndpointDeps } from './intake.js';
 

@@ -6,11 +6,11 @@
 // money reservation) and the log entry. A class with fields set in one order (one hidden class), so
 // the hot path makes one object per request and no closures.
 import type { HttpResponse, us_socket_context_t } from 'uWebSockets.js';
-import type { KeyRecord } from '../auth/key-table.js';
+import type { KeyRecord } from '../state/key-table.js';
 import type { ErrorShape } from '../errors.js';
 import type { Reply } from '../http/reply.js';
-import type { RequestContext } from '../http/request-context.js';
-import type { LogDraft, LogHead } from '../http/request-log.js';
+import type { RequestContext } from '../request/request-context.js';
+import type { LogDraft, LogHead } from '../request/request-log.js';
 import type { Ticket } from '../limits/key-budgets.js';
 import type { PathFamily } from '../routing/path-families.js';
 import type { Route } from '../routing/routes.js';

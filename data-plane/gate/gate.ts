@@ -7,21 +7,21 @@
 // request-id counter and one model-scope message serve both. Nothing here awaits.
 import type { HttpRequest, HttpResponse, us_socket_context_t } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { bearerToken } from '../auth/bearer.js';
-import type { GatewayState, KeyRecord, StateHolder } from '../auth/key-table.js';
-import type { OpenStreams } from '../auth/open-streams.js';
-import { registerOpenRequest } from '../http/open-request.js';
+import { bearerToken } from './bearer.js';
+import type { GatewayState, KeyRecord, StateHolder } from '../state/key-table.js';
+import type { OpenStreams } from '../state/open-streams.js';
+import { registerOpenRequest } from '../request/open-request.js';
 import { isDraining } from '../drain.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
-import { blockedMessage } from '../http/admission.js';
+import { blockedMessage } from '../request/admission.js';
 import { deriveClientIp, headerLines } from '../http/client-ip.js';
 import { Reply } from '../http/reply.js';
-import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler } from '../http/request-log.js';
+import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler } from '../request/request-log.js';
 import type { Clock } from '../limits/clock.js';
 import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
-import type { LeaseClient } from '../limits/lease-client.js';
+import type { LeaseClient } from '../leases/lease-client.js';
 import { requestStarted } from '../metrics.js';
 import { familyOf } from '../routing/path-families.js';
 import { REALTIME_PATH, SOCKET_ROUTES, type Route } from '../routing/routes.js';
@@ -179,7 +179,7 @@ export class Gate {
     if (money) return refuse(reply, money, r.shape);
     deps.reporter.touch(key.keyId);
     // Until it ends, the request is in the registry of what keys have open, whose policy may end it
-    // (auth/open-streams.ts: a revoked key, a blocked organisation, a narrowed scope, a stale node).
+    // (state/open-streams.ts: a revoked key, a blocked organisation, a narrowed scope, a stale node).
     if (entrance.registersOpenStream && deps.openStreams) registerOpenRequest(deps.openStreams, reply, key, r.shape);
     return key;
   }

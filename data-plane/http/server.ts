@@ -5,11 +5,11 @@
 // gateway (realtime/gateway.ts). Nothing before the upstream call awaits, except reading a body.
 // Errors are rendered only by error-shapes.ts, through Reply.
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWebSockets.js';
-import type { StateHolder } from '../auth/key-table.js';
-import type { OpenStreams } from '../auth/open-streams.js';
-import { BackgroundFollowers } from '../endpoints/background-responses.js';
-import { ResponseOwners } from '../endpoints/response-owners.js';
-import { ResponsesEndpoint } from '../endpoints/responses.js';
+import type { StateHolder } from '../state/key-table.js';
+import type { OpenStreams } from '../state/open-streams.js';
+import { BackgroundFollowers } from '../endpoints/responses/background-responses.js';
+import { ResponseOwners } from '../endpoints/responses/response-owners.js';
+import { ResponsesEndpoint } from '../endpoints/responses/responses.js';
 import { Intake, type Endpoint } from '../endpoints/intake.js';
 import { SocketEndpoint } from '../endpoints/sockets.js';
 import { Listings, StoredResponses } from '../endpoints/listings.js';
@@ -23,7 +23,7 @@ import type { BodyBudget } from '../limits/body-budget.js';
 import type { Clock } from '../limits/clock.js';
 import type { EdgeBudgets } from '../limits/edge-budgets.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
-import type { LeaseClient } from '../limits/lease-client.js';
+import type { LeaseClient } from '../leases/lease-client.js';
 import { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
 import type { PoolRegistry } from '../proxy/providers/openai.js';
 import { OpenAIResponsesProvider } from '../proxy/providers/openai-responses.js';
@@ -33,9 +33,9 @@ import { RealtimeGateway, REALTIME_OVER_HTTP, type RealtimeOptions } from '../re
 import type { RouteKind } from '../routing/routes.js';
 import type { Reporter } from '../sync/reporter.js';
 import type { UsageSource } from '../sync/usage-client.js';
-import { Admission, type WaitStats } from './admission.js';
+import { Admission, type WaitStats } from '../request/admission.js';
 import { logBug } from '../log.js';
-import { RequestContext } from './request-context.js';
+import { RequestContext } from '../request/request-context.js';
 import type { BodyWatch } from './request-body.js';
 
 export interface ServerDeps {
@@ -68,7 +68,7 @@ export interface ServerDeps {
   toolBackends?: ToolBackends;
   /** Every request of a key from authentication to its end, so revocation can end it (open-streams.ts). */
   openStreams?: OpenStreams;
-  /** Who owns each stored response (endpoints/response-owners.ts); shared with the sync client. */
+  /** Who owns each stored response (endpoints/responses/response-owners.ts); shared with the sync client. */
   responseOwners?: ResponseOwners;
 }
 
@@ -88,7 +88,7 @@ export class ApiServer {
 
   /** The `/v1/realtime` WebSocket gateway (data-plane/realtime/). */
   readonly realtime: RealtimeGateway;
-  /** The Responses API (data-plane/endpoints/responses.ts). */
+  /** The Responses API (data-plane/endpoints/responses/responses.ts). */
   readonly responses: ResponsesEndpoint;
   /** Background responses followed to their end (a Drainable: main.ts registers it). */
   readonly backgroundResponses: BackgroundFollowers;

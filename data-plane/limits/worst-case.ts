@@ -1,6 +1,6 @@
 // A request's worst case in money (docs/money-limits.md#the-last-request): its input estimate plus the
 // most output it allows, at the model's dearest input and output prices. Near a money limit a request
-// is admitted only if its worst case fits (money-pools.ts reserveWorstCase). Pure.
+// is admitted only if its worst case fits (leases/request-money.ts reserveWorstCase). Pure.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../proto/lib/money.js';
 

@@ -2,7 +2,7 @@
 // session's (it is billed at the prices of the model it was opened for), input-audio transcription
 // (billed by the upstream apart from the session), and an event that repeats a key.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
-import { findDuplicateKey } from '../http/validate-request.js';
+import { findDuplicateKey } from '../request/validate-request.js';
 import { parseText, type Obj } from './event-scan.js';
 
 /**

@@ -10,7 +10,7 @@
 import { RealtimeMemory } from './realtime-memory.js';
 import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp, type us_socket_context_t, type WebSocketBehavior } from 'uWebSockets.js';
 import type { RealtimeUpstream } from '../../proto/gen/tollgate/v1/sync.js';
-import type { StateHolder } from '../auth/key-table.js';
+import type { StateHolder } from '../state/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { Endpoint, Intake } from '../endpoints/intake.js';
 import type { SocketPlan, SocketOpener } from '../endpoints/sockets.js';
@@ -19,10 +19,10 @@ import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../log.js';
 import { type KeyBudgets } from '../limits/key-budgets.js';
 import { writeRateHeaders } from '../limits/rate-headers.js';
-import type { LeaseClient } from '../limits/lease-client.js';
+import type { LeaseClient } from '../leases/lease-client.js';
 import type { Clock } from '../limits/clock.js';
 import { REALTIME_PATH, RESPONSES_SOCKET_PATH as RESPONSES_PATH } from '../routing/routes.js';
-import type { OpenStreams } from '../auth/open-streams.js';
+import type { OpenStreams } from '../state/open-streams.js';
 import { RealtimeSession, type UserData } from './session.js';
 import { CLOSE } from './close-codes.js';
 import { RealtimeStats } from './realtime-stats.js';
@@ -43,7 +43,7 @@ export interface RealtimeDeps {
   keyBudgets: KeyBudgets;
   leases?: LeaseClient;
   isStale(): boolean;
-  /** What keys have open (auth/open-streams.ts): every session registers there until it closes. */
+  /** What keys have open (state/open-streams.ts): every session registers there until it closes. */
   openStreams?: OpenStreams;
 }
 

@@ -2,12 +2,12 @@
 // project's cap, the key's own limit)? Then the socket closes once no response is in flight, never in
 // the middle of one: 1013 for tokens, 1008 for money, with a reason a client can branch on. A money
 // slice still on its way is waited for (woken by its grant), not taken as spent.
-import type { KeyRecord } from '../auth/key-table.js';
+import type { KeyRecord } from '../state/key-table.js';
 import { closeReasonOf, endError } from '../errors.js';
 import { secondsToNextMinute, type Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
-import type { LeaseClient } from '../limits/lease-client.js';
-import { cancelMoneyWait, moneyVerdict, waitForMoney } from '../limits/money-pools.js';
+import type { LeaseClient } from '../leases/lease-client.js';
+import { cancelMoneyWait, moneyVerdict, waitForMoney } from '../leases/request-money.js';
 import { CLOSE } from './close-codes.js';
 
 export interface SessionLimitsDeps {

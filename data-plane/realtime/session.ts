@@ -23,15 +23,15 @@
 import type { WebSocket } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../proto/lib/money.js';
-import { tokenUsageOf } from '../proxy/usage-readers.js';
-import type { KeyRecord } from '../auth/key-table.js';
+import { tokenUsageOf } from '../proxy/usage/usage-readers.js';
+import type { KeyRecord } from '../state/key-table.js';
 import { logBug } from '../log.js';
-import type { RequestContext } from '../http/request-context.js';
+import type { RequestContext } from '../request/request-context.js';
 import type { Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
-import type { LeaseClient } from '../limits/lease-client.js';
+import type { LeaseClient } from '../leases/lease-client.js';
 import type { SocketTurns, TurnSocket } from '../endpoints/socket-turns.js';
-import type { EndReason, OpenEntry, OpenStreams } from '../auth/open-streams.js';
+import type { EndReason, OpenEntry, OpenStreams } from '../state/open-streams.js';
 import { closeReasonOf, type GatewayError } from '../errors.js';
 import { openStreamGauge } from '../metrics.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
@@ -56,10 +56,10 @@ export interface SessionDeps {
   turns(socket: TurnSocket): SocketTurns;
   /**
    * A client message of the Responses API's WebSocket mode that is not passed on, as an error event
-   * (endpoints/responses-socket.ts `responsesEventRefusal`); absent on /v1/realtime.
+   * (endpoints/responses/responses-socket.ts `responsesEventRefusal`); absent on /v1/realtime.
    */
   eventRefusal?: (data: Buffer, isBinary: boolean) => Buffer | null;
-  /** The node's one registry of what keys have open (auth/open-streams.ts): its policy ends a session. */
+  /** The node's one registry of what keys have open (state/open-streams.ts): its policy ends a session. */
   openStreams?: OpenStreams;
   /** The node's open sessions (the drain ends them). */
   sessions: Set<RealtimeSession>;
@@ -284,7 +284,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
     this.finish(code, reason);
   }
 
-  /** The registry's policy ends the session (auth/open-streams.ts): closed now, 1008, the reason's one text. */
+  /** The registry's policy ends the session (state/open-streams.ts): closed now, 1008, the reason's one text. */
   end(_why: EndReason, err: GatewayError): void {
     this.close(CLOSE.POLICY, closeReasonOf(err));
   }

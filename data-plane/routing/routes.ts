@@ -44,7 +44,7 @@ function modelRoute(kind: RouteKind, method: string, bodyMode: BodyMode): Route 
 
 /** The one path that accepts realtime sessions (OpenAI's: `wss://…/v1/realtime?model=…`). */
 export const REALTIME_PATH = '/v1/realtime';
-/** The Responses API's WebSocket mode (endpoints/responses-socket.ts). */
+/** The Responses API's WebSocket mode (endpoints/responses/responses-socket.ts). */
 export const RESPONSES_SOCKET_PATH = '/v1/responses';
 
 /** The routes of WebSocket upgrades (gate.ts): uWS hands the gate only upgrades under these paths. */

@@ -3,18 +3,18 @@
 // Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
 // bad node token) is fatal: one line, exit 2.
-import { projectPoolPrefix } from '../../proto/lib/money-pools.js';
+import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 import { SyncServiceClient, SyncServiceService, type ControlMessage, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
-import type { StateHolder } from '../auth/key-table.js';
-import { SnapshotDecoder } from '../auth/snapshot-decoder.js';
-import type { OpenStreams } from '../auth/open-streams.js';
+import type { StateHolder } from '../state/key-table.js';
+import { SnapshotDecoder } from '../state/snapshot-decoder.js';
+import type { OpenStreams } from '../state/open-streams.js';
 import { MINUTE_MS, minuteOf } from '../limits/clock.js';
-import type { LeaseClient } from '../limits/lease-client.js';
-import type { LeaseRequestOut } from '../limits/lease-link.js';
+import type { LeaseClient } from '../leases/lease-client.js';
+import type { LeaseRequestOut } from '../leases/lease-link.js';
 import type { Reporter } from './reporter.js';
-import type { ResponseOwners } from '../endpoints/response-owners.js';
+import type { ResponseOwners } from '../endpoints/responses/response-owners.js';
 
 /** How long before the top of a minute the next minute's first lease chunks are asked for. */
 const PREFETCH_BEFORE_TOP_MS = 3000;
@@ -35,7 +35,7 @@ export interface SyncClientOptions {
   reporter: Reporter;
   /** Who owns each stored response (the Responses API): fed the control plane's records. */
   responseOwners?: ResponseOwners;
-  /** What keys have open: its policy is enforced after each applied change, before the ack (auth/open-streams.ts). */
+  /** What keys have open: its policy is enforced after each applied change, before the ack (state/open-streams.ts). */
   openStreams?: OpenStreams;
   /** Lease slices: told about connection changes, fed grants, and given a way to send requests. */
   leases?: LeaseClient;
@@ -271,7 +271,7 @@ export class SyncClient {
 
   /**
    * Ends what keys have open that the state just applied no longer allows (a revoked key, a blocked
-   * organisation, a narrowed scope), before the ack: auth/open-streams.ts holds the policy.
+   * organisation, a narrowed scope), before the ack: state/open-streams.ts holds the policy.
    */
   private endWhatNoLongerHolds(): void {
     this.opts.openStreams?.enforce(this.opts.holder.current);

@@ -2,7 +2,7 @@
 // 130 MB as one message, and the node held it twice over while it arrived (in HTTP/2 frames, then
 // joined into one buffer by grpc-js), which its C heap did not always give back. In parts of
 // PART_ENTRIES keys or tombstones each, no message is larger than about 1.3 MB. Shared by the control
-// plane (which splits) and its tests; the node assembles them (data-plane/auth/key-table.ts).
+// plane (which splits) and its tests; the node assembles them (data-plane/state/key-table.ts).
 import type { Snapshot } from '../gen/tollgate/v1/sync.js';
 
 /** Keys and tombstones per part by default: about 1.3 MB a message. */

@@ -2,7 +2,7 @@
 // becoming blocked, closes the key's sockets on every node (1008 with a reason) before the nodes ack,
 // so they are closed by the time `tollgate key revoke` returns. A node cut off from the control plane
 // keeps its sockets (fail-static), unless the configured maximum staleness passes; then its open HTTP
-// streams end as well (one registry, one policy: data-plane/auth/open-streams.ts).
+// streams end as well (one registry, one policy: data-plane/state/open-streams.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runCliAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';

@@ -1,18 +1,18 @@
-// Fakes for the unit tests of admission (data-plane/http/admission.ts): a reply that records what was
+// Fakes for the unit tests of admission (data-plane/request/admission.ts): a reply that records what was
 // answered, a lease client scripted by the test, a node (real key budgets and admission) built on them,
 // and the clocks. Time moves only when a test moves it: the clock is a ManualClock, setTimeout is
 // node:test's mock timers, and performance.now follows them; a test file calls `useManualTime()` once.
 import { afterEach, beforeEach, mock } from 'node:test';
-import type { KeyRecord } from '../../data-plane/auth/key-table.js';
-import { Admission } from '../../data-plane/http/admission.js';
+import type { KeyRecord } from '../../data-plane/state/key-table.js';
+import { Admission } from '../../data-plane/request/admission.js';
 import { renderError, type ErrorShape } from '../../data-plane/http/error-shapes.js';
 import type { Reply } from '../../data-plane/http/reply.js';
-import { RequestContext } from '../../data-plane/http/request-context.js';
+import { RequestContext } from '../../data-plane/request/request-context.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets, type AllowanceSource, type KeyLimits, type MinuteAllowance } from '../../data-plane/limits/key-budgets.js';
 import { type RateHeaders } from '../../data-plane/limits/rate-headers.js';
-import type { LeaseClient } from '../../data-plane/limits/lease-client.js';
-import type { SpendReservation, SpendVerdict } from '../../data-plane/limits/lease-money.js';
+import type { LeaseClient } from '../../data-plane/leases/lease-client.js';
+import type { SpendReservation, SpendVerdict } from '../../data-plane/leases/lease-money.js';
 
 /** 17 s into a minute: every 429 says retry-after 43. */
 export const T0 = Date.UTC(2025, 0, 1, 12, 0, 17);

@@ -2,9 +2,9 @@
 // lease for the control plane's ledgers, and a lease client (the node's side) on a ManualClock that
 // records what it sends.
 import assert from 'node:assert/strict';
-import type { KeyGrantResult } from '../../control-plane/sync/key-lease-ledger.js';
-import { LeaseClient } from '../../data-plane/limits/lease-client.js';
-import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
+import type { KeyGrantResult } from '../../control-plane/leases/key-lease-ledger.js';
+import { LeaseClient } from '../../data-plane/leases/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/leases/lease-link.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import type { KeyLease, KeyLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 

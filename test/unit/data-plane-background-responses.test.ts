@@ -1,4 +1,4 @@
-// The follower of background responses (data-plane/endpoints/background-responses.ts) against a fake
+// The follower of background responses (data-plane/endpoints/responses/background-responses.ts) against a fake
 // provider: one bill per response, from the terminal usage; ended by the open-streams registry it
 // cancels upstream and bills what the cancel reports (one more read, else the bound, when the cancel
 // says nothing billable); gone upstream or at a drain's deadline, safely above.
@@ -6,12 +6,12 @@ import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import type { GatewayConfig, ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { hashKey } from '../../proto/lib/keys.js';
-import { GatewayState, StateHolder } from '../../data-plane/auth/key-table.js';
-import { OpenStreams } from '../../data-plane/auth/open-streams.js';
+import { GatewayState, StateHolder } from '../../data-plane/state/key-table.js';
+import { OpenStreams } from '../../data-plane/state/open-streams.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
-import { BACKGROUND_OUTPUT_CEILING_TOKENS, BackgroundFollowers, safeAbove } from '../../data-plane/endpoints/background-responses.js';
-import type { ResponsesProvider, UpstreamRead } from '../../data-plane/endpoints/responses.js';
-import type { RequestContext } from '../../data-plane/http/request-context.js';
+import { BACKGROUND_OUTPUT_CEILING_TOKENS, BackgroundFollowers, safeAbove } from '../../data-plane/endpoints/responses/background-responses.js';
+import type { ResponsesProvider, UpstreamRead } from '../../data-plane/endpoints/responses/responses.js';
+import type { RequestContext } from '../../data-plane/request/request-context.js';
 import type { CallResult } from '../../data-plane/proxy/providers/provider.js';
 import { estimateTokens } from '../../data-plane/proxy/tokens.js';
 

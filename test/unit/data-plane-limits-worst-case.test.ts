@@ -5,9 +5,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { affordableOutputTokens, requestWorstCase, UNPRICED_OUTPUT_TOKENS } from '../../data-plane/limits/worst-case.js';
-import { worstCaseMessage, worstCaseShort } from '../../proto/lib/money-pools.js';
-import { LeaseClient } from '../../data-plane/limits/lease-client.js';
-import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
+import { worstCaseMessage, worstCaseShort } from '../../proto/lib/spend-limits.js';
+import { LeaseClient } from '../../data-plane/leases/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/leases/lease-link.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { client } from '../helpers/leases.js';
 

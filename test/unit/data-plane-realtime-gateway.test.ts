@@ -9,7 +9,7 @@ import { parse } from 'yaml';
 import { hashKey } from '../../proto/lib/keys.js';
 import type { GatewayConfig, ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { DEMO_CONFIG_PATH, parseGatewayConfig, redactGatewayConfig } from '../../control-plane/gateway-config.js';
-import { GatewayState } from '../../data-plane/auth/key-table.js';
+import { GatewayState } from '../../data-plane/state/key-table.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
 import { offersKeyInProtocol } from '../../data-plane/gate/gate.js';

@@ -9,7 +9,7 @@ import { setFlagsFromString, getHeapSpaceStatistics } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import fc from 'fast-check';
 import { SlotSet, type Slotted } from '../../data-plane/slot-set.js';
-import { OpenStreams, type OpenEntry } from '../../data-plane/auth/open-streams.js';
+import { OpenStreams, type OpenEntry } from '../../data-plane/state/open-streams.js';
 import { BodyWatch, type PacedBody } from '../../data-plane/http/request-body.js';
 
 setFlagsFromString('--expose-gc');

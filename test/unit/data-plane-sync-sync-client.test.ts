@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Metadata, Server, ServerCredentials, type ServerDuplexStream } from '@grpc/grpc-js';
 import { SyncServiceService, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
-import { StateHolder } from '../../data-plane/auth/key-table.js';
+import { StateHolder } from '../../data-plane/state/key-table.js';
 import { SyncClient } from '../../data-plane/sync/sync-client.js';
 import type { Reporter } from '../../data-plane/sync/reporter.js';
 

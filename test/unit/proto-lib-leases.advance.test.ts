@@ -2,10 +2,10 @@
 // plane's ledgers agree on what the node holds, whatever order the answer and the node's word arrive in.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { KeyLeaseLedger } from '../../control-plane/sync/key-lease-ledger.js';
-import { SlotLedger } from '../../control-plane/sync/slot-ledger.js';
-import { LeaseClient } from '../../data-plane/limits/lease-client.js';
-import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
+import { KeyLeaseLedger } from '../../control-plane/leases/key-lease-ledger.js';
+import { SlotLedger } from '../../control-plane/leases/slot-ledger.js';
+import { LeaseClient } from '../../data-plane/leases/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/leases/lease-link.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets, type Admission } from '../../data-plane/limits/key-budgets.js';
 

@@ -2,7 +2,7 @@
 // headers"): what the pool's other holders said they used, never what they merely hold.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { KeyLeaseLedger } from '../../control-plane/sync/key-lease-ledger.js';
+import { KeyLeaseLedger } from '../../control-plane/leases/key-lease-ledger.js';
 import { granted, want } from '../helpers/leases.js';
 
 const limits = { rpm: 20, tpm: 60_000 };

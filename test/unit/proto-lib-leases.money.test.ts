@@ -2,7 +2,7 @@
 // organisation's money (helpers in test/helpers/leases.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { MoneyLeaseLedger } from '../../control-plane/sync/money-lease-ledger.js';
+import { MoneyLeaseLedger } from '../../control-plane/leases/money-lease-ledger.js';
 import { client } from '../helpers/leases.js';
 
 test('money ledger: slices never pass what is spendable; debts count once; nothing left reclaims first', () => {

@@ -2,7 +2,7 @@
 // key (helpers in test/helpers/leases.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SlotLedger } from '../../control-plane/sync/slot-ledger.js';
+import { SlotLedger } from '../../control-plane/leases/slot-ledger.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
 import { client, lease, limits } from '../helpers/leases.js';

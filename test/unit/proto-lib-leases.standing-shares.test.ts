@@ -5,10 +5,10 @@
 // messages delivered in order as the sync stream does.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { KeyLeaseLedger } from '../../control-plane/sync/key-lease-ledger.js';
-import { SlotLedger } from '../../control-plane/sync/slot-ledger.js';
-import { LeaseClient } from '../../data-plane/limits/lease-client.js';
-import { type LeaseRequestOut } from '../../data-plane/limits/lease-link.js';
+import { KeyLeaseLedger } from '../../control-plane/leases/key-lease-ledger.js';
+import { SlotLedger } from '../../control-plane/leases/slot-ledger.js';
+import { LeaseClient } from '../../data-plane/leases/lease-client.js';
+import { type LeaseRequestOut } from '../../data-plane/leases/lease-link.js';
 import { ManualClock, minuteOf } from '../../data-plane/limits/clock.js';
 import { KeyBudgets, type KeyLimits } from '../../data-plane/limits/key-budgets.js';
 import { standingShare } from '../../proto/lib/leases.js';

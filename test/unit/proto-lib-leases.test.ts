@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
-import { KeyLeaseLedger } from '../../control-plane/sync/key-lease-ledger.js';
+import { KeyLeaseLedger } from '../../control-plane/leases/key-lease-ledger.js';
 import { client, granted, lease, limits, want } from '../helpers/leases.js';
 
 test('cold share: a lone node holds the whole budget, several nodes hold nothing unasked', () => {

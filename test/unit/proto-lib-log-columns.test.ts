@@ -8,8 +8,8 @@ import fc from 'fast-check';
 import { LogColumns, Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { scanLogBlock } from '../../proto/lib/log-block-scan.js';
 import { clampCount, decodeLogColumns, emptyColumns, LogColumnsBuilder, matchLogColumns, type LogRow } from '../../proto/lib/log-columns.js';
-import { MAX_TOKENS_PER_REQUEST } from '../../data-plane/http/request-context.js';
-import { cleanCount } from '../../data-plane/proxy/usage-readers.js';
+import { MAX_TOKENS_PER_REQUEST } from '../../data-plane/request/request-context.js';
+import { cleanCount } from '../../data-plane/proxy/usage/usage-readers.js';
 
 function row(i: number, over: Partial<LogRow> = {}): LogRow {
   return {

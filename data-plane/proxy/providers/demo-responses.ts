@@ -5,12 +5,12 @@
 // response DEMO_BACKGROUND_MS later (until then it reads `in_progress` and can be cancelled).
 import { randomBytes } from 'node:crypto';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses.js';
-import { RESPONSE_RETENTION_MS } from '../../endpoints/response-owners.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses/responses.js';
+import { RESPONSE_RETENTION_MS } from '../../endpoints/responses/response-owners.js';
 import { GatewayError } from '../../errors.js';
 import { truncateTokens } from '../tokens.js';
-import { countResponsesInputTokens, responsesInputText } from '../responses-usage.js';
-import { tokenUsageOf } from '../usage-readers.js';
+import { countResponsesInputTokens, responsesInputText } from '../usage/responses-usage.js';
+import { tokenUsageOf } from '../usage/usage-readers.js';
 import { splitText } from './demo.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;

@@ -3,13 +3,13 @@
 // Responses readers of usage-readers.ts (JSON of any size and SSE, bounded; `usage.cost` written in)
 // and billed as chat bills however it ended (billedTokens); the stored-response paths forwarded as
 // they are (the gateway has already checked the response is the key's project's own). A background
-// response the answer left running is handed to its follower (endpoints/background-responses.ts),
+// response the answer left running is handed to its follower (endpoints/responses/background-responses.ts),
 // which reads it here (`retrieve`, `cancel`: off the request path, through the same readers).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses/responses.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
-import { ResponsesJsonReader, ResponsesSseReader } from '../responses-usage-readers.js';
+import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {

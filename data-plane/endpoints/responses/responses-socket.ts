@@ -1,0 +1,194 @@
+// The Responses API's WebSocket mode (`/v1/responses` upgraded, `?model=MODEL`): the client sends
+// `response.create` events, each with the same top-level fields as the body of `POST /v1/responses`
+// (the upstream reads them there), and gets each response's events back. The session around it is
+// realtime's (realtime/gateway.ts checks everything before the upgrade, realtime/session.ts relays
+// with backpressure and holds one parallel slot while open); each create is a turn admitted and
+// billed as a request (socket-turns.ts). What is the Responses API's own is here:
+// - ResponsesTurnRules: a create is checked on exactly the fields the upstream reads: a `response`
+//   member (fields named in a second place the upstream does not read) is refused, the model must be
+//   the socket's and is spliced in as the upstream names it, and `previous_response_id` must be the
+//   project's own; the turn reserves its input and its `max_output_tokens`;
+// - ResponsesSocketLink: each `response.created` from the upstream records the response's owner
+//   before the client sees it.
+import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { TokenCounts } from '../../../proto/lib/money.js';
+import type { GatewayState, KeyRecord } from '../../state/key-table.js';
+import { GatewayError } from '../../errors.js';
+import { findDuplicateKey } from '../../request/validate-request.js';
+import type { DemoResponsesProvider } from '../../proxy/providers/demo-responses.js';
+import { estimateTokens } from '../../proxy/tokens.js';
+import { rewriteChatBody } from '../../proxy/json-splice.js';
+import { LocalUpstreamLink } from '../../realtime/local-link.js';
+import type { UpstreamEvents, UpstreamLink } from '../../realtime/upstream-link.js';
+import { estimateResponseTokens } from './responses.js';
+import type { TurnRules } from '../socket-turns.js';
+
+type Obj = Record<string, unknown>;
+
+/** What the link needs of the Responses endpoint (responses.ts). */
+export interface ResponsesSocketHooks {
+  checkPreviousId(key: KeyRecord, id: string, state: GatewayState): boolean;
+  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
+  chainTokens(body: unknown): number;
+  noteContext(id: string, promptTokens: number, completionTokens: number): void;
+}
+
+/**
+ * A client message on a Responses socket that is not passed on, as an error event (null: it may go
+ * on): one that is not a JSON object with a string `type`, or any event but a create that repeats a
+ * key (a create is checked as a turn, after admission).
+ */
+export function responsesEventRefusal(data: Buffer, isBinary: boolean): Buffer | null {
+  const ev = isBinary ? null : parseObj(data);
+  if (!ev || typeof ev.type !== 'string') return errorEvent('invalid_event', 'Each message must be a JSON object with a string `type`.', null);
+  if (ev.type === 'response.create') return null;
+  const dup = findDuplicateKey(data.toString('utf8'));
+  return dup === null ? null : errorEvent('invalid_event', `Duplicate key '${dup.slice(0, 64)}' in the event: each key may appear once.`, dup.slice(0, 64));
+}
+
+function errorEvent(code: string, message: string, param: string | null): Buffer {
+  return Buffer.from(JSON.stringify({ type: 'error', error: { type: 'invalid_request_error', code, message, param } }));
+}
+
+/** A create on a Responses socket: checked where the upstream reads it, the model spliced in. */
+export class ResponsesTurnRules implements TurnRules {
+  private readonly upstreamModel: string;
+
+  constructor(
+    private readonly hooks: ResponsesSocketHooks,
+    private readonly key: KeyRecord,
+    private readonly model: ModelConfig,
+    private readonly state: () => GatewayState,
+  ) {
+    this.upstreamModel = model.provider === 'demo' ? model.id : model.upstreamModel || model.id;
+  }
+
+  check(ev: Obj, text: string, _data: Buffer): GatewayError | Buffer {
+    const dup = findDuplicateKey(text);
+    if (dup !== null) return new GatewayError('INVALID_REQUEST', `Duplicate key '${dup.slice(0, 64)}' in the event: each key may appear once.`, { param: dup.slice(0, 64) });
+    if ('response' in ev) {
+      return new GatewayError('INVALID_REQUEST', "Unknown parameter: 'response'. In WebSocket mode the fields of response.create stand at the top level, as in the body of POST /v1/responses.", { param: 'response' });
+    }
+    // A background response outlives its turn: it is followed and billed from HTTP creates only.
+    if (ev.background !== undefined && ev.background !== false) {
+      return new GatewayError('INVALID_REQUEST', 'Background responses are created with POST /v1/responses, not over the WebSocket.', { param: 'background' });
+    }
+    if (ev.model !== undefined && ev.model !== this.model.id) {
+      return new GatewayError('MODEL_NOT_ALLOWED', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, { param: 'model' });
+    }
+    const prev = ev.previous_response_id;
+    if (prev !== undefined && prev !== null) {
+      if (typeof prev !== 'string') return new GatewayError('INVALID_REQUEST', "Invalid type for 'previous_response_id': expected a string.", { param: 'previous_response_id' });
+      if (!this.hooks.checkPreviousId(this.key, prev, this.state())) return new GatewayError('NOT_FOUND', `No response found with id '${prev.slice(0, 128)}'.`, { param: 'previous_response_id' });
+    }
+    // The model where the upstream reads it, the rest byte for byte (json-splice.ts).
+    const model = JSON.stringify(this.upstreamModel);
+    const out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
+    return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel }));
+  }
+
+  // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.
+  estimate(ev: Obj, _pendingInput: number): number {
+    return estimateResponseTokens(ev) + this.hooks.chainTokens(ev);
+  }
+
+  inputEstimate(ev: Obj, _pendingInput: number): number {
+    return estimateTokens(ev) + this.hooks.chainTokens(ev);
+  }
+
+  outputFields(ev: Obj): unknown {
+    return ev;
+  }
+
+  ended(responseId: string, usage: TokenCounts): void {
+    this.hooks.noteContext(responseId, usage.promptTokens, usage.completionTokens);
+  }
+}
+
+export class ResponsesSocketLink implements UpstreamLink {
+  private outer: UpstreamEvents | null = null;
+
+  constructor(
+    private readonly inner: UpstreamLink,
+    private readonly hooks: ResponsesSocketHooks,
+    private readonly key: KeyRecord,
+    private readonly model: ModelConfig,
+  ) {}
+
+  get events(): UpstreamEvents | null {
+    return this.outer;
+  }
+
+  set events(e: UpstreamEvents | null) {
+    this.outer = e;
+    this.inner.events = e && {
+      message: (data, isBinary) => {
+        if (!isBinary && data.includes('"response.created"')) {
+          const ev = parseObj(data);
+          const response = ev && ev.type === 'response.created' && isObj(ev.response) ? ev.response : null;
+          if (response && typeof response.id === 'string' && response.id.length > 0 && response.id.length <= 128) {
+            this.hooks.recordOwnerOf(this.key, this.model, response.id);
+          }
+        }
+        e.message(data, isBinary);
+      },
+      closed: (code, reason) => e.closed(code, reason),
+    };
+  }
+
+  get bufferedAmount(): number {
+    return this.inner.bufferedAmount;
+  }
+
+  send(data: Buffer, isBinary: boolean): void {
+    this.inner.send(data, isBinary);
+  }
+
+  pause(): void {
+    this.inner.pause();
+  }
+
+  resume(): void {
+    this.inner.resume();
+  }
+
+  close(code: number, reason: string): void {
+    this.inner.close(code, reason);
+  }
+}
+
+/** The demo provider over a socket: each `response.create` answered with the demo's events. */
+export class DemoResponsesSocketLink extends LocalUpstreamLink {
+  constructor(
+    private readonly demo: DemoResponsesProvider,
+    private readonly modelId: string,
+  ) {
+    super(true);
+  }
+
+  send(data: Buffer): void {
+    if (this.closed) return;
+    const ev = parseObj(data);
+    if (!ev || ev.type !== 'response.create') {
+      return this.emit({ type: 'error', error: { type: 'invalid_request_error', code: 'unknown_event', message: 'The demo model handles `response.create` events only.', param: null } });
+    }
+    const body = ev;
+    if (body.input === undefined || (typeof body.input !== 'string' && !Array.isArray(body.input))) {
+      return this.emit({ type: 'error', error: { type: 'invalid_request_error', code: 'missing_required_parameter', message: "Missing required parameter: 'input'.", param: 'input' } });
+    }
+    for (const e of this.demo.respond(body, this.modelId).events) this.emit(e);
+  }
+}
+
+function isObj(v: unknown): v is Obj {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+function parseObj(data: Buffer): Obj | null {
+  try {
+    const v = JSON.parse(data.toString('utf8')) as unknown;
+    return isObj(v) ? v : null;
+  } catch {
+    return null;
+  }
+}
