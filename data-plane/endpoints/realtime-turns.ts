@@ -5,13 +5,25 @@
 // `max_response_output_tokens`). Its fields stand under `response`, where the realtime API reads
 // them; the session's model cannot be switched there (realtime/client-events.ts refuses a switch
 // before it is a turn), so it goes on as it was sent.
-import type { GatewayError } from '../errors.js';
+import { GatewayError } from '../errors.js';
+import { findDuplicateKey } from '../request/validate-request.js';
 import type { TurnRules } from './socket-turns.js';
 
 type Obj = Record<string, unknown>;
 
 export class RealtimeTurnRules implements TurnRules {
-  check(_ev: Obj, _text: string, data: Buffer): GatewayError | Buffer {
+  /** The realtime API names the client event an error is about (`error.event_id`). */
+  readonly errorsNameTheirEvent = true;
+
+  check(_ev: Obj, text: string, data: Buffer): GatewayError | Buffer {
+    // What the upstream reads must be what was read here: one JSON object, each key once.
+    try {
+      JSON.parse(text);
+    } catch {
+      return new GatewayError('INVALID_REQUEST', 'The event is not valid JSON.', { param: null });
+    }
+    const dup = findDuplicateKey(text);
+    if (dup !== null) return new GatewayError('INVALID_REQUEST', `Duplicate key '${dup.slice(0, 64)}' in the event: each key may appear once.`, { param: dup.slice(0, 64) });
     return data;
   }
 

@@ -27,6 +27,12 @@ type Obj = Record<string, unknown>;
 /** What differs between the socket endpoints: how a create is estimated, checked and rewritten. */
 export interface TurnRules {
   /**
+   * How an upstream `error` names the create it refuses: by the client event's `event_id` (realtime;
+   * a create without one is given one), or as the one create waiting (the Responses API's one
+   * response at a time).
+   */
+  readonly errorsNameTheirEvent: boolean;
+  /**
    * The create as the upstream will get it, or the refusal: checked on exactly the fields the upstream
    * reads (called after admission, as an HTTP body is validated after admission).
    */
@@ -52,6 +58,8 @@ class SocketTurn implements Admittable {
   ctx: RequestContext | null = null;
   /** The upstream's id of the response, once `response.created` named it. */
   responseId: string | null = null;
+  /** The client event's id the upstream names in an error about it (realtime). */
+  eventId: string | null = null;
 
   constructor(
     readonly requestId: string,
@@ -168,7 +176,7 @@ export class SocketTurns {
           ctx.providerStarted = true;
           ctx.estimatedPromptTokens = input;
           this.waiting.push(turn);
-          this.socket.toUpstream(checked);
+          this.socket.toUpstream(this.tagged(turn, ev, checked));
         }
       } catch (e) {
         logBug(e);
@@ -176,6 +184,34 @@ export class SocketTurns {
       }
       done();
     });
+  }
+
+  /** The create as it goes upstream, with an `event_id` an error about it will name (realtime). */
+  private tagged(turn: SocketTurn, ev: Obj, checked: Buffer): Buffer {
+    if (!this.rules.errorsNameTheirEvent) return checked;
+    if (typeof ev.event_id === 'string') {
+      turn.eventId = ev.event_id;
+      return checked;
+    }
+    turn.eventId = `event_gw_${turn.requestId}`;
+    const text = checked.toString('utf8');
+    const open = text.indexOf('{');
+    return Buffer.from(`${text.slice(0, open + 1)}"event_id":${JSON.stringify(turn.eventId)},${text.slice(open + 1)}`);
+  }
+
+  /**
+   * An upstream `error`: if it refuses a create that has not begun (the client event it names, or the
+   * one create waiting), that turn ends at once, billed nothing: the upstream did no work.
+   */
+  upstreamError(ev: Obj | null): void {
+    let i = -1;
+    if (this.rules.errorsNameTheirEvent) {
+      const id = (ev?.error as Obj | undefined)?.event_id;
+      if (typeof id === 'string') i = this.waiting.findIndex((t) => t.eventId === id);
+    } else if (this.waiting.length > 0) i = 0;
+    if (i < 0) return;
+    const [turn] = this.waiting.splice(i, 1);
+    this.settle(turn, 400, { promptTokens: 0, completionTokens: 0 });
   }
 
   /** A response began upstream: the oldest forwarded turn is its, else the upstream began it on its own. */

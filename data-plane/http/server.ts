@@ -98,11 +98,12 @@ export class ApiServer {
     this.admission = new Admission(deps, (key, path, ticket, minute, requestId) => new RequestContext(deps, requestId || this.gate.nextRequestId(), key, path, ticket, minute));
     this.intake = new Intake(deps, this.admission);
     const demoResponses = new DemoResponsesProvider(() => deps.clock.now());
-    this.backgroundResponses = new BackgroundFollowers({ holder: deps.holder, clock: deps.clock, openStreams: deps.openStreams, isStale: () => deps.isStale() });
+    const owners = deps.responseOwners ?? new ResponseOwners();
+    this.backgroundResponses = new BackgroundFollowers({ holder: deps.holder, clock: deps.clock, openStreams: deps.openStreams, isStale: () => deps.isStale(), owners });
     this.responses = new ResponsesEndpoint({
       followers: this.backgroundResponses,
       clock: deps.clock,
-      owners: deps.responseOwners ?? new ResponseOwners(),
+      owners,
       providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },
       reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
     });

@@ -213,12 +213,10 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
       if (refusal) return this.toClient(Buffer.from(JSON.stringify(refusal)));
     }
     // A create is a turn however it is framed: an upstream may read a binary frame as an event too.
-    const type = isBinary ? (data[0] === 123 /* { */ ? eventTypeOf(data) : undefined) : eventTypeOf(data);
+    const type = eventTypeOf(data);
     if (!isBinary || type !== undefined) this.tallies.clientEvent(data, this.deps.responsesApi === true);
-    if (type === 'response.create') {
-      const ev = parseText(data.toString('utf8'));
-      if (ev) return this.turns.create(ev, data, this.tallies.pendingInputTokens());
-    }
+    // One that does not parse is a turn too: admitted, then refused as malformed, never forwarded.
+    if (type === 'response.create') return this.turns.create(parseText(data.toString('utf8')) ?? {}, data, this.tallies.pendingInputTokens());
     this.forward(data, isBinary);
   }
 
@@ -318,6 +316,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
         this.turns.began(id);
       } else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
       else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
+      else if (type === 'error') this.turns.upstreamError(parse(data));
       else if (type !== undefined && (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type))) this.tallies.delta(data, AUDIO_DELTAS.has(type));
     }
     this.sendToClient(data, isBinary);

@@ -15,7 +15,7 @@ import { bearer, minuteStart, request, setClock } from '../helpers/http.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { cliJsonAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { attemptRealtime, openRealtime, type Opened } from '../helpers/realtime.js';
-import { waitForUsageTotals } from '../helpers/usage-db.js';
+import { usageRowsOfKey, waitForUsageTotals } from '../helpers/usage-db.js';
 
 const IN_PRICE = 500_000; // up-chat: 0.50 USD per million input tokens
 const OUT_PRICE = 1_500_000;
@@ -40,6 +40,7 @@ const gw = gatewayFixture(
           addUpstreamModel(cfg, 'up-other', upstream.baseUrl, ['free', 'paid']);
           cfg.models.push({ id: 'rt-up', provider: 'openai', kind: 'realtime', input_usd_per_mtok: '1.00', output_usd_per_mtok: '2.00' });
           cfg.realtime_upstreams = [{ model: 'rt-up', url: rt.url }];
+          cfg.tiers.paid.models.push('rt-up');
           cfg.tiers['rpm-3'] = { rpm: 3, tpm: 1000000, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['rt-up'] };
           // One fake answer uses 1,500 tokens (USAGE): a second fits, a chain re-reading the first does not.
           cfg.tiers['tpm-2800'] = { rpm: 300, tpm: 2800, max_parallel_requests: 100, monthly_cap_usd: null, free_grant_usd: '5.00', models: ['up-chat'] };
@@ -342,4 +343,67 @@ test('a realtime response the upstream begins on its own is counted and billed a
   const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 5);
   // The fake's usage: 10 in, 20 out, at 1 and 2 µ$ a token.
   assert.deepEqual(rows.map((r) => [r.model, r.requests, r.cost_micros]), [['rt-up', 5, 5 * (10 * 1 + 20 * 2)]]);
+});
+
+test('a create the upstream refuses (an error event, no response) is settled at once, billed nothing, and the next response is its own', async () => {
+  // Before: it stayed waiting for a response.created that never came, the next response was taken
+  // for it, and at the session's end each was billed its input estimate (40,050 µ$ for one 50 µ$ answer).
+  const k = await gw.fundedKey({ tier: 'paid', creditMicros: 50_000_000 });
+  const s = await openRealtime(node.address, { key: k.key, model: 'rt-up' });
+  await s.session.waitFor('session.created');
+  const big = 'word '.repeat(4000);
+  s.session.send({ type: 'response.create', event_id: 'mine_1', response: { instructions: big, metadata: { reject: '1' } } });
+  s.session.send({ type: 'response.create', response: { instructions: big, metadata: { reject: '1' } } });
+  await s.session.waitFor('error', 2);
+  s.session.send({ type: 'response.create' });
+  await s.session.waitFor('response.done');
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 1);
+  assert.equal(rows.reduce((n, r) => n + r.cost_micros, 0), 10 * 1 + 20 * 2, JSON.stringify(rows));
+  assert.equal(rows.reduce((n, r) => n + r.prompt_tokens, 0), 10);
+});
+
+test('a realtime create is a turn however it is written: binary with leading space, unparsable, or naming a key twice', async () => {
+  const k = await gw.fundedKey({ tier: 'free' });
+  const s = await openRealtime(node.address, { key: k.key, model: 'demo-realtime' });
+  await s.session.waitFor('session.created');
+  const refusals = (status: number) => s.session.events.filter((e) => e.type === 'error' && e.status === status);
+  // Before: a create whose type reads but whose JSON does not parse went upstream unadmitted. Now it
+  // is a turn refused as malformed (a 400: it keeps its request of rpm).
+  s.ws.send('{"type":"response.create","response":{"temperature":NaN}}');
+  assert.ok(await within(10_000, async () => refusals(400).length >= 1), 'refused as malformed');
+  assert.equal(refusals(400)[0].error.type, 'invalid_request_error');
+  // Before: ' {…}' as a binary frame skipped admission (the check wanted '{' first). The socket and
+  // the malformed create took 2 of 20 requests: 18 of 25 are admitted, 7 refused.
+  s.session.send({ type: 'conversation.item.create', item: { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'hi' }] } });
+  for (let i = 0; i < 25; i++) s.ws.send(Buffer.from(' {"type":"response.create"}'), { binary: true });
+  assert.ok(await within(15_000, async () => refusals(429).length >= 7), `7 rpm refusals; got ${JSON.stringify(s.session.events.filter((e) => e.type === 'error').slice(0, 2))}`);
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  // Before: a realtime create naming `response` twice went on as sent (the gateway read the last copy).
+  const k2 = await gw.fundedKey({ tier: 'paid', creditMicros: 50_000_000 });
+  const before = rt.connections.length;
+  const t = await openRealtime(node.address, { key: k2.key, model: 'rt-up' });
+  const conn = await rt.waitForConnection(before + 1);
+  await t.session.waitFor('session.created');
+  t.ws.send('{"type":"response.create","response":{"max_output_tokens":1},"response":{"max_output_tokens":"inf"}}');
+  const dup = await t.session.waitFor('error');
+  assert.deepEqual([dup.status, dup.error.type, dup.error.param], [400, 'invalid_request_error', 'response'], JSON.stringify(dup));
+  assert.equal(conn.received.filter((e) => e.type === 'response.create').length, 0, 'not forwarded');
+  t.ws.close(1000);
+  await t.session.waitClosed();
+});
+
+test('a chain from a background response reserves the context the background response ended with', async () => {
+  // Before: the follower billed without recording the response's context, so a chain from it was estimated from its new input only.
+  const k = await gw.fundedKey({ tier: 'tpm-2800' });
+  const made = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: { model: 'up-chat', input: 'first', background: true } });
+  assert.equal(made.status, 200, made.text);
+  upstream.background.finish(made.body.id);
+  assert.ok(await within(15_000, async () => (await usageRowsOfKey(cp.dbPath, k.keyId)).length >= 1), 'the background response was billed');
+  const body = { model: 'up-chat', input: 'go on', previous_response_id: made.body.id };
+  const r = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: body });
+  assert.equal(r.status, 429, r.text);
+  assert.match(r.body.error.message, new RegExp(`this request needs about ${USAGE.input_tokens + USAGE.output_tokens + estimateTokens(body)}`));
 });

@@ -118,6 +118,11 @@ export async function startFakeRealtimeUpstream(): Promise<FakeRealtimeUpstream>
       if (isBinary) return void conn.receivedBinary.push(Buffer.from(data as Buffer));
       const ev = JSON.parse(data.toString());
       conn.received.push(ev);
+      // A create marked `response.metadata.reject` is refused with an error event naming the client
+      // event's id and no response, as OpenAI refuses one while a response is active.
+      if (ev.type === 'response.create' && ev.response?.metadata?.reject) {
+        return send({ type: 'error', error: { type: 'invalid_request_error', code: 'conversation_already_has_active_response', message: 'Conversation already has an active response', param: null, event_id: ev.event_id ?? null } });
+      }
       // `test.spontaneous`: a response the upstream begins on its own, as server voice activity does.
       if (ev.type === 'response.create' || ev.type === 'test.spontaneous') {
         const id = `resp_fake_${++n}`;

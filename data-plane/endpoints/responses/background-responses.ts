@@ -16,6 +16,7 @@
 // has (404: its retention passed), or one a draining node still follows at its deadline, is billed
 // safely above what it could have used (`safeAbove`).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { ResponseOwners } from './response-owners.js';
 import type { Clock } from '../../limits/clock.js';
 import type { StateHolder } from '../../state/key-table.js';
 import { endReasonFor, type EndReason, type OpenEntry, type OpenStreams } from '../../state/open-streams.js';
@@ -53,6 +54,8 @@ export function safeAbove(body: Record<string, unknown>, status: number, inputTo
 export interface FollowerDeps {
   holder: StateHolder;
   clock: Clock;
+  /** Who owns each stored response: a chain from a followed response re-reads what it ended with. */
+  owners?: ResponseOwners;
   /** The node's registry of what keys have open; absent: nothing ends a follower but its response. */
   openStreams?: OpenStreams;
   isStale(): boolean;
@@ -80,6 +83,11 @@ export class BackgroundFollowers {
       if (why && streams.remove(f)) return f.end(why, endError(why, { modelId: f.modelId }));
     }
     f.start();
+  }
+
+  /** A followed response ended with `tokens` of context (its input and output as billed). */
+  noteContext(id: string, tokens: number): void {
+    this.deps.owners?.noteContext(id, tokens);
   }
 
   /** Drops a follower that billed. */
@@ -118,6 +126,10 @@ class Follower implements OpenEntry {
   private settled = false;
   /** Ended by the registry: cancelling upstream, polls stop. */
   private cancelling = false;
+  /** The create's input estimate, a chain's context included as far as the node knew it. */
+  private readonly input: number;
+  /** What it is billed when its end cannot be read (safeAbove). */
+  private readonly bound: CallResult;
 
   constructor(
     private readonly set: BackgroundFollowers,
@@ -125,9 +137,13 @@ class Follower implements OpenEntry {
     private readonly provider: ResponsesProvider,
     private readonly model: ModelConfig,
     readonly id: string,
-    private readonly body: Record<string, unknown>,
+    body: Record<string, unknown>,
     private readonly status: number,
   ) {
+    // What is billed without the upstream's usage, worked out now: the body is not kept for the
+    // follow's length (up to an hour, outside the node's body budget).
+    this.input = Math.max(ctx.estimatedPromptTokens, estimateTokens(body));
+    this.bound = safeAbove(body, status, this.input);
     this.keyHash = ctx.key.keyHash;
     this.orgId = ctx.key.orgId;
     this.modelId = model.id;
@@ -148,12 +164,12 @@ class Follower implements OpenEntry {
       if (this.settled) return;
       if (isTerminal(r)) return this.bill(this.billOf(r));
       // The cancel said nothing billable (refused, unreachable): one last read, else the bound.
-      this.provider.retrieve(this.model, this.id, (again) => this.bill(isTerminal(again) ? this.billOf(again) : safeAbove(this.body, this.status, this.inputTokens())));
+      this.provider.retrieve(this.model, this.id, (again) => this.bill(isTerminal(again) ? this.billOf(again) : this.bound));
     });
   }
 
   billSafeAbove(): void {
-    this.bill(safeAbove(this.body, this.status, this.inputTokens()));
+    this.bill(this.bound);
   }
 
   private schedule(): void {
@@ -179,12 +195,7 @@ class Follower implements OpenEntry {
   /** A terminal response's usage, else (an upstream reporting none) the input estimate and its output counted. */
   private billOf(r: UpstreamRead): CallResult {
     if (r.usage) return { ...r.usage, status: this.status };
-    return { status: this.status, promptTokens: this.inputTokens(), completionTokens: r.outputTokens };
-  }
-
-  /** The create's input estimate, a chain's context included as far as the node knew it. */
-  private inputTokens(): number {
-    return Math.max(this.ctx.estimatedPromptTokens, estimateTokens(this.body));
+    return { status: this.status, promptTokens: this.input, completionTokens: r.outputTokens };
   }
 
   /** The one bill: completes the create's context (idempotent there too) and stops following. */
@@ -194,6 +205,7 @@ class Follower implements OpenEntry {
     if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     this.set.forget(this);
+    this.set.noteContext(this.id, result.promptTokens + result.completionTokens);
     try {
       this.ctx.complete(result);
     } catch (err) {

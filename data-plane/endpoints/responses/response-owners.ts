@@ -42,8 +42,12 @@ export class ResponseOwners {
 
   /** Records (or re-records) who owns a response. */
   add(id: string, owner: ResponseOwner): void {
+    // The context a response ended with is this node's own knowledge: a record the sync brings again keeps it.
+    const contextTokens = owner.contextTokens ?? this.byId.get(id)?.contextTokens;
     this.byId.delete(id);
-    this.byId.set(id, { projectId: this.intern(owner.projectId), model: this.intern(owner.model), createdAtMs: owner.createdAtMs });
+    const record: ResponseOwner = { projectId: this.intern(owner.projectId), model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
+    if (contextTokens !== undefined) record.contextTokens = contextTokens;
+    this.byId.set(id, record);
     while (this.byId.size > this.maxEntries) {
       const oldest = this.byId.keys().next().value as string;
       this.byId.delete(oldest);

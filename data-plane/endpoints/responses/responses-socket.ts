@@ -52,6 +52,8 @@ function errorEvent(code: string, message: string, param: string | null): Buffer
 
 /** A create on a Responses socket: checked where the upstream reads it, the model spliced in. */
 export class ResponsesTurnRules implements TurnRules {
+  /** One response at a time per connection: an error while a create waits is that create's. */
+  readonly errorsNameTheirEvent = false;
   private readonly upstreamModel: string;
 
   constructor(
