@@ -4,7 +4,7 @@
 // Codes are stable; messages may change. No message may contain a secret.
 
 /**
- * The spec's three error body shapes, named for whose errors they are (rendered by http/error-shapes.ts):
+ * The spec's three error body shapes, named for whose errors they are (rendered by error-shapes.ts):
  * 'openai' is Shape A (model endpoints), 'gateway' Shape B (the gateway layer in front of tools, and
  * unknown paths), 'passthrough' Shape C (`{"detail"}`, as pass-through backends answer).
  */

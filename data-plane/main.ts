@@ -22,7 +22,7 @@ import { LeaseClient } from './leases/lease-client.js';
 import { log } from './log.js';
 import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
-import { ResponseOwners } from './endpoints/responses/response-owners.js';
+import { ResponseOwners } from './state/response-owners.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';

@@ -14,7 +14,7 @@ import type { TokenCounts } from '../../proto/lib/money.js';
 import type { KeyRecord } from '../state/key-table.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
 import type { Admission, Admittable } from '../request/admission.js';
-import { renderErrorEvent } from '../http/error-shapes.js';
+import { renderErrorEvent } from '../error-shapes.js';
 import { logBug } from '../log.js';
 import type { RequestContext } from '../request/request-context.js';
 import type { RateHeaders } from '../limits/rate-headers.js';

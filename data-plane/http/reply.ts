@@ -18,7 +18,7 @@ import { logBug } from '../log.js';
 import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
 import type { PathFamily } from '../routing/path-families.js';
 import { writeRateHeaders, type RateHeaders } from '../limits/rate-headers.js';
-import { renderError, statusLine, type ErrorShape } from './error-shapes.js';
+import { renderError, statusLine, type ErrorShape } from '../error-shapes.js';
 import { refusalReason, type LogDraft } from '../request/request-log.js';
 import type { OpenRequest } from '../request/open-request.js';
 import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';

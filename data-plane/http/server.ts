@@ -8,7 +8,7 @@ import uWS, { type HttpRequest, type HttpResponse, type TemplatedApp } from 'uWe
 import type { StateHolder } from '../state/key-table.js';
 import type { OpenStreams } from '../state/open-streams.js';
 import { BackgroundFollowers } from '../endpoints/responses/background-responses.js';
-import { ResponseOwners } from '../endpoints/responses/response-owners.js';
+import { ResponseOwners } from '../state/response-owners.js';
 import { ResponsesEndpoint } from '../endpoints/responses/responses.js';
 import { Intake, type Endpoint } from '../endpoints/intake.js';
 import { SocketEndpoint } from '../endpoints/sockets.js';
@@ -68,7 +68,7 @@ export interface ServerDeps {
   toolBackends?: ToolBackends;
   /** Every request of a key from authentication to its end, so revocation can end it (open-streams.ts). */
   openStreams?: OpenStreams;
-  /** Who owns each stored response (endpoints/responses/response-owners.ts); shared with the sync client. */
+  /** Who owns each stored response (state/response-owners.ts); shared with the sync client. */
   responseOwners?: ResponseOwners;
 }
 

@@ -6,7 +6,7 @@
 // The contract a writer keeps: check `done` before producing (the client may be gone); after
 // `headersSent` the status is fixed; `write` returning false means stop producing until `onDrain`.
 import type { RecognizedString } from 'uWebSockets.js';
-import type { ErrorShape } from '../http/error-shapes.js';
+import type { ErrorShape } from '../error-shapes.js';
 
 export type HeaderList = ReadonlyArray<readonly [string, string]>;
 
@@ -23,7 +23,7 @@ export interface ResponseSink {
   upstreamError: boolean;
   /** A whole answer at once. */
   send(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection?: boolean): void;
-  /** An error in the request's shape (http/error-shapes.ts renders it). */
+  /** An error in the request's shape (error-shapes.ts renders it). */
   sendError(err: unknown, shape: ErrorShape, closeConnection?: boolean): void;
   /** Starts a streamed answer: status and headers go out with its first chunk (totalSize ≥ 0: a known length). */
   startStream(status: number, headers: HeaderList, totalSize?: number): void;

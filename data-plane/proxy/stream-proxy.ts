@@ -11,7 +11,7 @@
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
-import { renderError, type ErrorShape } from '../http/error-shapes.js';
+import { renderError, type ErrorShape } from '../error-shapes.js';
 import { log, logBug } from '../log.js';
 import type { HeaderList, ResponseSink } from './response-sink.js';
 import { contentTypeHeader, endToEndHeaders, headerValue } from './upstream-headers.js';

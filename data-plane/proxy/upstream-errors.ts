@@ -5,7 +5,7 @@
 // account (organisation, project and user ids, masked keys) masked, and a 429 keeps its retry-after.
 // The upstream's own body goes to the node's log, for the operator only.
 import { GatewayError } from '../errors.js';
-import { renderError, type ErrorShape } from '../http/error-shapes.js';
+import { renderError, type ErrorShape } from '../error-shapes.js';
 import type { HeaderList } from './response-sink.js';
 
 /** Bytes of an upstream error body read; the rest is dropped (an error body is short). */

@@ -27,7 +27,7 @@ import { RealtimeSession, type UserData } from './session.js';
 import { CLOSE } from './close-codes.js';
 import { RealtimeStats } from './realtime-stats.js';
 import type { SessionLogSink } from './session-log.js';
-import type { UpstreamLink } from './upstream-link.js';
+import type { UpstreamLink } from '../proxy/upstream-link.js';
 import { connectWsUpstream } from './ws-upstream.js';
 
 export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;

@@ -35,7 +35,7 @@ import type { EndReason, OpenEntry, OpenStreams } from '../state/open-streams.js
 import { closeReasonOf, type GatewayError } from '../errors.js';
 import { openStreamGauge } from '../metrics.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
-import type { UpstreamLink } from './upstream-link.js';
+import type { UpstreamLink } from '../proxy/upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
 import { AUDIO_DELTAS, TEXT_DELTAS } from './response-estimate.js';
 import { ResponseTallies } from './response-tallies.js';

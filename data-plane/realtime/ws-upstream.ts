@@ -6,7 +6,7 @@
 // and the upstream is dropped as lost.
 import WebSocket from 'ws';
 import type { RealtimeUpstream } from '../../proto/gen/tollgate/v1/sync.js';
-import { UpstreamRefused, type UpstreamEvents, type UpstreamLink } from './upstream-link.js';
+import { UpstreamRefused, type UpstreamEvents, type UpstreamLink } from '../proxy/upstream-link.js';
 
 export const PING_INTERVAL_MS = 30_000;
 

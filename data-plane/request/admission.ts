@@ -13,7 +13,7 @@ import type { LeaseClient } from '../leases/lease-client.js';
 import type { SpendReservation } from '../leases/lease-money.js';
 import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, reserveWorstCase, waitForMoney } from '../leases/request-money.js';
 import type { WorstCase } from '../limits/worst-case.js';
-import type { ErrorShape } from '../http/error-shapes.js';
+import type { ErrorShape } from '../error-shapes.js';
 import { logBug } from '../log.js';
 import type { FinishSource, RequestContext } from './request-context.js';
 

@@ -5,7 +5,7 @@ import type { KeyRecord } from '../state/key-table.js';
 import type { EndReason, OpenEntry, OpenStreams } from '../state/open-streams.js';
 import type { GatewayError } from '../errors.js';
 import { cancelUpstreamAtOnce } from '../proxy/stream-proxy.js';
-import { renderError, type ErrorShape } from '../http/error-shapes.js';
+import { renderError, type ErrorShape } from '../error-shapes.js';
 import type { Reply } from '../http/reply.js';
 
 export class OpenRequest implements OpenEntry {

@@ -14,7 +14,7 @@ import { MINUTE_MS, minuteOf } from '../limits/clock.js';
 import type { LeaseClient } from '../leases/lease-client.js';
 import type { LeaseRequestOut } from '../leases/lease-link.js';
 import type { Reporter } from './reporter.js';
-import type { ResponseOwners } from '../endpoints/responses/response-owners.js';
+import type { ResponseOwners } from '../state/response-owners.js';
 
 /** How long before the top of a minute the next minute's first lease chunks are asked for. */
 const PREFETCH_BEFORE_TOP_MS = 3000;

@@ -1,5 +1,5 @@
 // The whole error catalog of each plane, in every shape. Data plane: every code of data-plane/errors.ts
-// rendered by data-plane/http/error-shapes.ts as Shape A, B and C must be a well-formed body of that
+// rendered by data-plane/error-shapes.ts as Shape A, B and C must be a well-formed body of that
 // shape with the catalog's status. Control plane: every code of control-plane/errors.ts must reach the
 // wire as its catalog's gRPC status, the CLI as one line with the matching HTTP-style status, and an
 // API client (through GET /v1/usage's reader on a node) as a well-formed body in each shape.
@@ -8,7 +8,7 @@ import { STATUS_CODES } from 'node:http';
 import { after, before, test } from 'node:test';
 import { Server, ServerCredentials, status as GrpcStatus, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import { CATALOG, GatewayError, type ErrorCode } from '../../data-plane/errors.js';
-import { renderError, type ErrorShape, type RenderedError } from '../../data-plane/http/error-shapes.js';
+import { renderError, type ErrorShape, type RenderedError } from '../../data-plane/error-shapes.js';
 import { UsageClient } from '../../data-plane/sync/usage-client.js';
 import { CpError, ERROR_CATALOG, toServiceError, type ErrorCode as CpErrorCode } from '../../control-plane/errors.js';
 import { describeError } from '../../cli/output.js';

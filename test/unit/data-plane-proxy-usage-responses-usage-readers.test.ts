@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { estimateResponseTokens } from '../../data-plane/endpoints/responses/responses.js';
 import { parseStoredResponsePath } from '../../data-plane/routing/responses-paths.js';
-import { RESPONSE_RETENTION_MS, ResponseOwners } from '../../data-plane/endpoints/responses/response-owners.js';
+import { RESPONSE_RETENTION_MS, ResponseOwners } from '../../data-plane/state/response-owners.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../../data-plane/proxy/usage/responses-usage-readers.js';
 import { tokenUsageOf } from '../../data-plane/proxy/usage/usage-readers.js';
 import { estimateTextTokens, estimateTokens } from '../../data-plane/proxy/tokens.js';

@@ -16,7 +16,7 @@
 // has (404: its retention passed), or one a draining node still follows at its deadline, is billed
 // safely above what it could have used (`safeAbove`).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponseOwners } from './response-owners.js';
+import type { ResponseOwners } from '../../state/response-owners.js';
 import type { Clock } from '../../limits/clock.js';
 import type { StateHolder } from '../../state/key-table.js';
 import { endReasonFor, type EndReason, type OpenEntry, type OpenStreams } from '../../state/open-streams.js';

@@ -18,8 +18,8 @@ import { findDuplicateKey } from '../../request/validate-request.js';
 import type { DemoResponsesProvider } from '../../proxy/providers/demo-responses.js';
 import { estimateTokens } from '../../proxy/tokens.js';
 import { rewriteChatBody } from '../../proxy/json-splice.js';
-import { LocalUpstreamLink } from '../../realtime/local-link.js';
-import type { UpstreamEvents, UpstreamLink } from '../../realtime/upstream-link.js';
+import { LocalUpstreamLink } from '../../proxy/local-link.js';
+import type { UpstreamEvents, UpstreamLink } from '../../proxy/upstream-link.js';
 import { estimateResponseTokens } from './responses.js';
 import type { TurnRules } from '../socket-turns.js';
 

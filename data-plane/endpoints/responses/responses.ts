@@ -15,7 +15,7 @@ import type { RequestContext } from '../../request/request-context.js';
 import type { CallResult, ModelCall } from '../../proxy/providers/provider.js';
 import { parseStoredResponsePath, type StoredAction } from '../../routing/responses-paths.js';
 import type { BackgroundFollowers } from './background-responses.js';
-import type { ResponseOwners } from './response-owners.js';
+import type { ResponseOwners } from '../../state/response-owners.js';
 
 /** A create: a model call that also names the response's id as soon as the upstream does. */
 export interface ResponsesCall extends ModelCall {

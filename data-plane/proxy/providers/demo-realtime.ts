@@ -5,7 +5,7 @@
 // counted by the gateway's tokenizer. Audio appended to the input buffer is accepted and billed as
 // input tokens (one per 100 bytes); the demo answers in text only.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import { LocalUpstreamLink } from '../../realtime/local-link.js';
+import { LocalUpstreamLink } from '../local-link.js';
 import { countTokens, contentText, truncateTokens } from '../tokens.js';
 import { demoReplyText } from './demo.js';
 

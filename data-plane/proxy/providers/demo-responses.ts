@@ -6,7 +6,7 @@
 import { randomBytes } from 'node:crypto';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses/responses.js';
-import { RESPONSE_RETENTION_MS } from '../../endpoints/responses/response-owners.js';
+import { RESPONSE_RETENTION_MS } from '../../state/response-owners.js';
 import { GatewayError } from '../../errors.js';
 import { truncateTokens } from '../tokens.js';
 import { countResponsesInputTokens, responsesInputText } from '../usage/responses-usage.js';

@@ -5,7 +5,7 @@
 // 'gateway' (Shape B, the gateway layer in front of tools, and unknown paths): {"error":{"code","message"}}.
 // 'passthrough' (Shape C, what pass-through backends answer, so ours look like theirs): {"detail": "..."}.
 import { STATUS_CODES } from 'node:http';
-import { CATALOG, GatewayError, isGatewayError, type ErrorShape } from '../errors.js';
+import { CATALOG, GatewayError, isGatewayError, type ErrorShape } from './errors.js';
 
 export type { ErrorShape };
 

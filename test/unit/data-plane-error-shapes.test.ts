@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { GatewayError } from '../../data-plane/errors.js';
-import { renderError, statusLine } from '../../data-plane/http/error-shapes.js';
+import { renderError, statusLine } from '../../data-plane/error-shapes.js';
 
 const cases: Array<{ name: string; err: unknown; shape: 'openai' | 'gateway' | 'passthrough'; status: number; body: unknown; headers?: Record<string, string> }> = [
   {
