@@ -19,7 +19,7 @@ import { startFakeResponsesUpstream, USAGE, type FakeResponsesUpstream } from '.
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, request } from '../helpers/http.js';
 import { runCliAsync, type DataPlane } from '../helpers/processes.js';
-import { usageRowsOfKey, usageTotalsOfKey, waitForUsageRows } from '../helpers/usage-db.js';
+import { usageRowsOfKey, waitForUsageRows, waitForUsageTotals } from '../helpers/usage-db.js';
 
 const IN_PRICE = 500_000; // up-chat: 0.50 USD per million input tokens
 const OUT_PRICE = 1_500_000;
@@ -74,9 +74,12 @@ async function billed(k: DemoKey): Promise<Array<[string, number, number, number
   return rows.map((r) => [r.path, r.prompt_tokens, r.completion_tokens, r.cost_micros]);
 }
 
-/** The key's summed usage in the state database: [model, requests, µ$]. */
+/**
+ * The key's summed usage in the state database: [model, requests, µ$]. Waited for: a report's usage
+ * and its log rows are written in two transactions, so the log row may be read first.
+ */
 async function totals(k: DemoKey): Promise<Array<[string, number, number]>> {
-  return (await usageTotalsOfKey(gw.cp.dbPath, k.keyId)).map((r) => [r.model, r.requests, r.cost_micros]);
+  return (await waitForUsageTotals(gw.cp.dbPath, k.keyId, 1, 20_000)).map((r) => [r.model, r.requests, r.cost_micros]);
 }
 
 /** Reads an SSE answer until `until` is in it (or it ends); returns the text so far and the reader. */
