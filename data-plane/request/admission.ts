@@ -246,6 +246,14 @@ export class Admission {
   }
 
   /**
+   * The common case of reserveWorstCaseOrWait, synchronous: true when the worst case was reserved at
+   * once; false changed nothing that reserveWorstCaseOrWait will not ask again.
+   */
+  reserveWorstCaseNow(key: KeyRecord, spend: SpendReservation | undefined, worst: WorstCase): boolean {
+    return reserveWorstCase(this.deps.leases, key, spend, worst, this.deps.clock.now()).verdict === 'yes';
+  }
+
+  /**
    * Raises an admitted request's money reservation (`spend`: RequestContext.spend) to its worst case
    * (worst-case.ts requestWorstCase) in every pool it touches, waiting (bounded, as reserveOrWait) for
    * a pool's slice when it is short (docs/money-limits.md#the-last-request). The common case is
@@ -254,14 +262,6 @@ export class Admission {
    * `then('gone')`: `gone()` said the client went away while it waited. Out of time with no final
    * answer: reserved in advance of it, as admitOrWait admits.
    */
-  /**
-   * The common case of reserveWorstCaseOrWait, synchronous: true when the worst case was reserved at
-   * once; false changed nothing that reserveWorstCaseOrWait will not ask again.
-   */
-  reserveWorstCaseNow(key: KeyRecord, spend: SpendReservation | undefined, worst: WorstCase): boolean {
-    return reserveWorstCase(this.deps.leases, key, spend, worst, this.deps.clock.now()).verdict === 'yes';
-  }
-
   reserveWorstCaseOrWait(key: KeyRecord, spend: SpendReservation | undefined, worst: WorstCase, gone: () => boolean, then: (r: WorstCaseResult) => void): void {
     const { clock, leases } = this.deps;
     const now = reserveWorstCase(leases, key, spend, worst, clock.now());

@@ -3,8 +3,8 @@
 // serving (and billing) after it. Now the node's one policy for what a key has open ends them at the
 // expiry, on the node's own clock: the stream with one terminal error event, billed what it served;
 // the socket with 1008 and the reason; with the same 401 error a request of the expired key gets.
+import { startTcpRelay, type TcpRelay } from '../helpers/tcp-relay.js';
 import assert from 'node:assert/strict';
-import { createServer, connect, type Server, type Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { addUpstreamModel, configYaml } from '../helpers/config.js';
 import { consoleClient, createKey, type Console, type DemoKey } from '../helpers/console.js';
@@ -24,47 +24,11 @@ const EXPIRED_TEXT = 'Invalid API key: the key does not exist or was revoked.';
 let up: FakeUpstream;
 let cp: ControlPlane;
 let node: DataPlane;
-let relay: Relay;
+let relay: TcpRelay;
 let op: Console;
 let project: DemoKey;
 
-interface Relay {
-  address: string;
-  /** Ends every connection and refuses new ones. */
-  cut(): void;
-  /** Accepts connections again. */
-  restore(): void;
-  close(): Promise<void>;
-}
 
-/** A TCP relay between the node and the control plane. */
-async function startRelay(target: string): Promise<Relay> {
-  const [host, port] = [target.slice(0, target.lastIndexOf(':')), Number(target.slice(target.lastIndexOf(':') + 1))];
-  const sockets = new Set<Socket>();
-  let open = true;
-  const server: Server = createServer((client) => {
-    if (!open) return client.destroy();
-    const upstream = connect(port, host);
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on('close', () => sockets.delete(s));
-      s.on('error', () => undefined);
-    }
-    client.pipe(upstream).pipe(client);
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    address: `127.0.0.1:${(server.address() as { port: number }).port}`,
-    cut() {
-      open = false;
-      for (const s of sockets) s.destroy();
-    },
-    restore() {
-      open = true;
-    },
-    close: () => new Promise((resolve) => server.close(() => resolve())),
-  };
-}
 
 const connected = async (want: boolean) => (await op.listNodes()).nodes.some((n) => n.id === 'expiry-node' && n.connected === want);
 
@@ -84,7 +48,7 @@ before(async () => {
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
     configYaml: configYaml((cfg) => addUpstreamModel(cfg, 'up-chat', up.baseUrl, ['free'], { input_usd_per_mtok: String(IN_MICROS), output_usd_per_mtok: String(OUT_MICROS) })),
   });
-  relay = await startRelay(cp.address);
+  relay = await startTcpRelay(cp.address);
   node = await startDataPlane({ address: relay.address, secrets: cp.secrets }, { nodeId: 'expiry-node', adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } });
   op = consoleClient(cp.address, cp.secrets.operatorToken);
   project = await createKey(op, { tier: 'free' });

@@ -1,8 +1,8 @@
 // Key expiry end to end: nodes hold a key's expiry and refuse it on their own (one of them cut off
 // from the control plane), the control plane then revokes it with revoked_reason "expired", the
 // organisation's maximum lifetime, `key list --expiring-within`, and the key.expiring webhook.
+import { startTcpRelay, type TcpRelay } from '../helpers/tcp-relay.js';
 import assert from 'node:assert/strict';
-import { createServer, connect, type Server, type Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { configYaml } from '../helpers/config.js';
 import { consoleClient, type Console } from '../helpers/console.js';
@@ -14,38 +14,13 @@ import { within } from '../helpers/data-plane.js';
 let cp: ControlPlane;
 let nodeA: DataPlane;
 let nodeB: DataPlane;
-let proxy: { address: string; cut(): void; close(): Promise<void> };
+let proxy: TcpRelay;
 let op: Console;
 let recv: WebhookReceiver;
 let orgId = '';
 let projectId = '';
 let owner = { id: '', token: '' };
 
-/** A TCP relay between node B and the control plane; `cut` ends every connection and refuses new ones. */
-async function startRelay(target: string): Promise<typeof proxy> {
-  const [host, port] = [target.slice(0, target.lastIndexOf(':')), Number(target.slice(target.lastIndexOf(':') + 1))];
-  const sockets = new Set<Socket>();
-  let open = true;
-  const server: Server = createServer((client) => {
-    if (!open) return client.destroy();
-    const upstream = connect(port, host);
-    for (const s of [client, upstream]) {
-      sockets.add(s);
-      s.on('close', () => sockets.delete(s));
-      s.on('error', () => undefined);
-    }
-    client.pipe(upstream).pipe(client);
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    address: `127.0.0.1:${(server.address() as { port: number }).port}`,
-    cut() {
-      open = false;
-      for (const s of sockets) s.destroy();
-    },
-    close: () => new Promise((resolve) => server.close(() => resolve())),
-  };
-}
 
 before(async () => {
   recv = await startWebhookReceiver();
@@ -53,7 +28,7 @@ before(async () => {
     env: { EXPIRY_HOOK_SECRET: recv.secret },
     configYaml: configYaml((cfg) => void (cfg.webhooks = [{ url: recv.url, secret_env: 'EXPIRY_HOOK_SECRET', events: ['key.expiring', 'key.revoked'] }])),
   });
-  proxy = await startRelay(cp.address);
+  proxy = await startTcpRelay(cp.address);
   const clocked = { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } };
   nodeA = await startDataPlane(cp, { ...clocked, nodeId: 'node-a' });
   nodeB = await startDataPlane({ address: proxy.address, secrets: cp.secrets }, { ...clocked, nodeId: 'node-b' });
