@@ -10,7 +10,7 @@ import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
 import { PART_ENTRIES } from '../proto/lib/snapshot-parts.js';
 import { parse as parseYaml } from 'yaml';
-import { DEMO_CONFIG_PATH, parseGatewayConfig, readSecretFromDir, type LoadedGatewayConfig } from './gateway-config.js';
+import { DEMO_CONFIG_PATH, parseGatewayConfig, readSecretFromDir, type LoadedGatewayConfig } from './gateway-config/gateway-config.js';
 
 /** A start-up setting is wrong: main prints the message alone and exits with code 2. */
 

@@ -7,7 +7,7 @@ import { createAdminServer, listenAdmin } from './admin.js';
 import { loadControlPlaneConfig, readGatewayConfig } from './config.js';
 import { ConfigError } from '../proto/lib/process-flags.js';
 import { ConsoleService } from './console/console-service.js';
-import { ControlState } from './control-state.js';
+import { ControlState } from './state/control-state.js';
 import { addOpsServices, HealthState } from './grpc/ops.js';
 import { log as logger, logLine } from './log.js';
 import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
@@ -17,7 +17,7 @@ import { SqliteLogStore } from './store/log-store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 import { AuditRecorder } from './audit/audit-recorder.js';
-import { startWebhooks } from './webhooks/webhooks.js';
+import { startWebhooks } from './webhooks/start-webhooks.js';
 import { KeyExpirySweeper } from './console/key-expiry.js';
 import { StoredResponsesFanout } from './sync/stored-responses.js';
 

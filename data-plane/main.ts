@@ -11,9 +11,9 @@ import { createAdminApp } from './http/admin.js';
 import { sessionLogRow } from './realtime/session-log.js';
 import { heapWatch } from './heap-watch.js';
 import { closeAllWork, isDraining, markDrainStarted, openWork, registerDrainable } from './drain.js';
-import { closeOpenReplies, openReplies } from './http/reply.js';
+import { closeOpenReplies, openReplies } from './request/reply.js';
 import { ApiServer, listen } from './http/server.js';
-import { BodyWatch } from './http/request-body.js';
+import { BodyWatch } from './request/request-body.js';
 import { BodyBudget } from './limits/body-budget.js';
 import { Alarm, ManualClock, systemClock, type Clock } from './limits/clock.js';
 import { EdgeBudgets } from './limits/edge-budgets.js';
@@ -29,6 +29,24 @@ import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 import { UsageClient } from './sync/usage-client.js';
+import { BackgroundFollowers } from './endpoints/responses/background-responses.js';
+import { ResponsesEndpoint } from './endpoints/responses/responses.js';
+import { Intake, type Endpoint } from './endpoints/intake.js';
+import { SocketEndpoint } from './endpoints/sockets.js';
+import { Listings, StoredResponses } from './endpoints/listings.js';
+import { ModelCalls } from './endpoints/model-calls.js';
+import { Tools } from './endpoints/tools.js';
+import { Transcription } from './endpoints/transcription.js';
+import { Usage } from './endpoints/usage.js';
+import { Gate } from './gate/gate.js';
+import { DemoResponsesProvider } from './proxy/providers/demo-responses.js';
+import { OpenAIResponsesProvider } from './proxy/providers/openai-responses.js';
+import type { Provider } from './proxy/providers/provider.js';
+import { RealtimeGateway, REALTIME_OVER_HTTP, type RealtimeOptions } from './realtime/gateway.js';
+import type { RouteKind } from './routing/routes.js';
+import type { UsageSource } from './sync/usage-client.js';
+import { Admission } from './request/admission.js';
+import { RequestContext } from './request/request-context.js';
 
 /** How often a node checks whether it passed its maximum staleness while keys have something open. */
 const STALE_CHECK_MS = 1000;
@@ -94,7 +112,7 @@ async function main(): Promise<void> {
     const since = sync?.disconnectedSince ?? null;
     return max > 0 && since !== null && clock.now() - since > max;
   };
-  const api = new ApiServer({
+  const api = buildApi({
     holder,
     pepper: config.pepper,
     clock,
@@ -249,3 +267,76 @@ function sleep(ms: number): Promise<void> {
 }
 
 main().catch((err: Error) => fail(`data plane failed: ${err.stack ?? err.message}`, 1));
+
+/** What the node's parts are built from (each takes the part it needs). */
+interface NodeDeps {
+  holder: StateHolder;
+  pepper: Buffer;
+  clock: Clock;
+  edge: EdgeBudgets;
+  keyBudgets: KeyBudgets;
+  /** Node-wide budget for request bodies held in memory. */
+  bodyBudget?: BodyBudget;
+  /** The least pace of a body read whole (408 below it). */
+  bodyWatch?: BodyWatch;
+  /** Money slices per organisation (and key minute slices, through keyBudgets) from the control plane. */
+  leases?: LeaseClient;
+  reporter: Reporter;
+  providers: Readonly<Record<string, Provider>>;
+  pools: PoolRegistry;
+  instanceId: string;
+  /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
+  spillDir: string;
+  /** Node-wide budget for spilled upload bytes (a share per organisation and per account). */
+  spillBudget?: BodyBudget;
+  /** True when the node was cut off from the control plane longer than the configured maximum. */
+  isStale(): boolean;
+  /** GET /v1/usage reads the control plane's durable usage through this; absent: 503. */
+  usage?: UsageSource;
+  /** Realtime sessions: buffer and message limits, the request-log seam. */
+  realtime?: RealtimeOptions;
+  /** Tool backends: pools, the choice among a prefix's URLs, passive health. */
+  toolBackends?: ToolBackends;
+  /** Every request of a key from authentication to its end, so revocation can end it (open-streams.ts). */
+  openStreams?: OpenStreams;
+  /** Who owns each stored response (state/response-owners.ts); shared with the sync client. */
+  responseOwners?: ResponseOwners;
+}
+
+/** The node's API, built once: the gate, the intake and every endpoint family, wired to uWS by http/server.ts. */
+function buildApi(deps: NodeDeps) {
+  const gate = new Gate(deps);
+  const admission = new Admission(deps, (key, path, ticket, minute, requestId) => new RequestContext(deps, requestId || gate.nextRequestId(), key, path, ticket, minute));
+  const intake = new Intake(deps, admission);
+  const demoResponses = new DemoResponsesProvider(() => deps.clock.now());
+  const owners = deps.responseOwners ?? new ResponseOwners();
+  const backgroundResponses = new BackgroundFollowers({ holder: deps.holder, clock: deps.clock, openStreams: deps.openStreams, isStale: () => deps.isStale(), owners });
+  const responses = new ResponsesEndpoint({
+    followers: backgroundResponses,
+    clock: deps.clock,
+    owners,
+    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },
+    reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
+  });
+  const modelCalls = new ModelCalls(deps, admission, responses);
+  const listings = new Listings(deps);
+  const endpoints: Record<RouteKind, Endpoint> = {
+    chat: modelCalls,
+    embeddings: modelCalls,
+    speech: modelCalls,
+    responses: modelCalls,
+    'stored-response': new StoredResponses(deps, responses),
+    transcriptions: new Transcription(deps),
+    models: listings,
+    model: listings,
+    voices: listings,
+    usage: new Usage(deps),
+    tool: new Tools(deps.toolBackends ?? new ToolBackends()),
+    realtime: REALTIME_OVER_HTTP,
+  };
+  const realtime = new RealtimeGateway(deps, gate, intake, deps.realtime);
+  // The socket endpoints, realtime and the Responses API's WebSocket mode: the gateway is their uWS side.
+  realtime.endpoint = new SocketEndpoint(deps, admission, realtime, { hooks: responses, demo: demoResponses });
+  const server = new ApiServer({ gate, intake, endpoints, sockets: realtime });
+  return { app: server.app, realtime, backgroundResponses, leaseWaits: admission.waits };
+}

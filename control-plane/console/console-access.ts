@@ -4,7 +4,7 @@
 // organisation sees nothing of it (NOT_FOUND).
 import type { handleUnaryCall, Metadata, sendUnaryData, ServerUnaryCall } from '@grpc/grpc-js';
 import { hashToken, secretsEqual } from '../../proto/lib/keys.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import { CpError, invalidArgument, notFound, permissionDenied, toServiceError, unauthenticated } from '../errors.js';
 import type { Queryable, Tx } from '../store/db.js';
 import { findAccountByTokenHash, getRole, ROLES, type AccountRow, type Role } from '../store/accounts-repo.js';

@@ -6,7 +6,7 @@
 // tiers, credits, accounts, organisations, nodes and config. A caller who is not a member of an
 // organisation sees nothing of it (NOT_FOUND).
 import type { ConsoleServiceServer, RevokeKeyResponse } from '../../proto/gen/tollgate/v1/console.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import { auditHandlers } from '../audit/audit-actions.js';
 import type { ConsoleServiceOptions, NodeFleet } from './console-access.js';
 import { GatewayService } from './gateway-service.js';

@@ -2,7 +2,7 @@
 // reloads and webhooks. Nodes, config and webhooks are the operator's (docs/design.md#console-roles).
 import type { ConsoleServiceServer, NodeInfo } from '../../proto/gen/tollgate/v1/console.js';
 import { ConfigError } from '../../proto/lib/process-flags.js';
-import { modelPrices } from '../gateway-config.js';
+import { modelPrices } from '../gateway-config/gateway-config.js';
 import { CpError, invalidArgument } from '../errors.js';
 import { listNodes as listNodeRows } from '../store/sync-repo.js';
 import type { WebhookAdmin } from '../webhooks/webhook-admin.js';

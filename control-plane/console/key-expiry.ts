@@ -1,7 +1,7 @@
 // Key expiry on the control plane's side. Nodes refuse an expired key on their own (they hold its
 // expires_at_ms); this then revokes it through the ordinary revocation path, so its record says
 // revoked with revoked_reason "expired", and warns (key.expiring webhook) 7 days ahead.
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import { expiredActiveKeys, keysExpiringBetween } from '../store/key-expiry-repo.js';
 import type { WebhookEvents } from '../webhooks/webhook-events.js';
 

@@ -3,7 +3,7 @@
 // docs/design.md#console-roles: admin or above to change keys, member to read them.
 import { generateKey, hashKey, keyPattern, maskKey, newId, secretsEqual } from '../../proto/lib/keys.js';
 import type { ApiKey, ConsoleServiceServer, RevokeKeyResponse } from '../../proto/gen/tollgate/v1/console.js';
-import { keyEntryOf } from '../control-state.js';
+import { keyEntryOf } from '../state/control-state.js';
 import { CpError, invalidArgument, notFound } from '../errors.js';
 import { getRole } from '../store/accounts-repo.js';
 import { getOrg } from '../store/orgs-repo.js';

@@ -4,7 +4,7 @@
 import { LIMIT_RESETS, isLimitReset, limitResetOf, periodEndMs, periodStartMs, type LimitReset } from '../../proto/lib/spend-limits.js';
 import { monthOf } from '../../proto/lib/money.js';
 import type { ApiKey, CreateKeyRequest, Project, SetProjectCapRequest } from '../../proto/gen/tollgate/v1/console.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import { invalidArgument } from '../errors.js';
 import type { Queryable, Tx } from '../store/db.js';
 import type { ApiKeyRow } from '../store/keys-repo.js';

@@ -2,7 +2,7 @@
 // Roles per docs/design.md#console-roles: admin or above for members, projects and caps; the operator
 // for accounts, tiers and credits.
 import { generateToken, hashToken, newId } from '../../proto/lib/keys.js';
-import type { Account, ConsoleServiceServer, Member, Org, Project } from '../../proto/gen/tollgate/v1/console.js';
+import type { Account, ConsoleServiceServer, Member, Org } from '../../proto/gen/tollgate/v1/console.js';
 import { CpError, invalidArgument, notFound, permissionDenied } from '../errors.js';
 import type { Queryable } from '../store/db.js';
 import { getAccount, getRole, insertAccount, listMembers, upsertMember, type AccountRow } from '../store/accounts-repo.js';

@@ -1,14 +1,13 @@
 // The lease service of the sync service (docs/leases.md): a node's lease wants, answered with
 // grants from the ledgers (lease-ledger.ts), standing shares, money slices, and the reclaims that ask
 // other nodes to give back unused allowance before a shortfall is final.
-import type { KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, OrgLease, OrgLeaseWant, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlMessage, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, OrgLease, OrgLeaseWant, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlState } from '../state/control-state.js';
 import { countLeaseAnswers } from '../metrics.js';
 import { KeyLeaseLedger } from './key-lease-ledger.js';
 import { MoneyLeaseLedger } from './money-lease-ledger.js';
 import { SlotLedger } from './slot-ledger.js';
 import { MoneyPools, partitionPools } from './money-pools.js';
-import type { NodeSession } from '../sync/node-session.js';
 
 /** How long a lease answer waits for the nodes asked to give back unused allowance. */
 const RECLAIM_TIMEOUT_MS = 150;
@@ -21,10 +20,30 @@ const MONEY_RECLAIM_TIMEOUT_MS = 1000;
 /** How long a former lone node has to say what it holds before others are leased its key minutes. */
 const WHOLE_RECLAIM_TIMEOUT_MS = 1000;
 
+/**
+ * A node's connection as the lease service sees it (sync/node-session.ts is one): leases belong to a
+ * connection, answers and reclaims go out on it, and a former lone node may hold whole key budgets.
+ */
+export interface LeaseSession {
+  readonly connId: string;
+  readonly nodeId: string;
+  readonly closed: boolean;
+  /** The node said it is stopping: it is granted nothing more. */
+  leaving: boolean;
+  /** The node's lease epoch on this connection (from its lease requests). */
+  leaseEpoch: number;
+  /** Reclaims sent to this node and not yet answered, by id. */
+  readonly reclaims: Map<number, () => void>;
+  mayHoldWhole: boolean;
+  wholeReclaimId: number;
+  wholeReclaim: Promise<void>;
+  enqueue(message: ControlMessage): void;
+}
+
 let reclaimIds = 0;
 
 /** The node is told the answer to its wants waits for reclaims, so it does not take it as late. */
-function tellWaiting(s: NodeSession): void {
+function tellWaiting(s: LeaseSession): void {
   s.enqueue({ leaseGrant: { keys: [], orgs: [], pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: true, orgSlices: false } });
 }
 
@@ -44,7 +63,7 @@ export class LeaseService {
   constructor(
     private readonly state: ControlState,
     /** Every connected node's session (the sync service's set). */
-    private readonly sessions: ReadonlySet<NodeSession>,
+    private readonly sessions: ReadonlySet<LeaseSession>,
     private readonly log: (line: string) => void,
     /**
      * While the control plane waits for the nodes connected before its start (rejoin.ts): resolves
@@ -56,7 +75,7 @@ export class LeaseService {
   }
 
   /** A closed connection's leases are released; what it did not say it used is free again. */
-  dropConnection(s: NodeSession): void {
+  dropConnection(s: LeaseSession): void {
     this.moneyLeases.dropConnection(s.connId);
     this.slotLeases.dropConnection(s.connId);
     // What the node did not say it used is free again (before any waiting grant goes on).
@@ -65,7 +84,7 @@ export class LeaseService {
   }
 
   /** Returns first (a reclaim's answer, or allowance given back unasked), then what is wanted. */
-  onLeaseRequest(s: NodeSession, req: LeaseRequest): void {
+  onLeaseRequest(s: LeaseSession, req: LeaseRequest): void {
     if (req.leaseEpoch) s.leaseEpoch = req.leaseEpoch;
     if (req.leaving) s.leaving = true;
     for (const r of req.keyReturns) {
@@ -115,7 +134,7 @@ export class LeaseService {
    * Standing shares of every key (docs/leases.md): of the budgets of `minute` (0: not asked) and of
    * the parallel slots. Only with several nodes; after any node that was alone said what it holds.
    */
-  private grantShares(s: NodeSession, minute: number, slots: boolean): void {
+  private grantShares(s: LeaseSession, minute: number, slots: boolean): void {
     const rejoining = this.rejoining();
     if (rejoining) {
       void rejoining.then(() => {
@@ -157,7 +176,7 @@ export class LeaseService {
    * requests waited for money in the first 20 s of three nodes with 500 organisations). A lone node
    * takes the rest with its first refill (the whole of what is free).
    */
-  private async grantOrgSlices(s: NodeSession): Promise<void> {
+  private async grantOrgSlices(s: LeaseSession): Promise<void> {
     const whole = [...this.sessions].filter((x) => x.mayHoldWhole).map((x) => x.wholeReclaim);
     if (whole.length > 0) await Promise.all(whole);
     if (s.closed || s.leaving) return;
@@ -184,7 +203,7 @@ export class LeaseService {
   }
 
   /** Asks a node to give back unused allowance; resolves when it answered, left, or after `timeoutMs`. */
-  private reclaim(target: NodeSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<void> } {
+  private reclaim(target: LeaseSession, keys: KeyMinuteRef[], orgIds: string[], allKeys: boolean, timeoutMs: number, slotKeyIds: string[] = []): { id: number; done: Promise<void> } {
     const id = ++reclaimIds;
     const done = new Promise<void>((resolve) => {
       const timer = setTimeout(() => {
@@ -202,7 +221,7 @@ export class LeaseService {
   }
 
   /** A former lone node is asked what it holds of every key minute before others lease them. */
-  reclaimWhole(target: NodeSession): void {
+  reclaimWhole(target: LeaseSession): void {
     const r = this.reclaim(target, [], [], true, WHOLE_RECLAIM_TIMEOUT_MS);
     target.wholeReclaimId = r.id;
     target.wholeReclaim = r.done.then(() => {
@@ -217,7 +236,7 @@ export class LeaseService {
    * is answered only after the nodes holding unused allowance were asked to give it back (bounded by
    * RECLAIM_TIMEOUT_MS): a shortfall after that is final.
    */
-  private async grantLeases(s: NodeSession, req: LeaseRequest): Promise<void> {
+  private async grantLeases(s: LeaseSession, req: LeaseRequest): Promise<void> {
     // What a node not yet back holds is unknown: the answer waits for it (the roster told every node
     // so, Roster.rejoining, and their requests wait meanwhile).
     const rejoining = this.rejoining();
@@ -280,7 +299,7 @@ export class LeaseService {
 
   /** Tells every other node registered in these pools what each has left unleased, and what the others used. */
   private announceFree(pools: Array<{ keyId: string; minute: number }>, exceptConn: string): void {
-    const updates = new Map<NodeSession, KeyPoolFree[]>();
+    const updates = new Map<LeaseSession, KeyPoolFree[]>();
     for (const p of pools) {
       const entry = this.state.snapshots.keyById(p.keyId);
       if (!entry) continue;
@@ -297,7 +316,7 @@ export class LeaseService {
     for (const [target, list] of updates) target.enqueue({ leaseGrant: { keys: [], orgs: [], pools: list, usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
   }
 
-  private sessionByConn(connId: string): NodeSession | undefined {
+  private sessionByConn(connId: string): LeaseSession | undefined {
     for (const x of this.sessions) if (x.connId === connId) return x;
     return undefined;
   }
@@ -308,7 +327,7 @@ export class LeaseService {
    * money give back what they hold unused (bounded by MONEY_RECLAIM_TIMEOUT_MS); what is left after
    * that is granted with "exhausted". Wants made ahead of need take only what is free.
    */
-  private async grantMoney(s: NodeSession, wants: OrgLeaseWant[]): Promise<void> {
+  private async grantMoney(s: LeaseSession, wants: OrgLeaseWant[]): Promise<void> {
     const orgs: OrgLease[] = [];
     const later: OrgLeaseWant[] = [];
     const reclaims = new Map<string, string[]>();
@@ -339,7 +358,7 @@ export class LeaseService {
     s.enqueue({ leaseGrant: { keys: [], orgs, pools: [], usedAck: 0, slots: [], bulk: undefined, slotShare: undefined, reclaiming: false, orgSlices: false } });
   }
 
-  private grantKey(s: NodeSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {
+  private grantKey(s: LeaseSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {
     const entry = this.state.snapshots.keyById(w.keyId);
     const none = { keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 };
     if (!entry || s.closed || s.leaving) return none;
@@ -348,7 +367,7 @@ export class LeaseService {
     return { keyId: w.keyId, minute: w.minute, ...r.grant };
   }
 
-  private grantSlots(s: NodeSession, w: SlotWant, suspects: string[], afterReclaim: boolean): SlotLease | { from: string[] } {
+  private grantSlots(s: LeaseSession, w: SlotWant, suspects: string[], afterReclaim: boolean): SlotLease | { from: string[] } {
     const entry = this.state.snapshots.keyById(w.keyId);
     if (!entry || s.closed || s.leaving) return { keyId: w.keyId, slots: 0, final: false };
     const r = this.slotLeases.grant(s.connId, w, entry.maxParallelRequests, suspects, afterReclaim);
@@ -356,7 +375,7 @@ export class LeaseService {
     return { keyId: w.keyId, slots: r.slots, final: r.final };
   }
 
-  private async grantOrgs(s: NodeSession, wants: OrgLeaseWant[], afterReclaim: boolean): Promise<Array<[OrgLeaseWant, OrgLease | { from: string[] }]>> {
+  private async grantOrgs(s: LeaseSession, wants: OrgLeaseWant[], afterReclaim: boolean): Promise<Array<[OrgLeaseWant, OrgLease | { from: string[] }]>> {
     const nodes = this.sessions.size;
     // Projects' and keys' pools (docs/money-limits.md) are decided from memory too, in the same step.
     const { orgIds, poolIds } = partitionPools(wants.map((w) => w.orgId));

@@ -9,8 +9,17 @@
 import { keyPoolId, limitResetOf, periodEndMs, periodStartMs, poolOf, projectPoolId, type LimitReset } from '../../proto/lib/spend-limits.js';
 import type { Queryable } from '../store/db.js';
 import { keySpendSince, projectSpendsSince } from '../store/money-limits-repo.js';
-import type { SnapshotStore } from '../snapshot-store.js';
-import type { KeySpend } from '../sync/report-ingest.js';
+import type { SnapshotStore } from '../state/snapshot-store.js';
+
+/** A key's cost in one minute under one lease epoch, as committed (the pools below keep key and project limits by it; sync/report-ingest.ts tells them). */
+export interface KeySpend {
+  keyId: string;
+  projectId: string;
+  orgId: string;
+  minute: number;
+  costMicros: number;
+  leaseEpoch: number;
+}
 
 /** What a pool whose limit was removed may lease (a node still asking learns the change by delta). */
 export const UNLIMITED_POOL_MICROS = 1e15;

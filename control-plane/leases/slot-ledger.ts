@@ -2,7 +2,7 @@
 // Pure: no I/O, no timers; the lease service (lease-service.ts) sends the reclaims it asks for.
 import type { KeyShare, SlotHeld, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
 import { standingShare } from '../../proto/lib/leases.js';
-import { clamp, limitOf, limitOfN } from './lease-math.js';
+import { clamp, limitOfN } from './lease-math.js';
 
 export type SlotGrantResult = { kind: 'grant'; slots: number; final: boolean } | { kind: 'reclaim'; from: string[] };
 

@@ -4,6 +4,7 @@
 // instead of an unbounded queue of deltas.
 import type { ServerDuplexStream, status } from '@grpc/grpc-js';
 import type { ControlMessage, Delta, NodeMessage, Report, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
+import type { LeaseSession } from '../leases/lease-service.js';
 import { countOutbound } from './sync-traffic.js';
 import { splitSnapshot } from '../../proto/lib/snapshot-parts.js';
 
@@ -29,7 +30,7 @@ export interface SessionHost {
 
 let connections = 0;
 
-export class NodeSession {
+export class NodeSession implements LeaseSession {
   readonly queue: Outbound[] = [];
   lastSentVersion = 0;
   ackedVersion = 0;

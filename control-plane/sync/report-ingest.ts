@@ -19,13 +19,14 @@ import { UsageTotals } from '../../proto/lib/usage-totals.js';
 import { isInstanceId, isNodeId } from '../../proto/lib/node-ids.js';
 import { monthOf } from '../../proto/lib/money.js';
 import type { LogBlock, Report, StoredResponse, UsageRecord, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import type { Tx } from '../store/db.js';
 import type { LogStore } from '../store/log-store/log-store.js';
 import type { StoredResponsesFanout } from './stored-responses.js';
 import { reportCursor, writeReportRows, type UsageMinute } from '../store/usage-repo.js';
 import { UsageFold } from './usage-fold.js';
 import { KeptCursors } from '../store/kept-cursors.js';
+import type { KeySpend } from '../leases/money-pools.js';
 
 export interface ReportSource {
   nodeId: string;
@@ -38,16 +39,6 @@ export interface IngestResult {
   inserted: number;
   /** Request-log rows written. */
   logs: number;
-}
-
-/** A key's cost in one minute under one lease epoch, as committed (leases/money-pools.ts keeps key and project limits by it). */
-export interface KeySpend {
-  keyId: string;
-  projectId: string;
-  orgId: string;
-  minute: number;
-  costMicros: number;
-  leaseEpoch: number;
 }
 
 export type KeySpendHook = (costs: readonly KeySpend[]) => void;

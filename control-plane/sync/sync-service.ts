@@ -7,7 +7,7 @@ import { status } from '@grpc/grpc-js';
 import { isInstanceId, isNodeId } from '../../proto/lib/node-ids.js';
 import { secretsEqual } from '../../proto/lib/keys.js';
 import { LeaseRequest, type Hello, type NodeMessage, type Report, type SyncServiceServer } from '../../proto/gen/tollgate/v1/sync.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import type { NodeFleet } from '../console/console-access.js';
 import { connectedNodeIds, nodeDisconnected, nodesGone, touchNode, upsertNode } from '../store/sync-repo.js';
 import type { ReportIngest } from './report-ingest.js';

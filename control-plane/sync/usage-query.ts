@@ -8,7 +8,7 @@
 import { status, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import { secretsEqual } from '../../proto/lib/keys.js';
 import type { QueryUsageRequest, QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import { credentialHashOf, getKey } from '../store/keys-repo.js';
 import { usageInRange, type UsageGroupBy } from '../store/usage-repo.js';
 

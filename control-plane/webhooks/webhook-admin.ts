@@ -4,7 +4,7 @@ import { newId } from '../../proto/lib/keys.js';
 import type { ListWebhookDeliveriesResponse, ListWebhooksResponse, TestWebhookResponse } from '../../proto/gen/tollgate/v1/console.js';
 import { notFound } from '../errors.js';
 import type { Db } from '../store/db.js';
-import type { WebhookSettings } from './webhook-config.js';
+import type { WebhookSettings } from '../gateway-config/webhook-config.js';
 import { sendWebhook, type WebhookDispatcher } from './webhook-dispatcher.js';
 import { listDeliveries, listDestinationRows, pendingCounts } from './webhook-outbox.js';
 

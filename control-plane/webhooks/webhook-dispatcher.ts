@@ -6,7 +6,7 @@
 // randomness and the timer are injected, so the schedule is tested without waiting.
 import { request } from 'undici';
 import type { Db } from '../store/db.js';
-import type { WebhookDestination, WebhookSettings } from './webhook-config.js';
+import type { WebhookDestination, WebhookSettings } from '../gateway-config/webhook-config.js';
 import { signWebhook } from './webhook-signer.js';
 import { dueDeliveries, markAttemptFailed, markDelivered, nextDueAtMs, pauseDestination, pruneOutbox, resumeDestination, type DeliveryRow } from './webhook-outbox.js';
 

@@ -4,9 +4,9 @@
 // an in-memory copy of the marks so the ingest path does no extra query unless something fires.
 // Payloads carry ids, amounts and reasons: never a key value, a token or a secret.
 import { newId } from '../../proto/lib/keys.js';
-import type { OrgState } from '../org-state.js';
+import type { OrgState } from '../state/org-state.js';
 import type { Db, Tx } from '../store/db.js';
-import type { WebhookEventType, WebhookSettings } from './webhook-config.js';
+import type { WebhookEventType, WebhookSettings } from '../gateway-config/webhook-config.js';
 import { clearMark, insertEvent, loadMarks, refreshMarkIfOlder, setMark } from './webhook-outbox.js';
 
 export const CAP_THRESHOLDS_PERCENT = [80, 100] as const;

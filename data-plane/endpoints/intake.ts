@@ -7,16 +7,16 @@ import type { StateHolder } from '../state/key-table.js';
 import { GatewayError, keepsRequest, type ErrorShape } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission, Admittable } from '../request/admission.js';
-import { type Reply } from '../http/reply.js';
+import { type Reply } from '../request/reply.js';
 import { logBug } from '../log.js';
 import type { RequestContext } from '../request/request-context.js';
-import { closesConnection, collectBody, streamBody, type BodyStream, type BodyWatch } from '../http/request-body.js';
+import { closesConnection, collectBody, streamBody, type BodyStream, type BodyWatch } from '../request/request-body.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import type { Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { Provider } from '../proxy/providers/provider.js';
 
-/** What the endpoint families need of the node (a part of ServerDeps). */
+/** What the endpoint families need of the node (a part of the NodeDeps main.ts builds them from). */
 export interface EndpointDeps {
   holder: StateHolder;
   clock: Clock;

@@ -7,7 +7,7 @@ import { GatewayError, type ErrorShape } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission } from '../request/admission.js';
-import { type Reply } from '../http/reply.js';
+import { type Reply } from '../request/reply.js';
 import { logBug } from '../log.js';
 import type { RequestContext } from '../request/request-context.js';
 import { validateJson } from '../request/validate-request.js';

@@ -18,7 +18,7 @@ import type { KeyBudgets } from '../limits/key-budgets.js';
 import { DemoRealtimeLink } from '../proxy/providers/demo-realtime.js';
 import type { DemoResponsesProvider } from '../proxy/providers/demo-responses.js';
 import type { UpstreamLink } from '../proxy/upstream-link.js';
-import { CLOSE } from '../realtime/close-codes.js';
+import { CLOSE } from './close-codes.js';
 import { REALTIME_PATH, RESPONSES_SOCKET_PATH } from '../routing/routes.js';
 import { PlainEndpoint, refuseAdmitted } from './intake.js';
 import { RealtimeTurnRules } from './realtime-turns.js';

@@ -5,7 +5,7 @@
 // reference, before the backend sees a byte.
 import { GatewayError } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
-import type { BodyStream } from '../http/request-body.js';
+import type { BodyStream } from '../request/request-body.js';
 import { encodedBodyRefusal, findRemoteInBody } from '../proxy/pdf-guard.js';
 import type { ToolBackends } from '../proxy/tool-backends.js';
 import { forwardTool } from '../proxy/tool-router.js';

@@ -6,7 +6,7 @@ import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import { logBug } from '../log.js';
 import type { RequestContext } from '../request/request-context.js';
-import { closesConnection, type BodyStream } from '../http/request-body.js';
+import { closesConnection, type BodyStream } from '../request/request-body.js';
 import type { BodyBudget } from '../limits/body-budget.js';
 import { boundaryOf, findModelField } from '../proxy/multipart-model.js';
 import type { CallResult } from '../proxy/providers/provider.js';

@@ -8,7 +8,7 @@
 import type { HttpResponse, us_socket_context_t } from 'uWebSockets.js';
 import type { KeyRecord } from '../state/key-table.js';
 import type { ErrorShape } from '../errors.js';
-import type { Reply } from '../http/reply.js';
+import type { Reply } from '../request/reply.js';
 import type { RequestContext } from '../request/request-context.js';
 import type { LogDraft, LogHead } from '../request/request-log.js';
 import type { Ticket } from '../limits/key-budgets.js';

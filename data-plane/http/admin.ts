@@ -5,9 +5,9 @@
 import uWS, { type TemplatedApp } from 'uWebSockets.js';
 import type { ManualClock } from '../limits/clock.js';
 import { METRICS_CONTENT_TYPE, scrape } from '../metrics.js';
-import { Reply } from './reply.js';
+import { Reply } from '../request/reply.js';
 import { logBug } from '../log.js';
-import { collectBody } from './request-body.js';
+import { collectBody } from '../request/request-body.js';
 
 const TEXT = [['content-type', 'text/plain; charset=utf-8']] as const;
 const JSON_TYPE = [['content-type', 'application/json']] as const;

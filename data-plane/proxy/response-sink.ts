@@ -1,6 +1,6 @@
-// What proxy/ writes an answer into: the one response of one request. http/reply.ts `Reply`
+// What proxy/ writes an answer into: the one response of one request. request/reply.ts `Reply`
 // implements it over a uWebSockets.js response and keeps every uWS lifetime rule behind it, so
-// providers, tool routing and stream-proxy.ts never see uWS and never import http/reply.ts
+// providers, tool routing and stream-proxy.ts never see uWS and never import request/reply.ts
 // (docs/design.md#the-response-sink).
 //
 // The contract a writer keeps: check `done` before producing (the client may be gone); after

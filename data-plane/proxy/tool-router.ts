@@ -76,7 +76,7 @@ export interface ToolRequest {
   /** A stream (read as it arrives), a body already read whole (the PDF guard read it), or none. */
   body: Readable | Buffer | null;
   reply: ResponseSink;
-  /** The client's address as the node determined it (http/client-ip.ts): the one X-Forwarded-For sent. */
+  /** The client's address as the node determined it (request/client-ip.ts): the one X-Forwarded-For sent. */
   clientIp: string;
   caller: ToolCaller;
   onAbort(fn: () => void): void;

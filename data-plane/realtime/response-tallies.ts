@@ -1,7 +1,7 @@
 // The counts of a session's responses in flight, for the estimate a response is billed when the
 // upstream reports no usage (response-estimate.ts): what the client sent since the last response
 // began (its input), and each response begun upstream by its id with its output deltas.
-import { base64SpanBytes, decodeString, eventTypeOf, parse, stringMemberSpans, type Obj } from './event-scan.js';
+import { base64SpanBytes, decodeString, eventTypeOf, parse, stringMemberSpans } from './event-scan.js';
 import { ResponseTally } from './response-estimate.js';
 
 /** Responses in flight tallied apart; past this many, a new one's counts join the last one's (still billed). */

@@ -8,7 +8,7 @@ import { secondsToNextMinute, type Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { LeaseClient } from '../leases/lease-client.js';
 import { cancelMoneyWait, moneyVerdict, waitForMoney } from '../leases/request-money.js';
-import { CLOSE } from './close-codes.js';
+import { CLOSE } from '../endpoints/close-codes.js';
 
 export interface SessionLimitsDeps {
   clock: Clock;

@@ -41,7 +41,7 @@ import { AUDIO_DELTAS, TEXT_DELTAS } from './response-estimate.js';
 import { ResponseTallies } from './response-tallies.js';
 import { eventTypeOf, parse, parseText, type Obj } from './event-scan.js';
 import { clientEventRefusal, TRANSCRIPTION_DONE } from './client-events.js';
-import { CLOSE, isSendableCode, truncateReason } from './close-codes.js';
+import { CLOSE, isSendableCode, truncateReason } from '../endpoints/close-codes.js';
 import type { RealtimeStats } from './realtime-stats.js';
 import { sendToClientSocket } from './client-send.js';
 import { SessionLimits } from './session-limits.js';

@@ -6,7 +6,7 @@ import type { EndReason, OpenEntry, OpenStreams } from '../state/open-streams.js
 import type { GatewayError } from '../errors.js';
 import { cancelUpstreamAtOnce } from '../proxy/stream-proxy.js';
 import { renderError, type ErrorShape } from '../error-shapes.js';
-import type { Reply } from '../http/reply.js';
+import type { Reply } from './reply.js';
 
 export class OpenRequest implements OpenEntry {
   readonly keyHash: string;

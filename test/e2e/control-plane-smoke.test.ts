@@ -8,7 +8,7 @@ import { credentials, Metadata, status, type ClientDuplexStream, type ServiceErr
 import { ConsoleServiceClient } from '../../proto/gen/tollgate/v1/console.js';
 import { SyncServiceClient, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import { hashKey, pepperCheck } from '../../proto/lib/keys.js';
-import { DEMO_CONFIG_PATH } from '../../control-plane/gateway-config.js';
+import { DEMO_CONFIG_PATH } from '../../control-plane/gateway-config/gateway-config.js';
 import { startControlPlane, stopAll, type ControlPlane } from '../helpers/processes.js';
 
 function call<Res>(client: ConsoleServiceClient, method: string, token: string, req: unknown): Promise<Res> {

@@ -13,7 +13,7 @@ import { miscCommands } from '../../cli/commands/misc.js';
 import { orgCommands } from '../../cli/commands/org.js';
 import { projectCommands } from '../../cli/commands/project.js';
 import { auditCommands, webhooksCommands } from '../../cli/commands/webhooks.js';
-import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config.js';
+import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config/gateway-config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
 import { configYaml } from '../helpers/config.js';
 import { ROOT, runProcessAsync, startControlPlane, startProcess, stopAll } from '../helpers/processes.js';

@@ -6,7 +6,7 @@ import { afterEach, beforeEach, mock } from 'node:test';
 import type { KeyRecord } from '../../data-plane/state/key-table.js';
 import { Admission } from '../../data-plane/request/admission.js';
 import { renderError, type ErrorShape } from '../../data-plane/error-shapes.js';
-import type { Reply } from '../../data-plane/http/reply.js';
+import type { Reply } from '../../data-plane/request/reply.js';
 import { RequestContext } from '../../data-plane/request/request-context.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { KeyBudgets, type AllowanceSource, type KeyLimits, type MinuteAllowance } from '../../data-plane/limits/key-budgets.js';

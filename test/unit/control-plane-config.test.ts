@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadControlPlaneConfig } from '../../control-plane/config.js';
-import { DEMO_CONFIG_PATH } from '../../control-plane/gateway-config.js';
+import { DEMO_CONFIG_PATH } from '../../control-plane/gateway-config/gateway-config.js';
 
 test('process flags: bad values name the setting', () => {
   const env = { TOLLGATE_PEPPER: 'p'.repeat(32), TOLLGATE_OPERATOR_TOKEN: 'op_x'.repeat(5), TOLLGATE_NODE_TOKEN: 'node_x'.repeat(5) };

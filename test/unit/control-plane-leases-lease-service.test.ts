@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { readGatewayConfig } from '../../control-plane/config.js';
-import { ControlState } from '../../control-plane/control-state.js';
+import { ControlState } from '../../control-plane/state/control-state.js';
 import { Db } from '../../control-plane/store/db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { LeaseService } from '../../control-plane/leases/lease-service.js';

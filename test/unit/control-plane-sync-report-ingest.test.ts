@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import fc from 'fast-check';
 import { readGatewayConfig } from '../../control-plane/config.js';
-import { ControlState } from '../../control-plane/control-state.js';
+import { ControlState } from '../../control-plane/state/control-state.js';
 import { Db } from '../../control-plane/store/db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { addCredit, setOrgOwnCap, setOrgTier } from '../../control-plane/store/orgs-repo.js';

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { Db } from '../../control-plane/store/db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
-import { parseWebhooksConfig, type WebhookSettings } from '../../control-plane/webhooks/webhook-config.js';
+import { parseWebhooksConfig, type WebhookSettings } from '../../control-plane/gateway-config/webhook-config.js';
 import { backoffMs, MAX_BACKOFF_MS, RETRY_WINDOW_MS, WebhookDispatcher } from '../../control-plane/webhooks/webhook-dispatcher.js';
 import { WebhookEvents } from '../../control-plane/webhooks/webhook-events.js';
 import { listDeliveries, listDestinationRows } from '../../control-plane/webhooks/webhook-outbox.js';

@@ -10,7 +10,7 @@ import { GatewayState, StateHolder } from '../../data-plane/state/key-table.js';
 import { OpenStreams } from '../../data-plane/state/open-streams.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
 import { BACKGROUND_OUTPUT_CEILING_TOKENS, BackgroundFollowers, safeAbove } from '../../data-plane/endpoints/responses/background-responses.js';
-import type { ResponsesProvider, UpstreamRead } from '../../data-plane/endpoints/responses/responses.js';
+import type { ResponsesProvider, UpstreamRead } from '../../data-plane/proxy/providers/responses-provider.js';
 import type { RequestContext } from '../../data-plane/request/request-context.js';
 import type { CallResult } from '../../data-plane/proxy/providers/provider.js';
 import { estimateTokens } from '../../data-plane/proxy/tokens.js';

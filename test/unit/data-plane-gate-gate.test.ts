@@ -9,7 +9,7 @@ import { markDrainStarted } from '../../data-plane/drain.js';
 import { HTTP, UPGRADE, type Entrance } from '../../data-plane/gate/entrances.js';
 import { Gate, type GateDeps } from '../../data-plane/gate/gate.js';
 import { ApiRequest } from '../../data-plane/gate/api-request.js';
-import { Reply } from '../../data-plane/http/reply.js';
+import { Reply } from '../../data-plane/request/reply.js';
 import { UnknownKeySampler } from '../../data-plane/request/request-log.js';
 import { familyOf } from '../../data-plane/routing/path-families.js';
 import { RouteTable } from '../../data-plane/routing/routes.js';

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mock, test } from 'node:test';
 import { LEASE_WAIT_MS, WaitStats } from '../../data-plane/request/admission.js';
 import type { ErrorShape } from '../../data-plane/error-shapes.js';
-import type { Reply } from '../../data-plane/http/reply.js';
+import type { Reply } from '../../data-plane/request/reply.js';
 import { RequestContext } from '../../data-plane/request/request-context.js';
 import { log } from '../../data-plane/log.js';
 import { minuteOf } from '../../data-plane/limits/clock.js';

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS } from '../../data-plane/request/admission.js';
-import type { Reply } from '../../data-plane/http/reply.js';
+import type { Reply } from '../../data-plane/request/reply.js';
 import { RequestContext } from '../../data-plane/request/request-context.js';
 import { secondsToNextMinute } from '../../data-plane/limits/clock.js';
 import type { MinuteAllowance } from '../../data-plane/limits/key-budgets.js';

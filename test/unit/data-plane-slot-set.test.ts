@@ -10,7 +10,7 @@ import { runInNewContext } from 'node:vm';
 import fc from 'fast-check';
 import { SlotSet, type Slotted } from '../../data-plane/slot-set.js';
 import { OpenStreams, type OpenEntry } from '../../data-plane/state/open-streams.js';
-import { BodyWatch, type PacedBody } from '../../data-plane/http/request-body.js';
+import { BodyWatch, type PacedBody } from '../../data-plane/request/request-body.js';
 
 setFlagsFromString('--expose-gc');
 const gc = runInNewContext('gc') as (opts?: { type: 'minor' | 'major' }) => void;

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { parse, parseAllDocuments } from 'yaml';
 import { loadControlPlaneConfig } from '../../control-plane/config.js';
-import { parseGatewayConfig } from '../../control-plane/gateway-config.js';
+import { parseGatewayConfig } from '../../control-plane/gateway-config/gateway-config.js';
 import { loadConfig } from '../../data-plane/config.js';
 import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
 import { ROOT } from '../helpers/processes.js';

@@ -1,8 +1,7 @@
 // The house's rules, read from every import (docs/design.md#what-may-import-what): the planes never
 // import one another, nothing re-exports what another module defines (an `export … from` draws a
-// false arrow), no hand-written file is over 450 lines, and no two rooms of a plane import each other
-// both ways, except the pairs still listed below as debt. The list can only shrink: a pair that no
-// longer imports both ways fails this test until it is taken off, and a new pair fails it at once.
+// false arrow), no hand-written file is over 450 lines, every import of a plane runs down its layers
+// (the table below, the same as docs/design.md#what-may-import-what's), and no two rooms of a plane import each other both ways.
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, normalize, relative } from 'node:path';
@@ -11,10 +10,34 @@ import { fileURLToPath } from 'node:url';
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 
-/** Room pairs (sorted) that still import each other both ways: issue 33's remaining knot. */
-const BOTH_WAYS_DEBT: Readonly<Record<string, readonly string[]>> = {
-  'data-plane': ['endpoints <> http', 'endpoints <> proxy', 'endpoints <> realtime', 'gate <> http', 'http <> request'],
-  'control-plane': ['leases <> sync'],
+/**
+ * Each plane's rooms, top layer first (docs/design.md#what-may-import-what). A room is a folder, or a
+ * file at the plane's top. A room imports rooms of its own layer or below, never above.
+ */
+const LAYERS: Readonly<Record<string, readonly (readonly string[])[]>> = {
+  'data-plane': [
+    ['main.ts'],
+    ['http', 'realtime'],
+    ['endpoints'],
+    ['gate'],
+    ['request', 'sync'],
+    ['leases'],
+    ['proxy', 'state'],
+    ['limits', 'metrics.ts'],
+    ['routing'],
+    ['errors.ts', 'error-shapes.ts', 'log.ts', 'config.ts', 'drain.ts', 'slot-set.ts', 'heap-watch.ts', 'heap-flags.ts'],
+  ],
+  'control-plane': [
+    ['main.ts'],
+    ['grpc', 'admin.ts'],
+    ['sync'],
+    ['console', 'leases'],
+    ['webhooks', 'audit'],
+    ['state'],
+    ['config.ts', 'gateway-config'],
+    ['store'],
+    ['errors.ts', 'log.ts', 'metrics.ts'],
+  ],
 };
 
 /** Hand-written files allowed past 450 lines. */
@@ -65,27 +88,60 @@ test('no forwarding re-exports: a module exports only what it defines', () => {
   assert.deepEqual(bad, []);
 });
 
+test('no two hand-written files share a basename, but the per-process ones', () => {
+  const PER_PROCESS = new Set(['main.ts', 'config.ts', 'errors.ts', 'metrics.ts', 'log.ts', 'admin.ts']);
+  const seen = new Map<string, string[]>();
+  for (const f of FILES) seen.set(f.split('/').pop()!, [...(seen.get(f.split('/').pop()!) ?? []), f]);
+  const clashes = [...seen].filter(([name, paths]) => paths.length > 1 && !PER_PROCESS.has(name)).map(([, paths]) => paths.join(' = '));
+  assert.deepEqual(clashes, []);
+});
+
 test('no hand-written file is over 450 lines', () => {
   const long = FILES.filter((f) => !LONG_FILES.includes(f) && readFileSync(join(ROOT, f), 'utf8').split('\n').length > 451);
   assert.deepEqual(long, []);
 });
 
-test('no two rooms of a plane import each other both ways, but the listed debt (which can only shrink)', () => {
-  for (const plane of ['data-plane', 'control-plane']) {
-    const arrows = new Set<string>();
-    for (const f of FILES.filter((x) => planeOf(x) === plane)) {
-      for (const t of importsOf(f)) {
-        if (planeOf(t) !== plane) continue;
-        const a = roomOf(f);
-        const b = roomOf(t);
-        if (a !== b) arrows.add(`${a} > ${b}`);
-      }
+/** Every import between two rooms of a plane, as `from > to` with the importing file. */
+function roomArrows(plane: string): Map<string, string> {
+  const arrows = new Map<string, string>();
+  for (const f of FILES.filter((x) => planeOf(x) === plane)) {
+    for (const t of importsOf(f)) {
+      if (planeOf(t) !== plane) continue;
+      const a = roomOf(f);
+      const b = roomOf(t);
+      if (a !== b && !arrows.has(`${a} > ${b}`)) arrows.set(`${a} > ${b}`, `${f} -> ${t}`);
     }
-    const both = [...arrows]
+  }
+  return arrows;
+}
+
+test('every room of a plane is in its layer table, once', () => {
+  for (const plane of ['data-plane', 'control-plane']) {
+    const listed = LAYERS[plane].flat();
+    assert.equal(new Set(listed).size, listed.length, `${plane}: a room listed twice`);
+    const rooms = [...new Set(FILES.filter((f) => planeOf(f) === plane).map(roomOf))].sort();
+    assert.deepEqual(rooms, [...listed].sort(), `${plane}: the rooms on disk and in the layer table`);
+  }
+});
+
+test('no import runs up a layer', () => {
+  for (const plane of ['data-plane', 'control-plane']) {
+    const layerOf = new Map(LAYERS[plane].flatMap((rooms, i) => rooms.map((r) => [r, i] as const)));
+    const up = [...roomArrows(plane)].filter(([arrow]) => {
+      const [a, b] = arrow.split(' > ');
+      return (layerOf.get(b) ?? -1) < (layerOf.get(a) ?? -1);
+    });
+    assert.deepEqual(up.map(([, example]) => example), [], `${plane}: imports up a layer`);
+  }
+});
+
+test('no two rooms of a plane import each other both ways', () => {
+  for (const plane of ['data-plane', 'control-plane']) {
+    const arrows = roomArrows(plane);
+    const both = [...arrows.keys()]
       .map((x) => x.split(' > '))
       .filter(([a, b]) => a < b && arrows.has(`${b} > ${a}`))
-      .map(([a, b]) => `${a} <> ${b}`)
-      .sort();
-    assert.deepEqual(both, [...BOTH_WAYS_DEBT[plane]].sort(), `${plane}: the rooms that import each other both ways`);
+      .map(([a, b]) => `${a} <> ${b}: ${arrows.get(`${a} > ${b}`)}, ${arrows.get(`${b} > ${a}`)}`);
+    assert.deepEqual(both, [], `${plane}: the rooms that import each other both ways`);
   }
 });

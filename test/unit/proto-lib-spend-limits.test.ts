@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { keyLimitMessage, keyLimitShort, keyPoolId, periodEndMs, periodStartMs, poolOf, projectCapMessage, projectCapShort, projectPoolId } from '../../proto/lib/spend-limits.js';
 import { MoneyLeaseLedger } from '../../control-plane/leases/money-lease-ledger.js';
 import { MoneyPools, partitionPools } from '../../control-plane/leases/money-pools.js';
-import { SnapshotStore } from '../../control-plane/snapshot-store.js';
+import { SnapshotStore } from '../../control-plane/state/snapshot-store.js';
 import type { Queryable } from '../../control-plane/store/db.js';
 import { GatewayConfig, type KeyEntry } from '../../proto/gen/tollgate/v1/sync.js';
 import { LeaseClient } from '../../data-plane/leases/lease-client.js';

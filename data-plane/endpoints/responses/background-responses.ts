@@ -26,7 +26,7 @@ import type { RequestContext } from '../../request/request-context.js';
 import type { CallResult } from '../../proxy/providers/provider.js';
 import { estimateTokens } from '../../proxy/tokens.js';
 import { SlotSet, type Slotted } from '../../slot-set.js';
-import type { ResponsesProvider, UpstreamRead } from './responses.js';
+import type { ResponsesProvider, UpstreamRead } from '../../proxy/providers/responses-provider.js';
 
 /** The longest a background response is followed: background mode exists for runs of minutes. */
 export const FOLLOW_MAX_MS = 60 * 60_000;

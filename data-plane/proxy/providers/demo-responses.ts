@@ -5,7 +5,7 @@
 // response DEMO_BACKGROUND_MS later (until then it reads `in_progress` and can be cancelled).
 import { randomBytes } from 'node:crypto';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses/responses.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
 import { RESPONSE_RETENTION_MS } from '../../state/response-owners.js';
 import { GatewayError } from '../../errors.js';
 import { truncateTokens } from '../tokens.js';

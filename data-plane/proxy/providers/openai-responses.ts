@@ -6,7 +6,7 @@
 // response the answer left running is handed to its follower (endpoints/responses/background-responses.ts),
 // which reads it here (`retrieve`, `cancel`: off the request path, through the same readers).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from '../../endpoints/responses/responses.js';
+import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';

@@ -3,8 +3,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { HttpResponse } from 'uWebSockets.js';
-import { BodyStream } from '../../data-plane/http/request-body.js';
-import type { Reply } from '../../data-plane/http/reply.js';
+import { BodyStream } from '../../data-plane/request/request-body.js';
+import type { Reply } from '../../data-plane/request/reply.js';
 
 function fakes() {
   let onData: ((chunk: ArrayBuffer, isLast: boolean) => void) | null = null;

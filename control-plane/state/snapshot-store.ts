@@ -2,7 +2,7 @@
 // current version, the state at that version, the retained changes, and subscribers. Plain class, no
 // I/O. The caller applies each change right after the SQLite transaction that wrote it commits, in
 // version order, so memory and database never disagree.
-import type { Change, Delta, GatewayConfig, KeyEntry, KeyTombstone, OrgEntry, ProjectEntry, Snapshot } from '../proto/gen/tollgate/v1/sync.js';
+import type { Change, Delta, GatewayConfig, KeyEntry, KeyTombstone, OrgEntry, ProjectEntry, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
 
 export interface VersionedChange {
   version: number;

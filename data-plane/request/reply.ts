@@ -19,8 +19,8 @@ import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../met
 import type { PathFamily } from '../routing/path-families.js';
 import { writeRateHeaders, type RateHeaders } from '../limits/rate-headers.js';
 import { renderError, statusLine, type ErrorShape } from '../error-shapes.js';
-import { refusalReason, type LogDraft } from '../request/request-log.js';
-import type { OpenRequest } from '../request/open-request.js';
+import { refusalReason, type LogDraft } from './request-log.js';
+import type { OpenRequest } from './open-request.js';
 import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';
 import { SlotSet, type Slotted } from '../slot-set.js';
 

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { HttpResponse } from 'uWebSockets.js';
-import { openReplies, Reply } from '../../data-plane/http/reply.js';
+import { openReplies, Reply } from '../../data-plane/request/reply.js';
 
 /** A fake HttpResponse whose tryEnd answers are scripted: [ok, finished] per call. */
 class FakeRes {

@@ -4,7 +4,7 @@ import { readFileSync } from 'node:fs';
 import { parse } from 'yaml';
 import { readGatewayConfig } from '../../control-plane/config.js';
 import { ConfigError } from '../../proto/lib/process-flags.js';
-import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config.js';
+import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config/gateway-config.js';
 
 const demo = () => parse(readFileSync(DEMO_CONFIG_PATH, 'utf8'));
 

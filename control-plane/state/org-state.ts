@@ -1,6 +1,6 @@
 // Pure money rules of an organisation (docs/design.md#free-grant-and-monthly-cap): the grant and the
 // tier's cap are read live from the current config; no I/O here.
-import type { TierSettings } from './gateway-config.js';
+import type { TierSettings } from '../gateway-config/gateway-config.js';
 
 export interface OrgMoney {
   creditsMicros: number;

@@ -1,7 +1,7 @@
 // BodyWatch: a body read whole must keep a minimum average rate after its grace (408 below it).
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { BodyWatch, type PacedBody } from '../../data-plane/http/request-body.js';
+import { BodyWatch, type PacedBody } from '../../data-plane/request/request-body.js';
 
 function body(startedAt: number, received: number): PacedBody & { slow: boolean } {
   return {

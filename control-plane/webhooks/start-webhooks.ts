@@ -1,7 +1,7 @@
 // Assembles the webhook parts for main.ts: events (written in the transactions that cause them), the
 // dispatcher that sends the outbox, the revoked-key watch on ingested logs, the console's admin view,
 // and the node-disconnect report (after a grace, so a node that reconnects at once raises nothing).
-import type { ControlState } from '../control-state.js';
+import type { ControlState } from '../state/control-state.js';
 import { RevokedKeyWatch } from './revoked-key-watch.js';
 import { WebhookAdmin } from './webhook-admin.js';
 import { WebhookDispatcher } from './webhook-dispatcher.js';

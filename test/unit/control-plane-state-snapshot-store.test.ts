@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SnapshotStore } from '../../control-plane/snapshot-store.js';
+import { SnapshotStore } from '../../control-plane/state/snapshot-store.js';
 import { GatewayConfig, type Delta, type KeyEntry } from '../../proto/gen/tollgate/v1/sync.js';
 
 const config = (serviceName: string): GatewayConfig => GatewayConfig.fromPartial({ serviceName });

@@ -1,9 +1,9 @@
-// Client IP derivation (data-plane/http/client-ip.ts): the socket peer, or, only when the peer is a
+// Client IP derivation (data-plane/request/client-ip.ts): the socket peer, or, only when the peer is a
 // trusted proxy, the right-most X-Forwarded-For hop that is not one; always in canonical form.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import fc from 'fast-check';
-import { canonicalIpv4, deriveClientIp } from '../../data-plane/http/client-ip.js';
+import { canonicalIpv4, deriveClientIp } from '../../data-plane/request/client-ip.js';
 import { formatIp, IpRangeSet, parseIp } from '../../proto/lib/ip.js';
 
 const TRUSTED = IpRangeSet.parse(['10.0.0.0/8', 'fd00::/8', '127.0.0.1']);

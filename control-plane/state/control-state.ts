@@ -1,19 +1,19 @@
 // The state every part of the control plane shares: the database, the current gateway config, and
 // the snapshot store the nodes are fed from. Every change nodes must learn goes through `emit`, inside
 // the SQLite transaction that makes it, so the version counter and the change row commit together.
-import { monthOf } from '../proto/lib/money.js';
-import type { Change, GatewayConfig, KeyEntry, OrgEntry } from '../proto/gen/tollgate/v1/sync.js';
-import type { Org } from '../proto/gen/tollgate/v1/console.js';
-import { readGatewayConfig } from './config.js';
-import { ConfigError } from '../proto/lib/process-flags.js';
-import { redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from './gateway-config.js';
+import { monthOf } from '../../proto/lib/money.js';
+import type { Change, GatewayConfig, KeyEntry, OrgEntry } from '../../proto/gen/tollgate/v1/sync.js';
+import type { Org } from '../../proto/gen/tollgate/v1/console.js';
+import { readGatewayConfig } from '../config.js';
+import { ConfigError } from '../../proto/lib/process-flags.js';
+import { redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from '../gateway-config/gateway-config.js';
 import { computeOrgState, type OrgState } from './org-state.js';
-import type { Db, Queryable, Tx } from './store/db.js';
-import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from './store/keys-repo.js';
-import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from './store/orgs-repo.js';
-import { appendChange, currentVersion, loadChanges, pruneChanges } from './store/sync-repo.js';
+import type { Db, Queryable, Tx } from '../store/db.js';
+import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from '../store/keys-repo.js';
+import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from '../store/orgs-repo.js';
+import { appendChange, currentVersion, loadChanges, pruneChanges } from '../store/sync-repo.js';
 import { SnapshotStore } from './snapshot-store.js';
-import { cappedProjects } from './store/money-limits-repo.js';
+import { cappedProjects } from '../store/money-limits-repo.js';
 
 const RETAINED_CHANGES = 10_000;
 

@@ -5,13 +5,13 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseIpRange } from '../proto/lib/ip.js';
-import { parseUsd } from '../proto/lib/money.js';
-import { ConfigError } from '../proto/lib/process-flags.js';
-import type { GatewayConfig } from '../proto/gen/tollgate/v1/sync.js';
-import { parseWebhooksConfig, type WebhookSettings } from './webhooks/webhook-config.js';
+import { parseIpRange } from '../../proto/lib/ip.js';
+import { parseUsd } from '../../proto/lib/money.js';
+import { ConfigError } from '../../proto/lib/process-flags.js';
+import type { GatewayConfig } from '../../proto/gen/tollgate/v1/sync.js';
+import { parseWebhooksConfig, type WebhookSettings } from './webhook-config.js';
 
-export const DEMO_CONFIG_PATH = fileURLToPath(new URL('./demo-config.yaml', import.meta.url));
+export const DEMO_CONFIG_PATH = fileURLToPath(new URL('../demo-config.yaml', import.meta.url));
 
 export type ModelKind = 'chat' | 'embeddings' | 'transcription' | 'speech' | 'realtime';
 

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { ConfigError } from '../../proto/lib/process-flags.js';
-import { parseWebhooksConfig } from '../../control-plane/webhooks/webhook-config.js';
+import { parseWebhooksConfig } from '../../control-plane/gateway-config/webhook-config.js';
 
 const SECRET = `whsec_${Buffer.alloc(32, 7).toString('base64')}`;
 const env = { HOOK: SECRET, SHORT: 'whsec_c2hvcnQ=', PLAIN: 'not-a-whsec-secret' };

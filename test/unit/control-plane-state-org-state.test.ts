@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { computeOrgState } from '../../control-plane/org-state.js';
+import { computeOrgState } from '../../control-plane/state/org-state.js';
 
 const free = { freeGrantMicros: 5_000_000, monthlyCapMicros: 5_000_000 };
 const paid = { freeGrantMicros: 0, monthlyCapMicros: null };

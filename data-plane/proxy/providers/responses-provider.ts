@@ -1,0 +1,61 @@
+// The contract of a Responses API provider (the demo and the OpenAI one): what the Responses endpoint
+// (endpoints/responses/responses.ts) hands a provider for a create, a stored response's request, and a
+// background follower's read. It lives with the providers, so proxy/ never imports the endpoints.
+import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
+import type { TokenCounts } from '../../../proto/lib/money.js';
+import type { StoredAction } from '../../routing/responses-paths.js';
+import type { ResponseSink } from '../response-sink.js';
+import type { CallResult, ModelCall } from './provider.js';
+
+/** A create: a model call that also names the response's id as soon as the upstream does. */
+export interface ResponsesCall extends ModelCall {
+  /**
+   * Records that the key's project owns the response `id`; a provider calls it before the bytes
+   * naming the id reach the client, so the client can never ask for it before it is recorded.
+   */
+  recordOwner(id: string): void;
+  /**
+   * A background response (`background: true`) that the answer left running upstream, its usage not
+   * in it: the node follows it to its end and bills it then. Called instead of `complete`, with the
+   * status `complete` would have had.
+   */
+  follow(id: string, status: number): void;
+}
+
+/** What the upstream said of a response read off the request path (a follower's retrieve or cancel). */
+export interface UpstreamRead {
+  /** The answer's HTTP status; 0 when none came (unreachable, timed out). */
+  httpStatus: number;
+  /** The response's `status` (`queued`, `in_progress`, `completed`, …); null when not read. */
+  status: string | null;
+  usage: TokenCounts | null;
+  /** Output tokens of its `output`, counted (for a terminal response without usage). */
+  outputTokens: number;
+}
+
+/** A request on a stored response, already checked to be the key's own. */
+export interface StoredCall {
+  requestId: string;
+  reply: ResponseSink;
+  /** The model the response was created with (its provider serves the request). */
+  model: ModelConfig;
+  id: string;
+  action: StoredAction;
+  method: string;
+  /** The query string as sent (pagination of input_items), without `?`. */
+  query: string;
+  complete(result: CallResult): void;
+  onAbort(fn: () => void): void;
+  fail(err: unknown): void;
+  /** The response was deleted upstream: its owner record goes too. */
+  forget(): void;
+}
+
+export interface ResponsesProvider {
+  create(call: ResponsesCall): void;
+  stored(call: StoredCall): void;
+  /** `GET /responses/{id}` for a follower, off the request path; `done` is called exactly once. */
+  retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
+  /** `POST /responses/{id}/cancel` for a follower whose key may no longer run it; `done` once. */
+  cancel(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
+}
