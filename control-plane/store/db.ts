@@ -29,7 +29,8 @@ export interface Tx extends Queryable {
   /**
    * The transaction's last statement (runPrepared): none may follow it. When it is also the first,
    * it runs alone, without BEGIN and COMMIT: one statement is atomic by itself, and a hand-off to
-   * SQLite's thread and back costs the same whatever the statement does (docs/scale.md).
+   * SQLite's thread and back costs the same whatever the statement does
+   * (docs/design.md#a-report-is-one-statement).
    */
   runLast(sql: string, params: Param[]): Promise<RunResult>;
 }

@@ -1,6 +1,6 @@
 // Node instances' cursors (the last report seq a store wrote for each), kept in memory once read: the
 // control plane is its databases' only writer, so what it committed is what the tables hold, and
-// telling a replay costs no statement (docs/scale.md, "A report is one statement"). The state
+// telling a replay costs no statement (docs/design.md#a-report-is-one-statement). The state
 // database's report cursors and the log store's each keep one. A node has one instance per process;
 // the most recently kept are kept (every write keeps its cursor), and one not kept is read again.
 

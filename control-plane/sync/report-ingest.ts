@@ -115,7 +115,7 @@ export class ReportIngest {
   /**
    * Writes a unit's usage and money with the units of other nodes that wait meanwhile: while one
    * transaction runs, the units that arrive queue, and the next transaction takes all of them (group
-   * commit; docs/scale.md). A node sends its next unit only after this one is written, so each node's
+   * commit; docs/design.md#reports-of-several-nodes-in-one-transaction). A node sends its next unit only after this one is written, so each node's
    * order is kept (a node that reconnects may have its old stream's unit and its resend in one
    * transaction: their cursor statements run in order, and the resend is a replay). When a shared
    * transaction fails, each of its units is written alone, so one report that cannot be written fails

@@ -70,7 +70,7 @@ export class ReportQueue {
         if (s.closed) return;
         s.reports.shift();
         this.pendingReports--;
-        // Reports written together are acknowledged in one message (docs/scale.md).
+        // Reports written together are acknowledged in one message (docs/design.md#what-a-report-publishes).
         if (unit.length === 1) s.enqueue({ reportAck: { seq: unit[0].seq, instanceId: unit[0].instanceId } });
         else s.enqueue({ reportAcks: { acks: unit.map((r) => ({ seq: r.seq, instanceId: r.instanceId })) } });
         this.resumeReaders();

@@ -1,4 +1,4 @@
-// Usage is journaled, then folded (docs/scale.md). A report's usage rows are appended to usage_journal
+// Usage is journaled, then folded (docs/design.md#usage-is-journaled-then-folded). A report's usage rows are appended to usage_journal
 // in the report's transaction, before it is acknowledged; this folds the journal into usage_folded,
 // summed per project, minute, key and model, every FOLD_EVERY_MS or as soon as FOLD_AT_ROWS rows wait,
 // in one transaction that adds the rows in and deletes them (usage-repo.ts foldUsage). Readers see

@@ -1,8 +1,9 @@
 // Admission and body reading, joined in one place: after the gate (gate/gate.ts) has found the route,
 // the route's bodyMode (routing/routes.ts) says how the body is read while admission (key budgets, the
 // money slice; request/admission.ts) decides, and the endpoint is called once both are done. uWS wants
-// onData attached before the handler returns (style.md, rule 2), so a body is read while admission
-// waits for a lease, still within the node-wide body budget; a refused request's body is not wanted.
+// onData attached before the handler returns (rule 2 of docs/design.md#the-uws-contract), so a body is
+// read while admission waits for a lease, still within the node-wide body budget; a refused request's
+// body is not wanted.
 import type { StateHolder } from '../state/key-table.js';
 import { GatewayError, keepsRequest, type ErrorShape } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';

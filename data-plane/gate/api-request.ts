@@ -1,10 +1,11 @@
 // One request through a node, an HTTP request or a WebSocket upgrade: created once when it arrives
 // (gate.ts), and from then on the one thing every check and endpoint is handed. It carries the head
-// copied out of uWS's HttpRequest (which dies when the handler returns: style.md, uWS rule 1), the
-// path family computed once, the error shape of answers before routing, the client IP, and, as the
-// gate and admission fill them in, the key, the route, the admitted context (its key-budget ticket and
-// money reservation) and the log entry. A class with fields set in one order (one hidden class), so
-// the hot path makes one object per request and no closures.
+// copied out of uWS's HttpRequest (which dies when the handler returns: rule 1 of
+// docs/design.md#the-uws-contract), the path family computed once, the error shape of answers before
+// routing, the client IP, and, as the gate and admission fill them in, the key, the route, the
+// admitted context (its key-budget ticket and money reservation) and the log entry. A class with
+// fields set in one order (one hidden class), so the hot path makes one object per request and no
+// closures.
 import type { HttpResponse, us_socket_context_t } from 'uWebSockets.js';
 import type { KeyRecord } from '../state/key-table.js';
 import type { ErrorShape } from '../errors.js';

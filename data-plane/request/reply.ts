@@ -1,4 +1,4 @@
-// The uWebSockets.js contract, kept by every handler of this node:
+// The uWebSockets.js contract, kept by every handler of this node (why: docs/design.md#the-uws-contract):
 // 1. `HttpRequest` dies when the handler returns: copy method, URL, query, headers first.
 // 2. Unless the response ends synchronously, call `res.onAborted` and attach `onData` before any await.
 // 3. Wrap `res` in one `Reply` with a `done` flag set by abort, end, close, a finished `tryEnd`, or

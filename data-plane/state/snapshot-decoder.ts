@@ -2,7 +2,7 @@
 // snapshot's keys and tombstones go straight into a packed GatewayState as they are read, one
 // short-lived KeyEntry at a time, instead of an array of a million objects that would all live (and
 // grow the heap) until the snapshot is applied. A snapshot in parts (proto/lib/snapshot-parts.ts,
-// docs/scale.md "A snapshot in parts") is built into one state part after part: every part but the
+// docs/design.md#snapshots-in-parts) is built into one state part after part: every part but the
 // last decodes to an empty message, and the last to the whole snapshot. The Snapshot returned has
 // empty `keys` and `tombstones`; StateHolder.applySnapshot takes the state built (key-table.ts).
 import { BinaryReader } from '@bufbuild/protobuf/wire';

@@ -1,4 +1,4 @@
-// A snapshot in parts (docs/scale.md, "A snapshot in parts"): a snapshot of a million keys is about
+// A snapshot in parts (docs/design.md#snapshots-in-parts): a snapshot of a million keys is about
 // 130 MB as one message, and the node held it twice over while it arrived (in HTTP/2 frames, then
 // joined into one buffer by grpc-js), which its C heap did not always give back. In parts of
 // PART_ENTRIES keys or tombstones each, no message is larger than about 1.3 MB. Shared by the control

@@ -1,6 +1,7 @@
 // The reference for the node's hot path: a bare uWebSockets.js pass-through built on undici's
-// dispatch API (no auth, no limits, no accounting, no body parsing), in its own process, following
-// style.md §4. Usage: bare-proxy.ts UPSTREAM_URL. Prints `bare proxy listening on PORT`.
+// dispatch API (no auth, no limits, no accounting, no body parsing), in its own process, keeping the
+// uWS rules of docs/design.md#the-uws-contract. Usage: bare-proxy.ts UPSTREAM_URL. Prints
+// `bare proxy listening on PORT`.
 //
 // Method, path and headers are copied before the handler returns; the request body goes to the
 // upstream as it arrives (a body that arrives in one onData call is passed as one Buffer, a longer one

@@ -1,6 +1,7 @@
-// Usage is journaled, then folded (control-plane/sync/usage-fold.ts, docs/scale.md): every sum read
-// through usage_minutes is the same before, during and after a fold, a fold that fails leaves every
-// row where it was, and what a stopped process left in the journal is folded by the next one.
+// Usage is journaled, then folded (control-plane/sync/usage-fold.ts,
+// docs/design.md#usage-is-journaled-then-folded): every sum read through usage_minutes is the same
+// before, during and after a fold, a fold that fails leaves every row where it was, and what a
+// stopped process left in the journal is folded by the next one.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -1,5 +1,5 @@
-// A snapshot in parts (proto/lib/snapshot-parts.ts → data-plane/state/snapshot-decoder.ts, docs/scale.md
-// "A snapshot in parts"): the control plane splits, the node's stream decoder builds one state from
+// A snapshot in parts (proto/lib/snapshot-parts.ts → data-plane/state/snapshot-decoder.ts,
+// docs/design.md#snapshots-in-parts): the control plane splits, the node's stream decoder builds one state from
 // the parts, and the state is the one the whole snapshot gives, whatever the part size.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

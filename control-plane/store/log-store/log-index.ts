@@ -1,5 +1,5 @@
 // The key index of the request-log blocks (logkeys_DAY: one row per key and block), which follows the
-// blocks (docs/scale.md, "The log index follows the blocks"): a block's entries are kept in memory
+// blocks (docs/design.md#log-store): a block's entries are kept in memory
 // once its report committed, and written for all blocks together once a minute (or when many wait),
 // sorted by key, in one transaction that also moves log_index_cursor. A query reads those in memory
 // beside the table. A control plane that stopped without writing them indexes the blocks past the
@@ -9,7 +9,7 @@ import { LogColumns } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { Db, Queryable } from '../db.js';
 import { DAY_TABLE_RE, type LogDays } from './log-days.js';
 
-/** The key index is written this often (docs/scale.md, "The log index follows the blocks"). */
+/** The key index is written this often (docs/design.md#log-store). */
 const INDEX_EVERY_MS = 60_000;
 /** …or as soon as this many entries wait (memory: about 275 bytes each, some 55 MB in all). */
 const INDEX_MAX_PENDING = 200_000;

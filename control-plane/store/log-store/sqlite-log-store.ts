@@ -11,7 +11,7 @@
 // with its cursor (log_cursors) in one transaction, which makes a replay a no-op: normally one
 // statement, an insert into the day's view logsink_YYYYMMDD whose trigger writes both (the cursor and
 // the next block id are kept in memory once read).
-// The key index follows the blocks (docs/scale.md, "The log index follows the blocks"): entries wait
+// The key index follows the blocks (docs/design.md#log-store): entries wait
 // in memory and are written once a minute, and a query reads them beside the table.
 // The parts, each in its own file: log-writer.ts (a report's blocks, the day sink), log-index.ts (the
 // key index, waiting and written), log-query.ts (pages, newest first), log-retention.ts (whole days

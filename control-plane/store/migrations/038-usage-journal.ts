@@ -1,4 +1,4 @@
-// Usage is journaled, then folded (docs/scale.md, "Usage is journaled, then folded"). A report's usage
+// Usage is journaled, then folded (docs/design.md#usage-is-journaled-then-folded). A report's usage
 // rows are appended to usage_journal in the report's own transaction (a few pages at the table's tail,
 // whatever the keys), and folded into usage_folded, summed per project, minute, key and model, every
 // few seconds for every report since, in one transaction that also deletes what it folded. The view

@@ -1,5 +1,5 @@
-// A report's writes to the state database in one statement (docs/scale.md, "A report is one
-// statement"). Inserting one row into the view report_sink runs its trigger, which moves the report
+// A report's writes to the state database in one statement (docs/design.md#a-report-is-one-statement).
+// Inserting one row into the view report_sink runs its trigger, which moves the report
 // cursors, appends the usage journal, adds spend per organisation and month and to each
 // organisation's all-time spend, and moves keys' last_used_at forward: the same five writes the
 // ingest used to send one by one, each from a JSON array column of the inserted row. A statement

@@ -93,7 +93,7 @@ export interface ControlMessage {
     | undefined;
   /**
    * The acknowledgements of several reports written together (a ReportBatch), in one message
-   * instead of one ReportAck each (docs/scale.md, "What goes to the nodes").
+   * instead of one ReportAck each (docs/design.md#what-a-report-publishes).
    */
   reportAcks?: ReportAcks | undefined;
 }
@@ -182,7 +182,7 @@ export interface Snapshot {
     | ProjectCaps
     | undefined;
   /**
-   * Set when the snapshot is one of several messages (docs/scale.md, "A snapshot in parts"): the
+   * Set when the snapshot is one of several messages (docs/design.md#snapshots-in-parts): the
    * first carries the version, config, organisations, project caps and the first keys; the others
    * carry the version and more keys, then the tombstones. The node applies it after the last.
    */
