@@ -27,6 +27,16 @@ export function statusLine(status: number): string {
 
 const JSON_TYPE: [string, string] = ['content-type', 'application/json'];
 
+/**
+ * THE one choice of an error's shape: the code's own where the catalog fixes one (errors.ts
+ * CatalogEntry.shape), else the shape of the path it answers (`Reply.shape`: its family's, or the
+ * gateway's for a path the router does not know). No call site names a shape.
+ */
+export function errorShape(err: unknown, pathShape: ErrorShape): ErrorShape {
+  return CATALOG[isGatewayError(err) ? err.code : 'INTERNAL'].shape ?? pathShape;
+}
+
+/** The error rendered in `routeShape` (the 429s always in Shape A); errorShape picks the shape. */
 export function renderError(err: unknown, routeShape: ErrorShape): RenderedError {
   const e = isGatewayError(err) ? err : new GatewayError('INTERNAL');
   // Both 429 bodies are Shape A ('openai') whatever the path (spec, "429 bodies").

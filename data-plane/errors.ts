@@ -43,14 +43,20 @@ export interface CatalogEntry {
   /** Shape B `error.code`. */
   codeB: string;
   message: string;
+  /**
+   * The shape this code is answered in whatever the path (error-shapes.ts errorShape): the 429s are
+   * Shape A everywhere (spec, "429 bodies"), a malformed path is the gateway layer's, a `/v1/pdf`
+   * refusal looks like its backends' answers. Absent: the path's shape.
+   */
+  shape?: ErrorShape;
 }
 
 export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze({
-  EDGE_RATE_LIMITED: { status: 429, typeA: 'api_error', codeB: 'rate_limited', message: 'Too many requests from this address; retry after the time in the retry-after header.' },
-  KEY_RATE_LIMITED: { status: 429, typeA: 'requests', codeB: 'rate_limited', message: 'Rate limit reached for this API key.' },
+  EDGE_RATE_LIMITED: { status: 429, typeA: 'api_error', codeB: 'rate_limited', message: 'Too many requests from this address; retry after the time in the retry-after header.', shape: 'openai' },
+  KEY_RATE_LIMITED: { status: 429, typeA: 'requests', codeB: 'rate_limited', message: 'Rate limit reached for this API key.', shape: 'openai' },
   BODY_TOO_LARGE: { status: 413, typeA: 'invalid_request_error', codeB: 'payload_too_large', message: 'Request body is larger than this path allows.' },
   BODY_TOO_SLOW: { status: 408, typeA: 'invalid_request_error', codeB: 'request_timeout', message: 'The request body arrived too slowly; send it at a steady rate.' },
-  BAD_PATH: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_path', message: 'Malformed request path.' },
+  BAD_PATH: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_path', message: 'Malformed request path.', shape: 'gateway' },
   KEY_MISSING: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Missing API key: send it as "Authorization: Bearer <API_KEY>".' },
   KEY_INVALID: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'Invalid API key: the key does not exist or was revoked.' },
   KEY_STALE: { status: 401, typeA: 'authentication_error', codeB: 'invalid_api_key', message: 'This gateway node cannot currently verify API keys; retry later.' },
@@ -69,8 +75,8 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   NODE_BUSY: { status: 503, typeA: 'api_error', codeB: 'node_busy', message: 'This gateway node is holding too many request bodies right now; retry after the time in the retry-after header.' },
   CONTROL_PLANE_UNAVAILABLE: { status: 503, typeA: 'api_error', codeB: 'control_plane_unreachable', message: 'Usage cannot be read right now: this gateway node cannot reach the control plane; retry after the time in the retry-after header.' },
   // `/v1/pdf*` HTML that references a remote resource; answered in Shape C (docs/design.md#pdf-remote-references).
-  REMOTE_REFERENCE: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'The HTML references a remote resource.' },
-  ENCODED_BODY: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'This path accepts bodies without a Content-Encoding only.' },
+  REMOTE_REFERENCE: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'The HTML references a remote resource.', shape: 'passthrough' },
+  ENCODED_BODY: { status: 400, typeA: 'invalid_request_error', codeB: 'bad_request', message: 'This path accepts bodies without a Content-Encoding only.', shape: 'passthrough' },
   INTERNAL: { status: 500, typeA: 'api_error', codeB: 'internal_error', message: 'Internal error.' },
 });
 

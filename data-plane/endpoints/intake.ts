@@ -5,7 +5,7 @@
 // read while admission waits for a lease, still within the node-wide body budget; a refused request's
 // body is not wanted.
 import type { StateHolder } from '../state/key-table.js';
-import { GatewayError, keepsRequest, type ErrorShape } from '../errors.js';
+import { GatewayError, keepsRequest } from '../errors.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission, Admittable } from '../request/admission.js';
 import { type Reply } from '../request/reply.js';
@@ -85,8 +85,6 @@ export class Intake {
         r.ctx = ctx;
         e.serve(r, null);
       },
-      undefined,
-      r.shape,
     );
   }
 
@@ -108,7 +106,6 @@ export class Intake {
         e.serve(r, stream);
       },
       e.discardsRefusedStream ? () => discard(stream) : undefined,
-      r.shape,
     );
   }
 
@@ -136,7 +133,6 @@ export class Intake {
         if (bodyDone) serveWithBody(r, e, bodyErr, bodyRaw!);
       },
       () => !bodyDone,
-      r.shape,
     );
     if (admitted === null) return;
     collectBody(
@@ -166,17 +162,17 @@ function serveWithBody(r: ApiRequest, e: Endpoint, err: GatewayError | null, raw
   const reply = r.reply;
   try {
     if (reply.done) return;
-    if (err) return reply.sendError(err, r.shape, closesConnection(err));
+    if (err) return reply.sendError(err, closesConnection(err));
     e.serve(r, raw);
   } catch (x) {
     logBug(x);
-    reply.sendError(x, r.shape);
+    reply.sendError(x);
   }
 }
 
-/** A provider's `fail`: the error in the route's shape if nothing was sent yet, else the stream closed. */
-export function failCall(ctx: RequestContext, reply: Reply, shape: ErrorShape, err: unknown): void {
-  if (!reply.headersSent) reply.sendError(err, shape, isTooLarge(err));
+/** A provider's `fail`: the error if nothing was sent yet, else the stream closed. */
+export function failCall(ctx: RequestContext, reply: Reply, err: unknown): void {
+  if (!reply.headersSent) reply.sendError(err, isTooLarge(err));
   else reply.close();
   ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
 }
@@ -186,11 +182,11 @@ export function failCall(ctx: RequestContext, reply: Reply, shape: ErrorShape, e
  * back whole as the one rule says (errors.ts `keepsRequest`), then the refusal is answered, with the
  * key's rate headers as they are after it when `budgets` is given.
  */
-export function refuseAdmitted(ctx: RequestContext, reply: Admittable, err: unknown, shape: ErrorShape, closeConnection = false, budgets?: KeyBudgets): void {
+export function refuseAdmitted(ctx: RequestContext, reply: Admittable, err: unknown, closeConnection = false, budgets?: KeyBudgets): void {
   if (keepsRequest(err)) ctx.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
   else ctx.refuse();
   if (budgets) reply.rateHeaders = budgets.headers(ctx.key.limits);
-  reply.sendError(err, shape, closeConnection);
+  reply.sendError(err, closeConnection);
 }
 
 function isTooLarge(err: unknown): boolean {

@@ -30,7 +30,7 @@ export class Listings extends PlainEndpoint {
       // A model the key may not use is as unknown to it as one that does not exist (and costs nothing).
       if (!model) {
         ctx.refuse();
-        return r.reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }), 'openai');
+        return r.reply.sendError(new GatewayError('NOT_FOUND', `The model \`${id}\` does not exist or you do not have access to it.`, { param: 'model' }));
       }
       ctx.providerStarted = true;
       ctx.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
@@ -54,7 +54,7 @@ export class StoredResponses extends PlainEndpoint {
   serve(r: ApiRequest): void {
     const ctx = r.ctx!;
     const reply = r.reply;
-    this.responses.stored(ctx, reply, r.path, r.method, r.query, this.deps.holder.current, (err) => failCall(ctx, reply, 'openai', err));
+    this.responses.stored(ctx, reply, r.path, r.method, r.query, this.deps.holder.current, (err) => failCall(ctx, reply, err));
   }
 }
 

@@ -3,7 +3,7 @@
 // request validated (400), the model's scope checked (401), then the provider is called.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState } from '../state/key-table.js';
-import { GatewayError, type ErrorShape } from '../errors.js';
+import { GatewayError } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
 import type { Admission } from '../request/admission.js';
@@ -41,7 +41,7 @@ export class ModelCalls implements Endpoint {
   before(r: ApiRequest): boolean {
     const cap = this.bodyCap(r);
     if (r.contentLength <= cap) return true;
-    r.reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${r.contentLength} bytes; ${r.path} accepts JSON bodies of at most ${cap} bytes.`), 'openai', true);
+    r.reply.sendError(new GatewayError('BODY_TOO_LARGE', `Request body is ${r.contentLength} bytes; ${r.path} accepts JSON bodies of at most ${cap} bytes.`), true);
     return false;
   }
 
@@ -73,11 +73,11 @@ export class ModelCalls implements Endpoint {
       if (estimate > 0) reply.rateHeaders = deps.keyBudgets.headers(key.limits);
       const state = deps.holder.current;
       const invalid = validateJson(route, r.contentType, body, parseError, state, parseError ? undefined : text);
-      if (invalid) return refuseAdmitted(ctx, reply, invalid, 'openai');
+      if (invalid) return refuseAdmitted(ctx, reply, invalid);
       const obj = body as Record<string, unknown>;
       const model = state.view.models.get(obj.model as string)!;
       const scope = checkModelScope(state, key, model);
-      if (scope) return refuseAdmitted(ctx, reply, scope, 'openai');
+      if (scope) return refuseAdmitted(ctx, reply, scope);
       if (route.kind === 'speech') return this.call(r, ctx, model, obj, estimate, raw, text, state);
       // Near a money limit the request runs only if its worst case fits (docs/money-limits.md#the-last-request).
       const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj) : estimate;
@@ -86,12 +86,12 @@ export class ModelCalls implements Endpoint {
       if (this.admission.reserveWorstCaseNow(key, ctx.spend, worst)) return this.call(r, ctx, model, obj, estimate, raw, text, state);
       this.admission.reserveWorstCaseOrWait(key, ctx.spend, worst, () => reply.done, (refusal) => {
         if (refusal === 'gone') return;
-        if (refusal) return refuseAdmitted(ctx, reply, refusal, 'openai');
+        if (refusal) return refuseAdmitted(ctx, reply, refusal);
         this.call(r, ctx, model, obj, estimate, raw, text, state);
       });
     } catch (e) {
       logBug(e);
-      reply.sendError(e, route.shape);
+      reply.sendError(e);
     }
   }
 
@@ -103,37 +103,37 @@ export class ModelCalls implements Endpoint {
     try {
       if (route.kind === 'responses') return this.createResponse(ctx, reply, model, obj, raw, text, state);
       const provider = deps.providers[model.provider];
-      if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
+      if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
       ctx.model = model;
       ctx.providerStarted = true;
       // What an end without the upstream's usage bills: the estimate the tpm reservation took.
       ctx.estimatedPromptTokens = estimate;
-      const call = modelCall(ctx, reply, model, route.shape, obj, raw, text);
+      const call = modelCall(ctx, reply, model, obj, raw, text);
       if (route.kind === 'chat') provider.chat(call);
       else if (route.kind === 'embeddings') provider.embeddings(call);
       else provider.speech(call);
     } catch (e) {
       logBug(e);
-      reply.sendError(e, route.shape);
+      reply.sendError(e);
     }
   }
 
   /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
   private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
     const prev = this.responses.checkPrevious(ctx.key, obj, state);
-    if (prev) return refuseAdmitted(ctx, reply, prev, 'openai');
+    if (prev) return refuseAdmitted(ctx, reply, prev);
     const provider = this.responses.providerOf(model);
-    if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`), 'openai');
+    if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     ctx.model = model;
     ctx.providerStarted = true;
     // What an end without the upstream's usage bills: its input, a chain's context included.
     ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
-    this.responses.create(ctx, provider, modelCall(ctx, reply, model, 'openai', obj, raw, text));
+    this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text));
   }
 }
 
 /** The call a provider is handed. */
-function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape: ErrorShape, body: Record<string, unknown>, rawBody: Buffer, bodyText: string): ModelCall {
+function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, body: Record<string, unknown>, rawBody: Buffer, bodyText: string): ModelCall {
   reply.upstreamAt = performance.now();
   // Methods, not arrow properties: under tsx (esbuild keepNames) every named arrow made per request
   // costs a defineProperty of its name. They use no `this`, so a provider may pass them on unbound.
@@ -152,7 +152,7 @@ function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, shape:
       ctx.abortFns.push(fn);
     },
     fail(err: unknown) {
-      failCall(ctx, reply, shape, err);
+      failCall(ctx, reply, err);
     },
   };
 }

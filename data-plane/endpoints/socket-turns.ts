@@ -12,7 +12,7 @@
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../proto/lib/money.js';
 import type { KeyRecord } from '../state/key-table.js';
-import { GatewayError, type ErrorShape } from '../errors.js';
+import { GatewayError } from '../errors.js';
 import type { Admission, Admittable } from '../request/admission.js';
 import { renderErrorEvent } from '../error-shapes.js';
 import { logBug } from '../log.js';
@@ -74,7 +74,8 @@ class SocketTurn implements Admittable {
     // A turn is always settled explicitly (SocketTurns): nothing waits for a response to finish.
   }
 
-  sendError(err: unknown, _shape: ErrorShape): void {
+  /** A socket's refusals are in-band error events, in Shape A (error-shapes.ts renderErrorEvent). */
+  sendError(err: unknown): void {
     this.session.toClient(renderErrorEvent(err));
   }
 }
@@ -147,7 +148,6 @@ export class SocketTurns {
         }
       },
       undefined,
-      'openai',
       { slot: false },
     );
     sync = false;
@@ -161,7 +161,7 @@ export class SocketTurns {
     }
     const checked = this.rules.check(ev, data.toString('utf8'), data);
     if (checked instanceof GatewayError) {
-      refuseAdmitted(ctx, turn, checked, 'openai', false, this.deps.keyBudgets);
+      refuseAdmitted(ctx, turn, checked, false, this.deps.keyBudgets);
       return done();
     }
     const input = this.rules.inputEstimate(ev, pendingInput);
@@ -170,7 +170,7 @@ export class SocketTurns {
     this.deps.admission.reserveWorstCaseOrWait(this.key, ctx.spend, worst, () => this.socket.closed, (refusal) => {
       try {
         if (refusal === 'gone') ctx.refuse();
-        else if (refusal) refuseAdmitted(ctx, turn, refusal, 'openai', false, this.deps.keyBudgets);
+        else if (refusal) refuseAdmitted(ctx, turn, refusal, false, this.deps.keyBudgets);
         else {
           ctx.model = this.model;
           ctx.providerStarted = true;

@@ -64,7 +64,7 @@ export class SocketEndpoint extends PlainEndpoint {
   serve(r: ApiRequest): void {
     const ctx = r.ctx!;
     const key = r.key!;
-    const refuse = (err: GatewayError) => refuseAdmitted(ctx, r.reply, err, 'openai', false, this.deps.keyBudgets);
+    const refuse = (err: GatewayError) => refuseAdmitted(ctx, r.reply, err, false, this.deps.keyBudgets);
     const state = this.deps.holder.current;
     const modelId = new URLSearchParams(r.query).get('model') ?? '';
     if (!modelId) return refuse(new GatewayError('INVALID_REQUEST', `Missing required query parameter: model (connect to ${r.path}?model=MODEL).`, { param: 'model' }));
@@ -95,7 +95,7 @@ export class SocketEndpoint extends PlainEndpoint {
           // The upstream was tried: the attempt counts (as an HTTP call an upstream failed does).
           ctx.providerStarted = true;
           ctx.complete({ status: 502, promptTokens: 0, completionTokens: 0 });
-          r.reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message), 'openai');
+          r.reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', err.message));
         } catch (e) {
           logBug(e);
         }
@@ -122,7 +122,7 @@ export class SocketEndpoint extends PlainEndpoint {
       ctx.refuse();
       // A revoked key is unknown again: no rate headers, as for any unknown key.
       reply.rateHeaders = changed.code === 'KEY_INVALID' ? null : this.deps.keyBudgets.headers(key.limits);
-      reply.sendError(changed, 'openai');
+      reply.sendError(changed);
       return;
     }
     try {
@@ -133,7 +133,7 @@ export class SocketEndpoint extends PlainEndpoint {
       logBug(e);
       plan.link.close(CLOSE.INTERNAL, 'gateway error');
       ctx.complete({ status: 500, promptTokens: 0, completionTokens: 0 });
-      if (!reply.done) reply.sendError(e, 'openai');
+      if (!reply.done) reply.sendError(e);
     }
   }
 

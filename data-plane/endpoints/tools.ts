@@ -18,7 +18,7 @@ export class Tools implements Endpoint {
 
   before(r: ApiRequest): boolean {
     if (r.route!.backend) return true;
-    r.reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No backend is configured for ${r.path}.`), 'gateway');
+    r.reply.sendError(new GatewayError('UPSTREAM_UNREACHABLE', `No backend is configured for ${r.path}.`));
     return false;
   }
 
@@ -31,11 +31,11 @@ export class Tools implements Endpoint {
       // A body read whole: the PDF route's (routing/routes.ts).
       const headers = r.headers ?? [];
       const encoded = encodedBodyRefusal(headers);
-      if (encoded) return refuseAdmitted(r.ctx!, r.reply, encoded, 'passthrough');
+      if (encoded) return refuseAdmitted(r.ctx!, r.reply, encoded);
       const found = findRemoteInBody(body, r.contentType);
       if (found) {
         const message = `The HTML references a remote resource (${found.where}: ${JSON.stringify(found.url)}); only local references (data: URIs, fragments, relative paths) are allowed.`;
-        return refuseAdmitted(r.ctx!, r.reply, new GatewayError('REMOTE_REFERENCE', message), 'passthrough');
+        return refuseAdmitted(r.ctx!, r.reply, new GatewayError('REMOTE_REFERENCE', message));
       }
     }
     this.forward(r, body);

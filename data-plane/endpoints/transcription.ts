@@ -42,7 +42,7 @@ export class Transcription implements Endpoint {
     const boundary = boundaryOf(r.contentType);
     if (!boundary) {
       stream.discard();
-      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }), 'openai');
+      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Content-Type must be multipart/form-data with a boundary.', { param: null }));
     }
     // The parts before `model` may go to a temporary file: deleted however the request ends.
     const spillBudget = this.deps.spillBudget;
@@ -55,7 +55,7 @@ export class Transcription implements Endpoint {
         // body holds keeps its one request of rpm (docs/design.md#what-counts-as-a-request).
         const refuse = (e: unknown) => {
           stream.discard();
-          refuseAdmitted(ctx, reply, e, 'openai', e instanceof GatewayError && closesConnection(e));
+          refuseAdmitted(ctx, reply, e, e instanceof GatewayError && closesConnection(e));
         };
         if (err || !field) return refuse(err ?? new GatewayError('INVALID_REQUEST'));
         const state = this.deps.holder.current;
@@ -85,12 +85,12 @@ export class Transcription implements Endpoint {
             ctx.abortFns.push(fn);
           },
           fail(e: unknown) {
-            failCall(ctx as RequestContext, reply, 'openai', e);
+            failCall(ctx as RequestContext, reply, e);
           },
         });
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'openai');
+        reply.sendError(e);
       }
     });
   }

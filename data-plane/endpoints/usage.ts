@@ -25,7 +25,7 @@ export class Usage extends PlainEndpoint {
     const reply = r.reply;
     const key = r.key!;
     // Refused or not served: the request is given back, and the rate headers say so.
-    const refuse = (err: unknown) => refuseAdmitted(ctx, reply, err, 'openai', false, this.deps.keyBudgets);
+    const refuse = (err: unknown) => refuseAdmitted(ctx, reply, err, false, this.deps.keyBudgets);
     const q = parseUsageQuery(r.query, this.deps.clock.now());
     if (q instanceof GatewayError) return refuse(q);
     const source = this.deps.usage;
@@ -42,7 +42,7 @@ export class Usage extends PlainEndpoint {
         reply.send(200, JSON_HEADERS, renderUsage(q, res));
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'openai');
+        reply.sendError(e);
       }
     });
     ctx.abortFns.push(cancel);

@@ -8,7 +8,6 @@
 // closures.
 import type { HttpResponse, us_socket_context_t } from 'uWebSockets.js';
 import type { KeyRecord } from '../state/key-table.js';
-import type { ErrorShape } from '../errors.js';
 import type { Reply } from '../request/reply.js';
 import type { RequestContext } from '../request/request-context.js';
 import type { LogDraft, LogHead } from '../request/request-log.js';
@@ -44,8 +43,6 @@ export class ApiRequest implements LogHead {
   // ---- Decided once ----
   /** The path's family (routing/path-families.ts): its edge budget, body cap, shape and router. */
   family: PathFamily;
-  /** The error shape of every answer before routing (the family's). */
-  shape: ErrorShape;
 
   // ---- Filled in on the way through ----
   /** The key, once the credential matched one. */
@@ -63,7 +60,8 @@ export class ApiRequest implements LogHead {
     family: PathFamily,
   ) {
     this.family = family;
-    this.shape = family.shape;
+    // Every answer's error shape is its family's (a 401 on a mistyped chat path looks like one on chat).
+    reply.shape = family.shape;
   }
 
   /** The key-budget ticket of an admitted request. */

@@ -30,6 +30,9 @@ import type { Reporter } from '../sync/reporter.js';
 import { HTTP, UPGRADE } from './entrances.js';
 import { ApiRequest } from './api-request.js';
 
+/** The error shape of a path the router does not know: the gateway layer's (the spec's Shape B). */
+const UNROUTED_SHAPE: ErrorShape = 'gateway';
+
 export interface GateDeps {
   holder: StateHolder;
   pepper: Buffer;
@@ -81,7 +84,7 @@ export class Gate {
     // The other credential headers are read only when Authorization presents none.
     r.hasCredential = presentsCredential(r.authorization) || presentsCredential(undefined, req.getHeader('x-api-key'), req.getHeader('api-key'));
     // Tool pass-through needs every header; copied only on tool paths.
-    if (r.shape === 'gateway') {
+    if (r.family.shape === 'gateway') {
       const all: Array<[string, string]> = [];
       req.forEach((k, v) => all.push([k, v]));
       r.headers = all;
@@ -133,34 +136,34 @@ export class Gate {
     const deps = this.deps;
     const reply = r.reply;
     const entrance = r.entrance;
-    if (!deps.holder.ready) return refuse(reply, new GatewayError('NOT_READY'), r.shape);
-    if (entrance.refusesWhileDraining && isDraining()) return refuse(reply, new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), r.shape, true);
-    if (entrance.boundBySessionMemory && this.sessionMemory?.full) return refuse(reply, new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }), r.shape);
+    if (!deps.holder.ready) return refuse(reply, new GatewayError('NOT_READY'));
+    if (entrance.refusesWhileDraining && isDraining()) return refuse(reply, new GatewayError('NODE_DRAINING', undefined, { retryAfterSec: 1 }), true);
+    if (entrance.boundBySessionMemory && this.sessionMemory?.full) return refuse(reply, new GatewayError('NODE_BUSY', REALTIME_FULL_MESSAGE, { retryAfterSec: 1 }));
 
     // Edge: IP budgets and the body cap.
     const edge = deps.edge.take(r.ip, r.family, r.hasCredential);
-    if (!edge.ok) return refuse(reply, new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }), 'openai');
+    if (!edge.ok) return refuse(reply, new GatewayError('EDGE_RATE_LIMITED', undefined, { retryAfterSec: edge.retryAfterSec }));
     if (entrance.capsBody && r.contentLength > r.family.bodyCapBytes) {
       // Refused before the credential is checked, yet a known key still sees its rate headers.
       reply.rateHeaders = this.rateHeadersOfBearer(r.authorization);
-      return refuse(reply, new GatewayError('BODY_TOO_LARGE', `Request body is ${r.contentLength} bytes; this path accepts at most ${r.family.bodyCapBytes}.`), r.shape, true);
+      return refuse(reply, new GatewayError('BODY_TOO_LARGE', `Request body is ${r.contentLength} bytes; this path accepts at most ${r.family.bodyCapBytes}.`), true);
     }
 
-    if (isBadPath(r.path)) return refuse(reply, new GatewayError('BAD_PATH'), 'gateway');
+    if (isBadPath(r.path)) return refuse(reply, new GatewayError('BAD_PATH'));
 
     // Browser-style credentials (`openai-insecure-api-key.<key>` subprotocols) are refused: keys
     // never go in browser code (spec, Authentication 10). The value is never echoed.
     if (entrance.refusesKeyInSubprotocol && offersKeyInProtocol(r.protocol)) {
       const message = 'API keys are not accepted in Sec-WebSocket-Protocol: connect from a server with "Authorization: Bearer <API_KEY>", and revoke a key that was put in browser code.';
-      return refuse(reply, new GatewayError('KEY_MISSING', message), r.shape);
+      return refuse(reply, new GatewayError('KEY_MISSING', message));
     }
     // Credential: one HMAC and one lookup.
-    if (!r.authorization) return refuse(reply, new GatewayError('KEY_MISSING'), r.shape);
+    if (!r.authorization) return refuse(reply, new GatewayError('KEY_MISSING'));
     const presented = bearerToken(r.authorization);
-    if (presented === null) return refuse(reply, new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'), r.shape);
+    if (presented === null) return refuse(reply, new GatewayError('KEY_MISSING', 'Malformed Authorization header: expected "Bearer <API_KEY>".'));
     const key = deps.holder.current.lookup(deps.pepper, presented, deps.clock.now());
     if (!key) {
-      reply.sendError(new GatewayError('KEY_INVALID'), r.shape);
+      reply.sendError(new GatewayError('KEY_INVALID'));
       this.logRefusedKey(r, presented);
       return null;
     }
@@ -173,14 +176,14 @@ export class Gate {
     r.log = draft;
     // From here every answer carries the key's rate headers (admission refreshes them).
     reply.rateHeaders = deps.keyBudgets.headers(key.limits);
-    if (deps.isStale()) return refuse(reply, new GatewayError('KEY_STALE'), r.shape);
-    if (key.org.blocked) return refuse(reply, new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)), r.shape);
+    if (deps.isStale()) return refuse(reply, new GatewayError('KEY_STALE'));
+    if (key.org.blocked) return refuse(reply, new GatewayError('ORG_BLOCKED', blockedMessage(key.org.blockedReason)));
     const money = this.canSpend(key);
-    if (money) return refuse(reply, money, r.shape);
+    if (money) return refuse(reply, money);
     deps.reporter.touch(key.keyId);
     // Until it ends, the request is in the registry of what keys have open, whose policy may end it
     // (state/open-streams.ts: a revoked key, a blocked organisation, a narrowed scope, a stale node).
-    if (entrance.registersOpenStream && deps.openStreams) registerOpenRequest(deps.openStreams, reply, key, r.shape);
+    if (entrance.registersOpenStream && deps.openStreams) registerOpenRequest(deps.openStreams, reply, key);
     return key;
   }
 
@@ -199,7 +202,8 @@ export class Gate {
     if (r.entrance.routes === 'sockets') {
       const socket = SOCKET_ROUTES.get(r.path);
       if (!socket) {
-        r.reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${r.path}; connect to /v1/realtime?model=MODEL.`), 'gateway');
+        r.reply.shape = UNROUTED_SHAPE;
+        r.reply.sendError(new GatewayError('NOT_FOUND', `No realtime endpoint at ${r.path}; connect to /v1/realtime?model=MODEL.`));
         return null;
       }
       r.route = socket;
@@ -207,13 +211,16 @@ export class Gate {
     }
     const route = this.deps.holder.current.view.routes.match(r.path, r.method, r.family);
     if (route instanceof GatewayError) {
-      r.reply.sendError(route, route.code === 'METHOD_NOT_ALLOWED' ? r.shape : 'gateway');
+      // A method a known path does not take is refused in its family's shape; an unknown path is the gateway's.
+      if (route.code !== 'METHOD_NOT_ALLOWED') r.reply.shape = UNROUTED_SHAPE;
+      r.reply.sendError(route);
       return null;
     }
     // The realtime family routes to the realtime gateway, whose one endpoint is `/v1/realtime` itself
     // (asked without an upgrade, it answers 400): any other path under it is not found, as for upgrades.
     if (route.kind === 'realtime' && r.path !== REALTIME_PATH) {
-      r.reply.sendError(new GatewayError('NOT_FOUND', `No route for ${r.path}.`), 'gateway');
+      r.reply.shape = UNROUTED_SHAPE;
+      r.reply.sendError(new GatewayError('NOT_FOUND', `No route for ${r.path}.`));
       return null;
     }
     r.route = route;
@@ -246,8 +253,8 @@ export class Gate {
   }
 }
 
-function refuse(reply: Reply, err: GatewayError, shape: ErrorShape, closeConnection = false): null {
-  reply.sendError(err, shape, closeConnection);
+function refuse(reply: Reply, err: GatewayError, closeConnection = false): null {
+  reply.sendError(err, closeConnection);
   return null;
 }
 

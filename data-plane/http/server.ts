@@ -50,7 +50,7 @@ export class ApiServer {
     } catch (err) {
       logBug(err);
       try {
-        if (r) r.reply.sendError(err, 'gateway');
+        if (r) r.reply.sendError(err);
         else res.cork(() => res.writeStatus('500 Internal Server Error').end());
       } catch (e) {
         logBug(e);

@@ -23,8 +23,13 @@ export interface ResponseSink {
   upstreamError: boolean;
   /** A whole answer at once. */
   send(status: number, headers: HeaderList | null, body: RecognizedString, closeConnection?: boolean): void;
-  /** An error in the request's shape (error-shapes.ts renders it). */
-  sendError(err: unknown, shape: ErrorShape, closeConnection?: boolean): void;
+  /**
+   * The error shape of the path this answers (its family's; the gateway's for a path with no route).
+   * sendError answers in it, unless the error's code has a shape of its own (error-shapes.ts errorShape).
+   */
+  readonly shape: ErrorShape;
+  /** An error, in the shape error-shapes.ts errorShape picks (and renders). */
+  sendError(err: unknown, closeConnection?: boolean): void;
   /** Starts a streamed answer: status and headers go out with its first chunk (totalSize ≥ 0: a known length). */
   startStream(status: number, headers: HeaderList, totalSize?: number): void;
   /** One chunk; false under backpressure (stop until `onDrain`). */

@@ -11,7 +11,7 @@
 import type { Readable } from 'node:stream';
 import type { Dispatcher } from 'undici';
 import { GatewayError, isGatewayError } from '../errors.js';
-import { renderError, type ErrorShape } from '../error-shapes.js';
+import { errorShape, renderError } from '../error-shapes.js';
 import { log, logBug } from '../log.js';
 import type { HeaderList, ResponseSink } from './response-sink.js';
 import { contentTypeHeader, endToEndHeaders, headerValue } from './upstream-headers.js';
@@ -65,7 +65,6 @@ export interface ProxyRequest {
   /** Longest silence allowed between two chunks of the response body. */
   idleTimeoutMs?: number;
   reply: ResponseSink;
-  shape: ErrorShape;
   /** Pass every end-to-end response header (tools) or only content-type (model endpoints). */
   passAllHeaders: boolean;
   /**
@@ -220,15 +219,15 @@ class Exchange {
     }
     if (!reply.headersSent) {
       const e = isGatewayError(err) ? err : new GatewayError('UPSTREAM_UNREACHABLE', upstreamMessage(err));
-      const r = renderError(e, req.shape);
+      const r = renderError(e, errorShape(e, req.reply.shape));
       reply.send(r.status, r.headers, r.body, e.code === 'BODY_TOO_LARGE');
       this.done(r.status, 'error');
       return;
     }
     // A model stream gets one terminal error event; a tool backend's stream is its own protocol
     // (MCP, …), so it is only closed.
-    if (this.sse && req.shape === 'openai') {
-      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), 'openai');
+    if (this.sse && req.reply.shape === 'openai') {
+      const e = renderError(new GatewayError('UPSTREAM_ERROR', 'The upstream failed in the middle of the stream.'), req.reply.shape);
       reply.end(`data: ${e.body}\n\n`);
     } else {
       reply.close();
@@ -392,7 +391,7 @@ class Exchange {
       this.errorParts = null;
       // For the operator only: what the upstream said, tied to the request.
       log.warn({ requestId: reply.requestId, upstreamStatus: this.status, upstreamBody: body.toString('utf8', 0, Math.min(body.length, 4096)) }, `upstream answered ${this.status}`);
-      const a = upstreamErrorAnswer(this.status, this.errorType, body, this.retryAfter, req.shape);
+      const a = upstreamErrorAnswer(this.status, this.errorType, body, this.retryAfter, req.reply.shape);
       if (a.status >= 500) reply.upstreamError = true;
       this.done(a.status, 'ok');
       reply.send(a.status, a.headers, a.body);

@@ -127,7 +127,6 @@ function attempt(backends: ToolBackends, req: ToolRequest, headers: string[], ca
     timeoutMs: headerTimeoutMs,
     idleTimeoutMs: b.idleTimeoutMs > 0 ? b.idleTimeoutMs : headerTimeoutMs,
     reply: req.reply,
-    shape: 'gateway',
     passAllHeaders: true,
     onAbort: req.onAbort,
     // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request

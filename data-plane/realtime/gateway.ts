@@ -51,7 +51,7 @@ export interface RealtimeDeps {
 export const REALTIME_OVER_HTTP: Endpoint = {
   discardsRefusedStream: false,
   before(r: ApiRequest): boolean {
-    r.reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }), 'openai');
+    r.reply.sendError(new GatewayError('INVALID_REQUEST', `${REALTIME_PATH} accepts WebSocket connections only: GET with "Upgrade: websocket" and ?model=MODEL.`, { param: null }));
     return false;
   },
   bodyCap: (r) => r.family.bodyCapBytes,
@@ -147,7 +147,7 @@ export class RealtimeGateway implements SocketOpener {
     } catch (err) {
       logBug(err);
       try {
-        if (r) r.reply.sendError(err, 'openai');
+        if (r) r.reply.sendError(err);
         else res.cork(() => res.writeStatus('500 Internal Server Error').end());
       } catch (e) {
         logBug(e);

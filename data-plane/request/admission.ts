@@ -13,7 +13,6 @@ import type { LeaseClient } from '../leases/lease-client.js';
 import type { SpendReservation } from '../leases/lease-money.js';
 import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, reserveWorstCase, waitForMoney } from '../leases/request-money.js';
 import type { WorstCase } from '../limits/worst-case.js';
-import type { ErrorShape } from '../error-shapes.js';
 import { logBug } from '../log.js';
 import type { FinishSource, RequestContext } from './request-context.js';
 
@@ -41,7 +40,8 @@ export interface Admittable extends FinishSource {
   readonly done: boolean;
   rateHeaders: RateHeaders | null;
   readonly requestId: string;
-  sendError(err: unknown, shape: ErrorShape, closeConnection?: boolean): void;
+  /** A refusal, in the shape of what it answers (error-shapes.ts errorShape). */
+  sendError(err: unknown, closeConnection?: boolean): void;
 }
 
 export class Admission {
@@ -68,7 +68,6 @@ export class Admission {
     estimatedTokens: number,
     then: (ctx: RequestContext | null) => void,
     closeIfRefused: () => boolean = () => false,
-    familyShape: ErrorShape = 'openai',
     opts?: AdmitOptions,
   ): void {
     const deps = this.deps;
@@ -87,7 +86,7 @@ export class Admission {
           then(ctx);
         } catch (e) {
           logBug(e);
-          reply.sendError(e, familyShape);
+          reply.sendError(e);
         }
         return;
       }
@@ -124,7 +123,7 @@ export class Admission {
         // The organisation's money, and its project's cap and the key's own limit (docs/money-limits.md).
         const money = leases ? moneyVerdict(leases, key, deps.clock.now()) : null;
         if (money?.verdict === 'no') {
-          reply.sendError(moneyRefusal(money), familyShape, closeIfRefused());
+          reply.sendError(moneyRefusal(money), closeIfRefused());
           return finish(null);
         }
         // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
@@ -162,12 +161,12 @@ export class Admission {
           }
         }
         if (!b.ok) {
-          reply.sendError(new GatewayError('KEY_RATE_LIMITED', b.message, { type: b.dimension, param: null, retryAfterSec: b.retryAfterSec }), 'openai', closeIfRefused());
+          reply.sendError(new GatewayError('KEY_RATE_LIMITED', b.message, { type: b.dimension, param: null, retryAfterSec: b.retryAfterSec }), closeIfRefused());
           return finish(null);
         }
       } catch (e) {
         logBug(e);
-        reply.sendError(e, familyShape);
+        reply.sendError(e);
         if (!finished) finish(null);
       }
     };
@@ -234,11 +233,11 @@ export class Admission {
         if (refusal.leaseShort && deps.leases?.advanceKey(key.keyId, ctx.minute, key.limits, 0, refusal.leaseShort.tokens, lastTry) && ctx.ticket.reserveTokens(estimate) === null) return finish(true);
         ctx.refuse();
         reply.rateHeaders = deps.keyBudgets.headers(key.limits);
-        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }), 'openai');
+        reply.sendError(new GatewayError('KEY_RATE_LIMITED', refusal.message, { type: refusal.dimension, param: null, retryAfterSec: refusal.retryAfterSec }));
         finish(false);
       } catch (e) {
         logBug(e);
-        reply.sendError(e, 'openai');
+        reply.sendError(e);
         if (!finished) finish(false);
       }
     };

@@ -5,7 +5,7 @@ import type { KeyRecord } from '../state/key-table.js';
 import type { EndReason, OpenEntry, OpenStreams } from '../state/open-streams.js';
 import type { GatewayError } from '../errors.js';
 import { cancelUpstreamAtOnce } from '../proxy/stream-proxy.js';
-import { renderError, type ErrorShape } from '../error-shapes.js';
+import { errorShape, renderError } from '../error-shapes.js';
 import type { Reply } from './reply.js';
 
 export class OpenRequest implements OpenEntry {
@@ -21,7 +21,6 @@ export class OpenRequest implements OpenEntry {
   constructor(
     key: KeyRecord,
     private readonly reply: Reply,
-    private readonly shape: ErrorShape,
   ) {
     this.keyHash = key.keyHash;
     this.orgId = key.orgId;
@@ -46,16 +45,16 @@ export class OpenRequest implements OpenEntry {
       // Ended as an abort: the request's cleanups stop its upstream and bill it (not a normal answer
       // that waits for the provider to report).
       reply.aborted = true;
-      return reply.sendError(err, this.shape, true);
+      return reply.sendError(err, true);
     }
-    if (this.shape === 'openai' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, 'openai').body}\n\n`);
+    if (reply.shape === 'openai' && reply.isEventStream) return reply.endEarly(`data: ${renderError(err, errorShape(err, reply.shape)).body}\n\n`);
     reply.close();
   }
 }
 
 /** Registers `reply`'s request in `streams` until its answer ends. */
-export function registerOpenRequest(streams: OpenStreams, reply: Reply, key: KeyRecord, shape: ErrorShape): void {
-  const open = new OpenRequest(key, reply, shape);
+export function registerOpenRequest(streams: OpenStreams, reply: Reply, key: KeyRecord): void {
+  const open = new OpenRequest(key, reply);
   streams.add(open);
   reply.open = open;
   reply.onFinish(() => streams.remove(open));

@@ -18,7 +18,7 @@ import { logBug } from '../log.js';
 import { recordReply, streamEnded, streamStarted, type ReplyMeter } from '../metrics.js';
 import type { PathFamily } from '../routing/path-families.js';
 import { writeRateHeaders, type RateHeaders } from '../limits/rate-headers.js';
-import { renderError, statusLine, type ErrorShape } from '../error-shapes.js';
+import { errorShape, renderError, statusLine, type ErrorShape } from '../error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
 import type { OpenRequest } from './open-request.js';
 import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';
@@ -37,6 +37,8 @@ export const LINGER_MAX_BYTES = 64 * 1024 * 1024;
 export class Reply implements ReplyMeter, ResponseSink, Slotted {
   // Metrics (metrics.ts): `family` is set by the API server; replies without one are not counted.
   family: PathFamily | null = null;
+  /** The error shape of the path (the gate sets it: the family's, or the gateway's for a path with no route). */
+  shape: ErrorShape = 'gateway';
   status = 0;
   readonly startedAt = performance.now();
   /** When the upstream call began (0: none); set by the server right before it calls a provider. */
@@ -202,10 +204,10 @@ export class Reply implements ReplyMeter, ResponseSink, Slotted {
   }
 
   /** Renders an error through error-shapes.ts and sends it. */
-  sendError(err: unknown, shape: ErrorShape, closeConnection = false): void {
+  sendError(err: unknown, closeConnection = false): void {
     if (this.done) return;
     this.refusal = refusalOf(err);
-    const r = renderError(err, shape);
+    const r = renderError(err, errorShape(err, this.shape));
     this.send(r.status, r.headers, r.body, closeConnection);
   }
 

@@ -16,7 +16,7 @@ interface StoredRoute {
 
 function stored(allow: string[]): StoredRoute {
   const methods = new Set(allow);
-  return { methods, route: { kind: 'stored-response', shape: 'openai', methods, allow: allow.join(', '), bodyMode: 'none', backend: null } };
+  return { methods, route: { kind: 'stored-response', methods, allow: allow.join(', '), bodyMode: 'none', backend: null } };
 }
 
 const ROUTES: Record<StoredAction, StoredRoute> = {

@@ -1,4 +1,4 @@
-// The route table: which paths exist, which methods they take, which error shape they answer in, and
+// The route table: which paths exist, which methods they take, how their body is read, and
 // (for tool paths) which configured backend serves them. Built once per config version at sync time,
 // never per request. Pure: no I/O.
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
@@ -18,7 +18,6 @@ export type BodyMode = 'none' | 'whole' | 'stream';
 
 export interface Route {
   kind: RouteKind;
-  shape: ErrorShape;
   /** Upper-case methods accepted; null accepts every method (tool pass-through). */
   methods: ReadonlySet<string> | null;
   /** Value of the `Allow` header for a 405. */
@@ -39,7 +38,7 @@ export function shapeOf(path: string): ErrorShape {
 }
 
 function modelRoute(kind: RouteKind, method: string, bodyMode: BodyMode): Route {
-  return { kind, shape: 'openai', methods: new Set([method]), allow: method, bodyMode, backend: null };
+  return { kind, methods: new Set([method]), allow: method, bodyMode, backend: null };
 }
 
 /** The one path that accepts realtime sessions (OpenAI's: `wss://…/v1/realtime?model=…`). */
@@ -49,8 +48,8 @@ export const RESPONSES_SOCKET_PATH = '/v1/responses';
 
 /** The routes of WebSocket upgrades (gate.ts): uWS hands the gate only upgrades under these paths. */
 export const SOCKET_ROUTES: ReadonlyMap<string, Route> = new Map<string, Route>([
-  [REALTIME_PATH, { kind: 'realtime', shape: 'openai', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
-  [RESPONSES_SOCKET_PATH, { kind: 'responses', shape: 'openai', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
+  [REALTIME_PATH, { kind: 'realtime', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
+  [RESPONSES_SOCKET_PATH, { kind: 'responses', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
 ]);
 
 export class RouteTable {
@@ -62,7 +61,7 @@ export class RouteTable {
   private readonly pdfRoutes = new Map<string, Route>();
   /** `GET /v1/models/{id}` (the OpenAI SDK's models.retrieve). */
   private readonly model: Route = modelRoute('model', 'GET', 'none');
-  private readonly realtime: Route = { kind: 'realtime', shape: 'gateway', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
+  private readonly realtime: Route = { kind: 'realtime', methods: null, allow: 'GET', bodyMode: 'none', backend: null };
 
   constructor(toolBackends: readonly ToolBackend[]) {
     this.exact.set('/v1/models', modelRoute('models', 'GET', 'none'));
@@ -76,8 +75,8 @@ export class RouteTable {
     this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
     // One Route object per backend (and one for "no backend"), so matching allocates nothing.
     for (const b of [null, ...this.backends]) {
-      this.toolRoutes.set(b?.prefix ?? '', { kind: 'tool', shape: 'gateway', methods: null, allow: '', bodyMode: 'stream', backend: b });
-      this.pdfRoutes.set(b?.prefix ?? '', { kind: 'tool', shape: 'gateway', methods: null, allow: '', bodyMode: 'whole', backend: b });
+      this.toolRoutes.set(b?.prefix ?? '', { kind: 'tool', methods: null, allow: '', bodyMode: 'stream', backend: b });
+      this.pdfRoutes.set(b?.prefix ?? '', { kind: 'tool', methods: null, allow: '', bodyMode: 'whole', backend: b });
     }
   }
 

@@ -5,7 +5,7 @@
 import { afterEach, beforeEach, mock } from 'node:test';
 import type { KeyRecord } from '../../data-plane/state/key-table.js';
 import { Admission } from '../../data-plane/request/admission.js';
-import { renderError, type ErrorShape } from '../../data-plane/error-shapes.js';
+import { errorShape, renderError, type ErrorShape } from '../../data-plane/error-shapes.js';
 import type { Reply } from '../../data-plane/request/reply.js';
 import { RequestContext } from '../../data-plane/request/request-context.js';
 import { ManualClock } from '../../data-plane/limits/clock.js';
@@ -82,12 +82,14 @@ export class FakeReply implements ReplyUsed {
     if (this.done) this.touchedAfterDone.push('rateHeaders');
     this.headers = h;
   }
-  sendError(err: unknown, shape: ErrorShape, closeConnection = false): void {
+  /** The path's error shape, as the gate sets a Reply's. */
+  shape: ErrorShape = 'openai';
+  sendError(err: unknown, closeConnection = false): void {
     if (this.done) {
       this.touchedAfterDone.push('sendError');
       return;
     }
-    const r = renderError(err, shape);
+    const r = renderError(err, errorShape(err, this.shape));
     this.answers.push({ status: r.status, headers: r.headers, body: JSON.parse(r.body), closeConnection });
     this.end(false);
   }
@@ -261,6 +263,7 @@ export function node(leases: FakeLeases | null) {
   /** Starts one admission; `out` tells whether and how `then` was called so far. */
   const admit = (key: KeyRecord, opts: { reply?: FakeReply; tokens?: number; shape?: ErrorShape; close?: boolean } = {}) => {
     const reply = opts.reply ?? new FakeReply();
+    if (opts.shape) reply.shape = opts.shape;
     const out: Outcome = { calls: 0, ctx: undefined };
     admission.admitOrWait(
       reply as unknown as Reply,
@@ -272,7 +275,6 @@ export function node(leases: FakeLeases | null) {
         out.ctx = ctx;
       },
       () => opts.close ?? false,
-      opts.shape ?? 'openai',
     );
     return { reply, out };
   };

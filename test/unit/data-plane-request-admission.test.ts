@@ -191,6 +191,7 @@ test("a handler that throws once admitted: 500 in the family's error shape, what
       if (waits) leases.held = { requests: 0, tokens: Infinity };
       const n = node(leases);
       const reply = new FakeReply();
+      reply.shape = shape;
       let calls = 0;
       n.admission.admitOrWait(
         reply as unknown as Reply,
@@ -202,7 +203,6 @@ test("a handler that throws once admitted: 500 in the family's error shape, what
           throw new Error('handler bug');
         },
         undefined,
-        shape,
       );
       if (waits) {
         leases.grantKey(1);

@@ -89,7 +89,7 @@ test('after an abort nothing touches the response and cleanups run once', () => 
     throw new Error('touched after abort');
   };
   reply.send(200, null, 'x');
-  reply.sendError(new Error('x'), 'openai');
+  reply.sendError(new Error('x'));
   assert.equal(reply.write('x'), false);
   reply.end();
   reply.close();

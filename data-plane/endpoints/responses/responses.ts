@@ -118,7 +118,7 @@ export class ResponsesEndpoint {
     const at = parseStoredResponsePath(path);
     const refuse = (err: GatewayError) => {
       ctx.refuse();
-      reply.sendError(err, 'openai');
+      reply.sendError(err);
     };
     if (!at) return refuse(new GatewayError('NOT_FOUND', `No route for ${path}.`));
     const owner = deps.owners.get(at.id, deps.clock.now());

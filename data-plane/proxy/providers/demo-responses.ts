@@ -200,7 +200,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
     const reply = call.reply;
     if (!s || this.now() - s.createdAtMs >= RESPONSE_RETENTION_MS) {
       call.complete({ status: 404, promptTokens: 0, completionTokens: 0 });
-      return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }), 'openai');
+      return reply.sendError(new GatewayError('NOT_FOUND', `No response found with id '${call.id}'.`, { param: null }));
     }
     // Only background responses can be cancelled (OpenAI's rule); one that ended answers as it is.
     if (call.action === 'cancel' && s.backgroundInputTokens !== undefined) {
@@ -210,7 +210,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
     }
     if (call.action === 'cancel') {
       call.complete({ status: 400, promptTokens: 0, completionTokens: 0 });
-      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }), 'openai');
+      return reply.sendError(new GatewayError('INVALID_REQUEST', 'Only responses created with background=true can be cancelled.', { param: null }));
     }
     call.complete({ status: 200, promptTokens: 0, completionTokens: 0 });
     switch (call.action) {

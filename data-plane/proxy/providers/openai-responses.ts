@@ -40,7 +40,6 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'openai',
       passAllHeaders: false,
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
@@ -83,7 +82,6 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       body: null,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'openai',
       passAllHeaders: false,
       onAbort: call.onAbort,
       onDone(status, outcome) {

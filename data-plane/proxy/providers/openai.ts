@@ -152,7 +152,6 @@ export class OpenAIProvider implements Provider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       // Methods, not arrow properties: under tsx (esbuild keepNames) a named arrow made per request
@@ -193,7 +192,6 @@ export class OpenAIProvider implements Provider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       inspect(status) {
@@ -222,7 +220,6 @@ export class OpenAIProvider implements Provider {
       body: payload,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       onAbort: call.onAbort,
@@ -273,7 +270,6 @@ export class OpenAIProvider implements Provider {
       body,
       timeoutMs: t.timeoutMs,
       reply: call.reply,
-      shape: 'openai',
       passAllHeaders: false,
       upstreamErrors: true,
       inspect(status, contentType) {
