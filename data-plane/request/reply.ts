@@ -20,7 +20,7 @@ import type { PathFamily } from '../routing/path-families.js';
 import { writeRateHeaders, type RateHeaders } from '../limits/rate-headers.js';
 import { errorShape, renderError, statusLine, type ErrorShape } from '../error-shapes.js';
 import { refusalReason, type LogDraft } from './request-log.js';
-import type { OpenRequest } from './open-request.js';
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { HeaderList, ResponseSink } from '../proxy/response-sink.js';
 import { SlotSet, type Slotted } from '../slot-set.js';
 
@@ -72,7 +72,7 @@ export class Reply implements ReplyMeter, ResponseSink, Slotted {
   /** The key's rate-limit headers once it is known, rendered only when the head is written. */
   rateHeaders: RateHeaders | null = null;
   /** The request's entry in the node's registry of what keys have open (open-request.ts), once its key is known. */
-  open: OpenRequest | null = null;
+  open: { context: { readonly model: ModelConfig | null } | null } | null = null;
   /** A HEAD request: answers carry their head (and the length a GET would have) but never a body. */
   headRequest = false;
   /** The client sent `Connection: close`: uWS closes the connection as soon as the answer ends. */

@@ -1,7 +1,6 @@
 // The paths of stored responses (the Responses API): `/v1/responses/{id}` (GET, DELETE),
-// `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST). Pure: no I/O; the
-// route objects are built once, so matching allocates nothing but the id it reads.
-import type { Route } from './routes.js';
+// `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST). Pure: no I/O;
+// routes.ts builds their route objects once, so matching allocates nothing but the id it reads.
 
 export type StoredAction = 'response' | 'input_items' | 'cancel';
 
@@ -9,20 +8,11 @@ const BASE = '/v1/responses/';
 /** An id as the upstream makes them (`resp_…`): letters, digits, `_` and `-`, at most 128. */
 const ID_RE = /^[A-Za-z0-9_-]{1,128}$/;
 
-interface StoredRoute {
-  methods: ReadonlySet<string>;
-  route: Route;
-}
-
-function stored(allow: string[]): StoredRoute {
-  const methods = new Set(allow);
-  return { methods, route: { kind: 'stored-response', methods, allow: allow.join(', '), bodyMode: 'none', backend: null } };
-}
-
-const ROUTES: Record<StoredAction, StoredRoute> = {
-  response: stored(['GET', 'DELETE']),
-  input_items: stored(['GET']),
-  cancel: stored(['POST']),
+/** The methods each stored-response path takes. */
+export const STORED_METHODS: Readonly<Record<StoredAction, readonly string[]>> = {
+  response: ['GET', 'DELETE'],
+  input_items: ['GET'],
+  cancel: ['POST'],
 };
 
 /** The stored response a path names and what is asked of it, or null when the path names none. */
@@ -37,10 +27,4 @@ export function parseStoredResponsePath(path: string): { id: string; action: Sto
   if (tail === 'input_items') return { id, action: 'input_items' };
   if (tail === 'cancel') return { id, action: 'cancel' };
   return null;
-}
-
-/** The route of a stored-response path (for the method check and its `Allow`), or null. */
-export function storedResponsePath(path: string): StoredRoute | null {
-  const p = parseStoredResponsePath(path);
-  return p ? ROUTES[p.action] : null;
 }

@@ -4,7 +4,7 @@
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
 import { familyOf, type PathFamily } from './path-families.js';
-import { storedResponsePath } from './responses-paths.js';
+import { parseStoredResponsePath, STORED_METHODS, type StoredAction } from './responses-paths.js';
 import type { ErrorShape } from '../errors.js';
 
 export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime' | 'responses' | 'stored-response';
@@ -52,6 +52,13 @@ export const SOCKET_ROUTES: ReadonlyMap<string, Route> = new Map<string, Route>(
   [RESPONSES_SOCKET_PATH, { kind: 'responses', methods: new Set(['GET']), allow: 'GET', bodyMode: 'none', backend: null }],
 ]);
 
+/** The stored-response paths' routes (responses-paths.ts), built once. */
+function storedRoute(action: StoredAction): Route {
+  const allow = STORED_METHODS[action];
+  return { kind: 'stored-response', methods: new Set(allow), allow: allow.join(', '), bodyMode: 'none', backend: null };
+}
+const STORED_ROUTES: Readonly<Record<StoredAction, Route>> = { response: storedRoute('response'), input_items: storedRoute('input_items'), cancel: storedRoute('cancel') };
+
 export class RouteTable {
   private readonly exact = new Map<string, Route>();
   /** Configured backends, longest prefix first. */
@@ -95,10 +102,11 @@ export class RouteTable {
       return this.model;
     }
     // A stored response (`/v1/responses/{id}`, `…/input_items`, `…/cancel`): responses-paths.ts.
-    const stored = storedResponsePath(path);
+    const stored = parseStoredResponsePath(path);
     if (stored) {
-      if (stored.methods.has(method)) return stored.route;
-      return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${stored.route.allow}.`, { allow: stored.route.allow });
+      const route = STORED_ROUTES[stored.action];
+      if (route.methods!.has(method)) return route;
+      return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${route.allow}.`, { allow: route.allow });
     }
     // Which part of the router serves a path is its family's, as for edge budgets and body caps.
     const router = family.router;
