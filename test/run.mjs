@@ -5,6 +5,7 @@ import { execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { buildBundles } from './process-bundles.mjs';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const only = process.argv.slice(2);
@@ -58,6 +59,17 @@ const files = (only.length > 0 ? only : [...findTests(join(root, 'test', 'unit')
   .map((f) => relative(root, f))
   .sort()
   .sort((a, b) => guess(b) - guess(a));
+// The control plane, the node and the CLI, bundled for the processes the tests start (see
+// test/process-bundles.mjs); without them (TOLLGATE_TEST_TSX=1, or esbuild failed) those processes
+// run through tsx, as before: slower, with stack traces that name the .ts files.
+let bundles = {};
+if (process.env.TOLLGATE_TEST_TSX !== '1') {
+  try {
+    bundles = await buildBundles(root, join(root, 'test', '.bundles'));
+  } catch (err) {
+    console.warn(`test processes run through tsx: their bundles were not built (${err.message})`);
+  }
+}
 // Two files at a time (a few tests assert timings that a busier machine misses);
 // TOLLGATE_TEST_CONCURRENCY=N runs N.
 const concurrency = Number(process.env.TOLLGATE_TEST_CONCURRENCY) || 2;
@@ -75,6 +87,6 @@ const result = spawnSync(
     '--test-reporter-destination=stdout',
     ...files,
   ],
-  { stdio: 'inherit', cwd: root, env: { ...process.env, NODE_ENV: 'test' } },
+  { stdio: 'inherit', cwd: root, env: { ...process.env, NODE_ENV: 'test', TOLLGATE_TEST_BUNDLES: JSON.stringify(bundles) } },
 );
 process.exit(result.status ?? 1);
