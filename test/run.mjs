@@ -75,20 +75,16 @@ if (process.env.TOLLGATE_TEST_TSX !== '1') {
 // the same CPU). Not more: a few tests assert timings that a busier machine misses.
 // TOLLGATE_TEST_CONCURRENCY=N runs N.
 const concurrency = Number(process.env.TOLLGATE_TEST_CONCURRENCY) || 3;
-const result = spawnSync(
-  process.execPath,
-  [
-    '--import',
-    'tsx',
-    '--test',
-    `--test-concurrency=${concurrency}`,
-    '--test-reporter=spec',
-    '--test-reporter-destination=stdout',
-    // At the end: the 10 files that took longest.
-    `--test-reporter=${join(root, 'test', 'slowest-files-reporter.mjs')}`,
-    '--test-reporter-destination=stdout',
-    ...files,
-  ],
-  { stdio: 'inherit', cwd: root, env: { ...process.env, NODE_ENV: 'test', TOLLGATE_TEST_BUNDLES: JSON.stringify(bundles) } },
-);
+// In that order: test/run-files.mjs runs them through node:test's run(), as `node --test` would
+// but without sorting them by path. At the end: the 10 files that took longest.
+const result = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'test', 'run-files.mjs')], {
+  stdio: 'inherit',
+  cwd: root,
+  env: {
+    ...process.env,
+    NODE_ENV: 'test',
+    TOLLGATE_TEST_BUNDLES: JSON.stringify(bundles),
+    TOLLGATE_TEST_RUN: JSON.stringify({ files: files.map((f) => join(root, f)), concurrency }),
+  },
+});
 process.exit(result.status ?? 1);
