@@ -1,6 +1,6 @@
 // A node:test reporter that prints nothing while the tests run and, at the end, the 10 test files
 // that took longest (wall time of each file's process, from the runner's per-file `test:complete`
-// event). `npm test` runs it beside the spec reporter (test/run.mjs). It also records every file's
+// event). `npm test` runs it beside the spec reporter (test/run-files.mjs). It also records every file's
 // time in test/.durations.json (not committed), which run.mjs reads to start the longest files first.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { relative } from 'node:path';

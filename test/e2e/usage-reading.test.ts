@@ -4,9 +4,7 @@
 // control plane, a node with an injected clock, the official openai client for the model calls, and the
 // CLI as a process (key find reads the value on standard input).
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
 import { test } from 'node:test';
-import { pathToFileURL } from 'node:url';
 import { credentials, Metadata, status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
 import OpenAI from 'openai';
 import { QueryUsageRequest, SyncServiceClient, type QueryUsageResponse } from '../../proto/gen/tollgate/v1/sync.js';
@@ -15,7 +13,7 @@ import { assertFails, assertNoStackTrace, assertUsageError } from '../helpers/co
 import { consoleClient, createKey, type Console, type DemoKey } from '../helpers/console.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { bearer, rawRequest, request, setClock } from '../helpers/http.js';
-import { cliJsonAsync, ROOT, runCliAsync, runProcessAsync, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync, runProcessAsync, scriptArgs, type CliResult, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageTotals } from '../helpers/usage-db.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 
@@ -113,11 +111,9 @@ function assertShapeA(r: { status: number; body: any }, status: number, param: s
   assert.equal('data' in r.body, false, `${what}: no usage in an error`);
 }
 
-const TSX_LOADER = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
-
 /** The CLI as a process with `input` on its standard input. */
 function cliWithStdin(token: string, args: string[], input: string): Promise<CliResult> {
-  return runProcessAsync(process.execPath, ['--import', TSX_LOADER, 'cli/main.ts', '--control-plane', cp.address, '--token', token, ...args], {
+  return runProcessAsync(process.execPath, [...scriptArgs('cli/main.ts'), '--control-plane', cp.address, '--token', token, ...args], {
     env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '' },
     input,
   });
@@ -336,7 +332,7 @@ test('console: members of the organisation read usage, key show and key find; no
   assertUsageError(await cliWithStdin(memberToken, ['key', 'find'], '\n\n'), 'key find with nothing on stdin', /no key value/);
   // A terminal on standard input (util-linux `script` gives the CLI a pseudo-terminal): refused at once,
   // rather than waiting for a value that would echo on screen.
-  const command = [process.execPath, '--import', TSX_LOADER, 'cli/main.ts', '--control-plane', cp.address, '--token', memberToken, 'key', 'find'].join(' ');
+  const command = [process.execPath, ...scriptArgs('cli/main.ts'), '--control-plane', cp.address, '--token', memberToken, 'key', 'find'].join(' ');
   const tty = await runProcessAsync('script', ['-qec', command, '/dev/null']);
   assert.equal(tty.code, 2, `${tty.stdout}${tty.stderr}`);
   assert.match(tty.stdout, /^400 key find reads the key value from standard input, and standard input is a terminal/);

@@ -6,7 +6,7 @@ import { createServer as createNetServer } from 'node:net';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, relative, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
 
@@ -17,6 +17,18 @@ export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 // test's pipes open so the test process never exited).
 const TSX_LOADER = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
 const TSX_ARGS = ['--import', TSX_LOADER];
+/**
+ * The scripts test/run.mjs bundled for this run (test/process-bundles.mjs), script → bundle file:
+ * started from its bundle, a control plane, node or CLI loads one file instead of each of its
+ * modules through tsx's loader (about 0.7 s of CPU less per start).
+ */
+const BUNDLES: Record<string, string> = JSON.parse(process.env.TOLLGATE_TEST_BUNDLES || '{}');
+
+/** Node's arguments that run `script` (relative to `cwd`, or absolute): this run's bundle of it, else the source through tsx. */
+export function scriptArgs(script: string, cwd = ROOT): string[] {
+  const bundle = BUNDLES[relative(ROOT, resolve(cwd, script))];
+  return bundle ? [bundle] : [...TSX_ARGS, script];
+}
 
 export interface Proc {
   child: ChildProcess;
@@ -30,7 +42,7 @@ export interface Proc {
 const live = new Set<Proc>();
 
 export function startProcess(args: string[], env: Record<string, string | undefined> = {}, opts: { cwd?: string; nodeArgs?: string[] } = {}): Proc {
-  const child = spawn(process.execPath, [...(opts.nodeArgs ?? []), ...TSX_ARGS, ...args], {
+  const child = spawn(process.execPath, [...(opts.nodeArgs ?? []), ...scriptArgs(args[0], opts.cwd), ...args.slice(1)], {
     cwd: opts.cwd ?? ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -287,7 +299,7 @@ export function runCliAsync(
   timeoutMs = 60_000,
 ): Promise<CliResult> {
   const full = ['--control-plane', cp.address, ...(token !== undefined ? ['--token', token] : []), ...args];
-  return runProcessAsync(process.execPath, [...TSX_ARGS, 'cli/main.ts', ...full], {
+  return runProcessAsync(process.execPath, [...scriptArgs('cli/main.ts'), ...full], {
     env: { ...process.env, TOLLGATE_TOKEN: '', TOLLGATE_CONTROL_PLANE: '', ...env },
     timeoutMs,
   });
