@@ -6,7 +6,9 @@
 // response the answer left running is handed to its follower (endpoints/responses/background-responses.ts),
 // which reads it here (`retrieve`, `cancel`: off the request path, through the same readers).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
+import type { ForwardCall, ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
+import { forwardOpenAI } from './openai-forward.js';
+import { itemIdsOf } from '../usage/responses-usage.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
@@ -54,6 +56,8 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         const j = json as ResponsesJsonReader | null;
         const usage = s?.usage ?? j?.usage ?? null;
         const id = s?.id ?? j?.id ?? null;
+        const output = s ? s.finalOutput : j?.member('output');
+        if (output !== undefined) call.recordItems(itemIdsOf(output));
         // Background: the answer (`queued`, or a stream that ended before its final event) left the
         // response running upstream, which bills it whoever reads it: followed to its end, billed then.
         if (background && usage === null && id !== null && upstreamStatus >= 200 && upstreamStatus < 300) return call.follow(id, outcome === 'aborted' ? 499 : status);
@@ -89,6 +93,10 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
       },
     });
+  }
+
+  forward(call: ForwardCall): void {
+    forwardOpenAI(this.target(call.model), call);
   }
 
   retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {

@@ -79,6 +79,8 @@ export class ResponsesSseReader extends SseUsageReader {
   id: string | null = null;
   /** The final event's type (`response.completed`, …), once seen. */
   finalType: string | null = null;
+  /** The final response's `output`, once seen (its items' ids are the project's). */
+  finalOutput: unknown = undefined;
 
   constructor(
     private readonly onId: (id: string) => void,
@@ -118,6 +120,7 @@ export class ResponsesSseReader extends SseUsageReader {
     }
     if (!RESPONSES_FINAL_TYPES.has(o.type) || !response) return e;
     this.finalType = o.type;
+    this.finalOutput = response.output;
     const counts = tokenUsageOf(response.usage);
     if (!counts) return e;
     this.readUsage(counts);
