@@ -10,6 +10,7 @@ import { configYaml, addUpstreamModel } from '../helpers/config.js';
 import { type DemoKey } from '../helpers/console.js';
 import { startFakeResponsesUpstream, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
+import { eventually } from '../helpers/data-plane.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
 import { type DataPlane } from '../helpers/processes.js';
 import { openRealtime } from '../helpers/realtime.js';
@@ -34,7 +35,7 @@ function upstreamSaw(): string {
   return JSON.stringify([upstream.requests.map((r) => [r.url, r.body]), upstream.sockets.map((s) => s.received)]);
 }
 
-gatewayFixture(
+const gw = gatewayFixture(
   async () => {
     upstream = await startFakeResponsesUpstream();
     return {
@@ -117,4 +118,13 @@ test("every id kind of project A is 404 for project B over HTTP, SSE and WebSock
   await sa.session.waitFor('response.completed');
   assert.equal(sa.session.count('error'), 0);
   sa.ws.close(1000);
+
+  // Another node learns who owns the conversation and the item from the control plane, as it learns
+  // a response's owner; until then it refuses them to everyone.
+  const node2 = await gw.addNode({ nodeId: 'responses-ids-node-2' });
+  await eventually(async () => (await request(`${node2.url}/v1/conversations/${conv.id}`, { headers: bearer(a.key) })).status === 200, 'the conversation on node 2');
+  assertNotFound(await request(`${node2.url}/v1/conversations/${conv.id}`, { headers: bearer(b.key) }), null, 'B on node 2');
+  assertNotFound(await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: { model: 'up-chat', input: [{ type: 'item_reference', id: itemId }] } }), 'input[0].id', 'B’s item_reference on node 2');
+  const withItem = await request(`${node2.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: [{ type: 'item_reference', id: itemId }] } });
+  assert.equal(withItem.status, 200, withItem.text);
 });
