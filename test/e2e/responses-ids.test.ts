@@ -113,6 +113,12 @@ test("every id kind of project A is 404 for project B over HTTP, SSE and WebSock
     const res = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: { model: 'up-chat', input: 'hello', ...fields } });
     assert.equal(res.status, 200, `A with ${JSON.stringify(fields)}: ${res.text}`);
   }
+  // An input item is the project's once its response's input items were listed to it.
+  const inputItem = (await client(a).responses.inputItems.list(r.id)).data[0].id;
+  const refInput = { model: 'up-chat', input: [{ type: 'item_reference', id: inputItem }] };
+  assertNotFound(await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: refInput }), 'input[0].id', 'B names A’s input item');
+  const ownInput = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(a.key), json: refInput });
+  assert.equal(ownInput.status, 200, ownInput.text);
   const sa = await openRealtime(node.address, { key: a.key, model: 'up-chat', path: '/v1/responses' });
   sa.session.send({ type: 'response.create', model: 'up-chat', input: 'go on', conversation: conv.id });
   await sa.session.waitFor('response.completed');

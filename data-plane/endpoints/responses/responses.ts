@@ -156,6 +156,10 @@ export class ResponsesEndpoint {
       forget() {
         owners.remove(at.id);
       },
+      // A response's input items, listed: an item_reference may name them.
+      recordOwned: (ids: string[]) => {
+        for (const id of ids) this.recordOwnerOf(key, model, id);
+      },
     });
   }
 }

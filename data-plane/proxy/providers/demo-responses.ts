@@ -230,6 +230,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
         return reply.send(200, JSON_HEADERS, JSON.stringify(s.response));
       case 'input_items': {
         const data = demoItemsPage(s.inputItems, call.query);
+        call.recordOwned(itemIdsOf(data.data));
         return reply.send(200, JSON_HEADERS, JSON.stringify(data));
       }
     }

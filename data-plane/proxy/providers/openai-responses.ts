@@ -12,6 +12,7 @@ import { itemIdsOf } from '../usage/responses-usage.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
+import { JsonUsageReader } from '../usage/usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
@@ -78,6 +79,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     const suffix = call.action === 'response' ? '' : `/${call.action}`;
     const path = `${t.basePath}/responses/${encodeURIComponent(call.id)}${suffix}${call.query ? `?${call.query}` : ''}`;
     const method = call.method as 'GET' | 'DELETE' | 'POST';
+    let items: JsonUsageReader | null = null;
     proxyRequest({
       pool: t.pool,
       method,
@@ -87,8 +89,13 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       timeoutMs: t.timeoutMs,
       reply: call.reply,
       passAllHeaders: false,
+      inspect(status, contentType) {
+        if (call.action !== 'input_items' || status < 200 || status >= 300 || !contentType.startsWith('application/json')) return null;
+        return (items = new JsonUsageReader(['data']));
+      },
       onAbort: call.onAbort,
       onDone(status, outcome) {
+        if (items) call.recordOwned(itemIdsOf((items as JsonUsageReader).member('data')));
         if (method === 'DELETE' && status >= 200 && status < 300) call.forget();
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
       },

@@ -81,6 +81,8 @@ export interface StoredCall {
   fail(err: unknown): void;
   /** The response was deleted upstream: its owner record goes too. */
   forget(): void;
+  /** Ids of items its answer lists (`input_items`): the key's project owns them. */
+  recordOwned(ids: string[]): void;
 }
 
 export interface ResponsesProvider {
