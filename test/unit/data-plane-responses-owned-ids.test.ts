@@ -80,6 +80,8 @@ test('every id a body names must be the key’s project’s own: 404 on the para
     [{ prompt: { id: 'pmpt_other' } }, 'prompt'],
     [{ input: [{ role: 'user', content: [{ type: 'input_image', file_id: 'file-1' }] }] }, 'input[0].content[0].file_id'],
     [{ tools: [{ type: 'code_interpreter', container: 'cntr_1' }] }, 'tools[0].container'],
+    [{ tools: [{ type: 'function', name: 'f' }, { type: 'code_interpreter', container: { type: 'auto', file_ids: ['file-2'] } }] }, 'tools[1].container.file_ids[0]'],
+    [{ tools: [{ type: 'image_generation', input_image_mask: { file_id: 'file-3' } }] }, 'tools[0].input_image_mask.file_id'],
   ];
   for (const [body, param] of cases) {
     const err = namedIdRefusal(body, keyB, state, o, 2);
@@ -87,7 +89,7 @@ test('every id a body names must be the key’s project’s own: 404 on the para
     assert.deepEqual([err.code, err.param], ['NOT_FOUND', param], JSON.stringify(body));
     // Project A may name its own (the prompt is the tier's, the files nobody's).
     const own = namedIdRefusal(body, keyA, state, o, 2);
-    if (param === 'prompt' || param?.includes('file_id') || param?.includes('container')) assert.ok(own);
+    if (param === 'prompt' || param?.includes('file_id') || param?.includes('container')) assert.ok(own, JSON.stringify(body));
     else assert.equal(own, null, JSON.stringify(body));
   }
   assert.equal(namedIdRefusal({ prompt: { id: 'pmpt_ok' } }, keyB, state, o, 2), null);
@@ -95,6 +97,8 @@ test('every id a body names must be the key’s project’s own: 404 on the para
   // A message with content and an id is sent by content: not a reference.
   assert.equal(namedIdRefusal({ input: [{ id: 'msg_x', role: 'user', content: 'hi' }] }, keyB, state, o, 2), null);
   assert.equal(namedIdRefusal({ conversation: 42 }, keyB, state, o, 2)?.code, 'INVALID_REQUEST');
+  // A code interpreter the upstream makes a container for names no id.
+  assert.equal(namedIdRefusal({ tools: [{ type: 'code_interpreter', container: { type: 'auto' } }] }, keyB, state, o, 2), null);
 });
 
 test('conversation paths', () => {

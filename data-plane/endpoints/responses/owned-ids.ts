@@ -102,6 +102,10 @@ export function namedIdRefusal(body: Obj, key: KeyRecord, state: GatewayState, o
       const stores = t.vector_store_ids;
       if (Array.isArray(stores) && stores.length > 0) return notFound('vector store', String(stores[0]), `tools[${i}].vector_store_ids[0]`);
       if (typeof t.container === 'string') return notFound('container', t.container, `tools[${i}].container`);
+      const files = isObj(t.container) ? t.container.file_ids : undefined;
+      if (Array.isArray(files) && files.length > 0) return notFound('file', String(files[0]), `tools[${i}].container.file_ids[0]`);
+      const mask = isObj(t.input_image_mask) ? t.input_image_mask.file_id : undefined;
+      if (mask !== undefined && mask !== null) return notFound('file', String(mask), `tools[${i}].input_image_mask.file_id`);
     }
   }
   return null;
