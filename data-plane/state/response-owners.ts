@@ -48,18 +48,16 @@ export class ResponseOwners {
   }
 
   /**
-   * Records who owns an id. A known id keeps its place (a record the sync brings back changes
-   * nothing); a record older than all its project keeps when the project is at its bound is not
-   * added (it would be the first to go: the sync's echo of one this node already evicted).
+   * Records who owns an id. A known id keeps its place and its first owner (a record the sync brings
+   * back changes nothing, and an id another project's answer names again never changes hands); a
+   * record older than all its project keeps when the project is at its bound is not added (it would
+   * be the first to go: the sync's echo of one this node already evicted).
    */
   add(id: string, owner: ResponseOwner): void {
     const known = this.byId.get(id);
     if (known) {
-      if (known.projectId === owner.projectId) {
-        if (owner.contextTokens !== undefined) known.contextTokens = owner.contextTokens;
-        return;
-      }
-      this.remove(id);
+      if (known.projectId === owner.projectId && owner.contextTokens !== undefined) known.contextTokens = owner.contextTokens;
+      return;
     }
     const projectId = this.intern(owner.projectId);
     let ids = this.byProject.get(projectId);

@@ -52,6 +52,9 @@ test("a project past its bound loses its own oldest records, never another proje
   assert.equal(o.get('a7', 100)?.projectId, 'proj_a');
   // A known id brought again keeps its place.
   o.add('a7', { projectId: 'proj_a', model: 'chat', createdAtMs: 17 });
+  // An id never changes hands: another project's answer naming it again leaves it the first owner's.
+  o.add('a9', { projectId: 'proj_b', model: 'chat', createdAtMs: 30 });
+  assert.equal(o.get('a9', 100)?.projectId, 'proj_a');
   o.add('a10', { projectId: 'proj_a', model: 'chat', createdAtMs: 20 });
   assert.equal(o.get('a7', 100), undefined);
 });
