@@ -12,6 +12,7 @@ import { GatewayError } from '../../data-plane/errors.js';
 import { parseConversationPath } from '../../data-plane/routing/responses-paths.js';
 import { parseResponsesConfig } from '../../control-plane/gateway-config/responses-config.js';
 import { ConfigError } from '../../proto/lib/process-flags.js';
+import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../../data-plane/proxy/usage/responses-usage-readers.js';
 
 const pepper = Buffer.alloc(32, 7);
 const config: GatewayConfig = {
@@ -123,4 +124,29 @@ test('the responses: config section', () => {
   for (const bad of [{ owner_records_per_project: 0 }, { conversations_model: 'embed' }, { conversations_model: 'nope' }, { prompts: { gold: [] } }, { prompts: { free: [1] } }, { other: 1 }, []]) {
     assert.throws(() => parseResponsesConfig(bad, known), ConfigError, JSON.stringify(bad));
   }
+});
+
+test('ids an answer names are named before the chunk holding their end goes on', () => {
+  // Before, items were recorded when the exchange ended, after the client could have the answer: an
+  // item_reference sent at once could be refused.
+  const seen: string[][] = [];
+  const list = new ItemIdsReader('data', (ids) => seen.push(ids));
+  const text = JSON.stringify({ object: 'list', data: [{ id: 'msg_1', type: 'message' }, { id: 'msg_2' }], has_more: false });
+  const cut = text.indexOf('has_more');
+  assert.equal(list.transform(Buffer.from(text.slice(0, 20))).toString(), text.slice(0, 20));
+  assert.deepEqual(seen, []);
+  list.transform(Buffer.from(text.slice(20, cut)));
+  assert.deepEqual(seen, [['msg_1', 'msg_2']]);
+  const one: string[][] = [];
+  new ItemIdsReader('id', (ids) => one.push(ids)).transform(Buffer.from('{"id":"msg_9","type":"message"}'));
+  assert.deepEqual(one, [['msg_9']]);
+  const out: string[][] = [];
+  const r = new ResponsesJsonReader(() => {}, null, (ids) => out.push(ids));
+  r.transform(Buffer.from('{"id":"resp_1","output":[{"id":"msg_o","type":"message"}],'));
+  assert.deepEqual(out, [['msg_o']]);
+  const sse: string[][] = [];
+  const s = new ResponsesSseReader(() => {}, null, (ids) => sse.push(ids));
+  const final = { type: 'response.completed', response: { id: 'resp_1', output: [{ id: 'rs_1', type: 'reasoning' }, { id: 'msg_2', type: 'message' }], usage: { input_tokens: 1, output_tokens: 1, total_tokens: 2 } } };
+  s.transform(Buffer.from(`event: response.completed\ndata: ${JSON.stringify(final)}\n\n`));
+  assert.deepEqual(sse, [['rs_1', 'msg_2']]);
 });

@@ -3,12 +3,10 @@
 // in, as a create), `POST {base_url}/responses/input_tokens` (a count: no tokens billed) and the
 // Conversations API (`{base_url}/conversations…`: no tokens billed). The gateway has checked every id
 // the request names; the ids an answer names (a new conversation, items listed or added, a
-// compaction's output) are recorded as the project's as they pass.
+// compaction's output) are recorded as the project's before they reach the client.
 import type { ForwardCall } from './responses-provider.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
-import { JsonUsageReader } from '../usage/usage-readers.js';
-import { ResponsesJsonReader } from '../usage/responses-usage-readers.js';
-import { itemIdsOf } from '../usage/responses-usage.js';
+import { ItemIdsReader, ResponsesJsonReader } from '../usage/responses-usage-readers.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { billedTokens, pricerOf, type Target } from './openai.js';
 
@@ -38,8 +36,8 @@ export function forwardOpenAI(t: Target, call: ForwardCall): void {
   const payload = payloadOf(t, call);
   const conv = call.conversation;
   let compact: ResponsesJsonReader | null = null;
-  let listing: JsonUsageReader | null = null;
   const recordOwned = call.recordOwned;
+  const deletes = call.method === 'DELETE' && conv !== null;
   proxyRequest({
     pool: t.pool,
     method: call.method as 'GET' | 'POST' | 'DELETE',
@@ -51,25 +49,23 @@ export function forwardOpenAI(t: Target, call: ForwardCall): void {
     passAllHeaders: false,
     inspect(status, contentType) {
       if (status < 200 || status >= 300 || !contentType.startsWith('application/json')) return null;
-      if (call.op === 'compact') return (compact = new ResponsesJsonReader(ignore, pricerOf(call.model)));
-      // A new conversation's id is recorded before the chunk naming it goes on.
+      // Ids the answer names are recorded before the chunk naming them goes on (the client can
+      // never name one before it is the project's): a compaction's output, a new conversation,
+      // items added, listed or read.
+      if (call.op === 'compact') return (compact = new ResponsesJsonReader(ignore, pricerOf(call.model), recordOwned));
       if (conv?.action === 'create') return new ResponsesJsonReader((id) => recordOwned([id]));
-      if (conv && (conv.action === 'items' || conv.action === 'item') && call.method !== 'DELETE') return (listing = new JsonUsageReader(['data', 'id']));
+      if (conv && (conv.action === 'items' || conv.action === 'item') && call.method !== 'DELETE') return new ItemIdsReader(conv.action === 'item' ? 'id' : 'data', recordOwned);
       return null;
+    },
+    // Deleted upstream: forgotten before the answer goes on, so the next request is refused here.
+    onResponseHead(status) {
+      if (deletes && status >= 200 && status < 300) call.forget(conv!.itemId || conv!.id);
     },
     onAbort: call.onAbort,
     usageGraceMs: call.op === 'compact' ? USAGE_GRACE_MS : 0,
     onDone(status, outcome, upstreamStatus) {
-      const ok = upstreamStatus >= 200 && upstreamStatus < 300;
-      const l = listing as JsonUsageReader | null;
-      if (l) {
-        const id = l.member('id');
-        recordOwned(conv!.action === 'item' ? (typeof id === 'string' ? [id] : []) : itemIdsOf(l.member('data')));
-      }
-      if (ok && call.method === 'DELETE' && conv) call.forget(conv.itemId || conv.id);
       const c = compact as ResponsesJsonReader | null;
       if (call.op !== 'compact') return call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
-      if (c) recordOwned(itemIdsOf(c.member('output')));
       call.complete(billedTokens(status, outcome, upstreamStatus, c?.usage ?? null, () => ({ prompt: call.inputTokens, completion: c ? c.countedOutputTokens() : 0 })));
     },
   });

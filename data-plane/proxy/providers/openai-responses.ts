@@ -8,11 +8,9 @@
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { ForwardCall, ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
 import { forwardOpenAI } from './openai-forward.js';
-import { itemIdsOf } from '../usage/responses-usage.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
-import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
-import { JsonUsageReader } from '../usage/usage-readers.js';
+import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
@@ -33,6 +31,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     let sse: ResponsesSseReader | null = null;
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
+    const recordItems = call.recordItems;
     const pricer = pricerOf(call.model);
     const background = body.background === true;
     proxyRequest({
@@ -46,8 +45,8 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       passAllHeaders: false,
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
-        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner, pricer));
-        return (json = new ResponsesJsonReader(recordOwner, pricer));
+        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner, pricer, recordItems));
+        return (json = new ResponsesJsonReader(recordOwner, pricer, recordItems));
       },
       onAbort: call.onAbort,
       // A client gone: the upstream is read on for its usage, as for chat (stream-proxy.ts).
@@ -57,8 +56,6 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         const j = json as ResponsesJsonReader | null;
         const usage = s?.usage ?? j?.usage ?? null;
         const id = s?.id ?? j?.id ?? null;
-        const output = s ? s.finalOutput : j?.member('output');
-        if (output !== undefined) call.recordItems(itemIdsOf(output));
         // Background: the answer (`queued`, or a stream that ended before its final event) left the
         // response running upstream, which bills it whoever reads it: followed to its end, billed then.
         if (background && usage === null && id !== null && upstreamStatus >= 200 && upstreamStatus < 300) return call.follow(id, outcome === 'aborted' ? 499 : status);
@@ -79,7 +76,6 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     const suffix = call.action === 'response' ? '' : `/${call.action}`;
     const path = `${t.basePath}/responses/${encodeURIComponent(call.id)}${suffix}${call.query ? `?${call.query}` : ''}`;
     const method = call.method as 'GET' | 'DELETE' | 'POST';
-    let items: JsonUsageReader | null = null;
     proxyRequest({
       pool: t.pool,
       method,
@@ -89,14 +85,17 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       timeoutMs: t.timeoutMs,
       reply: call.reply,
       passAllHeaders: false,
+      // A response's input items, listed: recorded as the project's before the answer naming them goes on.
       inspect(status, contentType) {
         if (call.action !== 'input_items' || status < 200 || status >= 300 || !contentType.startsWith('application/json')) return null;
-        return (items = new JsonUsageReader(['data']));
+        return new ItemIdsReader('data', (ids) => call.recordOwned(ids));
+      },
+      // Deleted upstream: forgotten before the answer goes on, so a read right after is refused here.
+      onResponseHead(status) {
+        if (method === 'DELETE' && status >= 200 && status < 300) call.forget();
       },
       onAbort: call.onAbort,
       onDone(status, outcome) {
-        if (items) call.recordOwned(itemIdsOf((items as JsonUsageReader).member('data')));
-        if (method === 'DELETE' && status >= 200 && status < 300) call.forget();
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
       },
     });
