@@ -37,7 +37,7 @@ async function main(): Promise<void> {
   const webhooks = await startWebhooks(state, log);
   const audit = new AuditRecorder(db, { now: () => state.now(), retentionDays: cfg.auditRetentionDays, log });
   await audit.applyRetention();
-  const storedResponses = new StoredResponsesFanout(db, () => state.now(), log);
+  const storedResponses = new StoredResponsesFanout(db, () => state.now(), log, () => Number(state.config.responses?.ownerRecordsPerProject ?? 0));
   storedResponses.start();
   const ingest = new ReportIngest(state, webhooks.revokedKeys.wrap(logs), storedResponses, log);
   // Usage a former process journaled and did not fold is folded before nodes connect.

@@ -22,7 +22,7 @@ import { LeaseClient } from './leases/lease-client.js';
 import { log } from './log.js';
 import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
-import { ResponseOwners } from './state/response-owners.js';
+import { DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
 import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
@@ -34,6 +34,7 @@ import { ResponsesEndpoint } from './endpoints/responses/responses.js';
 import { Intake, type Endpoint } from './endpoints/intake.js';
 import { SocketEndpoint } from './endpoints/sockets.js';
 import { Listings, StoredResponses } from './endpoints/listings.js';
+import { ResponsesForward } from './endpoints/responses/responses-forward.js';
 import { ModelCalls } from './endpoints/model-calls.js';
 import { Tools } from './endpoints/tools.js';
 import { Transcription } from './endpoints/transcription.js';
@@ -98,7 +99,8 @@ async function main(): Promise<void> {
     expiryOf: (keyHash) => holder.current.keysByHash.get(keyHash)?.expiresAtMs ?? 0,
     alarm: expiryAlarm,
   });
-  const responseOwners = new ResponseOwners();
+  // Bounded per project as the config says (responses.owner_records_per_project).
+  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT);
   let sync: SyncClient | null = null;
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false, undefined, true);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
@@ -320,12 +322,16 @@ function buildApi(deps: NodeDeps) {
   });
   const modelCalls = new ModelCalls(deps, admission, responses);
   const listings = new Listings(deps);
+  const forward = new ResponsesForward(deps, admission, responses);
   const endpoints: Record<RouteKind, Endpoint> = {
     chat: modelCalls,
     embeddings: modelCalls,
     speech: modelCalls,
     responses: modelCalls,
     'stored-response': new StoredResponses(deps, responses),
+    conversation: forward,
+    compact: forward,
+    'input-tokens': forward,
     transcriptions: new Transcription(deps),
     models: listings,
     model: listings,

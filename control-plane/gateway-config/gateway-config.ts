@@ -10,6 +10,7 @@ import { parseUsd } from '../../proto/lib/money.js';
 import { ConfigError } from '../../proto/lib/process-flags.js';
 import type { GatewayConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { parseWebhooksConfig, type WebhookSettings } from './webhook-config.js';
+import { parseResponsesConfig } from './responses-config.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('../demo-config.yaml', import.meta.url));
 
@@ -115,6 +116,7 @@ const TOP_KEYS = new Set([
   'max_orgs_per_account',
   'webhooks',
   'webhook_balance_low_usd',
+  'responses',
 ]);
 const TIER_KEYS = new Set(['rpm', 'tpm', 'max_parallel_requests', 'monthly_cap_usd', 'free_grant_usd', 'models']);
 const MODEL_KEYS = new Set([
@@ -417,6 +419,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
     })),
     trustedProxies,
     maxStalenessMs,
+    responses: parseResponsesConfig(doc.responses, { models, tiers }),
   };
   return { settings, proto };
 }

@@ -1,4 +1,5 @@
-// Stored responses of the Responses API and the project that created each (migration 035).
+// Owned upstream objects of the Responses API (stored responses, conversations, items) and the
+// project that created each (migration 035).
 import type { StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Queryable } from './db.js';
 
@@ -48,4 +49,18 @@ export async function storedResponsesAfter(q: Queryable, afterSeq: number, since
 /** Deletes the records created before `beforeMs`; returns how many. */
 export async function deleteStoredResponsesBefore(q: Queryable, beforeMs: number): Promise<number> {
   return (await q.run('DELETE FROM stored_responses WHERE created_at_ms < ?', [beforeMs])).changes;
+}
+
+/**
+ * Deletes each project's records past its newest `perProject` (a project over its bound loses its
+ * own oldest, never another project's); returns how many.
+ */
+export async function deleteStoredResponsesOverBound(q: Queryable, perProject: number): Promise<number> {
+  return (
+    await q.run(
+      `DELETE FROM stored_responses WHERE seq IN (
+         SELECT seq FROM (SELECT seq, ROW_NUMBER() OVER (PARTITION BY project_id ORDER BY seq DESC) AS rn FROM stored_responses) WHERE rn > ?)`,
+      [perProject],
+    )
+  ).changes;
 }

@@ -1,12 +1,13 @@
 // Stored responses of the Responses API, from the nodes that create them to every node: written in
 // the transaction of the report that carried them, then sent to every connected node; a node that
 // connects is first sent the retained records after the last one it holds (Hello.stored_responses_seq),
-// page by page, then each new one. Records older than the upstream's retention (30 days) are deleted.
+// page by page, then each new one. Records older than the upstream's retention (30 days) are deleted,
+// and each project's past its bound (docs/design.md#owner-records), hourly.
 // Apart from the key version: responses are many and short-lived, and a node that misses one only
 // answers 404 for it (docs/api.md#responses-api, the fan-out window).
 import type { StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Db, Tx } from '../store/db.js';
-import { addStoredResponses, deleteStoredResponsesBefore, storedResponsesAfter } from '../store/stored-responses-repo.js';
+import { addStoredResponses, deleteStoredResponsesBefore, deleteStoredResponsesOverBound, storedResponsesAfter } from '../store/stored-responses-repo.js';
 
 /** OpenAI keeps stored responses 30 days; so does the gateway's record of who owns one. */
 export const STORED_RESPONSE_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
@@ -25,6 +26,8 @@ export class StoredResponsesFanout {
     private readonly db: Db,
     private readonly now: () => number,
     private readonly log: (line: string) => void,
+    /** Records kept per project (the config's responses.owner_records_per_project); 0: no bound. */
+    private readonly perProject: () => number = () => 0,
   ) {}
 
   /** Writes a report's records in its transaction; they go to the nodes once it commits. */
@@ -97,11 +100,18 @@ export class StoredResponsesFanout {
   /** Deletes the records past retention now and every hour. */
   start(): void {
     const prune = () => {
-      deleteStoredResponsesBefore(this.db, this.now() - STORED_RESPONSE_RETENTION_MS).catch((err: Error) => this.log(`stored responses: retention not applied: ${err.message}`));
+      this.prune().catch((err: Error) => this.log(`stored responses: retention not applied: ${err.message}`));
     };
     prune();
     this.timer = setInterval(prune, PRUNE_EVERY_MS);
     this.timer.unref();
+  }
+
+  /** Deletes the records past retention, and each project's past its bound (its oldest). */
+  async prune(): Promise<void> {
+    await deleteStoredResponsesBefore(this.db, this.now() - STORED_RESPONSE_RETENTION_MS);
+    const bound = this.perProject();
+    if (bound > 0) await deleteStoredResponsesOverBound(this.db, bound);
   }
 
   stop(): void {

@@ -118,10 +118,10 @@ export class ModelCalls implements Endpoint {
     }
   }
 
-  /** `POST /v1/responses`, validated and in scope: its `previous_response_id` must be the project's own. */
+  /** `POST /v1/responses`, validated and in scope: every id it names must be the project's own (owned-ids.ts). */
   private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
-    const prev = this.responses.checkPrevious(ctx.key, obj, state);
-    if (prev) return refuseAdmitted(ctx, reply, prev);
+    const foreign = this.responses.checkIds(ctx.key, obj, state);
+    if (foreign) return refuseAdmitted(ctx, reply, foreign);
     const provider = this.responses.providerOf(model);
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     ctx.model = model;

@@ -55,6 +55,8 @@ export const PATH_FAMILIES: readonly PathFamily[] = Object.freeze([
   family('completions', 'under', '/v1/completions', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
   // The Responses API and its stored responses (`/v1/responses/{id}…`): a model endpoint, general budget.
   family('responses', 'under', '/v1/responses', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
+  // The Conversations API (conversations and their items, kept by the upstream): the same.
+  family('conversations', 'under', '/v1/conversations', null, BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
   // The spec gives voices no cap of its own: the general 32 MiB applies.
   family('voices', 'under', '/v1/audio/voices', 'voices', BODY_CAP_GENERAL_BYTES, 'openai', 'model'),
   family('audio', 'prefix', '/v1/audio/', 'audio', BODY_CAP_AUDIO_BYTES, 'openai', 'model'),

@@ -1,5 +1,6 @@
 // The paths of stored responses (the Responses API): `/v1/responses/{id}` (GET, DELETE),
-// `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST). Pure: no I/O;
+// `/v1/responses/{id}/input_items` (GET) and `/v1/responses/{id}/cancel` (POST), and of the
+// Conversations API (`/v1/conversations`, `/{id}`, `/{id}/items`, `/{id}/items/{item_id}`). Pure: no I/O;
 // routes.ts builds their route objects once, so matching allocates nothing but the id it reads.
 
 export type StoredAction = 'response' | 'input_items' | 'cancel';
@@ -27,4 +28,37 @@ export function parseStoredResponsePath(path: string): { id: string; action: Sto
   if (tail === 'input_items') return { id, action: 'input_items' };
   if (tail === 'cancel') return { id, action: 'cancel' };
   return null;
+}
+
+/** What a Conversations API path names (`/v1/conversations…`). */
+export type ConversationAction = 'create' | 'conversation' | 'items' | 'item';
+
+export interface ConversationPath {
+  action: ConversationAction;
+  /** The conversation (`conv_…`); '' for create. */
+  id: string;
+  /** The item of `/{id}/items/{item_id}`; '' otherwise. */
+  itemId: string;
+}
+
+/** The methods each conversation path takes (OpenAI's Conversations API; update is a POST). */
+export const CONVERSATION_METHODS: Readonly<Record<ConversationAction, readonly string[]>> = {
+  create: ['POST'],
+  conversation: ['GET', 'POST', 'DELETE'],
+  items: ['GET', 'POST'],
+  item: ['GET', 'DELETE'],
+};
+
+const CONVERSATIONS = '/v1/conversations';
+
+/** The conversation a path names and what is asked of it, or null when the path is none of them. */
+export function parseConversationPath(path: string): ConversationPath | null {
+  if (path === CONVERSATIONS) return { action: 'create', id: '', itemId: '' };
+  if (!path.startsWith(CONVERSATIONS + '/')) return null;
+  const parts = path.slice(CONVERSATIONS.length + 1).split('/');
+  if (!ID_RE.test(parts[0])) return null;
+  if (parts.length === 1) return { action: 'conversation', id: parts[0], itemId: '' };
+  if (parts[1] !== 'items' || parts.length > 3) return null;
+  if (parts.length === 2) return { action: 'items', id: parts[0], itemId: '' };
+  return ID_RE.test(parts[2]) ? { action: 'item', id: parts[0], itemId: parts[2] } : null;
 }

@@ -4,10 +4,10 @@
 import type { ToolBackend } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
 import { familyOf, type PathFamily } from './path-families.js';
-import { parseStoredResponsePath, STORED_METHODS, type StoredAction } from './responses-paths.js';
+import { CONVERSATION_METHODS, parseConversationPath, parseStoredResponsePath, STORED_METHODS, type ConversationAction, type StoredAction } from './responses-paths.js';
 import type { ErrorShape } from '../errors.js';
 
-export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime' | 'responses' | 'stored-response';
+export type RouteKind = 'models' | 'model' | 'chat' | 'embeddings' | 'transcriptions' | 'speech' | 'voices' | 'usage' | 'tool' | 'realtime' | 'responses' | 'stored-response' | 'conversation' | 'compact' | 'input-tokens';
 
 /**
  * How the request body is read before the endpoint is called (endpoints/intake.ts): not at all,
@@ -58,6 +58,17 @@ function storedRoute(action: StoredAction): Route {
   return { kind: 'stored-response', methods: new Set(allow), allow: allow.join(', '), bodyMode: 'none', backend: null };
 }
 const STORED_ROUTES: Readonly<Record<StoredAction, Route>> = { response: storedRoute('response'), input_items: storedRoute('input_items'), cancel: storedRoute('cancel') };
+/** The Conversations API's routes (JSON bodies read whole on POST), built once. */
+function conversationRoute(action: ConversationAction): Route {
+  const allow = CONVERSATION_METHODS[action];
+  return { kind: 'conversation', methods: new Set(allow), allow: allow.join(', '), bodyMode: 'whole', backend: null };
+}
+const CONVERSATION_ROUTES: Readonly<Record<ConversationAction, Route>> = {
+  create: conversationRoute('create'),
+  conversation: conversationRoute('conversation'),
+  items: conversationRoute('items'),
+  item: conversationRoute('item'),
+};
 
 export class RouteTable {
   private readonly exact = new Map<string, Route>();
@@ -79,6 +90,8 @@ export class RouteTable {
     this.exact.set('/v1/audio/voices', modelRoute('voices', 'GET', 'none'));
     this.exact.set('/v1/usage', modelRoute('usage', 'GET', 'none'));
     this.exact.set('/v1/responses', modelRoute('responses', 'POST', 'whole'));
+    this.exact.set('/v1/responses/compact', modelRoute('compact', 'POST', 'whole'));
+    this.exact.set('/v1/responses/input_tokens', modelRoute('input-tokens', 'POST', 'whole'));
     this.backends = [...toolBackends].sort((a, b) => b.prefix.length - a.prefix.length);
     // One Route object per backend (and one for "no backend"), so matching allocates nothing.
     for (const b of [null, ...this.backends]) {
@@ -105,6 +118,12 @@ export class RouteTable {
     const stored = parseStoredResponsePath(path);
     if (stored) {
       const route = STORED_ROUTES[stored.action];
+      if (route.methods!.has(method)) return route;
+      return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${route.allow}.`, { allow: route.allow });
+    }
+    const conv = family.name === 'conversations' ? parseConversationPath(path) : null;
+    if (conv) {
+      const route = CONVERSATION_ROUTES[conv.action];
       if (route.methods!.has(method)) return route;
       return new GatewayError('METHOD_NOT_ALLOWED', `Method ${method} is not allowed on ${path}; use ${route.allow}.`, { allow: route.allow });
     }

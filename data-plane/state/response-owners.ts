@@ -1,17 +1,21 @@
-// Which project created each stored response (`resp_…`), and with which model: the node's answer to
-// "may this key read this response?", asked before any stored-response request reaches the upstream
-// (the upstream keeps every customer's responses under the operator's one account). Fed by the
-// responses this node creates (at once) and by the control plane's sync (snapshot and deltas) for
-// those other nodes created. Pure: no I/O.
+// Which project owns each upstream object of the Responses API (a stored response `resp_…`, a
+// conversation `conv_…`, an item seen in an answer to the project), and with which model: the node's
+// answer to "may this key name this id?", asked before any request naming it reaches the upstream
+// (the upstream keeps every customer's objects under the operator's one account). Fed by what this
+// node creates (at once) and by the control plane's sync for what other nodes created. Bounded per
+// project (docs/design.md#owner-records): a project past its bound loses its own oldest records,
+// never another project's. Pure: no I/O.
 
 /** OpenAI keeps stored responses 30 days; the gateway keeps its record of who owns one as long. */
 export const RESPONSE_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
 /**
- * Records held by one node at most; past it the oldest go first (their ids then answer 404). About
- * 200 bytes of heap each (measured: the id, the map entry and the record; project and model strings
- * are shared), so ~200 MB at the cap.
+ * Records held by one node at most, whatever the per-project bounds; past it the project holding the
+ * most loses its oldest (their ids then answer 404). About 250 bytes of heap each (the id, the map
+ * entry, the record and its place in its project's order; project and model strings are shared).
  */
 export const MAX_RESPONSE_OWNERS = 1_000_000;
+/** Records per project when the config names no bound (responses.owner_records_per_project). */
+export const DEFAULT_OWNER_RECORDS_PER_PROJECT = 100_000;
 
 export interface ResponseOwner {
   projectId: string;
@@ -26,32 +30,58 @@ export interface ResponseOwner {
 }
 
 export class ResponseOwners {
-  /** Insertion order is creation order (near enough): the oldest are evicted first. */
   private readonly byId = new Map<string, ResponseOwner>();
+  /** Each project's ids, in the order they were recorded (near enough creation order): its oldest first. */
+  private readonly byProject = new Map<string, Set<string>>();
   /** One copy of each project id and model id (records from the sync decoder each bring their own). */
   private readonly strings = new Map<string, string>();
 
   constructor(
     private readonly maxEntries = MAX_RESPONSE_OWNERS,
     private readonly retentionMs = RESPONSE_RETENTION_MS,
+    /** The per-project bound, read as each record is added (it follows the config). */
+    private readonly perProject: () => number = () => DEFAULT_OWNER_RECORDS_PER_PROJECT,
   ) {}
 
   get size(): number {
     return this.byId.size;
   }
 
-  /** Records (or re-records) who owns a response. */
+  /**
+   * Records who owns an id. A known id keeps its place and its first owner (a record the sync brings
+   * back changes nothing, and an id another project's answer names again never changes hands); a
+   * record older than all its project keeps when the project is at its bound is not added (it would
+   * be the first to go: the sync's echo of one this node already evicted).
+   */
   add(id: string, owner: ResponseOwner): void {
-    // The context a response ended with is this node's own knowledge: a record the sync brings again keeps it.
-    const contextTokens = owner.contextTokens ?? this.byId.get(id)?.contextTokens;
-    this.byId.delete(id);
-    const record: ResponseOwner = { projectId: this.intern(owner.projectId), model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
-    if (contextTokens !== undefined) record.contextTokens = contextTokens;
-    this.byId.set(id, record);
-    while (this.byId.size > this.maxEntries) {
-      const oldest = this.byId.keys().next().value as string;
-      this.byId.delete(oldest);
+    const known = this.byId.get(id);
+    if (known) {
+      if (known.projectId === owner.projectId && owner.contextTokens !== undefined) known.contextTokens = owner.contextTokens;
+      return;
     }
+    const projectId = this.intern(owner.projectId);
+    let ids = this.byProject.get(projectId);
+    const bound = Math.max(1, this.perProject());
+    if (ids && ids.size >= bound) {
+      const oldest = this.byId.get(ids.values().next().value as string);
+      if (oldest && owner.createdAtMs <= oldest.createdAtMs) return;
+    }
+    const record: ResponseOwner = { projectId, model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
+    if (owner.contextTokens !== undefined) record.contextTokens = owner.contextTokens;
+    this.byId.set(id, record);
+    if (!ids) this.byProject.set(projectId, (ids = new Set()));
+    ids.add(id);
+    while (ids.size > bound) this.remove(ids.values().next().value as string);
+    if (this.byId.size > this.maxEntries) this.evictFromLargest();
+  }
+
+  /** Past the node's cap: the project holding the most records gives up its oldest. */
+  private evictFromLargest(): void {
+    let largest: Set<string> | undefined;
+    for (const ids of this.byProject.values()) if (!largest || ids.size > largest.size) largest = ids;
+    // A hundredth of what it holds at once, so a flood scans the projects rarely.
+    const n = Math.max(1, Math.min(this.byId.size - this.maxEntries + Math.floor((largest?.size ?? 0) / 100), largest?.size ?? 0));
+    for (let i = 0; i < n && largest && largest.size > 0; i++) this.remove(largest.values().next().value as string);
   }
 
   private intern(s: string): string {
@@ -72,18 +102,28 @@ export class ResponseOwners {
   }
 
   remove(id: string): void {
+    const o = this.byId.get(id);
+    if (!o) return;
     this.byId.delete(id);
+    const ids = this.byProject.get(o.projectId);
+    ids?.delete(id);
+    if (ids && ids.size === 0) this.byProject.delete(o.projectId);
   }
 
-  /** The owner of a response still within its retention, or undefined (unknown, expired). */
+  /** The owner of an id still within its retention, or undefined (unknown, expired). */
   get(id: string, nowMs: number): ResponseOwner | undefined {
     const o = this.byId.get(id);
     if (!o) return undefined;
     if (nowMs - o.createdAtMs >= this.retentionMs) {
-      this.byId.delete(id);
+      this.remove(id);
       return undefined;
     }
     return o;
+  }
+
+  /** Records a project holds now. */
+  countOf(projectId: string): number {
+    return this.byProject.get(projectId)?.size ?? 0;
   }
 
   /** Replaces every record (a sync snapshot), keeping those made here since (not yet in it). */
@@ -91,6 +131,7 @@ export class ResponseOwners {
     const recent: Array<[string, ResponseOwner]> = [];
     for (const [id, o] of this.byId) if (o.createdAtMs > keepCreatedAfterMs) recent.push([id, o]);
     this.byId.clear();
+    this.byProject.clear();
     for (const [id, o] of entries) this.add(id, o);
     for (const [id, o] of recent) if (!this.byId.has(id)) this.add(id, o);
   }

@@ -9,6 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { WebSocketServer } from 'ws';
 import { FakeBackgroundResponses } from './fake-background-responses.js';
+import { FakeConversations } from './fake-conversations-upstream.js';
 import { listenLocal } from './http.js';
 
 export const USAGE = {
@@ -47,6 +48,8 @@ export interface FakeResponsesUpstream {
   setSocketMode(mode: SocketMode): void;
   /** Background responses: the test finishes (or forgets) them. */
   background: FakeBackgroundResponses;
+  /** Conversations, compact and input_tokens (fake-conversations-upstream.ts). */
+  conversations: FakeConversations;
   close(): Promise<void>;
 }
 
@@ -61,6 +64,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
   const stored = new Map<string, { response: Record<string, unknown>; input: unknown }>();
   let mode: Mode = 'normal';
   const background = new FakeBackgroundResponses();
+  const conversations = new FakeConversations();
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -74,6 +78,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
       }
       requests.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
       const path = (req.url ?? '').split('?')[0];
+      if (conversations.handle(req.method ?? '', path, body, res, send)) return;
       if (req.method === 'POST' && path === '/v1/responses') {
         const id = `resp_${randomBytes(12).toString('hex')}`;
         const text = mode === 'big-json' ? 'y'.repeat(BIG_OUTPUT_BYTES) : 'Upstream says hello.';
@@ -140,6 +145,7 @@ export async function startFakeResponsesUpstream(): Promise<FakeResponsesUpstrea
     requests,
     sockets,
     background,
+    conversations,
     setMode(m) {
       mode = m;
     },

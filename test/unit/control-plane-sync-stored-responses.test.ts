@@ -68,3 +68,18 @@ test('records are written once, sent after the seq a node holds then live, and p
   assert.deepEqual((await db.all<{ response_id: string }>('SELECT response_id FROM stored_responses ORDER BY seq')).map((r) => r.response_id), ['resp_b']);
   assert.deepEqual(lines, []);
 });
+
+test("each project keeps its newest records up to the bound; another project's are never deleted for it", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-stored-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await Db.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db);
+  const now = 40 * DAY;
+  const fanout = new StoredResponsesFanout(db, () => now, () => {}, () => 3);
+  const of = (project: string, id: string): StoredResponse => ({ ...rec(id, now), projectId: project });
+  await db.tx((tx) => fanout.write(tx, [of('p2', 'b1'), ...Array.from({ length: 8 }, (_, i) => of('p1', `a${i}`)), of('p2', 'b2')]));
+  await fanout.prune();
+  const left = await db.all<{ response_id: string }>('SELECT response_id FROM stored_responses ORDER BY seq');
+  assert.deepEqual(left.map((r) => r.response_id), ['b1', 'a5', 'a6', 'a7', 'b2']);
+});

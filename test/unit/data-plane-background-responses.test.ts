@@ -59,6 +59,7 @@ function provider(reads: UpstreamRead[], cancelRead: UpstreamRead | null = null)
   const p: ResponsesProvider = {
     create: () => {},
     stored: () => {},
+    forward: () => {},
     retrieve: (_m, id, done) => {
       calls.push(`GET ${id}`);
       done(reads.length > 1 ? reads.shift()! : reads[0]);

@@ -6,9 +6,9 @@
 // billed as a request (socket-turns.ts). What is the Responses API's own is here:
 // - ResponsesTurnRules: a create is checked on exactly the fields the upstream reads: a `response`
 //   member (fields named in a second place the upstream does not read) is refused, the model must be
-//   the socket's and is spliced in as the upstream names it, and `previous_response_id` must be the
-//   project's own; the turn reserves its input and its `max_output_tokens`;
-// - ResponsesSocketLink: each `response.created` from the upstream records the response's owner
+//   the socket's and is spliced in as the upstream names it, and every upstream id it names must be the
+//   project's own (owned-ids.ts); the turn reserves its input and its `max_output_tokens`;
+// - ResponsesSocketLink: each `response.created` from the upstream records the response's owner (and each `response.completed` its output items')
 //   before the client sees it.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../../proto/lib/money.js';
@@ -17,6 +17,7 @@ import { GatewayError } from '../../errors.js';
 import { findDuplicateKey } from '../../request/validate-request.js';
 import type { DemoResponsesProvider } from '../../proxy/providers/demo-responses.js';
 import { estimateTokens } from '../../proxy/tokens.js';
+import { itemIdsOf } from '../../proxy/usage/responses-usage.js';
 import { rewriteChatBody } from '../../proxy/json-splice.js';
 import { LocalUpstreamLink } from '../../proxy/local-link.js';
 import type { UpstreamEvents, UpstreamLink } from '../../proxy/upstream-link.js';
@@ -27,7 +28,7 @@ type Obj = Record<string, unknown>;
 
 /** What the link needs of the Responses endpoint (responses.ts). */
 export interface ResponsesSocketHooks {
-  checkPreviousId(key: KeyRecord, id: string, state: GatewayState): boolean;
+  checkIds(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
   chainTokens(body: unknown): number;
   noteContext(id: string, promptTokens: number, completionTokens: number): void;
@@ -78,11 +79,9 @@ export class ResponsesTurnRules implements TurnRules {
     if (ev.model !== undefined && ev.model !== this.model.id) {
       return new GatewayError('MODEL_NOT_ALLOWED', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, { param: 'model' });
     }
-    const prev = ev.previous_response_id;
-    if (prev !== undefined && prev !== null) {
-      if (typeof prev !== 'string') return new GatewayError('INVALID_REQUEST', "Invalid type for 'previous_response_id': expected a string.", { param: 'previous_response_id' });
-      if (!this.hooks.checkPreviousId(this.key, prev, this.state())) return new GatewayError('NOT_FOUND', `No response found with id '${prev.slice(0, 128)}'.`, { param: 'previous_response_id' });
-    }
+    // Every upstream id it names is the project's own, as over HTTP (owned-ids.ts).
+    const foreign = this.hooks.checkIds(this.key, ev, this.state());
+    if (foreign) return foreign;
     // The model where the upstream reads it, the rest byte for byte (json-splice.ts).
     const model = JSON.stringify(this.upstreamModel);
     const out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
@@ -131,6 +130,11 @@ export class ResponsesSocketLink implements UpstreamLink {
           if (response && typeof response.id === 'string' && response.id.length > 0 && response.id.length <= 128) {
             this.hooks.recordOwnerOf(this.key, this.model, response.id);
           }
+        } else if (!isBinary && data.includes('"response.completed"')) {
+          // Its output items may be named by an item_reference later.
+          const ev = parseObj(data);
+          const response = ev && ev.type === 'response.completed' && isObj(ev.response) ? ev.response : null;
+          if (response && response.store !== false) for (const id of itemIdsOf(response.output)) this.hooks.recordOwnerOf(this.key, this.model, id);
         }
         e.message(data, isBinary);
       },

@@ -1,8 +1,8 @@
 // The Responses API (`POST /v1/responses`, JSON or `stream: true`, and the stored-response paths)
 // on the node's HTTP pipeline (the gate and endpoints/model-calls.ts run the checks up to the model scope, then hand the
-// request here). Stored responses belong to the project that created them: every stored-response
-// request, and every `previous_response_id`, is checked against the owner record (response-owners.ts)
-// before the upstream is asked, and anything not the key's own answers 404 Shape A. A background
+// request here). Upstream objects belong to the project that created them: every stored-response
+// request, and every id a create names (owned-ids.ts), is checked against the owner records
+// (response-owners.ts) before the upstream is asked, and anything not the key's own answers 404 Shape A. A background
 // create is followed to its end and billed then (background-responses.ts).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { GatewayState, KeyRecord } from '../../state/key-table.js';
@@ -15,7 +15,8 @@ import type { CallResult, ModelCall } from '../../proxy/providers/provider.js';
 import type { ResponsesCall, ResponsesProvider } from '../../proxy/providers/responses-provider.js';
 import { parseStoredResponsePath } from '../../routing/responses-paths.js';
 import type { BackgroundFollowers } from './background-responses.js';
-import type { ResponseOwners } from '../../state/response-owners.js';
+import type { ResponseOwner, ResponseOwners } from '../../state/response-owners.js';
+import { namedIdRefusal, ownedBy } from './owned-ids.js';
 
 export interface ResponsesDeps {
   clock: Clock;
@@ -48,20 +49,22 @@ export function estimateResponseTokens(body: unknown): number {
 export class ResponsesEndpoint {
   constructor(private readonly deps: ResponsesDeps) {}
 
-  /** Whether a `previous_response_id` names one of the key's project's responses (null: it may). */
-  checkPrevious(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null {
-    const prev = body.previous_response_id;
-    if (typeof prev !== 'string' || prev === '') return null;
-    return this.checkPreviousId(key, prev, state) ? null : notFound(prev, 'previous_response_id');
+  /** The refusal for the first upstream id the body names that is not the key's project's (owned-ids.ts); null: all are. */
+  checkIds(key: KeyRecord, body: Record<string, unknown>, state: GatewayState, itemsField: 'input' | 'items' = 'input'): GatewayError | null {
+    return namedIdRefusal(body, key, state, this.deps.owners, this.deps.clock.now(), itemsField);
   }
 
-  /** Whether the key may read the stored response `id` (its project's own, a model it may use). */
-  checkPreviousId(key: KeyRecord, id: string, state: GatewayState): boolean {
-    const owner = this.deps.owners.get(id, this.deps.clock.now());
-    return !!owner && owner.projectId === key.projectId && state.mayUseModel(key, owner.model);
+  /** The owner record of `id` if it is the key's project's (and of a model the key may use). */
+  ownerOf(key: KeyRecord, id: string, state: GatewayState): ResponseOwner | undefined {
+    return ownedBy(this.deps.owners, key, id, state, this.deps.clock.now());
   }
 
-  /** Records (and reports) that the key's project owns the response `id`. */
+  /** The record of `id` goes (the upstream deleted it). */
+  forget(id: string): void {
+    this.deps.owners.remove(id);
+  }
+
+  /** Records (and reports) that the key's project owns the upstream object `id` (a response, a conversation, an item). */
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void {
     const createdAtMs = this.deps.clock.now();
     this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
@@ -99,6 +102,10 @@ export class ResponsesEndpoint {
     c.recordOwner = (id: string) => {
       ctx.responseId = id;
       if (stored) this.recordOwnerOf(key, model, id);
+    };
+    // Its output items may be named by an `item_reference` later (stored upstream only when it is).
+    c.recordItems = (ids: string[]) => {
+      if (stored) for (const id of ids) this.recordOwnerOf(key, model, id);
     };
     // A chain from this response re-reads its input and output (chainTokens).
     const complete = c.complete;
@@ -148,6 +155,10 @@ export class ResponsesEndpoint {
       fail,
       forget() {
         owners.remove(at.id);
+      },
+      // A response's input items, listed: an item_reference may name them.
+      recordOwned: (ids: string[]) => {
+        for (const id of ids) this.recordOwnerOf(key, model, id);
       },
     });
   }

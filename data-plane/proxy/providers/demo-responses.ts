@@ -5,13 +5,14 @@
 // response DEMO_BACKGROUND_MS later (until then it reads `in_progress` and can be cancelled).
 import { randomBytes } from 'node:crypto';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
+import type { ForwardCall, ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
 import { RESPONSE_RETENTION_MS } from '../../state/response-owners.js';
 import { GatewayError } from '../../errors.js';
-import { truncateTokens } from '../tokens.js';
-import { countResponsesInputTokens, responsesInputText } from '../usage/responses-usage.js';
+import { countTokens, truncateTokens } from '../tokens.js';
+import { countResponsesInputTokens, itemIdsOf, responsesInputText } from '../usage/responses-usage.js';
 import { tokenUsageOf } from '../usage/usage-readers.js';
 import { splitText } from './demo.js';
+import { DemoConversations, demoItemsOf, demoItemsPage } from './demo-conversations.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;
 const SSE_HEADERS = [
@@ -66,21 +67,21 @@ export function demoResponseText(input: unknown): string {
   return `You said: "${last}". This is the Tollgate demo model answering.`;
 }
 
-/** The input as stored items (what `input_items` lists), each with an id. */
-function inputItemsOf(input: unknown): Array<Record<string, unknown>> {
-  const items: unknown[] = typeof input === 'string' ? [{ type: 'message', role: 'user', content: input }] : Array.isArray(input) ? input : [];
-  return items.map((x) => {
-    const it = { ...(x as Record<string, unknown>) };
-    if (it.type === undefined && it.role !== undefined) it.type = 'message';
-    if (typeof it.content === 'string') it.content = [{ type: 'input_text', text: it.content }];
-    return { id: newId('msg'), ...it };
-  });
-}
-
 export class DemoResponsesProvider implements ResponsesProvider {
   private readonly kept = new Map<string, Stored>();
+  /** Conversations, compaction and counts (demo-conversations.ts). */
+  private readonly conversations: DemoConversations;
 
-  constructor(private readonly now: () => number = Date.now) {}
+  constructor(private readonly now: () => number = Date.now) {
+    this.conversations = new DemoConversations(now, (id) => {
+      const s = this.kept.get(id);
+      return s && { inputItems: s.inputItems, output: (s.response.output as Array<Record<string, unknown>>) ?? [] };
+    });
+  }
+
+  forward(call: ForwardCall): void {
+    this.conversations.forward(call);
+  }
 
   /**
    * One demo response to a request body: its id, its events in order (the last is the final one,
@@ -89,7 +90,10 @@ export class DemoResponsesProvider implements ResponsesProvider {
   respond(body: Record<string, unknown>, modelId: string): DemoResponse {
     const id = newId('resp');
     const createdAtMs = this.now();
-    const promptTokens = countResponsesInputTokens(body);
+    const conv = typeof body.conversation === 'string' ? body.conversation : (body.conversation as { id?: unknown } | null)?.id;
+    const convItems = typeof conv === 'string' ? this.conversations.itemsOf(conv) : [];
+    // A conversation's items are read before the input.
+    const promptTokens = countResponsesInputTokens(body) + (convItems.length > 0 ? countTokens(responsesInputText(convItems)) : 0);
     const max = typeof body.max_output_tokens === 'number' && Number.isInteger(body.max_output_tokens) && body.max_output_tokens > 0 ? body.max_output_tokens : Number.MAX_SAFE_INTEGER;
     const cut = truncateTokens(demoResponseText(body.input), max);
     const text = cut.text;
@@ -130,7 +134,9 @@ export class DemoResponsesProvider implements ResponsesProvider {
       metadata: body.metadata && typeof body.metadata === 'object' ? body.metadata : {},
     };
     const final = { ...base, status: cut.cut ? 'incomplete' : 'completed', incomplete_details: cut.cut ? { reason: 'max_output_tokens' } : null, output: [message], usage };
-    if (final.store || body.background === true) this.keep(id, { response: final, inputItems: inputItemsOf(body.input), createdAtMs });
+    const inputItems = demoItemsOf(body.input);
+    if (final.store || body.background === true) this.keep(id, { response: final, inputItems, createdAtMs });
+    if (typeof conv === 'string') this.conversations.append(conv, [...inputItems, message]);
     const at = { item_id: msgId, output_index: 0, content_index: 0 };
     const events: Array<Record<string, unknown>> = [
       { type: 'response.created', response: base },
@@ -153,6 +159,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
     // The owner is recorded before the id goes out, and the request settled before the answer is
     // written (it is written in full, synchronously).
     call.recordOwner(r.id);
+    call.recordItems(itemIdsOf(r.final.output));
     if (body.background === true && body.stream !== true) return this.startBackground(call, r);
     call.complete({ status: 200, promptTokens: r.promptTokens, completionTokens: r.outputTokens });
     if (body.stream !== true) return reply.send(200, JSON_HEADERS, JSON.stringify(r.final));
@@ -222,7 +229,8 @@ export class DemoResponsesProvider implements ResponsesProvider {
         }
         return reply.send(200, JSON_HEADERS, JSON.stringify(s.response));
       case 'input_items': {
-        const data = inputItemsPage(s.inputItems, call.query);
+        const data = demoItemsPage(s.inputItems, call.query);
+        call.recordOwned(itemIdsOf(data.data));
         return reply.send(200, JSON_HEADERS, JSON.stringify(data));
       }
     }
@@ -232,21 +240,6 @@ export class DemoResponsesProvider implements ResponsesProvider {
     this.kept.set(id, s);
     while (this.kept.size > MAX_STORED) this.kept.delete(this.kept.keys().next().value as string);
   }
-}
-
-/** A page of input items as the API lists them: `order` (default desc), `after`, `limit` (default 20). */
-function inputItemsPage(items: Array<Record<string, unknown>>, query: string): Record<string, unknown> {
-  const q = new URLSearchParams(query);
-  const order = q.get('order') === 'asc' ? 'asc' : 'desc';
-  const limit = Math.min(100, Math.max(1, Number(q.get('limit')) || 20));
-  let list = order === 'asc' ? items : [...items].reverse();
-  const after = q.get('after');
-  if (after) {
-    const i = list.findIndex((x) => x.id === after);
-    list = i === -1 ? [] : list.slice(i + 1);
-  }
-  const data = list.slice(0, limit);
-  return { object: 'list', data, first_id: data[0]?.id ?? null, last_id: data[data.length - 1]?.id ?? null, has_more: list.length > limit };
 }
 
 const GONE: UpstreamRead = Object.freeze({ httpStatus: 404, status: null, usage: null, outputTokens: 0 });

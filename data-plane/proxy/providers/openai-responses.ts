@@ -6,10 +6,11 @@
 // response the answer left running is handed to its follower (endpoints/responses/background-responses.ts),
 // which reads it here (`retrieve`, `cancel`: off the request path, through the same readers).
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
-import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
+import type { ForwardCall, ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
+import { forwardOpenAI } from './openai-forward.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
-import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
+import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
@@ -30,6 +31,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     let sse: ResponsesSseReader | null = null;
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
+    const recordItems = call.recordItems;
     const pricer = pricerOf(call.model);
     const background = body.background === true;
     proxyRequest({
@@ -43,8 +45,8 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       passAllHeaders: false,
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
-        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner, pricer));
-        return (json = new ResponsesJsonReader(recordOwner, pricer));
+        if (contentType.startsWith('text/event-stream')) return (sse = new ResponsesSseReader(recordOwner, pricer, recordItems));
+        return (json = new ResponsesJsonReader(recordOwner, pricer, recordItems));
       },
       onAbort: call.onAbort,
       // A client gone: the upstream is read on for its usage, as for chat (stream-proxy.ts).
@@ -83,12 +85,24 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
       timeoutMs: t.timeoutMs,
       reply: call.reply,
       passAllHeaders: false,
+      // A response's input items, listed: recorded as the project's before the answer naming them goes on.
+      inspect(status, contentType) {
+        if (call.action !== 'input_items' || status < 200 || status >= 300 || !contentType.startsWith('application/json')) return null;
+        return new ItemIdsReader('data', (ids) => call.recordOwned(ids));
+      },
+      // Deleted upstream: forgotten before the answer goes on, so a read right after is refused here.
+      onResponseHead(status) {
+        if (method === 'DELETE' && status >= 200 && status < 300) call.forget();
+      },
       onAbort: call.onAbort,
       onDone(status, outcome) {
-        if (method === 'DELETE' && status >= 200 && status < 300) call.forget();
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
       },
     });
+  }
+
+  forward(call: ForwardCall): void {
+    forwardOpenAI(this.target(call.model), call);
   }
 
   retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {

@@ -3,7 +3,7 @@
 // background follower's read. It lives with the providers, so proxy/ never imports the endpoints.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../../proto/lib/money.js';
-import type { StoredAction } from '../../routing/responses-paths.js';
+import type { ConversationPath, StoredAction } from '../../routing/responses-paths.js';
 import type { ResponseSink } from '../response-sink.js';
 import type { CallResult, ModelCall } from './provider.js';
 
@@ -20,6 +20,38 @@ export interface ResponsesCall extends ModelCall {
    * status `complete` would have had.
    */
   follow(id: string, status: number): void;
+  /** The ids of the answer's output items: the key's project owns them (an `item_reference` may name them). */
+  recordItems(ids: string[]): void;
+}
+
+/**
+ * A request of the Responses API beyond creating and reading responses, its ids already checked to
+ * be the key's project's own: `POST /v1/responses/compact`, `POST /v1/responses/input_tokens`, and the
+ * Conversations API.
+ */
+export interface ForwardCall {
+  requestId: string;
+  reply: ResponseSink;
+  /** The model it is for (named, or the model of what it names): its provider serves it. */
+  model: ModelConfig;
+  op: 'compact' | 'input_tokens' | 'conversation';
+  /** For `conversation`: the path's conversation and item. */
+  conversation: ConversationPath | null;
+  method: string;
+  /** The query string as sent (pagination of items), without `?`. */
+  query: string;
+  /** The JSON body as parsed (null: none), and as received. */
+  body: Record<string, unknown> | null;
+  bodyText: string;
+  /** The input estimate (what a compaction cut short bills). */
+  inputTokens: number;
+  complete(result: CallResult): void;
+  onAbort(fn: () => void): void;
+  fail(err: unknown): void;
+  /** Ids the answer names that the key's project now owns: a new conversation, items listed or added. */
+  recordOwned(ids: string[]): void;
+  /** The upstream deleted this conversation or item: its owner record goes too. */
+  forget(id: string): void;
 }
 
 /** What the upstream said of a response read off the request path (a follower's retrieve or cancel). */
@@ -49,11 +81,15 @@ export interface StoredCall {
   fail(err: unknown): void;
   /** The response was deleted upstream: its owner record goes too. */
   forget(): void;
+  /** Ids of items its answer lists (`input_items`): the key's project owns them. */
+  recordOwned(ids: string[]): void;
 }
 
 export interface ResponsesProvider {
   create(call: ResponsesCall): void;
   stored(call: StoredCall): void;
+  /** Compact, count input tokens, or a request of the Conversations API. */
+  forward(call: ForwardCall): void;
   /** `GET /responses/{id}` for a follower, off the request path; `done` is called exactly once. */
   retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
   /** `POST /responses/{id}/cancel` for a follower whose key may no longer run it; `done` once. */

@@ -2,6 +2,7 @@
 // answer) and `ResponsesSseReader` (a stream), the JSON and SSE readers of usage-readers.ts and
 // sse-usage-reader.ts that also name the response's id as soon as it is read.
 import { estimateTextTokens } from '../tokens.js';
+import { itemIdsOf } from './responses-usage.js';
 import { dataOf, LINE_END, splitEvents, SseUsageReader, withData } from './sse-usage-reader.js';
 import { isObj, JsonUsageReader, obj, tokenUsageOf, withMemberText, withUsageCost, type UsagePricer } from './usage-readers.js';
 
@@ -24,10 +25,13 @@ function responseIdOf(v: unknown): string | null {
  */
 export class ResponsesJsonReader extends JsonUsageReader {
   id: string | null = null;
+  private outputNamed = false;
 
   constructor(
     private readonly onId: (id: string) => void,
     pricer: UsagePricer | null = null,
+    /** The ids of the `output` items, named as soon as the whole `output` is read (before it goes on). */
+    private readonly onItems: ((ids: string[]) => void) | null = null,
   ) {
     super(RESPONSES_MEMBERS, pricer);
   }
@@ -39,6 +43,13 @@ export class ResponsesJsonReader extends JsonUsageReader {
       if (id) {
         this.id = id;
         this.onId(id);
+      }
+    }
+    if (this.onItems && !this.outputNamed) {
+      const output = this.member('output');
+      if (output !== undefined) {
+        this.outputNamed = true;
+        this.onItems(itemIdsOf(output));
       }
     }
     return out;
@@ -83,6 +94,8 @@ export class ResponsesSseReader extends SseUsageReader {
   constructor(
     private readonly onId: (id: string) => void,
     pricer: UsagePricer | null = null,
+    /** The ids of the final response's `output` items, named before the final event goes on. */
+    private readonly onItems: ((ids: string[]) => void) | null = null,
   ) {
     super(false, pricer);
   }
@@ -118,6 +131,7 @@ export class ResponsesSseReader extends SseUsageReader {
     }
     if (!RESPONSES_FINAL_TYPES.has(o.type) || !response) return e;
     this.finalType = o.type;
+    this.onItems?.(itemIdsOf(response.output));
     const counts = tokenUsageOf(response.usage);
     if (!counts) return e;
     this.readUsage(counts);
@@ -151,4 +165,32 @@ function eventNameOf(event: string): string {
   if (!event.startsWith('event:') && !event.includes('\nevent:') && !event.includes('\revent:')) return '';
   for (const l of event.split(LINE_END)) if (l.startsWith('event:')) return l.slice(6).trim();
   return '';
+}
+
+/**
+ * A JSON answer listing items (`data`: a page of a response's input items or a conversation's
+ * items) or being one (`id`), passed through unchanged: the ids are named through `onIds` as soon as
+ * the member is read, before the chunk holding its end goes on.
+ */
+export class ItemIdsReader extends JsonUsageReader {
+  private named = false;
+
+  constructor(
+    private readonly memberName: 'data' | 'id',
+    private readonly onIds: (ids: string[]) => void,
+  ) {
+    super([memberName]);
+  }
+
+  override transform(chunk: Buffer): Buffer {
+    const out = super.transform(chunk);
+    if (!this.named) {
+      const v = this.member(this.memberName);
+      if (v !== undefined) {
+        this.named = true;
+        this.onIds(this.memberName === 'data' ? itemIdsOf(v) : responseIdOf(v) ? [v as string] : []);
+      }
+    }
+    return out;
+  }
 }

@@ -28,3 +28,11 @@ export function countResponsesInputTokens(body: Record<string, unknown>): number
   if (typeof body.instructions === 'string') n += countTokens(body.instructions);
   return n;
 }
+
+/** The ids of the items in a list (a response's `output`, a page of a conversation's items). */
+export function itemIdsOf(list: unknown): string[] {
+  const ids: string[] = [];
+  if (!Array.isArray(list)) return ids;
+  for (const x of list) if (isObj(x) && typeof x.id === 'string' && x.id.length > 0 && x.id.length <= 128) ids.push(x.id);
+  return ids;
+}

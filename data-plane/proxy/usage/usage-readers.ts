@@ -124,7 +124,7 @@ export function withMemberText(obj: Record<string, unknown>, key: string, text: 
 
 /** Bytes of one kept member (a `usage` object, a transcription's `duration`): far above any real one. */
 const MAX_MEMBER_BYTES = 64 * 1024;
-/** Bytes of `choices` (chat) or `output` (responses) kept to count tokens when the upstream reports no usage. */
+/** Bytes of `choices` (chat) or `output` (responses) kept to count tokens when the upstream reports no usage, and of a page of items (`data`) whose ids are recorded. */
 const MAX_CHOICES_BYTES = 1024 * 1024;
 
 const enum Expect {
@@ -187,7 +187,7 @@ export class JsonUsageReader implements BodyInspector {
     private readonly pricer: UsagePricer | null = null,
   ) {
     const limits = new Map<string, number>([['usage', MAX_MEMBER_BYTES]]);
-    for (const m of members) limits.set(m, m === 'choices' || m === 'output' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
+    for (const m of members) limits.set(m, m === 'choices' || m === 'output' || m === 'data' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
     this.limits = limits;
     this.passesThrough = pricer === null;
   }

@@ -43,8 +43,9 @@ export interface NodeMessage {
 }
 
 /**
- * A stored response of the Responses API (`resp_…`) and the project that created it: a node answers
- * the stored-response paths and `previous_response_id` only for keys of that project. Nodes report
+ * An upstream object of the Responses API and the project that created it: a stored response
+ * (`resp_…`), a conversation (`conv_…`) or an item (`msg_…`, …) seen in an answer to the project
+ * (`response_id` holds the id of any of them). A node lets only keys of that project name it. Nodes report
  * the responses they create (Report.stored_responses); the control plane keeps them for the
  * upstream's retention (30 days) and sends them to every node (ControlMessage.stored_responses).
  */
@@ -286,6 +287,23 @@ export interface GatewayConfig {
   trustedProxies: string[];
   /** 0: off. A node cut off from the control plane longer than this refuses keys. */
   maxStalenessMs: number;
+  /** The `responses:` section: owner records and operator prompts (docs/configuration.md). */
+  responses?: ResponsesSettings | undefined;
+}
+
+/** Upstream objects of the Responses API (responses, conversations, items, prompts). */
+export interface ResponsesSettings {
+  /** Owner records a node keeps per project at most; past it the project's own oldest go (0: the default). */
+  ownerRecordsPerProject: number;
+  /** The model whose upstream keeps conversations created with POST /v1/conversations ('' : the first chat model). */
+  conversationsModel: string;
+  /** The operator's prompt ids (`prompt: {id}`) each tier may name; a tier not listed may name none. */
+  prompts: TierPrompts[];
+}
+
+export interface TierPrompts {
+  tier: string;
+  promptIds: string[];
 }
 
 export interface TierConfig {
@@ -3445,6 +3463,7 @@ function createBaseGatewayConfig(): GatewayConfig {
     realtimeUpstreams: [],
     trustedProxies: [],
     maxStalenessMs: 0,
+    responses: undefined,
   };
 }
 
@@ -3470,6 +3489,9 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
     }
     if (message.maxStalenessMs !== 0) {
       writer.uint32(56).int64(message.maxStalenessMs);
+    }
+    if (message.responses !== undefined) {
+      ResponsesSettings.encode(message.responses, writer.uint32(6402).fork()).join();
     }
     return writer;
   },
@@ -3543,6 +3565,14 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
             message.maxStalenessMs = longToNumber(reader.int64());
             continue;
           }
+          case 800: {
+            if (tag !== 6402) {
+              break;
+            }
+
+            message.responses = ResponsesSettings.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3584,6 +3614,7 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
         : isSet(object.max_staleness_ms)
         ? globalThis.Number(object.max_staleness_ms)
         : 0,
+      responses: isSet(object.responses) ? ResponsesSettings.fromJSON(object.responses) : undefined,
     };
   },
 
@@ -3610,6 +3641,9 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
     if (message.maxStalenessMs !== 0) {
       obj.maxStalenessMs = Math.round(message.maxStalenessMs);
     }
+    if (message.responses !== undefined) {
+      obj.responses = ResponsesSettings.toJSON(message.responses);
+    }
     return obj;
   },
 
@@ -3625,6 +3659,207 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
     message.realtimeUpstreams = object.realtimeUpstreams?.map((e) => RealtimeUpstream.fromPartial(e)) || [];
     message.trustedProxies = object.trustedProxies?.map((e) => e) || [];
     message.maxStalenessMs = object.maxStalenessMs ?? 0;
+    message.responses = (object.responses !== undefined && object.responses !== null)
+      ? ResponsesSettings.fromPartial(object.responses)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseResponsesSettings(): ResponsesSettings {
+  return { ownerRecordsPerProject: 0, conversationsModel: "", prompts: [] };
+}
+
+export const ResponsesSettings: MessageFns<ResponsesSettings> = {
+  encode(message: ResponsesSettings, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.ownerRecordsPerProject !== 0) {
+      writer.uint32(8).int64(message.ownerRecordsPerProject);
+    }
+    if (message.conversationsModel !== "") {
+      writer.uint32(18).string(message.conversationsModel);
+    }
+    for (const v of message.prompts) {
+      TierPrompts.encode(v!, writer.uint32(26).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResponsesSettings {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResponsesSettings();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.ownerRecordsPerProject = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.conversationsModel = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.prompts.push(TierPrompts.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResponsesSettings {
+    return {
+      ownerRecordsPerProject: isSet(object.ownerRecordsPerProject)
+        ? globalThis.Number(object.ownerRecordsPerProject)
+        : isSet(object.owner_records_per_project)
+        ? globalThis.Number(object.owner_records_per_project)
+        : 0,
+      conversationsModel: isSet(object.conversationsModel)
+        ? globalThis.String(object.conversationsModel)
+        : isSet(object.conversations_model)
+        ? globalThis.String(object.conversations_model)
+        : "",
+      prompts: globalThis.Array.isArray(object?.prompts) ? object.prompts.map((e: any) => TierPrompts.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ResponsesSettings): unknown {
+    const obj: any = {};
+    if (message.ownerRecordsPerProject !== 0) {
+      obj.ownerRecordsPerProject = Math.round(message.ownerRecordsPerProject);
+    }
+    if (message.conversationsModel !== "") {
+      obj.conversationsModel = message.conversationsModel;
+    }
+    if (message.prompts?.length) {
+      obj.prompts = message.prompts.map((e) => TierPrompts.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResponsesSettings>, I>>(base?: I): ResponsesSettings {
+    return ResponsesSettings.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResponsesSettings>, I>>(object: I): ResponsesSettings {
+    const message = createBaseResponsesSettings();
+    message.ownerRecordsPerProject = object.ownerRecordsPerProject ?? 0;
+    message.conversationsModel = object.conversationsModel ?? "";
+    message.prompts = object.prompts?.map((e) => TierPrompts.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseTierPrompts(): TierPrompts {
+  return { tier: "", promptIds: [] };
+}
+
+export const TierPrompts: MessageFns<TierPrompts> = {
+  encode(message: TierPrompts, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.tier !== "") {
+      writer.uint32(10).string(message.tier);
+    }
+    for (const v of message.promptIds) {
+      writer.uint32(18).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TierPrompts {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTierPrompts();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tier = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.promptIds.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TierPrompts {
+    return {
+      tier: isSet(object.tier) ? globalThis.String(object.tier) : "",
+      promptIds: globalThis.Array.isArray(object?.promptIds)
+        ? object.promptIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.prompt_ids)
+        ? object.prompt_ids.map((e: any) => globalThis.String(e))
+        : [],
+    };
+  },
+
+  toJSON(message: TierPrompts): unknown {
+    const obj: any = {};
+    if (message.tier !== "") {
+      obj.tier = message.tier;
+    }
+    if (message.promptIds?.length) {
+      obj.promptIds = message.promptIds;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TierPrompts>, I>>(base?: I): TierPrompts {
+    return TierPrompts.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TierPrompts>, I>>(object: I): TierPrompts {
+    const message = createBaseTierPrompts();
+    message.tier = object.tier ?? "";
+    message.promptIds = object.promptIds?.map((e) => e) || [];
     return message;
   },
 };

@@ -1,0 +1,112 @@
+// Every upstream object id a Responses API request names, checked against the caller's project before
+// the upstream is asked (docs/design.md#owned-ids). All customers share the operator's one upstream
+// account, so an id is accepted only when Tollgate recorded it for the key's project (owner records,
+// state/response-owners.ts): `previous_response_id`, `conversation` (a string or `{id}`), and
+// `item_reference` input items (items seen in answers to the project). Prompt ids are the operator's:
+// the tier's list in the config (`responses.prompts`). Upstream files, vector stores and containers
+// are never created through Tollgate, so naming one is refused. Anything refused is 404 Shape A, the
+// same whether the id exists or not. Pure: no I/O.
+import type { GatewayState, KeyRecord } from '../../state/key-table.js';
+import { GatewayError } from '../../errors.js';
+import type { ResponseOwner } from '../../state/response-owners.js';
+
+type Obj = Record<string, unknown>;
+
+/** What the checks need of the owner records. */
+export interface OwnerLookup {
+  get(id: string, nowMs: number): ResponseOwner | undefined;
+}
+
+function isObj(v: unknown): v is Obj {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+function notFound(what: string, id: string, param: string): GatewayError {
+  return new GatewayError('NOT_FOUND', `No ${what} found with id '${id.slice(0, 128)}'.`, { param });
+}
+
+function badType(param: string, expected: string): GatewayError {
+  return new GatewayError('INVALID_REQUEST', `Invalid type for '${param}': expected ${expected}.`, { param });
+}
+
+/** The owner record of `id` when it is the key's project's and of a model the key may use. */
+export function ownedBy(owners: OwnerLookup, key: KeyRecord, id: string, state: GatewayState, nowMs: number): ResponseOwner | undefined {
+  const o = owners.get(id, nowMs);
+  return o && o.projectId === key.projectId && state.mayUseModel(key, o.model) ? o : undefined;
+}
+
+/** The conversation a body names (`conversation` as a string or `{id}`), '' for none, or the 400. */
+export function conversationOf(body: Obj): string | GatewayError {
+  const c = body.conversation;
+  if (c === undefined || c === null) return '';
+  if (typeof c === 'string') return c;
+  if (isObj(c) && typeof c.id === 'string') return c.id;
+  return badType('conversation', 'a conversation id or an object with a string `id`');
+}
+
+/** Whether a tier may name the operator's prompt `id` (config `responses.prompts`). */
+function tierMayUsePrompt(state: GatewayState, tier: string, id: string): boolean {
+  for (const p of state.view.config.responses?.prompts ?? []) if (p.tier === tier && p.promptIds.includes(id)) return true;
+  return false;
+}
+
+/** An item that names a stored item by id: `type: item_reference`, or no type and nothing but the id. */
+function isItemReference(item: Obj): boolean {
+  if (item.type === 'item_reference') return true;
+  return (item.type === undefined || item.type === null) && item.id !== undefined && item.role === undefined && item.content === undefined;
+}
+
+/**
+ * The refusal for the first id a request body names that is not the key's project's (null: all are
+ * its own). `itemsField`: where the body's items stand (`input` for a response, `items` for a
+ * conversation).
+ */
+export function namedIdRefusal(body: Obj, key: KeyRecord, state: GatewayState, owners: OwnerLookup, nowMs: number, itemsField: 'input' | 'items' = 'input'): GatewayError | null {
+  const owned = (id: string) => ownedBy(owners, key, id, state, nowMs) !== undefined;
+  const prev = body.previous_response_id;
+  if (prev !== undefined && prev !== null) {
+    if (typeof prev !== 'string') return badType('previous_response_id', 'a string');
+    if (!owned(prev)) return notFound('response', prev, 'previous_response_id');
+  }
+  const conv = conversationOf(body);
+  if (conv instanceof GatewayError) return conv;
+  if (conv !== '' && !owned(conv)) return notFound('conversation', conv, 'conversation');
+  const prompt = body.prompt;
+  if (prompt !== undefined && prompt !== null) {
+    if (!isObj(prompt) || typeof prompt.id !== 'string') return badType('prompt', 'an object with a string `id`');
+    if (!tierMayUsePrompt(state, key.org.tier, prompt.id)) return notFound('prompt', prompt.id, 'prompt');
+  }
+  const items = body[itemsField];
+  if (Array.isArray(items)) {
+    for (let i = 0; i < items.length; i++) {
+      const item = items[i];
+      if (!isObj(item)) continue;
+      if (isItemReference(item)) {
+        const at = `${itemsField}[${i}].id`;
+        if (typeof item.id !== 'string') return badType(at, 'a string');
+        if (!owned(item.id)) return notFound('item', item.id, at);
+      }
+      if (Array.isArray(item.content)) {
+        for (let j = 0; j < item.content.length; j++) {
+          const part = item.content[j];
+          if (isObj(part) && part.file_id !== undefined && part.file_id !== null) return notFound('file', String(part.file_id), `${itemsField}[${i}].content[${j}].file_id`);
+        }
+      }
+    }
+  }
+  const tools = body.tools;
+  if (Array.isArray(tools)) {
+    for (let i = 0; i < tools.length; i++) {
+      const t = tools[i];
+      if (!isObj(t)) continue;
+      const stores = t.vector_store_ids;
+      if (Array.isArray(stores) && stores.length > 0) return notFound('vector store', String(stores[0]), `tools[${i}].vector_store_ids[0]`);
+      if (typeof t.container === 'string') return notFound('container', t.container, `tools[${i}].container`);
+      const files = isObj(t.container) ? t.container.file_ids : undefined;
+      if (Array.isArray(files) && files.length > 0) return notFound('file', String(files[0]), `tools[${i}].container.file_ids[0]`);
+      const mask = isObj(t.input_image_mask) ? t.input_image_mask.file_id : undefined;
+      if (mask !== undefined && mask !== null) return notFound('file', String(mask), `tools[${i}].input_image_mask.file_id`);
+    }
+  }
+  return null;
+}
