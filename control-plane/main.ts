@@ -11,7 +11,7 @@ import { ControlState } from './state/control-state.js';
 import { addOpsServices, HealthState } from './grpc/ops.js';
 import { log as logger, logLine } from './log.js';
 import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
-import { Db } from './store/db.js';
+import { SqliteDb } from './store/sqlite-db.js';
 import { runMigrations } from './store/migrate.js';
 import { SqliteLogStore } from './store/log-store/sqlite-log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
@@ -27,7 +27,7 @@ async function main(): Promise<void> {
   const cfg = loadControlPlaneConfig();
   logger.level = cfg.logLevel;
   const gateway = readGatewayConfig(cfg.configPath);
-  const db = await Db.open(cfg.dbPath);
+  const db = await SqliteDb.open(cfg.dbPath);
   db.txObserver = observeTransaction;
   await runMigrations(db);
   const state = await ControlState.open(db, gateway, { configPath: cfg.configPath, log });
