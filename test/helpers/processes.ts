@@ -165,6 +165,8 @@ export interface ControlPlaneOptions {
   env?: Record<string, string | undefined>;
   /** Flags for node itself (e.g. --cpu-prof in benchmarks). */
   nodeArgs?: string[];
+  /** A postgres:// URL (test/helpers/postgres-server.ts): the state and request logs there, with --database-url instead of --db. */
+  databaseUrl?: string;
 }
 
 export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise<ControlPlane> {
@@ -176,7 +178,8 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     configPath = join(dir, 'gateway.yaml');
     writeFileSync(configPath, opts.configYaml);
   }
-  const args = ['control-plane/main.ts', '--db', dbPath, '--listen', opts.listen ?? '127.0.0.1:0'];
+  const store = opts.databaseUrl ? ['--database-url', opts.databaseUrl] : ['--db', dbPath];
+  const args = ['control-plane/main.ts', ...store, '--listen', opts.listen ?? '127.0.0.1:0'];
   if (configPath) args.push('--config', configPath);
   if (opts.adminListen) args.push('--admin-listen', '127.0.0.1:0');
   args.push(...(opts.extraArgs ?? []));
