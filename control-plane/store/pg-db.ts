@@ -130,30 +130,46 @@ class PgConnection {
   }
 
   private drop(c: pg.Client): void {
-    if (this.client === c) this.client = null;
+    if (this.client !== c) return;
+    this.client = null;
+    c.end().catch(() => undefined);
   }
 
-  async query(sql: string, params?: Param[]): Promise<pg.QueryResult> {
-    const c = await this.connect();
+  /**
+   * One statement on client `c`. A job of the queue (a statement, a transaction, a read) runs all its
+   * statements on the client it started with: one lost midway fails the rest of the job, never
+   * sends them on a new connection outside the transaction they belong to.
+   */
+  private async query(c: pg.Client, sql: string, params?: Param[]): Promise<pg.QueryResult> {
+    if (this.client !== c) throw new Error('database connection lost');
     this.statementsIssued++;
     try {
       return await c.query(params === undefined ? sql : { text: toPostgresPlaceholders(sql), values: params as unknown[] });
     } catch (err) {
-      // A statement cut by a lost connection: the next one connects again.
-      if (!(err as { code?: string }).code || RETRIED_CODES.has((err as { code: string }).code)) this.drop(c);
+      // A statement cut by a lost connection: the next job connects again.
+      const e = err as Error & { code?: string };
+      if (RETRIED_CODES.has(e.code ?? '') || /terminat|not queryable|ECONN|EPIPE/i.test(e.message)) this.drop(c);
       throw err;
     }
   }
 
-  readonly direct: Queryable = {
-    dialect: 'postgres',
-    run: async (sql, params = []) => ({ changes: (await this.query(sql, params)).rowCount ?? 0, lastID: 0 }),
-    get: async <T>(sql: string, params: Param[] = []) => (await this.query(sql, params)).rows[0] as T | undefined,
-    all: async <T>(sql: string, params: Param[] = []) => (await this.query(sql, params)).rows as T[],
-    exec: async (sql) => void (await this.query(sql)),
-    // Statements are not named on PostgreSQL: a plan kept across a dropped partition would fail.
-    runPrepared: async (sql, params) => ({ changes: (await this.query(sql, params)).rowCount ?? 0, lastID: 0 }),
-  };
+  /** Statements on client `c` only (see query). */
+  on(c: pg.Client): Queryable {
+    return {
+      dialect: 'postgres',
+      run: async (sql, params = []) => ({ changes: (await this.query(c, sql, params)).rowCount ?? 0, lastID: 0 }),
+      get: async <T>(sql: string, params: Param[] = []) => (await this.query(c, sql, params)).rows[0] as T | undefined,
+      all: async <T>(sql: string, params: Param[] = []) => (await this.query(c, sql, params)).rows as T[],
+      exec: async (sql) => void (await this.query(c, sql)),
+      // Statements are not named on PostgreSQL: a plan kept across a dropped partition would fail.
+      runPrepared: async (sql, params) => ({ changes: (await this.query(c, sql, params)).rowCount ?? 0, lastID: 0 }),
+    };
+  }
+
+  /** Queues `work`, run on the client live when its turn comes (connecting first when there is none). */
+  job<T>(work: (q: Queryable) => Promise<T>): Promise<T> {
+    return this.enqueue(async () => work(this.on(await this.connect())));
+  }
 
   async close(): Promise<void> {
     this.closed = true;
@@ -199,39 +215,38 @@ export class PgDb implements Db {
   async forgetStatements(): Promise<void> {}
 
   run(sql: string, params?: Param[]): Promise<RunResult> {
-    return this.writer.enqueue(() => this.writer.direct.run(sql, params));
+    return this.writer.job((q) => q.run(sql, params));
   }
   get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined> {
-    return this.writer.enqueue(() => this.writer.direct.get<T>(sql, params));
+    return this.writer.job((q) => q.get<T>(sql, params));
   }
   all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]> {
-    return this.writer.enqueue(() => this.writer.direct.all<T>(sql, params));
+    return this.writer.job((q) => q.all<T>(sql, params));
   }
   exec(sql: string): Promise<void> {
-    return this.writer.enqueue(() => this.writer.direct.exec(sql));
+    return this.writer.job((q) => q.exec(sql));
   }
   runPrepared(sql: string, params: Param[]): Promise<RunResult> {
-    return this.writer.enqueue(() => this.writer.direct.runPrepared(sql, params));
+    return this.writer.job((q) => q.runPrepared(sql, params));
   }
 
   read<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
-    return this.writer.enqueue(() => fn(this.writer.direct));
+    return this.writer.job(fn);
   }
 
   readOnly<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
-    const r = this.reader;
-    return r.enqueue(async () => {
-      await r.direct.exec('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
+    return this.reader.job(async (q) => {
+      await q.exec('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       try {
-        return await fn(r.direct);
+        return await fn(q);
       } finally {
-        await r.direct.exec('COMMIT').catch(() => undefined);
+        await q.exec('COMMIT').catch(() => undefined);
       }
     });
   }
 
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
-    return this.writer.enqueue(() => runTransaction(this.writer.direct, this.beginSql, fn, this.txObserver));
+    return this.writer.job((q) => runTransaction(q, this.beginSql, fn, this.txObserver));
   }
 
   async close(): Promise<void> {

@@ -260,3 +260,25 @@ test('PostgreSQL request logs: each day is a partition of logblocks, dropped who
   assert.deepEqual(await partitionsOf('logblocks'), ['logblocks_20250311']);
   assert.deepEqual((await again.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), ['r-2', 'r-1']);
 });
+
+test('PostgreSQL: a connection terminated midway fails its transaction whole; the next one connects again', async (t) => {
+  const lines: string[] = [];
+  const url = await server.createDatabase();
+  const db = await PgDb.open(url, { writeLockKey: 1, log: (l) => lines.push(l) });
+  t.after(() => db.close());
+  await runMigrations(db);
+  const admin = new pg.Client({ connectionString: server.adminUrl(new URL(url).pathname.slice(1)) });
+  await admin.connect();
+  t.after(() => admin.end());
+  const terminate = () => admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name LIKE 'tollgate-control-plane%'");
+  await assert.rejects(
+    db.tx(async (tx) => {
+      await tx.run("INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a1', 'n', 'h1', 't')");
+      await terminate();
+      // Sent after the connection was lost: never on a new connection outside the transaction.
+      await tx.run("INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a2', 'n', 'h2', 't')");
+    }),
+  );
+  await db.run("INSERT INTO accounts (id, name, token_hash, created_at) VALUES ('a3', 'n', 'h3', 't')");
+  assert.deepEqual(await db.all('SELECT id FROM accounts ORDER BY id'), [{ id: 'a3' }]);
+});
