@@ -61,20 +61,35 @@ const files = (only.length > 0 ? only : [...findTests(join(root, 'test', 'unit')
 // Two files at a time (a few tests assert timings that a busier machine misses);
 // TOLLGATE_TEST_CONCURRENCY=N runs N.
 const concurrency = Number(process.env.TOLLGATE_TEST_CONCURRENCY) || 2;
-const result = spawnSync(
-  process.execPath,
-  [
-    '--import',
-    'tsx',
-    '--test',
-    `--test-concurrency=${concurrency}`,
-    '--test-reporter=spec',
-    '--test-reporter-destination=stdout',
-    // At the end: the 10 files that took longest.
-    `--test-reporter=${join(root, 'test', 'slowest-files-reporter.mjs')}`,
-    '--test-reporter-destination=stdout',
-    ...files,
-  ],
-  { stdio: 'inherit', cwd: root, env: { ...process.env, NODE_ENV: 'test' } },
-);
-process.exit(result.status ?? 1);
+const run = (list, env = {}) =>
+  spawnSync(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      '--test',
+      `--test-concurrency=${concurrency}`,
+      '--test-reporter=spec',
+      '--test-reporter-destination=stdout',
+      // At the end: the 10 files that took longest.
+      `--test-reporter=${join(root, 'test', 'slowest-files-reporter.mjs')}`,
+      '--test-reporter-destination=stdout',
+      ...list,
+    ],
+    { stdio: 'inherit', cwd: root, env: { ...process.env, NODE_ENV: 'test', ...env } },
+  ).status ?? 1;
+// The end-to-end suites of keys, limits, money and logs run a second time with every control plane on
+// PostgreSQL (issue 35; test/helpers/postgres-server.ts testDatabaseFor). Any file runs so by hand
+// with TOLLGATE_TEST_STORE=postgres.
+const ON_POSTGRES = [
+  'test/e2e/audit.test.ts',
+  'test/e2e/console-revoke.test.ts',
+  'test/e2e/limits-exact-money.test.ts',
+  'test/e2e/money-limits.test.ts',
+];
+let status = run(files);
+if (only.length === 0) {
+  console.log('again with the control plane on PostgreSQL:');
+  status = run(ON_POSTGRES, { TOLLGATE_TEST_STORE: 'postgres' }) || status;
+}
+process.exit(status);

@@ -8,7 +8,19 @@ import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import { freePort } from './processes.js';
+import { createServer } from 'node:net';
+
+/** A port the OS just handed out and released (postgres cannot listen on port 0). */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => resolve(port));
+    });
+    srv.on('error', reject);
+  });
+}
 
 /** The ordinary role the control plane runs as (LOGIN, no superuser, owns its databases). */
 export const APP_ROLE = 'tollgate_app';
@@ -21,6 +33,8 @@ export interface PostgresServer {
   /** A superuser URL of a database (to inspect or tamper with it in tests). */
   adminUrl(db: string): string;
   stop(): Promise<void>;
+  /** Ends the server at once, synchronously (for an exiting process). */
+  stopNow(): void;
 }
 
 async function binaries(): Promise<{ initdb: string; postgres: string }> {
@@ -62,19 +76,28 @@ export async function startPostgres(): Promise<PostgresServer> {
     });
     child.on('exit', (code) => reject(new Error(`postgres exited (${code}) before it was ready:\n${err}`)));
   });
+  // The server never keeps the test's process alive: a file sharing it ends when its tests do.
+  child.unref();
+  (child.stderr as unknown as { unref(): void }).unref();
   const adminUrl = (db: string) => `postgres://pgadmin:admin-secret@127.0.0.1:${port}/${db}`;
-  const admin = new pg.Client({ connectionString: adminUrl('postgres') });
-  await admin.connect();
-  await admin.query(`CREATE ROLE ${APP_ROLE} LOGIN PASSWORD '${APP_PASSWORD}' NOSUPERUSER NOCREATEDB NOCREATEROLE`);
+  const asAdmin = async (sql: string) => {
+    const admin = new pg.Client({ connectionString: adminUrl('postgres') });
+    await admin.connect();
+    try {
+      await admin.query(sql);
+    } finally {
+      await admin.end();
+    }
+  };
+  await asAdmin(`CREATE ROLE ${APP_ROLE} LOGIN PASSWORD '${APP_PASSWORD}' NOSUPERUSER NOCREATEDB NOCREATEROLE`);
   return {
     port,
     adminUrl,
     async createDatabase(name = `t${process.pid}_${++counter}`) {
-      await admin.query(`CREATE DATABASE ${name} OWNER ${APP_ROLE}`);
+      await asAdmin(`CREATE DATABASE ${name} OWNER ${APP_ROLE}`);
       return `postgres://${APP_ROLE}:${APP_PASSWORD}@127.0.0.1:${port}/${name}`;
     },
     async stop() {
-      await admin.end().catch(() => undefined);
       if (child.exitCode === null) {
         const exited = new Promise((resolve) => child.once('exit', resolve));
         // SIGQUIT: immediate shutdown (tests keep nothing).
@@ -83,5 +106,30 @@ export async function startPostgres(): Promise<PostgresServer> {
       }
       rmSync(dir, { recursive: true, force: true });
     },
+    stopNow() {
+      if (child.exitCode === null) child.kill('SIGQUIT');
+      rmSync(dir, { recursive: true, force: true });
+    },
   };
+}
+
+let shared: Promise<PostgresServer> | null = null;
+/** Each control-plane folder's database: a control plane started again on the same folder gets the same one. */
+const databaseOfDir = new Map<string, Promise<string>>();
+
+/**
+ * With TOLLGATE_TEST_STORE=postgres, every control plane a test starts (test/helpers/processes.ts)
+ * keeps its state in PostgreSQL: one server for the test file, started on first use and stopped when
+ * the file's process exits, one database per control-plane folder. Returns null otherwise.
+ */
+export function testDatabaseFor(dir: string): Promise<string> | null {
+  if (process.env.TOLLGATE_TEST_STORE !== 'postgres') return null;
+  if (!shared) {
+    shared = startPostgres();
+    // The test runner ends the file's process when its tests are done: the server goes with it.
+    void shared.then((s) => process.once('exit', () => s.stopNow()));
+  }
+  let url = databaseOfDir.get(dir);
+  if (!url) databaseOfDir.set(dir, (url = shared.then((s) => s.createDatabase())));
+  return url;
 }
