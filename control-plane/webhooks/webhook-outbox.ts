@@ -79,7 +79,7 @@ export async function markAttemptFailed(q: Queryable, eventId: string, url: stri
   );
   await q.run(
     `INSERT INTO webhook_destinations (url, consecutive_failures, last_failure_at_ms) VALUES (?, 1, ?)
-     ON CONFLICT (url) DO UPDATE SET consecutive_failures = consecutive_failures + 1, last_failure_at_ms = excluded.last_failure_at_ms`,
+     ON CONFLICT (url) DO UPDATE SET consecutive_failures = webhook_destinations.consecutive_failures + 1, last_failure_at_ms = excluded.last_failure_at_ms`,
     [url, atMs],
   );
 }

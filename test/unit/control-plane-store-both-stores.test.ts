@@ -20,7 +20,7 @@ import { deleteCredential, insertKey, keyIdOfHash, credentialedKeys } from '../.
 import { foldUsage, usageInRange, usageJournalExtent, writeReportRows, reportCursor } from '../../control-plane/store/usage-repo.js';
 import { projectSpendsSince, keySpendSince } from '../../control-plane/store/money-limits-repo.js';
 import { appendChange, loadChanges, touchNode, upsertNode, listNodes, nodeDisconnected } from '../../control-plane/store/sync-repo.js';
-import { setMark, pendingCounts } from '../../control-plane/webhooks/webhook-outbox.js';
+import { setMark, pendingCounts, markAttemptFailed, markDelivered, listDestinationRows } from '../../control-plane/webhooks/webhook-outbox.js';
 import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-store.js';
 import { PgLogStore } from '../../control-plane/store/log-store/pg-log-store.js';
 import type { LogStore } from '../../control-plane/store/log-store/log-store.js';
@@ -147,6 +147,12 @@ async function scenario(db: Db): Promise<Record<string, unknown>> {
     INSERT INTO webhook_deliveries (event_id, url, window_start_ms, next_at_ms) VALUES ('e1', 'https://x', 1, 1);
     INSERT INTO webhook_deliveries (event_id, url, status, window_start_ms, next_at_ms) VALUES ('e1', 'https://y', 'failed', 1, 1)`);
   out.pending = await pendingCounts(db);
+  // Two failed attempts, then a delivery (an upsert that adds to what the row holds).
+  await db.tx((tx) => markAttemptFailed(tx, 'e1', 'https://x', 2, 500, 'boom', 3));
+  await db.tx((tx) => markAttemptFailed(tx, 'e1', 'https://x', 3, 502, 'boom', 4));
+  await db.tx((tx) => markDelivered(tx, 'e1', 'https://x', 4, 204));
+  out.delivery = await db.get("SELECT status, attempts, last_status FROM webhook_deliveries WHERE url = 'https://x'");
+  out.destinations = await listDestinationRows(db);
   return out;
 }
 
@@ -156,6 +162,7 @@ test('the repos answer the same on SQLite and on PostgreSQL', async (t) => {
   assert.deepEqual(postgres, sqlite);
   // And what they answer is right (not merely equal): the duplicate rows were summed, not lost.
   assert.equal(sqlite.cursor, 7);
+  assert.deepEqual(sqlite.delivery, { status: 'delivered', attempts: 3, last_status: 204 });
   assert.deepEqual(sqlite.freeGrantFirst, true);
   assert.deepEqual(sqlite.freeGrantSecond, false);
   assert.deepEqual((sqlite.owners as [string, string][]).sort(), [['org_A', 'acct_a'], ['org_b', 'acct_B']]);
