@@ -85,7 +85,9 @@ const ON_POSTGRES = [
   'test/e2e/audit.test.ts',
   'test/e2e/console-revoke.test.ts',
   'test/e2e/limits-exact-money.test.ts',
+  'test/e2e/limits-restart-rejoin.test.ts',
   'test/e2e/money-limits.test.ts',
+  'test/e2e/webhooks.test.ts',
 ];
 let status = run(files);
 if (only.length === 0) {
