@@ -234,3 +234,37 @@ test('an unreachable server is tried again with a logged line; the control plane
   // Relayed connections must end with the test.
   relay.unref();
 });
+
+test("the control plane's connections terminated under it: it connects again, keeps running, and what nodes sent meanwhile is billed once", async (t) => {
+  const url = await server.createDatabase();
+  const s = await startStack({ databaseUrl: url });
+  t.after(() => s.stop());
+  const { cp, node } = s;
+  const op = cp.secrets.operatorToken;
+  await setClock(node.adminUrl!, { now_ms: T0 });
+  const { owner, orgId, projectId } = await createOrgWithProjectAsync(cp, op, 'pg-terminated');
+  const key = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'k1']);
+  await waitUntilKnown(node.url, key.key);
+  const client = new OpenAI({ apiKey: key.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
+  const chat = () => client.chat.completions.create({ model: 'demo-chat', messages: [{ role: 'user', content: 'the same question every time' }] });
+  await chat();
+  await waitForRequests(node, key.key, 1);
+  const admin = new pg.Client({ connectionString: server.adminUrl(new URL(url).pathname.slice(1)) });
+  await admin.connect();
+  t.after(() => admin.end());
+  const terminated = await admin.query(
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'tollgate-control-plane%'",
+  );
+  assert.ok(terminated.rowCount! >= 2, 'the state and request-log connections were there to terminate');
+  // Served by the node meanwhile (it never waits on the control plane), reported, written once.
+  await chat();
+  await chat();
+  await waitForRequests(node, key.key, 3);
+  const usage = (await request(`${node.url}/v1/usage?${RANGE}`, { headers: bearer(key.key) })).body;
+  assert.equal(usage.totals.requests, 3);
+  const org = await cliJsonAsync(cp, op, ['org', 'show', orgId]);
+  assert.equal(org.spend_total_usd, usage.totals.cost_usd, 'the balance paid for exactly the three calls');
+  assert.equal(cp.proc.child.exitCode, null, 'the control plane is still running');
+  // And it still writes: a new key through the console.
+  await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', 'k2']);
+});
