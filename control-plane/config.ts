@@ -15,7 +15,10 @@ import { DEMO_CONFIG_PATH, parseGatewayConfig, readSecretFromDir, type LoadedGat
 /** A start-up setting is wrong: main prints the message alone and exits with code 2. */
 
 export interface ControlPlaneConfig {
+  /** The SQLite file of the state (`--db`); with a database URL, only the folder of generated token files (or ''). */
   dbPath: string;
+  /** `--database-url` or TOLLGATE_DATABASE_URL: the state and the request logs in PostgreSQL; null: SQLite. */
+  databaseUrl: string | null;
   listen: string;
   adminListen: string | null;
   configPath: string;
@@ -42,14 +45,31 @@ export interface ControlPlaneConfig {
 }
 
 const USAGE =
-  'usage: control-plane --db PATH --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--rejoin-grace-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
+  'usage: control-plane (--db PATH | --database-url postgres://USER:PASSWORD@HOST:PORT/DATABASE) --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--rejoin-grace-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = ['db', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'rejoin-grace-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
+const FLAGS = ['db', 'database-url', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'rejoin-grace-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
 
 
 function checkHostPort(flag: string, value: string): string {
   const m = /^(.+):(\d{1,5})$/.exec(value);
   if (!m || Number(m[2]) > 65535) throw new ConfigError(`${flag} must be HOST:PORT, got ${JSON.stringify(value)}`);
+  return value;
+}
+
+/**
+ * A postgres:// (or postgresql://) URL with a host and a database, or a ConfigError naming `setting`:
+ * the value is never shown, as it may hold a password.
+ */
+function checkDatabaseUrl(setting: string, value: string): string {
+  let ok = false;
+  try {
+    const u = new URL(value);
+    const port = u.port === '' ? 5432 : Number(u.port);
+    ok = (u.protocol === 'postgres:' || u.protocol === 'postgresql:') && u.hostname !== '' && u.pathname.length > 1 && port > 0 && port <= 65535;
+  } catch {
+    ok = false;
+  }
+  if (!ok) throw new ConfigError(`${setting} must be a postgres://USER:PASSWORD@HOST:PORT/DATABASE URL (the value is not shown)`);
   return value;
 }
 
@@ -77,19 +97,25 @@ function tokenBesideDb(dbPath: string, name: string, prefix: string): { token: s
 
 export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<ControlPlaneConfig> {
   const flags = readProcessFlags(argv, FLAGS, USAGE);
+  // An explicit flag wins over the environment.
+  const rawUrl = flags['database-url'] ?? (env.TOLLGATE_DATABASE_URL || undefined);
+  const databaseUrl = rawUrl === undefined ? null : checkDatabaseUrl(flags['database-url'] !== undefined ? '--database-url' : 'TOLLGATE_DATABASE_URL', rawUrl);
   const db = flags.db;
-  if (!db) throw new ConfigError(`--db is required; ${USAGE}`);
+  if (!db && !databaseUrl) throw new ConfigError(`--db is required; ${USAGE}`);
   const listen = flags.listen;
   if (!listen) throw new ConfigError(`--listen is required; ${USAGE}`);
   checkHostPort('--listen', listen);
   const adminListen = flags['admin-listen'] ?? null;
   if (adminListen) checkHostPort('--admin-listen', adminListen);
-  const dbPath = resolve(db);
-  try {
-    mkdirSync(dirname(dbPath), { recursive: true });
-  } catch {
-    throw new ConfigError(`--db: cannot create the folder of ${dbPath}`);
+  const dbPath = db ? resolve(db) : '';
+  if (dbPath) {
+    try {
+      mkdirSync(dirname(dbPath), { recursive: true });
+    } catch {
+      throw new ConfigError(`--db: cannot create the folder of ${dbPath}`);
+    }
   }
+  if (databaseUrl && flags['logs-db'] !== undefined) throw new ConfigError('--logs-db is for SQLite; with --database-url the request logs are in PostgreSQL');
 
   // An explicit flag wins over the environment, as on the nodes.
   const pepperFile = flags['pepper-file'];
@@ -111,6 +137,8 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
 
   let operatorToken = env.TOLLGATE_OPERATOR_TOKEN || '';
   let operatorTokenCreatedAt: string | null = null;
+  // Generated tokens are kept beside the SQLite file; several control planes on one PostgreSQL share theirs.
+  if (!operatorToken && !dbPath) throw new ConfigError('--database-url needs TOLLGATE_OPERATOR_TOKEN (or --db, beside which a generated token is kept)');
   if (!operatorToken) {
     const t = tokenBesideDb(dbPath, 'operator-token', 'op');
     operatorToken = t.token;
@@ -118,6 +146,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   }
   const nodeTokenFile = flags['node-token-file'];
   let nodeToken = nodeTokenFile ? readSecretFile('--node-token-file', nodeTokenFile).trim() : env.TOLLGATE_NODE_TOKEN || '';
+  if (!nodeToken && !dbPath) throw new ConfigError('--database-url needs --node-token-file or TOLLGATE_NODE_TOKEN (or --db, beside which a generated token is kept)');
   if (!nodeToken) nodeToken = tokenBesideDb(dbPath, 'node-token', 'node').token;
 
   const logLevel = flags['log-level'] ?? 'info';
@@ -129,8 +158,8 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   const configPath = resolve(flags.config ?? DEMO_CONFIG_PATH);
   if (!existsSync(configPath)) throw new ConfigError(`--config: ${configPath} does not exist`);
 
-  const logsDbPath = resolve(flags['logs-db'] ?? join(dirname(dbPath), 'logs.db'));
-  if (logsDbPath === dbPath) throw new ConfigError('--logs-db must be another file than --db');
+  const logsDbPath = dbPath ? resolve(flags['logs-db'] ?? join(dirname(dbPath), 'logs.db')) : '';
+  if (dbPath && logsDbPath === dbPath) throw new ConfigError('--logs-db must be another file than --db');
   const rawRetention = flags['log-retention-days'] ?? '30';
   if (!/^\d{1,5}$/.test(rawRetention) || Number(rawRetention) < 1) throw new ConfigError(`--log-retention-days must be a whole number of days, at least 1, got ${JSON.stringify(rawRetention)}`);
 
@@ -144,6 +173,7 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
     auditRetentionDays: Number(rawAuditRetention),
     snapshotPartEntries: Number(rawPart),
     dbPath,
+    databaseUrl,
     logsDbPath,
     logRetentionDays: Number(rawRetention),
     listen,

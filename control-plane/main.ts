@@ -11,9 +11,8 @@ import { ControlState } from './state/control-state.js';
 import { addOpsServices, HealthState } from './grpc/ops.js';
 import { log as logger, logLine } from './log.js';
 import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
-import { Db } from './store/db.js';
-import { runMigrations } from './store/migrate.js';
-import { SqliteLogStore } from './store/log-store/sqlite-log-store.js';
+import { NewerSchemaError, runMigrations } from './store/migrate.js';
+import { describeStore, openLogStore, openStateDb } from './store/open-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 import { AuditRecorder } from './audit/audit-recorder.js';
@@ -27,12 +26,12 @@ async function main(): Promise<void> {
   const cfg = loadControlPlaneConfig();
   logger.level = cfg.logLevel;
   const gateway = readGatewayConfig(cfg.configPath);
-  const db = await Db.open(cfg.dbPath);
+  const db = await openStateDb(cfg, log);
   db.txObserver = observeTransaction;
   await runMigrations(db);
   const state = await ControlState.open(db, gateway, { configPath: cfg.configPath, log });
-  // Request logs: their own file, one table per UTC day, older days dropped whole.
-  const logs = await SqliteLogStore.open(cfg.logsDbPath, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
+  // Request logs: their own file (or PostgreSQL partitions), one table per UTC day, older days dropped whole.
+  const logs = await openLogStore(cfg, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
   await logs.applyRetention();
   const webhooks = await startWebhooks(state, log);
   const audit = new AuditRecorder(db, { now: () => state.now(), retentionDays: cfg.auditRetentionDays, log });
@@ -124,7 +123,7 @@ async function main(): Promise<void> {
   const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
   setReady(true);
   const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
-  logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: cfg.dbPath, config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
+  logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: describeStore(cfg), config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
   // The process-interface line (docs/design.md#process-interface), printed plainly: tests, scripts and operators parse it.
   console.log(`control plane listening on ${host}:${port} (${transport})`);
 
@@ -187,7 +186,8 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  if (err instanceof ConfigError) {
+  // A setting to fix, or a database this version must not touch: one line, exit 2.
+  if (err instanceof ConfigError || err instanceof NewerSchemaError) {
     console.error(err.message);
     process.exit(2);
   }

@@ -1,23 +1,25 @@
-// The only module (with the repos beside it) that touches sqlite3. One connection; every statement
-// runs through one in-process queue, and a transaction is BEGIN IMMEDIATE … COMMIT with nothing else
-// interleaved, so callers never see another caller's uncommitted writes (BEGIN goes with its first
-// statement; a transaction of one statement sent by runLast needs neither BEGIN nor COMMIT). Reads that may be many and
-// slow (usage) go through `readOnly` instead: a second, read-only connection with its own queue,
-// which in WAL mode sees the last committed state and never waits behind, or holds up, the writer's
-// queue (report ingest, money leases).
-import sqlite3 from 'sqlite3';
+// How the control plane talks to its database, whichever holds it: SQLite (the default, one file,
+// sqlite-db.ts) or PostgreSQL (--database-url, pg-db.ts). Both keep one writer connection with one
+// queue of statements, so a transaction never interleaves with another of this process (docs/design.md#one-writer-on-both-stores).
+// The SQL is shared: `?` placeholders, portable statements, and dialect.ts for what differs.
 
 export interface RunResult {
   changes: number;
+  /** SQLite's last inserted rowid; always 0 on PostgreSQL (use RETURNING). */
   lastID: number;
 }
 
 export type Param = string | number | bigint | null | Buffer | Uint8Array;
 
+/** Which SQL a statement is written in, for the few statements that differ (dialect.ts). */
+export type Dialect = 'sqlite' | 'postgres';
+
 export interface Queryable {
+  readonly dialect: Dialect;
   run(sql: string, params?: Param[]): Promise<RunResult>;
   get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined>;
   all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]>;
+  /** Statements without parameters, several separated by `;`. */
   exec(sql: string): Promise<void>;
   /** Like run, through a statement prepared once per SQL text and kept (multi-row inserts on hot paths). */
   runPrepared(sql: string, params: Param[]): Promise<RunResult>;
@@ -29,248 +31,30 @@ export interface Tx extends Queryable {
   /**
    * The transaction's last statement (runPrepared): none may follow it. When it is also the first,
    * it runs alone, without BEGIN and COMMIT: one statement is atomic by itself, and a hand-off to
-   * SQLite's thread and back costs the same whatever the statement does
+   * the database and back costs the same whatever the statement does
    * (docs/design.md#a-report-is-one-statement).
    */
   runLast(sql: string, params: Param[]): Promise<RunResult>;
 }
 
-export class Db implements Queryable {
-  private queue: Promise<unknown> = Promise.resolve();
-  private closed = false;
-  private readonly statements = new Map<string, sqlite3.Statement>();
-  /**
-   * Statements sent to SQLite so far (each run, get, all, exec, prepared run, BEGIN and COMMIT): what
-   * a caller's work costs on the queue, counted by tests that must not grow with their input.
-   */
-  statementsIssued = 0;
+/** The state database: one writer connection and its queue, and a reader for long reads. */
+export interface Db extends Queryable {
+  /** Statements sent so far (tests count them: what a caller's work costs must not grow with its input). */
+  readonly statementsIssued: number;
   /** Told how long each write transaction took (BEGIN to COMMIT or ROLLBACK): for metrics. */
-  txObserver: ((seconds: number, committed: boolean) => void) | null = null;
-
-  /** Statements and transactions waiting in (or running from) this connection's queue. */
-  private queued = 0;
-  private reader: Promise<Db> | null = null;
-
-  private constructor(
-    private readonly raw: sqlite3.Database,
-    private readonly path: string,
-  ) {}
-
-  static async open(path: string): Promise<Db> {
-    const raw = await new Promise<sqlite3.Database>((resolve, reject) => {
-      const d = new sqlite3.Database(path, (err) => (err ? reject(err) : resolve(d)));
-    });
-    const db = new Db(raw, path);
-    await db.direct.exec('PRAGMA journal_mode = WAL');
-    await db.direct.exec('PRAGMA busy_timeout = 5000');
-    await db.direct.exec('PRAGMA foreign_keys = ON');
-    // WAL + NORMAL: a committed transaction survives the process being killed at any moment.
-    await db.direct.exec('PRAGMA synchronous = NORMAL');
-    return db;
-  }
-
-  /** Statements straight on the connection; only for use inside a queued slot. */
-  private readonly direct: Queryable = {
-    run: (sql, params = []) =>
-      new Promise((resolve, reject) => {
-        this.statementsIssued++;
-        this.raw.run(sql, params, function (this: sqlite3.RunResult, err: Error | null) {
-          if (err) reject(err);
-          else resolve({ changes: this.changes, lastID: this.lastID });
-        });
-      }),
-    get: <T>(sql: string, params: Param[] = []) =>
-      new Promise<T | undefined>((resolve, reject) => {
-        this.statementsIssued++;
-        this.raw.get(sql, params, (err: Error | null, row: T) => (err ? reject(err) : resolve(row)));
-      }),
-    all: <T>(sql: string, params: Param[] = []) =>
-      new Promise<T[]>((resolve, reject) => {
-        this.statementsIssued++;
-        this.raw.all(sql, params, (err: Error | null, rows: T[]) => (err ? reject(err) : resolve(rows)));
-      }),
-    exec: (sql) =>
-      new Promise((resolve, reject) => {
-        this.statementsIssued++;
-        this.raw.exec(sql, (err) => (err ? reject(err) : resolve()));
-      }),
-    runPrepared: (sql, params) =>
-      new Promise((resolve, reject) => {
-        this.statementsIssued++;
-        let stmt = this.statements.get(sql);
-        if (!stmt) {
-          stmt = this.raw.prepare(sql);
-          this.statements.set(sql, stmt);
-        }
-        const st = stmt;
-        st.run(params, function (this: sqlite3.RunResult, err: Error | null) {
-          if (err) reject(err);
-          else resolve({ changes: this.changes, lastID: this.lastID });
-        });
-      }),
-  };
-
-  /** Finalizes the kept statements whose SQL contains `needle` (before the table they use is dropped). */
-  forgetStatements(needle: string): Promise<void> {
-    return this.enqueue(async () => {
-      for (const [sql, st] of [...this.statements]) {
-        if (!sql.includes(needle)) continue;
-        this.statements.delete(sql);
-        await new Promise<void>((resolve) => st.finalize(() => resolve()));
-      }
-    });
-  }
-
-  private enqueue<T>(work: () => Promise<T>): Promise<T> {
-    if (this.closed) return Promise.reject(new Error('database is closed'));
-    this.queued++;
-    const next = this.queue.then(work, work).finally(() => this.queued--);
-    this.queue = next.catch(() => undefined);
-    return next;
-  }
-
-  /** How many statements or transactions are queued on this connection (for tests and metrics). */
-  get queueDepth(): number {
-    return this.queued;
-  }
-
-  /**
-   * Several reads on the second, read-only connection, in one read transaction (one consistent view
-   * of the last commit). Its queue is its own: a burst of these never delays a write, and a long
-   * write never delays them. An in-memory database has no second connection: read as `read` does.
-   */
-  readOnly<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
-    if (this.closed) return Promise.reject(new Error('database is closed'));
-    if (this.path === '' || this.path === ':memory:') return this.read(fn);
-    this.reader ??= Db.openReader(this.path);
-    return this.reader.then((r) =>
-      r.enqueue(async () => {
-        await r.direct.exec('BEGIN');
-        try {
-          return await fn(r.direct);
-        } finally {
-          await r.direct.exec('COMMIT').catch(() => undefined);
-        }
-      }),
-    );
-  }
-
-  private static async openReader(path: string): Promise<Db> {
-    const raw = await new Promise<sqlite3.Database>((resolve, reject) => {
-      const d = new sqlite3.Database(path, sqlite3.OPEN_READONLY, (err) => (err ? reject(err) : resolve(d)));
-    });
-    const db = new Db(raw, path);
-    await db.direct.exec('PRAGMA busy_timeout = 5000');
-    return db;
-  }
-
-  /** The read-only connection's queue depth (0 before it is first used). */
-  async readerQueueDepth(): Promise<number> {
-    return this.reader ? (await this.reader).queued : 0;
-  }
-
-  run(sql: string, params?: Param[]): Promise<RunResult> {
-    return this.enqueue(() => this.direct.run(sql, params));
-  }
-  get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined> {
-    return this.enqueue(() => this.direct.get<T>(sql, params));
-  }
-  all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]> {
-    return this.enqueue(() => this.direct.all<T>(sql, params));
-  }
-  exec(sql: string): Promise<void> {
-    return this.enqueue(() => this.direct.exec(sql));
-  }
-  runPrepared(sql: string, params: Param[]): Promise<RunResult> {
-    return this.enqueue(() => this.direct.runPrepared(sql, params));
-  }
-
-  /** Several reads with nothing written in between. */
-  read<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
-    return this.enqueue(() => fn(this.direct));
-  }
-
-  /**
-   * One write transaction; rolled back when `fn` throws. Hooks from afterCommit run right after COMMIT
-   * (all of them; if one throws, the call rejects after the others ran, and the work is committed).
-   * BEGIN IMMEDIATE is sent with the first statement (nothing else runs on this connection meanwhile:
-   * the queue holds it), so a transaction that issues none costs none, and one whose only statement
-   * is `runLast` runs it alone: then it is committed once that statement succeeded, and an error
-   * `fn` throws after it is thrown after the hooks ran, as a hook's is.
-   */
-  tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
-    return this.enqueue(async () => {
-      const hooks: (() => void)[] = [];
-      // idle: nothing sent; open: BEGIN sent; closing: runLast sent in the transaction; alone: runLast sent without one.
-      const at: { phase: 'idle' | 'open' | 'closing' | 'alone'; beginning: Promise<void> | null; aloneDone: boolean } = { phase: 'idle', beginning: null, aloneDone: false };
-      const inTransaction = () => at.phase === 'open' || at.phase === 'closing';
-      // Every statement waits for BEGIN, also one sent while BEGIN is on its way (statements issued together).
-      const begin = (): Promise<void> => {
-        if (at.phase === 'idle') {
-          at.phase = 'open';
-          at.beginning = this.direct.exec('BEGIN IMMEDIATE');
-        } else if (at.phase !== 'open') return Promise.reject(new Error('no statement may follow runLast in a transaction'));
-        return at.beginning!;
-      };
-      const d = this.direct;
-      const tx: Tx = {
-        run: async (sql, params) => (await begin(), d.run(sql, params)),
-        get: async <R>(sql: string, params?: Param[]) => (await begin(), d.get<R>(sql, params)),
-        all: async <R>(sql: string, params?: Param[]) => (await begin(), d.all<R>(sql, params)),
-        exec: async (sql) => (await begin(), d.exec(sql)),
-        runPrepared: async (sql, params) => (await begin(), d.runPrepared(sql, params)),
-        runLast: async (sql, params) => {
-          if (at.phase === 'idle') {
-            at.phase = 'alone';
-            const r = await d.runPrepared(sql, params);
-            at.aloneDone = true;
-            return r;
-          }
-          await begin();
-          at.phase = 'closing';
-          return d.runPrepared(sql, params);
-        },
-        afterCommit: (h) => void hooks.push(h),
-      };
-      const began = performance.now();
-      let result: T | undefined;
-      // An error after a lone runLast committed: thrown once the hooks ran, like a hook's (below).
-      let hookError: unknown = null;
-      try {
-        result = await fn(tx);
-        if (inTransaction()) await this.direct.exec('COMMIT');
-      } catch (err) {
-        if (!at.aloneDone) {
-          if (inTransaction()) await this.direct.exec('ROLLBACK').catch(() => undefined);
-          this.txObserver?.((performance.now() - began) / 1000, false);
-          throw err;
-        }
-        hookError = err;
-      }
-      this.txObserver?.((performance.now() - began) / 1000, true);
-      // Every hook runs, even after one threw (each publishes its own part of what was committed);
-      // then the first error is thrown: the transaction is committed all the same.
-      for (const h of hooks) {
-        try {
-          h();
-        } catch (err) {
-          hookError ??= err;
-        }
-      }
-      if (hookError !== null) throw hookError;
-      return result as T;
-    });
-  }
-
+  txObserver: ((seconds: number, committed: boolean) => void) | null;
+  /** How many statements or transactions are queued on the writer (for tests and metrics). */
+  readonly queueDepth: number;
+  /** The reader's queue depth (0 before it is first used). */
+  readerQueueDepth(): Promise<number>;
+  /** Forgets kept statements whose SQL contains `needle` (before the table they use is dropped). */
+  forgetStatements(needle: string): Promise<void>;
+  /** Several reads on the reader, in one read transaction (one consistent view of the last commit). */
+  readOnly<T>(fn: (q: Queryable) => Promise<T>): Promise<T>;
+  /** Several reads on the writer with nothing written in between. */
+  read<T>(fn: (q: Queryable) => Promise<T>): Promise<T>;
+  /** One write transaction; rolled back when `fn` throws (sqlite-db.ts gives the details both keep). */
+  tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
   /** Refuses new work at once, lets every queued statement and transaction finish, then closes. */
-  async close(): Promise<void> {
-    this.closed = true;
-    const reader = this.reader;
-    this.reader = null;
-    if (reader) await (await reader.catch(() => null))?.close();
-    await this.queue;
-    for (const st of this.statements.values()) await new Promise<void>((resolve) => st.finalize(() => resolve()));
-    this.statements.clear();
-    await new Promise<void>((resolve, reject) => this.raw.close((err) => (err ? reject(err) : resolve())));
-  }
+  close(): Promise<void>;
 }

@@ -47,7 +47,7 @@ export async function credentialHashOf(q: Queryable, keyId: string): Promise<str
 
 /** Removes the credential and keeps its hash as a tombstone (never used to authenticate). */
 export async function deleteCredential(q: Queryable, keyHash: string, at: string): Promise<void> {
-  await q.run('INSERT OR IGNORE INTO key_tombstones (key_hash, key_id, revoked_at) SELECT key_hash, key_id, ? FROM credentials WHERE key_hash = ?', [at, keyHash]);
+  await q.run('INSERT INTO key_tombstones (key_hash, key_id, revoked_at) SELECT key_hash, key_id, ? FROM credentials WHERE key_hash = ? ON CONFLICT DO NOTHING', [at, keyHash]);
   await q.run('DELETE FROM credentials WHERE key_hash = ?', [keyHash]);
 }
 

@@ -2,6 +2,7 @@
 // caps, and what was spent against them, summed from usage_minutes (its primary key starts with
 // project_id, minute, so each sum reads one project's range).
 import type { Queryable } from './db.js';
+import { textList } from './dialect.js';
 
 export async function setKeyLimit(q: Queryable, keyId: string, limitMicros: number, reset: string): Promise<void> {
   await q.run('UPDATE api_keys SET limit_micros = ?, limit_reset = ? WHERE id = ?', [limitMicros, reset, keyId]);
@@ -30,10 +31,10 @@ export async function projectSpendsSince(q: Queryable, projectIds: readonly stri
   // term into a compound view, so through the view usage_folded would be scanned whole.
   const rows = await q.all<{ project_id: string; s: number }>(
     `SELECT project_id, SUM(s) AS s FROM (
-       SELECT project_id, SUM(cost_micros) AS s FROM usage_folded WHERE project_id IN (SELECT value FROM json_each(?1)) AND minute >= ?2 AND minute < ?3 GROUP BY project_id
+       SELECT project_id, SUM(cost_micros) AS s FROM usage_folded WHERE project_id IN ${textList(q, '?1')} AND minute >= ?2 AND minute < ?3 GROUP BY project_id
        UNION ALL
-       SELECT project_id, SUM(cost_micros) AS s FROM usage_journal WHERE project_id IN (SELECT value FROM json_each(?1)) AND minute >= ?2 AND minute < ?3 GROUP BY project_id
-     ) GROUP BY project_id`,
+       SELECT project_id, SUM(cost_micros) AS s FROM usage_journal WHERE project_id IN ${textList(q, '?1')} AND minute >= ?2 AND minute < ?3 GROUP BY project_id
+     ) AS spends GROUP BY project_id`,
     [JSON.stringify(projectIds), sinceMinute, untilMinute],
   );
   for (const r of rows) out.set(r.project_id, r.s);

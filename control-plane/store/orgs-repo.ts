@@ -1,4 +1,5 @@
 import type { Queryable } from './db.js';
+import { textList } from './dialect.js';
 
 export interface OrgRow {
   id: string;
@@ -32,7 +33,7 @@ export async function insertOrg(q: Queryable, o: Pick<OrgRow, 'id' | 'name' | 't
  * took it (the primary key makes a second grant impossible even if two creations race).
  */
 export async function claimFreeGrant(q: Queryable, accountId: string, orgId: string, at: string): Promise<boolean> {
-  const r = await q.run('INSERT OR IGNORE INTO free_grants (account_id, org_id, granted_at) VALUES (?, ?, ?)', [accountId, orgId, at]);
+  const r = await q.run('INSERT INTO free_grants (account_id, org_id, granted_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING', [accountId, orgId, at]);
   return r.changes === 1;
 }
 
@@ -80,15 +81,15 @@ export async function setSyncedBlockedReason(q: Queryable, orgId: string, reason
 
 export async function bumpFundsVersion(q: Queryable, orgIds: string[] | 'all'): Promise<void> {
   if (orgIds === 'all') await q.run('UPDATE orgs SET funds_version = funds_version + 1');
-  else if (orgIds.length > 0) await q.run('UPDATE orgs SET funds_version = funds_version + 1 WHERE id IN (SELECT value FROM json_each(?))', [JSON.stringify(orgIds)]);
+  else if (orgIds.length > 0) await q.run(`UPDATE orgs SET funds_version = funds_version + 1 WHERE id IN ${textList(q)}`, [JSON.stringify(orgIds)]);
 }
 
 /** An organisation with what it spent in one month. */
 export type OrgWithMonthSpend = OrgRow & { month_spend_micros: number };
 
-const ORGS_WITH_MONTH_SPEND_SQL = `SELECT o.*, COALESCE(s.spend_micros, 0) AS month_spend_micros
+const orgsWithMonthSpendSql = (q: Queryable) => `SELECT o.*, COALESCE(s.spend_micros, 0) AS month_spend_micros
   FROM orgs o LEFT JOIN org_spend s ON s.org_id = o.id AND s.month = ?2
-  WHERE o.id IN (SELECT value FROM json_each(?1))`;
+  WHERE o.id IN ${textList(q, '?1')}`;
 
 /**
  * Organisations (those of `orgIds` that exist, or all) with their spend in `month`: one statement
@@ -102,7 +103,7 @@ export function orgsWithMonthSpend(q: Queryable, orgIds: readonly string[] | 'al
     );
   }
   if (orgIds.length === 0) return Promise.resolve([]);
-  return q.all<OrgWithMonthSpend>(ORGS_WITH_MONTH_SPEND_SQL, [JSON.stringify(orgIds), month]);
+  return q.all<OrgWithMonthSpend>(orgsWithMonthSpendSql(q), [JSON.stringify(orgIds), month]);
 }
 
 export async function monthSpend(q: Queryable, orgId: string, month: string): Promise<number> {

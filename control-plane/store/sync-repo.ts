@@ -1,5 +1,6 @@
 import { Change } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Queryable } from './db.js';
+import { greatest } from './dialect.js';
 
 export interface NodeRow {
   id: string;
@@ -45,12 +46,12 @@ export async function upsertNode(q: Queryable, n: NodeRow): Promise<void> {
 }
 
 export async function touchNode(q: Queryable, id: string, lastSeenAt: string, ackedVersion: number): Promise<void> {
-  await q.run('UPDATE nodes SET last_seen_at = ?, acked_version = MAX(acked_version, ?) WHERE id = ?', [lastSeenAt, ackedVersion, id]);
+  await q.run(`UPDATE nodes SET last_seen_at = ?, acked_version = ${greatest(q, 'acked_version', '?')} WHERE id = ?`, [lastSeenAt, ackedVersion, id]);
 }
 
 /** The node's stream ended while this control plane runs on: a successor does not wait for it. */
 export async function nodeDisconnected(q: Queryable, id: string, lastSeenAt: string, ackedVersion: number): Promise<void> {
-  await q.run('UPDATE nodes SET last_seen_at = ?, acked_version = MAX(acked_version, ?), connected = 0 WHERE id = ?', [lastSeenAt, ackedVersion, id]);
+  await q.run(`UPDATE nodes SET last_seen_at = ?, acked_version = ${greatest(q, 'acked_version', '?')}, connected = 0 WHERE id = ?`, [lastSeenAt, ackedVersion, id]);
 }
 
 /** The nodes whose streams were open when the previous control plane stopped or died. */

@@ -1,4 +1,5 @@
 import type { Queryable, Tx } from './db.js';
+import { utcDayOfMinute } from './dialect.js';
 
 /** Model calls of one key and model in one minute, summed. */
 export interface UsageMinute {
@@ -71,6 +72,15 @@ const FOLD_USAGE_SQL = `INSERT INTO usage_folded (project_id, minute, key_id, mo
     prompt_tokens = prompt_tokens + excluded.prompt_tokens, completion_tokens = completion_tokens + excluded.completion_tokens,
     cost_micros = cost_micros + excluded.cost_micros`;
 
+// PostgreSQL refuses an upsert that touches one row twice: the journal's rows are summed per folded
+// row first (the organisation still the first that came, as above).
+const FOLD_USAGE_PG_SQL = `INSERT INTO usage_folded AS f (project_id, minute, key_id, model, org_id, requests, prompt_tokens, completion_tokens, cost_micros)
+  SELECT project_id, minute, key_id, model, (array_agg(org_id ORDER BY id))[1], SUM(requests), SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_micros)
+  FROM usage_journal WHERE id <= ? GROUP BY project_id, minute, key_id, model ORDER BY project_id, minute, key_id, model
+  ON CONFLICT (project_id, minute, key_id, model) DO UPDATE SET requests = f.requests + excluded.requests,
+    prompt_tokens = f.prompt_tokens + excluded.prompt_tokens, completion_tokens = f.completion_tokens + excluded.completion_tokens,
+    cost_micros = f.cost_micros + excluded.cost_micros`;
+
 /** The journal's extent: its first and last row ids and how many rows it holds (0s when empty). */
 export async function usageJournalExtent(q: Queryable): Promise<{ first: number; last: number; rows: number }> {
   const r = await q.get<{ first: number | null; last: number | null; rows: number }>('SELECT MIN(id) AS first, MAX(id) AS last, COUNT(*) AS rows FROM usage_journal');
@@ -83,7 +93,7 @@ export async function usageJournalExtent(q: Queryable): Promise<{ first: number;
  * exactly one of the two tables. Returns the journal rows folded.
  */
 export async function foldUsage(q: Queryable, upTo: number): Promise<number> {
-  await q.runPrepared(FOLD_USAGE_SQL, [upTo]);
+  await q.runPrepared(q.dialect === 'postgres' ? FOLD_USAGE_PG_SQL : FOLD_USAGE_SQL, [upTo]);
   return (await q.runPrepared('DELETE FROM usage_journal WHERE id <= ?', [upTo])).changes;
 }
 
@@ -103,12 +113,12 @@ export interface UsageGroupRow {
   cost_micros: number;
 }
 
-const GROUP_COLUMNS: Record<UsageGroupBy, { select: string; group: string }> = {
+const groupColumns = (q: Queryable): Record<UsageGroupBy, { select: string; group: string }> => ({
   key_model: { select: "key_id, model, '' AS day", group: 'key_id, model' },
   model: { select: "'' AS key_id, model, '' AS day", group: 'model' },
   key: { select: "key_id, '' AS model, '' AS day", group: 'key_id' },
-  day: { select: "'' AS key_id, '' AS model, strftime('%Y-%m-%d', minute * 60, 'unixepoch') AS day", group: 'day' },
-};
+  day: { select: `'' AS key_id, '' AS model, ${utcDayOfMinute(q, 'minute')} AS day`, group: 'day' },
+});
 
 /**
  * Usage of one project or organisation in [sinceMs, untilMs), grouped. Usage is kept per minute: a
@@ -123,7 +133,7 @@ export function usageInRange(
   const [col, id] = 'projectId' in scope ? ['project_id', scope.projectId] : ['org_id', scope.orgId];
   const fromMinute = Math.floor(Math.max(0, range.sinceMs) / 60_000);
   const toMinute = range.untilMs === null ? Number.MAX_SAFE_INTEGER : Math.ceil(range.untilMs / 60_000);
-  const g = GROUP_COLUMNS[groupBy];
+  const g = groupColumns(q)[groupBy];
   return q.all<UsageGroupRow>(
     `SELECT ${g.select}, SUM(requests) AS requests, SUM(prompt_tokens) AS prompt_tokens, SUM(completion_tokens) AS completion_tokens,
        SUM(cost_micros) AS cost_micros

@@ -79,7 +79,7 @@ export async function markAttemptFailed(q: Queryable, eventId: string, url: stri
   );
   await q.run(
     `INSERT INTO webhook_destinations (url, consecutive_failures, last_failure_at_ms) VALUES (?, 1, ?)
-     ON CONFLICT (url) DO UPDATE SET consecutive_failures = consecutive_failures + 1, last_failure_at_ms = excluded.last_failure_at_ms`,
+     ON CONFLICT (url) DO UPDATE SET consecutive_failures = webhook_destinations.consecutive_failures + 1, last_failure_at_ms = excluded.last_failure_at_ms`,
     [url, atMs],
   );
 }
@@ -106,7 +106,7 @@ export function listDestinationRows(q: Queryable): Promise<DestinationRow[]> {
 
 export function pendingCounts(q: Queryable): Promise<{ url: string; pending: number; failed: number }[]> {
   return q.all(
-    `SELECT url, SUM(status = 'pending') AS pending, SUM(status = 'failed') AS failed FROM webhook_deliveries GROUP BY url`,
+    `SELECT url, SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS pending, SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) AS failed FROM webhook_deliveries GROUP BY url`,
   );
 }
 
@@ -120,7 +120,7 @@ export function listDeliveries(q: Queryable, opts: { failedOnly: boolean; limit:
 
 /** Inserts a mark; true when it was not there (the event it guards fires now). */
 export async function setMark(q: Queryable, mark: string, atMs: number): Promise<boolean> {
-  const r = await q.run('INSERT OR IGNORE INTO webhook_marks (mark, at_ms) VALUES (?, ?)', [mark, atMs]);
+  const r = await q.run('INSERT INTO webhook_marks (mark, at_ms) VALUES (?, ?) ON CONFLICT DO NOTHING', [mark, atMs]);
   return r.changes === 1;
 }
 

@@ -11,7 +11,7 @@ import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { Report } from '../../proto/gen/tollgate/v1/sync.js';
 import { LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-store.js';
 import { cpus } from 'node:os';
 import { ConsoleClient } from '../../cli/console-client.js';
@@ -217,7 +217,7 @@ async function partQuery(): Promise<void> {
   let now = Date.now();
   if (reuse) {
     await cp.proc.kill('SIGTERM');
-    const raw = await Db.open(logsPath);
+    const raw = await SqliteDb.open(logsPath);
     const tables = (await raw.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'logkeys_%' ORDER BY name")).map((r) => r.name);
     keyId = (await raw.get<{ key_id: string }>(`SELECT key_id FROM ${tables[0]} WHERE key_id NOT LIKE 'key_other%' LIMIT 1`))!.key_id;
     now = (await raw.get<{ hi: number }>(`SELECT MAX(max_at) AS hi FROM ${tables[tables.length - 1]}`))!.hi;

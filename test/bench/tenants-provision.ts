@@ -1,6 +1,6 @@
 // bench:tenants' tenants: the control plane's config, the K keys in O organisations seeded straight
 // into its SQLite database, the Zipf law that picks a key, and the wait until a node knows the keys.
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { hashKey } from '../../proto/lib/keys.js';
 import { configYaml } from '../helpers/config.js';
 import type { DataPlane } from '../helpers/processes.js';
@@ -21,7 +21,7 @@ export const tenantKey = (i: number) => `sk-tollgate-bench${String(i).padStart(3
  * database, multi-row inserts in one transaction. Key i belongs to organisation i mod orgs.
  */
 export async function seedTenants(dbPath: string, pepper: string, keys: number, orgs: number): Promise<void> {
-  const db = await Db.open(dbPath);
+  const db = await SqliteDb.open(dbPath);
   const now = new Date().toISOString();
   const pep = Buffer.from(pepper, 'utf8');
   const orgId = (j: number) => `org_t${String(j).padStart(7, '0')}`;

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join, relative, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { NODE_HEAP_FLAGS, NODE_MEMORY_ENV } from '../../data-plane/heap-flags.js';
+import { testDatabaseFor } from './postgres-server.js';
 
 export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
 // Long-running processes load tsx in-process (`node --import tsx`) instead of through tsx's CLI,
@@ -177,6 +178,8 @@ export interface ControlPlaneOptions {
   env?: Record<string, string | undefined>;
   /** Flags for node itself (e.g. --cpu-prof in benchmarks). */
   nodeArgs?: string[];
+  /** A postgres:// URL (test/helpers/postgres-server.ts): the state and request logs there, with --database-url instead of --db. */
+  databaseUrl?: string;
 }
 
 export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise<ControlPlane> {
@@ -188,7 +191,10 @@ export async function startControlPlane(opts: ControlPlaneOptions = {}): Promise
     configPath = join(dir, 'gateway.yaml');
     writeFileSync(configPath, opts.configYaml);
   }
-  const args = ['control-plane/main.ts', '--db', dbPath, '--listen', opts.listen ?? '127.0.0.1:0'];
+  // TOLLGATE_TEST_STORE=postgres: every control plane on PostgreSQL (test/helpers/postgres-server.ts).
+  const databaseUrl = opts.databaseUrl ?? (await testDatabaseFor(dir));
+  const store = databaseUrl ? ['--database-url', databaseUrl] : ['--db', dbPath];
+  const args = ['control-plane/main.ts', ...store, '--listen', opts.listen ?? '127.0.0.1:0'];
   if (configPath) args.push('--config', configPath);
   if (opts.adminListen) args.push('--admin-listen', '127.0.0.1:0');
   args.push(...(opts.extraArgs ?? []));

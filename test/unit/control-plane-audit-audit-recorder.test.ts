@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { queryAudit } from '../../control-plane/audit/audit-query.js';
 import { AuditRecorder, auditId, callerAddressOf } from '../../control-plane/audit/audit-recorder.js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { generateKey, generateToken, newId } from '../../proto/lib/keys.js';
 
@@ -37,7 +37,7 @@ test('the caller address is the peer without its port', () => {
 
 test('entries older than the retention are deleted; newer ones stay', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-audit-'));
-  const db = await Db.open(join(dir, 'state.db'));
+  const db = await SqliteDb.open(join(dir, 'state.db'));
   t.after(async () => {
     await db.close();
     rmSync(dir, { recursive: true, force: true });

@@ -45,3 +45,35 @@ test('an explicit --pepper-file or --node-token-file wins over the environment, 
   const fromEnv = loadControlPlaneConfig(['--db', join(dir, 't.db'), '--listen', '127.0.0.1:0'], { TOLLGATE_PEPPER: 'e'.repeat(40), TOLLGATE_NODE_TOKEN: 'node_from_env_0123456789', TOLLGATE_OPERATOR_TOKEN: 'op_0123456789abcdef' });
   assert.equal(fromEnv.pepper.toString('utf8'), 'e'.repeat(40));
 });
+
+test('--database-url (or TOLLGATE_DATABASE_URL): a postgres:// URL puts the state in PostgreSQL; anything else names the setting, never the password', () => {
+  const env = { TOLLGATE_PEPPER: 'p'.repeat(32), TOLLGATE_OPERATOR_TOKEN: 'op_x'.repeat(5), TOLLGATE_NODE_TOKEN: 'node_x'.repeat(5) };
+  const listen = ['--listen', '127.0.0.1:0'];
+  const url = 'postgres://tollgate:s3cret@db.internal:5433/tollgate';
+  const cfg = loadControlPlaneConfig([...listen, '--database-url', url], env);
+  assert.equal(cfg.databaseUrl, url);
+  assert.equal(loadControlPlaneConfig(listen, { ...env, TOLLGATE_DATABASE_URL: 'postgresql://u:p@h/d' }).databaseUrl, 'postgresql://u:p@h/d');
+  // The flag wins over the environment; without either, SQLite as before.
+  assert.equal(loadControlPlaneConfig([...listen, '--database-url', url], { ...env, TOLLGATE_DATABASE_URL: 'postgres://other/x' }).databaseUrl, url);
+  assert.equal(loadControlPlaneConfig(['--db', '/tmp/tollgate-cfg-test/x.db', ...listen], env).databaseUrl, null);
+  const bad: [string[], Record<string, string>, RegExp][] = [
+    [[...listen, '--database-url', 'mysql://u:hunter2@h/d'], env, /^--database-url must be a postgres:\/\/USER:PASSWORD@HOST:PORT\/DATABASE URL \(the value is not shown\)$/],
+    [[...listen, '--database-url', 'postgres://u:hunter2@/d'], env, /^--database-url must be/],
+    [[...listen, '--database-url', 'postgres://u:hunter2@h'], env, /^--database-url must be/],
+    [[...listen, '--database-url', 'postgres://u:hunter2@h:99999/d'], env, /^--database-url must be/],
+    [[...listen, '--database-url', 'not a url hunter2'], env, /^--database-url must be/],
+    [listen, { ...env, TOLLGATE_DATABASE_URL: 'postgres//hunter2' }, /^TOLLGATE_DATABASE_URL must be/],
+    // The request logs go to PostgreSQL too: a logs file would be ignored, so it is refused.
+    [[...listen, '--database-url', url, '--logs-db', '/tmp/x.db'], env, /^--logs-db is for SQLite; with --database-url the request logs are in PostgreSQL$/],
+    // Without --db there is no folder to keep generated tokens in.
+    [[...listen, '--database-url', url], { ...env, TOLLGATE_OPERATOR_TOKEN: '' }, /^--database-url needs TOLLGATE_OPERATOR_TOKEN/],
+    [[...listen, '--database-url', url], { ...env, TOLLGATE_NODE_TOKEN: '' }, /^--database-url needs --node-token-file or TOLLGATE_NODE_TOKEN/],
+  ];
+  for (const [argv, e, want] of bad) {
+    assert.throws(() => loadControlPlaneConfig(argv, e), (err: Error) => {
+      assert.match(err.message, want, argv.join(' '));
+      assert.doesNotMatch(err.message, /hunter2/);
+      return true;
+    });
+  }
+});

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { readGatewayConfig } from '../../control-plane/config.js';
 import { ControlState } from '../../control-plane/state/control-state.js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { LeaseService } from '../../control-plane/leases/lease-service.js';
 import type { NodeSession } from '../../control-plane/sync/node-session.js';
@@ -23,7 +23,7 @@ const NOW = Date.UTC(2026, 10, 26, 12, 0, 0);
 async function setUp(t: { after(fn: () => unknown): void }, orgs: number) {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-lease-service-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db);
   await db.tx(async (tx) => {

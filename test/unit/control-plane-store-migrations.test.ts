@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Db, type Tx } from '../../control-plane/store/db.js';
+import type { Tx } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { MIGRATIONS } from '../../control-plane/store/migrations/index.js';
 
@@ -26,10 +27,10 @@ const TABLES = [
 ];
 
 /** A database in a directory of its own, every migration applied; both gone after the test. */
-async function migratedDb(t: { after(fn: () => unknown): void }): Promise<Db> {
+async function migratedDb(t: { after(fn: () => unknown): void }): Promise<SqliteDb> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db);
   return db;
@@ -38,7 +39,7 @@ async function migratedDb(t: { after(fn: () => unknown): void }): Promise<Db> {
 test('migrations from an empty database create every table, in WAL mode; a second run is a no-op', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
 
   const applied = await runMigrations(db);
@@ -73,7 +74,7 @@ test('a failed transaction leaves nothing behind', async (t) => {
 test('010-free-grants: organisations that exist keep their grant, and each owner counts as having had one', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-migrations-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db, MIGRATIONS.filter((m) => m.version < 10));
   await db.exec(`

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import test from 'node:test';
 import { LogBlocksBuilder, type LogRow } from '../../proto/lib/log-columns.js';
 import type { LogSource } from '../../control-plane/store/log-store/log-store.js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-store.js';
 
 const DAY = 86_400_000;
@@ -128,7 +128,7 @@ test('rows of blocks from several nodes, overlapping in time, page in time order
 
 test('a logs.db with the per-row day tables of an earlier version is converted to blocks when opened', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-logs-'));
-  const raw = await Db.open(join(dir, 'logs.db'));
+  const raw = await SqliteDb.open(join(dir, 'logs.db'));
   await raw.exec(`CREATE TABLE logs_20250310 (
       request_id TEXT NOT NULL, at_ms INTEGER NOT NULL, node_id TEXT NOT NULL, key_id TEXT NOT NULL, project_id TEXT NOT NULL,
       org_id TEXT NOT NULL, client_ip TEXT NOT NULL, user_agent TEXT NOT NULL, method TEXT NOT NULL, path TEXT NOT NULL,
@@ -166,7 +166,7 @@ test('reports written together: one transaction for all; a batch that overlaps w
 
 /** Rows in the key index table of a day, read through a connection of its own. */
 async function indexRows(dir: string, day: string): Promise<number> {
-  const raw = await Db.open(join(dir, 'logs.db'));
+  const raw = await SqliteDb.open(join(dir, 'logs.db'));
   try {
     return (await raw.get<{ n: number }>(`SELECT COUNT(*) AS n FROM logkeys_${day}`))!.n;
   } finally {
@@ -216,7 +216,7 @@ test('a store that stopped without writing its key index indexes the blocks past
   assert.equal(await indexRows(dir, '20250310'), 3);
   assert.deepEqual((await second.query({ keyId: 'key_c' }, 100, '')).logs.map((l) => l.requestId), ['r-3']);
   // A logs.db from before the cursor existed was indexed block by block: nothing to index again.
-  const raw = await Db.open(join(dir, 'logs.db'));
+  const raw = await SqliteDb.open(join(dir, 'logs.db'));
   await raw.exec('DROP TABLE log_index_cursor');
   await raw.close();
   const third = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0, log: (l) => logged.push(l) });
@@ -253,7 +253,7 @@ test("a report's blocks and cursor are one statement once its instance's cursor 
   assert.deepEqual((await writeRows(first, { nodeId: 'n1', instanceId: 'i0' }, 0, [row(4, T0 + 3)])).duplicate, false);
   await first.close();
   // The next process opens the file; a day made before the sink view existed gets one when it opens.
-  const raw = await Db.open(join(dir, 'logs.db'));
+  const raw = await SqliteDb.open(join(dir, 'logs.db'));
   await raw.exec('DROP VIEW logsink_20250310');
   await raw.close();
   const second = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
@@ -264,7 +264,7 @@ test("a report's blocks and cursor are one statement once its instance's cursor 
   assert.deepEqual(await writeRows(second, src, 2, [row(2, T0 + 1), row(3, T0 + 2, { keyId: 'key_b' })]), { duplicate: true, written: 0 }, 'the resend of a written report');
   assert.deepEqual(await writeRows(second, src, 3, [row(5, T0 + 4)]), { duplicate: false, written: 1 });
   assert.deepEqual(await counted(second, 4, [row(6, T0 + 5)]), { duplicate: false, written: 1, statements: 1 });
-  const check = await Db.open(join(dir, 'logs.db'));
+  const check = await SqliteDb.open(join(dir, 'logs.db'));
   try {
     assert.deepEqual(await check.get('SELECT COUNT(*) AS n, COUNT(DISTINCT id) AS ids, MIN(id) AS first, MAX(id) AS last FROM logblocks_20250310'), { n: 5, ids: 5, first: 1, last: 5 });
     assert.deepEqual(await check.all('SELECT instance_id, last_seq FROM log_cursors ORDER BY instance_id'), [{ instance_id: 'i0', last_seq: 0 }, { instance_id: 'i1', last_seq: 4 }]);
@@ -297,12 +297,12 @@ test('parts out of seq order move the cursor to their highest seq, in memory as 
   assert.deepEqual(await s.writeBlocks(src, [part(5)]), { duplicate: true, written: 0 }, 'the cursor is at 6');
   assert.deepEqual((await s.query({ keyId: 'key_a' }, 100, '')).logs.map((l) => l.requestId), ['r-6', 'r-4']);
   await s.close();
-  const raw = await Db.open(join(dir, 'logs.db'));
+  const raw = await SqliteDb.open(join(dir, 'logs.db'));
   await raw.exec("CREATE VIEW logsink_20250101 AS SELECT NULL AS id");
   await raw.close();
   const again = await SqliteLogStore.open(join(dir, 'logs.db'), { retentionDays: 30, now: () => T0 });
   await again.close();
-  const check = await Db.open(join(dir, 'logs.db'));
+  const check = await SqliteDb.open(join(dir, 'logs.db'));
   try {
     assert.deepEqual(await check.all("SELECT name FROM sqlite_master WHERE type = 'view' ORDER BY name"), [{ name: 'logsink_20250310' }]);
   } finally {

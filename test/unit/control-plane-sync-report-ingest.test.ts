@@ -11,7 +11,7 @@ import { test } from 'node:test';
 import fc from 'fast-check';
 import { readGatewayConfig } from '../../control-plane/config.js';
 import { ControlState } from '../../control-plane/state/control-state.js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { addCredit, setOrgOwnCap, setOrgTier } from '../../control-plane/store/orgs-repo.js';
 import { ReportIngest } from '../../control-plane/sync/report-ingest.js';
@@ -27,7 +27,7 @@ const keyId = (i: number) => `key_s${String(i).padStart(7, '0')}`;
 async function setUp(t: { after(fn: () => unknown): void }, keys: number, orgs: number, clock = { ms: NOW }) {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-ingest-statements-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db);
   // Organisations on the free tier (grant 5.00 USD, cap 5.00 USD a month); key i belongs to org i mod orgs.
@@ -63,7 +63,7 @@ function report(seq: number, keys: number, orgs: number, requests = 1, costMicro
 }
 
 /** Statements issued by ingesting reports 1 and 2 (the second: the steady state). */
-async function statementsPerReport(keys: number, orgs: number, t: { after(fn: () => unknown): void }): Promise<{ first: number; second: number; db: Db; state: ControlState; ingest: ReportIngest }> {
+async function statementsPerReport(keys: number, orgs: number, t: { after(fn: () => unknown): void }): Promise<{ first: number; second: number; db: SqliteDb; state: ControlState; ingest: ReportIngest }> {
   const { db, state, ingest } = await setUp(t, keys, orgs);
   const counted = async (seq: number) => {
     const before = db.statementsIssued;

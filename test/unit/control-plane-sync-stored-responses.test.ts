@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import type { StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { STORED_RESPONSE_RETENTION_MS, StoredResponsesFanout } from '../../control-plane/sync/stored-responses.js';
 
@@ -17,7 +17,7 @@ const rec = (id: string, createdAtMs: number): StoredResponse => ({ responseId: 
 test('records are written once, sent after the seq a node holds then live, and pruned past retention', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-stored-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db);
   let now = 40 * DAY;
@@ -72,7 +72,7 @@ test('records are written once, sent after the seq a node holds then live, and p
 test("each project keeps its newest records up to the bound; another project's are never deleted for it", async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-stored-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db);
   const now = 40 * DAY;

@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { addUsageMinutes, type UsageMinute } from '../../control-plane/store/usage-repo.js';
 import { FOLD_AT_ROWS, UsageFold } from '../../control-plane/sync/usage-fold.js';
@@ -15,10 +15,10 @@ import { eventually } from '../helpers/data-plane.js';
 
 const MINUTE = 29_000_000;
 
-async function open(t: { after(fn: () => unknown): void }, dir?: string): Promise<{ db: Db; dir: string }> {
+async function open(t: { after(fn: () => unknown): void }, dir?: string): Promise<{ db: SqliteDb; dir: string }> {
   const d = dir ?? mkdtempSync(join(tmpdir(), 'tollgate-usage-fold-'));
   if (!dir) t.after(() => rmSync(d, { recursive: true, force: true }));
-  const db = await Db.open(join(d, 'tollgate.db'));
+  const db = await SqliteDb.open(join(d, 'tollgate.db'));
   await runMigrations(db);
   return { db, dir: d };
 }
@@ -38,7 +38,7 @@ function rows(keys: number, minute = MINUTE, model = 'demo-chat'): UsageMinute[]
   }));
 }
 
-async function journal(db: Db, fold: UsageFold, r: UsageMinute[]): Promise<void> {
+async function journal(db: SqliteDb, fold: UsageFold, r: UsageMinute[]): Promise<void> {
   await db.tx(async (tx) => {
     await addUsageMinutes(tx, r);
     tx.afterCommit(() => fold.journaled(r.length));
@@ -53,7 +53,7 @@ interface Sums {
 }
 
 /** What every reader sums: usage per project and per organisation, and everything, through the view. */
-async function sums(q: Db): Promise<{ all: Sums; byProject: unknown[]; byOrg: unknown[]; journal: number; folded: number }> {
+async function sums(q: SqliteDb): Promise<{ all: Sums; byProject: unknown[]; byOrg: unknown[]; journal: number; folded: number }> {
   const all = (await q.get<Sums>('SELECT COUNT(*) AS rows, SUM(requests) AS requests, SUM(cost_micros) AS cost, SUM(prompt_tokens + completion_tokens) AS tokens FROM usage_minutes'))!;
   const byProject = await q.all("SELECT key_id, model, SUM(requests) AS r, SUM(cost_micros) AS c FROM usage_minutes WHERE project_id = 'proj_1' AND minute >= ? AND minute < ? GROUP BY key_id, model ORDER BY key_id", [MINUTE, MINUTE + 2]);
   const byOrg = await q.all("SELECT minute, SUM(requests) AS r FROM usage_minutes WHERE org_id = 'org_2' GROUP BY minute ORDER BY minute");

@@ -7,16 +7,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { Metadata, status } from '@grpc/grpc-js';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_KEY, queryUsageHandler } from '../../control-plane/sync/usage-query.js';
 
 const KEYS = ['key_a', 'key_b', 'key_c', 'key_d'];
 
-async function seeded(t: import('node:test').TestContext): Promise<Db> {
+async function seeded(t: import('node:test').TestContext): Promise<SqliteDb> {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-usage-reads-'));
   t.after(() => rmSync(dir, { recursive: true, force: true }));
-  const db = await Db.open(join(dir, 'tollgate.db'));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
   t.after(() => db.close());
   await runMigrations(db);
   await db.tx(async (tx) => {

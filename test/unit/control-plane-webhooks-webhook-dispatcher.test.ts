@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { Db } from '../../control-plane/store/db.js';
+import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
 import { runMigrations } from '../../control-plane/store/migrate.js';
 import { parseWebhooksConfig, type WebhookSettings } from '../../control-plane/gateway-config/webhook-config.js';
 import { backoffMs, MAX_BACKOFF_MS, RETRY_WINDOW_MS, WebhookDispatcher } from '../../control-plane/webhooks/webhook-dispatcher.js';
@@ -27,7 +27,7 @@ test('backoff doubles from the initial delay, jittered in [0.5, 1), capped', () 
 
 async function setup(t: import('node:test').TestContext, url: string, secret: string) {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-webhooks-'));
-  const db = await Db.open(join(dir, 'state.db'));
+  const db = await SqliteDb.open(join(dir, 'state.db'));
   t.after(async () => {
     await db.close();
     rmSync(dir, { recursive: true, force: true });

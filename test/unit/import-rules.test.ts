@@ -83,6 +83,11 @@ test('the planes never import one another (the launchers may read the node heap 
   assert.deepEqual(bad, []);
 });
 
+test('only control-plane/store/ imports a database driver (sqlite3, pg)', () => {
+  const bad = FILES.filter((f) => !f.startsWith('control-plane/store/') && /(?:from|import)\s*\(?\s*'(?:sqlite3|pg)'/.test(readFileSync(join(ROOT, f), 'utf8')));
+  assert.deepEqual(bad, []);
+});
+
 test('no forwarding re-exports: a module exports only what it defines', () => {
   const bad = FILES.filter((f) => /^export\s+(?:type\s+)?(?:\*|\{[^}]*\})\s+from\s/m.test(readFileSync(join(ROOT, f), 'utf8')) || /^export\s+\{[^}]*\};/m.test(readFileSync(join(ROOT, f), 'utf8')));
   assert.deepEqual(bad, []);

@@ -7,6 +7,7 @@
 import { decodeLogColumns } from '../../../proto/lib/log-columns.js';
 import { LogColumns } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { Db, Queryable } from '../db.js';
+import { greatest } from '../dialect.js';
 import { DAY_TABLE_RE, type LogDays } from './log-days.js';
 
 /** The key index is written this often (docs/design.md#log-store). */
@@ -26,7 +27,11 @@ export type IndexEntry = [string, number, number, number, string, string, number
 export async function createIndexCursor(db: Db, tables: readonly string[]): Promise<void> {
   if (tables.includes('log_index_cursor')) return;
   await db.tx(async (tx) => {
-    await tx.exec('CREATE TABLE log_index_cursor (day TEXT PRIMARY KEY, block INTEGER NOT NULL) WITHOUT ROWID');
+    await tx.exec(
+      tx.dialect === 'postgres'
+        ? 'CREATE TABLE IF NOT EXISTS log_index_cursor (day TEXT COLLATE "C" PRIMARY KEY, block BIGINT NOT NULL)'
+        : 'CREATE TABLE log_index_cursor (day TEXT PRIMARY KEY, block INTEGER NOT NULL) WITHOUT ROWID',
+    );
     for (const name of tables) {
       const m = DAY_TABLE_RE.exec(name);
       if (m) await tx.run(`INSERT INTO log_index_cursor (day, block) SELECT ?, COALESCE(MAX(id), 0) FROM ${name}`, [m[1]]);
@@ -144,8 +149,8 @@ export class LogIndex {
 }
 
 export async function insertIndex(tx: Queryable, day: string, entries: readonly IndexEntry[], lastBlock: number): Promise<void> {
-  for (let i = 0; i < entries.length; i += INDEX_CHUNK) await tx.runPrepared(keysInsertSql(day), [JSON.stringify(entries.slice(i, i + INDEX_CHUNK))]);
-  await tx.run('INSERT INTO log_index_cursor (day, block) VALUES (?, ?) ON CONFLICT (day) DO UPDATE SET block = MAX(block, excluded.block)', [day, lastBlock]);
+  for (let i = 0; i < entries.length; i += INDEX_CHUNK) await tx.runPrepared(keysInsertSql(tx, day), [JSON.stringify(entries.slice(i, i + INDEX_CHUNK))]);
+  await tx.run(`INSERT INTO log_index_cursor (day, block) VALUES (?, ?) ON CONFLICT (day) DO UPDATE SET block = ${greatest(tx, 'log_index_cursor.block', 'excluded.block')}`, [day, lastBlock]);
 }
 
 /** A stored block's index entries, from its columns (as LogColumnsBuilder made them for its LogBlock). */
@@ -163,13 +168,19 @@ function entriesOfColumns(block: number, columns: Buffer): IndexEntry[] {
 }
 
 const keysSql = new Map<string, string>();
-function keysInsertSql(day: string): string {
-  let sql = keysSql.get(day);
+function keysInsertSql(q: Queryable, day: string): string {
+  const name = `${q.dialect}:${day}`;
+  let sql = keysSql.get(name);
   if (!sql) {
-    sql = `INSERT OR IGNORE INTO logkeys_${day} (key_id, max_at, block, min_at, project_id, org_id, rows)
-      SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM json_each(?)`;
+    sql =
+      q.dialect === 'postgres'
+        ? `INSERT INTO logkeys_${day} (key_id, max_at, block, min_at, project_id, org_id, rows)
+            SELECT v ->> 0, (v ->> 1)::bigint, (v ->> 2)::bigint, (v ->> 3)::bigint, v ->> 4, v ->> 5, (v ->> 6)::bigint
+            FROM jsonb_array_elements(?::jsonb) AS v ON CONFLICT DO NOTHING`
+        : `INSERT OR IGNORE INTO logkeys_${day} (key_id, max_at, block, min_at, project_id, org_id, rows)
+            SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5, value ->> 6 FROM json_each(?)`;
     if (keysSql.size > 1000) keysSql.clear();
-    keysSql.set(day, sql);
+    keysSql.set(name, sql);
   }
   return sql;
 }

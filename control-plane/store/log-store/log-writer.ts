@@ -4,6 +4,7 @@
 // to it.
 import type { LogBlock } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { Db, Param, Queryable, Tx } from '../db.js';
+import { greatest } from '../dialect.js';
 import { KeptCursors } from '../kept-cursors.js';
 import { DAY_TABLE_RE, dayOf, type LogDays } from './log-days.js';
 import type { IndexEntry, LogIndex } from './log-index.js';
@@ -29,9 +30,54 @@ function sinkSql(day: string): string {
 }
 
 export async function createLogCursors(db: Db): Promise<void> {
-  await db.exec(`CREATE TABLE IF NOT EXISTS log_cursors (
-      node_id TEXT NOT NULL, instance_id TEXT NOT NULL, last_seq INTEGER NOT NULL, PRIMARY KEY (node_id, instance_id)
-    ) WITHOUT ROWID`);
+  await db.exec(
+    db.dialect === 'postgres'
+      ? `CREATE TABLE IF NOT EXISTS log_cursors (
+          node_id TEXT COLLATE "C" NOT NULL, instance_id TEXT COLLATE "C" NOT NULL, last_seq BIGINT NOT NULL, PRIMARY KEY (node_id, instance_id))`
+      : `CREATE TABLE IF NOT EXISTS log_cursors (
+          node_id TEXT NOT NULL, instance_id TEXT NOT NULL, last_seq INTEGER NOT NULL, PRIMARY KEY (node_id, instance_id)
+        ) WITHOUT ROWID`,
+  );
+}
+
+/**
+ * PostgreSQL's day partitions: the parents logblocks and logkeys, partitioned by day (LIST), whose
+ * partitions are named as SQLite's day tables (logblocks_YYYYMMDD, logkeys_YYYYMMDD) and read as
+ * they are; retention drops whole partitions. The parents let a seller's own tools read every day.
+ */
+export const PG_LOG_PARENTS_SQL = `
+  CREATE TABLE IF NOT EXISTS logblocks (
+    day TEXT COLLATE "C" NOT NULL, id BIGINT NOT NULL, node_id TEXT COLLATE "C" NOT NULL, min_at BIGINT NOT NULL, max_at BIGINT NOT NULL,
+    rows BIGINT NOT NULL, columns BYTEA NOT NULL, PRIMARY KEY (day, id)
+  ) PARTITION BY LIST (day);
+  CREATE INDEX IF NOT EXISTS logblocks_by_time ON logblocks (max_at);
+  CREATE TABLE IF NOT EXISTS logkeys (
+    day TEXT COLLATE "C" NOT NULL, key_id TEXT COLLATE "C" NOT NULL, max_at BIGINT NOT NULL, block BIGINT NOT NULL, min_at BIGINT NOT NULL,
+    project_id TEXT COLLATE "C" NOT NULL, org_id TEXT COLLATE "C" NOT NULL, rows BIGINT NOT NULL, PRIMARY KEY (day, key_id, max_at, block)
+  ) PARTITION BY LIST (day);
+  CREATE INDEX IF NOT EXISTS logkeys_by_project ON logkeys (project_id, max_at);
+  CREATE INDEX IF NOT EXISTS logkeys_by_org ON logkeys (org_id, max_at);`;
+
+/** One day's tables: SQLite's own tables and view; PostgreSQL's partitions (each row's day by default). */
+function dayTablesSql(q: Queryable, day: string): string {
+  if (q.dialect === 'postgres') {
+    return `CREATE TABLE IF NOT EXISTS logblocks_${day} PARTITION OF logblocks (day DEFAULT '${day}') FOR VALUES IN ('${day}');
+      CREATE TABLE IF NOT EXISTS logkeys_${day} PARTITION OF logkeys (day DEFAULT '${day}') FOR VALUES IN ('${day}');
+      INSERT INTO log_index_cursor (day, block) VALUES ('${day}', 0) ON CONFLICT DO NOTHING;`;
+  }
+  return `CREATE TABLE IF NOT EXISTS logblocks_${day} (
+      id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, min_at INTEGER NOT NULL, max_at INTEGER NOT NULL, rows INTEGER NOT NULL,
+      columns BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS logblocks_${day}_by_time ON logblocks_${day} (max_at);
+    CREATE TABLE IF NOT EXISTS logkeys_${day} (
+      key_id TEXT NOT NULL, max_at INTEGER NOT NULL, block INTEGER NOT NULL, min_at INTEGER NOT NULL, project_id TEXT NOT NULL,
+      org_id TEXT NOT NULL, rows INTEGER NOT NULL, PRIMARY KEY (key_id, max_at, block)
+    ) WITHOUT ROWID;
+    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_project ON logkeys_${day} (project_id, max_at);
+    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_org ON logkeys_${day} (org_id, max_at);
+    INSERT OR IGNORE INTO log_index_cursor (day, block) VALUES ('${day}', 0);
+    ${sinkSql(day)}`;
 }
 
 /** The days the file holds (`tables`: its tables named log%), each with its view. */
@@ -65,19 +111,7 @@ export class LogWriter {
   async ensureDay(q: Queryable, day: string, added: string[]): Promise<void> {
     if (this.days.has(day)) return;
     added.push(day);
-    await q.exec(`CREATE TABLE IF NOT EXISTS logblocks_${day} (
-      id INTEGER PRIMARY KEY, node_id TEXT NOT NULL, min_at INTEGER NOT NULL, max_at INTEGER NOT NULL, rows INTEGER NOT NULL,
-      columns BLOB NOT NULL
-    );
-    CREATE INDEX IF NOT EXISTS logblocks_${day}_by_time ON logblocks_${day} (max_at);
-    CREATE TABLE IF NOT EXISTS logkeys_${day} (
-      key_id TEXT NOT NULL, max_at INTEGER NOT NULL, block INTEGER NOT NULL, min_at INTEGER NOT NULL, project_id TEXT NOT NULL,
-      org_id TEXT NOT NULL, rows INTEGER NOT NULL, PRIMARY KEY (key_id, max_at, block)
-    ) WITHOUT ROWID;
-    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_project ON logkeys_${day} (project_id, max_at);
-    CREATE INDEX IF NOT EXISTS logkeys_${day}_by_org ON logkeys_${day} (org_id, max_at);
-    INSERT OR IGNORE INTO log_index_cursor (day, block) VALUES ('${day}', 0);
-    ${sinkSql(day)}`);
+    await q.exec(dayTablesSql(q, day));
     this.days.add(day);
   }
 
@@ -126,16 +160,21 @@ export class LogWriter {
             params.push(blockId, source.nodeId, b.minAtMs, b.maxAtMs, b.rows, b.columns, source.instanceId, last);
             for (const k of b.keys) dayEntries.push([k.keyId, k.maxAtMs, blockId, k.minAtMs, k.projectId, k.orgId, k.rows]);
           }
-          statements.push({ sql: `INSERT INTO logsink_${day} (id, node_id, min_at, max_at, rows, columns, instance_id, last_seq) VALUES ${part.map(() => '(?, ?, ?, ?, ?, ?, ?, ?)').join(', ')}`, params });
+          statements.push(
+            tx.dialect === 'postgres'
+              ? { sql: `INSERT INTO logblocks_${day} (id, node_id, min_at, max_at, rows, columns) VALUES ${part.map(() => '(?, ?, ?, ?, ?, ?)').join(', ')}`, params: params.filter((_, j) => j % 8 < 6) }
+              : { sql: `INSERT INTO logsink_${day} (id, node_id, min_at, max_at, rows, columns, instance_id, last_seq) VALUES ${part.map(() => '(?, ?, ?, ?, ?, ?, ?, ?)').join(', ')}`, params },
+          );
         }
         entries.set(day, dayEntries);
         nextIds.set(day, next);
       }
-      // Nothing to store (every row empty or past retention): the cursor moves alone.
-      if (statements.length === 0) {
+      // Nothing to store (every row empty or past retention): the cursor moves alone. PostgreSQL has
+      // no day view: the cursor always moves by its own statement, the transaction's last.
+      if (statements.length === 0 || tx.dialect === 'postgres') {
         statements.push({
           sql: `INSERT INTO log_cursors (node_id, instance_id, last_seq) VALUES (?, ?, ?)
-            ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = MAX(last_seq, excluded.last_seq)`,
+            ON CONFLICT (node_id, instance_id) DO UPDATE SET last_seq = ${greatest(tx, 'log_cursors.last_seq', 'excluded.last_seq')}`,
           params: [source.nodeId, source.instanceId, last],
         });
       }

@@ -17,7 +17,7 @@
 // key index, waiting and written), log-query.ts (pages, newest first), log-retention.ts (whole days
 // dropped), log-legacy.ts (days written before blocks existed), over log-days.ts (what they share);
 // this class puts them together behind the LogStore contract (log-store.ts).
-import { Db } from '../db.js';
+import { SqliteDb } from '../sqlite-db.js';
 import { LogDays, type SqliteLogStoreOptions } from './log-days.js';
 import { createIndexCursor, LogIndex } from './log-index.js';
 import { convertOldDays } from './log-legacy.js';
@@ -40,7 +40,7 @@ export class SqliteLogStore implements LogStore {
   }
 
   static async open(path: string, opts: SqliteLogStoreOptions): Promise<SqliteLogStore> {
-    const db = await Db.open(path);
+    const db = await SqliteDb.open(path);
     await createLogCursors(db);
     const tables = (await db.all<{ name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'log%'")).map((r) => r.name);
     await createIndexCursor(db, tables);

@@ -1,5 +1,6 @@
 // Versioned migrations, applied in order; each runs once, recorded in schema_migrations.
-// Never edit a shipped migration: add the next one.
+// Never edit a shipped migration: add the next one. The numbers are the same on both stores; on
+// PostgreSQL a migration runs its `pg` text, else its SQLite text with PostgreSQL's types (pg-ddl.ts).
 import { sql as initial } from './001-initial.js';
 import { sql as fundsVersion } from './002-funds-version.js';
 import { sql as keyTombstones } from './003-key-tombstones.js';
@@ -13,19 +14,34 @@ import { sql as moneyLimits } from './036-money-limits.js';
 import { sql as nodesConnected } from './037-nodes-connected.js';
 import { sql as usageJournal } from './038-usage-journal.js';
 import { sql as reportSink } from './039-report-sink.js';
+import { pgSql as reportSinkPg } from './039-report-sink-pg.js';
+import { pgDdl } from './pg-ddl.js';
 
 export interface Migration {
   version: number;
   name: string;
   sql: string;
+  /** PostgreSQL's text where it differs from pgDdl(sql). */
+  pg?: string;
+}
+
+/** The text of migration `m` for a store of `dialect`. */
+export function migrationSql(m: Migration, dialect: 'sqlite' | 'postgres'): string {
+  return dialect === 'sqlite' ? m.sql : (m.pg ?? pgDdl(m.sql));
 }
 
 export const MIGRATIONS: readonly Migration[] = [
-  { version: 1, name: 'initial', sql: initial },
+  {
+    version: 1,
+    name: 'initial',
+    sql: initial,
+    // Owners are told apart by the order they were added in: SQLite's rowid, a column on PostgreSQL.
+    pg: pgDdl(initial).replace('CREATE TABLE memberships (', 'CREATE TABLE memberships (\n  rowid BIGINT GENERATED ALWAYS AS IDENTITY,'),
+  },
   { version: 2, name: 'funds-version', sql: fundsVersion },
   { version: 3, name: 'key-tombstones', sql: keyTombstones },
   { version: 4, name: 'usage-minutes', sql: usageMinutes },
-  { version: 10, name: 'free-grants', sql: freeGrants },
+  { version: 10, name: 'free-grants', sql: freeGrants, pg: pgDdl(freeGrants).replace('INSERT OR IGNORE INTO free_grants', 'INSERT INTO free_grants').replace(/ORDER BY o.created_at, o.id;/, 'ORDER BY o.created_at, o.id\n  ON CONFLICT DO NOTHING;') },
   { version: 15, name: 'webhook-outbox', sql: webhookOutbox },
   { version: 16, name: 'audit-log', sql: auditLog },
   { version: 17, name: 'key-expiry', sql: keyExpiry },
@@ -33,5 +49,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 36, name: 'money-limits', sql: moneyLimits },
   { version: 37, name: 'nodes-connected', sql: nodesConnected },
   { version: 38, name: 'usage-journal', sql: usageJournal },
-  { version: 39, name: 'report-sink', sql: reportSink },
+  { version: 39, name: 'report-sink', sql: reportSink, pg: reportSinkPg },
 ];

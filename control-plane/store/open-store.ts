@@ -1,0 +1,33 @@
+// Which store holds the control plane's state and request logs: SQLite files by default, or one
+// PostgreSQL database (--database-url). The rest of the control plane sees only Db and LogStore.
+import type { Db } from './db.js';
+import type { SqliteLogStoreOptions } from './log-store/log-days.js';
+import type { LogStore } from './log-store/log-store.js';
+import { PgLogStore } from './log-store/pg-log-store.js';
+import { SqliteLogStore } from './log-store/sqlite-log-store.js';
+import { describeUrl, PgDb } from './pg-db.js';
+import { SqliteDb } from './sqlite-db.js';
+
+/** The advisory lock the state's write transactions take (the request logs' is another). */
+const STATE_WRITE_LOCK = 0x7011_0001;
+
+export interface StoreLocation {
+  /** PostgreSQL when set, else the SQLite files below. */
+  databaseUrl: string | null;
+  dbPath: string;
+  logsDbPath: string;
+}
+
+/** Where the state is, for log lines: a file path, or host:port/database (never a password). */
+export function describeStore(at: StoreLocation): string {
+  return at.databaseUrl ? `postgres ${describeUrl(at.databaseUrl)}` : at.dbPath;
+}
+
+/** The state database; on PostgreSQL, connecting is tried again (logged) until the server answers. */
+export function openStateDb(at: StoreLocation, log: (line: string) => void): Promise<Db> {
+  return at.databaseUrl ? PgDb.open(at.databaseUrl, { writeLockKey: STATE_WRITE_LOCK, log }) : SqliteDb.open(at.dbPath);
+}
+
+export function openLogStore(at: StoreLocation, opts: SqliteLogStoreOptions): Promise<LogStore> {
+  return at.databaseUrl ? PgLogStore.open(at.databaseUrl, opts) : SqliteLogStore.open(at.logsDbPath, opts);
+}
