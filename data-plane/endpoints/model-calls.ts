@@ -154,5 +154,12 @@ function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, body: 
     fail(err: unknown) {
       failCall(ctx, reply, err);
     },
+    served(billAs: ModelConfig, deployment: string, attempts: string) {
+      ctx.model = billAs;
+      ctx.upstream = { deployment, attempts };
+    },
+    refuse(err: unknown) {
+      refuseAdmitted(ctx, reply, err);
+    },
   };
 }

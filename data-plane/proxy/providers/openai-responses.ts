@@ -10,7 +10,8 @@ import type { ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from 
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
-import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
+import { billedTokens, pricerOf } from './openai.js';
+import { UpstreamTargets, type PoolRegistry, type Target } from './upstream-targets.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
   private readonly targets: UpstreamTargets;
