@@ -5,6 +5,8 @@
 // After the first byte there is no failover. Consecutive failures open a deployment's circuit, a
 // half-open probe closes it; a 429's retry-after cools its deployment (the node's clock is injected).
 import assert from 'node:assert/strict';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { parse, stringify } from 'yaml';
 import { after, test } from 'node:test';
 import { assertRateLimitHeaders, assertShapeA, gatewayFixture } from '../helpers/gateway-fixture.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
@@ -188,4 +190,24 @@ test("every deployment at its own limits: 429 naming the model's capacity, retry
   assert.equal(assertRateLimitHeaders(after.headers).remainingRequests, before - 1);
   const row = await logOf(full.headers.get('x-request-id')!);
   assert.deepEqual([row.status, row.cost_usd, row.model], [429, '0.00', null]);
+});
+
+test('a reload with a bad deployment is refused naming the model and the field; the old config stays and serves', async () => {
+  const path = gw.cp.configPath!;
+  const good = readFileSync(path, 'utf8');
+  const bad = parse(good);
+  const m = bad.models.find((x: { id: string }) => x.id === 'pool-503');
+  m.deployments[1].id = m.deployments[0].id;
+  writeFileSync(path, stringify(bad));
+  try {
+    await assert.rejects(gw.console.reloadConfig(), (e: Error & { details?: string }) => {
+      assert.match(e.details ?? e.message, /old config kept: .*: model pool-503\.deployments\[1\]\.id: "busy" is listed twice/);
+      return true;
+    });
+  } finally {
+    writeFileSync(path, good);
+  }
+  const r = await ask('pool-503');
+  assert.equal(r.status, 200, r.text);
+  assert.equal((await logOf(r.headers.get('x-request-id')!)).attempts, 'busy:503 ok:200');
 });
