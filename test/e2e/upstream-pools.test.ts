@@ -11,6 +11,7 @@ import { after, test } from 'node:test';
 import { assertRateLimitHeaders, assertShapeA, gatewayFixture } from '../helpers/gateway-fixture.js';
 import { configYaml, type GatewayYaml } from '../helpers/config.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
+import { startFakeResponsesUpstream, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { cliJsonAsync } from '../helpers/processes.js';
 import { usageRowsOfKey } from '../helpers/usage-db.js';
@@ -21,8 +22,9 @@ const FIRST = 1_000_000_000;
 const KEY_ENV = { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' };
 
 const fakes: Record<string, FakeUpstream> = {};
+let responsesUpstream: FakeResponsesUpstream;
 // The fakes hold connections (a stalled answer) that would keep the file's process alive.
-after(() => Promise.all(Object.values(fakes).map((f) => f.close())));
+after(() => Promise.all([...Object.values(fakes), responsesUpstream].map((f) => f?.close())));
 let clock = minuteStart() + 5_000;
 
 function pooled(cfg: GatewayYaml, id: string, deployments: GatewayYaml[], extra: GatewayYaml = {}): void {
@@ -34,6 +36,7 @@ const dep = (id: string, baseUrl: string, weight = 1, extra: GatewayYaml = {}): 
 
 const gw = gatewayFixture(async () => {
   for (const name of ['ok', 'e503', 'e429', 'stall', 'cut', 'flaky']) fakes[name] = await startFakeUpstream();
+  responsesUpstream = await startFakeResponsesUpstream();
   fakes.e503.setMode('error-503');
   fakes.e429.setMode('error-429');
   fakes.e429.retryAfter = '30';
@@ -49,6 +52,7 @@ const gw = gatewayFixture(async () => {
     pooled(cfg, 'pool-slow', [dep('slow', fakes.stall.baseUrl, FIRST), ok()], { timeout_ms: 400, failover_timeout_ms: 5_000 });
     pooled(cfg, 'pool-cut', [dep('cut', fakes.cut.baseUrl, FIRST), ok()]);
     pooled(cfg, 'pool-circuit', [dep('flaky', fakes.flaky.baseUrl, FIRST), ok()], { circuit_failures: 2, circuit_cooldown_ms: 10_000 });
+    pooled(cfg, 'pool-resp', [dep('resp-first', responsesUpstream.baseUrl, 1, { input_usd_per_mtok: '3.00', output_usd_per_mtok: '6.00' }), ok()]);
     pooled(cfg, 'pool-full', [dep('a', fakes.ok.baseUrl, 1, { rpm: 1 }), dep('b', fakes.ok.baseUrl, 1, { rpm: 1 })]);
   });
   return {
@@ -210,4 +214,16 @@ test('a reload with a bad deployment is refused naming the model and the field; 
   const r = await ask('pool-503');
   assert.equal(r.status, 200, r.text);
   assert.equal((await logOf(r.headers.get('x-request-id')!)).attempts, 'busy:503 ok:200');
+});
+
+test("the Responses API of a pooled model goes to its first deployment (where its stored responses live), billed at that deployment's prices", async () => {
+  const k = await paidKey();
+  const r = await request(`${gw.node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: { model: 'pool-resp', input: 'Hello' } });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(responsesUpstream.requests.at(-1)!.body.model, 'up-resp-first');
+  const row = await logOf(r.headers.get('x-request-id')!);
+  assert.deepEqual([row.deployment, row.attempts], ['resp-first', 'resp-first:200']);
+  // 1,200 in at 3 $/Mtok + 300 out at 6 $/Mtok (the model's own prices would give 0.00105).
+  assert.equal(row.cost_usd, '0.0054');
+  assert.equal(r.body.usage.cost, 0.0054);
 });

@@ -12,6 +12,7 @@ import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import { billedTokens, pricerOf } from './openai.js';
 import { UpstreamTargets, type PoolRegistry, type Target } from './upstream-targets.js';
+import { pricedAs } from './pooled-upstreams.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
   private readonly targets: UpstreamTargets;
@@ -31,7 +32,11 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     let sse: ResponsesSseReader | null = null;
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
-    const pricer = pricerOf(call.model);
+    // A pooled model's responses live with its first deployment (the model's own base_url is that
+    // one's) until a stored response's deployment is recorded with its owner: billed at its prices.
+    const first = call.model.deployments[0];
+    const billAs = first ? pricedAs(call.model, first) : call.model;
+    const pricer = pricerOf(billAs);
     const background = body.background === true;
     proxyRequest({
       pool: t.pool,
@@ -55,6 +60,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         const j = json as ResponsesJsonReader | null;
         const usage = s?.usage ?? j?.usage ?? null;
         const id = s?.id ?? j?.id ?? null;
+        if (first) call.served?.(billAs, first.id, `${first.id}:${upstreamStatus || 'unreachable'}`);
         // Background: the answer (`queued`, or a stream that ended before its final event) left the
         // response running upstream, which bills it whoever reads it: followed to its end, billed then.
         if (background && usage === null && id !== null && upstreamStatus >= 200 && upstreamStatus < 300) return call.follow(id, outcome === 'aborted' ? 499 : status);

@@ -50,8 +50,8 @@ export function retryAfterMs(value: string | undefined, now: number): number {
   return Number.isFinite(at) ? Math.max(0, at - now) : DEFAULT_COOL_MS;
 }
 
-/** Prices a deployment overrides, over the model's. */
-function pricedAs(model: ModelConfig, d: ModelDeployment): ModelConfig {
+/** The model as a deployment bills: the prices it overrides, over the model's. */
+export function pricedAs(model: ModelConfig, d: ModelDeployment): ModelConfig {
   const o: Partial<ModelConfig> = {};
   if (d.inputMicrosPerMtok !== undefined) o.inputMicrosPerMtok = d.inputMicrosPerMtok;
   if (d.outputMicrosPerMtok !== undefined) o.outputMicrosPerMtok = d.outputMicrosPerMtok;
