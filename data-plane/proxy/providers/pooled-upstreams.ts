@@ -63,6 +63,33 @@ export function pricedAs(model: ModelConfig, d: ModelDeployment): ModelConfig {
   return Object.keys(o).length === 0 ? model : { ...model, ...o };
 }
 
+const dearest = new WeakMap<ModelConfig, ModelConfig>();
+
+/**
+ * A pooled model priced at the dearest of its deployments, part by part (an unset part at the price it
+ * falls back to): what a request's worst case is priced at, whichever deployment serves it.
+ */
+export function dearestPrices(model: ModelConfig): ModelConfig {
+  if (model.deployments.length === 0) return model;
+  let d = dearest.get(model);
+  if (!d) {
+    const each = model.deployments.map((x) => pricedAs(model, x));
+    const max = (f: (m: ModelConfig) => number) => Math.max(...each.map(f));
+    d = {
+      ...model,
+      inputMicrosPerMtok: max((m) => Number(m.inputMicrosPerMtok)),
+      outputMicrosPerMtok: max((m) => Number(m.outputMicrosPerMtok)),
+      audioMicrosPerUnit: max((m) => Number(m.audioMicrosPerUnit)),
+      cachedInputMicrosPerMtok: max((m) => Number(m.cachedInputMicrosPerMtok ?? m.inputMicrosPerMtok)),
+      cacheWriteMicrosPerMtok: max((m) => Number(m.cacheWriteMicrosPerMtok ?? m.inputMicrosPerMtok)),
+      inputAudioMicrosPerMtok: max((m) => Number(m.inputAudioMicrosPerMtok ?? m.inputMicrosPerMtok)),
+      outputAudioMicrosPerMtok: max((m) => Number(m.outputAudioMicrosPerMtok ?? m.outputMicrosPerMtok)),
+    };
+    dearest.set(model, d);
+  }
+  return d;
+}
+
 /** A model's pool for one config version: its members' states outlive the version. */
 interface ModelPool {
   pool: UpstreamPool;
