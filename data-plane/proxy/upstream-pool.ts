@@ -24,7 +24,15 @@ export class DeploymentState {
   minute = -1;
   requests = 0;
   tokens = 0;
-  constructor(readonly id: string) {}
+  /** For the metrics (pool-metrics.ts): requests sent, failed over from, errors by kind. */
+  sent = 0;
+  failovers = 0;
+  readonly errors = new Map<string, number>();
+  constructor(
+    readonly id: string,
+    /** The URL the counts are of: another URL is another upstream, its state new. */
+    readonly baseUrl = '',
+  ) {}
 }
 
 export interface PoolMember {
@@ -115,6 +123,7 @@ export class UpstreamPool {
     const s = this.members[i].state;
     this.roll(s);
     s.inFlight++;
+    s.sent++;
     s.requests++;
     s.tokens += tokens;
     if (s.openUntil !== 0) s.probing = true;

@@ -14,6 +14,7 @@ import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.j
 import { startFakeResponsesUpstream, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { cliJsonAsync } from '../helpers/processes.js';
+import { scrapeMetrics } from '../helpers/prometheus.js';
 import { usageRowsOfKey } from '../helpers/usage-db.js';
 import type { DemoKey } from '../helpers/console.js';
 
@@ -226,4 +227,21 @@ test("the Responses API of a pooled model goes to its first deployment (where it
   // 1,200 in at 3 $/Mtok + 300 out at 6 $/Mtok (the model's own prices would give 0.00105).
   assert.equal(row.cost_usd, '0.0054');
   assert.equal(r.body.usage.cost, 0.0054);
+});
+
+test('/metrics shows each deployment: requests, errors by kind, failovers, circuit state, in flight and its minute', async () => {
+  const m = await scrapeMetrics(`${gw.node.adminUrl}/metrics`);
+  const at = (model: string, deployment: string) => ({ model, deployment });
+  // pool-503: its busy deployment answered 503 twice (the failover test and the reload test), each failed over.
+  assert.equal(m.value('tollgate_node_deployment_requests_total', at('pool-503', 'busy')), 2);
+  assert.equal(m.value('tollgate_node_deployment_errors_total', { ...at('pool-503', 'busy'), kind: '5xx' }), 2);
+  assert.equal(m.value('tollgate_node_deployment_failovers_total', at('pool-503', 'busy')), 2);
+  assert.equal(m.value('tollgate_node_deployment_errors_total', { ...at('pool-refused', 'dead'), kind: 'refused' }), 1);
+  assert.equal(m.value('tollgate_node_deployment_errors_total', { ...at('pool-slow', 'slow'), kind: 'timeout' }), 1);
+  assert.equal(m.value('tollgate_node_deployment_errors_total', { ...at('pool-429', 'limited'), kind: '429' }), 1);
+  // The flaky deployment's circuit closed again after its probe: 0 closed, 1 half-open, 2 open.
+  assert.equal(m.value('tollgate_node_deployment_circuit', at('pool-circuit', 'flaky')), 0);
+  assert.equal(m.value('tollgate_node_deployment_in_flight', at('pool-circuit', 'flaky')), 0);
+  // Each of pool-full's deployments sent its one request of this minute (rpm 1).
+  assert.equal(m.value('tollgate_node_deployment_minute_requests', at('pool-full', 'a')), 1);
 });

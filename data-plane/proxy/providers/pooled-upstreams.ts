@@ -9,6 +9,7 @@ import type { Clock } from '../../limits/clock.js';
 import { proxyRequest, type ProxyRequest } from '../stream-proxy.js';
 import { DeploymentState, UpstreamPool } from '../upstream-pool.js';
 import type { Target, UpstreamTargets } from './upstream-targets.js';
+import { setDeploymentSource, type DeploymentRow } from '../pool-metrics.js';
 
 const DEFAULT_CIRCUIT_FAILURES = 5;
 const DEFAULT_CIRCUIT_COOLDOWN_MS = 30_000;
@@ -98,22 +99,34 @@ interface ModelPool {
 
 export class PooledUpstreams {
   private readonly pools = new WeakMap<ModelConfig, ModelPool>();
-  /** Every deployment's state, by model, id and URL: health and counts survive a config reload. */
+  /** Every deployment's state, by model and id: health and counts survive a config reload (not a new URL). */
   private readonly states = new Map<string, DeploymentState>();
 
   constructor(
     private readonly targets: UpstreamTargets,
     private readonly clock: Clock,
     private readonly random: () => number = Math.random,
-  ) {}
+  ) {
+    setDeploymentSource(() => this.rows());
+  }
+
+  /** Each deployment as the metrics show it (read when scraped). */
+  private *rows(): Iterable<DeploymentRow> {
+    const now = this.clock.now();
+    for (const [k, state] of this.states) {
+      const model = k.slice(0, k.indexOf('\n'));
+      const circuit = state.openUntil === 0 ? 0 : now < state.openUntil ? 2 : 1;
+      yield { model, state, circuit, minuteRequests: state.minute === Math.floor(now / 60_000) ? state.requests : 0, minuteTokens: state.minute === Math.floor(now / 60_000) ? state.tokens : 0 };
+    }
+  }
 
   private poolOf(model: ModelConfig): ModelPool {
     let p = this.pools.get(model);
     if (!p) {
       const members = model.deployments.map((d) => {
-        const k = `${model.id}\n${d.id}\n${d.baseUrl}`;
+        const k = `${model.id}\n${d.id}`;
         let state = this.states.get(k);
-        if (!state) this.states.set(k, (state = new DeploymentState(d.id)));
+        if (!state || state.baseUrl !== d.baseUrl) this.states.set(k, (state = new DeploymentState(d.id, d.baseUrl)));
         return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm: Number(d.tpm), maxParallel: d.maxParallelRequests };
       });
       const settings = {
@@ -191,11 +204,16 @@ class Attempts {
       pool.end(i);
     };
     const self = this;
+    const state = pool.members[i].state;
+    const countError = (kind: string) => state.errors.set(kind, (state.errors.get(kind) ?? 0) + 1);
     /** This attempt failed as `outcome`: another is made if it may be (then true), logged before it. */
     const moveOn = (outcome: string): boolean => {
       release();
       self.log.push(`${d.id}:${outcome}`);
-      if (self.next()) return true;
+      if (self.next()) {
+        state.failovers++;
+        return true;
+      }
       // None: this attempt answers after all, and its end logs it.
       self.log.pop();
       return false;
@@ -220,10 +238,12 @@ class Attempts {
       },
       retry(err) {
         failure = errorOutcome(err);
+        countError(failure);
         pool.failed(i);
         return moveOn(failure);
       },
       retryStatus(status, retryAfter) {
+        countError(status === 429 ? '429' : '5xx');
         if (status === 429) pool.cool(i, retryAfterMs(retryAfter, self.clock.now()));
         else pool.failed(i);
         return moveOn(String(status));
