@@ -28,6 +28,7 @@ export type ErrorCode =
   | 'UNKNOWN_MODEL'
   | 'UPSTREAM_UNREACHABLE'
   | 'UPSTREAM_ERROR'
+  | 'MODEL_AT_CAPACITY'
   | 'NOT_READY'
   | 'NODE_BUSY'
   | 'NODE_DRAINING'
@@ -69,6 +70,8 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   INVALID_REQUEST: { status: 400, typeA: 'invalid_request_error', codeB: 'invalid_request', message: 'Invalid request.' },
   UNKNOWN_MODEL: { status: 400, typeA: 'invalid_request_error', codeB: 'invalid_request', message: 'The model does not exist.' },
   UPSTREAM_UNREACHABLE: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream could not be reached.' },
+  // Every deployment of a pooled model is at its own limits or cooling after a 429 (issue 36).
+  MODEL_AT_CAPACITY: { status: 429, typeA: 'api_error', codeB: 'rate_limited', message: "The model's upstream capacity is used up; retry after the time in the retry-after header.", shape: 'openai' },
   UPSTREAM_ERROR: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream failed before answering.' },
   NOT_READY: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: 'This gateway node has not received its configuration yet; retry shortly.' },
   NODE_DRAINING: { status: 503, typeA: 'api_error', codeB: 'node_draining', message: 'This gateway node is shutting down; reconnect (a load balancer sends you to another node).' },

@@ -23,7 +23,8 @@ import { log } from './log.js';
 import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
-import { OpenAIProvider, PoolRegistry } from './proxy/providers/openai.js';
+import { OpenAIProvider } from './proxy/providers/openai.js';
+import { PoolRegistry } from './proxy/providers/upstream-targets.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
@@ -124,7 +125,7 @@ async function main(): Promise<void> {
     bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
-    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
+    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock) },
     pools,
     toolBackends,
     openStreams,

@@ -37,6 +37,9 @@ function jsonOf(l: RequestLog): Record<string, unknown> {
     cost_usd: formatUsd(l.costMicros),
     ...(l.keyPrefix ? { key_prefix: l.keyPrefix } : {}),
     ...(l.responseId ? { response_id: l.responseId } : {}),
+    // A pooled model: the deployment that served and every attempt ("id:outcome" …).
+    ...(l.deployment ? { deployment: l.deployment } : {}),
+    ...(l.attempts ? { attempts: l.attempts } : {}),
   };
 }
 

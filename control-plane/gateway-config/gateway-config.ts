@@ -11,6 +11,7 @@ import { ConfigError } from '../../proto/lib/process-flags.js';
 import type { GatewayConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { parseWebhooksConfig, type WebhookSettings } from './webhook-config.js';
 import { parseResponsesConfig } from './responses-config.js';
+import { parseModelPool, POOL_KEYS, readUpstreamKey, type ModelPool } from './deployments.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('../demo-config.yaml', import.meta.url));
 
@@ -60,6 +61,8 @@ export interface ModelSettings {
   maxOutputTokens?: number;
   timeoutMs: number;
   voices: string[];
+  /** `deployments` and the failover settings (deployments.ts); null: the one upstream above. */
+  pool: ModelPool | null;
 }
 
 export interface RealtimeUpstreamSettings {
@@ -137,6 +140,7 @@ const MODEL_KEYS = new Set([
   'max_output_tokens',
   'timeout_ms',
   'voices',
+  ...POOL_KEYS,
 ]);
 const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech', 'realtime']);
 const REALTIME_UPSTREAM_KEYS = new Set(['model', 'url', 'api_key_env', 'upstream_model', 'connect_timeout_ms']);
@@ -285,30 +289,20 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
     if (provider !== 'demo' && provider !== 'openai') fail(`${where}.provider`, `must be "demo" or "openai", got ${JSON.stringify(provider)}`);
     const kind = str(`${where}.kind`, raw.kind, 'chat') as ModelKind;
     if (!KINDS.has(kind)) fail(`${where}.kind`, `must be one of ${[...KINDS].join(', ')}, got ${JSON.stringify(kind)}`);
-    const baseUrl = raw.base_url === undefined ? '' : httpUrl(`${where}.base_url`, raw.base_url);
+    const pool = parseModelPool(where, id, raw, env, readSecret);
+    const first = pool?.deployments[0];
+    const baseUrl = first ? first.baseUrl : raw.base_url === undefined ? '' : httpUrl(`${where}.base_url`, raw.base_url);
     // A realtime model's upstream is its realtime_upstreams entry, not a base URL.
     if (provider === 'openai' && !baseUrl && kind !== 'realtime') fail(`${where}.base_url`, 'is required for provider openai');
-    const apiKeyEnv = raw.api_key_env === undefined || raw.api_key_env === null ? null : str(`${where}.api_key_env`, raw.api_key_env);
-    if (apiKeyEnv && !env[apiKeyEnv]) fail(`${where}.api_key_env`, `environment variable ${apiKeyEnv} is not set`);
-    const apiKeyFile = raw.api_key_file === undefined || raw.api_key_file === null ? null : str(`${where}.api_key_file`, raw.api_key_file);
-    if (apiKeyFile && apiKeyEnv) fail(where, 'give api_key_env or api_key_file, not both');
-    let apiKeyFromFile: string | null = null;
-    if (apiKeyFile) {
-      try {
-        apiKeyFromFile = readSecret(apiKeyFile);
-      } catch (err) {
-        fail(`${where}.api_key_file`, (err as Error).message);
-      }
-      if (!apiKeyFromFile) fail(`${where}.api_key_file`, `${apiKeyFile} is empty`);
-    }
+    const key = readUpstreamKey(where, raw, env, readSecret);
     models.set(id, {
       id,
       provider,
       kind,
-      upstreamModel: str(`${where}.upstream_model`, raw.upstream_model, id),
+      upstreamModel: first ? first.upstreamModel : str(`${where}.upstream_model`, raw.upstream_model, id),
       baseUrl,
-      apiKeyEnv,
-      apiKeyFromFile,
+      apiKeyEnv: key.env,
+      apiKeyFromFile: first ? first.upstreamApiKey : key.env ? null : key.value,
       inputMicrosPerMtok: usd(`${where}.input_usd_per_mtok`, raw.input_usd_per_mtok, 0),
       outputMicrosPerMtok: usd(`${where}.output_usd_per_mtok`, raw.output_usd_per_mtok, 0),
       audioMicrosPerUnit: usd(`${where}.audio_usd_per_unit`, raw.audio_usd_per_unit, 0),
@@ -319,6 +313,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       maxOutputTokens: raw.max_output_tokens === undefined || raw.max_output_tokens === null ? undefined : posInt(`${where}.max_output_tokens`, raw.max_output_tokens),
       timeoutMs: raw.timeout_ms === undefined ? DEFAULT_UPSTREAM_TIMEOUT_MS : posInt(`${where}.timeout_ms`, raw.timeout_ms),
       voices: strList(`${where}.voices`, raw.voices),
+      pool,
     });
   });
 
@@ -408,6 +403,11 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       maxOutputTokens: m.maxOutputTokens,
       timeoutMs: m.timeoutMs,
       voices: m.voices,
+      deployments: m.pool?.deployments ?? [],
+      maxAttempts: m.pool?.maxAttempts ?? 0,
+      failoverTimeoutMs: m.pool?.failoverTimeoutMs ?? 0,
+      circuitFailures: m.pool?.circuitFailures ?? 0,
+      circuitCooldownMs: m.pool?.circuitCooldownMs ?? 0,
     })),
     toolBackends,
     realtimeUpstreams: realtimeUpstreams.map((u) => ({
@@ -426,6 +426,6 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
 
 /** A copy of the proto config safe to persist: upstream credentials removed. */
 export function redactGatewayConfig(cfg: GatewayConfig): GatewayConfig {
-  return { ...cfg, models: cfg.models.map((m) => ({ ...m, upstreamApiKey: '' })), realtimeUpstreams: cfg.realtimeUpstreams.map((u) => ({ ...u, upstreamApiKey: '' })) };
+  return { ...cfg, models: cfg.models.map((m) => ({ ...m, upstreamApiKey: '', deployments: m.deployments.map((d) => ({ ...d, upstreamApiKey: '' })) })), realtimeUpstreams: cfg.realtimeUpstreams.map((u) => ({ ...u, upstreamApiKey: '' })) };
 }
 

@@ -14,6 +14,7 @@ import { validateJson } from '../request/validate-request.js';
 import { estimateTokens } from '../proxy/tokens.js';
 import { requestWorstCase } from '../limits/worst-case.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
+import { dearestPrices } from '../proxy/providers/pooled-upstreams.js';
 import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
 import { estimateResponseTokens, type ResponsesEndpoint } from './responses/responses.js';
 
@@ -81,7 +82,8 @@ export class ModelCalls implements Endpoint {
       if (route.kind === 'speech') return this.call(r, ctx, model, obj, estimate, raw, text, state);
       // Near a money limit the request runs only if its worst case fits (docs/money-limits.md#the-last-request).
       const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj) : estimate;
-      const worst = requestWorstCase(model, route.kind === 'responses' ? 'responses' : 'chat', obj, input);
+      // A pooled model's at the dearest of its deployments: any of them may serve it.
+      const worst = requestWorstCase(dearestPrices(model), route.kind === 'responses' ? 'responses' : 'chat', obj, input);
       // The common case, without a closure: the worst case is in the slice (or no limit is near).
       if (this.admission.reserveWorstCaseNow(key, ctx.spend, worst)) return this.call(r, ctx, model, obj, estimate, raw, text, state);
       this.admission.reserveWorstCaseOrWait(key, ctx.spend, worst, () => reply.done, (refusal) => {
@@ -153,6 +155,13 @@ function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, body: 
     },
     fail(err: unknown) {
       failCall(ctx, reply, err);
+    },
+    served(billAs: ModelConfig, deployment: string, attempts: string) {
+      ctx.model = billAs;
+      ctx.upstream = { deployment, attempts };
+    },
+    refuse(err: unknown) {
+      refuseAdmitted(ctx, reply, err);
     },
   };
 }

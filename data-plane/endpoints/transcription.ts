@@ -1,6 +1,7 @@
 // `POST /v1/audio/transcriptions`: a multipart upload, streamed (intake.ts). The parts before `model`
 // may be spilled to a temporary file (upload-spill.ts); the model is checked once its field arrived,
 // then the provider reads the rest of the upload.
+import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../errors.js';
 import { checkModelScope } from '../gate/gate.js';
 import type { ApiRequest } from '../gate/api-request.js';
@@ -86,6 +87,13 @@ export class Transcription implements Endpoint {
           },
           fail(e: unknown) {
             failCall(ctx as RequestContext, reply, e);
+          },
+          served(billAs: ModelConfig, deployment: string, attempts: string) {
+            ctx.model = billAs;
+            ctx.upstream = { deployment, attempts };
+          },
+          refuse(e: unknown) {
+            refuseAdmitted(ctx as RequestContext, reply, e);
           },
         });
       } catch (e) {

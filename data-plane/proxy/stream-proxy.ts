@@ -94,6 +94,11 @@ export interface ProxyRequest {
    * the failure over (e.g. try another backend). Then nothing is answered and onDone is not called.
    */
   retry?(err: Error): boolean;
+  /**
+   * The upstream answered a 429 or 5xx head, and nothing went to the client yet: return true to take
+   * it over (another deployment of a pooled model). The exchange is then cancelled and reports nothing.
+   */
+  retryStatus?(status: number, retryAfter: string | undefined): boolean;
   /** The upstream's response head arrived. */
   onResponseHead?(status: number): void;
 }
@@ -145,6 +150,8 @@ class Exchange {
   private errorSize = 0;
   private errorType = '';
   private retryAfter: string | undefined;
+  /** Given to another attempt (retry, retryStatus): nothing more of this one counts. */
+  private handedOver = false;
   /** Reading the upstream on after the client left (see usageGraceMs). */
   private graceTimer: NodeJS.Timeout | null = null;
 
@@ -204,17 +211,18 @@ class Exchange {
 
   fail(err: Error): void {
     const { reply, req } = this;
+    if (!reply.done && !reply.headersSent && this.status === 0 && req.retry?.(err)) {
+      // Handed over: this attempt reports nothing more, even if the client goes away later.
+      this.finished = true;
+      this.handedOver = true;
+      return;
+    }
     // Before the answer below: the metrics read it when the reply ends.
     if (!this.clientGone) reply.upstreamError = true;
     if (reply.done) {
       // The client left (and any grace ends here): what the inspector holds is what arrived.
       if (this.clientGone) this.done(499, 'aborted');
       else this.done(this.status || 502, 'error');
-      return;
-    }
-    if (!reply.headersSent && this.status === 0 && req.retry?.(err)) {
-      // Handed over: this attempt reports nothing more, even if the client goes away later.
-      this.finished = true;
       return;
     }
     if (!reply.headersSent) {
@@ -260,6 +268,12 @@ class Exchange {
       }
       // An informational answer (103 Early Hints, …) is not the answer: the final head follows.
       if (statusCode < 200) return true;
+      if ((statusCode === 429 || statusCode >= 500) && req.retryStatus && !reply.headersSent && req.retryStatus(statusCode, headerValue(rawHeaders, 'retry-after'))) {
+        this.finished = true;
+        this.handedOver = true;
+        this.abort(new Error('failed over to another deployment'));
+        return true;
+      }
       this.resumeUpstream = resume;
       this.status = statusCode;
       req.onResponseHead?.(statusCode);
@@ -305,6 +319,7 @@ class Exchange {
 
   onData(chunk: Buffer): boolean {
     const reply = this.reply;
+    if (this.handedOver) return true;
     try {
       if (this.graceTimer) {
         this.inspector?.transform(chunk);
@@ -358,6 +373,7 @@ class Exchange {
 
   onComplete(): void {
     const reply = this.reply;
+    if (this.handedOver) return;
     if (this.errorParts) return this.answerUpstreamError();
     try {
       if (this.graceTimer) {
@@ -403,6 +419,7 @@ class Exchange {
   }
 
   onError(err: Error): void {
+    if (this.handedOver) return;
     try {
       this.fail(err);
     } catch (e) {

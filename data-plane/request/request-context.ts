@@ -52,6 +52,8 @@ export class RequestContext {
   model: ModelConfig | null = null;
   /** The Responses API: the id of the response this request created or read (for the request log). */
   responseId: string | null = null;
+  /** A pooled model: the deployment that served and every attempt (for the request log). */
+  upstream: { deployment: string; attempts: string } | null = null;
   /**
    * The chat messages whose tokens are billed when the request ends without a provider report (an
    * abort): counted only then, not on every request.
@@ -184,7 +186,7 @@ export class RequestContext {
     }
     // Every reservation is settled, with or without a model (a tool call costs nothing but held one).
     this.deps.leases?.settleSpend(this.key.orgId, this.spend, cost);
-    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined, this.responseId);
+    this.logDraft?.settle(m && this.providerStarted ? { model: m.id, promptTokens: r.promptTokens, completionTokens: r.completionTokens, costMicros: cost } : undefined, this.responseId, this.upstream);
     return cost;
   }
 }

@@ -58,6 +58,9 @@ export class LogDraft {
   costMicros = 0;
   /** The Responses API: the response the request created or read. */
   responseId = '';
+  /** A pooled model: the deployment that served, and every attempt ("id:outcome" …). */
+  deployment = '';
+  attempts = '';
   private expectsContext = false;
   private contextDone = false;
   private replyEnded = false;
@@ -79,8 +82,12 @@ export class LogDraft {
   }
 
   /** The admitted request was settled (completed or refused). */
-  settle(usage?: { model: string; promptTokens: number; completionTokens: number; costMicros: number }, responseId?: string | null): void {
+  settle(usage?: { model: string; promptTokens: number; completionTokens: number; costMicros: number }, responseId?: string | null, upstream?: { deployment: string; attempts: string } | null): void {
     if (responseId) this.responseId = responseId;
+    if (upstream) {
+      this.deployment = upstream.deployment;
+      this.attempts = upstream.attempts;
+    }
     if (usage) {
       this.model = usage.model;
       this.promptTokens = usage.promptTokens;
@@ -114,7 +121,7 @@ export function logRow(
   head: LogHead,
   owner: LogOwner,
   outcome: LogOutcome,
-  usage: { model: string; promptTokens: number; completionTokens: number; costMicros: number; responseId?: string } | null,
+  usage: { model: string; promptTokens: number; completionTokens: number; costMicros: number; responseId?: string; deployment?: string; attempts?: string } | null,
   keyPrefix = '',
 ): LogRow {
   const row: LogRow = {
@@ -139,6 +146,8 @@ export function logRow(
     keyPrefix,
   };
   if (usage?.responseId) row.responseId = usage.responseId;
+  if (usage?.deployment) row.deployment = usage.deployment;
+  if (usage?.attempts) row.attempts = usage.attempts;
   return row;
 }
 

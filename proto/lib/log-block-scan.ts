@@ -6,14 +6,15 @@
 // message this reader does not expect (a column split in two, an unpacked column, a truncated
 // field) is read by the generated decoder instead, so the answer is the same either way.
 import { LogColumns } from '../gen/tollgate/v1/sync.js';
-import { assembleLogRow, matchLogColumns, type LogNumberField, type LogRow, type LogRowFilter, type LogTextField } from './log-columns.js';
+import { assembleLogRow, matchLogColumns, OPTIONAL_FIELDS, type LogNumberField, type LogOptionalField, type LogRow, type LogRowFilter, type LogTextField } from './log-columns.js';
 
 /** Field numbers of LogColumns (sync.proto). */
 const F_STRINGS = 1;
 const F_REQUEST_ID = 2;
 const F_AT_DELTA = 3;
-/** The response-id column (an index into the strings, like the text columns): optional, may be short. */
-const F_RESPONSE_ID = 800;
+/** Optional columns (indexes into the strings, like the text columns), in OPTIONAL_FIELDS order: may be absent or short. */
+const F_OPTIONAL: Readonly<Record<LogOptionalField, number>> = { responseId: 800, deployment: 340, attempts: 341 };
+const OPTIONAL_SLOT = new Map<number, number>(OPTIONAL_FIELDS.map((f, k) => [F_OPTIONAL[f], k]));
 /** Packed numeric columns, fields 3..20, in field order. */
 const FIRST_PACKED = 3;
 const LAST_PACKED = 20;
@@ -84,9 +85,9 @@ interface Layout {
   /** Start and end of each packed column (-1 when absent). */
   colStart: Int32Array;
   colEnd: Int32Array;
-  /** Start and end of the response-id column (-1 when absent). */
-  responseStart: number;
-  responseEnd: number;
+  /** Start and end of each optional column, in OPTIONAL_FIELDS order (-1 when absent). */
+  optStart: number[];
+  optEnd: number[];
 }
 
 function layout(buf: Uint8Array): Layout {
@@ -94,8 +95,8 @@ function layout(buf: Uint8Array): Layout {
   const requestIds: number[] = [];
   const colStart = new Int32Array(PACKED).fill(-1);
   const colEnd = new Int32Array(PACKED).fill(-1);
-  let responseStart = -1;
-  let responseEnd = -1;
+  const optStart = OPTIONAL_FIELDS.map(() => -1);
+  const optEnd = OPTIONAL_FIELDS.map(() => -1);
   const pos = { p: 0 };
   const end = buf.length;
   while (pos.p < end) {
@@ -114,15 +115,16 @@ function layout(buf: Uint8Array): Layout {
       if (colStart[c] !== -1) throw new Unexpected(`column ${field} in two parts`);
       colStart[c] = start;
       colEnd[c] = stop;
-    } else if (field === F_RESPONSE_ID) {
-      if (responseStart !== -1) throw new Unexpected(`column ${field} in two parts`);
-      responseStart = start;
-      responseEnd = stop;
+    } else if (OPTIONAL_SLOT.has(field)) {
+      const k = OPTIONAL_SLOT.get(field)!;
+      if (optStart[k] !== -1) throw new Unexpected(`column ${field} in two parts`);
+      optStart[k] = start;
+      optEnd[k] = stop;
     }
     // Unknown fields (a newer node) are skipped.
     pos.p = stop;
   }
-  return { strings, requestIds, colStart, colEnd, responseStart, responseEnd };
+  return { strings, requestIds, colStart, colEnd, optStart, optEnd };
 }
 
 const decoder = new TextDecoder();
@@ -171,11 +173,12 @@ function scan(buf: Uint8Array, filter: LogRowFilter): { i: number; row: LogRow }
   const v = new Float64Array(PACKED);
   const nStrings = l.strings.length / 2;
   const str = (i: number): string | undefined => (i < nStrings ? decoder.decode(buf.subarray(l.strings[2 * i], l.strings[2 * i + 1])) : undefined);
-  const responsePos = { p: l.responseStart };
+  const optPos = l.optStart.map((p) => ({ p }));
+  const optIndex = OPTIONAL_FIELDS.map(() => -1);
   let at = 0;
   for (let i = 0; i < rows; i++) {
-    // The response id: read in step with the rows while the column lasts.
-    const responseIndex = l.responseStart !== -1 && responsePos.p < l.responseEnd ? varint(buf, responsePos, l.responseEnd) : -1;
+    // The optional columns: read in step with the rows while each lasts.
+    for (let k = 0; k < optIndex.length; k++) optIndex[k] = l.optStart[k] !== -1 && optPos[k].p < l.optEnd[k] ? varint(buf, optPos[k], l.optEnd[k]) : -1;
     // Every column's next value; a column that ended early ends the whole rows there.
     for (let c = 0; c < PACKED; c++) {
       if (l.colStart[c] === -1 || pos[c].p >= l.colEnd[c]) return out;
@@ -199,7 +202,10 @@ function scan(buf: Uint8Array, filter: LogRowFilter): { i: number; row: LogRow }
       at,
       (f) => str(v[TEXT_SLOT[f]]),
       (f) => v[NUMBER_SLOT[f]],
-      responseIndex === -1 ? '' : (str(responseIndex) ?? ''),
+      (f) => {
+        const k = OPTIONAL_FIELDS.indexOf(f);
+        return optIndex[k] === -1 ? '' : (str(optIndex[k]) ?? '');
+      },
     );
     if (row) out.push({ i, row });
   }

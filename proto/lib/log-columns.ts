@@ -78,13 +78,16 @@ export class LogColumnsBuilder {
     c.costMicros.push(clampCount(r.costMicros));
     c.reason.push(this.str(r.reason));
     c.keyPrefix.push(this.str(r.keyPrefix));
-    // The response-id column exists from the first row that has one (earlier rows get "").
-    if (r.responseId || c.responseId.length > 0) {
-      if (c.responseId.length === 0) {
+    // An optional column exists from the first row that has a value (earlier rows get "").
+    for (const f of OPTIONAL_FIELDS) {
+      const v = r[f];
+      const col = c[f];
+      if (!v && col.length === 0) continue;
+      if (col.length === 0) {
         const none = this.str('');
-        for (let i = 1; i < c.requestId.length; i++) c.responseId.push(none);
+        for (let i = 1; i < c.requestId.length; i++) col.push(none);
       }
-      c.responseId.push(this.str(r.responseId ?? ''));
+      col.push(this.str(v ?? ''));
     }
     if (at < this.minAt) this.minAt = at;
     if (at > this.maxAt) this.maxAt = at;
@@ -186,6 +189,10 @@ export function matchLogColumns(c: LogColumns, filter: LogRowFilter): { i: numbe
   return out;
 }
 
+/** Text columns that only some rows have (absent from a block where no row has one). */
+export type LogOptionalField = 'responseId' | 'deployment' | 'attempts';
+export const OPTIONAL_FIELDS: readonly LogOptionalField[] = ['responseId', 'deployment', 'attempts'];
+
 export type LogTextField = 'keyId' | 'projectId' | 'orgId' | 'clientIp' | 'userAgent' | 'method' | 'path' | 'model' | 'reason' | 'keyPrefix';
 export type LogNumberField = 'status' | 'latencyUs' | 'bytesIn' | 'bytesOut' | 'promptTokens' | 'completionTokens' | 'costMicros';
 const TEXT_FIELDS: readonly LogTextField[] = ['keyId', 'projectId', 'orgId', 'clientIp', 'userAgent', 'method', 'path', 'model', 'reason', 'keyPrefix'];
@@ -199,7 +206,7 @@ export function assembleLogRow(
   at: number,
   text: (f: LogTextField) => string | undefined,
   num: (f: LogNumberField) => number | undefined,
-  responseId = '',
+  optional: (f: LogOptionalField) => string = () => '',
 ): LogRow | null {
   if (!requestId) return null;
   const t = {} as Record<LogTextField, string>;
@@ -208,7 +215,7 @@ export function assembleLogRow(
     if (v === undefined) return null;
     t[f] = v;
   }
-  return {
+  const row: LogRow = {
     requestId,
     atMs: clampCount(at),
     ...t,
@@ -219,13 +226,17 @@ export function assembleLogRow(
     promptTokens: clampCount(num('promptTokens')),
     completionTokens: clampCount(num('completionTokens')),
     costMicros: clampCount(num('costMicros')),
-    // Only on rows that have one (the Responses API).
-    ...(responseId ? { responseId } : {}),
   };
+  // Only on rows that have one (the Responses API; a pooled model).
+  for (const f of OPTIONAL_FIELDS) {
+    const v = optional(f);
+    if (v) row[f] = v;
+  }
+  return row;
 }
 
 function rowAt(c: LogColumns, i: number, at: number): LogRow | null {
-  return assembleLogRow(c.requestId[i], at, (f) => c.strings[c[f][i]], (f) => c[f][i], c.strings[c.responseId[i]] ?? '');
+  return assembleLogRow(c.requestId[i], at, (f) => c.strings[c[f][i]], (f) => c[f][i], (f) => c.strings[c[f][i]] ?? '');
 }
 
 /**

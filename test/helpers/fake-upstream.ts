@@ -6,11 +6,12 @@
 // 'hold-head' holds any answer (chat, embeddings, speech, transcription) before its head until
 // release(). Transcriptions answer in the `response_format` the upload asked for, with `duration`
 // only where OpenAI gives one (verbose_json), unless `transcriptionDuration` is set to null.
+// 'error-503' answers 503; 'error-429' answers 429, with `retryAfter` as its retry-after when set.
 // Speech answers SPEECH_BYTES of audio. Known usage: chat 11 + 6 tokens, embeddings 7.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { listenLocal } from './http.js';
 
-export type UpstreamMode = 'normal' | 'hold-stream' | 'stall' | 'reset-mid-body' | 'no-usage' | 'error-429' | 'hold-body' | 'hold-head';
+export type UpstreamMode = 'normal' | 'hold-stream' | 'stall' | 'reset-mid-body' | 'no-usage' | 'error-429' | 'hold-body' | 'hold-head' | 'error-503';
 
 /** Bytes of audio a speech request gets back. */
 export const SPEECH_BYTES = 64 * 1024;
@@ -60,6 +61,8 @@ export interface FakeUpstream {
    * many SSE chunks, transcription segments), the usage itself unchanged.
    */
   padAnswerBytes: number;
+  /** The retry-after header of an 'error-429' answer (none when null). */
+  retryAfter: string | null;
   close(): Promise<void>;
 }
 
@@ -111,8 +114,13 @@ export async function startFakeUpstream(): Promise<FakeUpstream> {
   };
 
   const answerRequest = (req: IncomingMessage, res: ServerResponse, body: any, model: string, mode: UpstreamMode) => {
+    if (mode === 'error-503') {
+      res.writeHead(503, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ error: { message: 'upstream overloaded', type: 'server_error', param: null, code: null } }));
+      return;
+    }
     if (mode === 'error-429') {
-      res.writeHead(429, { 'content-type': 'application/json' });
+      res.writeHead(429, { 'content-type': 'application/json', ...(fake.retryAfter === null ? {} : { 'retry-after': fake.retryAfter }) });
       res.end(JSON.stringify({ error: { message: 'upstream says slow down', type: 'requests', param: null, code: 'rate_limit_exceeded' } }));
       return;
     }
@@ -267,6 +275,7 @@ export async function startFakeUpstream(): Promise<FakeUpstream> {
   const fake: FakeUpstream = {
     transcriptionDuration: 42,
     padAnswerBytes: 0,
+    retryAfter: null,
     baseUrl: `http://127.0.0.1:${port}/v1`,
     requests,
     setMode(m) {

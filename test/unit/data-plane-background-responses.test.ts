@@ -20,7 +20,7 @@ const keepAlive = setInterval(() => {}, 1000);
 after(() => clearInterval(keepAlive));
 
 const pepper = Buffer.alloc(32, 1);
-const model: ModelConfig = { id: 'up', provider: 'openai', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [] };
+const model: ModelConfig = { id: 'up', provider: 'openai', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [], deployments: [], maxAttempts: 0, failoverTimeoutMs: 0, circuitFailures: 0, circuitCooldownMs: 0 };
 const BODY = { model: 'up', input: 'otters', background: true, max_output_tokens: 50 };
 const USAGE = { promptTokens: 10, completionTokens: 20 };
 

@@ -12,7 +12,7 @@ import { ManualClock } from '../../data-plane/limits/clock.js';
 import { client } from '../helpers/leases.js';
 
 function model(m: Partial<ModelConfig> = {}): ModelConfig {
-  return { id: 'm', provider: 'demo', upstreamModel: 'm', baseUrl: '', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 2_000_000, outputMicrosPerMtok: 8_000_000, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [], ...m };
+  return { id: 'm', provider: 'demo', upstreamModel: 'm', baseUrl: '', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 2_000_000, outputMicrosPerMtok: 8_000_000, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [], deployments: [], maxAttempts: 0, failoverTimeoutMs: 0, circuitFailures: 0, circuitCooldownMs: 0, ...m };
 }
 
 test('worst case: input estimate plus the most output named, else the model ceiling, at the dearest prices', () => {

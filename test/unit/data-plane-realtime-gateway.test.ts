@@ -34,6 +34,11 @@ const model = (id: string, kind = 'realtime', upstreamModel = ''): ModelConfig =
   audioMicrosPerUnit: 0,
   timeoutMs: 0,
   voices: [],
+  deployments: [],
+  maxAttempts: 0,
+  failoverTimeoutMs: 0,
+  circuitFailures: 0,
+  circuitCooldownMs: 0,
 });
 
 test('subprotocols that carry a credential are recognised; plain ones are not', () => {

@@ -18,7 +18,7 @@ const pepper = Buffer.alloc(32, 7);
 const config: GatewayConfig = {
   serviceName: 'tollgate',
   tiers: [{ name: 'free', rpm: 20, tpm: 60000, maxParallelRequests: 100, freeGrantMicros: 5, allowedModels: ['chat'] }],
-  models: [{ id: 'chat', provider: 'demo', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [] }],
+  models: [{ id: 'chat', provider: 'demo', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [], deployments: [], maxAttempts: 0, failoverTimeoutMs: 0, circuitFailures: 0, circuitCooldownMs: 0 }],
   toolBackends: [],
   realtimeUpstreams: [],
   trustedProxies: [],

@@ -12,7 +12,7 @@ import { OpenStreams, endReasonFor, type EndReason, type OpenEntry, type OpenStr
 import { closeReasonOf, type GatewayError } from '../../data-plane/errors.js';
 
 const pepper = Buffer.alloc(32, 1);
-const model = (id: string): ModelConfig => ({ id, provider: 'demo', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'realtime', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [] });
+const model = (id: string): ModelConfig => ({ id, provider: 'demo', upstreamModel: '', baseUrl: '', upstreamApiKey: '', kind: 'realtime', inputMicrosPerMtok: 1, outputMicrosPerMtok: 1, audioMicrosPerUnit: 0, timeoutMs: 0, voices: [], deployments: [], maxAttempts: 0, failoverTimeoutMs: 0, circuitFailures: 0, circuitCooldownMs: 0 });
 
 function stateWithKeys(): GatewayState {
   const config: GatewayConfig = {

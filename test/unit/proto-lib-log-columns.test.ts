@@ -142,3 +142,22 @@ test('scanLogBlock on a truncated or unexpected block answers like the decoder, 
   const split = Buffer.concat([bytes, LogColumns.encode({ ...emptyColumns(), status: [201] }).finish()]);
   assert.deepEqual(scanLogBlock(split, {}), matchLogColumns(LogColumns.decode(split), {}));
 });
+
+test("a pooled model's deployment and attempts survive the columns and the block scanner; rows without them stay as they were", () => {
+  const base: LogRow = {
+    requestId: 'r1', atMs: 1000, keyId: 'k', projectId: 'p', orgId: 'o', clientIp: '1.2.3.4', userAgent: 'ua', method: 'POST', path: '/v1/chat/completions',
+    status: 200, latencyUs: 5, bytesIn: 1, bytesOut: 2, model: 'm', promptTokens: 3, completionTokens: 4, costMicros: 5, reason: '', keyPrefix: '',
+  };
+  const rows: LogRow[] = [
+    base,
+    { ...base, requestId: 'r2', deployment: 'west', attempts: 'east:refused west:200' },
+    { ...base, requestId: 'r3', responseId: 'resp_1', deployment: 'east', attempts: 'east:200' },
+    { ...base, requestId: 'r4' },
+  ];
+  const b = new LogColumnsBuilder();
+  for (const r of rows) b.add(r);
+  const block = b.block();
+  assert.deepEqual(scanLogBlock(block.columns, {}).map((x) => x.row), rows);
+  assert.deepEqual(decodeLogColumns(LogColumns.decode(block.columns)).rows, rows);
+  assert.deepEqual(scanLogBlock(block.columns, { status: 200 }).map((x) => x.row.attempts ?? ''), ['', 'east:refused west:200', 'east:200', '']);
+});

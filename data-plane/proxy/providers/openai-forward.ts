@@ -8,7 +8,8 @@ import type { ForwardCall } from './responses-provider.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader } from '../usage/responses-usage-readers.js';
 import { rewriteChatBody } from '../json-splice.js';
-import { billedTokens, pricerOf, type Target } from './openai.js';
+import { billedTokens, pricerOf } from './openai.js';
+import type { Target } from './upstream-targets.js';
 
 /** The upstream path of a forwarded request, its query kept. */
 function pathOf(t: Target, call: ForwardCall): string {

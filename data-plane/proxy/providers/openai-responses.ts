@@ -11,7 +11,9 @@ import { forwardOpenAI } from './openai-forward.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
-import { billedTokens, pricerOf, UpstreamTargets, type PoolRegistry, type Target } from './openai.js';
+import { billedTokens, pricerOf } from './openai.js';
+import { UpstreamTargets, type PoolRegistry, type Target } from './upstream-targets.js';
+import { pricedAs } from './pooled-upstreams.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
   private readonly targets: UpstreamTargets;
@@ -32,7 +34,11 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
     const recordItems = call.recordItems;
-    const pricer = pricerOf(call.model);
+    // A pooled model's responses live with its first deployment (the model's own base_url is that
+    // one's) until a stored response's deployment is recorded with its owner: billed at its prices.
+    const first = call.model.deployments[0];
+    const billAs = first ? pricedAs(call.model, first) : call.model;
+    const pricer = pricerOf(billAs);
     const background = body.background === true;
     proxyRequest({
       pool: t.pool,
@@ -56,6 +62,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         const j = json as ResponsesJsonReader | null;
         const usage = s?.usage ?? j?.usage ?? null;
         const id = s?.id ?? j?.id ?? null;
+        if (first) call.served?.(billAs, first.id, `${first.id}:${upstreamStatus || 'unreachable'}`);
         // Background: the answer (`queued`, or a stream that ended before its final event) left the
         // response running upstream, which bills it whoever reads it: followed to its end, billed then.
         if (background && usage === null && id !== null && upstreamStatus >= 200 && upstreamStatus < 300) return call.follow(id, outcome === 'aborted' ? 499 : status);

@@ -2,8 +2,6 @@
 // (keep-alive) per origin, requests and responses streamed through stream-proxy.ts. Usage comes from the
 // upstream's `usage`, read by usage-readers.ts as the answer goes through; when it gives none, the
 // gateway counts tokens with its own tokenizer.
-import { Pool } from 'undici';
-import { UPSTREAM_KEEP_ALIVE_MS } from '../upstream-keep-alive.js';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
 import { rewriteChatBody } from '../json-splice.js';
@@ -14,68 +12,14 @@ import { JsonUsageReader, type TokenUsage, type UsagePricer } from '../usage/usa
 import { AudioDurationProbe } from '../audio-duration.js';
 import { boundaryOf } from '../multipart-model.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
+import { UpstreamTargets, type PoolRegistry } from './upstream-targets.js';
+import { PooledUpstreams, type PooledExchange } from './pooled-upstreams.js';
+import { systemClock, type Clock } from '../../limits/clock.js';
 
-const DEFAULT_TIMEOUT_MS = 60_000;
 /** Top-level members the readers keep besides `usage`, per endpoint. */
 const CHOICES = Object.freeze(['choices']);
 const NO_MEMBERS = Object.freeze([] as string[]);
 const DURATION = Object.freeze(['duration']);
-
-/** Per-model constants, computed once per config version (ModelConfig objects change with it). */
-export interface Target {
-  pool: Pool;
-  basePath: string;
-  jsonHeaders: string[];
-  /** The upstream's credential header (empty without one): a request with a body of another type, or none. */
-  authHeaders: string[];
-  upstreamModel: string;
-  timeoutMs: number;
-}
-
-/** Each model's upstream target, for every provider speaking to an OpenAI-compatible upstream. */
-export class UpstreamTargets {
-  private readonly targets = new WeakMap<ModelConfig, Target>();
-  constructor(private readonly pools: PoolRegistry) {}
-
-  of(model: ModelConfig): Target {
-    let t = this.targets.get(model);
-    if (!t) {
-      const url = new URL(model.baseUrl);
-      const authHeaders = model.upstreamApiKey ? ['authorization', `Bearer ${model.upstreamApiKey}`] : [];
-      t = {
-        pool: this.pools.get(url.origin),
-        basePath: url.pathname.replace(/\/+$/, ''),
-        jsonHeaders: ['content-type', 'application/json', ...authHeaders],
-        authHeaders,
-        upstreamModel: model.upstreamModel || model.id,
-        timeoutMs: model.timeoutMs > 0 ? model.timeoutMs : DEFAULT_TIMEOUT_MS,
-      };
-      this.targets.set(model, t);
-    }
-    return t;
-  }
-}
-
-export class PoolRegistry {
-  private readonly pools = new Map<string, Pool>();
-
-  get(origin: string): Pool {
-    let p = this.pools.get(origin);
-    if (!p) {
-      // No cap on connections: a stream holds its connection for as long as it lasts (minutes), so a
-      // cap would make the next stream wait for another to end. What bounds them is what bounds the
-      // requests in flight (the keys' parallel limits, the node's descriptors).
-      p = new Pool(origin, { connections: null, pipelining: 1, keepAliveTimeout: UPSTREAM_KEEP_ALIVE_MS, connectTimeout: 10_000 });
-      this.pools.set(origin, p);
-    }
-    return p;
-  }
-
-  async close(): Promise<void> {
-    await Promise.allSettled([...this.pools.values()].map((p) => p.destroy()));
-    this.pools.clear();
-  }
-}
 
 /**
  * What an exchange that reached its upstream bills, however it ended (docs/billing-endings.md): the
@@ -114,43 +58,50 @@ export function pricerOf(model: ModelConfig): UsagePricer {
 
 export class OpenAIProvider implements Provider {
   private readonly targets: UpstreamTargets;
-  constructor(pools: PoolRegistry) {
+  private readonly pooled: PooledUpstreams;
+  constructor(pools: PoolRegistry, clock: Clock = systemClock) {
     this.targets = new UpstreamTargets(pools);
+    this.pooled = new PooledUpstreams(this.targets, clock);
   }
 
-  private target(model: ModelConfig): Target {
-    return this.targets.of(model);
+  /** One exchange: to the model's one upstream, or (a pooled model) to its deployments in turn. */
+  private send(call: ModelCall | TranscriptionCall, x: PooledExchange, tokens: number, once = false): void {
+    const m = call.model;
+    if (m.deployments.length > 0) return this.pooled.send(m, call, x, tokens, once);
+    const t = this.targets.of(m);
+    const r = x.attempt(t, m);
+    proxyRequest({ ...x, pool: t.pool, path: r.path, headers: r.headers, body: r.body, timeoutMs: t.timeoutMs });
   }
 
   chat(call: ModelCall): void {
-    const t = this.target(call.model);
     const body = call.body;
     const stream = body.stream === true;
     const so = body.stream_options as Record<string, unknown> | undefined;
     const clientWantsUsage = !!so && so.include_usage === true;
-    let payload: Buffer | string = call.rawBody;
-    const rename = body.model !== t.upstreamModel;
     const addUsage = stream && !clientWantsUsage;
-    if (rename || addUsage) {
-      // Rewritten in place when it can be (the common case); re-serialised otherwise.
-      const spliced = so === undefined || !addUsage ? rewriteChatBody(call.bodyText, rename ? t.upstreamModel : null, addUsage) : null;
-      if (spliced !== null) payload = spliced;
-      else {
-        const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
-        if (stream) copy.stream_options = { ...(so ?? {}), include_usage: true };
-        payload = JSON.stringify(copy);
-      }
-    }
     let sse: SseUsageReader | null = null;
     let json: JsonUsageReader | null = null;
-    const pricer = pricerOf(call.model);
-    proxyRequest({
-      pool: t.pool,
+    // The prices of the deployment answering (a pooled model's may override the model's).
+    let priced = call.model;
+    const pricer: UsagePricer = (usage) => usageCostMicros(usage, priced);
+    this.send(call, {
       method: 'POST',
-      path: `${t.basePath}/chat/completions`,
-      headers: t.jsonHeaders,
-      body: payload,
-      timeoutMs: t.timeoutMs,
+      attempt(t, billAs) {
+        priced = billAs;
+        let payload: Buffer | string = call.rawBody;
+        const rename = body.model !== t.upstreamModel;
+        if (rename || addUsage) {
+          // Rewritten in place when it can be (the common case); re-serialised otherwise.
+          const spliced = so === undefined || !addUsage ? rewriteChatBody(call.bodyText, rename ? t.upstreamModel : null, addUsage) : null;
+          if (spliced !== null) payload = spliced;
+          else {
+            const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
+            if (stream) copy.stream_options = { ...(so ?? {}), include_usage: true };
+            payload = JSON.stringify(copy);
+          }
+        }
+        return { path: `${t.basePath}/chat/completions`, headers: t.jsonHeaders, body: payload };
+      },
       reply: call.reply,
       passAllHeaders: false,
       upstreamErrors: true,
@@ -175,22 +126,21 @@ export class OpenAIProvider implements Provider {
           })),
         );
       },
-    });
+    }, call.inputTokens);
   }
 
   embeddings(call: ModelCall): void {
-    const t = this.target(call.model);
     const body = call.body;
-    const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
     let json: JsonUsageReader | null = null;
-    const pricer = pricerOf(call.model);
-    proxyRequest({
-      pool: t.pool,
+    let priced = call.model;
+    const pricer: UsagePricer = (usage) => usageCostMicros(usage, priced);
+    this.send(call, {
       method: 'POST',
-      path: `${t.basePath}/embeddings`,
-      headers: t.jsonHeaders,
-      body: payload,
-      timeoutMs: t.timeoutMs,
+      attempt(t, billAs) {
+        priced = billAs;
+        const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
+        return { path: `${t.basePath}/embeddings`, headers: t.jsonHeaders, body: payload };
+      },
       reply: call.reply,
       passAllHeaders: false,
       upstreamErrors: true,
@@ -204,21 +154,18 @@ export class OpenAIProvider implements Provider {
         const r = billedTokens(status, outcome, upstreamStatus, usage, () => ({ prompt: estimateTokens(body), completion: 0 }));
         call.complete({ ...r, completionTokens: 0 });
       },
-    });
+    }, call.inputTokens);
   }
 
   speech(call: ModelCall): void {
-    const t = this.target(call.model);
     const body = call.body;
-    const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
     const chars = typeof body.input === 'string' ? body.input.length : 0;
-    proxyRequest({
-      pool: t.pool,
+    this.send(call, {
       method: 'POST',
-      path: `${t.basePath}/audio/speech`,
-      headers: t.jsonHeaders,
-      body: payload,
-      timeoutMs: t.timeoutMs,
+      attempt(t) {
+        const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
+        return { path: `${t.basePath}/audio/speech`, headers: t.jsonHeaders, body: payload };
+      },
       reply: call.reply,
       passAllHeaders: false,
       upstreamErrors: true,
@@ -228,47 +175,44 @@ export class OpenAIProvider implements Provider {
         const ok = outcome === 'aborted' || (status >= 200 && status < 300);
         call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0, audioUnits: ok ? chars : 0 });
       },
-    });
+    }, 0);
   }
 
+  /** A pooled model's upload goes to one deployment: its body streams once, so it is never retried. */
   transcription(call: TranscriptionCall): void {
-    const t = this.target(call.model);
     const upload = call.upload;
-    // The model field's value (in memory) is replaced by the upstream's model name; everything else
-    // streams unchanged: the spilled bytes back from disk, then the head, then the rest of the body.
-    const head = Buffer.concat([
-      upload.head.subarray(0, upload.modelValueStart),
-      Buffer.from(t.upstreamModel),
-      upload.head.subarray(upload.modelValueEnd),
-    ]);
     const rest = upload.rest;
     // What the upload is billed when the upstream reports no duration: read from the file's container
     // as its bytes go by (audio-duration.ts).
     const probe = new AudioDurationProbe(boundaryOf(call.contentType));
-    // An async iterable, which undici pulls one chunk at a time: what the spill's reused read buffers
-    // need (upload-spill.ts, `chunks`). A Readable in between would read ahead.
-    const body = (async function* () {
-      for await (const chunk of upload.spill.chunks()) {
-        probe.feed(chunk);
-        yield chunk;
-      }
-      probe.feed(head);
-      yield head;
-      for await (const chunk of rest) {
-        probe.feed(chunk as Buffer);
-        yield chunk as Buffer;
-      }
-      probe.end();
-    })();
-    const headers = ['content-type', call.contentType, ...t.authHeaders];
     let json: JsonUsageReader | null = null;
-    proxyRequest({
-      pool: t.pool,
+    this.send(call, {
       method: 'POST',
-      path: `${t.basePath}/audio/transcriptions`,
-      headers,
-      body,
-      timeoutMs: t.timeoutMs,
+      attempt(t) {
+        // The model field's value (in memory) is replaced by the upstream's model name; everything else
+        // streams unchanged: the spilled bytes back from disk, then the head, then the rest of the body.
+        const head = Buffer.concat([
+          upload.head.subarray(0, upload.modelValueStart),
+          Buffer.from(t.upstreamModel),
+          upload.head.subarray(upload.modelValueEnd),
+        ]);
+        // An async iterable, which undici pulls one chunk at a time: what the spill's reused read buffers
+        // need (upload-spill.ts, `chunks`). A Readable in between would read ahead.
+        const body = (async function* () {
+          for await (const chunk of upload.spill.chunks()) {
+            probe.feed(chunk);
+            yield chunk;
+          }
+          probe.feed(head);
+          yield head;
+          for await (const chunk of rest) {
+            probe.feed(chunk as Buffer);
+            yield chunk as Buffer;
+          }
+          probe.end();
+        })();
+        return { path: `${t.basePath}/audio/transcriptions`, headers: ['content-type', call.contentType, ...t.authHeaders], body };
+      },
       reply: call.reply,
       passAllHeaders: false,
       upstreamErrors: true,
@@ -291,6 +235,6 @@ export class OpenAIProvider implements Provider {
         probe.end();
         probe.whenSettled((seconds) => call.complete({ status: st, promptTokens: 0, completionTokens: 0, audioUnits: seconds }));
       },
-    });
+    }, 0, true);
   }
 }

@@ -41,6 +41,10 @@ export interface ModelCall {
    * closes the connection), else the stream is ended or closed. Completes with the error's status.
    */
   fail(err: unknown): void;
+  /** A pooled model (issue 36): the deployment that served, the model priced as it bills, every attempt ("id:outcome" …). */
+  served?(billAs: ModelConfig, deployment: string, attempts: string): void;
+  /** Refused before any upstream was asked (every deployment of a pooled model unavailable): given back whole. */
+  refuse?(err: unknown): void;
 }
 
 /** A transcription: the multipart body, already read up to and including its `model` field. */

@@ -512,7 +512,12 @@ export interface RequestLog {
   /** Unknown-key 401s only: the first characters of the value presented. */
   keyPrefix: string;
   /** The Responses API: the id of the response the request created or read (`resp_…`). */
-  responseId?: string | undefined;
+  responseId?:
+    | string
+    | undefined;
+  /** A pooled model: the deployment that served the request, and each attempt as "id:outcome", in order. */
+  deployment?: string | undefined;
+  attempts?: string | undefined;
 }
 
 export interface ListRequestLogsResponse {
@@ -7443,6 +7448,8 @@ function createBaseRequestLog(): RequestLog {
     reason: "",
     keyPrefix: "",
     responseId: undefined,
+    deployment: undefined,
+    attempts: undefined,
   };
 }
 
@@ -7510,6 +7517,12 @@ export const RequestLog: MessageFns<RequestLog> = {
     }
     if (message.responseId !== undefined) {
       writer.uint32(6402).string(message.responseId);
+    }
+    if (message.deployment !== undefined) {
+      writer.uint32(2722).string(message.deployment);
+    }
+    if (message.attempts !== undefined) {
+      writer.uint32(2730).string(message.attempts);
     }
     return writer;
   },
@@ -7695,6 +7708,22 @@ export const RequestLog: MessageFns<RequestLog> = {
             message.responseId = reader.string();
             continue;
           }
+          case 340: {
+            if (tag !== 2722) {
+              break;
+            }
+
+            message.deployment = reader.string();
+            continue;
+          }
+          case 341: {
+            if (tag !== 2730) {
+              break;
+            }
+
+            message.attempts = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7794,6 +7823,8 @@ export const RequestLog: MessageFns<RequestLog> = {
         : isSet(object.response_id)
         ? globalThis.String(object.response_id)
         : undefined,
+      deployment: isSet(object.deployment) ? globalThis.String(object.deployment) : undefined,
+      attempts: isSet(object.attempts) ? globalThis.String(object.attempts) : undefined,
     };
   },
 
@@ -7862,6 +7893,12 @@ export const RequestLog: MessageFns<RequestLog> = {
     if (message.responseId !== undefined) {
       obj.responseId = message.responseId;
     }
+    if (message.deployment !== undefined) {
+      obj.deployment = message.deployment;
+    }
+    if (message.attempts !== undefined) {
+      obj.attempts = message.attempts;
+    }
     return obj;
   },
 
@@ -7891,6 +7928,8 @@ export const RequestLog: MessageFns<RequestLog> = {
     message.reason = object.reason ?? "";
     message.keyPrefix = object.keyPrefix ?? "";
     message.responseId = object.responseId ?? undefined;
+    message.deployment = object.deployment ?? undefined;
+    message.attempts = object.attempts ?? undefined;
     return message;
   },
 };

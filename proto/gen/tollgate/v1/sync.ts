@@ -361,7 +361,49 @@ export interface ModelConfig {
    * operator configured it): a request that names no max is priced with it near a money limit
    * (docs/money-limits.md#the-last-request). Unset: none configured.
    */
-  maxOutputTokens?: number | undefined;
+  maxOutputTokens?:
+    | number
+    | undefined;
+  /**
+   * A pool (issue 36): the upstream deployments serving the model, chosen per request by weight among
+   * the healthy ones with room. Empty: the model's own base_url, key and upstream_model are its one
+   * upstream. When set, those three are the first deployment's (for nodes that read only them).
+   */
+  deployments: ModelDeployment[];
+  /** The most deployments one request tries (failover before the first byte); 0: every deployment once. */
+  maxAttempts: number;
+  /** The time all of a request's attempts may take until an answer's head; 0: the model's timeout_ms. */
+  failoverTimeoutMs: number;
+  /** Consecutive failures that open a deployment's circuit; 0: the node's default (5). */
+  circuitFailures: number;
+  /** How long an open circuit keeps a deployment out before a half-open probe; 0: the default (30 s). */
+  circuitCooldownMs: number;
+}
+
+/** One upstream account serving a pooled model (ModelConfig.deployments). */
+export interface ModelDeployment {
+  /** Unique within the model; named in the request log and the metrics. */
+  id: string;
+  baseUrl: string;
+  /** Resolved by the control plane from api_key_env or api_key_file. Never logged. */
+  upstreamApiKey: string;
+  /** The model id the upstream knows (default: the gateway's model id). */
+  upstreamModel: string;
+  /** Relative share of the requests (a positive number). */
+  weight: number;
+  /** The upstream account's own limits; 0: none configured. */
+  rpm: number;
+  tpm: number;
+  maxParallelRequests: number;
+  /** Overrides of the model's provider and prices (unset: the model's). */
+  provider?: string | undefined;
+  inputMicrosPerMtok?: number | undefined;
+  outputMicrosPerMtok?: number | undefined;
+  audioMicrosPerUnit?: number | undefined;
+  cachedInputMicrosPerMtok?: number | undefined;
+  cacheWriteMicrosPerMtok?: number | undefined;
+  inputAudioMicrosPerMtok?: number | undefined;
+  outputAudioMicrosPerMtok?: number | undefined;
 }
 
 export interface ToolBackend {
@@ -858,6 +900,13 @@ export interface LogColumns {
    * of the block has one; else one per row from the first (the index of "" for rows without).
    */
   responseId: number[];
+  /**
+   * A pooled model (issue 36): the deployment that served each row, and every attempt in order as
+   * "id:outcome" joined by spaces (outcome: the upstream's status, or refused/timeout/reset/unreachable).
+   * Absent when no row of the block has one; else one per row from the first (the index of "").
+   */
+  deployment: number[];
+  attempts: number[];
 }
 
 export interface QueryUsageRequest {
@@ -4071,6 +4120,11 @@ function createBaseModelConfig(): ModelConfig {
     inputAudioMicrosPerMtok: undefined,
     outputAudioMicrosPerMtok: undefined,
     maxOutputTokens: undefined,
+    deployments: [],
+    maxAttempts: 0,
+    failoverTimeoutMs: 0,
+    circuitFailures: 0,
+    circuitCooldownMs: 0,
   };
 }
 
@@ -4123,6 +4177,21 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     }
     if (message.maxOutputTokens !== undefined) {
       writer.uint32(2432).int64(message.maxOutputTokens);
+    }
+    for (const v of message.deployments) {
+      ModelDeployment.encode(v!, writer.uint32(2722).fork()).join();
+    }
+    if (message.maxAttempts !== 0) {
+      writer.uint32(2728).uint32(message.maxAttempts);
+    }
+    if (message.failoverTimeoutMs !== 0) {
+      writer.uint32(2736).int64(message.failoverTimeoutMs);
+    }
+    if (message.circuitFailures !== 0) {
+      writer.uint32(2744).uint32(message.circuitFailures);
+    }
+    if (message.circuitCooldownMs !== 0) {
+      writer.uint32(2752).int64(message.circuitCooldownMs);
     }
     return writer;
   },
@@ -4268,6 +4337,46 @@ export const ModelConfig: MessageFns<ModelConfig> = {
             message.maxOutputTokens = longToNumber(reader.int64());
             continue;
           }
+          case 340: {
+            if (tag !== 2722) {
+              break;
+            }
+
+            message.deployments.push(ModelDeployment.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 341: {
+            if (tag !== 2728) {
+              break;
+            }
+
+            message.maxAttempts = reader.uint32();
+            continue;
+          }
+          case 342: {
+            if (tag !== 2736) {
+              break;
+            }
+
+            message.failoverTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 343: {
+            if (tag !== 2744) {
+              break;
+            }
+
+            message.circuitFailures = reader.uint32();
+            continue;
+          }
+          case 344: {
+            if (tag !== 2752) {
+              break;
+            }
+
+            message.circuitCooldownMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4348,6 +4457,29 @@ export const ModelConfig: MessageFns<ModelConfig> = {
         : isSet(object.max_output_tokens)
         ? globalThis.Number(object.max_output_tokens)
         : undefined,
+      deployments: globalThis.Array.isArray(object?.deployments)
+        ? object.deployments.map((e: any) => ModelDeployment.fromJSON(e))
+        : [],
+      maxAttempts: isSet(object.maxAttempts)
+        ? globalThis.Number(object.maxAttempts)
+        : isSet(object.max_attempts)
+        ? globalThis.Number(object.max_attempts)
+        : 0,
+      failoverTimeoutMs: isSet(object.failoverTimeoutMs)
+        ? globalThis.Number(object.failoverTimeoutMs)
+        : isSet(object.failover_timeout_ms)
+        ? globalThis.Number(object.failover_timeout_ms)
+        : 0,
+      circuitFailures: isSet(object.circuitFailures)
+        ? globalThis.Number(object.circuitFailures)
+        : isSet(object.circuit_failures)
+        ? globalThis.Number(object.circuit_failures)
+        : 0,
+      circuitCooldownMs: isSet(object.circuitCooldownMs)
+        ? globalThis.Number(object.circuitCooldownMs)
+        : isSet(object.circuit_cooldown_ms)
+        ? globalThis.Number(object.circuit_cooldown_ms)
+        : 0,
     };
   },
 
@@ -4401,6 +4533,21 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     if (message.maxOutputTokens !== undefined) {
       obj.maxOutputTokens = Math.round(message.maxOutputTokens);
     }
+    if (message.deployments?.length) {
+      obj.deployments = message.deployments.map((e) => ModelDeployment.toJSON(e));
+    }
+    if (message.maxAttempts !== 0) {
+      obj.maxAttempts = Math.round(message.maxAttempts);
+    }
+    if (message.failoverTimeoutMs !== 0) {
+      obj.failoverTimeoutMs = Math.round(message.failoverTimeoutMs);
+    }
+    if (message.circuitFailures !== 0) {
+      obj.circuitFailures = Math.round(message.circuitFailures);
+    }
+    if (message.circuitCooldownMs !== 0) {
+      obj.circuitCooldownMs = Math.round(message.circuitCooldownMs);
+    }
     return obj;
   },
 
@@ -4425,6 +4572,381 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
     message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
     message.maxOutputTokens = object.maxOutputTokens ?? undefined;
+    message.deployments = object.deployments?.map((e) => ModelDeployment.fromPartial(e)) || [];
+    message.maxAttempts = object.maxAttempts ?? 0;
+    message.failoverTimeoutMs = object.failoverTimeoutMs ?? 0;
+    message.circuitFailures = object.circuitFailures ?? 0;
+    message.circuitCooldownMs = object.circuitCooldownMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseModelDeployment(): ModelDeployment {
+  return {
+    id: "",
+    baseUrl: "",
+    upstreamApiKey: "",
+    upstreamModel: "",
+    weight: 0,
+    rpm: 0,
+    tpm: 0,
+    maxParallelRequests: 0,
+    provider: undefined,
+    inputMicrosPerMtok: undefined,
+    outputMicrosPerMtok: undefined,
+    audioMicrosPerUnit: undefined,
+    cachedInputMicrosPerMtok: undefined,
+    cacheWriteMicrosPerMtok: undefined,
+    inputAudioMicrosPerMtok: undefined,
+    outputAudioMicrosPerMtok: undefined,
+  };
+}
+
+export const ModelDeployment: MessageFns<ModelDeployment> = {
+  encode(message: ModelDeployment, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.baseUrl !== "") {
+      writer.uint32(18).string(message.baseUrl);
+    }
+    if (message.upstreamApiKey !== "") {
+      writer.uint32(26).string(message.upstreamApiKey);
+    }
+    if (message.upstreamModel !== "") {
+      writer.uint32(34).string(message.upstreamModel);
+    }
+    if (message.weight !== 0) {
+      writer.uint32(41).double(message.weight);
+    }
+    if (message.rpm !== 0) {
+      writer.uint32(48).uint32(message.rpm);
+    }
+    if (message.tpm !== 0) {
+      writer.uint32(56).uint64(message.tpm);
+    }
+    if (message.maxParallelRequests !== 0) {
+      writer.uint32(64).uint32(message.maxParallelRequests);
+    }
+    if (message.provider !== undefined) {
+      writer.uint32(74).string(message.provider);
+    }
+    if (message.inputMicrosPerMtok !== undefined) {
+      writer.uint32(80).int64(message.inputMicrosPerMtok);
+    }
+    if (message.outputMicrosPerMtok !== undefined) {
+      writer.uint32(88).int64(message.outputMicrosPerMtok);
+    }
+    if (message.audioMicrosPerUnit !== undefined) {
+      writer.uint32(96).int64(message.audioMicrosPerUnit);
+    }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      writer.uint32(104).int64(message.cachedInputMicrosPerMtok);
+    }
+    if (message.cacheWriteMicrosPerMtok !== undefined) {
+      writer.uint32(112).int64(message.cacheWriteMicrosPerMtok);
+    }
+    if (message.inputAudioMicrosPerMtok !== undefined) {
+      writer.uint32(120).int64(message.inputAudioMicrosPerMtok);
+    }
+    if (message.outputAudioMicrosPerMtok !== undefined) {
+      writer.uint32(128).int64(message.outputAudioMicrosPerMtok);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ModelDeployment {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseModelDeployment();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.baseUrl = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.upstreamApiKey = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.upstreamModel = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 41) {
+              break;
+            }
+
+            message.weight = reader.double();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.rpm = reader.uint32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.tpm = longToNumber(reader.uint64());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.maxParallelRequests = reader.uint32();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.provider = reader.string();
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.inputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.outputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.audioMicrosPerUnit = longToNumber(reader.int64());
+            continue;
+          }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.cachedInputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.cacheWriteMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 15: {
+            if (tag !== 120) {
+              break;
+            }
+
+            message.inputAudioMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 16: {
+            if (tag !== 128) {
+              break;
+            }
+
+            message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ModelDeployment {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      baseUrl: isSet(object.baseUrl)
+        ? globalThis.String(object.baseUrl)
+        : isSet(object.base_url)
+        ? globalThis.String(object.base_url)
+        : "",
+      upstreamApiKey: isSet(object.upstreamApiKey)
+        ? globalThis.String(object.upstreamApiKey)
+        : isSet(object.upstream_api_key)
+        ? globalThis.String(object.upstream_api_key)
+        : "",
+      upstreamModel: isSet(object.upstreamModel)
+        ? globalThis.String(object.upstreamModel)
+        : isSet(object.upstream_model)
+        ? globalThis.String(object.upstream_model)
+        : "",
+      weight: isSet(object.weight) ? globalThis.Number(object.weight) : 0,
+      rpm: isSet(object.rpm) ? globalThis.Number(object.rpm) : 0,
+      tpm: isSet(object.tpm) ? globalThis.Number(object.tpm) : 0,
+      maxParallelRequests: isSet(object.maxParallelRequests)
+        ? globalThis.Number(object.maxParallelRequests)
+        : isSet(object.max_parallel_requests)
+        ? globalThis.Number(object.max_parallel_requests)
+        : 0,
+      provider: isSet(object.provider) ? globalThis.String(object.provider) : undefined,
+      inputMicrosPerMtok: isSet(object.inputMicrosPerMtok)
+        ? globalThis.Number(object.inputMicrosPerMtok)
+        : isSet(object.input_micros_per_mtok)
+        ? globalThis.Number(object.input_micros_per_mtok)
+        : undefined,
+      outputMicrosPerMtok: isSet(object.outputMicrosPerMtok)
+        ? globalThis.Number(object.outputMicrosPerMtok)
+        : isSet(object.output_micros_per_mtok)
+        ? globalThis.Number(object.output_micros_per_mtok)
+        : undefined,
+      audioMicrosPerUnit: isSet(object.audioMicrosPerUnit)
+        ? globalThis.Number(object.audioMicrosPerUnit)
+        : isSet(object.audio_micros_per_unit)
+        ? globalThis.Number(object.audio_micros_per_unit)
+        : undefined,
+      cachedInputMicrosPerMtok: isSet(object.cachedInputMicrosPerMtok)
+        ? globalThis.Number(object.cachedInputMicrosPerMtok)
+        : isSet(object.cached_input_micros_per_mtok)
+        ? globalThis.Number(object.cached_input_micros_per_mtok)
+        : undefined,
+      cacheWriteMicrosPerMtok: isSet(object.cacheWriteMicrosPerMtok)
+        ? globalThis.Number(object.cacheWriteMicrosPerMtok)
+        : isSet(object.cache_write_micros_per_mtok)
+        ? globalThis.Number(object.cache_write_micros_per_mtok)
+        : undefined,
+      inputAudioMicrosPerMtok: isSet(object.inputAudioMicrosPerMtok)
+        ? globalThis.Number(object.inputAudioMicrosPerMtok)
+        : isSet(object.input_audio_micros_per_mtok)
+        ? globalThis.Number(object.input_audio_micros_per_mtok)
+        : undefined,
+      outputAudioMicrosPerMtok: isSet(object.outputAudioMicrosPerMtok)
+        ? globalThis.Number(object.outputAudioMicrosPerMtok)
+        : isSet(object.output_audio_micros_per_mtok)
+        ? globalThis.Number(object.output_audio_micros_per_mtok)
+        : undefined,
+    };
+  },
+
+  toJSON(message: ModelDeployment): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.baseUrl !== "") {
+      obj.baseUrl = message.baseUrl;
+    }
+    if (message.upstreamApiKey !== "") {
+      obj.upstreamApiKey = message.upstreamApiKey;
+    }
+    if (message.upstreamModel !== "") {
+      obj.upstreamModel = message.upstreamModel;
+    }
+    if (message.weight !== 0) {
+      obj.weight = floatToJson(message.weight);
+    }
+    if (message.rpm !== 0) {
+      obj.rpm = Math.round(message.rpm);
+    }
+    if (message.tpm !== 0) {
+      obj.tpm = Math.round(message.tpm);
+    }
+    if (message.maxParallelRequests !== 0) {
+      obj.maxParallelRequests = Math.round(message.maxParallelRequests);
+    }
+    if (message.provider !== undefined) {
+      obj.provider = message.provider;
+    }
+    if (message.inputMicrosPerMtok !== undefined) {
+      obj.inputMicrosPerMtok = Math.round(message.inputMicrosPerMtok);
+    }
+    if (message.outputMicrosPerMtok !== undefined) {
+      obj.outputMicrosPerMtok = Math.round(message.outputMicrosPerMtok);
+    }
+    if (message.audioMicrosPerUnit !== undefined) {
+      obj.audioMicrosPerUnit = Math.round(message.audioMicrosPerUnit);
+    }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      obj.cachedInputMicrosPerMtok = Math.round(message.cachedInputMicrosPerMtok);
+    }
+    if (message.cacheWriteMicrosPerMtok !== undefined) {
+      obj.cacheWriteMicrosPerMtok = Math.round(message.cacheWriteMicrosPerMtok);
+    }
+    if (message.inputAudioMicrosPerMtok !== undefined) {
+      obj.inputAudioMicrosPerMtok = Math.round(message.inputAudioMicrosPerMtok);
+    }
+    if (message.outputAudioMicrosPerMtok !== undefined) {
+      obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ModelDeployment>, I>>(base?: I): ModelDeployment {
+    return ModelDeployment.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ModelDeployment>, I>>(object: I): ModelDeployment {
+    const message = createBaseModelDeployment();
+    message.id = object.id ?? "";
+    message.baseUrl = object.baseUrl ?? "";
+    message.upstreamApiKey = object.upstreamApiKey ?? "";
+    message.upstreamModel = object.upstreamModel ?? "";
+    message.weight = object.weight ?? 0;
+    message.rpm = object.rpm ?? 0;
+    message.tpm = object.tpm ?? 0;
+    message.maxParallelRequests = object.maxParallelRequests ?? 0;
+    message.provider = object.provider ?? undefined;
+    message.inputMicrosPerMtok = object.inputMicrosPerMtok ?? undefined;
+    message.outputMicrosPerMtok = object.outputMicrosPerMtok ?? undefined;
+    message.audioMicrosPerUnit = object.audioMicrosPerUnit ?? undefined;
+    message.cachedInputMicrosPerMtok = object.cachedInputMicrosPerMtok ?? undefined;
+    message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
+    message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
+    message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
     return message;
   },
 };
@@ -9035,6 +9557,8 @@ function createBaseLogColumns(): LogColumns {
     reason: [],
     keyPrefix: [],
     responseId: [],
+    deployment: [],
+    attempts: [],
   };
 }
 
@@ -9175,6 +9699,20 @@ export const LogColumns: MessageFns<LogColumns> = {
     if (message.responseId.length !== 0) {
       writer.uint32(6402).fork();
       for (const v of message.responseId) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.deployment.length !== 0) {
+      writer.uint32(2722).fork();
+      for (const v of message.deployment) {
+        writer.uint32(v);
+      }
+      writer.join();
+    }
+    if (message.attempts.length !== 0) {
+      writer.uint32(2730).fork();
+      for (const v of message.attempts) {
         writer.uint32(v);
       }
       writer.join();
@@ -9553,6 +10091,42 @@ export const LogColumns: MessageFns<LogColumns> = {
 
             break;
           }
+          case 340: {
+            if (tag === 2720) {
+              message.deployment.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 2722) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.deployment.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 341: {
+            if (tag === 2728) {
+              message.attempts.push(reader.uint32());
+
+              continue;
+            }
+
+            if (tag === 2730) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.attempts.push(reader.uint32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -9654,6 +10228,12 @@ export const LogColumns: MessageFns<LogColumns> = {
         : globalThis.Array.isArray(object?.response_id)
         ? object.response_id.map((e: any) => globalThis.Number(e))
         : [],
+      deployment: globalThis.Array.isArray(object?.deployment)
+        ? object.deployment.map((e: any) => globalThis.Number(e))
+        : [],
+      attempts: globalThis.Array.isArray(object?.attempts)
+        ? object.attempts.map((e: any) => globalThis.Number(e))
+        : [],
     };
   },
 
@@ -9722,6 +10302,12 @@ export const LogColumns: MessageFns<LogColumns> = {
     if (message.responseId?.length) {
       obj.responseId = message.responseId.map((e) => Math.round(e));
     }
+    if (message.deployment?.length) {
+      obj.deployment = message.deployment.map((e) => Math.round(e));
+    }
+    if (message.attempts?.length) {
+      obj.attempts = message.attempts.map((e) => Math.round(e));
+    }
     return obj;
   },
 
@@ -9751,6 +10337,8 @@ export const LogColumns: MessageFns<LogColumns> = {
     message.reason = object.reason?.map((e) => e) || [];
     message.keyPrefix = object.keyPrefix?.map((e) => e) || [];
     message.responseId = object.responseId?.map((e) => e) || [];
+    message.deployment = object.deployment?.map((e) => e) || [];
+    message.attempts = object.attempts?.map((e) => e) || [];
     return message;
   },
 };
@@ -10212,6 +10800,10 @@ function bytesFromBase64(b64: string): Uint8Array {
 
 function base64FromBytes(arr: Uint8Array): string {
   return globalThis.Buffer.from(arr).toString("base64");
+}
+
+function floatToJson(value: number | null | undefined): number | string | null | undefined {
+  return typeof value === "number" && !globalThis.Number.isFinite(value) ? globalThis.String(value) : value;
 }
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;

@@ -1,0 +1,260 @@
+// A pooled model's requests (issue 36): each goes to a deployment chosen on the node (upstream-pool.ts)
+// and, when that one fails before any byte reached the client (a connect error, a timeout before the
+// head, a 429 or 5xx head), to another, at most `max_attempts` deployments within
+// `failover_timeout_ms`. The client sees one answer; the request is billed once, at the prices of the
+// deployment that served it, and its log names every attempt.
+import type { ModelConfig, ModelDeployment } from '../../../proto/gen/tollgate/v1/sync.js';
+import { GatewayError } from '../../errors.js';
+import type { Clock } from '../../limits/clock.js';
+import { proxyRequest, type ProxyRequest } from '../stream-proxy.js';
+import { DeploymentState, UpstreamPool } from '../upstream-pool.js';
+import type { Target, UpstreamTargets } from './upstream-targets.js';
+import { setDeploymentSource, type DeploymentRow } from '../pool-metrics.js';
+
+const DEFAULT_CIRCUIT_FAILURES = 5;
+const DEFAULT_CIRCUIT_COOLDOWN_MS = 30_000;
+/** How long a 429 without a usable retry-after cools its deployment. */
+const DEFAULT_COOL_MS = 1_000;
+
+/** What the pool needs of the provider's call. */
+export interface PoolCall {
+  fail(err: unknown): void;
+  /** Refused before any upstream was asked (every deployment unavailable): given back whole. */
+  refuse?(err: unknown): void;
+  /** The deployment that served, the model priced as it bills, and every attempt ("id:outcome" …). */
+  served?(billAs: ModelConfig, deployment: string, attempts: string): void;
+}
+
+/** One request's exchange, less what each attempt sets for its deployment. */
+export interface PooledExchange extends Omit<ProxyRequest, 'pool' | 'path' | 'headers' | 'body' | 'timeoutMs' | 'retry' | 'retryStatus' | 'onResponseHead'> {
+  /**
+   * The path, headers and body of an attempt at a deployment (its base path, key, upstream model);
+   * `billAs`: the model as that deployment prices it.
+   */
+  attempt(t: Target, billAs: ModelConfig): { path: string; headers: string[]; body: ProxyRequest['body'] };
+}
+
+/** The outcome word of an attempt that failed without a head. */
+function errorOutcome(err: Error): string {
+  const code = (err as { code?: string }).code ?? '';
+  if (code === 'ECONNREFUSED') return 'refused';
+  if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_CONNECT_TIMEOUT') return 'timeout';
+  if (code === 'UND_ERR_SOCKET' || code === 'ECONNRESET') return 'reset';
+  return 'unreachable';
+}
+
+/** retry-after as seconds or an HTTP date, in ms from `now`; absent or unreadable: the default. */
+export function retryAfterMs(value: string | undefined, now: number): number {
+  if (!value) return DEFAULT_COOL_MS;
+  if (/^\d+$/.test(value.trim())) return Number(value.trim()) * 1000;
+  const at = Date.parse(value);
+  return Number.isFinite(at) ? Math.max(0, at - now) : DEFAULT_COOL_MS;
+}
+
+/** The model as a deployment bills: the prices it overrides, over the model's. */
+export function pricedAs(model: ModelConfig, d: ModelDeployment): ModelConfig {
+  const o: Partial<ModelConfig> = {};
+  if (d.inputMicrosPerMtok !== undefined) o.inputMicrosPerMtok = d.inputMicrosPerMtok;
+  if (d.outputMicrosPerMtok !== undefined) o.outputMicrosPerMtok = d.outputMicrosPerMtok;
+  if (d.audioMicrosPerUnit !== undefined) o.audioMicrosPerUnit = d.audioMicrosPerUnit;
+  if (d.cachedInputMicrosPerMtok !== undefined) o.cachedInputMicrosPerMtok = d.cachedInputMicrosPerMtok;
+  if (d.cacheWriteMicrosPerMtok !== undefined) o.cacheWriteMicrosPerMtok = d.cacheWriteMicrosPerMtok;
+  if (d.inputAudioMicrosPerMtok !== undefined) o.inputAudioMicrosPerMtok = d.inputAudioMicrosPerMtok;
+  if (d.outputAudioMicrosPerMtok !== undefined) o.outputAudioMicrosPerMtok = d.outputAudioMicrosPerMtok;
+  return Object.keys(o).length === 0 ? model : { ...model, ...o };
+}
+
+const dearest = new WeakMap<ModelConfig, ModelConfig>();
+
+/**
+ * A pooled model priced at the dearest of its deployments, part by part (an unset part at the price it
+ * falls back to): what a request's worst case is priced at, whichever deployment serves it.
+ */
+export function dearestPrices(model: ModelConfig): ModelConfig {
+  if (model.deployments.length === 0) return model;
+  let d = dearest.get(model);
+  if (!d) {
+    const each = model.deployments.map((x) => pricedAs(model, x));
+    const max = (f: (m: ModelConfig) => number) => Math.max(...each.map(f));
+    d = {
+      ...model,
+      inputMicrosPerMtok: max((m) => Number(m.inputMicrosPerMtok)),
+      outputMicrosPerMtok: max((m) => Number(m.outputMicrosPerMtok)),
+      audioMicrosPerUnit: max((m) => Number(m.audioMicrosPerUnit)),
+      cachedInputMicrosPerMtok: max((m) => Number(m.cachedInputMicrosPerMtok ?? m.inputMicrosPerMtok)),
+      cacheWriteMicrosPerMtok: max((m) => Number(m.cacheWriteMicrosPerMtok ?? m.inputMicrosPerMtok)),
+      inputAudioMicrosPerMtok: max((m) => Number(m.inputAudioMicrosPerMtok ?? m.inputMicrosPerMtok)),
+      outputAudioMicrosPerMtok: max((m) => Number(m.outputAudioMicrosPerMtok ?? m.outputMicrosPerMtok)),
+    };
+    dearest.set(model, d);
+  }
+  return d;
+}
+
+/** A model's pool for one config version: its members' states outlive the version. */
+interface ModelPool {
+  pool: UpstreamPool;
+  billAs: ModelConfig[];
+}
+
+export class PooledUpstreams {
+  private readonly pools = new WeakMap<ModelConfig, ModelPool>();
+  /** Every deployment's state, by model and id: health and counts survive a config reload (not a new URL). */
+  private readonly states = new Map<string, DeploymentState>();
+
+  constructor(
+    private readonly targets: UpstreamTargets,
+    private readonly clock: Clock,
+    private readonly random: () => number = Math.random,
+  ) {
+    setDeploymentSource(() => this.rows());
+  }
+
+  /** Each deployment as the metrics show it (read when scraped). */
+  private *rows(): Iterable<DeploymentRow> {
+    const now = this.clock.now();
+    for (const [k, state] of this.states) {
+      const model = k.slice(0, k.indexOf('\n'));
+      const circuit = state.openUntil === 0 ? 0 : now < state.openUntil ? 2 : 1;
+      yield { model, state, circuit, minuteRequests: state.minute === Math.floor(now / 60_000) ? state.requests : 0, minuteTokens: state.minute === Math.floor(now / 60_000) ? state.tokens : 0 };
+    }
+  }
+
+  private poolOf(model: ModelConfig): ModelPool {
+    let p = this.pools.get(model);
+    if (!p) {
+      const members = model.deployments.map((d) => {
+        const k = `${model.id}\n${d.id}`;
+        let state = this.states.get(k);
+        if (!state || state.baseUrl !== d.baseUrl) this.states.set(k, (state = new DeploymentState(d.id, d.baseUrl)));
+        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm: Number(d.tpm), maxParallel: d.maxParallelRequests };
+      });
+      const settings = {
+        circuitFailures: model.circuitFailures || DEFAULT_CIRCUIT_FAILURES,
+        circuitCooldownMs: Number(model.circuitCooldownMs) || DEFAULT_CIRCUIT_COOLDOWN_MS,
+      };
+      p = { pool: new UpstreamPool(members, settings, () => this.clock.now(), this.random), billAs: model.deployments.map((d) => pricedAs(model, d)) };
+      this.pools.set(model, p);
+    }
+    return p;
+  }
+
+  /** Sends a pooled model's request (`model.deployments` not empty); `tokens`: its input estimate, for the deployments' tpm. */
+  send(model: ModelConfig, call: PoolCall, x: PooledExchange, tokens: number, once = false): void {
+    new Attempts(this.targets, this.clock, model, this.poolOf(model), call, x, tokens, once).next();
+  }
+}
+
+/** One request's attempts, in order. */
+class Attempts {
+  private readonly tried: number[] = [];
+  private readonly log: string[] = [];
+  private readonly maxAttempts: number;
+  /** performance.now() by which an answer's head must have come. */
+  private readonly deadline: number;
+
+  constructor(
+    private readonly targets: UpstreamTargets,
+    private readonly clock: Clock,
+    private readonly model: ModelConfig,
+    private readonly p: ModelPool,
+    private readonly call: PoolCall,
+    private readonly x: PooledExchange,
+    private readonly tokens: number,
+    once: boolean,
+  ) {
+    const n = model.deployments.length;
+    this.maxAttempts = once ? 1 : Math.min(n, model.maxAttempts || n);
+    const timeoutMs = model.timeoutMs > 0 ? Number(model.timeoutMs) : 60_000;
+    this.deadline = performance.now() + (Number(model.failoverTimeoutMs) || timeoutMs * this.maxAttempts);
+  }
+
+  /** Starts the next attempt; false when none may be made (tried enough, out of time, none available). */
+  next(): boolean {
+    const first = this.tried.length === 0;
+    if (!first && (this.tried.length >= this.maxAttempts || performance.now() >= this.deadline)) return false;
+    const i = this.p.pool.choose(this.tried, this.tokens);
+    if (i >= 0) {
+      this.attempt(i);
+      return true;
+    }
+    if (!first) return false;
+    const why = this.p.pool.whyNone(this.tried, this.tokens);
+    const retryAfterSec = Math.max(1, Math.ceil(why.retryAfterMs / 1000));
+    const err = why.capacity
+      ? new GatewayError('MODEL_AT_CAPACITY', `Every upstream deployment of model ${this.model.id} is at its capacity; retry after ${retryAfterSec} s.`, { retryAfterSec })
+      : new GatewayError('UPSTREAM_UNREACHABLE', `Every upstream deployment of model ${this.model.id} is failing; retry after ${retryAfterSec} s.`, { retryAfterSec });
+    if (this.call.refuse) this.call.refuse(err);
+    else this.call.fail(err);
+    return true;
+  }
+
+  private attempt(i: number): void {
+    const { p, x } = this;
+    const pool = p.pool;
+    const d = this.model.deployments[i];
+    const t = this.targets.ofDeployment(this.model, d);
+    pool.begin(i, this.tokens);
+    this.tried.push(i);
+    let released = false;
+    let failure = '';
+    const release = () => {
+      if (released) return;
+      released = true;
+      pool.end(i);
+    };
+    const self = this;
+    const state = pool.members[i].state;
+    const countError = (kind: string) => state.errors.set(kind, (state.errors.get(kind) ?? 0) + 1);
+    /** This attempt failed as `outcome`: another is made if it may be (then true), logged before it. */
+    const moveOn = (outcome: string): boolean => {
+      release();
+      self.log.push(`${d.id}:${outcome}`);
+      if (self.next()) {
+        state.failovers++;
+        return true;
+      }
+      // None: this attempt answers after all, and its end logs it.
+      self.log.pop();
+      return false;
+    };
+    const r = x.attempt(t, p.billAs[i]);
+    proxyRequest({
+      pool: t.pool,
+      method: x.method,
+      path: r.path,
+      headers: r.headers,
+      body: r.body,
+      timeoutMs: Math.max(1, Math.min(t.timeoutMs, Math.floor(this.deadline - performance.now()))),
+      idleTimeoutMs: x.idleTimeoutMs ?? t.timeoutMs,
+      reply: x.reply,
+      passAllHeaders: x.passAllHeaders,
+      upstreamErrors: x.upstreamErrors,
+      inspect: x.inspect,
+      usageGraceMs: x.usageGraceMs,
+      onAbort: x.onAbort,
+      onResponseHead(status) {
+        if (status !== 429 && status < 500) pool.succeeded(i);
+      },
+      retry(err) {
+        failure = errorOutcome(err);
+        countError(failure);
+        pool.failed(i);
+        return moveOn(failure);
+      },
+      retryStatus(status, retryAfter) {
+        countError(status === 429 ? '429' : '5xx');
+        if (status === 429) pool.cool(i, retryAfterMs(retryAfter, self.clock.now()));
+        else pool.failed(i);
+        return moveOn(String(status));
+      },
+      onDone(status, outcome, upstreamStatus) {
+        release();
+        // The attempt that answered: its status, or what it failed with.
+        self.log.push(`${d.id}:${upstreamStatus ? upstreamStatus : failure || (outcome === 'aborted' ? 'aborted' : 'unreachable')}`);
+        self.call.served?.(p.billAs[i], d.id, self.log.join(' '));
+        x.onDone(status, outcome, upstreamStatus);
+      },
+    });
+  }
+}

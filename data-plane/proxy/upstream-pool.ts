@@ -1,0 +1,191 @@
+// A pooled model's deployments on one node (issue 36): which one a request goes to, chosen in memory
+// with no round trip, and each one's health. Pure: the clock and the random draw are injected.
+//
+// Choice: among the deployments not yet tried by the request that are available (circuit closed, or
+// half-open with no probe out; not cooling after a 429; room in their own parallel, rpm and tpm limits,
+// counted on this node per UTC minute), the least loaded (in flight per unit of weight), and among
+// equally loaded ones a draw by weight.
+//
+// Health: `circuitFailures` consecutive failures open a deployment's circuit for `circuitCooldownMs`;
+// then one real request at a time probes it (half-open): a success closes it, a failure opens it again.
+
+/** What this node knows of one deployment; kept across config versions (keyed by model and id). */
+export class DeploymentState {
+  inFlight = 0;
+  /** Consecutive failures (connect errors, timeouts before the head, 5xx). */
+  failures = 0;
+  /** 0: circuit closed; else open until then (ms), half-open after. */
+  openUntil = 0;
+  /** A half-open probe is out. */
+  probing = false;
+  /** An upstream 429's retry-after: not chosen until then (ms). */
+  coolUntil = 0;
+  /** Requests and tokens sent in `minute` (UTC minutes since the epoch). */
+  minute = -1;
+  requests = 0;
+  tokens = 0;
+  /** For the metrics (pool-metrics.ts): requests sent, failed over from, errors by kind. */
+  sent = 0;
+  failovers = 0;
+  readonly errors = new Map<string, number>();
+  constructor(
+    readonly id: string,
+    /** The URL the counts are of: another URL is another upstream, its state new. */
+    readonly baseUrl = '',
+  ) {}
+}
+
+export interface PoolMember {
+  state: DeploymentState;
+  weight: number;
+  /** The upstream account's own limits; 0: none. */
+  rpm: number;
+  tpm: number;
+  maxParallel: number;
+}
+
+export interface PoolSettings {
+  circuitFailures: number;
+  circuitCooldownMs: number;
+}
+
+export type CircuitState = 'closed' | 'open' | 'half-open';
+
+/** When every deployment is unavailable: whether it is for capacity (limits, cooling) and when one has room again. */
+export interface NoneAvailable {
+  capacity: boolean;
+  retryAfterMs: number;
+}
+
+const MINUTE_MS = 60_000;
+/** What a full parallel limit is retried after: a request ends soon, and no end time is known. */
+const PARALLEL_RETRY_MS = 1_000;
+
+export class UpstreamPool {
+  constructor(
+    readonly members: readonly PoolMember[],
+    private readonly settings: PoolSettings,
+    private readonly now: () => number,
+    private readonly random: () => number = Math.random,
+  ) {}
+
+  circuit(i: number): CircuitState {
+    const s = this.members[i].state;
+    if (s.openUntil === 0) return 'closed';
+    return this.now() < s.openUntil ? 'open' : 'half-open';
+  }
+
+  /** The index of the deployment to try next, or -1 when none of the untried ones is available. */
+  choose(tried: readonly number[], tokens: number): number {
+    const members = this.members;
+    let best = Infinity;
+    let weights = 0;
+    // First pass: the lowest load among the available; second: a draw by weight among those at it.
+    for (let i = 0; i < members.length; i++) {
+      if (tried.includes(i) || this.blockedFor(i, tokens) !== 0) continue;
+      const m = members[i];
+      const load = m.state.inFlight / m.weight;
+      if (load < best) {
+        best = load;
+        weights = m.weight;
+      } else if (load === best) weights += m.weight;
+    }
+    if (best === Infinity) return -1;
+    let r = this.random() * weights;
+    let last = -1;
+    for (let i = 0; i < members.length; i++) {
+      if (tried.includes(i) || this.blockedFor(i, tokens) !== 0) continue;
+      const m = members[i];
+      if (m.state.inFlight / m.weight !== best) continue;
+      last = i;
+      r -= m.weight;
+      if (r < 0) return i;
+    }
+    return last;
+  }
+
+  /** Why no untried deployment is available, and the earliest time one will be. */
+  whyNone(tried: readonly number[], tokens: number): NoneAvailable {
+    let capacity = false;
+    let retryAfterMs = Infinity;
+    for (let i = 0; i < this.members.length; i++) {
+      if (tried.includes(i)) continue;
+      const wait = this.blockedFor(i, tokens);
+      if (wait === 0) continue;
+      if (wait > 0) capacity = true;
+      retryAfterMs = Math.min(retryAfterMs, Math.abs(wait));
+    }
+    return { capacity, retryAfterMs: retryAfterMs === Infinity ? 0 : retryAfterMs };
+  }
+
+  /** A request goes to deployment i: counted in flight and in its minute; a half-open one is probed. */
+  begin(i: number, tokens: number): void {
+    const s = this.members[i].state;
+    this.roll(s);
+    s.inFlight++;
+    s.sent++;
+    s.requests++;
+    s.tokens += tokens;
+    if (s.openUntil !== 0) s.probing = true;
+  }
+
+  /** Its request ended, however (every begin has one end). */
+  end(i: number): void {
+    const s = this.members[i].state;
+    if (s.inFlight > 0) s.inFlight--;
+    s.probing = false;
+  }
+
+  /** The deployment answered (a head that is not a 429 or 5xx): its circuit closes. */
+  succeeded(i: number): void {
+    const s = this.members[i].state;
+    s.failures = 0;
+    s.openUntil = 0;
+    s.probing = false;
+  }
+
+  /** A connect error, a timeout before the head, a 5xx: one more consecutive failure. */
+  failed(i: number): void {
+    const s = this.members[i].state;
+    s.failures++;
+    const halfOpen = s.openUntil !== 0;
+    s.probing = false;
+    if (halfOpen || s.failures >= this.settings.circuitFailures) s.openUntil = this.now() + this.settings.circuitCooldownMs;
+  }
+
+  /** An upstream 429 said to wait `ms`: the deployment is not chosen until then. */
+  cool(i: number, ms: number): void {
+    const s = this.members[i].state;
+    s.coolUntil = Math.max(s.coolUntil, this.now() + ms);
+  }
+
+  /**
+   * 0 when deployment i can take a request of `tokens` now; else how long until it may, positive when
+   * for capacity (its limits, a 429's cooling), negative when its circuit is open (or probed).
+   */
+  private blockedFor(i: number, tokens: number): number {
+    const m = this.members[i];
+    const s = m.state;
+    const now = this.now();
+    if (s.openUntil !== 0) {
+      if (now < s.openUntil) return -(s.openUntil - now);
+      if (s.probing) return -PARALLEL_RETRY_MS;
+    }
+    if (s.coolUntil > now) return s.coolUntil - now;
+    if (m.maxParallel > 0 && s.inFlight >= m.maxParallel) return PARALLEL_RETRY_MS;
+    const minute = Math.floor(now / MINUTE_MS);
+    const thisMinute = s.minute === minute;
+    const toNextMinute = (minute + 1) * MINUTE_MS - now;
+    if (m.rpm > 0 && thisMinute && s.requests >= m.rpm) return toNextMinute;
+    if (m.tpm > 0 && (thisMinute ? s.tokens : 0) + tokens > m.tpm) return toNextMinute;
+    return 0;
+  }
+
+  private roll(s: DeploymentState): void {
+    const minute = Math.floor(this.now() / MINUTE_MS);
+    if (s.minute === minute) return;
+    s.minute = minute;
+    s.requests = 0;
+    s.tokens = 0;
+  }
+}

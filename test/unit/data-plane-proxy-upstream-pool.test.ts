@@ -1,0 +1,133 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { DeploymentState, UpstreamPool, type PoolMember } from '../../data-plane/proxy/upstream-pool.js';
+
+const T0 = Date.UTC(2025, 0, 1, 0, 0, 0);
+
+function member(id: string, weight = 1, limits: Partial<Pick<PoolMember, 'rpm' | 'tpm' | 'maxParallel'>> = {}): PoolMember {
+  return { state: new DeploymentState(id), weight, rpm: 0, tpm: 0, maxParallel: 0, ...limits };
+}
+
+function pool(members: PoolMember[], opts: { random?: () => number; failures?: number; cooldownMs?: number } = {}) {
+  const clock = { ms: T0 };
+  const p = new UpstreamPool(members, { circuitFailures: opts.failures ?? 3, circuitCooldownMs: opts.cooldownMs ?? 10_000 }, () => clock.ms, opts.random ?? (() => 0));
+  return { p, clock };
+}
+
+test('weighted choice: the injected random picks by weight among idle deployments', () => {
+  // Weights 1, 3: random in [0, 0.25) → a, [0.25, 1) → b.
+  const cases: [number, string][] = [
+    [0, 'a'],
+    [0.24, 'a'],
+    [0.25, 'b'],
+    [0.99, 'b'],
+  ];
+  for (const [r, want] of cases) {
+    const { p } = pool([member('a', 1), member('b', 3)], { random: () => r });
+    assert.equal(p.members[p.choose([], 0)].state.id, want, `random ${r}`);
+  }
+});
+
+test('weighted choice over many draws follows the weights', () => {
+  let seed = 1;
+  const random = () => ((seed = (seed * 48271) % 2147483647) / 2147483647);
+  const { p } = pool([member('a', 1), member('b', 3)], { random });
+  const counts = { a: 0, b: 0 } as Record<string, number>;
+  for (let i = 0; i < 4000; i++) counts[p.members[p.choose([], 0)].state.id]++;
+  assert.ok(counts.b > 2.6 * counts.a && counts.b < 3.4 * counts.a, JSON.stringify(counts));
+});
+
+test('the least loaded deployment (in flight per weight) is preferred over the weighted draw', () => {
+  const { p } = pool([member('a', 1), member('b', 1)], { random: () => 0 });
+  const first = p.choose([], 0);
+  p.begin(first, 0);
+  // a is busy: b is chosen whatever the random says.
+  assert.equal(p.members[p.choose([], 0)].state.id, 'b');
+  p.end(first);
+  assert.equal(p.members[p.choose([], 0)].state.id, 'a');
+});
+
+test('tried deployments are skipped; none left gives -1', () => {
+  const { p } = pool([member('a'), member('b')]);
+  assert.equal(p.members[p.choose([0], 0)].state.id, 'b');
+  assert.equal(p.choose([0, 1], 0), -1);
+});
+
+test('a deployment without room in its own limits is passed over: parallel, rpm, tpm; the next minute has room again', () => {
+  const { p, clock } = pool([member('a', 100, { maxParallel: 1, rpm: 2, tpm: 1000 }), member('b', 1)], { random: () => 0 });
+  assert.equal(p.choose([], 0), 0);
+  p.begin(0, 10);
+  assert.equal(p.choose([], 0), 1, 'a has one in flight of max 1');
+  p.end(0);
+  p.begin(0, 10);
+  p.end(0);
+  assert.equal(p.choose([], 0), 1, 'a sent 2 of rpm 2 this minute');
+  clock.ms += 60_000;
+  assert.equal(p.choose([], 0), 0, 'a new minute');
+  assert.equal(p.choose([], 2000), 1, '2000 tokens do not fit tpm 1000');
+  const none = p.whyNone([1], 2000);
+  assert.deepEqual(none, { capacity: true, retryAfterMs: 60_000 });
+});
+
+test('consecutive failures open the circuit for the cooling time; a half-open probe that succeeds closes it', () => {
+  const { p, clock } = pool([member('a', 100), member('b', 1)], { failures: 3, cooldownMs: 10_000, random: () => 0 });
+  for (let i = 0; i < 2; i++) {
+    p.begin(0, 0);
+    p.failed(0);
+    p.end(0);
+  }
+  assert.equal(p.choose([], 0), 0, 'two failures of three: still closed');
+  assert.equal(p.circuit(0), 'closed');
+  p.begin(0, 0);
+  p.failed(0);
+  p.end(0);
+  assert.equal(p.circuit(0), 'open');
+  assert.equal(p.choose([], 0), 1, 'open: passed over');
+  assert.deepEqual(p.whyNone([1], 0), { capacity: false, retryAfterMs: 10_000 });
+  clock.ms += 10_000;
+  assert.equal(p.circuit(0), 'half-open');
+  assert.equal(p.choose([], 0), 0, 'half-open: one real request probes it');
+  p.begin(0, 0);
+  assert.equal(p.choose([], 0), 1, 'only one probe at a time');
+  p.succeeded(0);
+  p.end(0);
+  assert.equal(p.circuit(0), 'closed');
+  assert.equal(p.choose([], 0), 0);
+});
+
+test('a half-open probe that fails opens the circuit again for another cooling time', () => {
+  const { p, clock } = pool([member('a'), member('b')], { failures: 1, cooldownMs: 5_000 });
+  p.begin(0, 0);
+  p.failed(0);
+  p.end(0);
+  clock.ms += 5_000;
+  p.begin(0, 0);
+  p.failed(0);
+  p.end(0);
+  assert.equal(p.circuit(0), 'open');
+  clock.ms += 4_999;
+  assert.equal(p.circuit(0), 'open');
+  clock.ms += 1;
+  assert.equal(p.circuit(0), 'half-open');
+});
+
+test('a success resets the count of consecutive failures', () => {
+  const { p } = pool([member('a'), member('b')], { failures: 2 });
+  p.failed(0);
+  p.succeeded(0);
+  p.failed(0);
+  assert.equal(p.circuit(0), 'closed');
+});
+
+test("an upstream 429's retry-after cools that deployment for that long (injected clock)", () => {
+  const { p, clock } = pool([member('a', 100), member('b', 1)], { random: () => 0 });
+  p.cool(0, 7_000);
+  assert.equal(p.choose([], 0), 1);
+  assert.deepEqual(p.whyNone([1], 0), { capacity: true, retryAfterMs: 7_000 });
+  clock.ms += 6_999;
+  assert.equal(p.choose([], 0), 1);
+  clock.ms += 1;
+  assert.equal(p.choose([], 0), 0);
+  // Cooling is not a failure: the circuit stays closed.
+  assert.equal(p.circuit(0), 'closed');
+});
