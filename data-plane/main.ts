@@ -2,6 +2,8 @@
 import { join } from 'node:path';
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
+import { safetyIdKey } from '../proto/lib/safety-identifier.js';
+import { SafetyFields } from './proxy/safety-fields.js';
 import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './state/key-table.js';
 import { OpenStreams } from './state/open-streams.js';
@@ -122,7 +124,7 @@ async function main(): Promise<void> {
     bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
-    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools) },
+    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, new SafetyFields(safetyIdKey(config.pepper))) },
     pools,
     toolBackends,
     openStreams,
@@ -315,7 +317,7 @@ function buildApi(deps: NodeDeps) {
     followers: backgroundResponses,
     clock: deps.clock,
     owners,
-    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },
+    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools, new SafetyFields(safetyIdKey(deps.pepper))) },
     reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
   });
   const modelCalls = new ModelCalls(deps, admission, responses);

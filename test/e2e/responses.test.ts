@@ -168,7 +168,10 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
   assert.deepEqual(r.usage, { ...USAGE, cost: USAGE_COST / 1e6 });
   const sent = upstream.requests[upstream.requests.length - 1];
   assert.equal(sent.url, '/v1/responses');
-  assert.deepEqual(sent.body, { ...body, model: 'upstream-up-chat' });
+  const { safety_identifier: safetyId, ...forwarded } = sent.body;
+  assert.deepEqual(forwarded, { ...body, model: 'upstream-up-chat' });
+  // Whose request it is, for the upstream's safety systems: the project's identifier (docs/safety-identifier.md).
+  assert.match(safetyId, /^tg_[A-Za-z0-9_-]{22}$/);
 
   const stream = await c.responses.create({ model: 'up-chat', input: 'stream it', stream: true });
   let final: OpenAI.Responses.Response | undefined;

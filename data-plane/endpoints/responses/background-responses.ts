@@ -194,8 +194,8 @@ class Follower implements OpenEntry {
 
   /** A terminal response's usage, else (an upstream reporting none) the input estimate and its output counted. */
   private billOf(r: UpstreamRead): CallResult {
-    if (r.usage) return { ...r.usage, status: this.status };
-    return { status: this.status, promptTokens: this.input, completionTokens: r.outputTokens };
+    if (r.usage) return { ...r.usage, ...r.facts, status: this.status };
+    return { ...r.facts, status: this.status, promptTokens: this.input, completionTokens: r.outputTokens };
   }
 
   /** The one bill: completes the create's context (idempotent there too) and stops following. */

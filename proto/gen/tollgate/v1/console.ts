@@ -18,6 +18,7 @@ import {
   type ServiceError,
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
+import { LongContextPrices, ServiceTierPrices, ToolCallPrices } from "./sync.js";
 
 export const protobufPackage = "tollgate.v1";
 
@@ -420,7 +421,14 @@ export interface ModelInfo {
   cachedInputMicrosPerMtok?: number | undefined;
   cacheWriteMicrosPerMtok?: number | undefined;
   inputAudioMicrosPerMtok?: number | undefined;
-  outputAudioMicrosPerMtok?: number | undefined;
+  outputAudioMicrosPerMtok?:
+    | number
+    | undefined;
+  /** The prices of ModelConfig 320–323. */
+  priority?: ServiceTierPrices | undefined;
+  flex?: ServiceTierPrices | undefined;
+  longContext?: LongContextPrices | undefined;
+  toolCalls?: ToolCallPrices | undefined;
 }
 
 export interface ListModelsRequest {
@@ -6216,6 +6224,10 @@ function createBaseModelInfo(): ModelInfo {
     cacheWriteMicrosPerMtok: undefined,
     inputAudioMicrosPerMtok: undefined,
     outputAudioMicrosPerMtok: undefined,
+    priority: undefined,
+    flex: undefined,
+    longContext: undefined,
+    toolCalls: undefined,
   };
 }
 
@@ -6256,6 +6268,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     }
     if (message.outputAudioMicrosPerMtok !== undefined) {
       writer.uint32(2424).int64(message.outputAudioMicrosPerMtok);
+    }
+    if (message.priority !== undefined) {
+      ServiceTierPrices.encode(message.priority, writer.uint32(2562).fork()).join();
+    }
+    if (message.flex !== undefined) {
+      ServiceTierPrices.encode(message.flex, writer.uint32(2570).fork()).join();
+    }
+    if (message.longContext !== undefined) {
+      LongContextPrices.encode(message.longContext, writer.uint32(2578).fork()).join();
+    }
+    if (message.toolCalls !== undefined) {
+      ToolCallPrices.encode(message.toolCalls, writer.uint32(2586).fork()).join();
     }
     return writer;
   },
@@ -6369,6 +6393,38 @@ export const ModelInfo: MessageFns<ModelInfo> = {
             message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
             continue;
           }
+          case 320: {
+            if (tag !== 2562) {
+              break;
+            }
+
+            message.priority = ServiceTierPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 321: {
+            if (tag !== 2570) {
+              break;
+            }
+
+            message.flex = ServiceTierPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 322: {
+            if (tag !== 2578) {
+              break;
+            }
+
+            message.longContext = LongContextPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 323: {
+            if (tag !== 2586) {
+              break;
+            }
+
+            message.toolCalls = ToolCallPrices.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6427,6 +6483,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
         : isSet(object.output_audio_micros_per_mtok)
         ? globalThis.Number(object.output_audio_micros_per_mtok)
         : undefined,
+      priority: isSet(object.priority) ? ServiceTierPrices.fromJSON(object.priority) : undefined,
+      flex: isSet(object.flex) ? ServiceTierPrices.fromJSON(object.flex) : undefined,
+      longContext: isSet(object.longContext)
+        ? LongContextPrices.fromJSON(object.longContext)
+        : isSet(object.long_context)
+        ? LongContextPrices.fromJSON(object.long_context)
+        : undefined,
+      toolCalls: isSet(object.toolCalls)
+        ? ToolCallPrices.fromJSON(object.toolCalls)
+        : isSet(object.tool_calls)
+        ? ToolCallPrices.fromJSON(object.tool_calls)
+        : undefined,
     };
   },
 
@@ -6468,6 +6536,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     if (message.outputAudioMicrosPerMtok !== undefined) {
       obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
     }
+    if (message.priority !== undefined) {
+      obj.priority = ServiceTierPrices.toJSON(message.priority);
+    }
+    if (message.flex !== undefined) {
+      obj.flex = ServiceTierPrices.toJSON(message.flex);
+    }
+    if (message.longContext !== undefined) {
+      obj.longContext = LongContextPrices.toJSON(message.longContext);
+    }
+    if (message.toolCalls !== undefined) {
+      obj.toolCalls = ToolCallPrices.toJSON(message.toolCalls);
+    }
     return obj;
   },
 
@@ -6488,6 +6568,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
     message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
     message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
+    message.priority = (object.priority !== undefined && object.priority !== null)
+      ? ServiceTierPrices.fromPartial(object.priority)
+      : undefined;
+    message.flex = (object.flex !== undefined && object.flex !== null)
+      ? ServiceTierPrices.fromPartial(object.flex)
+      : undefined;
+    message.longContext = (object.longContext !== undefined && object.longContext !== null)
+      ? LongContextPrices.fromPartial(object.longContext)
+      : undefined;
+    message.toolCalls = (object.toolCalls !== undefined && object.toolCalls !== null)
+      ? ToolCallPrices.fromPartial(object.toolCalls)
+      : undefined;
     return message;
   },
 };
