@@ -1,4 +1,4 @@
-// `usage`, `models list`, `nodes list`, `config reload`.
+// `usage`, `models list`, `nodes list`, `config reload`, `safety-id resolve`.
 import { formatUsd } from '../../proto/lib/money.js';
 import { formatTable, printJson, usageError } from '../output.js';
 import { parseTimeArg, TIME_ARG_HELP } from '../time-arg.js';
@@ -139,6 +139,23 @@ export const miscCommands: Command[] = [
               ],
         ),
       ));
+    },
+  },
+  {
+    name: 'safety-id resolve',
+    summary: 'Which project (or key, or organisation) a safety_identifier an upstream reported belongs to (operator only; docs/safety-identifier.md).',
+    synopsis: 'VALUE',
+    positionals: ['VALUE'],
+    async run(ctx, args) {
+      const r = await ctx.client().resolveSafetyIdentifier({ value: args.positionals[0] });
+      if (ctx.out.json) {
+        printJson(ctx.out, { subject: r.subject, project_id: r.projectId, org_id: r.orgId, key_id: r.keyId });
+        return;
+      }
+      ctx.out.write(`subject: ${r.subject}\n`);
+      if (r.projectId) ctx.out.write(`project: ${r.projectId}\n`);
+      ctx.out.write(`org: ${r.orgId}\n`);
+      if (r.keyId) ctx.out.write(`key: ${r.keyId}\n`);
     },
   },
   {
