@@ -338,7 +338,7 @@ function buildApi(deps: NodeDeps) {
   };
   const realtime = new RealtimeGateway(deps, gate, intake, deps.realtime);
   // The socket endpoints, realtime and the Responses API's WebSocket mode: the gateway is their uWS side.
-  realtime.endpoint = new SocketEndpoint(deps, admission, realtime, { hooks: responses, demo: demoResponses });
+  realtime.endpoint = new SocketEndpoint(deps, admission, realtime, { hooks: responses, demo: demoResponses, safety: new SafetyFields(safetyIdKey(deps.pepper)) });
   const server = new ApiServer({ gate, intake, endpoints, sockets: realtime });
   return { app: server.app, realtime, backgroundResponses, leaseWaits: admission.waits };
 }

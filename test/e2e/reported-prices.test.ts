@@ -15,6 +15,7 @@ import { launchGateway, type Gateway } from '../helpers/gateway-fixture.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
 import { cliJsonAsync, runCliAsync, stopAll } from '../helpers/processes.js';
 import { formatUsd } from '../../proto/lib/money.js';
+import { openRealtime } from '../helpers/realtime.js';
 
 /** Prices, in micro-dollars per million tokens (what the config's USD amounts read as). */
 const STD = { input: 1_000_000, output: 4_000_000, cached: 100_000 };
@@ -125,6 +126,42 @@ for (const row of TIER_ROWS) {
     assert.equal(micros, expected);
   });
 }
+
+/** What `tollgate logs` shows the key's one model call of `model` cost (a socket turn's id is the session's and its number). */
+async function billedOfKey(k: DemoKey, model: string): Promise<number> {
+  let cost: string | undefined;
+  await eventually(async () => {
+    const logs = (await cliJsonAsync(gw.cp, gw.cp.secrets.operatorToken, ['logs', '--key', k.keyId])).logs as Array<{ model: string; cost_usd: string }>;
+    cost = logs.find((l) => l.model === model)?.cost_usd;
+    return cost !== undefined;
+  }, `a ${model} call of ${k.keyId} logged`, 15_000);
+  const [whole, frac = ''] = cost!.split('.');
+  return Number(whole) * 1_000_000 + Number(frac.padEnd(6, '0'));
+}
+
+test('WebSocket mode: a turn is billed by the tier and tool calls its final event reports; an unpriced tier or tool is refused in-band, never forwarded', async () => {
+  const k = await key();
+  up.answer = { ...DEFAULT_ANSWER, serviceTier: 'priority', items: TOOL_ITEMS };
+  const s = await openRealtime(gw.node.address, { key: k.key, model: 'up-priced', path: '/v1/responses' });
+  s.session.send({ type: 'response.create', input: 'over the socket', service_tier: 'priority', tools: ALL_TOOLS });
+  await s.session.waitFor('response.completed');
+  const before = up.requests.length;
+  s.session.send({ type: 'response.create', input: 'flex please', service_tier: 'scale' });
+  const refused = await s.session.waitFor('error');
+  assert.equal(refused.error.param, 'service_tier');
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  assert.equal(up.requests.length, before, 'the refused turn never went upstream');
+  assert.equal(await billedOfKey(k, 'up-priced'), tokens(DEFAULT_ANSWER, PRIORITY) + TOOLS_COST);
+
+  const plain = await openRealtime(gw.node.address, { key: k.key, model: 'up-plain', path: '/v1/responses' });
+  plain.session.send({ type: 'response.create', input: 'search', tools: [{ type: 'web_search' }] });
+  const noTool = await plain.session.waitFor('error');
+  assert.equal(noTool.error.param, 'tools[0].type');
+  plain.ws.close(1000);
+  await plain.session.waitClosed();
+  assert.equal(up.requests.length, before);
+});
 
 test('a prompt above the long-context threshold: the whole request at the long-context prices, on its tier too', async () => {
   const long = { inputTokens: 2000, cachedTokens: 0, outputTokens: 200 };

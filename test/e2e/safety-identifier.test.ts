@@ -13,6 +13,7 @@ import { launchGateway, type Gateway } from '../helpers/gateway-fixture.js';
 import { bearer, request } from '../helpers/http.js';
 import { cliJsonAsync, runCliAsync, stopAll, type DataPlane } from '../helpers/processes.js';
 import { assertFails } from '../helpers/console-cli.js';
+import { openRealtime } from '../helpers/realtime.js';
 
 let up: FakePricedUpstream;
 let gw: Gateway;
@@ -107,6 +108,24 @@ test("a client's own safety_identifier and user are namespaced under its project
   const both = await sent(a1, n0, '/v1/chat/completions', chat('up-safe', { user: 'bob', safety_identifier: 'alice@example.com' }));
   assert.equal(both.safety_identifier, own.safety_identifier);
   assert.equal(both.user, user.user);
+});
+
+test("WebSocket mode: each create goes upstream with the project's identifier, a client's own namespaced", async () => {
+  const [n0, n1] = gw.nodes;
+  const project = (await sent(a1, n0, '/v1/chat/completions', chat('up-safe'))).safety_identifier;
+  const own = (await sent(a1, n0, '/v1/chat/completions', chat('up-safe', { safety_identifier: 'alice@example.com' }))).safety_identifier;
+  const s = await openRealtime(n1.address, { key: a2.key, model: 'up-safe', path: '/v1/responses' });
+  const before = up.requests.length;
+  s.session.send({ type: 'response.create', input: 'over the socket' });
+  await s.session.waitFor('response.completed');
+  s.session.send({ type: 'response.create', input: 'again', safety_identifier: 'alice@example.com' });
+  await s.session.waitFor('response.completed', 2);
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  const creates = up.requests.slice(before).map((r) => r.body);
+  assert.deepEqual(creates.map((c) => c.safety_identifier), [project, own]);
+  for (const c of creates) assertRevealsNothing(c, a2);
+  assert.ok(!JSON.stringify(creates[1]).includes('alice'));
 });
 
 test('per key and per organisation by config; off sends none', async () => {

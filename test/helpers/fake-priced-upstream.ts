@@ -1,8 +1,10 @@
 // A fake OpenAI upstream whose answers report what the test sets (`answer`): the service tier it ran
 // on, the built-in tool call items of its output, and its usage; chat completions and the Responses
 // API, JSON and SSE, in the order OpenAI writes them (a chat answer's `service_tier` after its usage).
-// It records every request body it gets.
+// The Responses API's WebSocket mode too (`/v1/responses` upgraded): each `response.create` answered
+// with the same events. It records every request body (and every create, path `ws:/v1/responses`) it gets.
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { WebSocketServer } from 'ws';
 import { listenLocal } from './http.js';
 
 export interface PricedAnswer {
@@ -57,13 +59,24 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
   const requests: FakePricedUpstream['requests'] = [];
   const state = { answer: DEFAULT_ANSWER };
   let n = 0;
+  /** A Responses answer to `body` as `answer` says, and its stream of events. */
+  const responseOf = (body: any, a: PricedAnswer) => {
+    const tier = a.serviceTier === undefined ? {} : { service_tier: a.serviceTier };
+    const items = [...(a.items ?? []), { type: 'message', id: 'msg_1', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 'Hi', annotations: [] }] }];
+    const usage = { input_tokens: a.inputTokens, input_tokens_details: { cached_tokens: a.cachedTokens ?? 0 }, output_tokens: a.outputTokens, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: a.inputTokens + a.outputTokens };
+    const response = { id: `resp_fake${++n}`, object: 'response', created_at: 1, status: 'completed', model: body?.model, output: items, ...tier, usage, safety_identifier: body?.safety_identifier };
+    const events: unknown[] = [{ type: 'response.created', sequence_number: 0, response: { ...response, status: 'in_progress', output: [], usage: null } }];
+    items.forEach((item, i) => events.push({ type: 'response.output_item.added', sequence_number: events.length, output_index: i, item: { ...item, status: 'in_progress' } }));
+    events.push({ type: 'response.output_text.delta', sequence_number: events.length, output_index: items.length - 1, delta: 'Hi' });
+    events.push({ type: 'response.completed', sequence_number: events.length, response });
+    return { response, events };
+  };
   const server = createServer(async (req, res) => {
     const body = await readBody(req);
     const path = (req.url ?? '').split('?')[0];
     requests.push({ path, body });
     const a = state.answer;
     const tier = a.serviceTier === undefined ? {} : { service_tier: a.serviceTier };
-    const id = `resp_fake${++n}`;
     if (path.endsWith('/chat/completions')) {
       const usage = { prompt_tokens: a.inputTokens, completion_tokens: a.outputTokens, total_tokens: a.inputTokens + a.outputTokens, prompt_tokens_details: { cached_tokens: a.cachedTokens ?? 0 } };
       if (body?.stream) {
@@ -74,19 +87,19 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
       return sendJson(res, { id: `chatcmpl-${n}`, object: 'chat.completion', created: 1, model: body?.model, choices: [{ index: 0, message: { role: 'assistant', content: 'Hi' }, finish_reason: 'stop' }], usage, ...tier, system_fingerprint: 'fp_fake' });
     }
     if (path.endsWith('/responses')) {
-      const items = [...(a.items ?? []), { type: 'message', id: 'msg_1', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text: 'Hi', annotations: [] }] }];
-      const usage = { input_tokens: a.inputTokens, input_tokens_details: { cached_tokens: a.cachedTokens ?? 0 }, output_tokens: a.outputTokens, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: a.inputTokens + a.outputTokens };
-      const response = { id, object: 'response', created_at: 1, status: 'completed', model: body?.model, output: items, ...tier, usage, safety_identifier: body?.safety_identifier };
-      if (body?.stream) {
-        const events: unknown[] = [{ type: 'response.created', sequence_number: 0, response: { ...response, status: 'in_progress', output: [], usage: null } }];
-        items.forEach((item, i) => events.push({ type: 'response.output_item.added', sequence_number: events.length, output_index: i, item: { ...item, status: 'in_progress' } }));
-        events.push({ type: 'response.output_text.delta', sequence_number: events.length, output_index: items.length - 1, delta: 'Hi' });
-        events.push({ type: 'response.completed', sequence_number: events.length, response });
-        return sendSse(res, events);
-      }
-      return sendJson(res, response);
+      const { response, events } = responseOf(body, a);
+      return body?.stream ? sendSse(res, events) : sendJson(res, response);
     }
     res.writeHead(404).end();
+  });
+  const wss = new WebSocketServer({ server, path: '/v1/responses' });
+  wss.on('connection', (ws) => {
+    ws.on('message', (d) => {
+      const ev = JSON.parse(d.toString());
+      if (ev.type !== 'response.create') return;
+      requests.push({ path: 'ws:/v1/responses', body: ev });
+      for (const e of responseOf(ev, state.answer).events) ws.send(JSON.stringify(e));
+    });
   });
   const port = await listenLocal(server);
   return {
@@ -98,6 +111,11 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
     set answer(a: PricedAnswer) {
       state.answer = a;
     },
-    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const c of wss.clients) c.terminate();
+        wss.close();
+        server.close(() => resolve());
+      }),
   };
 }

@@ -17,7 +17,9 @@ import { GatewayError } from '../../errors.js';
 import { findDuplicateKey } from '../../request/validate-request.js';
 import type { DemoResponsesProvider } from '../../proxy/providers/demo-responses.js';
 import { estimateTokens } from '../../proxy/tokens.js';
-import { rewriteChatBody } from '../../proxy/json-splice.js';
+import { rewriteChatBody, setTopLevelStrings } from '../../proxy/json-splice.js';
+import type { SafetyFields } from '../../proxy/safety-fields.js';
+import { unpricedInRequest } from '../../../proto/lib/reported-prices.js';
 import { LocalUpstreamLink } from '../../proxy/local-link.js';
 import type { UpstreamEvents, UpstreamLink } from '../../proxy/upstream-link.js';
 import { estimateResponseTokens } from './responses.js';
@@ -61,6 +63,7 @@ export class ResponsesTurnRules implements TurnRules {
     private readonly key: KeyRecord,
     private readonly model: ModelConfig,
     private readonly state: () => GatewayState,
+    private readonly safety: SafetyFields | null = null,
   ) {
     this.upstreamModel = model.provider === 'demo' ? model.id : model.upstreamModel || model.id;
   }
@@ -83,10 +86,16 @@ export class ResponsesTurnRules implements TurnRules {
       if (typeof prev !== 'string') return new GatewayError('INVALID_REQUEST', "Invalid type for 'previous_response_id': expected a string.", { param: 'previous_response_id' });
       if (!this.hooks.checkPreviousId(this.key, prev, this.state())) return new GatewayError('NOT_FOUND', `No response found with id '${prev.slice(0, 128)}'.`, { param: 'previous_response_id' });
     }
-    // The model where the upstream reads it, the rest byte for byte (json-splice.ts).
+    // A tier or built-in tool the model has no price for, as over HTTP (validate-request.ts).
+    const unpriced = unpricedInRequest(this.model, ev);
+    if (unpriced) return new GatewayError('INVALID_REQUEST', unpriced.message, { param: unpriced.param });
+    // The model where the upstream reads it, the rest byte for byte (json-splice.ts); whose request
+    // it is for the upstream's safety systems, as over HTTP (safety-fields.ts).
     const model = JSON.stringify(this.upstreamModel);
-    const out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
-    return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel }));
+    const safety = this.model.provider === 'demo' ? null : (this.safety?.fieldsFor(this.model, this.key, ev) ?? null);
+    let out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
+    if (out !== null && safety) out = setTopLevelStrings(out, safety, (k) => k in ev);
+    return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel, ...safety }));
   }
 
   // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.
