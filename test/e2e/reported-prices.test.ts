@@ -163,6 +163,15 @@ test('WebSocket mode: a turn is billed by the tier and tool calls its final even
   assert.equal(up.requests.length, before);
 });
 
+test('a background response: billed by its follower from the terminal response, by the tier and tool calls it reports', async () => {
+  const k = await key();
+  up.answer = { ...DEFAULT_ANSWER, serviceTier: 'priority', items: TOOL_ITEMS };
+  const res = await post(k, '/v1/responses', responses({ background: true, service_tier: 'priority', tools: ALL_TOOLS }));
+  assert.equal(res.status, 200, res.text);
+  assert.equal(res.body.status, 'queued');
+  assert.equal(await billed(k, res.headers.get('x-request-id')!), tokens(DEFAULT_ANSWER, PRIORITY) + TOOLS_COST);
+});
+
 test('a prompt above the long-context threshold: the whole request at the long-context prices, on its tier too', async () => {
   const long = { inputTokens: 2000, cachedTokens: 0, outputTokens: 200 };
   const standard = await run('/v1/chat/completions', chat(), long);

@@ -1,7 +1,8 @@
 // A fake OpenAI upstream whose answers report what the test sets (`answer`): the service tier it ran
 // on, the built-in tool call items of its output, and its usage; chat completions and the Responses
 // API, JSON and SSE, in the order OpenAI writes them (a chat answer's `service_tier` after its usage).
-// The Responses API's WebSocket mode too (`/v1/responses` upgraded): each `response.create` answered
+// A background create (`background: true`) answers `queued`; `GET /v1/responses/{id}` answers it
+// completed, as `answer` said at its create. The Responses API's WebSocket mode too (`/v1/responses` upgraded): each `response.create` answered
 // with the same events. It records every request body (and every create, path `ws:/v1/responses`) it gets.
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { WebSocketServer } from 'ws';
@@ -71,10 +72,18 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
     events.push({ type: 'response.completed', sequence_number: events.length, response });
     return { response, events };
   };
+  /** Background responses, completed, by id. */
+  const background = new Map<string, unknown>();
   const server = createServer(async (req, res) => {
     const body = await readBody(req);
     const path = (req.url ?? '').split('?')[0];
     requests.push({ path, body });
+    const stored = req.method === 'GET' ? /\/responses\/([^/]+)$/.exec(path) : null;
+    if (stored) {
+      const r = background.get(stored[1]);
+      if (!r) return void res.writeHead(404).end();
+      return sendJson(res, r);
+    }
     const a = state.answer;
     const tier = a.serviceTier === undefined ? {} : { service_tier: a.serviceTier };
     if (path.endsWith('/chat/completions')) {
@@ -88,6 +97,10 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
     }
     if (path.endsWith('/responses')) {
       const { response, events } = responseOf(body, a);
+      if (body?.background === true) {
+        background.set(response.id, { ...response, background: true });
+        return sendJson(res, { ...response, background: true, status: 'queued', output: [], usage: null });
+      }
       return body?.stream ? sendSse(res, events) : sendJson(res, response);
     }
     res.writeHead(404).end();
