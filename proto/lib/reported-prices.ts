@@ -211,18 +211,25 @@ export function unpricedInRequest(model: ModelConfig, body: Record<string, unkno
  * `max_tool_calls` times (once when it names no max; code interpreter once per request).
  */
 export function requestedPrices(model: ModelConfig, body: Record<string, unknown>, inputTokens: number): { prices: TokenPrices; toolMicros: number } {
-  const tier = typeof body.service_tier === 'string' ? body.service_tier : undefined;
-  const prices = tokenPricesOf(model, tier, inputTokens);
+  const prices = tokenPricesOf(model, requestedTier(body), inputTokens);
+  return { prices, toolMicros: toolCallsCostMicros(model, requestedToolCalls(body)) };
+}
+
+/** The `service_tier` a request names, if a string. */
+export function requestedTier(body: Record<string, unknown>): string | undefined {
+  return typeof body.service_tier === 'string' ? body.service_tier : undefined;
+}
+
+/** The most built-in tool calls a request allows: each tool it names `max_tool_calls` times (once without it), code interpreter once. */
+export function requestedToolCalls(body: Record<string, unknown>): ToolCallCounts {
   const maxCalls = typeof body.max_tool_calls === 'number' && Number.isSafeInteger(body.max_tool_calls) && body.max_tool_calls > 0 ? body.max_tool_calls : 1;
-  let toolMicros = 0;
-  const named = new Set<BuiltInTool>();
+  const calls: ToolCallCounts = {};
   if (Array.isArray(body.tools)) {
     for (const t of body.tools) {
       const tool = t !== null && typeof t === 'object' ? builtInToolOf((t as Record<string, unknown>).type) : null;
-      if (tool) named.add(tool);
+      if (tool) calls[tool] = tool === 'code_interpreter' ? 1 : maxCalls;
     }
   }
-  if (body.web_search_options !== undefined && body.web_search_options !== null) named.add('web_search');
-  for (const tool of named) toolMicros += (tool === 'code_interpreter' ? 1 : maxCalls) * (toolCallMicros(model, tool) ?? 0);
-  return { prices, toolMicros };
+  if (body.web_search_options !== undefined && body.web_search_options !== null) calls.web_search = maxCalls;
+  return calls;
 }
