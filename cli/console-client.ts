@@ -14,6 +14,8 @@ import {
   type CreateProjectRequest,
   type CreditOrgRequest,
   type FindKeyRequest,
+  type ResolveSafetyIdentifierRequest,
+  type ResolveSafetyIdentifierResponse,
   type GetKeyRequest,
   type GetOrgRequest,
   GetUsageRequest,
@@ -148,6 +150,9 @@ export class ConsoleClient {
   }
   findKey(req: FindKeyRequest): Promise<ApiKey> {
     return this.call(this.client.findKey, req);
+  }
+  resolveSafetyIdentifier(req: ResolveSafetyIdentifierRequest): Promise<ResolveSafetyIdentifierResponse> {
+    return this.call(this.client.resolveSafetyIdentifier, req);
   }
   listModels(): Promise<ListModelsResponse> {
     return this.call(this.client.listModels, {});

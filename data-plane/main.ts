@@ -2,6 +2,8 @@
 import { join } from 'node:path';
 import uWS from 'uWebSockets.js';
 import { pepperCheck } from '../proto/lib/keys.js';
+import { safetyIdKey } from '../proto/lib/safety-identifier.js';
+import { SafetyFields } from './proxy/safety-fields.js';
 import { isLoopbackAddress } from '../proto/lib/tls.js';
 import { StateHolder } from './state/key-table.js';
 import { OpenStreams } from './state/open-streams.js';
@@ -125,7 +127,7 @@ async function main(): Promise<void> {
     bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
-    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock) },
+    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper))) },
     pools,
     toolBackends,
     openStreams,
@@ -312,13 +314,15 @@ function buildApi(deps: NodeDeps) {
   const admission = new Admission(deps, (key, path, ticket, minute, requestId) => new RequestContext(deps, requestId || gate.nextRequestId(), key, path, ticket, minute));
   const intake = new Intake(deps, admission);
   const demoResponses = new DemoResponsesProvider(() => deps.clock.now());
+  // The safety_identifier of Responses requests, over HTTP and WebSocket alike (proxy/safety-fields.ts).
+  const safety = new SafetyFields(safetyIdKey(deps.pepper));
   const owners = deps.responseOwners ?? new ResponseOwners();
   const backgroundResponses = new BackgroundFollowers({ holder: deps.holder, clock: deps.clock, openStreams: deps.openStreams, isStale: () => deps.isStale(), owners });
   const responses = new ResponsesEndpoint({
     followers: backgroundResponses,
     clock: deps.clock,
     owners,
-    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools) },
+    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools, safety) },
     reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
   });
   const modelCalls = new ModelCalls(deps, admission, responses);
@@ -343,7 +347,7 @@ function buildApi(deps: NodeDeps) {
   };
   const realtime = new RealtimeGateway(deps, gate, intake, deps.realtime);
   // The socket endpoints, realtime and the Responses API's WebSocket mode: the gateway is their uWS side.
-  realtime.endpoint = new SocketEndpoint(deps, admission, realtime, { hooks: responses, demo: demoResponses });
+  realtime.endpoint = new SocketEndpoint(deps, admission, realtime, { hooks: responses, demo: demoResponses, safety });
   const server = new ApiServer({ gate, intake, endpoints, sockets: realtime });
   return { app: server.app, realtime, backgroundResponses, leaseWaits: admission.waits };
 }

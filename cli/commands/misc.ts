@@ -1,8 +1,9 @@
-// `usage`, `models list`, `nodes list`, `config reload`.
+// `usage`, `models list`, `nodes list`, `config reload`, `safety-id resolve`.
 import { formatUsd } from '../../proto/lib/money.js';
 import { formatTable, printJson, usageError } from '../output.js';
 import { parseTimeArg, TIME_ARG_HELP } from '../time-arg.js';
 import { optionalString, type Command } from './command.js';
+import { reportedPricesCells, reportedPricesJson } from './model-prices.js';
 
 export const miscCommands: Command[] = [
   {
@@ -105,6 +106,8 @@ export const miscCommands: Command[] = [
             input_audio: audioIn.own,
             output_audio: audioOut.own,
           },
+          // Prices by what the upstream reports: its service tier, a long prompt, built-in tool calls.
+          ...reportedPricesJson(m),
           tiers: m.tiers,
         };
       });
@@ -116,10 +119,10 @@ export const miscCommands: Command[] = [
       const perUnit = (kind: string) => kind === 'transcription' || kind === 'speech';
       const shown = (usd: string, own: boolean, of: string) => (own ? usd : `${usd} (=${of})`);
       ctx.out.write(formatTable(
-        ['id', 'kind', 'provider', 'input_usd_per_mtok', 'output_usd_per_mtok', 'audio_usd_per_unit', 'cached_input_usd_per_mtok', 'cache_write_usd_per_mtok', 'input_audio_usd_per_mtok', 'output_audio_usd_per_mtok', 'tiers'],
+        ['id', 'kind', 'provider', 'input_usd_per_mtok', 'output_usd_per_mtok', 'audio_usd_per_unit', 'cached_input_usd_per_mtok', 'cache_write_usd_per_mtok', 'input_audio_usd_per_mtok', 'output_audio_usd_per_mtok', 'service_tiers (in/out/cached)', 'long_context (in/out)', 'tool_calls_usd', 'tiers'],
         models.map((m) =>
           perUnit(m.kind)
-            ? [m.id, m.kind, m.provider, null, null, `${m.audio_usd_per_unit} ${m.kind === 'speech' ? '/1k chars' : '/second'}`, null, null, null, null, m.tiers.join(',')]
+            ? [m.id, m.kind, m.provider, null, null, `${m.audio_usd_per_unit} ${m.kind === 'speech' ? '/1k chars' : '/second'}`, null, null, null, null, null, null, null, m.tiers.join(',')]
             : [
                 m.id,
                 m.kind,
@@ -131,10 +134,28 @@ export const miscCommands: Command[] = [
                 shown(m.cache_write_usd_per_mtok, m.prices_set.cache_write, 'input'),
                 shown(m.input_audio_usd_per_mtok, m.prices_set.input_audio, 'input'),
                 shown(m.output_audio_usd_per_mtok, m.prices_set.output_audio, 'output'),
+                ...reportedPricesCells(m),
                 m.tiers.join(','),
               ],
         ),
       ));
+    },
+  },
+  {
+    name: 'safety-id resolve',
+    summary: 'Which project (or key, or organisation) a safety_identifier an upstream reported belongs to (operator only; docs/safety-identifier.md).',
+    synopsis: 'VALUE',
+    positionals: ['VALUE'],
+    async run(ctx, args) {
+      const r = await ctx.client().resolveSafetyIdentifier({ value: args.positionals[0] });
+      if (ctx.out.json) {
+        printJson(ctx.out, { subject: r.subject, project_id: r.projectId, org_id: r.orgId, key_id: r.keyId });
+        return;
+      }
+      ctx.out.write(`subject: ${r.subject}\n`);
+      if (r.projectId) ctx.out.write(`project: ${r.projectId}\n`);
+      ctx.out.write(`org: ${r.orgId}\n`);
+      if (r.keyId) ctx.out.write(`key: ${r.keyId}\n`);
     },
   },
   {

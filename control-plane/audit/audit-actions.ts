@@ -58,6 +58,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   listRequestLogs: { action: 'logs.list', changes: false, target: (q) => q.keyId || q.projectId || q.orgId },
   getKey: { action: 'key.show', changes: false, target: (q) => q.keyId },
   findKey: { action: 'key.find', changes: false },
+  resolveSafetyIdentifier: { action: 'safety_id.resolve', changes: false },
   listWebhooks: { action: 'webhooks.list', changes: false },
   testWebhook: { action: 'webhooks.test', changes: true, target: (q) => urlWithoutQuery(q.url) },
   listWebhookDeliveries: { action: 'webhooks.deliveries', changes: false },

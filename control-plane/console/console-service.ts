@@ -12,6 +12,7 @@ import type { ConsoleServiceOptions, NodeFleet } from './console-access.js';
 import { GatewayService } from './gateway-service.js';
 import { KeyService } from './key-service.js';
 import { OrgService } from './org-service.js';
+import { SafetyService } from './safety-service.js';
 import { UsageService } from './usage-service.js';
 
 
@@ -20,6 +21,7 @@ export class ConsoleService {
   private readonly keys: KeyService;
   private readonly usage: UsageService;
   private readonly gateway: GatewayService;
+  private readonly safety: SafetyService;
 
   constructor(
     state: ControlState,
@@ -30,6 +32,7 @@ export class ConsoleService {
     this.keys = new KeyService(state, fleet, opts);
     this.usage = new UsageService(state, fleet, opts);
     this.gateway = new GatewayService(state, fleet, opts);
+    this.safety = new SafetyService(state, fleet, opts);
   }
 
   /** The gRPC service implementation. */
@@ -39,6 +42,7 @@ export class ConsoleService {
       ...this.keys.handlers(),
       ...this.usage.handlers(),
       ...this.gateway.handlers(),
+      ...this.safety.handlers(),
     });
   }
 

@@ -12,6 +12,7 @@ import type { GatewayConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { parseWebhooksConfig, type WebhookSettings } from './webhook-config.js';
 import { parseResponsesConfig } from './responses-config.js';
 import { parseModelPool, POOL_KEYS, readUpstreamKey, type ModelPool } from './deployments.js';
+import { MODEL_PRICE_KEYS, parseReportedPrices, parseSafetySubject, type ReportedPriceSettings, type SafetySubject } from './model-price-config.js';
 
 export const DEMO_CONFIG_PATH = fileURLToPath(new URL('../demo-config.yaml', import.meta.url));
 
@@ -28,7 +29,7 @@ export interface TierSettings {
 }
 
 /** A model's prices, as both the nodes' config (sync.proto ModelConfig) and the console's model list carry them. */
-export function modelPrices(m: ModelSettings): Pick<ModelSettings, 'inputMicrosPerMtok' | 'outputMicrosPerMtok' | 'audioMicrosPerUnit' | 'cachedInputMicrosPerMtok' | 'cacheWriteMicrosPerMtok' | 'inputAudioMicrosPerMtok' | 'outputAudioMicrosPerMtok'> {
+export function modelPrices(m: ModelSettings): Pick<ModelSettings, 'inputMicrosPerMtok' | 'outputMicrosPerMtok' | 'audioMicrosPerUnit' | 'cachedInputMicrosPerMtok' | 'cacheWriteMicrosPerMtok' | 'inputAudioMicrosPerMtok' | 'outputAudioMicrosPerMtok'> & ReportedPriceSettings {
   return {
     inputMicrosPerMtok: m.inputMicrosPerMtok,
     outputMicrosPerMtok: m.outputMicrosPerMtok,
@@ -37,6 +38,7 @@ export function modelPrices(m: ModelSettings): Pick<ModelSettings, 'inputMicrosP
     cacheWriteMicrosPerMtok: m.cacheWriteMicrosPerMtok,
     inputAudioMicrosPerMtok: m.inputAudioMicrosPerMtok,
     outputAudioMicrosPerMtok: m.outputAudioMicrosPerMtok,
+    ...m.reported,
   };
 }
 
@@ -59,6 +61,9 @@ export interface ModelSettings {
   outputAudioMicrosPerMtok?: number;
   /** `max_output_tokens`: the most output one request may produce; undefined: none configured (docs/money-limits.md). */
   maxOutputTokens?: number;
+  /** `service_tiers`, `long_context`, `tool_calls_usd` (model-price-config.ts). */
+  reported: ReportedPriceSettings;
+  safetyIdentifier: SafetySubject;
   timeoutMs: number;
   voices: string[];
   /** `deployments` and the failover settings (deployments.ts); null: the one upstream above. */
@@ -141,6 +146,7 @@ const MODEL_KEYS = new Set([
   'timeout_ms',
   'voices',
   ...POOL_KEYS,
+  ...MODEL_PRICE_KEYS,
 ]);
 const KINDS = new Set<ModelKind>(['chat', 'embeddings', 'transcription', 'speech', 'realtime']);
 const REALTIME_UPSTREAM_KEYS = new Set(['model', 'url', 'api_key_env', 'upstream_model', 'connect_timeout_ms']);
@@ -311,6 +317,8 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       inputAudioMicrosPerMtok: optionalUsd(`${where}.input_audio_usd_per_mtok`, raw.input_audio_usd_per_mtok),
       outputAudioMicrosPerMtok: optionalUsd(`${where}.output_audio_usd_per_mtok`, raw.output_audio_usd_per_mtok),
       maxOutputTokens: raw.max_output_tokens === undefined || raw.max_output_tokens === null ? undefined : posInt(`${where}.max_output_tokens`, raw.max_output_tokens),
+      reported: parseReportedPrices(where, raw),
+      safetyIdentifier: parseSafetySubject(where, raw, provider),
       timeoutMs: raw.timeout_ms === undefined ? DEFAULT_UPSTREAM_TIMEOUT_MS : posInt(`${where}.timeout_ms`, raw.timeout_ms),
       voices: strList(`${where}.voices`, raw.voices),
       pool,
@@ -401,6 +409,7 @@ export function parseGatewayConfig(doc: unknown, env: NodeJS.ProcessEnv = {}, re
       kind: m.kind,
       ...modelPrices(m),
       maxOutputTokens: m.maxOutputTokens,
+      safetyIdentifier: m.safetyIdentifier,
       timeoutMs: m.timeoutMs,
       voices: m.voices,
       deployments: m.pool?.deployments ?? [],

@@ -1,13 +1,13 @@
 // The `responses:` key of the gateway config file: how many owner records of upstream objects
 // (responses, conversations, items) a node keeps per project, which model's upstream keeps
-// conversations, and which of the operator's prompt ids each tier may name. Pure.
+// conversations, and which of the operator's prompt ids and vector stores each tier may name. Pure.
 import { ConfigError } from '../../proto/lib/process-flags.js';
 import type { ResponsesSettings } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** Owner records per project when the config names no bound (docs/configuration.md#responses). */
 export const DEFAULT_OWNER_RECORDS_PER_PROJECT = 100_000;
 
-const KEYS = new Set(['owner_records_per_project', 'conversations_model', 'prompts']);
+const KEYS = new Set(['owner_records_per_project', 'conversations_model', 'prompts', 'vector_stores']);
 
 type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -23,7 +23,7 @@ interface Known {
 }
 
 export function parseResponsesConfig(raw: unknown, known: Known): ResponsesSettings {
-  const out: ResponsesSettings = { ownerRecordsPerProject: DEFAULT_OWNER_RECORDS_PER_PROJECT, conversationsModel: '', prompts: [] };
+  const out: ResponsesSettings = { ownerRecordsPerProject: DEFAULT_OWNER_RECORDS_PER_PROJECT, conversationsModel: '', prompts: [], vectorStores: [] };
   if (raw === undefined || raw === null) return out;
   if (!isObj(raw)) fail('responses', 'must be a mapping');
   for (const k of Object.keys(raw)) if (!KEYS.has(k)) fail('responses', `unknown setting ${JSON.stringify(k)} (known: ${[...KEYS].join(', ')})`);
@@ -38,14 +38,20 @@ export function parseResponsesConfig(raw: unknown, known: Known): ResponsesSetti
     if (known.models.get(model)!.kind !== 'chat') fail('responses.conversations_model', `${JSON.stringify(model)} must be a model of kind chat`);
     out.conversationsModel = model;
   }
-  if (raw.prompts !== undefined) {
-    if (!isObj(raw.prompts)) fail('responses.prompts', 'must be a mapping of tier name to a list of prompt ids');
-    for (const [tier, ids] of Object.entries(raw.prompts)) {
-      const where = `responses.prompts.${tier}`;
-      if (!known.tiers.has(tier)) fail(where, `names unknown tier ${JSON.stringify(tier)}`);
-      if (!Array.isArray(ids) || ids.some((x) => typeof x !== 'string' || x === '')) fail(where, 'must be a list of prompt ids');
-      out.prompts.push({ tier, promptIds: [...new Set(ids as string[])] });
-    }
-  }
+  for (const [tier, ids] of tierLists(raw, 'prompts', 'prompt ids', known)) out.prompts.push({ tier, promptIds: ids });
+  for (const [tier, ids] of tierLists(raw, 'vector_stores', 'vector store ids', known)) out.vectorStores.push({ tier, vectorStoreIds: ids });
   return out;
+}
+
+/** A mapping of tier name to a list of the operator's upstream object ids (`prompts`, `vector_stores`). */
+function tierLists(raw: Obj, key: string, what: string, known: Known): Array<[string, string[]]> {
+  const v = raw[key];
+  if (v === undefined) return [];
+  if (!isObj(v)) fail(`responses.${key}`, `must be a mapping of tier name to a list of ${what}`);
+  return Object.entries(v).map(([tier, ids]) => {
+    const where = `responses.${key}.${tier}`;
+    if (!known.tiers.has(tier)) fail(where, `names unknown tier ${JSON.stringify(tier)}`);
+    if (!Array.isArray(ids) || ids.some((x) => typeof x !== 'string' || x === '')) fail(where, `must be a list of ${what}`);
+    return [tier, [...new Set(ids as string[])]];
+  });
 }

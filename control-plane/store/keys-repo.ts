@@ -37,6 +37,11 @@ export function getKey(q: Queryable, id: string): Promise<ApiKeyRow | undefined>
   return q.get<ApiKeyRow>('SELECT * FROM api_keys WHERE id = ?', [id]);
 }
 
+/** Every key's id, project and organisation, revoked ones included (the safety identifier's resolution). */
+export function listAllKeyIds(q: Queryable): Promise<{ id: string; project_id: string; org_id: string }[]> {
+  return q.all<{ id: string; project_id: string; org_id: string }>('SELECT id, project_id, org_id FROM api_keys');
+}
+
 export function listKeys(q: Queryable, projectId: string): Promise<ApiKeyRow[]> {
   return q.all<ApiKeyRow>('SELECT * FROM api_keys WHERE project_id = ? ORDER BY created_at, id', [projectId]);
 }

@@ -123,6 +123,11 @@ export function getProject(q: Queryable, id: string): Promise<ProjectRow | undef
   return q.get<ProjectRow>('SELECT * FROM projects WHERE id = ?', [id]);
 }
 
+/** Every project's id and organisation (the safety identifier's resolution recomputes them all). */
+export function listAllProjectIds(q: Queryable): Promise<{ id: string; org_id: string }[]> {
+  return q.all<{ id: string; org_id: string }>('SELECT id, org_id FROM projects');
+}
+
 export function listProjects(q: Queryable, orgId: string): Promise<ProjectRow[]> {
   return q.all<ProjectRow>('SELECT * FROM projects WHERE org_id = ? ORDER BY created_at, id', [orgId]);
 }

@@ -147,6 +147,7 @@ function modelCall(ctx: RequestContext, reply: Reply, model: ModelConfig, body: 
     rawBody,
     bodyText,
     inputTokens: ctx.estimatedPromptTokens,
+    caller: ctx.key,
     complete(r: CallResult) {
       ctx.complete(r);
     },

@@ -22,6 +22,7 @@ import { CLOSE } from './close-codes.js';
 import { REALTIME_PATH, RESPONSES_SOCKET_PATH } from '../routing/routes.js';
 import { PlainEndpoint, refuseAdmitted } from './intake.js';
 import { RealtimeTurnRules } from './realtime-turns.js';
+import type { SafetyFields } from '../proxy/safety-fields.js';
 import { DemoResponsesSocketLink, ResponsesSocketLink, ResponsesTurnRules, responsesEventRefusal, type ResponsesSocketHooks } from './responses/responses-socket.js';
 import { SocketTurns, type TurnRules, type TurnSocket } from './socket-turns.js';
 
@@ -56,7 +57,7 @@ export class SocketEndpoint extends PlainEndpoint {
     private readonly deps: SocketEndpointDeps,
     private readonly admission: Admission,
     private readonly opener: SocketOpener,
-    private readonly responses: { hooks: ResponsesSocketHooks; demo: DemoResponsesProvider },
+    private readonly responses: { hooks: ResponsesSocketHooks; demo: DemoResponsesProvider; safety?: SafetyFields },
   ) {
     super();
   }
@@ -75,7 +76,7 @@ export class SocketEndpoint extends PlainEndpoint {
     if (model.kind !== kind) return refuse(new GatewayError('INVALID_REQUEST', `The model \`${model.id}\` is not a ${kind} model; ${responsesApi ? RESPONSES_SOCKET_PATH : REALTIME_PATH} needs one.`, { param: 'model' }));
     const scope = checkModelScope(state, key, model);
     if (scope) return refuse(scope);
-    const rules: TurnRules = responsesApi ? new ResponsesTurnRules(this.responses.hooks, key, model, () => this.deps.holder.current) : new RealtimeTurnRules();
+    const rules: TurnRules = responsesApi ? new ResponsesTurnRules(this.responses.hooks, key, model, () => this.deps.holder.current, this.responses.safety ?? null) : new RealtimeTurnRules();
     const plan = (link: UpstreamLink): SocketPlan => ({
       model,
       link: responsesApi ? new ResponsesSocketLink(link, this.responses.hooks, key, model) : link,

@@ -3,6 +3,7 @@
 // is admitted only if its worst case fits (leases/request-money.ts reserveWorstCase). Pure.
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../proto/lib/money.js';
+import { requestedPrices } from '../../proto/lib/reported-prices.js';
 
 /**
  * Output tokens a request that names no max is taken to ask for when its model has no configured
@@ -30,6 +31,8 @@ export interface WorstCase {
   field: string;
   inputMicrosPerMtok: number;
   outputMicrosPerMtok: number;
+  /** The built-in tool calls it names, at their prices (in `micros`). */
+  toolMicros?: number;
 }
 
 /**
@@ -39,9 +42,11 @@ export interface WorstCase {
  */
 export function requestWorstCase(model: ModelConfig, api: OutputApi, body: unknown, inputTokens: number): WorstCase {
   const obj = body !== null && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>) : {};
-  const inputPrice = Math.max(model.inputMicrosPerMtok, model.inputAudioMicrosPerMtok ?? 0, model.cacheWriteMicrosPerMtok ?? 0);
-  const outputPrice = Math.max(model.outputMicrosPerMtok, model.outputAudioMicrosPerMtok ?? 0);
   const input = count(inputTokens) ?? 0;
+  // The tier the request names, a long input and the built-in tools it names (reported-prices.ts).
+  const { prices, toolMicros } = requestedPrices(model, obj, input);
+  const inputPrice = Math.max(prices.inputMicrosPerMtok, prices.inputAudioMicrosPerMtok ?? 0, prices.cacheWriteMicrosPerMtok ?? 0);
+  const outputPrice = Math.max(prices.outputMicrosPerMtok, prices.outputAudioMicrosPerMtok ?? 0);
   let field = api === 'chat' ? 'max_completion_tokens' : 'max_output_tokens';
   let named = count(obj[field]);
   if (named === null && api === 'chat') {
@@ -54,13 +59,13 @@ export function requestWorstCase(model: ModelConfig, api: OutputApi, body: unkno
   const outputTokens = (perChoice ?? UNPRICED_OUTPUT_TOKENS) * choices;
   // Two parts at two prices (no cached or audio parts): summed directly, exact while it is a safe integer.
   const sum = input * inputPrice + outputTokens * outputPrice;
-  const micros = Number.isSafeInteger(sum) ? Math.ceil(sum / 1_000_000) : usageCostMicros({ promptTokens: input, completionTokens: outputTokens }, { inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice });
-  return { micros, priced, inputTokens: input, outputTokens, field, inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice };
+  const micros = toolMicros + (Number.isSafeInteger(sum) ? Math.ceil(sum / 1_000_000) : usageCostMicros({ promptTokens: input, completionTokens: outputTokens }, { inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice }));
+  return { micros, priced, inputTokens: input, outputTokens, field, inputMicrosPerMtok: inputPrice, outputMicrosPerMtok: outputPrice, toolMicros };
 }
 
 /** How many output tokens `availableMicros` pays for after the request's input (0 when not even the input). */
 export function affordableOutputTokens(w: WorstCase, availableMicros: number): number {
-  const left = BigInt(Math.max(0, Math.floor(availableMicros))) * 1_000_000n - BigInt(w.inputTokens) * BigInt(w.inputMicrosPerMtok);
+  const left = BigInt(Math.max(0, Math.floor(availableMicros) - (w.toolMicros ?? 0))) * 1_000_000n - BigInt(w.inputTokens) * BigInt(w.inputMicrosPerMtok);
   if (left <= 0n) return 0;
   if (w.outputMicrosPerMtok <= 0) return w.outputTokens;
   const n = left / BigInt(w.outputMicrosPerMtok);

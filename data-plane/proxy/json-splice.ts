@@ -70,3 +70,32 @@ export function rewriteChatBody(text: string, model: string | null, addIncludeUs
   }
   return out;
 }
+
+/**
+ * The body with top-level string members set: each of `set` replaces the member's string value where
+ * the body has it, else is added first. Null when a member to replace is not a plain string (the
+ * caller re-serialises). `present`: the members the parsed body has.
+ */
+export function setTopLevelStrings(text: string, set: Readonly<Record<string, string>>, present: (key: string) => boolean): string | null {
+  const spans: Array<[number, number, string]> = [];
+  let added = '';
+  for (const [key, value] of Object.entries(set)) {
+    if (!present(key)) {
+      added += `${JSON.stringify(key)}:${JSON.stringify(value)},`;
+      continue;
+    }
+    const span = topLevelStringSpan(text, key);
+    if (!span) return null;
+    spans.push([span[0], span[1], JSON.stringify(value)]);
+  }
+  // From the last span to the first, so each index still holds.
+  spans.sort((a, b) => b[0] - a[0]);
+  let out = text;
+  for (const [start, end, value] of spans) out = out.slice(0, start) + value + out.slice(end);
+  if (added === '') return out;
+  const open = out.indexOf('{');
+  if (open === -1) return null;
+  // `added` ends with a comma: an empty object `{}` needs it dropped.
+  const rest = out.slice(open + 1);
+  return `${out.slice(0, open + 1)}${/^\s*\}/.test(rest) ? added.slice(0, -1) : added}${rest}`;
+}

@@ -23,7 +23,8 @@
 import type { WebSocket } from 'uWebSockets.js';
 import type { ModelConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../proto/lib/money.js';
-import { tokenUsageOf } from '../proxy/usage/usage-readers.js';
+import { serviceTierOf, tokenUsageOf } from '../proxy/usage/usage-readers.js';
+import { toolCallsOfOutput, type ReportedFacts } from '../../proto/lib/reported-prices.js';
 import type { KeyRecord } from '../state/key-table.js';
 import { logBug } from '../log.js';
 import type { RequestContext } from '../request/request-context.js';
@@ -358,7 +359,13 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
     this.responsesInFlight = Math.max(0, this.responsesInFlight - 1);
     const id = typeof ev.response?.id === 'string' ? (ev.response.id as string) : undefined;
     const tally = this.tallies.take(id);
-    const usage = tokenUsageOf(ev.response?.usage) ?? null;
+    const usage: (TokenCounts & ReportedFacts) | null = tokenUsageOf(ev.response?.usage) ?? null;
+    // The Responses API's final event: the tier it ran on and its built-in tool calls are billed too
+    // (proto/lib/reported-prices.ts), as over HTTP; they go with the usage to the turn's one bill.
+    if (usage && this.deps.responsesApi === true) {
+      usage.serviceTier = serviceTierOf(ev.response?.service_tier);
+      if (Array.isArray(ev.response?.output)) usage.toolCalls = toolCallsOfOutput(ev.response.output);
+    }
     const counts = usage ?? tally.counts();
     this.noteBilled(counts, this.turns.ended(id, usage, tally.counts()));
     this.checkLimits();

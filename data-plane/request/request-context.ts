@@ -2,7 +2,7 @@
 // reservation are settled exactly once, whichever way the request ends (the provider completes, the
 // client aborts, a later check refuses it, the response is sent before the upstream finished).
 import type { ModelConfig, UsageRecord } from '../../proto/gen/tollgate/v1/sync.js';
-import { usageCostMicros } from '../../proto/lib/money.js';
+import { reportedCostMicros, type ToolCallCounts } from '../../proto/lib/reported-prices.js';
 import type { KeyRecord } from '../state/key-table.js';
 import type { Clock } from '../limits/clock.js';
 import type { Ticket } from '../limits/key-budgets.js';
@@ -42,7 +42,15 @@ export const PROVIDER_REPORT_GRACE_MS = 120_000;
 export function costOf(m: ModelConfig, r: CallResult): number {
   if (m.kind === 'speech') return Math.ceil(((r.audioUnits ?? 0) * m.audioMicrosPerUnit) / 1000);
   if (m.kind === 'transcription') return (r.audioUnits ?? 0) * m.audioMicrosPerUnit;
-  return usageCostMicros(r, m);
+  return reportedCostMicros(m, r);
+}
+
+/** Tool call counts made safe integers at the boundary, as token counts are. */
+function cleanToolCalls(calls: ToolCallCounts | undefined, requestId: string): ToolCallCounts | undefined {
+  if (!calls) return undefined;
+  const out: ToolCallCounts = {};
+  for (const [tool, n] of Object.entries(calls) as Array<[keyof ToolCallCounts, number]>) out[tool] = cleanCount(n, `${tool} calls`, requestId);
+  return out;
 }
 
 export class RequestContext {
@@ -161,6 +169,9 @@ export class RequestContext {
       audioPromptTokens: reported.audioPromptTokens,
       cachedAudioPromptTokens: reported.cachedAudioPromptTokens,
       audioCompletionTokens: reported.audioCompletionTokens,
+      // What the upstream's answer reported besides its tokens (proto/lib/reported-prices.ts).
+      serviceTier: reported.serviceTier,
+      toolCalls: cleanToolCalls(reported.toolCalls, this.requestId),
     };
     this.ticket.settle(r.promptTokens + r.completionTokens);
     if (r.status >= 500) logRequestError({ requestId: this.requestId, keyId: this.key.keyId, path: this.path, status: r.status, model: this.model?.id }, `request ${this.requestId} ended with status ${r.status}`);

@@ -4,6 +4,7 @@
 import type { GatewayState } from '../state/key-table.js';
 import { GatewayError } from '../errors.js';
 import type { Route } from '../routing/routes.js';
+import { unpricedInRequest } from '../../proto/lib/reported-prices.js';
 
 const JSON_CONTENT_TYPE = /^application\/json\s*(;|$)/i;
 // The Responses API is served by chat models.
@@ -50,6 +51,11 @@ export function validateJson(route: Route, contentType: string, body: unknown, p
   if (!model) return new GatewayError('UNKNOWN_MODEL', `The model \`${obj.model}\` does not exist.`, { param: 'model' });
   if (model.kind !== KIND_OF_ROUTE[route.kind]) {
     return invalid(`The model \`${obj.model}\` is ${withArticle(model.kind)} model and cannot be used on this endpoint.`, 'model');
+  }
+  // A tier or built-in tool the model has no price for is refused, never billed as plain tokens.
+  if (route.kind === 'chat' || route.kind === 'responses') {
+    const unpriced = unpricedInRequest(model, obj);
+    if (unpriced) return invalid(unpriced.message, unpriced.param);
   }
   if (route.kind === 'speech') {
     if (typeof obj.input !== 'string' || obj.input.length === 0) return invalid("Missing required parameter: 'input'.", 'input');

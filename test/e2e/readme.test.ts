@@ -15,6 +15,7 @@ import { projectCommands } from '../../cli/commands/project.js';
 import { auditCommands, webhooksCommands } from '../../cli/commands/webhooks.js';
 import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config/gateway-config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
+import { safetyIdentifierOf, safetyIdKey, safetySubject } from '../../proto/lib/safety-identifier.js';
 import { configYaml } from '../helpers/config.js';
 import { ROOT, runProcessAsync, startControlPlane, startProcess, stopAll } from '../helpers/processes.js';
 import { newWebhookSecret } from '../helpers/webhook-receiver.js';
@@ -57,9 +58,11 @@ test("the README's CLI examples list every command and run as written with npx",
   t.after(() => c.close());
   const key = await createKey(c, { tier: 'paid' });
   const member = (await c.createAccount({ name: 'bob' })).account!.id;
-  const ids: Record<string, string> = { ACCOUNT_ID: key.accountId, MEMBER_ID: member, ORG_ID: key.orgId, PROJECT_ID: key.projectId, KEY_ID: key.keyId, WEBHOOK_URL: webhookUrl };
+  // The identifier an upstream would report for the key's project (what the nodes send it).
+  const safetyId = safetyIdentifierOf(safetyIdKey(Buffer.from(cp.secrets.pepper, 'utf8')), safetySubject('project', key));
+  const ids: Record<string, string> = { ACCOUNT_ID: key.accountId, MEMBER_ID: member, ORG_ID: key.orgId, PROJECT_ID: key.projectId, KEY_ID: key.keyId, WEBHOOK_URL: webhookUrl, SAFETY_ID: safetyId };
   for (const line of lines) {
-    const command = line.replace(/\s+#.*$/, '').replace(/\b(ACCOUNT_ID|MEMBER_ID|ORG_ID|PROJECT_ID|KEY_ID|WEBHOOK_URL)\b/g, (m) => ids[m]);
+    const command = line.replace(/\s+#.*$/, '').replace(/\b(ACCOUNT_ID|MEMBER_ID|ORG_ID|PROJECT_ID|KEY_ID|WEBHOOK_URL|SAFETY_ID)\b/g, (m) => ids[m]);
     const r = await runProcessAsync('bash', ['-c', command], {
       env: { ...process.env, TOLLGATE_CONTROL_PLANE: cp.address, TOLLGATE_TOKEN: cp.secrets.operatorToken, LEAKED_KEY: key.key },
     });

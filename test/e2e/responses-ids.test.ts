@@ -41,7 +41,8 @@ const gw = gatewayFixture(
     return {
       controlPlane: {
         configYaml: configYaml((cfg) => {
-          addUpstreamModel(cfg, 'up-chat', upstream.baseUrl);
+          // The built-in tools priced, so that a request naming an upstream object in one reaches its id check.
+          addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid'], { tool_calls_usd: { web_search: '0.01', file_search: '0.0025', code_interpreter: '0.03', image_generation: '0.04' } });
           cfg.responses = { conversations_model: 'up-chat', prompts: { paid: ['pmpt_paid_allowed'] } };
         }),
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },

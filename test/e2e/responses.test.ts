@@ -168,7 +168,10 @@ test('an OpenAI-compatible upstream: forwarded with the model spliced, billed fr
   assert.deepEqual(r.usage, { ...USAGE, cost: USAGE_COST / 1e6 });
   const sent = upstream.requests[upstream.requests.length - 1];
   assert.equal(sent.url, '/v1/responses');
-  assert.deepEqual(sent.body, { ...body, model: 'upstream-up-chat' });
+  const { safety_identifier: safetyId, ...forwarded } = sent.body;
+  assert.deepEqual(forwarded, { ...body, model: 'upstream-up-chat' });
+  // Whose request it is, for the upstream's safety systems: the project's identifier (docs/safety-identifier.md).
+  assert.match(safetyId, /^tg_[A-Za-z0-9_-]{22}$/);
 
   const stream = await c.responses.create({ model: 'up-chat', input: 'stream it', stream: true });
   let final: OpenAI.Responses.Response | undefined;
@@ -331,7 +334,10 @@ test('WebSocket mode to an OpenAI-compatible upstream: {base_url}/responses over
   const up = upstream.sockets[upstream.sockets.length - 1];
   assert.match(up.url, /^\/v1\/responses(\?|$)/);
   assert.equal(up.authorization, 'Bearer sk-upstream-test');
-  assert.deepEqual(up.received, [{ type: 'response.create', model: 'upstream-up-chat', input: 'over the socket' }]);
+  assert.equal(up.received.length, 1);
+  const { safety_identifier: safetyId, ...create } = up.received[0];
+  assert.deepEqual(create, { type: 'response.create', model: 'upstream-up-chat', input: 'over the socket' });
+  assert.match(safetyId, /^tg_[A-Za-z0-9_-]{22}$/, "the project's safety identifier (docs/safety-identifier.md)");
   // Created over the socket: the project's own, on the upstream.
   const got = await request(`${node.url}/v1/responses/${done.response.id}`, { headers: bearer(b.key) });
   assertShapeA(got, 404, null, 'B reads a socket-made response');

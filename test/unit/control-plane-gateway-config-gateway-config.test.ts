@@ -148,3 +148,46 @@ test('max_orgs_per_account: 3 unless set, a whole number >= 0', () => {
   assert.throws(() => parseGatewayConfig({ ...demo(), max_orgs_per_account: -1 }, {}), /^ConfigError: max_orgs_per_account: must be a whole number >= 0/);
   assert.throws(() => parseGatewayConfig({ ...demo(), max_orgs_per_account: 'many' }, {}), /max_orgs_per_account: must be a whole number >= 0, got "many"/);
 });
+
+test("a model's service_tiers, long_context, tool_calls_usd and safety_identifier reach the nodes' ModelConfig", () => {
+  const d = demo();
+  d.models.push({
+    id: 'x',
+    provider: 'openai',
+    base_url: 'http://127.0.0.1:1/v1',
+    service_tiers: { priority: { input_usd_per_mtok: '2.50', output_usd_per_mtok: '20', cached_input_usd_per_mtok: '0.25' }, flex: { input_usd_per_mtok: '0.625', output_usd_per_mtok: '5' } },
+    long_context: { above_input_tokens: 272000, input_usd_per_mtok: '2.5', output_usd_per_mtok: '15' },
+    tool_calls_usd: { web_search: '0.01', code_interpreter: '0.03' },
+    safety_identifier: 'organisation',
+  });
+  const { proto } = parseGatewayConfig(d);
+  const x = proto.models.find((m) => m.id === 'x')!;
+  assert.deepEqual(x.priority, { inputMicrosPerMtok: 2_500_000, outputMicrosPerMtok: 20_000_000, cachedInputMicrosPerMtok: 250_000 });
+  assert.deepEqual(x.flex, { inputMicrosPerMtok: 625_000, outputMicrosPerMtok: 5_000_000, cachedInputMicrosPerMtok: undefined });
+  assert.deepEqual(x.longContext, { aboveInputTokens: 272_000, inputMicrosPerMtok: 2_500_000, outputMicrosPerMtok: 15_000_000 });
+  assert.deepEqual(x.toolCalls, { webSearchMicros: 10_000, fileSearchMicros: undefined, codeInterpreterMicros: 30_000, imageGenerationMicros: undefined });
+  assert.equal(x.safetyIdentifier, 'organisation');
+  // Defaults: the project's identifier for openai, none for demo; no tier, long-context or tool prices.
+  d.models.push({ id: 'y', provider: 'openai', base_url: 'http://127.0.0.1:1/v1' });
+  const y = parseGatewayConfig(d).proto.models.find((m) => m.id === 'y')!;
+  assert.equal(y.safetyIdentifier, 'project');
+  assert.deepEqual([y.priority, y.flex, y.longContext, y.toolCalls], [undefined, undefined, undefined, undefined]);
+  assert.equal(parseGatewayConfig(demo()).proto.models.find((m) => m.id === 'demo-chat')!.safetyIdentifier, 'off');
+});
+
+test('bad tier, long-context, tool prices and safety_identifier are refused with one line naming the setting', () => {
+  const cases: [string, Record<string, unknown>, RegExp][] = [
+    ['unknown tier', { service_tiers: { scale: { input_usd_per_mtok: '1', output_usd_per_mtok: '1' } } }, /model demo-chat\.service_tiers\.scale: unknown setting/],
+    ['tier price missing', { service_tiers: { priority: { input_usd_per_mtok: '1' } } }, /model demo-chat\.service_tiers\.priority\.output_usd_per_mtok: must be a non-negative USD amount/],
+    ['tier not a mapping', { service_tiers: { flex: 2 } }, /model demo-chat\.service_tiers\.flex: must be a mapping/],
+    ['threshold not whole', { long_context: { above_input_tokens: 1.5, input_usd_per_mtok: '1', output_usd_per_mtok: '1' } }, /model demo-chat\.long_context\.above_input_tokens: must be a whole number/],
+    ['unknown tool', { tool_calls_usd: { computer_use: '0.01' } }, /model demo-chat\.tool_calls_usd\.computer_use: unknown setting/],
+    ['negative tool price', { tool_calls_usd: { web_search: '-0.01' } }, /model demo-chat\.tool_calls_usd\.web_search: must be a non-negative USD amount/],
+    ['unknown subject', { safety_identifier: 'account' }, /model demo-chat\.safety_identifier: must be one of project, key, organisation, off/],
+  ];
+  for (const [name, extra, message] of cases) {
+    const d = demo();
+    Object.assign(d.models[0], extra);
+    assert.throws(() => parseGatewayConfig(d), (e: unknown) => e instanceof ConfigError && message.test(e.message) && !e.message.includes('\n'), name);
+  }
+});

@@ -106,6 +106,9 @@ test('gone upstream (404): billed safely above, its max_output_tokens or the cei
   assert.deepEqual(await c.first, { status: 200, promptTokens: estimateTokens(BODY), completionTokens: 50 });
   const noMax = { model: 'up', input: 'otters', background: true };
   assert.deepEqual(safeAbove(noMax, 200), { status: 200, promptTokens: estimateTokens(noMax), completionTokens: BACKGROUND_OUTPUT_CEILING_TOKENS });
+  // At the tier it asked for, with every built-in tool call it allows (issue 34: never below what the upstream may bill).
+  const priced = { ...noMax, service_tier: 'priority', tools: [{ type: 'web_search' }, { type: 'code_interpreter' }], max_tool_calls: 4 };
+  assert.deepEqual(safeAbove(priced, 200), { status: 200, promptTokens: estimateTokens(priced), completionTokens: BACKGROUND_OUTPUT_CEILING_TOKENS, serviceTier: 'priority', toolCalls: { web_search: 4, code_interpreter: 1 } });
 });
 
 test('ended by the registry (its key revoked): cancelled upstream, billed the cancelled usage', async () => {

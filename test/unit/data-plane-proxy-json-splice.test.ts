@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import fc from 'fast-check';
-import { rewriteChatBody, topLevelStringSpan } from '../../data-plane/proxy/json-splice.js';
+import { rewriteChatBody, setTopLevelStrings, topLevelStringSpan } from '../../data-plane/proxy/json-splice.js';
 
 test('the top-level model is found, never a nested one or one inside a string', () => {
   const table: Array<[string, string | null]> = [
@@ -39,4 +39,22 @@ test('rewriting equals re-serialising, and keeps number formats', () => {
     // A fixed seed: the same 500 cases on every run (a property that found a case once keeps it).
     { numRuns: 500, seed: 20261123 },
   );
+});
+
+test('top-level strings set on the text: replaced where present, added first where absent, the rest byte for byte', () => {
+  const has = (text: string) => (k: string) => k in JSON.parse(text);
+  const table: Array<[string, Record<string, string>, string | null]> = [
+    ['{"model":"m","user":"bob"}', { user: 'X', safety_identifier: 'S' }, '{"safety_identifier":"S","model":"m","user":"X"}'],
+    ['{"safety_identifier":"a\\"b", "n": 1.50}', { safety_identifier: 'S' }, '{"safety_identifier":"S", "n": 1.50}'],
+    ['{}', { safety_identifier: 'S' }, '{"safety_identifier":"S"}'],
+    [' { } ', { safety_identifier: 'S' }, ' {"safety_identifier":"S" } '],
+    // Not a plain string where present: the caller re-serialises.
+    ['{"user":null}', { user: 'X' }, null],
+    ['{"user":{"id":1}}', { user: 'X' }, null],
+  ];
+  for (const [text, set, want] of table) {
+    const got = setTopLevelStrings(text, set, has(text));
+    assert.equal(got, want, text);
+    if (got !== null) JSON.parse(got);
+  }
 });

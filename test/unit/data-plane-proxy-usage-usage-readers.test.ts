@@ -191,3 +191,24 @@ test("upstream error answers: 401/403 become 502 in the route's shape, account i
   const text = upstreamErrorAnswer(500, 'text/plain', Buffer.from('upstream proj_abcdef1234 failed'), undefined, 'openai');
   assert.deepEqual([text.status, text.body, text.headers], [500, 'upstream proj_*** failed', [['content-type', 'text/plain']]]);
 });
+
+test("a chat JSON answer's usage is held until its service_tier, after it, is read: usage.cost priced by the tier reported", () => {
+  // Before, the usage was priced as soon as it ended, before the tier that follows it in OpenAI's answers.
+  const answer = JSON.stringify({ id: 'x', choices: [], usage: { prompt_tokens: 10, completion_tokens: 1 }, service_tier: 'priority', system_fingerprint: 'fp' });
+  for (const size of [1, 7, 1 << 20]) {
+    const r = new JsonUsageReader(['service_tier'], (u, facts) => (facts.serviceTier === 'priority' ? 2 : 1) * (u.promptTokens + u.completionTokens));
+    const buf = Buffer.from(answer);
+    let out = '';
+    for (let i = 0; i < buf.length; i += size) out += String(r.transform(buf.subarray(i, i + size)));
+    out += r.flush();
+    const parsed = JSON.parse(out);
+    assert.equal(parsed.usage.cost, 0.000022, `chunks of ${size}`);
+    assert.equal(parsed.service_tier, 'priority');
+    assert.equal(parsed.system_fingerprint, 'fp');
+    assert.deepEqual(r.facts(), { serviceTier: 'priority' });
+  }
+  // An answer cut after its usage: the usage goes out with the cost as far as known, nothing lost.
+  const cut = new JsonUsageReader(['service_tier'], () => 5);
+  const text = String(cut.transform(Buffer.from('{"usage":{"prompt_tokens":1,"completion_tokens":1},"service_t'))) + String(cut.flush());
+  assert.equal(text, '{"usage":{"prompt_tokens":1,"completion_tokens":1,"cost":0.000005},"service_t');
+});

@@ -23,7 +23,7 @@ const config: GatewayConfig = {
   realtimeUpstreams: [],
   trustedProxies: [],
   maxStalenessMs: 0,
-  responses: { ownerRecordsPerProject: 0, conversationsModel: '', prompts: [{ tier: 'free', promptIds: ['pmpt_ok'] }] },
+  responses: { ownerRecordsPerProject: 0, conversationsModel: '', prompts: [{ tier: 'free', promptIds: ['pmpt_ok'] }], vectorStores: [{ tier: 'free', vectorStoreIds: ['vs_ok'] }] },
 };
 
 function keyEntry(id: string, value: string, projectId: string): KeyEntry {
@@ -97,6 +97,9 @@ test('every id a body names must be the key’s project’s own: 404 on the para
     else assert.equal(own, null, JSON.stringify(body));
   }
   assert.equal(namedIdRefusal({ prompt: { id: 'pmpt_ok' } }, keyB, state, o, 2), null);
+  // The operator's vector stores, as its prompts: each one the tier's list names, else 404 naming the first that is not.
+  assert.equal(namedIdRefusal({ tools: [{ type: 'file_search', vector_store_ids: ['vs_ok'] }] }, keyB, state, o, 2), null);
+  assert.equal(namedIdRefusal({ tools: [{ type: 'file_search', vector_store_ids: ['vs_ok', 'vs_other'] }] }, keyB, state, o, 2)?.param, 'tools[0].vector_store_ids[1]');
   assert.equal(namedIdRefusal({ items: [{ type: 'item_reference', id: 'msg_a' }] }, keyB, state, o, 2, 'items')?.param, 'items[0].id');
   // A message with content and an id is sent by content: not a reference.
   assert.equal(namedIdRefusal({ input: [{ id: 'msg_x', role: 'user', content: 'hi' }] }, keyB, state, o, 2), null);
@@ -115,13 +118,14 @@ test('conversation paths', () => {
 
 test('the responses: config section', () => {
   const known = { models: new Map([['chat', { kind: 'chat' }], ['embed', { kind: 'embeddings' }]]), tiers: new Map([['free', {}]]) };
-  assert.deepEqual(parseResponsesConfig(undefined, known), { ownerRecordsPerProject: 100_000, conversationsModel: '', prompts: [] });
-  assert.deepEqual(parseResponsesConfig({ owner_records_per_project: 7, conversations_model: 'chat', prompts: { free: ['p1', 'p1'] } }, known), {
+  assert.deepEqual(parseResponsesConfig(undefined, known), { ownerRecordsPerProject: 100_000, conversationsModel: '', prompts: [], vectorStores: [] });
+  assert.deepEqual(parseResponsesConfig({ owner_records_per_project: 7, conversations_model: 'chat', prompts: { free: ['p1', 'p1'] }, vector_stores: { free: ['vs_1'] } }, known), {
     ownerRecordsPerProject: 7,
     conversationsModel: 'chat',
     prompts: [{ tier: 'free', promptIds: ['p1'] }],
+    vectorStores: [{ tier: 'free', vectorStoreIds: ['vs_1'] }],
   });
-  for (const bad of [{ owner_records_per_project: 0 }, { conversations_model: 'embed' }, { conversations_model: 'nope' }, { prompts: { gold: [] } }, { prompts: { free: [1] } }, { other: 1 }, []]) {
+  for (const bad of [{ owner_records_per_project: 0 }, { conversations_model: 'embed' }, { conversations_model: 'nope' }, { prompts: { gold: [] } }, { prompts: { free: [1] } }, { vector_stores: { gold: [] } }, { vector_stores: ['vs_1'] }, { other: 1 }, []]) {
     assert.throws(() => parseResponsesConfig(bad, known), ConfigError, JSON.stringify(bad));
   }
 });

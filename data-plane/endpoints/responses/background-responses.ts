@@ -15,6 +15,7 @@
 // Bounds: followed at most FOLLOW_MAX_MS; a response still running then, one the upstream no longer
 // has (404: its retention passed), or one a draining node still follows at its deadline, is billed
 // safely above what it could have used (`safeAbove`).
+import { hasToolCalls, requestedTier, requestedToolCalls } from '../../../proto/lib/reported-prices.js';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { ResponseOwners } from '../../state/response-owners.js';
 import type { Clock } from '../../limits/clock.js';
@@ -48,7 +49,13 @@ const TERMINAL: ReadonlySet<string> = new Set(['completed', 'failed', 'cancelled
 export function safeAbove(body: Record<string, unknown>, status: number, inputTokens = estimateTokens(body)): CallResult {
   const max = body.max_output_tokens;
   const out = typeof max === 'number' && Number.isSafeInteger(max) && max > 0 ? max : BACKGROUND_OUTPUT_CEILING_TOKENS;
-  return { status, promptTokens: inputTokens, completionTokens: out };
+  const bound: CallResult = { status, promptTokens: inputTokens, completionTokens: out };
+  // At the tier it asked for, with every built-in tool call it allows (proto/lib/reported-prices.ts).
+  const tier = requestedTier(body);
+  if (tier !== undefined) bound.serviceTier = tier;
+  const calls = requestedToolCalls(body);
+  if (hasToolCalls(calls)) bound.toolCalls = calls;
+  return bound;
 }
 
 export interface FollowerDeps {
@@ -194,8 +201,8 @@ class Follower implements OpenEntry {
 
   /** A terminal response's usage, else (an upstream reporting none) the input estimate and its output counted. */
   private billOf(r: UpstreamRead): CallResult {
-    if (r.usage) return { ...r.usage, status: this.status };
-    return { status: this.status, promptTokens: this.input, completionTokens: r.outputTokens };
+    if (r.usage) return { ...r.usage, ...r.facts, status: this.status };
+    return { ...r.facts, status: this.status, promptTokens: this.input, completionTokens: r.outputTokens };
   }
 
   /** The one bill: completes the create's context (idempotent there too) and stops following. */

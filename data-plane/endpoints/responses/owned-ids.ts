@@ -3,8 +3,8 @@
 // account, so an id is accepted only when Tollgate recorded it for the key's project (owner records,
 // state/response-owners.ts): `previous_response_id`, `conversation` (a string or `{id}`), and
 // `item_reference` input items (items seen in answers to the project). Prompt ids are the operator's:
-// the tier's list in the config (`responses.prompts`). Upstream files, vector stores and containers
-// are never created through Tollgate, so naming one is refused. Anything refused is 404 Shape A, the
+// the tier's list in the config (`responses.prompts`), and so are vector stores (`responses.vector_stores`).
+// Upstream files and containers are never created through Tollgate, so naming one is refused. Anything refused is 404 Shape A, the
 // same whether the id exists or not. Pure: no I/O.
 import type { GatewayState, KeyRecord } from '../../state/key-table.js';
 import { GatewayError } from '../../errors.js';
@@ -47,6 +47,12 @@ export function conversationOf(body: Obj): string | GatewayError {
 /** Whether a tier may name the operator's prompt `id` (config `responses.prompts`). */
 function tierMayUsePrompt(state: GatewayState, tier: string, id: string): boolean {
   for (const p of state.view.config.responses?.prompts ?? []) if (p.tier === tier && p.promptIds.includes(id)) return true;
+  return false;
+}
+
+/** Whether a tier may name the operator's vector store `id` (config `responses.vector_stores`). */
+function tierMayUseVectorStore(state: GatewayState, tier: string, id: string): boolean {
+  for (const v of state.view.config.responses?.vectorStores ?? []) if (v.tier === tier && v.vectorStoreIds.includes(id)) return true;
   return false;
 }
 
@@ -100,7 +106,11 @@ export function namedIdRefusal(body: Obj, key: KeyRecord, state: GatewayState, o
       const t = tools[i];
       if (!isObj(t)) continue;
       const stores = t.vector_store_ids;
-      if (Array.isArray(stores) && stores.length > 0) return notFound('vector store', String(stores[0]), `tools[${i}].vector_store_ids[0]`);
+      if (Array.isArray(stores)) {
+        for (let j = 0; j < stores.length; j++) {
+          if (typeof stores[j] !== 'string' || !tierMayUseVectorStore(state, key.org.tier, stores[j] as string)) return notFound('vector store', String(stores[j]), `tools[${i}].vector_store_ids[${j}]`);
+        }
+      }
       if (typeof t.container === 'string') return notFound('container', t.container, `tools[${i}].container`);
       const files = isObj(t.container) ? t.container.file_ids : undefined;
       if (Array.isArray(files) && files.length > 0) return notFound('file', String(files[0]), `tools[${i}].container.file_ids[0]`);

@@ -18,7 +18,9 @@ import { findDuplicateKey } from '../../request/validate-request.js';
 import type { DemoResponsesProvider } from '../../proxy/providers/demo-responses.js';
 import { estimateTokens } from '../../proxy/tokens.js';
 import { itemIdsOf } from '../../proxy/usage/responses-usage.js';
-import { rewriteChatBody } from '../../proxy/json-splice.js';
+import { rewriteChatBody, setTopLevelStrings } from '../../proxy/json-splice.js';
+import type { SafetyFields } from '../../proxy/safety-fields.js';
+import { unpricedInRequest } from '../../../proto/lib/reported-prices.js';
 import { LocalUpstreamLink } from '../../proxy/local-link.js';
 import type { UpstreamEvents, UpstreamLink } from '../../proxy/upstream-link.js';
 import { estimateResponseTokens } from './responses.js';
@@ -62,6 +64,7 @@ export class ResponsesTurnRules implements TurnRules {
     private readonly key: KeyRecord,
     private readonly model: ModelConfig,
     private readonly state: () => GatewayState,
+    private readonly safety: SafetyFields | null = null,
   ) {
     this.upstreamModel = model.provider === 'demo' ? model.id : model.upstreamModel || model.id;
   }
@@ -82,10 +85,16 @@ export class ResponsesTurnRules implements TurnRules {
     // Every upstream id it names is the project's own, as over HTTP (owned-ids.ts).
     const foreign = this.hooks.checkIds(this.key, ev, this.state());
     if (foreign) return foreign;
-    // The model where the upstream reads it, the rest byte for byte (json-splice.ts).
+    // A tier or built-in tool the model has no price for, as over HTTP (validate-request.ts).
+    const unpriced = unpricedInRequest(this.model, ev);
+    if (unpriced) return new GatewayError('INVALID_REQUEST', unpriced.message, { param: unpriced.param });
+    // The model where the upstream reads it, the rest byte for byte (json-splice.ts); whose request
+    // it is for the upstream's safety systems, as over HTTP (safety-fields.ts).
     const model = JSON.stringify(this.upstreamModel);
-    const out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
-    return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel }));
+    const safety = this.model.provider === 'demo' ? null : (this.safety?.fieldsFor(this.model, this.key, ev) ?? null);
+    let out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
+    if (out !== null && safety) out = setTopLevelStrings(out, safety, (k) => k in ev);
+    return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel, ...safety }));
   }
 
   // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.

@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import { logBug } from '../../log.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
 import { countMessageTokens, countTokens, contentText, truncateTokens } from '../tokens.js';
-import { withUsageCost } from '../usage/usage-readers.js';
+import { withUsageCost } from '../usage/usage-cost.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 
 const JSON_HEADERS = [['content-type', 'application/json']] as const;

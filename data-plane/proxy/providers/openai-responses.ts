@@ -9,6 +9,7 @@ import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { ForwardCall, ResponsesCall, ResponsesProvider, StoredCall, UpstreamRead } from './responses-provider.js';
 import { forwardOpenAI } from './openai-forward.js';
 import { rewriteChatBody } from '../json-splice.js';
+import { SafetyFields, withSafetyFields } from '../safety-fields.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import { billedTokens, pricerOf } from './openai.js';
@@ -17,7 +18,10 @@ import { pricedAs } from './pooled-upstreams.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
   private readonly targets: UpstreamTargets;
-  constructor(pools: PoolRegistry) {
+  constructor(
+    pools: PoolRegistry,
+    private readonly safety: SafetyFields | null = null,
+  ) {
     this.targets = new UpstreamTargets(pools);
   }
 
@@ -29,7 +33,13 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     const t = this.target(call.model);
     const body = call.body;
     let payload: Buffer | string = call.rawBody;
-    if (body.model !== t.upstreamModel) payload = rewriteChatBody(call.bodyText, t.upstreamModel, false) ?? JSON.stringify({ ...body, model: t.upstreamModel });
+    // Whose request it is, for the upstream's safety systems (safety-fields.ts).
+    const safety = this.safety?.fieldsFor(call.model, call.caller, body) ?? null;
+    if (body.model !== t.upstreamModel || safety) {
+      const whole = { ...body, model: t.upstreamModel, ...safety };
+      const spliced = body.model !== t.upstreamModel ? rewriteChatBody(call.bodyText, t.upstreamModel, false) : call.bodyText;
+      payload = spliced === null ? JSON.stringify(whole) : safety ? withSafetyFields(spliced, body, safety, whole) : spliced;
+    }
     let sse: ResponsesSseReader | null = null;
     let json: ResponsesJsonReader | null = null;
     const recordOwner = call.recordOwner;
@@ -68,12 +78,12 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         if (background && usage === null && id !== null && upstreamStatus >= 200 && upstreamStatus < 300) return call.follow(id, outcome === 'aborted' ? 499 : status);
         // The upstream's usage, else (a stream cut, a client gone, an upstream reporting none) the
         // input and the output received so far, counted: the same rules as chat (docs/billing-endings.md).
-        call.complete(
-          billedTokens(status, outcome, upstreamStatus, usage, () => ({
-            prompt: call.inputTokens,
-            completion: s ? s.countedCompletionTokens() : j ? j.countedOutputTokens() : 0,
-          })),
-        );
+        const billed = billedTokens(status, outcome, upstreamStatus, usage, () => ({
+          prompt: call.inputTokens,
+          completion: s ? s.countedCompletionTokens() : j ? j.countedOutputTokens() : 0,
+        }));
+        // What the answer reported besides its tokens: the tier it ran on, the built-in tools it called.
+        call.complete({ ...billed, ...(s ? s.facts() : j ? j.facts() : {}) });
       },
     });
   }
@@ -141,7 +151,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         }
         for await (const chunk of res.body) reader.transform(chunk as Buffer);
         reader.flush();
-        finish({ httpStatus, status: reader.status(), usage: reader.usage, outputTokens: reader.countedOutputTokens() });
+        finish({ httpStatus, status: reader.status(), usage: reader.usage, outputTokens: reader.countedOutputTokens(), facts: reader.facts() });
       })
       .catch(() => finish({ httpStatus: 0, status: null, usage: null, outputTokens: 0 }));
   }

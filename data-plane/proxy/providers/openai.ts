@@ -4,7 +4,9 @@
 // gateway counts tokens with its own tokenizer.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
+import { reportedCostMicros, type ReportedFacts, type ToolCallCounts } from '../../../proto/lib/reported-prices.js';
 import { rewriteChatBody } from '../json-splice.js';
+import { SafetyFields, withSafetyFields } from '../safety-fields.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { estimateOutputTokens, estimateTokens } from '../tokens.js';
 import { SseUsageReader } from '../usage/sse-usage-reader.js';
@@ -17,7 +19,8 @@ import { PooledUpstreams, type PooledExchange } from './pooled-upstreams.js';
 import { systemClock, type Clock } from '../../limits/clock.js';
 
 /** Top-level members the readers keep besides `usage`, per endpoint. */
-const CHOICES = Object.freeze(['choices']);
+/** A chat answer's: its choices, and the tier it ran on (after its usage, as OpenAI writes it). */
+const CHAT_MEMBERS = Object.freeze(['choices', 'service_tier']);
 const NO_MEMBERS = Object.freeze([] as string[]);
 const DURATION = Object.freeze(['duration']);
 
@@ -51,15 +54,36 @@ function choicesTokens(json: JsonUsageReader): number {
   return estimateOutputTokens({ choices });
 }
 
-/** Prices a usage at the model's prices: what the answer shows as `usage.cost` and the ledger records. */
-export function pricerOf(model: ModelConfig): UsagePricer {
-  return (usage) => usageCostMicros(usage, model);
+/**
+ * Prices a usage at the model's prices by what the answer reported (tier, tool calls; proto/lib/reported-prices.ts):
+ * what the answer shows as `usage.cost` and the ledger records. `requested`: tool calls the request
+ * itself makes (a chat search), added to those the answer reports.
+ */
+export function pricerOf(model: ModelConfig, requested?: ToolCallCounts): UsagePricer {
+  return (usage, facts) => reportedCostMicros(model, { ...usage, ...withRequested(facts, requested) });
+}
+
+/** The answer's facts with the calls the request itself makes added. */
+export function withRequested(facts: ReportedFacts, requested: ToolCallCounts | undefined): ReportedFacts {
+  if (!requested) return facts;
+  const calls: ToolCallCounts = { ...facts.toolCalls };
+  for (const [tool, n] of Object.entries(requested) as Array<[keyof ToolCallCounts, number]>) calls[tool] = (calls[tool] ?? 0) + n;
+  return { ...facts, toolCalls: calls };
+}
+
+/** A chat request with `web_search_options` (a search model) makes one web search. */
+function chatToolCalls(body: Record<string, unknown>): ToolCallCounts | undefined {
+  return body.web_search_options !== undefined && body.web_search_options !== null ? { web_search: 1 } : undefined;
 }
 
 export class OpenAIProvider implements Provider {
   private readonly targets: UpstreamTargets;
   private readonly pooled: PooledUpstreams;
-  constructor(pools: PoolRegistry, clock: Clock = systemClock) {
+  constructor(
+    pools: PoolRegistry,
+    clock: Clock = systemClock,
+    private readonly safety: SafetyFields | null = null,
+  ) {
     this.targets = new UpstreamTargets(pools);
     this.pooled = new PooledUpstreams(this.targets, clock);
   }
@@ -81,24 +105,25 @@ export class OpenAIProvider implements Provider {
     const addUsage = stream && !clientWantsUsage;
     let sse: SseUsageReader | null = null;
     let json: JsonUsageReader | null = null;
-    // The prices of the deployment answering (a pooled model's may override the model's).
+    // Whose request it is, for the upstream's safety systems (safety-fields.ts).
+    const safety = this.safety?.fieldsFor(call.model, call.caller, body) ?? null;
+    const requested = chatToolCalls(body);
+    // The prices of the deployment answering (a pooled model's may override the model's), by what the answer reported.
     let priced = call.model;
-    const pricer: UsagePricer = (usage) => usageCostMicros(usage, priced);
+    const pricer: UsagePricer = (usage, facts) => reportedCostMicros(priced, { ...usage, ...withRequested(facts, requested) });
     this.send(call, {
       method: 'POST',
       attempt(t, billAs) {
         priced = billAs;
         let payload: Buffer | string = call.rawBody;
         const rename = body.model !== t.upstreamModel;
-        if (rename || addUsage) {
+        if (rename || addUsage || safety) {
           // Rewritten in place when it can be (the common case); re-serialised otherwise.
           const spliced = so === undefined || !addUsage ? rewriteChatBody(call.bodyText, rename ? t.upstreamModel : null, addUsage) : null;
-          if (spliced !== null) payload = spliced;
-          else {
-            const copy: Record<string, unknown> = { ...body, model: t.upstreamModel };
-            if (stream) copy.stream_options = { ...(so ?? {}), include_usage: true };
-            payload = JSON.stringify(copy);
-          }
+          const copy: Record<string, unknown> = { ...body, model: t.upstreamModel, ...safety };
+          if (addUsage) copy.stream_options = { ...(so ?? {}), include_usage: true };
+          if (spliced === null) payload = JSON.stringify(copy);
+          else payload = safety ? withSafetyFields(spliced, body, safety, copy) : spliced;
         }
         return { path: `${t.basePath}/chat/completions`, headers: t.jsonHeaders, body: payload };
       },
@@ -110,7 +135,7 @@ export class OpenAIProvider implements Provider {
       inspect(status, contentType) {
         if (status < 200 || status >= 300) return null;
         if (contentType.startsWith('text/event-stream')) return (sse = new SseUsageReader(!clientWantsUsage, pricer));
-        return (json = new JsonUsageReader(CHOICES, pricer));
+        return (json = new JsonUsageReader(CHAT_MEMBERS, pricer));
       },
       onAbort: call.onAbort,
       // A client gone: the upstream is read on for its usage (stream-proxy.ts).
@@ -119,12 +144,13 @@ export class OpenAIProvider implements Provider {
         const s = sse as SseUsageReader | null;
         const j = json as JsonUsageReader | null;
         const usage = s?.usage ?? j?.usage ?? null;
-        call.complete(
-          billedTokens(status, outcome, upstreamStatus, usage, () => ({
-            prompt: estimateTokens(body),
-            completion: s ? s.countedCompletionTokens() : j ? choicesTokens(j) : 0,
-          })),
-        );
+        const billed = billedTokens(status, outcome, upstreamStatus, usage, () => ({
+          prompt: estimateTokens(body),
+          completion: s ? s.countedCompletionTokens() : j ? choicesTokens(j) : 0,
+        }));
+        // What the answer reported (its tier); a search the request made, once the upstream served it.
+        const facts = s ? s.facts() : j ? j.facts() : {};
+        call.complete({ ...billed, ...(s || j ? withRequested(facts, requested) : {}) });
       },
     }, call.inputTokens);
   }

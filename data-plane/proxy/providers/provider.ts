@@ -2,6 +2,8 @@
 // authenticated, admitted, validated and scope-checked the request; the provider only answers it.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../../proto/lib/money.js';
+import type { ReportedFacts } from '../../../proto/lib/reported-prices.js';
+import type { SafetyIds } from '../../../proto/lib/safety-identifier.js';
 import type { ResponseSink } from '../response-sink.js';
 import type { ModelField } from '../multipart-model.js';
 
@@ -9,7 +11,7 @@ import type { ModelField } from '../multipart-model.js';
  * How a request ended, for usage and cost. Tokens for chat/embeddings; units for audio. The token
  * details are the parts of the tokens the upstream prices apart (proto/lib/money.ts, TokenCounts).
  */
-export interface CallResult extends TokenCounts {
+export interface CallResult extends TokenCounts, ReportedFacts {
   status: number;
   promptTokens: number;
   completionTokens: number;
@@ -32,6 +34,8 @@ export interface ModelCall {
    * its admission took (a Responses chain's context included, as far as the node knows it).
    */
   inputTokens: number;
+  /** Whose request it is: what its `safety_identifier` is made from (safety-fields.ts). */
+  caller?: SafetyIds;
   /** Records usage and settles the key's ticket; idempotent (first call wins). */
   complete(result: CallResult): void;
   /** Registers what to do when the client goes away before the response ended. */

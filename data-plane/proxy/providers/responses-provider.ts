@@ -1,6 +1,7 @@
 // The contract of a Responses API provider (the demo and the OpenAI one): what the Responses endpoint
 // (endpoints/responses/responses.ts) hands a provider for a create, a stored response's request, and a
 // background follower's read. It lives with the providers, so proxy/ never imports the endpoints.
+import type { ReportedFacts } from '../../../proto/lib/reported-prices.js';
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import type { TokenCounts } from '../../../proto/lib/money.js';
 import type { ConversationPath, StoredAction } from '../../routing/responses-paths.js';
@@ -63,6 +64,8 @@ export interface UpstreamRead {
   usage: TokenCounts | null;
   /** Output tokens of its `output`, counted (for a terminal response without usage). */
   outputTokens: number;
+  /** What it reports besides its tokens: the tier it ran on, its built-in tool calls. */
+  facts?: ReportedFacts;
 }
 
 /** A request on a stored response, already checked to be the key's own. */

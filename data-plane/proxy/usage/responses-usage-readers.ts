@@ -4,14 +4,21 @@
 import { estimateTextTokens } from '../tokens.js';
 import { itemIdsOf } from './responses-usage.js';
 import { dataOf, LINE_END, splitEvents, SseUsageReader, withData } from './sse-usage-reader.js';
-import { isObj, JsonUsageReader, obj, tokenUsageOf, withMemberText, withUsageCost, type UsagePricer } from './usage-readers.js';
+import { TOOL_ITEM_TYPES, toolCallsOfOutput, type BuiltInTool, type ToolCallCounts } from '../../../proto/lib/reported-prices.js';
+import { withMemberText, withUsageCost } from './usage-cost.js';
+import { isObj, JsonUsageReader, obj, serviceTierOf, tokenUsageOf, type UsagePricer } from './usage-readers.js';
 
 /** Responses event types that end a response and carry its usage in `response.usage`. */
 const RESPONSES_FINAL_TYPES: ReadonlySet<string> = new Set(['response.completed', 'response.incomplete', 'response.failed']);
 /** Responses event types read whole (the others are only counted while no usage came). */
-const RESPONSES_READ_TYPES: ReadonlySet<string> = new Set(['response.created', ...RESPONSES_FINAL_TYPES]);
-/** Top-level members of a Responses JSON answer kept besides `usage`: the id, the status (a background response's), and the output to count without usage. */
-const RESPONSES_MEMBERS = Object.freeze(['id', 'status', 'output']);
+const RESPONSES_READ_TYPES: ReadonlySet<string> = new Set(['response.created', 'response.output_item.added', ...RESPONSES_FINAL_TYPES]);
+/** Top-level members of a Responses JSON answer kept besides `usage`: the id, the status (a background response's), the output to count without usage and its tool calls, the tier it ran on. */
+const RESPONSES_MEMBERS = Object.freeze(['id', 'status', 'output', 'service_tier']);
+/**
+ * A built-in tool call item's `type` member, as JSON writes it (any spacing). Only structure can hold
+ * it: inside a JSON string every quote is escaped.
+ */
+const TOOL_ITEM_RE = /"type"\s*:\s*"(web_search_call|file_search_call|code_interpreter_call|image_generation_call)"/g;
 
 /** A response id as the upstream names it, or null. */
 function responseIdOf(v: unknown): string | null {
@@ -26,6 +33,9 @@ function responseIdOf(v: unknown): string | null {
 export class ResponsesJsonReader extends JsonUsageReader {
   id: string | null = null;
   private outputNamed = false;
+  /** Tool call items seen in the bytes, for an output too large to keep (code interpreter counted per call). */
+  private readonly scanned: ToolCallCounts = {};
+  private scanTail = '';
 
   constructor(
     private readonly onId: (id: string) => void,
@@ -36,7 +46,15 @@ export class ResponsesJsonReader extends JsonUsageReader {
     super(RESPONSES_MEMBERS, pricer);
   }
 
+  override facts(): ReturnType<JsonUsageReader['facts']> {
+    const facts = super.facts();
+    // The output too large to keep: its tool calls as the bytes showed them.
+    if (!facts.toolCalls && this.memberBytes.has('output')) facts.toolCalls = { ...this.scanned };
+    return facts;
+  }
+
   override transform(chunk: Buffer): Buffer {
+    this.scanTools(chunk);
     const out = super.transform(chunk);
     if (this.id === null) {
       const id = responseIdOf(this.member('id'));
@@ -53,6 +71,20 @@ export class ResponsesJsonReader extends JsonUsageReader {
       }
     }
     return out;
+  }
+
+  /** Counts the tool call items whose `type` ends in this chunk (a match across chunks counted once). */
+  private scanTools(chunk: Buffer): void {
+    const text = this.scanTail + chunk.toString('latin1');
+    const from = this.scanTail.length;
+    TOOL_ITEM_RE.lastIndex = 0;
+    let m: RegExpExecArray | null;
+    while ((m = TOOL_ITEM_RE.exec(text)) !== null) {
+      if (m.index + m[0].length <= from) continue;
+      const tool = (TOOL_ITEM_TYPES as Record<string, BuiltInTool>)[m[1]];
+      this.scanned[tool] = (this.scanned[tool] ?? 0) + 1;
+    }
+    this.scanTail = text.slice(-64);
   }
 
   /** The response's `status` (`queued`, `in_progress`, `completed`, …), or null. */
@@ -90,6 +122,8 @@ export class ResponsesSseReader extends SseUsageReader {
   id: string | null = null;
   /** The final event's type (`response.completed`, …), once seen. */
   finalType: string | null = null;
+  /** Code interpreter containers whose session was counted. */
+  private readonly containers = new Set<string>();
 
   constructor(
     private readonly onId: (id: string) => void,
@@ -123,6 +157,18 @@ export class ResponsesSseReader extends SseUsageReader {
       return e;
     }
     if (!isObj(o) || typeof o.type !== 'string' || !RESPONSES_READ_TYPES.has(o.type)) return e;
+    if (o.type === 'response.output_item.added') {
+      // Each item once, as it starts (small: an image's bytes come with its `done`); a container once.
+      const item = obj(o.item);
+      const container = item?.type === 'code_interpreter_call' && typeof item.container_id === 'string' ? item.container_id : '';
+      if (container !== '' && this.containers.has(container)) return e;
+      if (container !== '') this.containers.add(container);
+      const calls = toolCallsOfOutput([item]);
+      const sum: ToolCallCounts = { ...this.reported.toolCalls };
+      for (const [tool, n] of Object.entries(calls) as Array<[BuiltInTool, number]>) sum[tool] = (sum[tool] ?? 0) + n;
+      this.reported = { ...this.reported, toolCalls: sum };
+      return e;
+    }
     const response = obj(o.response);
     const id = responseIdOf(response?.id);
     if (id && this.id === null) {
@@ -132,11 +178,15 @@ export class ResponsesSseReader extends SseUsageReader {
     if (!RESPONSES_FINAL_TYPES.has(o.type) || !response) return e;
     this.finalType = o.type;
     this.onItems?.(itemIdsOf(response.output));
+    const tier = serviceTierOf(response.service_tier);
+    if (tier) this.reported = { ...this.reported, serviceTier: tier };
+    // The final response's output, when it carries it, is the whole list of its items.
+    if (Array.isArray(response.output) && response.output.length > 0) this.reported = { ...this.reported, toolCalls: toolCallsOfOutput(response.output) };
     const counts = tokenUsageOf(response.usage);
     if (!counts) return e;
     this.readUsage(counts);
     if (!this.pricer) return e;
-    const micros = this.pricer(counts);
+    const micros = this.pricer(counts, this.reported);
     this.chargedMicros = micros;
     return withData(e, withMemberText(o, 'response', withUsageCost(response, micros)));
   }

@@ -4,7 +4,9 @@
 import { StringDecoder } from 'node:string_decoder';
 import type { BodyInspector } from '../stream-proxy.js';
 import { estimateOutputTokens } from '../tokens.js';
-import { isObj, tokenUsageOf, withUsageCost, type TokenUsage, type UsagePricer } from './usage-readers.js';
+import type { ReportedFacts } from '../../../proto/lib/reported-prices.js';
+import { withUsageCost } from './usage-cost.js';
+import { isObj, serviceTierOf, tokenUsageOf, type TokenUsage, type UsagePricer } from './usage-readers.js';
 
 /** The longest SSE event held back whole while it arrives; longer is passed on as it comes. */
 const MAX_SSE_EVENT_CHARS = 1024 * 1024;
@@ -26,6 +28,8 @@ export class SseUsageReader implements BodyInspector {
   usage: TokenUsage | null = null;
   /** What the usage was charged, when a pricer wrote it into the stream. */
   chargedMicros: number | null = null;
+  /** What the stream reported besides its tokens (the usage chunk's `service_tier`; the Responses reader adds tool calls). */
+  protected reported: ReportedFacts = {};
   /** The incomplete event, in the pieces it came in, its length, and its last characters. */
   private carry: string[] = [];
   private carryChars = 0;
@@ -85,6 +89,11 @@ export class SseUsageReader implements BodyInspector {
     return this.carryChars + this.pendingChars;
   }
 
+  /** What the stream reported besides its tokens (service tier, built-in tool calls). */
+  facts(): ReportedFacts {
+    return this.reported;
+  }
+
   /** Completion tokens counted from the streamed deltas (for a stream without usage). */
   countedCompletionTokens(): number {
     return this.counted + this.countDeltas(this.pending);
@@ -125,9 +134,11 @@ export class SseUsageReader implements BodyInspector {
         const counts = obj ? tokenUsageOf(obj.usage) : null;
         if (obj && counts) {
           this.readUsage(counts);
+          const tier = serviceTierOf(obj.service_tier);
+          if (tier) this.reported = { ...this.reported, serviceTier: tier };
           if (this.strip && Array.isArray(obj.choices) && obj.choices.length === 0) continue;
           if (this.pricer) {
-            const micros = this.pricer(counts);
+            const micros = this.pricer(counts, this.reported);
             this.chargedMicros = micros;
             e = withData(e, withUsageCost(obj, micros));
           }

@@ -10,10 +10,12 @@
 //   framing, events told apart by their parsed `type`, usage from the final event's `response.usage`).
 // - Realtime events: `tokenUsageOf` on `response.done`'s usage (realtime/session.ts).
 // Both readers can write the charge into the `usage` they pass on (`usage.cost`, USD, six decimals),
-// from the same micro-dollars the request is recorded with. This file also holds what they share:
-// reading an upstream's usage object (`tokenUsageOf`, `cleanCount`) and writing the cost into it.
-import { usdNumberText, type TokenCounts } from '../../../proto/lib/money.js';
+// from the same micro-dollars the request is recorded with (usage-cost.ts writes it). This file also
+// holds what they share: reading an upstream's usage object (`tokenUsageOf`, `cleanCount`).
+import type { TokenCounts } from '../../../proto/lib/money.js';
+import { toolCallsOfOutput, type ReportedFacts } from '../../../proto/lib/reported-prices.js';
 import type { BodyInspector } from '../stream-proxy.js';
+import { usageWithCost } from './usage-cost.js';
 
 /** The largest count one usage field may report (as request-context.ts MAX_TOKENS_PER_REQUEST). */
 const MAX_COUNT = 100_000_000;
@@ -21,8 +23,13 @@ const MAX_COUNT = 100_000_000;
 /** Usage as the gateway bills it: the token counts and the parts priced apart. */
 export type TokenUsage = TokenCounts;
 
-/** Prices a usage (micro-dollars), to write it into the answer; null writes nothing. */
-export type UsagePricer = (usage: TokenUsage) => number;
+/** Prices a usage (micro-dollars) with what the answer reported besides (tier, tool calls), to write it into the answer. */
+export type UsagePricer = (usage: TokenUsage, facts: ReportedFacts) => number;
+
+/** The `service_tier` an answer (or its final event) reports, when it is a short string. */
+export function serviceTierOf(v: unknown): string | undefined {
+  return typeof v === 'string' && v.length > 0 && v.length <= 32 ? v : undefined;
+}
 
 /**
  * The token counts of an upstream's `usage` object, or null when it holds no token counts (a
@@ -99,29 +106,6 @@ export function obj(v: unknown): Record<string, unknown> | undefined {
   return isObj(v) ? v : undefined;
 }
 
-/**
- * A usage object with the charge written in: the upstream's own `cost` and `cost_details` (what the
- * operator pays, e.g. OpenRouter's) are dropped, `cost` is the USD charged, as a number with six
- * decimals. Key order is kept.
- */
-export function usageWithCost(usage: Record<string, unknown>, micros: number): string {
-  const { cost: _cost, cost_details: _details, ...rest } = usage;
-  const text = JSON.stringify(rest);
-  return `${text.slice(0, -1)}${text.length > 2 ? ',' : ''}"cost":${usdNumberText(micros)}}`;
-}
-
-/** An answer's (or a chunk's) JSON with `usage.cost` written in (key order kept). */
-export function withUsageCost(obj: Record<string, unknown>, micros: number): string {
-  return withMemberText(obj, 'usage', usageWithCost(obj.usage as Record<string, unknown>, micros));
-}
-
-/** `obj` as JSON with member `key`'s value replaced by the JSON `text` (key order kept). */
-export function withMemberText(obj: Record<string, unknown>, key: string, text: string): string {
-  const mark = `\u0000${key}`;
-  // A function: a replacement string would read `$&` and the like in `text` as patterns.
-  return JSON.stringify({ ...obj, [key]: mark }).replace(JSON.stringify(mark), () => text);
-}
-
 /** Bytes of one kept member (a `usage` object, a transcription's `duration`): far above any real one. */
 const MAX_MEMBER_BYTES = 64 * 1024;
 /** Bytes of `choices` (chat) or `output` (responses) kept to count tokens when the upstream reports no usage, and of a page of items (`data`) whose ids are recorded. */
@@ -143,6 +127,18 @@ interface Capture {
   overflow: boolean;
   /** The usage object held back to be passed on with its cost (a pricer was given). */
   held: boolean;
+}
+
+/**
+ * A usage object read whole and not yet passed on: what follows it (a chat answer's `service_tier`
+ * comes after its usage) is held too, bounded, so that its cost is written with every fact the
+ * answer reports.
+ */
+interface PendingUsage {
+  usage: Record<string, unknown>;
+  counts: TokenUsage;
+  rest: Buffer[];
+  size: number;
 }
 
 /**
@@ -181,6 +177,7 @@ export class JsonUsageReader implements BodyInspector {
   // Output of the current chunk: what is passed on, and from where the rest starts.
   private out: Buffer[] | null = null;
   private emitFrom = 0;
+  private pending: PendingUsage | null = null;
 
   constructor(
     members: Iterable<string> = [],
@@ -190,6 +187,16 @@ export class JsonUsageReader implements BodyInspector {
     for (const m of members) limits.set(m, m === 'choices' || m === 'output' || m === 'data' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
     this.limits = limits;
     this.passesThrough = pricer === null;
+  }
+
+  /** What the answer reports besides its tokens: its `service_tier` and the built-in tool calls of its `output` (when kept). */
+  facts(): ReportedFacts {
+    const facts: ReportedFacts = {};
+    const tier = serviceTierOf(this.member('service_tier'));
+    if (tier) facts.serviceTier = tier;
+    const output = this.member('output');
+    if (Array.isArray(output)) facts.toolCalls = toolCallsOfOutput(output);
+    return facts;
   }
 
   /** A kept member's value, parsed; undefined when absent, too large or not JSON. */
@@ -304,6 +311,18 @@ export class JsonUsageReader implements BodyInspector {
         }
       }
     }
+    const p = this.pending;
+    if (p) {
+      if (this.ended) this.releaseUsage();
+      else {
+        const held = chunk.subarray(this.emitFrom, n);
+        // Copied: a view would keep the whole chunk alive.
+        if (held.length > 0) p.rest.push(Buffer.from(held));
+        p.size += held.length;
+        this.emitFrom = n;
+        if (p.size > MAX_MEMBER_BYTES) this.releaseUsage();
+      }
+    }
     const out = this.out as Buffer[] | null;
     this.out = null;
     if (!out) return this.emitFrom === 0 ? chunk : this.emitFrom >= n ? EMPTY : chunk.subarray(this.emitFrom);
@@ -312,6 +331,13 @@ export class JsonUsageReader implements BodyInspector {
   }
 
   flush(): Buffer {
+    if (this.pending) {
+      this.out = null;
+      this.releaseUsage();
+      const out = this.out as Buffer[] | null;
+      this.out = null;
+      return out ? Buffer.concat(out) : EMPTY;
+    }
     // An answer that ended inside a held usage object (truncated): passed on as it came.
     const cap = this.capture;
     if (cap?.held && !cap.overflow) {
@@ -319,6 +345,16 @@ export class JsonUsageReader implements BodyInspector {
       return Buffer.concat(cap.parts);
     }
     return EMPTY;
+  }
+
+  /** The pending usage goes out with its cost, priced with what the answer reported so far, and what was held after it. */
+  private releaseUsage(): void {
+    const p = this.pending!;
+    this.pending = null;
+    const micros = this.pricer!(p.counts, this.facts());
+    this.chargedMicros = micros;
+    this.emit(Buffer.from(usageWithCost(p.usage, micros)));
+    for (const b of p.rest) this.emit(b);
   }
 
   private emit(b: Buffer): void {
@@ -379,9 +415,7 @@ export class JsonUsageReader implements BodyInspector {
     if (!wasHeld) return;
     const counts = tokenUsageOf(usage);
     if (counts && isObj(usage)) {
-      const micros = this.pricer!(counts);
-      this.chargedMicros = micros;
-      this.emit(Buffer.from(usageWithCost(usage, micros)));
+      this.pending = { usage, counts, rest: [], size: 0 };
     } else {
       this.emit(whole);
     }

@@ -18,6 +18,7 @@ import {
   type ServiceError,
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
+import { LongContextPrices, ServiceTierPrices, ToolCallPrices } from "./sync.js";
 
 export const protobufPackage = "tollgate.v1";
 
@@ -420,7 +421,14 @@ export interface ModelInfo {
   cachedInputMicrosPerMtok?: number | undefined;
   cacheWriteMicrosPerMtok?: number | undefined;
   inputAudioMicrosPerMtok?: number | undefined;
-  outputAudioMicrosPerMtok?: number | undefined;
+  outputAudioMicrosPerMtok?:
+    | number
+    | undefined;
+  /** The prices of ModelConfig 320–323. */
+  priority?: ServiceTierPrices | undefined;
+  flex?: ServiceTierPrices | undefined;
+  longContext?: LongContextPrices | undefined;
+  toolCalls?: ToolCallPrices | undefined;
 }
 
 export interface ListModelsRequest {
@@ -527,6 +535,21 @@ export interface ListRequestLogsResponse {
 }
 
 export interface GetKeyRequest {
+  keyId: string;
+}
+
+export interface ResolveSafetyIdentifierRequest {
+  /** As the upstream reported it; a client's part after a dot is ignored. */
+  value: string;
+}
+
+export interface ResolveSafetyIdentifierResponse {
+  /** "project", "key" or "organisation": what the value was made for. */
+  subject: string;
+  /** Empty for an organisation's value. */
+  projectId: string;
+  orgId: string;
+  /** Set for a key's value only. */
   keyId: string;
 }
 
@@ -6221,6 +6244,10 @@ function createBaseModelInfo(): ModelInfo {
     cacheWriteMicrosPerMtok: undefined,
     inputAudioMicrosPerMtok: undefined,
     outputAudioMicrosPerMtok: undefined,
+    priority: undefined,
+    flex: undefined,
+    longContext: undefined,
+    toolCalls: undefined,
   };
 }
 
@@ -6261,6 +6288,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     }
     if (message.outputAudioMicrosPerMtok !== undefined) {
       writer.uint32(2424).int64(message.outputAudioMicrosPerMtok);
+    }
+    if (message.priority !== undefined) {
+      ServiceTierPrices.encode(message.priority, writer.uint32(2562).fork()).join();
+    }
+    if (message.flex !== undefined) {
+      ServiceTierPrices.encode(message.flex, writer.uint32(2570).fork()).join();
+    }
+    if (message.longContext !== undefined) {
+      LongContextPrices.encode(message.longContext, writer.uint32(2578).fork()).join();
+    }
+    if (message.toolCalls !== undefined) {
+      ToolCallPrices.encode(message.toolCalls, writer.uint32(2586).fork()).join();
     }
     return writer;
   },
@@ -6374,6 +6413,38 @@ export const ModelInfo: MessageFns<ModelInfo> = {
             message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
             continue;
           }
+          case 320: {
+            if (tag !== 2562) {
+              break;
+            }
+
+            message.priority = ServiceTierPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 321: {
+            if (tag !== 2570) {
+              break;
+            }
+
+            message.flex = ServiceTierPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 322: {
+            if (tag !== 2578) {
+              break;
+            }
+
+            message.longContext = LongContextPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 323: {
+            if (tag !== 2586) {
+              break;
+            }
+
+            message.toolCalls = ToolCallPrices.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6432,6 +6503,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
         : isSet(object.output_audio_micros_per_mtok)
         ? globalThis.Number(object.output_audio_micros_per_mtok)
         : undefined,
+      priority: isSet(object.priority) ? ServiceTierPrices.fromJSON(object.priority) : undefined,
+      flex: isSet(object.flex) ? ServiceTierPrices.fromJSON(object.flex) : undefined,
+      longContext: isSet(object.longContext)
+        ? LongContextPrices.fromJSON(object.longContext)
+        : isSet(object.long_context)
+        ? LongContextPrices.fromJSON(object.long_context)
+        : undefined,
+      toolCalls: isSet(object.toolCalls)
+        ? ToolCallPrices.fromJSON(object.toolCalls)
+        : isSet(object.tool_calls)
+        ? ToolCallPrices.fromJSON(object.tool_calls)
+        : undefined,
     };
   },
 
@@ -6473,6 +6556,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     if (message.outputAudioMicrosPerMtok !== undefined) {
       obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
     }
+    if (message.priority !== undefined) {
+      obj.priority = ServiceTierPrices.toJSON(message.priority);
+    }
+    if (message.flex !== undefined) {
+      obj.flex = ServiceTierPrices.toJSON(message.flex);
+    }
+    if (message.longContext !== undefined) {
+      obj.longContext = LongContextPrices.toJSON(message.longContext);
+    }
+    if (message.toolCalls !== undefined) {
+      obj.toolCalls = ToolCallPrices.toJSON(message.toolCalls);
+    }
     return obj;
   },
 
@@ -6493,6 +6588,18 @@ export const ModelInfo: MessageFns<ModelInfo> = {
     message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
     message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
     message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
+    message.priority = (object.priority !== undefined && object.priority !== null)
+      ? ServiceTierPrices.fromPartial(object.priority)
+      : undefined;
+    message.flex = (object.flex !== undefined && object.flex !== null)
+      ? ServiceTierPrices.fromPartial(object.flex)
+      : undefined;
+    message.longContext = (object.longContext !== undefined && object.longContext !== null)
+      ? LongContextPrices.fromPartial(object.longContext)
+      : undefined;
+    message.toolCalls = (object.toolCalls !== undefined && object.toolCalls !== null)
+      ? ToolCallPrices.fromPartial(object.toolCalls)
+      : undefined;
     return message;
   },
 };
@@ -8096,6 +8203,206 @@ export const GetKeyRequest: MessageFns<GetKeyRequest> = {
   },
 };
 
+function createBaseResolveSafetyIdentifierRequest(): ResolveSafetyIdentifierRequest {
+  return { value: "" };
+}
+
+export const ResolveSafetyIdentifierRequest: MessageFns<ResolveSafetyIdentifierRequest> = {
+  encode(message: ResolveSafetyIdentifierRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.value !== "") {
+      writer.uint32(10).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResolveSafetyIdentifierRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResolveSafetyIdentifierRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResolveSafetyIdentifierRequest {
+    return { value: isSet(object.value) ? globalThis.String(object.value) : "" };
+  },
+
+  toJSON(message: ResolveSafetyIdentifierRequest): unknown {
+    const obj: any = {};
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResolveSafetyIdentifierRequest>, I>>(base?: I): ResolveSafetyIdentifierRequest {
+    return ResolveSafetyIdentifierRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResolveSafetyIdentifierRequest>, I>>(
+    object: I,
+  ): ResolveSafetyIdentifierRequest {
+    const message = createBaseResolveSafetyIdentifierRequest();
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseResolveSafetyIdentifierResponse(): ResolveSafetyIdentifierResponse {
+  return { subject: "", projectId: "", orgId: "", keyId: "" };
+}
+
+export const ResolveSafetyIdentifierResponse: MessageFns<ResolveSafetyIdentifierResponse> = {
+  encode(message: ResolveSafetyIdentifierResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.subject !== "") {
+      writer.uint32(10).string(message.subject);
+    }
+    if (message.projectId !== "") {
+      writer.uint32(18).string(message.projectId);
+    }
+    if (message.orgId !== "") {
+      writer.uint32(26).string(message.orgId);
+    }
+    if (message.keyId !== "") {
+      writer.uint32(34).string(message.keyId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResolveSafetyIdentifierResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResolveSafetyIdentifierResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.subject = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.projectId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.orgId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.keyId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResolveSafetyIdentifierResponse {
+    return {
+      subject: isSet(object.subject) ? globalThis.String(object.subject) : "",
+      projectId: isSet(object.projectId)
+        ? globalThis.String(object.projectId)
+        : isSet(object.project_id)
+        ? globalThis.String(object.project_id)
+        : "",
+      orgId: isSet(object.orgId)
+        ? globalThis.String(object.orgId)
+        : isSet(object.org_id)
+        ? globalThis.String(object.org_id)
+        : "",
+      keyId: isSet(object.keyId)
+        ? globalThis.String(object.keyId)
+        : isSet(object.key_id)
+        ? globalThis.String(object.key_id)
+        : "",
+    };
+  },
+
+  toJSON(message: ResolveSafetyIdentifierResponse): unknown {
+    const obj: any = {};
+    if (message.subject !== "") {
+      obj.subject = message.subject;
+    }
+    if (message.projectId !== "") {
+      obj.projectId = message.projectId;
+    }
+    if (message.orgId !== "") {
+      obj.orgId = message.orgId;
+    }
+    if (message.keyId !== "") {
+      obj.keyId = message.keyId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResolveSafetyIdentifierResponse>, I>>(base?: I): ResolveSafetyIdentifierResponse {
+    return ResolveSafetyIdentifierResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResolveSafetyIdentifierResponse>, I>>(
+    object: I,
+  ): ResolveSafetyIdentifierResponse {
+    const message = createBaseResolveSafetyIdentifierResponse();
+    message.subject = object.subject ?? "";
+    message.projectId = object.projectId ?? "";
+    message.orgId = object.orgId ?? "";
+    message.keyId = object.keyId ?? "";
+    return message;
+  },
+};
+
 function createBaseFindKeyRequest(): FindKeyRequest {
   return { key: "" };
 }
@@ -8459,6 +8766,23 @@ export const ConsoleServiceService = {
     responseDeserialize: (value: Buffer): ListAuditEntriesResponse => ListAuditEntriesResponse.decode(value),
   },
   /**
+   * Operator only. The project (or key, or organisation) a `safety_identifier` an upstream reported was
+   * made for (docs/safety-identifier.md): recomputed for every one the control plane knows.
+   * INVALID_ARGUMENT for a value that is not one; NOT_FOUND when none matches.
+   */
+  resolveSafetyIdentifier: {
+    path: "/tollgate.v1.ConsoleService/ResolveSafetyIdentifier" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ResolveSafetyIdentifierRequest): Buffer =>
+      Buffer.from(ResolveSafetyIdentifierRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResolveSafetyIdentifierRequest => ResolveSafetyIdentifierRequest.decode(value),
+    responseSerialize: (value: ResolveSafetyIdentifierResponse): Buffer =>
+      Buffer.from(ResolveSafetyIdentifierResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResolveSafetyIdentifierResponse =>
+      ResolveSafetyIdentifierResponse.decode(value),
+  },
+  /**
    * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
    * or with one past the maximum, are refused (INVALID_ARGUMENT).
    */
@@ -8552,6 +8876,12 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
    * entries of their organisations, a member none (PERMISSION_DENIED when asking for an organisation).
    */
   listAuditEntries: handleUnaryCall<ListAuditEntriesRequest, ListAuditEntriesResponse>;
+  /**
+   * Operator only. The project (or key, or organisation) a `safety_identifier` an upstream reported was
+   * made for (docs/safety-identifier.md): recomputed for every one the control plane knows.
+   * INVALID_ARGUMENT for a value that is not one; NOT_FOUND when none matches.
+   */
+  resolveSafetyIdentifier: handleUnaryCall<ResolveSafetyIdentifierRequest, ResolveSafetyIdentifierResponse>;
   /**
    * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,
    * or with one past the maximum, are refused (INVALID_ARGUMENT).
@@ -8975,6 +9305,26 @@ export interface ConsoleServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListAuditEntriesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Operator only. The project (or key, or organisation) a `safety_identifier` an upstream reported was
+   * made for (docs/safety-identifier.md): recomputed for every one the control plane knows.
+   * INVALID_ARGUMENT for a value that is not one; NOT_FOUND when none matches.
+   */
+  resolveSafetyIdentifier(
+    request: ResolveSafetyIdentifierRequest,
+    callback: (error: ServiceError | null, response: ResolveSafetyIdentifierResponse) => void,
+  ): ClientUnaryCall;
+  resolveSafetyIdentifier(
+    request: ResolveSafetyIdentifierRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResolveSafetyIdentifierResponse) => void,
+  ): ClientUnaryCall;
+  resolveSafetyIdentifier(
+    request: ResolveSafetyIdentifierRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResolveSafetyIdentifierResponse) => void,
   ): ClientUnaryCall;
   /**
    * Admin or above. The organisation's maximum key lifetime: keys created later without an expiry,

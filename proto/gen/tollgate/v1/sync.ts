@@ -299,6 +299,16 @@ export interface ResponsesSettings {
   conversationsModel: string;
   /** The operator's prompt ids (`prompt: {id}`) each tier may name; a tier not listed may name none. */
   prompts: TierPrompts[];
+  /**
+   * The operator's vector stores (a file_search tool's `vector_store_ids`) each tier may name; a tier
+   * not listed may name none.
+   */
+  vectorStores: TierVectorStores[];
+}
+
+export interface TierVectorStores {
+  tier: string;
+  vectorStoreIds: string[];
 }
 
 export interface TierPrompts {
@@ -378,6 +388,31 @@ export interface ModelConfig {
   circuitFailures: number;
   /** How long an open circuit keeps a deployment out before a half-open probe; 0: the default (30 s). */
   circuitCooldownMs: number;
+  /**
+   * Prices by what the upstream's answer reports (docs/billing.md#prices-by-what-the-upstream-reports).
+   * The `service_tier` an answer reports: priority and flex at these prices; default and auto at the
+   * prices above; any other tier at the highest configured. Unset: a request naming the tier is refused.
+   */
+  priority?: ServiceTierPrices | undefined;
+  flex?:
+    | ServiceTierPrices
+    | undefined;
+  /** A request whose input passes a threshold is priced higher, the whole of it. */
+  longContext?:
+    | LongContextPrices
+    | undefined;
+  /**
+   * Built-in tools, per call the answer's output lists (per container for code_interpreter). Unset
+   * for a tool: a request naming it is refused.
+   */
+  toolCalls?:
+    | ToolCallPrices
+    | undefined;
+  /**
+   * Whose `safety_identifier` the upstream receives: "project" (also when empty), "key",
+   * "organisation", or "off" (an upstream that does not take the field). Unset: "project".
+   */
+  safetyIdentifier?: string | undefined;
 }
 
 /** One upstream account serving a pooled model (ModelConfig.deployments). */
@@ -404,6 +439,28 @@ export interface ModelDeployment {
   cacheWriteMicrosPerMtok?: number | undefined;
   inputAudioMicrosPerMtok?: number | undefined;
   outputAudioMicrosPerMtok?: number | undefined;
+}
+
+export interface ServiceTierPrices {
+  inputMicrosPerMtok: number;
+  outputMicrosPerMtok: number;
+  /** Unset: the tier's input price. */
+  cachedInputMicrosPerMtok?: number | undefined;
+}
+
+export interface LongContextPrices {
+  /** Input tokens above which the whole request is priced at the prices below. */
+  aboveInputTokens: number;
+  inputMicrosPerMtok: number;
+  outputMicrosPerMtok: number;
+}
+
+/** Micro-dollars per call (per container session for code_interpreter); unset: not priced. */
+export interface ToolCallPrices {
+  webSearchMicros?: number | undefined;
+  fileSearchMicros?: number | undefined;
+  codeInterpreterMicros?: number | undefined;
+  imageGenerationMicros?: number | undefined;
 }
 
 export interface ToolBackend {
@@ -3716,7 +3773,7 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
 };
 
 function createBaseResponsesSettings(): ResponsesSettings {
-  return { ownerRecordsPerProject: 0, conversationsModel: "", prompts: [] };
+  return { ownerRecordsPerProject: 0, conversationsModel: "", prompts: [], vectorStores: [] };
 }
 
 export const ResponsesSettings: MessageFns<ResponsesSettings> = {
@@ -3729,6 +3786,9 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
     }
     for (const v of message.prompts) {
       TierPrompts.encode(v!, writer.uint32(26).fork()).join();
+    }
+    for (const v of message.vectorStores) {
+      TierVectorStores.encode(v!, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -3770,6 +3830,14 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
             message.prompts.push(TierPrompts.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.vectorStores.push(TierVectorStores.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3795,6 +3863,11 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
         ? globalThis.String(object.conversations_model)
         : "",
       prompts: globalThis.Array.isArray(object?.prompts) ? object.prompts.map((e: any) => TierPrompts.fromJSON(e)) : [],
+      vectorStores: globalThis.Array.isArray(object?.vectorStores)
+        ? object.vectorStores.map((e: any) => TierVectorStores.fromJSON(e))
+        : globalThis.Array.isArray(object?.vector_stores)
+        ? object.vector_stores.map((e: any) => TierVectorStores.fromJSON(e))
+        : [],
     };
   },
 
@@ -3809,6 +3882,9 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
     if (message.prompts?.length) {
       obj.prompts = message.prompts.map((e) => TierPrompts.toJSON(e));
     }
+    if (message.vectorStores?.length) {
+      obj.vectorStores = message.vectorStores.map((e) => TierVectorStores.toJSON(e));
+    }
     return obj;
   },
 
@@ -3820,6 +3896,96 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
     message.ownerRecordsPerProject = object.ownerRecordsPerProject ?? 0;
     message.conversationsModel = object.conversationsModel ?? "";
     message.prompts = object.prompts?.map((e) => TierPrompts.fromPartial(e)) || [];
+    message.vectorStores = object.vectorStores?.map((e) => TierVectorStores.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseTierVectorStores(): TierVectorStores {
+  return { tier: "", vectorStoreIds: [] };
+}
+
+export const TierVectorStores: MessageFns<TierVectorStores> = {
+  encode(message: TierVectorStores, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.tier !== "") {
+      writer.uint32(10).string(message.tier);
+    }
+    for (const v of message.vectorStoreIds) {
+      writer.uint32(18).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TierVectorStores {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTierVectorStores();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tier = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.vectorStoreIds.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TierVectorStores {
+    return {
+      tier: isSet(object.tier) ? globalThis.String(object.tier) : "",
+      vectorStoreIds: globalThis.Array.isArray(object?.vectorStoreIds)
+        ? object.vectorStoreIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.vector_store_ids)
+        ? object.vector_store_ids.map((e: any) => globalThis.String(e))
+        : [],
+    };
+  },
+
+  toJSON(message: TierVectorStores): unknown {
+    const obj: any = {};
+    if (message.tier !== "") {
+      obj.tier = message.tier;
+    }
+    if (message.vectorStoreIds?.length) {
+      obj.vectorStoreIds = message.vectorStoreIds;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TierVectorStores>, I>>(base?: I): TierVectorStores {
+    return TierVectorStores.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TierVectorStores>, I>>(object: I): TierVectorStores {
+    const message = createBaseTierVectorStores();
+    message.tier = object.tier ?? "";
+    message.vectorStoreIds = object.vectorStoreIds?.map((e) => e) || [];
     return message;
   },
 };
@@ -4125,6 +4291,11 @@ function createBaseModelConfig(): ModelConfig {
     failoverTimeoutMs: 0,
     circuitFailures: 0,
     circuitCooldownMs: 0,
+    priority: undefined,
+    flex: undefined,
+    longContext: undefined,
+    toolCalls: undefined,
+    safetyIdentifier: undefined,
   };
 }
 
@@ -4192,6 +4363,21 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     }
     if (message.circuitCooldownMs !== 0) {
       writer.uint32(2752).int64(message.circuitCooldownMs);
+    }
+    if (message.priority !== undefined) {
+      ServiceTierPrices.encode(message.priority, writer.uint32(2562).fork()).join();
+    }
+    if (message.flex !== undefined) {
+      ServiceTierPrices.encode(message.flex, writer.uint32(2570).fork()).join();
+    }
+    if (message.longContext !== undefined) {
+      LongContextPrices.encode(message.longContext, writer.uint32(2578).fork()).join();
+    }
+    if (message.toolCalls !== undefined) {
+      ToolCallPrices.encode(message.toolCalls, writer.uint32(2586).fork()).join();
+    }
+    if (message.safetyIdentifier !== undefined) {
+      writer.uint32(2594).string(message.safetyIdentifier);
     }
     return writer;
   },
@@ -4377,6 +4563,46 @@ export const ModelConfig: MessageFns<ModelConfig> = {
             message.circuitCooldownMs = longToNumber(reader.int64());
             continue;
           }
+          case 320: {
+            if (tag !== 2562) {
+              break;
+            }
+
+            message.priority = ServiceTierPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 321: {
+            if (tag !== 2570) {
+              break;
+            }
+
+            message.flex = ServiceTierPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 322: {
+            if (tag !== 2578) {
+              break;
+            }
+
+            message.longContext = LongContextPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 323: {
+            if (tag !== 2586) {
+              break;
+            }
+
+            message.toolCalls = ToolCallPrices.decode(reader, reader.uint32());
+            continue;
+          }
+          case 324: {
+            if (tag !== 2594) {
+              break;
+            }
+
+            message.safetyIdentifier = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4480,6 +4706,23 @@ export const ModelConfig: MessageFns<ModelConfig> = {
         : isSet(object.circuit_cooldown_ms)
         ? globalThis.Number(object.circuit_cooldown_ms)
         : 0,
+      priority: isSet(object.priority) ? ServiceTierPrices.fromJSON(object.priority) : undefined,
+      flex: isSet(object.flex) ? ServiceTierPrices.fromJSON(object.flex) : undefined,
+      longContext: isSet(object.longContext)
+        ? LongContextPrices.fromJSON(object.longContext)
+        : isSet(object.long_context)
+        ? LongContextPrices.fromJSON(object.long_context)
+        : undefined,
+      toolCalls: isSet(object.toolCalls)
+        ? ToolCallPrices.fromJSON(object.toolCalls)
+        : isSet(object.tool_calls)
+        ? ToolCallPrices.fromJSON(object.tool_calls)
+        : undefined,
+      safetyIdentifier: isSet(object.safetyIdentifier)
+        ? globalThis.String(object.safetyIdentifier)
+        : isSet(object.safety_identifier)
+        ? globalThis.String(object.safety_identifier)
+        : undefined,
     };
   },
 
@@ -4548,6 +4791,21 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     if (message.circuitCooldownMs !== 0) {
       obj.circuitCooldownMs = Math.round(message.circuitCooldownMs);
     }
+    if (message.priority !== undefined) {
+      obj.priority = ServiceTierPrices.toJSON(message.priority);
+    }
+    if (message.flex !== undefined) {
+      obj.flex = ServiceTierPrices.toJSON(message.flex);
+    }
+    if (message.longContext !== undefined) {
+      obj.longContext = LongContextPrices.toJSON(message.longContext);
+    }
+    if (message.toolCalls !== undefined) {
+      obj.toolCalls = ToolCallPrices.toJSON(message.toolCalls);
+    }
+    if (message.safetyIdentifier !== undefined) {
+      obj.safetyIdentifier = message.safetyIdentifier;
+    }
     return obj;
   },
 
@@ -4577,6 +4835,19 @@ export const ModelConfig: MessageFns<ModelConfig> = {
     message.failoverTimeoutMs = object.failoverTimeoutMs ?? 0;
     message.circuitFailures = object.circuitFailures ?? 0;
     message.circuitCooldownMs = object.circuitCooldownMs ?? 0;
+    message.priority = (object.priority !== undefined && object.priority !== null)
+      ? ServiceTierPrices.fromPartial(object.priority)
+      : undefined;
+    message.flex = (object.flex !== undefined && object.flex !== null)
+      ? ServiceTierPrices.fromPartial(object.flex)
+      : undefined;
+    message.longContext = (object.longContext !== undefined && object.longContext !== null)
+      ? LongContextPrices.fromPartial(object.longContext)
+      : undefined;
+    message.toolCalls = (object.toolCalls !== undefined && object.toolCalls !== null)
+      ? ToolCallPrices.fromPartial(object.toolCalls)
+      : undefined;
+    message.safetyIdentifier = object.safetyIdentifier ?? undefined;
     return message;
   },
 };
@@ -4947,6 +5218,370 @@ export const ModelDeployment: MessageFns<ModelDeployment> = {
     message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
     message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
     message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
+    return message;
+  },
+};
+
+function createBaseServiceTierPrices(): ServiceTierPrices {
+  return { inputMicrosPerMtok: 0, outputMicrosPerMtok: 0, cachedInputMicrosPerMtok: undefined };
+}
+
+export const ServiceTierPrices: MessageFns<ServiceTierPrices> = {
+  encode(message: ServiceTierPrices, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.inputMicrosPerMtok !== 0) {
+      writer.uint32(8).int64(message.inputMicrosPerMtok);
+    }
+    if (message.outputMicrosPerMtok !== 0) {
+      writer.uint32(16).int64(message.outputMicrosPerMtok);
+    }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      writer.uint32(24).int64(message.cachedInputMicrosPerMtok);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ServiceTierPrices {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseServiceTierPrices();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.inputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.outputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.cachedInputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ServiceTierPrices {
+    return {
+      inputMicrosPerMtok: isSet(object.inputMicrosPerMtok)
+        ? globalThis.Number(object.inputMicrosPerMtok)
+        : isSet(object.input_micros_per_mtok)
+        ? globalThis.Number(object.input_micros_per_mtok)
+        : 0,
+      outputMicrosPerMtok: isSet(object.outputMicrosPerMtok)
+        ? globalThis.Number(object.outputMicrosPerMtok)
+        : isSet(object.output_micros_per_mtok)
+        ? globalThis.Number(object.output_micros_per_mtok)
+        : 0,
+      cachedInputMicrosPerMtok: isSet(object.cachedInputMicrosPerMtok)
+        ? globalThis.Number(object.cachedInputMicrosPerMtok)
+        : isSet(object.cached_input_micros_per_mtok)
+        ? globalThis.Number(object.cached_input_micros_per_mtok)
+        : undefined,
+    };
+  },
+
+  toJSON(message: ServiceTierPrices): unknown {
+    const obj: any = {};
+    if (message.inputMicrosPerMtok !== 0) {
+      obj.inputMicrosPerMtok = Math.round(message.inputMicrosPerMtok);
+    }
+    if (message.outputMicrosPerMtok !== 0) {
+      obj.outputMicrosPerMtok = Math.round(message.outputMicrosPerMtok);
+    }
+    if (message.cachedInputMicrosPerMtok !== undefined) {
+      obj.cachedInputMicrosPerMtok = Math.round(message.cachedInputMicrosPerMtok);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ServiceTierPrices>, I>>(base?: I): ServiceTierPrices {
+    return ServiceTierPrices.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ServiceTierPrices>, I>>(object: I): ServiceTierPrices {
+    const message = createBaseServiceTierPrices();
+    message.inputMicrosPerMtok = object.inputMicrosPerMtok ?? 0;
+    message.outputMicrosPerMtok = object.outputMicrosPerMtok ?? 0;
+    message.cachedInputMicrosPerMtok = object.cachedInputMicrosPerMtok ?? undefined;
+    return message;
+  },
+};
+
+function createBaseLongContextPrices(): LongContextPrices {
+  return { aboveInputTokens: 0, inputMicrosPerMtok: 0, outputMicrosPerMtok: 0 };
+}
+
+export const LongContextPrices: MessageFns<LongContextPrices> = {
+  encode(message: LongContextPrices, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.aboveInputTokens !== 0) {
+      writer.uint32(8).int64(message.aboveInputTokens);
+    }
+    if (message.inputMicrosPerMtok !== 0) {
+      writer.uint32(16).int64(message.inputMicrosPerMtok);
+    }
+    if (message.outputMicrosPerMtok !== 0) {
+      writer.uint32(24).int64(message.outputMicrosPerMtok);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): LongContextPrices {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLongContextPrices();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.aboveInputTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.inputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.outputMicrosPerMtok = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): LongContextPrices {
+    return {
+      aboveInputTokens: isSet(object.aboveInputTokens)
+        ? globalThis.Number(object.aboveInputTokens)
+        : isSet(object.above_input_tokens)
+        ? globalThis.Number(object.above_input_tokens)
+        : 0,
+      inputMicrosPerMtok: isSet(object.inputMicrosPerMtok)
+        ? globalThis.Number(object.inputMicrosPerMtok)
+        : isSet(object.input_micros_per_mtok)
+        ? globalThis.Number(object.input_micros_per_mtok)
+        : 0,
+      outputMicrosPerMtok: isSet(object.outputMicrosPerMtok)
+        ? globalThis.Number(object.outputMicrosPerMtok)
+        : isSet(object.output_micros_per_mtok)
+        ? globalThis.Number(object.output_micros_per_mtok)
+        : 0,
+    };
+  },
+
+  toJSON(message: LongContextPrices): unknown {
+    const obj: any = {};
+    if (message.aboveInputTokens !== 0) {
+      obj.aboveInputTokens = Math.round(message.aboveInputTokens);
+    }
+    if (message.inputMicrosPerMtok !== 0) {
+      obj.inputMicrosPerMtok = Math.round(message.inputMicrosPerMtok);
+    }
+    if (message.outputMicrosPerMtok !== 0) {
+      obj.outputMicrosPerMtok = Math.round(message.outputMicrosPerMtok);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<LongContextPrices>, I>>(base?: I): LongContextPrices {
+    return LongContextPrices.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<LongContextPrices>, I>>(object: I): LongContextPrices {
+    const message = createBaseLongContextPrices();
+    message.aboveInputTokens = object.aboveInputTokens ?? 0;
+    message.inputMicrosPerMtok = object.inputMicrosPerMtok ?? 0;
+    message.outputMicrosPerMtok = object.outputMicrosPerMtok ?? 0;
+    return message;
+  },
+};
+
+function createBaseToolCallPrices(): ToolCallPrices {
+  return {
+    webSearchMicros: undefined,
+    fileSearchMicros: undefined,
+    codeInterpreterMicros: undefined,
+    imageGenerationMicros: undefined,
+  };
+}
+
+export const ToolCallPrices: MessageFns<ToolCallPrices> = {
+  encode(message: ToolCallPrices, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webSearchMicros !== undefined) {
+      writer.uint32(8).int64(message.webSearchMicros);
+    }
+    if (message.fileSearchMicros !== undefined) {
+      writer.uint32(16).int64(message.fileSearchMicros);
+    }
+    if (message.codeInterpreterMicros !== undefined) {
+      writer.uint32(24).int64(message.codeInterpreterMicros);
+    }
+    if (message.imageGenerationMicros !== undefined) {
+      writer.uint32(32).int64(message.imageGenerationMicros);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ToolCallPrices {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseToolCallPrices();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.webSearchMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.fileSearchMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.codeInterpreterMicros = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.imageGenerationMicros = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ToolCallPrices {
+    return {
+      webSearchMicros: isSet(object.webSearchMicros)
+        ? globalThis.Number(object.webSearchMicros)
+        : isSet(object.web_search_micros)
+        ? globalThis.Number(object.web_search_micros)
+        : undefined,
+      fileSearchMicros: isSet(object.fileSearchMicros)
+        ? globalThis.Number(object.fileSearchMicros)
+        : isSet(object.file_search_micros)
+        ? globalThis.Number(object.file_search_micros)
+        : undefined,
+      codeInterpreterMicros: isSet(object.codeInterpreterMicros)
+        ? globalThis.Number(object.codeInterpreterMicros)
+        : isSet(object.code_interpreter_micros)
+        ? globalThis.Number(object.code_interpreter_micros)
+        : undefined,
+      imageGenerationMicros: isSet(object.imageGenerationMicros)
+        ? globalThis.Number(object.imageGenerationMicros)
+        : isSet(object.image_generation_micros)
+        ? globalThis.Number(object.image_generation_micros)
+        : undefined,
+    };
+  },
+
+  toJSON(message: ToolCallPrices): unknown {
+    const obj: any = {};
+    if (message.webSearchMicros !== undefined) {
+      obj.webSearchMicros = Math.round(message.webSearchMicros);
+    }
+    if (message.fileSearchMicros !== undefined) {
+      obj.fileSearchMicros = Math.round(message.fileSearchMicros);
+    }
+    if (message.codeInterpreterMicros !== undefined) {
+      obj.codeInterpreterMicros = Math.round(message.codeInterpreterMicros);
+    }
+    if (message.imageGenerationMicros !== undefined) {
+      obj.imageGenerationMicros = Math.round(message.imageGenerationMicros);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ToolCallPrices>, I>>(base?: I): ToolCallPrices {
+    return ToolCallPrices.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ToolCallPrices>, I>>(object: I): ToolCallPrices {
+    const message = createBaseToolCallPrices();
+    message.webSearchMicros = object.webSearchMicros ?? undefined;
+    message.fileSearchMicros = object.fileSearchMicros ?? undefined;
+    message.codeInterpreterMicros = object.codeInterpreterMicros ?? undefined;
+    message.imageGenerationMicros = object.imageGenerationMicros ?? undefined;
     return message;
   },
 };
