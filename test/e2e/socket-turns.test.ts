@@ -109,7 +109,7 @@ test('rpm: a 20 rpm key sends 60 creates on one socket; 19 go upstream (the sock
   assert.equal(s.session.closeCode, null, 'the socket stays open');
   s.ws.close(1000);
   await s.session.waitClosed();
-  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 1);
+  const rows = await waitForUsageTotals(cp.dbPath, k.keyId, 19);
   assert.deepEqual(rows.map((r) => [r.model, r.requests, r.cost_micros]), [['up-chat', 19, 19 * USAGE_COST]]);
   const u = await cliUsage(k);
   assert.equal(u.totals.cost_usd, usd(19 * USAGE_COST));
