@@ -65,7 +65,7 @@ const files = (only.length > 0 ? only : [...findTests(join(root, 'test', 'unit')
 let bundles = {};
 if (process.env.TOLLGATE_TEST_TSX !== '1') {
   try {
-    bundles = await buildBundles(root, join(root, 'test', '.bundles'));
+    bundles = await buildBundles(root, join(root, 'node_modules', '.cache', 'tollgate-test-bundles'));
   } catch (err) {
     console.warn(`test processes run through tsx: their bundles were not built (${err.message})`);
   }
