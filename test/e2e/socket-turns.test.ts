@@ -61,7 +61,10 @@ after(async () => {
   await rt?.close();
 });
 
-const socket = (k: DemoKey, model = 'up-chat') => openRealtime(node.address, { key: k.key, model, path: '/v1/responses' });
+/** The node's last output and whether it still runs, for a failure message. */
+const nodeTail = () => `node ${node.proc.child.exitCode === null ? 'running' : `exited ${node.proc.child.exitCode}`}; its last output:\n${node.proc.output().slice(-3000)}`;
+
+const socket = (k: DemoKey, model = 'up-chat') => openRealtime(node.address, { key: k.key, model, path: '/v1/responses', diagnose: nodeTail });
 
 /** Creates the upstream's sockets received, over every socket opened so far. */
 function creates(): any[] {
@@ -72,7 +75,7 @@ function creates(): any[] {
 async function answers(s: Opened, n: number): Promise<{ completed: any[]; errors: any[] }> {
   const pick = () => ({ completed: s.session.events.filter((e) => e.type === 'response.completed'), errors: s.session.events.filter((e) => e.type === 'error') });
   const ok = await within(15_000, async () => pick().completed.length + pick().errors.length >= n);
-  assert.ok(ok, `${n} answers; got ${s.session.events.map((e) => e.type).join(',')}`);
+  assert.ok(ok, `${n} answers; got ${s.session.events.map((e) => e.type).join(',')}; close: ${s.session.closeCode} ${s.session.closeReason}${s.session.errorText()}`);
   return pick();
 }
 

@@ -23,6 +23,8 @@ export interface AttemptOptions {
   protocols?: string[];
   path?: string;
   localAddress?: string;
+  /** More to say when a wait on the socket fails (the node's recent output, say). */
+  diagnose?: () => string;
 }
 
 /** One connection attempt to a node's /v1/realtime. */
@@ -35,7 +37,7 @@ export function attemptRealtime(nodeAddress: string, opts: AttemptOptions = {}):
     const ws = new WebSocket(`ws://${nodeAddress}${opts.path ?? '/v1/realtime'}${query}`, opts.protocols ?? [], { headers, localAddress: opts.localAddress });
     let upgradeHeaders: Opened['headers'] = {};
     // Events are collected from the first one: the gateway may greet before 'open' is handled.
-    const session = new Session(ws);
+    const session = new Session(ws, opts.diagnose);
     ws.on('upgrade', (res) => (upgradeHeaders = res.headers));
     ws.on('open', () => resolve({ ws, headers: upgradeHeaders, session }));
     ws.on('unexpected-response', (_req, res) => {
@@ -73,9 +75,14 @@ export class Session {
   closeCode: number | null = null;
   closeReason = '';
   closedAt = 0;
+  /** The client library's own error, if it failed the connection (a bad frame from the node reads as 1006). */
+  error = '';
   private waiters: Array<() => void> = [];
 
-  constructor(readonly ws: WebSocket) {
+  constructor(
+    readonly ws: WebSocket,
+    private readonly diagnose?: () => string,
+  ) {
     ws.on('message', (d, isBinary) => {
       this.events.push(isBinary ? { binary: d } : JSON.parse(d.toString()));
       this.wake();
@@ -86,7 +93,7 @@ export class Session {
       this.closedAt = Date.now();
       this.wake();
     });
-    ws.on('error', () => {});
+    ws.on('error', (err) => (this.error ||= err.message));
   }
 
   send(ev: Record<string, unknown>): void {
@@ -117,7 +124,7 @@ export class Session {
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
         this.waiters = this.waiters.filter((w) => w !== probe);
-        reject(new Error(`timed out waiting for ${what}; events: ${this.events.map((e) => e.type).join(',')}; close: ${this.closeCode} ${this.closeReason}`));
+        reject(new Error(`timed out waiting for ${what}; events: ${this.events.map((e) => e.type).join(',')}; close: ${this.closeCode} ${this.closeReason}${this.errorText()}`));
       }, ms);
       const probe = () => {
         if (check()) {
@@ -127,12 +134,17 @@ export class Session {
         } else if (failOnClose && this.closeCode !== null) {
           clearTimeout(timer);
           this.waiters = this.waiters.filter((w) => w !== probe);
-          reject(new Error(`socket closed (${this.closeCode} ${this.closeReason}) before ${what}; events: ${this.events.map((e) => e.type).join(',')}`));
+          reject(new Error(`socket closed (${this.closeCode} ${this.closeReason}) before ${what}; events: ${this.events.map((e) => e.type).join(',')}${this.errorText()}`));
         }
       };
       this.waiters.push(probe);
       probe();
     });
+  }
+
+  /** The client's error and what `diagnose` says, for a failure message. */
+  errorText(): string {
+    return `${this.error ? `; client error: ${this.error}` : ''}${this.diagnose ? `\n${this.diagnose()}` : ''}`;
   }
 
   private wake(): void {
