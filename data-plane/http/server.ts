@@ -59,10 +59,20 @@ export class ApiServer {
   }
 }
 
-/** Listens and resolves with the bound port; rejects if the address cannot be bound. */
+/** uSockets' LIBUS_LISTEN_EXCLUSIVE_PORT: without it a fixed port is bound with SO_REUSEPORT. */
+const EXCLUSIVE_PORT = 1;
+
+/** `listen(host, port, options, cb)`: in uWS.js at run time, missing from its type declarations. */
+type ListenWithOptions = (host: string, port: number, options: number, cb: (socket: uWS.us_listen_socket | false) => void) => TemplatedApp;
+
+/**
+ * Listens and resolves with the bound port; rejects if the address cannot be bound. The port is the
+ * node's alone: by default uWS binds a fixed port with SO_REUSEPORT, and a second node started on it
+ * would listen too, the kernel splitting new connections between them.
+ */
 export function listen(app: TemplatedApp, host: string, port: number): Promise<{ socket: uWS.us_listen_socket; port: number }> {
   return new Promise((resolve, reject) => {
-    app.listen(host, port, (socket) => {
+    (app.listen as unknown as ListenWithOptions).call(app, host, port, EXCLUSIVE_PORT, (socket) => {
       if (!socket) reject(new Error(`cannot listen on ${host}:${port}`));
       else resolve({ socket, port: uWS.us_socket_local_port(socket as unknown as uWS.us_socket) });
     });

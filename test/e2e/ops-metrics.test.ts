@@ -10,7 +10,7 @@ import { eventually, waitUntilKnown } from '../helpers/data-plane.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { bearer, chatBody, request } from '../helpers/http.js';
 import { scrapeMetrics, type Metrics } from '../helpers/prometheus.js';
-import { freePort, startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { freePort, startControlPlane, startDataPlane, startProcess, stopAll, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { waitForUsageRows } from '../helpers/usage-db.js';
 
 let cp: ControlPlane;
@@ -199,4 +199,28 @@ test('metrics and health are not served on the API listener', async () => {
   assert.doesNotMatch(v1.text, /tollgate_node_/);
   const health = await request(`${dp.url}/readyz`);
   assert.notEqual(health.status, 200);
+});
+
+test('a node does not start on an address another node listens on: it exits naming the flag', async () => {
+  // Before: uWS binds a fixed port with SO_REUSEPORT, so a second node on the same address started
+  // silently and the kernel split new connections between the two.
+  const env = { TOLLGATE_PEPPER: 'p'.repeat(64), TOLLGATE_NODE_TOKEN: `node_${'b'.repeat(40)}` };
+  const [api, admin] = [`127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`];
+  const first = startProcess(['data-plane/main.ts', '--control-plane', cp.address, '--listen', api, '--admin-listen', admin], env);
+  try {
+    await first.waitFor(/data plane ready/);
+    for (const [flags, flag] of [[['--listen', api], '--listen'], [['--listen', '127.0.0.1:0', '--admin-listen', admin], '--admin-listen']] as const) {
+      const second = startProcess(['data-plane/main.ts', '--control-plane', cp.address, ...flags], env);
+      try {
+        const m = await second.waitFor(/choose another with (--[a-z-]+)|data plane ready/, 60_000);
+        assert.equal(m[1], flag, second.output());
+        const code = await new Promise<number | null>((resolve) => (second.child.exitCode !== null ? resolve(second.child.exitCode) : second.child.once('exit', (c) => resolve(c))));
+        assert.notEqual(code, 0, second.output());
+      } finally {
+        await second.kill('SIGKILL');
+      }
+    }
+  } finally {
+    await first.kill('SIGKILL');
+  }
 });
