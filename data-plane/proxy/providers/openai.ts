@@ -5,8 +5,8 @@
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
 import { reportedCostMicros, type ReportedFacts, type ToolCallCounts } from '../../../proto/lib/reported-prices.js';
-import { rewriteChatBody } from '../json-splice.js';
-import { SafetyFields, withSafetyFields } from '../safety-fields.js';
+import { rewriteChatBody, setTopLevelStrings } from '../json-splice.js';
+import { SafetyFields } from '../safety-fields.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { estimateOutputTokens, estimateTokens } from '../tokens.js';
 import { SseUsageReader } from '../usage/sse-usage-reader.js';
@@ -61,6 +61,26 @@ function choicesTokens(json: JsonUsageReader): number {
  */
 export function pricerOf(model: ModelConfig, requested?: ToolCallCounts): UsagePricer {
   return (usage, facts) => reportedCostMicros(model, { ...usage, ...withRequested(facts, requested) });
+}
+
+/**
+ * A pricer at the prices of whichever deployment answers (`priced.model`, set by each attempt). Made by
+ * a function, not a named arrow in the caller: under tsx (esbuild keepNames) a named arrow made per
+ * request costs a defineProperty of its name.
+ */
+function deploymentPricer(priced: { model: ModelConfig }, requested: ToolCallCounts | undefined): UsagePricer {
+  return (usage, facts) => reportedCostMicros(priced.model, { ...usage, ...withRequested(facts, requested) });
+}
+
+function tokenPricer(priced: { model: ModelConfig }): UsagePricer {
+  return (usage) => usageCostMicros(usage, priced.model);
+}
+
+/** A chat body re-serialised (when it cannot be rewritten in place): the model, the safety fields, the usage asked for. */
+function chatCopy(body: Record<string, unknown>, model: string, safety: Record<string, string> | null, addUsageTo: Record<string, unknown> | null | undefined): Record<string, unknown> {
+  const copy: Record<string, unknown> = { ...body, model, ...safety };
+  if (addUsageTo !== null) copy.stream_options = { ...(addUsageTo ?? {}), include_usage: true };
+  return copy;
 }
 
 /** The answer's facts with the calls the request itself makes added. */
@@ -126,21 +146,19 @@ export class OpenAIProvider implements Provider {
     const safety = this.safety?.fieldsFor(call.model, call.caller, body) ?? null;
     const requested = chatToolCalls(body);
     // The prices of the deployment answering (a pooled model's may override the model's), by what the answer reported.
-    let priced = call.model;
-    const pricer: UsagePricer = (usage, facts) => reportedCostMicros(priced, { ...usage, ...withRequested(facts, requested) });
+    const priced = { model: call.model };
+    const pricer = deploymentPricer(priced, requested);
     this.send(call, {
       method: 'POST',
       attempt(t, billAs) {
-        priced = billAs;
+        priced.model = billAs;
         let payload: Buffer | string = call.rawBody;
         const rename = body.model !== t.upstreamModel;
         if (rename || addUsage || safety) {
           // Rewritten in place when it can be (the common case); re-serialised otherwise.
           const spliced = so === undefined || !addUsage ? rewriteChatBody(call.bodyText, rename ? t.upstreamModel : null, addUsage) : null;
-          const copy: Record<string, unknown> = { ...body, model: t.upstreamModel, ...safety };
-          if (addUsage) copy.stream_options = { ...(so ?? {}), include_usage: true };
-          if (spliced === null) payload = JSON.stringify(copy);
-          else payload = safety ? withSafetyFields(spliced, body, safety, copy) : spliced;
+          const spliceSafety = spliced !== null && safety ? setTopLevelStrings(spliced, safety, (k) => k in body) : spliced;
+          payload = spliceSafety ?? JSON.stringify(chatCopy(body, t.upstreamModel, safety, addUsage ? so : null));
         }
         return { path: `${t.basePath}/chat/completions`, headers: t.jsonHeaders, body: payload };
       },
@@ -175,12 +193,12 @@ export class OpenAIProvider implements Provider {
   embeddings(call: ModelCall): void {
     const body = call.body;
     let json: JsonUsageReader | null = null;
-    let priced = call.model;
-    const pricer: UsagePricer = (usage) => usageCostMicros(usage, priced);
+    const priced = { model: call.model };
+    const pricer = tokenPricer(priced);
     this.send(call, {
       method: 'POST',
       attempt(t, billAs) {
-        priced = billAs;
+        priced.model = billAs;
         const payload = body.model === t.upstreamModel ? call.rawBody : JSON.stringify({ ...body, model: t.upstreamModel });
         return { path: `${t.basePath}/embeddings`, headers: t.jsonHeaders, body: payload };
       },
