@@ -26,7 +26,7 @@ import type { TokenCounts } from '../../proto/lib/money.js';
 import { serviceTierOf, tokenUsageOf } from '../proxy/usage/usage-readers.js';
 import { toolCallsOfOutput, type ReportedFacts } from '../../proto/lib/reported-prices.js';
 import type { KeyRecord } from '../state/key-table.js';
-import { logBug } from '../log.js';
+import { log, logBug } from '../log.js';
 import type { RequestContext } from '../request/request-context.js';
 import type { Clock } from '../limits/clock.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
@@ -46,8 +46,6 @@ import { CLOSE, isSendableCode, truncateReason } from '../endpoints/close-codes.
 import type { RealtimeStats } from './realtime-stats.js';
 import { sendToClientSocket } from './client-send.js';
 import { SessionLimits } from './session-limits.js';
-
-// Re-exported: the gateway and the tests import them from here.
 
 export interface SessionDeps {
   clock: Clock;
@@ -444,6 +442,8 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
     } catch (e) {
       logBug(e);
     }
+    // How it ended, on the node itself (debug): what a client saw as 1006 may have been a close of ours.
+    log.debug({ requestId: entry.requestId, closeCode: code, closeReason: reason, responses: c.responses, messagesFromClient: c.fromClient, messagesToClient: c.toClient }, 'realtime session closed');
   }
 }
 

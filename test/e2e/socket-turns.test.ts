@@ -47,7 +47,8 @@ const gw = gatewayFixture(
         }),
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },
       },
-      node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } },
+      // Debug: each session's end is logged, for nodeTail when a socket test fails.
+      node: { adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--log-level', 'debug'] },
     };
   },
   async () => {
