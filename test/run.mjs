@@ -2,7 +2,8 @@
 // test file under test/unit and test/e2e runs with node:test (Node 20's runner does not find .ts
 // files by itself, so they are listed here).
 import { execFileSync, spawnSync } from 'node:child_process';
-import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { readdirSync, readFileSync, realpathSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { buildBundles } from './process-bundles.mjs';
@@ -65,7 +66,10 @@ const files = (only.length > 0 ? only : [...findTests(join(root, 'test', 'unit')
 let bundles = {};
 if (process.env.TOLLGATE_TEST_TSX !== '1') {
   try {
-    bundles = await buildBundles(root, join(root, 'node_modules', '.cache', 'tollgate-test-bundles'));
+    // One folder per checkout: git worktrees that share one node_modules (a symlink) must not run each
+    // other's code (a run in one rebuilt the bundles another's tests were starting).
+    const checkout = createHash('sha256').update(realpathSync(root)).digest('hex').slice(0, 12);
+    bundles = await buildBundles(root, join(root, 'node_modules', '.cache', 'tollgate-test-bundles', checkout));
   } catch (err) {
     console.warn(`test processes run through tsx: their bundles were not built (${err.message})`);
   }
