@@ -29,10 +29,12 @@ function pooled(cfg: GatewayYaml, id: string, deployments: GatewayYaml[]): void 
 const dep = (id: string, baseUrl: string, weight: number, extra: GatewayYaml = {}): GatewayYaml => ({ id, base_url: baseUrl, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', upstream_model: `up-${id}`, weight, ...extra });
 
 const gw = gatewayFixture(async () => {
-  for (const name of ['limited', 'spare', 'c1', 'c2']) fakes[name] = await startFakeUpstream();
+  for (const name of ['limited', 'spare', 'c1', 'c2', 'w']) fakes[name] = await startFakeUpstream();
   const yaml = configYaml((cfg) => {
     pooled(cfg, 'pool-lim', [dep('limited', fakes.limited.baseUrl, FIRST, { rpm: 60 }), dep('spare', fakes.spare.baseUrl, 1)]);
     pooled(cfg, 'pool-cap', [dep('c1', fakes.c1.baseUrl, 1, { rpm: 2 }), dep('c2', fakes.c2.baseUrl, 1, { rpm: 1 })]);
+    // rpm 8 over two nodes: a standing share of 1 request per node (floor(8 / (4 × 2))).
+    pooled(cfg, 'pool-wait', [dep('w', fakes.w.baseUrl, 1, { rpm: 8 })]);
   });
   const node = (i: number) => ({ nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--report-every-ms', '0'] });
   return { controlPlane: { configYaml: yaml, env: KEY_ENV }, nodes: [node(0), node(1)] };
@@ -91,4 +93,41 @@ test("All deployments at limit across two nodes: 429 Shape A naming the model's 
   const cap = rows.find((x) => x.model === 'pool-cap');
   assert.equal(cap?.requests, 3, JSON.stringify(rows));
   assert.equal(rows.reduce((s, x) => s + x.requests, 0), 5, JSON.stringify(rows));
+});
+
+test("a request waits for a deployment's lease at most 250 ms, then is sent in advance of the answer; a client that leaves while it waits costs nothing", async () => {
+  const key = await gw.fundedKey({ tier: 'paid', creditMicros: 10_000_000 });
+  const node = gw.nodes[0];
+  const minute = Math.floor(CLOCK / 60_000);
+  await eventually(async () => ((await request(`${node.adminUrl}/stats/leases`)).body as { standing: { minutes: number[] } }).standing.minutes.includes(minute), "the minute's standing shares");
+  const before = assertRateLimitHeaders((await ask(0, key, 'demo-chat')).headers).remainingRequests;
+  // The control plane stops answering (still connected): no lease can come.
+  gw.cp.proc.child.kill('SIGSTOP');
+  try {
+    const first = await ask(0, key, 'pool-wait');
+    assert.equal(first.status, 200, `the node's standing share of w: ${first.text}`);
+    const gone = new AbortController();
+    const abandoned = request(`${node.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key.key), json: chatBody('Hello', 'pool-wait'), signal: gone.signal }).catch((e: Error) => e);
+    setTimeout(() => gone.abort(), 50);
+    const t0 = Date.now();
+    const waited = await ask(0, key, 'pool-wait');
+    // No answer within the bound is not the deployment's minute being spent: sent in advance, within
+    // its rpm counted on this node (docs/leases.md), never a 429.
+    assert.equal(waited.status, 200, waited.text);
+    assert.ok(Date.now() - t0 < 2000, `waited ${Date.now() - t0} ms`);
+    assert.ok((await abandoned) instanceof Error, 'the abandoned request got no answer');
+  } finally {
+    gw.cp.proc.child.kill('SIGCONT');
+  }
+  assert.equal(fakes.w.requests.length, 2, 'the one whose client left was never sent');
+  // Nothing was taken of the key's minute by the abandoned request, and nothing billed for it.
+  const afterIt = await ask(0, key, 'demo-chat');
+  assert.equal(afterIt.status, 200, afterIt.text);
+  assert.equal(assertRateLimitHeaders(afterIt.headers).remainingRequests, before - 3);
+  let rows: { model: string; requests: number }[] = [];
+  await eventually(async () => {
+    rows = (await cliJsonAsync(gw.cp, gw.cp.secrets.operatorToken, ['usage', '--project', key.projectId, '--by', 'model'])).rows;
+    return rows.reduce((s, x) => s + x.requests, 0) >= 4;
+  }, 'the served requests in usage');
+  assert.deepEqual(rows.map((x) => [x.model, x.requests]).sort(), [['demo-chat', 2], ['pool-wait', 2]]);
 });
