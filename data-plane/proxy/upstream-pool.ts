@@ -1,5 +1,5 @@
 // A pooled model's deployments on one node (issue 36): which one a request goes to, chosen in memory
-// with no round trip, and each one's health. Pure: the clock and the random draw are injected.
+// with no round trip, and each one's health. Pure: the clock, the random draw and the leases are injected.
 //
 // Choice: among the deployments not yet tried by the request that are available (circuit closed, or
 // half-open with no probe out; not cooling after a 429; room in their own parallel, rpm and tpm limits,

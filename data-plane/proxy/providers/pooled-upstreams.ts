@@ -8,6 +8,7 @@
 // waits for a key's (bounded), then is sent or refused (429, given back whole).
 import type { ModelConfig, ModelDeployment } from '../../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../errors.js';
+import { logBug } from '../../log.js';
 import type { Clock } from '../../limits/clock.js';
 import { proxyRequest, type ProxyRequest } from '../stream-proxy.js';
 import { DeploymentState, UpstreamPool, type MinuteLeases, type NoneAvailable } from '../upstream-pool.js';
@@ -267,6 +268,8 @@ class Attempts {
         if (i >= 0) this.attempt(i);
         else this.refuse(pool.whyNone(this.tried, this.tokens));
       } catch (e) {
+        // Out of a timer or a lease answer: nothing may escape; the request ends as a failure.
+        logBug(e);
         if (!done) finish();
         this.call.fail(e);
       }
