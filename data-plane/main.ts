@@ -127,7 +127,7 @@ async function main(): Promise<void> {
     bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
-    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper))) },
+    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper)), leases) },
     pools,
     toolBackends,
     openStreams,

@@ -1,10 +1,11 @@
 // The lease service of the sync service (docs/leases.md): a node's lease wants, answered with
 // grants from the ledgers (lease-ledger.ts), standing shares, money slices, and the reclaims that ask
 // other nodes to give back unused allowance before a shortfall is final.
-import type { ControlMessage, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, OrgLease, OrgLeaseWant, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, GatewayConfig, KeyLease, KeyLeaseWant, KeyMinuteRef, KeyPoolFree, LeaseRequest, OrgLease, OrgLeaseWant, SlotLease, SlotWant } from '../../proto/gen/tollgate/v1/sync.js';
+import { deploymentOfPool, deploymentPoolId } from '../../proto/lib/leases.js';
 import type { ControlState } from '../state/control-state.js';
 import { countLeaseAnswers } from '../metrics.js';
-import { KeyLeaseLedger } from './key-lease-ledger.js';
+import { KeyLeaseLedger, type KeyLimitsForLease } from './key-lease-ledger.js';
 import { MoneyLeaseLedger } from './money-lease-ledger.js';
 import { SlotLedger } from './slot-ledger.js';
 import { MoneyPools, partitionPools } from './money-pools.js';
@@ -48,10 +49,9 @@ function tellWaiting(s: LeaseSession): void {
 }
 
 export class LeaseService {
-  private readonly keyLeases = new KeyLeaseLedger((keyId) => {
-    const e = this.state.snapshots.keyById(keyId);
-    return e && { rpm: e.rpmLimit, tpm: e.tpmLimit };
-  });
+  private readonly keyLeases = new KeyLeaseLedger((poolId) => this.minuteLimitsOf(poolId));
+  /** The current config's deployments' limits by minute pool id (deploymentLimits). */
+  private deploymentLimits: { config: GatewayConfig; byPool: Map<string, KeyLimitsForLease> } | null = null;
   private readonly slotLeases = new SlotLedger((keyId) => this.state.snapshots.keyById(keyId)?.maxParallelRequests);
   /** Also charged by the report queue (a cost reserved from this connection's slice). */
   readonly moneyLeases = new MoneyLeaseLedger();
@@ -72,6 +72,25 @@ export class LeaseService {
     private readonly rejoining: () => Promise<void> | null = () => null,
   ) {
     this.moneyPools = new MoneyPools(state.snapshots, () => state.now());
+  }
+
+  /**
+   * A minute pool's limits (docs/leases.md#minute-pools-by-id): a key's rpm and tpm, or a pooled
+   * model's deployment's (the upstream account's own; 0: none). Undefined: no such key or deployment.
+   */
+  private minuteLimitsOf(poolId: string): KeyLimitsForLease | undefined {
+    const d = deploymentOfPool(poolId);
+    if (!d) {
+      const e = this.state.snapshots.keyById(poolId);
+      return e && { rpm: e.rpmLimit, tpm: e.tpmLimit };
+    }
+    const config = this.state.config;
+    if (this.deploymentLimits?.config !== config) {
+      const byPool = new Map<string, KeyLimitsForLease>();
+      for (const m of config.models) for (const x of m.deployments) byPool.set(deploymentPoolId(m.id, x.id), { rpm: x.rpm, tpm: Number(x.tpm) });
+      this.deploymentLimits = { config, byPool };
+    }
+    return this.deploymentLimits.byPool.get(poolId);
   }
 
   /** A closed connection's leases are released; what it did not say it used is free again. */
@@ -301,9 +320,9 @@ export class LeaseService {
   private announceFree(pools: Array<{ keyId: string; minute: number }>, exceptConn: string): void {
     const updates = new Map<LeaseSession, KeyPoolFree[]>();
     for (const p of pools) {
-      const entry = this.state.snapshots.keyById(p.keyId);
-      if (!entry) continue;
-      const free = this.keyLeases.freeOf(p.keyId, p.minute, { rpm: entry.rpmLimit, tpm: entry.tpmLimit });
+      const limits = this.minuteLimitsOf(p.keyId);
+      if (!limits) continue;
+      const free = this.keyLeases.freeOf(p.keyId, p.minute, limits);
       for (const c of this.keyLeases.members(p.keyId, p.minute, exceptConn)) {
         const target = this.sessionByConn(c);
         if (!target) continue;
@@ -359,10 +378,10 @@ export class LeaseService {
   }
 
   private grantKey(s: LeaseSession, w: KeyLeaseWant, suspects: string[], afterReclaim: boolean): KeyLease | { from: string[] } | null {
-    const entry = this.state.snapshots.keyById(w.keyId);
+    const limits = this.minuteLimitsOf(w.keyId);
     const none = { keyId: w.keyId, minute: w.minute, requests: 0, tokens: 0, finalRequests: false, finalTokens: false, freeRequests: 0, freeTokens: 0 };
-    if (!entry || s.closed || s.leaving) return none;
-    const r = this.keyLeases.grant(s.connId, w, { rpm: entry.rpmLimit, tpm: entry.tpmLimit }, suspects, afterReclaim);
+    if (!limits || s.closed || s.leaving) return none;
+    const r = this.keyLeases.grant(s.connId, w, limits, suspects, afterReclaim);
     if (r.kind === 'reclaim') return { from: r.from };
     return { keyId: w.keyId, minute: w.minute, ...r.grant };
   }

@@ -1,13 +1,32 @@
 // A pooled model's deployments on one node (issue 36): which one a request goes to, chosen in memory
-// with no round trip, and each one's health. Pure: the clock and the random draw are injected.
+// with no round trip, and each one's health. Pure: the clock, the random draw and the leases are injected.
 //
 // Choice: among the deployments not yet tried by the request that are available (circuit closed, or
 // half-open with no probe out; not cooling after a 429; room in their own parallel, rpm and tpm limits,
-// counted on this node per UTC minute), the least loaded (in flight per unit of weight), and among
-// equally loaded ones a draw by weight.
+// counted on this node per UTC minute, and in what this node holds of the deployment's minute across
+// the cluster: the key-minute leases, docs/leases.md#minute-pools-by-id), the least loaded (in flight
+// per unit of weight), and among equally loaded ones a draw by weight.
 //
 // Health: `circuitFailures` consecutive failures open a deployment's circuit for `circuitCooldownMs`;
 // then one real request at a time probes it (half-open): a success closes it, a failure opens it again.
+
+import type { KeyLimits, MinuteAllowance } from '../limits/key-budgets.js';
+
+/**
+ * The node's minute leases (LeaseClient, data-plane/leases/), as the pool uses them for its
+ * deployments' rpm and tpm: what this node may send to a deployment in a minute across the cluster.
+ */
+export interface MinuteLeases {
+  allowanceFor(poolId: string, minute: number, limits: KeyLimits): MinuteAllowance;
+  noteUsage(poolId: string, minute: number, requests: number, tokens: number): void;
+  /** Asks for at least the need; `wake` once when an answer came. False: nothing to wait for. */
+  waitForKey(poolId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, wake: () => void): boolean;
+  cancelKeyWait(poolId: string, wake: () => void): void;
+  /** Takes the need in advance of a late answer (docs/leases.md), told to the control plane. */
+  advanceKey(poolId: string, minute: number, limits: KeyLimits, needRequests: number, needTokens: number, timedOut: boolean): boolean;
+  /** The control plane said the answer waits for reclaims (or for nodes to rejoin): not late yet. */
+  answerDeferred(startedAt: number): boolean;
+}
 
 /** What this node knows of one deployment; kept across config versions (keyed by model and id). */
 export class DeploymentState {
@@ -42,6 +61,8 @@ export interface PoolMember {
   rpm: number;
   tpm: number;
   maxParallel: number;
+  /** Its minute pool in the leases (a deployment with an rpm or tpm), with the limits it is leased by. */
+  lease?: { poolId: string; limits: KeyLimits };
 }
 
 export interface PoolSettings {
@@ -55,7 +76,12 @@ export type CircuitState = 'closed' | 'open' | 'half-open';
 export interface NoneAvailable {
   capacity: boolean;
   retryAfterMs: number;
+  /** Deployments short only of this node's lease (the cluster may have room): worth an ask. */
+  leaseShort: number[];
 }
+
+/** What blockedFor answers for a deployment short only of this node's lease: no known time. */
+const LEASE_SHORT = -Infinity;
 
 const MINUTE_MS = 60_000;
 /** What a full parallel limit is retried after: a request ends soon, and no end time is known. */
@@ -67,6 +93,8 @@ export class UpstreamPool {
     private readonly settings: PoolSettings,
     private readonly now: () => number,
     private readonly random: () => number = Math.random,
+    /** Absent: each deployment's rpm and tpm are counted on this node only. */
+    private readonly leases?: MinuteLeases,
   ) {}
 
   circuit(i: number): CircuitState {
@@ -108,14 +136,62 @@ export class UpstreamPool {
   whyNone(tried: readonly number[], tokens: number): NoneAvailable {
     let capacity = false;
     let retryAfterMs = Infinity;
+    const leaseShort: number[] = [];
     for (let i = 0; i < this.members.length; i++) {
       if (tried.includes(i)) continue;
       const wait = this.blockedFor(i, tokens);
       if (wait === 0) continue;
+      if (wait === LEASE_SHORT) {
+        leaseShort.push(i);
+        continue;
+      }
       if (wait > 0) capacity = true;
       retryAfterMs = Math.min(retryAfterMs, Math.abs(wait));
     }
-    return { capacity, retryAfterMs: retryAfterMs === Infinity ? 0 : retryAfterMs };
+    return { capacity, retryAfterMs: retryAfterMs === Infinity ? 0 : retryAfterMs, leaseShort };
+  }
+
+  /**
+   * Deployment i is short of this node's lease: asks for what the request needs and calls `wake`
+   * once when an answer came. False: nothing to wait for (the cluster's minute is spent, or an
+   * earlier want went unanswered past the bound: advanceLease then takes it).
+   */
+  waitLease(i: number, tokens: number, wake: () => void): boolean {
+    const need = this.leaseNeed(i, tokens);
+    return need !== null && this.leases!.waitForKey(need.poolId, need.minute, need.limits, need.requests, need.tokens, wake);
+  }
+
+  /**
+   * Admission in advance of a late answer (docs/leases.md), as for a key: `timedOut`, the request
+   * waited the whole bound (or an earlier want of the minute did) and the control plane did not say
+   * the minute is spent; the need is taken, within the deployment's own limits counted on this node
+   * (blockedFor checks them first), and told to the control plane. True when taken.
+   */
+  advanceLease(i: number, tokens: number, timedOut: boolean): boolean {
+    const need = this.leaseNeed(i, tokens);
+    return need !== null && this.leases!.advanceKey(need.poolId, need.minute, need.limits, need.requests, need.tokens, timedOut);
+  }
+
+  /** What deployment i's lease lacks for a request of `tokens` now (null: no lease). */
+  private leaseNeed(i: number, tokens: number): { poolId: string; minute: number; limits: KeyLimits; requests: number; tokens: number } | null {
+    const m = this.members[i];
+    if (!this.leases || !m.lease) return null;
+    const minute = Math.floor(this.now() / MINUTE_MS);
+    const s = m.state;
+    const a = this.leases.allowanceFor(m.lease.poolId, minute, m.lease.limits);
+    const requests = Math.max(0, (s.minute === minute ? s.requests : 0) + 1 - a.requests);
+    const need = Math.max(0, (s.minute === minute ? s.tokens : 0) + tokens - a.tokens);
+    return { poolId: m.lease.poolId, minute, limits: m.lease.limits, requests, tokens: need };
+  }
+
+  cancelLeaseWait(i: number, wake: () => void): void {
+    const lease = this.members[i].lease;
+    if (this.leases && lease) this.leases.cancelKeyWait(lease.poolId, wake);
+  }
+
+  /** The control plane said its answer waits for reclaims since `startedAt`: keep waiting. */
+  leaseDeferred(startedAt: number): boolean {
+    return this.leases?.answerDeferred(startedAt) ?? false;
   }
 
   /** A request goes to deployment i: counted in flight and in its minute; a half-open one is probed. */
@@ -127,6 +203,8 @@ export class UpstreamPool {
     s.requests++;
     s.tokens += tokens;
     if (s.openUntil !== 0) s.probing = true;
+    const lease = this.members[i].lease;
+    if (this.leases && lease) this.leases.noteUsage(lease.poolId, s.minute, s.requests, s.tokens);
   }
 
   /** Its request ended, however (every begin has one end). */
@@ -161,7 +239,8 @@ export class UpstreamPool {
 
   /**
    * 0 when deployment i can take a request of `tokens` now; else how long until it may, positive when
-   * for capacity (its limits, a 429's cooling), negative when its circuit is open (or probed).
+   * for capacity (its limits, a 429's cooling, its minute spent across the cluster), negative when
+   * its circuit is open (or probed), LEASE_SHORT when only this node's lease of its minute is short.
    */
   private blockedFor(i: number, tokens: number): number {
     const m = this.members[i];
@@ -178,6 +257,12 @@ export class UpstreamPool {
     const toNextMinute = (minute + 1) * MINUTE_MS - now;
     if (m.rpm > 0 && thisMinute && s.requests >= m.rpm) return toNextMinute;
     if (m.tpm > 0 && (thisMinute ? s.tokens : 0) + tokens > m.tpm) return toNextMinute;
+    if (this.leases && m.lease) {
+      const a = this.leases.allowanceFor(m.lease.poolId, minute, m.lease.limits);
+      if ((thisMinute ? s.requests : 0) + 1 > a.requests) return a.requestsFinal ? toNextMinute : LEASE_SHORT;
+      const needTokens = (thisMinute ? s.tokens : 0) + tokens - a.tokens;
+      if (needTokens > 0) return needTokens >= (a.tokensFinalNeed ?? Infinity) ? toNextMinute : LEASE_SHORT;
+    }
     return 0;
   }
 

@@ -27,3 +27,22 @@ export function standingShare(limit: number, nodes: number): number {
   if (!Number.isFinite(limit) || limit <= 0 || nodes <= 1) return 0;
   return Math.floor(limit / (4 * nodes));
 }
+
+/**
+ * Minute pools by id (docs/leases.md#minute-pools-by-id): the key-minute leases hold a key's rpm and
+ * tpm under its key id, and a pooled model's deployment's (the upstream account's own limits) under
+ * "deployment:MODEL/ID". Key ids never hold ":" ("key_…"), deployment ids never "/" (the config's rule).
+ */
+const DEPLOYMENT = 'deployment:';
+
+export function deploymentPoolId(modelId: string, deploymentId: string): string {
+  return `${DEPLOYMENT}${modelId}/${deploymentId}`;
+}
+
+/** The model and deployment a minute pool id names, or null for a key's. */
+export function deploymentOfPool(poolId: string): { modelId: string; deploymentId: string } | null {
+  if (!poolId.startsWith(DEPLOYMENT)) return null;
+  const slash = poolId.lastIndexOf('/');
+  if (slash <= DEPLOYMENT.length) return null;
+  return { modelId: poolId.slice(DEPLOYMENT.length, slash), deploymentId: poolId.slice(slash + 1) };
+}

@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { DeploymentState, UpstreamPool, type PoolMember } from '../../data-plane/proxy/upstream-pool.js';
+import { DeploymentState, UpstreamPool, type MinuteLeases, type PoolMember } from '../../data-plane/proxy/upstream-pool.js';
+import type { MinuteAllowance } from '../../data-plane/limits/key-budgets.js';
 
 const T0 = Date.UTC(2025, 0, 1, 0, 0, 0);
 
@@ -66,7 +67,7 @@ test('a deployment without room in its own limits is passed over: parallel, rpm,
   assert.equal(p.choose([], 0), 0, 'a new minute');
   assert.equal(p.choose([], 2000), 1, '2000 tokens do not fit tpm 1000');
   const none = p.whyNone([1], 2000);
-  assert.deepEqual(none, { capacity: true, retryAfterMs: 60_000 });
+  assert.deepEqual(none, { capacity: true, retryAfterMs: 60_000, leaseShort: [] });
 });
 
 test('consecutive failures open the circuit for the cooling time; a half-open probe that succeeds closes it', () => {
@@ -83,7 +84,7 @@ test('consecutive failures open the circuit for the cooling time; a half-open pr
   p.end(0);
   assert.equal(p.circuit(0), 'open');
   assert.equal(p.choose([], 0), 1, 'open: passed over');
-  assert.deepEqual(p.whyNone([1], 0), { capacity: false, retryAfterMs: 10_000 });
+  assert.deepEqual(p.whyNone([1], 0), { capacity: false, retryAfterMs: 10_000, leaseShort: [] });
   clock.ms += 10_000;
   assert.equal(p.circuit(0), 'half-open');
   assert.equal(p.choose([], 0), 0, 'half-open: one real request probes it');
@@ -123,11 +124,61 @@ test("an upstream 429's retry-after cools that deployment for that long (injecte
   const { p, clock } = pool([member('a', 100), member('b', 1)], { random: () => 0 });
   p.cool(0, 7_000);
   assert.equal(p.choose([], 0), 1);
-  assert.deepEqual(p.whyNone([1], 0), { capacity: true, retryAfterMs: 7_000 });
+  assert.deepEqual(p.whyNone([1], 0), { capacity: true, retryAfterMs: 7_000, leaseShort: [] });
   clock.ms += 6_999;
   assert.equal(p.choose([], 0), 1);
   clock.ms += 1;
   assert.equal(p.choose([], 0), 0);
   // Cooling is not a failure: the circuit stays closed.
   assert.equal(p.circuit(0), 'closed');
+});
+
+/** Leases as a test sets them: what this node holds of each pool's minute, and what it was told. */
+function fakeLeases(): MinuteLeases & { allowance: Map<string, MinuteAllowance>; used: string[]; waits: string[]; advanced: string[] } {
+  const allowance = new Map<string, MinuteAllowance>();
+  const used: string[] = [];
+  const waits: string[] = [];
+  const advanced: string[] = [];
+  return {
+    allowance,
+    used,
+    waits,
+    advanced,
+    allowanceFor: (id) => allowance.get(id) ?? { requests: Infinity, tokens: Infinity },
+    noteUsage: (id, _m, requests, tokens) => void used.push(`${id} ${requests} ${tokens}`),
+    waitForKey: (id, _m, _l, needRequests) => (waits.push(`${id} ${needRequests}`), true),
+    cancelKeyWait: () => {},
+    advanceKey: (id, _m, _l, needRequests, _t, timedOut) => {
+      if (!timedOut) return false;
+      advanced.push(`${id} ${needRequests}`);
+      const a = allowance.get(id)!;
+      allowance.set(id, { ...a, requests: a.requests + needRequests });
+      return true;
+    },
+    answerDeferred: () => false,
+  };
+}
+
+test("a deployment's minute across the cluster: chosen only within this node's lease; short of it, worth an ask; spent, to the next minute", () => {
+  const leases = fakeLeases();
+  const limits = { keyId: 'deployment:m/a', rpmLimit: 60, tpmLimit: 0, maxParallel: 0 };
+  const a: PoolMember = { ...member('a', 100, { rpm: 60 }), lease: { poolId: 'deployment:m/a', limits } };
+  const clock = { ms: T0 + 15_000 };
+  const p = new UpstreamPool([a, member('b', 1)], { circuitFailures: 3, circuitCooldownMs: 10_000 }, () => clock.ms, () => 0, leases);
+  leases.allowance.set('deployment:m/a', { requests: 1, tokens: Infinity });
+  assert.equal(p.choose([], 0), 0);
+  p.begin(0, 5);
+  assert.deepEqual(leases.used, ['deployment:m/a 1 5'], 'what it sent is told to the leases');
+  p.end(0);
+  assert.equal(p.choose([], 0), 1, 'the lease of a is used up here: b');
+  assert.deepEqual(p.whyNone([1], 0), { capacity: false, retryAfterMs: 0, leaseShort: [0] });
+  assert.equal(p.waitLease(0, 0, () => {}), true);
+  assert.deepEqual(leases.waits, ['deployment:m/a 1'], 'asks for the one request it needs');
+  // No answer within the bound: taken in advance, within a's own rpm counted here.
+  assert.equal(p.advanceLease(0, 0, true), true);
+  assert.deepEqual(leases.advanced, ['deployment:m/a 1']);
+  assert.equal(p.choose([1], 0), 0);
+  // The cluster's minute of a is spent: capacity, until the top of the minute.
+  leases.allowance.set('deployment:m/a', { requests: 1, tokens: Infinity, requestsFinal: true });
+  assert.deepEqual(p.whyNone([1], 0), { capacity: true, retryAfterMs: 45_000, leaseShort: [] });
 });

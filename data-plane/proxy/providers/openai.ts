@@ -16,6 +16,7 @@ import { boundaryOf } from '../multipart-model.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 import { UpstreamTargets, type PoolRegistry } from './upstream-targets.js';
 import { PooledUpstreams, type PooledExchange } from './pooled-upstreams.js';
+import type { MinuteLeases } from '../upstream-pool.js';
 import { systemClock, type Clock } from '../../limits/clock.js';
 
 /** Top-level members the readers keep besides `usage`, per endpoint. */
@@ -103,9 +104,11 @@ export class OpenAIProvider implements Provider {
     pools: PoolRegistry,
     clock: Clock = systemClock,
     private readonly safety: SafetyFields | null = null,
+    /** The node's minute leases: a pooled model's deployments' rpm and tpm across the cluster. */
+    leases?: MinuteLeases,
   ) {
     this.targets = new UpstreamTargets(pools);
-    this.pooled = new PooledUpstreams(this.targets, clock);
+    this.pooled = new PooledUpstreams(this.targets, clock, undefined, leases);
   }
 
   /** One exchange: to the model's one upstream, or (a pooled model) to its deployments in turn. */

@@ -2,12 +2,17 @@
 // and, when that one fails before any byte reached the client (a connect error, a timeout before the
 // head, a 429 or 5xx head), to another, at most `max_attempts` deployments within
 // `failover_timeout_ms`. The client sees one answer; the request is billed once, at the prices of the
-// deployment that served it, and its log names every attempt.
+// deployment that served it, and its log names every attempt. A deployment's rpm and tpm are held
+// across nodes with the key-minute leases (docs/leases.md#minute-pools-by-id): when no deployment has
+// room and some are short only of this node's lease, the request waits for the answer as admission
+// waits for a key's (bounded), then is sent or refused (429, given back whole).
 import type { ModelConfig, ModelDeployment } from '../../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../errors.js';
+import { logBug } from '../../log.js';
 import type { Clock } from '../../limits/clock.js';
 import { proxyRequest, type ProxyRequest } from '../stream-proxy.js';
-import { DeploymentState, UpstreamPool } from '../upstream-pool.js';
+import { DeploymentState, UpstreamPool, type MinuteLeases, type NoneAvailable } from '../upstream-pool.js';
+import { deploymentPoolId } from '../../../proto/lib/leases.js';
 import type { Target, UpstreamTargets } from './upstream-targets.js';
 import { setDeploymentSource, type DeploymentRow } from '../pool-metrics.js';
 
@@ -15,6 +20,9 @@ const DEFAULT_CIRCUIT_FAILURES = 5;
 const DEFAULT_CIRCUIT_COOLDOWN_MS = 30_000;
 /** How long a 429 without a usable retry-after cools its deployment. */
 const DEFAULT_COOL_MS = 1_000;
+/** As admission's (request/admission.ts): the longest wait for a lease answer, and when it waits for reclaims. */
+const LEASE_WAIT_MS = 250;
+const LEASE_WAIT_RECLAIMING_MS = 5_000;
 
 /** What the pool needs of the provider's call. */
 export interface PoolCall {
@@ -106,6 +114,8 @@ export class PooledUpstreams {
     private readonly targets: UpstreamTargets,
     private readonly clock: Clock,
     private readonly random: () => number = Math.random,
+    /** The node's minute leases: a deployment's rpm and tpm across the cluster (absent: per node). */
+    private readonly leases?: MinuteLeases,
   ) {
     setDeploymentSource(() => this.rows());
   }
@@ -127,13 +137,16 @@ export class PooledUpstreams {
         const k = `${model.id}\n${d.id}`;
         let state = this.states.get(k);
         if (!state || state.baseUrl !== d.baseUrl) this.states.set(k, (state = new DeploymentState(d.id, d.baseUrl)));
-        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm: Number(d.tpm), maxParallel: d.maxParallelRequests };
+        const tpm = Number(d.tpm);
+        const poolId = deploymentPoolId(model.id, d.id);
+        const lease = d.rpm > 0 || tpm > 0 ? { poolId, limits: { keyId: poolId, rpmLimit: d.rpm, tpmLimit: tpm, maxParallel: 0 } } : undefined;
+        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm, maxParallel: d.maxParallelRequests, lease };
       });
       const settings = {
         circuitFailures: model.circuitFailures || DEFAULT_CIRCUIT_FAILURES,
         circuitCooldownMs: Number(model.circuitCooldownMs) || DEFAULT_CIRCUIT_COOLDOWN_MS,
       };
-      p = { pool: new UpstreamPool(members, settings, () => this.clock.now(), this.random), billAs: model.deployments.map((d) => pricedAs(model, d)) };
+      p = { pool: new UpstreamPool(members, settings, () => this.clock.now(), this.random, this.leases), billAs: model.deployments.map((d) => pricedAs(model, d)) };
       this.pools.set(model, p);
     }
     return p;
@@ -180,13 +193,88 @@ class Attempts {
     }
     if (!first) return false;
     const why = this.p.pool.whyNone(this.tried, this.tokens);
+    if (why.leaseShort.length > 0) this.waitForLease();
+    else this.refuse(why);
+    return true;
+  }
+
+  /** No deployment can take the request: refused before any upstream was asked, given back whole. */
+  private refuse(why: NoneAvailable): void {
     const retryAfterSec = Math.max(1, Math.ceil(why.retryAfterMs / 1000));
-    const err = why.capacity
+    const err = why.capacity || why.leaseShort.length > 0
       ? new GatewayError('MODEL_AT_CAPACITY', `Every upstream deployment of model ${this.model.id} is at its capacity; retry after ${retryAfterSec} s.`, { retryAfterSec })
       : new GatewayError('UPSTREAM_UNREACHABLE', `Every upstream deployment of model ${this.model.id} is failing; retry after ${retryAfterSec} s.`, { retryAfterSec });
     if (this.call.refuse) this.call.refuse(err);
     else this.call.fail(err);
-    return true;
+  }
+
+  /**
+   * No deployment can take the first attempt, and some are short only of this node's lease of their
+   * minute: the request waits for the control plane's answer (which reclaims what other nodes hold
+   * unused before it says the minute is spent), at most LEASE_WAIT_MS, as admission waits for a key's.
+   * Out of time with no answer, the need is taken in advance within the deployment's own limits counted
+   * here (docs/leases.md). A client that leaves meanwhile is given back whole: nothing was sent.
+   */
+  private waitForLease(): void {
+    const pool = this.p.pool;
+    const started = performance.now();
+    let done = false;
+    let timer: NodeJS.Timeout | null = null;
+    let asked: number[] = [];
+    const wake = (): void => {
+      setImmediate(() => attempt(false));
+    };
+    const stopWaiting = () => {
+      for (const i of asked) pool.cancelLeaseWait(i, wake);
+      asked = [];
+    };
+    const finish = () => {
+      done = true;
+      if (timer) clearTimeout(timer);
+      stopWaiting();
+    };
+    this.x.onAbort(() => {
+      if (done) return;
+      finish();
+      this.call.refuse?.(new GatewayError('MODEL_AT_CAPACITY'));
+    });
+    const attempt = (lastTry: boolean): void => {
+      if (done) return;
+      try {
+        if (this.x.reply.done) return finish();
+        // Out of time, but the control plane said the answer waits for reclaims: not late, wait on.
+        if (lastTry && pool.leaseDeferred(started) && performance.now() - started < LEASE_WAIT_RECLAIMING_MS) {
+          timer = setTimeout(() => attempt(true), 50);
+          return;
+        }
+        let i = pool.choose(this.tried, this.tokens);
+        if (i < 0) {
+          // Out of time with no answer, or while an earlier want of the minute is so: taken in advance.
+          for (const j of pool.whyNone(this.tried, this.tokens).leaseShort) {
+            if (!pool.advanceLease(j, this.tokens, lastTry)) continue;
+            i = pool.choose(this.tried, this.tokens);
+            if (i >= 0) break;
+          }
+        }
+        if (i < 0 && !lastTry) {
+          stopWaiting();
+          for (const j of pool.whyNone(this.tried, this.tokens).leaseShort) if (pool.waitLease(j, this.tokens, wake)) asked.push(j);
+          if (asked.length > 0) {
+            timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+            return;
+          }
+        }
+        finish();
+        if (i >= 0) this.attempt(i);
+        else this.refuse(pool.whyNone(this.tried, this.tokens));
+      } catch (e) {
+        // Out of a timer or a lease answer: nothing may escape; the request ends as a failure.
+        logBug(e);
+        if (!done) finish();
+        this.call.fail(e);
+      }
+    };
+    attempt(false);
   }
 
   private attempt(i: number): void {

@@ -772,6 +772,11 @@ export interface OrgLeaseReturn {
 }
 
 export interface KeyLeaseWant {
+  /**
+   * The minute pool: a key's id, or "deployment:MODEL/ID" for a pooled model's deployment (the
+   * upstream account's own rpm and tpm, docs/leases.md#minute-pools-by-id). key_id in KeyLease,
+   * KeyLeaseReturn, KeyMinuteUsed, KeyMinuteRef and KeyPoolFree names pools the same way.
+   */
   keyId: string;
   minute: number;
   /** Wanted in addition to what the node holds. */
