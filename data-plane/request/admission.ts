@@ -15,14 +15,8 @@ import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney,
 import type { WorstCase } from '../limits/worst-case.js';
 import { logBug } from '../log.js';
 import type { FinishSource, RequestContext } from './request-context.js';
+import { LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS } from '../limits/lease-wait.js';
 
-/**
- * The longest a request short of this node's lease waits for the control plane's answer (which
- * includes reclaiming unused allowance from other nodes) before it is refused.
- */
-export const LEASE_WAIT_MS = 250;
-/** The longest a request waits when the control plane said its answer waits for reclaims (it is alive and counting: exactness first). */
-export const LEASE_WAIT_RECLAIMING_MS = 5000;
 
 export interface AdmissionDeps {
   clock: Clock;

@@ -5,7 +5,8 @@
 // money, this node's lease and parallel slots are in data-plane-request-admission.waits.test.ts.
 import assert from 'node:assert/strict';
 import { mock, test } from 'node:test';
-import { LEASE_WAIT_MS, WaitStats } from '../../data-plane/request/admission.js';
+import { WaitStats } from '../../data-plane/request/admission.js';
+import { LEASE_WAIT_MS } from '../../data-plane/limits/lease-wait.js';
 import type { ErrorShape } from '../../data-plane/error-shapes.js';
 import type { Reply } from '../../data-plane/request/reply.js';
 import { RequestContext } from '../../data-plane/request/request-context.js';

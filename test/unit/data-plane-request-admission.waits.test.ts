@@ -5,7 +5,7 @@
 // waiting. The synchronous cases and the refusals are in data-plane-request-admission.test.ts.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS } from '../../data-plane/request/admission.js';
+import { LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS } from '../../data-plane/limits/lease-wait.js';
 import type { Reply } from '../../data-plane/request/reply.js';
 import { RequestContext } from '../../data-plane/request/request-context.js';
 import { secondsToNextMinute } from '../../data-plane/limits/clock.js';

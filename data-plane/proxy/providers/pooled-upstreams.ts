@@ -15,14 +15,12 @@ import { DeploymentState, UpstreamPool, type MinuteLeases, type NoneAvailable } 
 import { deploymentPoolId } from '../../../proto/lib/leases.js';
 import type { Target, UpstreamTargets } from './upstream-targets.js';
 import { setDeploymentSource, type DeploymentRow } from '../pool-metrics.js';
+import { LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS } from '../../limits/lease-wait.js';
 
 const DEFAULT_CIRCUIT_FAILURES = 5;
 const DEFAULT_CIRCUIT_COOLDOWN_MS = 30_000;
 /** How long a 429 without a usable retry-after cools its deployment. */
 const DEFAULT_COOL_MS = 1_000;
-/** As admission's (request/admission.ts): the longest wait for a lease answer, and when it waits for reclaims. */
-const LEASE_WAIT_MS = 250;
-const LEASE_WAIT_RECLAIMING_MS = 5_000;
 
 /** What the pool needs of the provider's call. */
 export interface PoolCall {
