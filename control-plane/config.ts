@@ -211,3 +211,26 @@ export function readGatewayConfig(path: string): LoadedGatewayConfig {
     throw err;
   }
 }
+
+export interface MoveConfig {
+  dbPath: string;
+  logsDbPath: string;
+  databaseUrl: string;
+}
+
+const MOVE_USAGE = 'usage: npm run move-to-postgres -- --db FILE [--logs-db FILE] --database-url postgres://USER:PASSWORD@HOST:PORT/DATABASE';
+
+/** The flags of `npm run move-to-postgres` (move-to-postgres.ts): the SQLite files and the target. */
+export function loadMoveConfig(argv = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<MoveConfig> {
+  const flags = readProcessFlags(argv, ['db', 'logs-db', 'database-url'] as const, MOVE_USAGE);
+  const rawUrl = flags['database-url'] ?? (env.TOLLGATE_DATABASE_URL || undefined);
+  if (rawUrl === undefined) throw new ConfigError(`--database-url is required; ${MOVE_USAGE}`);
+  const databaseUrl = checkDatabaseUrl(flags['database-url'] !== undefined ? '--database-url' : 'TOLLGATE_DATABASE_URL', rawUrl);
+  if (!flags.db) throw new ConfigError(`--db is required; ${MOVE_USAGE}`);
+  const dbPath = resolve(flags.db);
+  if (!existsSync(dbPath)) throw new ConfigError(`--db: ${dbPath} does not exist`);
+  // Where the control plane keeps them by default: beside --db.
+  const logsDbPath = resolve(flags['logs-db'] ?? join(dirname(dbPath), 'logs.db'));
+  if (flags['logs-db'] !== undefined && !existsSync(logsDbPath)) throw new ConfigError(`--logs-db: ${logsDbPath} does not exist`);
+  return Object.freeze({ dbPath, logsDbPath, databaseUrl });
+}

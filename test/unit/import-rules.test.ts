@@ -28,7 +28,7 @@ const LAYERS: Readonly<Record<string, readonly (readonly string[])[]>> = {
     ['errors.ts', 'error-shapes.ts', 'log.ts', 'config.ts', 'drain.ts', 'slot-set.ts', 'heap-watch.ts', 'heap-flags.ts'],
   ],
   'control-plane': [
-    ['main.ts'],
+    ['main.ts', 'move-to-postgres.ts'],
     ['grpc', 'admin.ts'],
     ['sync'],
     ['console', 'leases'],

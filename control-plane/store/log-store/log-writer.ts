@@ -59,7 +59,7 @@ export const PG_LOG_PARENTS_SQL = `
   CREATE INDEX IF NOT EXISTS logkeys_by_org ON logkeys (org_id, max_at);`;
 
 /** One day's tables: SQLite's own tables and view; PostgreSQL's partitions (each row's day by default). */
-function dayTablesSql(q: Queryable, day: string): string {
+export function dayTablesSql(q: Queryable, day: string): string {
   if (q.dialect === 'postgres') {
     return `CREATE TABLE IF NOT EXISTS logblocks_${day} PARTITION OF logblocks (day DEFAULT '${day}') FOR VALUES IN ('${day}');
       CREATE TABLE IF NOT EXISTS logkeys_${day} PARTITION OF logkeys (day DEFAULT '${day}') FOR VALUES IN ('${day}');
