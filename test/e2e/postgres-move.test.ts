@@ -105,10 +105,12 @@ test('a gateway used on SQLite, moved into an empty PostgreSQL database, answers
     assert.ok((await again.chat.completions.create({ model: 'demo-chat', messages: [{ role: 'user', content: 'After the move' }] })).id);
     const refused = await request(`${node.url}/v1/models`, { headers: bearer(revoked.key) });
     assert.equal(refused.status, 401, refused.text);
-    // A new key gets an id and a row of its own (the identity sequences moved past the copied rows).
+    // Writes go on: a new key, and a credit, whose ledger row takes the next id of a sequence the
+    // move set past the copied rows (left where it was, this credit fails on a duplicate id).
     const fresh = await cliJsonAsync(pgCp, owner.token, ['key', 'create', '--project', projectId, '--name', 'after']);
     assert.notEqual(fresh.id, key.id);
     await cliJsonAsync(pgCp, op, ['org', 'credit', orgId, '--usd', '1.00', '--note', 'after the move']);
+    assert.equal((await cliJsonAsync(pgCp, op, ['org', 'show', orgId])).credits_usd, '8.25');
   } finally {
     await node.proc.kill('SIGKILL');
     await pgCp.proc.kill('SIGKILL');
