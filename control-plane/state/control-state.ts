@@ -9,7 +9,7 @@ import { ConfigError } from '../../proto/lib/process-flags.js';
 import { redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from '../gateway-config/gateway-config.js';
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from '../store/db.js';
-import { credentialedKeys, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from '../store/keys-repo.js';
+import { credentialedKeyBatches, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from '../store/keys-repo.js';
 import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from '../store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from '../store/sync-repo.js';
 import { SnapshotStore } from './snapshot-store.js';
@@ -80,7 +80,8 @@ export class ControlState {
       let start = changes.length;
       while (start > 0 && changes[start - 1].version === version - (changes.length - start)) start--;
       changes = changes.slice(start);
-      const keys = (await credentialedKeys(q)).map((r) => keyEntryOf(r, r.key_hash));
+      const keys: KeyEntry[] = [];
+      for await (const batch of credentialedKeyBatches(q)) for (const r of batch) keys.push(keyEntryOf(r, r.key_hash));
       const owners = await orgOwners(q);
       const orgs = (await listAllOrgs(q)).map(
         (o): OrgEntry => ({

@@ -69,8 +69,32 @@ export async function repairOrphanedKeys(q: Queryable, at: string): Promise<numb
   return r.changes;
 }
 
-export function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash: string })[]> {
-  return q.all<ApiKeyRow & { key_hash: string }>('SELECT k.*, c.key_hash FROM credentials c JOIN api_keys k ON k.id = c.key_id');
+/** Rows read at a time when every key is read (the control plane's start). */
+const KEY_BATCH = 10_000;
+
+/**
+ * Every credentialed key, in batches in the order of their hashes. In batches, not in one read: the
+ * SQLite driver builds a whole result in native memory before handing it over, and a million keys
+ * read at once left the control plane at 2.9 GB of RSS for a heap of 383 MB (the allocator kept it).
+ */
+export async function* credentialedKeyBatches(q: Queryable, size = KEY_BATCH): AsyncGenerator<(ApiKeyRow & { key_hash: string })[]> {
+  let after = '';
+  for (;;) {
+    const rows = await q.all<ApiKeyRow & { key_hash: string }>(
+      'SELECT k.*, c.key_hash FROM credentials c JOIN api_keys k ON k.id = c.key_id WHERE c.key_hash > ? ORDER BY c.key_hash LIMIT ?',
+      [after, size],
+    );
+    if (rows.length === 0) return;
+    yield rows;
+    if (rows.length < size) return;
+    after = rows[rows.length - 1].key_hash;
+  }
+}
+
+export async function credentialedKeys(q: Queryable): Promise<(ApiKeyRow & { key_hash: string })[]> {
+  const out: (ApiKeyRow & { key_hash: string })[] = [];
+  for await (const batch of credentialedKeyBatches(q)) out.push(...batch);
+  return out;
 }
 
 /** Revoked keys' hashes with the key they belonged to (nodes log attempts made with them). */
