@@ -26,7 +26,8 @@ import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSour
 import { DemoProvider } from './proxy/providers/demo.js';
 import { DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
 import { OpenAIProvider } from './proxy/providers/openai.js';
-import { PoolRegistry } from './proxy/providers/upstream-targets.js';
+import { PoolRegistry, UpstreamTargets } from './proxy/providers/upstream-targets.js';
+import { PooledUpstreams } from './proxy/providers/pooled-upstreams.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
@@ -94,6 +95,8 @@ async function main(): Promise<void> {
   }
   const reporter = new Reporter(clock, { instanceId: config.instanceId, journal, log: journalLog, sendEveryMs: config.reportEveryMs });
   const pools = new PoolRegistry();
+  // One state per deployment of a pooled model, whichever API a request of it uses.
+  const pooled = new PooledUpstreams(new UpstreamTargets(pools), clock);
   const toolBackends = new ToolBackends();
   // What keys have open ends at the earliest of their keys' expiries too, on the node's clock, cut off or not.
   const expiryAlarm = new Alarm(clock, () => openStreams.enforce(holder.current, isStale()));
@@ -127,8 +130,9 @@ async function main(): Promise<void> {
     bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
-    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper))) },
+    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper)), pooled) },
     pools,
+    pooled,
     toolBackends,
     openStreams,
     responseOwners,
@@ -289,6 +293,8 @@ interface NodeDeps {
   reporter: Reporter;
   providers: Readonly<Record<string, Provider>>;
   pools: PoolRegistry;
+  /** Pooled models' deployments: their health and counts (proxy/providers/pooled-upstreams.ts). */
+  pooled?: PooledUpstreams;
   instanceId: string;
   /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
   spillDir: string;
@@ -322,8 +328,8 @@ function buildApi(deps: NodeDeps) {
     followers: backgroundResponses,
     clock: deps.clock,
     owners,
-    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools, safety) },
-    reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
+    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools, safety, deps.pooled) },
+    reportOwner: (id, projectId, model, createdAtMs, deployment) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs, deployment),
   });
   const modelCalls = new ModelCalls(deps, admission, responses);
   const listings = new Listings(deps);

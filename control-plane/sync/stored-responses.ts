@@ -36,7 +36,7 @@ export class StoredResponsesFanout {
     const oldest = this.now() - STORED_RESPONSE_RETENTION_MS;
     const clean = records.filter(
       (r) =>
-        r.createdAtMs >= oldest && r.responseId.length > 0 && r.responseId.length <= MAX_ID_CHARS && r.projectId.length > 0 && r.model.length > 0 && Number.isSafeInteger(r.createdAtMs) && r.createdAtMs > 0,
+        r.createdAtMs >= oldest && r.responseId.length > 0 && r.responseId.length <= MAX_ID_CHARS && r.deployment.length <= MAX_ID_CHARS && r.projectId.length > 0 && r.model.length > 0 && Number.isSafeInteger(r.createdAtMs) && r.createdAtMs > 0,
     );
     if (clean.length === 0) return;
     const added = await addStoredResponses(tx, clean);

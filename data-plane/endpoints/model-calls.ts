@@ -124,13 +124,16 @@ export class ModelCalls implements Endpoint {
   private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
     const foreign = this.responses.checkIds(ctx.key, obj, state);
     if (foreign) return refuseAdmitted(ctx, reply, foreign);
+    // A pooled model: to the deployment where what it names lives, if it names anything stored.
+    const pin = this.responses.pinOf(model, obj, state);
+    if (pin instanceof GatewayError) return refuseAdmitted(ctx, reply, pin);
     const provider = this.responses.providerOf(model);
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     ctx.model = model;
     ctx.providerStarted = true;
     // What an end without the upstream's usage bills: its input, a chain's context included.
     ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
-    this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text));
+    this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text), pin);
   }
 }
 

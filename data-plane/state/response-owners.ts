@@ -23,6 +23,11 @@ export interface ResponseOwner {
   model: string;
   createdAtMs: number;
   /**
+   * The deployment of a pooled model whose upstream account holds the object (requests naming it go
+   * there only); absent or empty: the model's only upstream, or its first deployment.
+   */
+  deployment?: string;
+  /**
    * The tokens a request continuing this response re-reads (its input and output as the upstream
    * reported them), when this node saw it end; kept on this node only.
    */
@@ -67,6 +72,7 @@ export class ResponseOwners {
       if (oldest && owner.createdAtMs <= oldest.createdAtMs) return;
     }
     const record: ResponseOwner = { projectId, model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
+    if (owner.deployment) record.deployment = this.intern(owner.deployment);
     if (owner.contextTokens !== undefined) record.contextTokens = owner.contextTokens;
     this.byId.set(id, record);
     if (!ids) this.byProject.set(projectId, (ids = new Set()));

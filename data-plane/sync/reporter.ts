@@ -126,8 +126,8 @@ export class Reporter {
   }
 
   /** Queues a response this node created, for the control plane to keep and send to the other nodes. */
-  recordStoredResponse(responseId: string, projectId: string, model: string, createdAtMs: number): void {
-    this.storedResponses.push({ responseId, projectId, model, createdAtMs, seq: 0 });
+  recordStoredResponse(responseId: string, projectId: string, model: string, createdAtMs: number, deployment = ''): void {
+    this.storedResponses.push({ responseId, projectId, model, createdAtMs, seq: 0, deployment });
     this.checkFull();
   }
 

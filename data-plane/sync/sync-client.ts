@@ -264,7 +264,7 @@ export class SyncClient {
   private applyStoredResponses(records: StoredResponse[]): void {
     const owners = this.opts.responseOwners;
     for (const r of records) {
-      owners?.add(r.responseId, { projectId: r.projectId, model: r.model, createdAtMs: r.createdAtMs });
+      owners?.add(r.responseId, { projectId: r.projectId, model: r.model, createdAtMs: r.createdAtMs, deployment: r.deployment });
       if (r.seq > this.storedResponsesSeq) this.storedResponsesSeq = r.seq;
     }
   }

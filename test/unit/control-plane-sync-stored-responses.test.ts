@@ -12,7 +12,7 @@ import { runMigrations } from '../../control-plane/store/migrate.js';
 import { STORED_RESPONSE_RETENTION_MS, StoredResponsesFanout } from '../../control-plane/sync/stored-responses.js';
 
 const DAY = 24 * 60 * 60 * 1000;
-const rec = (id: string, createdAtMs: number): StoredResponse => ({ responseId: id, projectId: 'p1', model: 'm', createdAtMs, seq: 0 });
+const rec = (id: string, createdAtMs: number): StoredResponse => ({ responseId: id, projectId: 'p1', model: 'm', createdAtMs, seq: 0, deployment: '' });
 
 test('records are written once, sent after the seq a node holds then live, and pruned past retention', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-stored-'));

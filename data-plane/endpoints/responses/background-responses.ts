@@ -78,9 +78,9 @@ export class BackgroundFollowers {
    * Follows the response `id` that the request `ctx` created with `body`, on `provider`, to its end;
    * `status` is the create's (billed with the usage).
    */
-  follow(ctx: RequestContext, provider: ResponsesProvider, model: ModelConfig, id: string, body: Record<string, unknown>, status: number): void {
+  follow(ctx: RequestContext, provider: ResponsesProvider, model: ModelConfig, id: string, body: Record<string, unknown>, status: number, deployment = ''): void {
     ctx.deferSettlement();
-    const f = new Follower(this, ctx, provider, model, id, body, status);
+    const f = new Follower(this, ctx, provider, model, id, body, status, deployment);
     this.following.add(f.membership);
     const streams = this.deps.openStreams;
     if (streams) {
@@ -146,6 +146,8 @@ class Follower implements OpenEntry {
     readonly id: string,
     body: Record<string, unknown>,
     private readonly status: number,
+    /** The deployment of a pooled model that holds it: every read goes there (affinity). */
+    private readonly deployment = '',
   ) {
     // What is billed without the upstream's usage, worked out now: the body is not kept for the
     // follow's length (up to an hour, outside the node's body budget).
@@ -171,8 +173,8 @@ class Follower implements OpenEntry {
       if (this.settled) return;
       if (isTerminal(r)) return this.bill(this.billOf(r));
       // The cancel said nothing billable (refused, unreachable): one last read, else the bound.
-      this.provider.retrieve(this.model, this.id, (again) => this.bill(isTerminal(again) ? this.billOf(again) : this.bound));
-    });
+      this.provider.retrieve(this.model, this.id, (again) => this.bill(isTerminal(again) ? this.billOf(again) : this.bound), this.deployment);
+    }, this.deployment);
   }
 
   billSafeAbove(): void {
@@ -196,7 +198,7 @@ class Follower implements OpenEntry {
       // Gone upstream (its retention passed before its end was seen): the bound.
       if (r.httpStatus === 404) return this.billSafeAbove();
       this.schedule();
-    });
+    }, this.deployment);
   }
 
   /** A terminal response's usage, else (an upstream reporting none) the input estimate and its output counted. */

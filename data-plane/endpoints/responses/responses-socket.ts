@@ -31,6 +31,7 @@ type Obj = Record<string, unknown>;
 /** What the link needs of the Responses endpoint (responses.ts). */
 export interface ResponsesSocketHooks {
   checkIds(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null;
+  pinOf(model: ModelConfig, body: Record<string, unknown>, state: GatewayState): string | undefined | GatewayError;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
   chainTokens(body: unknown): number;
   noteContext(id: string, promptTokens: number, completionTokens: number): void;
@@ -83,8 +84,15 @@ export class ResponsesTurnRules implements TurnRules {
       return new GatewayError('MODEL_NOT_ALLOWED', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, { param: 'model' });
     }
     // Every upstream id it names is the project's own, as over HTTP (owned-ids.ts).
-    const foreign = this.hooks.checkIds(this.key, ev, this.state());
+    const state = this.state();
+    const foreign = this.hooks.checkIds(this.key, ev, state);
     if (foreign) return foreign;
+    // A pooled model's socket is open to its first deployment: what lives on another is reached over HTTP (affinity.ts).
+    const pin = this.hooks.pinOf(this.model, ev, state);
+    if (pin instanceof GatewayError) return pin;
+    if (pin !== undefined && pin !== this.model.deployments[0].id) {
+      return new GatewayError('INVALID_REQUEST', `What this create names lives on another upstream deployment of model ${this.model.id} than this socket's; continue it with POST /v1/responses.`, { param: null });
+    }
     // A tier or built-in tool the model has no price for, as over HTTP (validate-request.ts).
     const unpriced = unpricedInRequest(this.model, ev);
     if (unpriced) return new GatewayError('INVALID_REQUEST', unpriced.message, { param: unpriced.param });

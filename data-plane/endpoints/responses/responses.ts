@@ -17,6 +17,7 @@ import { parseStoredResponsePath } from '../../routing/responses-paths.js';
 import type { BackgroundFollowers } from './background-responses.js';
 import type { ResponseOwner, ResponseOwners } from '../../state/response-owners.js';
 import { namedIdRefusal, ownedBy } from './owned-ids.js';
+import { pinOf, type Pin } from './affinity.js';
 
 export interface ResponsesDeps {
   clock: Clock;
@@ -24,8 +25,8 @@ export interface ResponsesDeps {
   providers: Readonly<Record<string, ResponsesProvider>>;
   /** Follows background responses to their end (background-responses.ts). */
   followers: BackgroundFollowers;
-  /** A response created on this node, for the control plane to fan out to the other nodes. */
-  reportOwner?(id: string, projectId: string, model: string, createdAtMs: number): void;
+  /** A response created on this node (held by `deployment` of a pooled model), for the control plane to fan out to the other nodes. */
+  reportOwner?(id: string, projectId: string, model: string, createdAtMs: number, deployment: string): void;
 }
 
 /** The 404 of a response the key may not see: the same text whether it exists or not. */
@@ -54,6 +55,14 @@ export class ResponsesEndpoint {
     return namedIdRefusal(body, key, state, this.deps.owners, this.deps.clock.now(), itemsField);
   }
 
+  /**
+   * The deployment of a pooled `model` a request must go to, where the objects it names live
+   * (affinity.ts; `pathId`: the one its path names), or the refusal when no one deployment holds them all.
+   */
+  pinOf(model: ModelConfig, body: Record<string, unknown> | null, state: GatewayState, itemsField: 'input' | 'items' = 'input', pathId = ''): Pin | GatewayError {
+    return pinOf(model, body, state, this.deps.owners, this.deps.clock.now(), itemsField, pathId);
+  }
+
   /** The owner record of `id` if it is the key's project's (and of a model the key may use). */
   ownerOf(key: KeyRecord, id: string, state: GatewayState): ResponseOwner | undefined {
     return ownedBy(this.deps.owners, key, id, state, this.deps.clock.now());
@@ -64,11 +73,14 @@ export class ResponsesEndpoint {
     this.deps.owners.remove(id);
   }
 
-  /** Records (and reports) that the key's project owns the upstream object `id` (a response, a conversation, an item). */
-  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void {
+  /**
+   * Records (and reports) that the key's project owns the upstream object `id` (a response, a
+   * conversation, an item), held by `deployment` of a pooled model ('' its first, or a model's one upstream).
+   */
+  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string, deployment = ''): void {
     const createdAtMs = this.deps.clock.now();
-    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
-    this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
+    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs, deployment });
+    this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs, deployment);
   }
 
   /**
@@ -92,20 +104,24 @@ export class ResponsesEndpoint {
     return this.deps.providers[model.provider];
   }
 
-  /** Hands a checked create to its provider, recording the owner of the id it names. */
-  create(ctx: RequestContext, provider: ResponsesProvider, call: ModelCall): void {
+  /**
+   * Hands a checked create to its provider, recording the owner of the id it names (with the
+   * deployment that holds it); `pin`: the deployment of a pooled model it must go to (pinOf).
+   */
+  create(ctx: RequestContext, provider: ResponsesProvider, call: ModelCall, pin: Pin = undefined): void {
     const key = ctx.key;
     const model = call.model;
     const c = call as ResponsesCall;
+    c.deployment = pin;
     // `store: false`: the upstream keeps nothing, so there is no owner to record (only the log's id).
     const stored = call.body.store !== false;
-    c.recordOwner = (id: string) => {
+    c.recordOwner = (id: string, deployment: string) => {
       ctx.responseId = id;
-      if (stored) this.recordOwnerOf(key, model, id);
+      if (stored) this.recordOwnerOf(key, model, id, deployment);
     };
     // Its output items may be named by an `item_reference` later (stored upstream only when it is).
-    c.recordItems = (ids: string[]) => {
-      if (stored) for (const id of ids) this.recordOwnerOf(key, model, id);
+    c.recordItems = (ids: string[], deployment: string) => {
+      if (stored) for (const id of ids) this.recordOwnerOf(key, model, id, deployment);
     };
     // A chain from this response re-reads its input and output (chainTokens).
     const complete = c.complete;
@@ -114,7 +130,7 @@ export class ResponsesEndpoint {
       complete(r);
     };
     const followers = this.deps.followers;
-    c.follow = (id: string, status: number) => followers.follow(ctx, provider, model, id, call.body, status);
+    c.follow = (id: string, status: number, deployment: string) => followers.follow(ctx, provider, model, id, call.body, status, deployment);
     provider.create(c);
   }
 
@@ -138,10 +154,13 @@ export class ResponsesEndpoint {
     ctx.responseId = at.id;
     reply.upstreamAt = performance.now();
     const owners = deps.owners;
+    // It lives with the deployment that created it (affinity.ts): its first, if recorded before pools kept it.
+    const deployment = model.deployments.length > 0 ? owner.deployment || model.deployments[0].id : undefined;
     provider.stored({
       requestId: ctx.requestId,
       reply,
       model,
+      deployment,
       id: at.id,
       action: at.action,
       method,
@@ -158,7 +177,7 @@ export class ResponsesEndpoint {
       },
       // A response's input items, listed: an item_reference may name them.
       recordOwned: (ids: string[]) => {
-        for (const id of ids) this.recordOwnerOf(key, model, id);
+        for (const id of ids) this.recordOwnerOf(key, model, id, deployment ?? '');
       },
     });
   }

@@ -83,9 +83,11 @@ export class OpenAIProvider implements Provider {
     pools: PoolRegistry,
     clock: Clock = systemClock,
     private readonly safety: SafetyFields | null = null,
+    /** The node's pooled models, shared with the Responses provider (one health and one count per deployment). */
+    pooled?: PooledUpstreams,
   ) {
     this.targets = new UpstreamTargets(pools);
-    this.pooled = new PooledUpstreams(this.targets, clock);
+    this.pooled = pooled ?? new PooledUpstreams(this.targets, clock);
   }
 
   /** One exchange: to the model's one upstream, or (a pooled model) to its deployments in turn. */
@@ -93,7 +95,7 @@ export class OpenAIProvider implements Provider {
     const m = call.model;
     if (m.deployments.length > 0) return this.pooled.send(m, call, x, tokens, once);
     const t = this.targets.of(m);
-    const r = x.attempt(t, m);
+    const r = x.attempt(t, m, '');
     // One literal, of one shape for every call (no spread of the exchange: a spread built its object
     // property by property, a hidden-class transition each, per request; bench:where showed them).
     proxyRequest({

@@ -57,6 +57,11 @@ export interface StoredResponse {
   createdAtMs: number;
   /** The control plane's sequence number of the record (0 in a node's report). */
   seq: number;
+  /**
+   * The deployment of the model (ModelDeployment.id) whose upstream account holds it: requests naming
+   * it go there only. Empty: the model's only upstream (or, recorded before pools kept it, its first).
+   */
+  deployment: string;
 }
 
 /**
@@ -1177,7 +1182,7 @@ export const NodeMessage: MessageFns<NodeMessage> = {
 };
 
 function createBaseStoredResponse(): StoredResponse {
-  return { responseId: "", projectId: "", model: "", createdAtMs: 0, seq: 0 };
+  return { responseId: "", projectId: "", model: "", createdAtMs: 0, seq: 0, deployment: "" };
 }
 
 export const StoredResponse: MessageFns<StoredResponse> = {
@@ -1196,6 +1201,9 @@ export const StoredResponse: MessageFns<StoredResponse> = {
     }
     if (message.seq !== 0) {
       writer.uint32(40).int64(message.seq);
+    }
+    if (message.deployment !== "") {
+      writer.uint32(50).string(message.deployment);
     }
     return writer;
   },
@@ -1253,6 +1261,14 @@ export const StoredResponse: MessageFns<StoredResponse> = {
             message.seq = longToNumber(reader.int64());
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.deployment = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1284,6 +1300,7 @@ export const StoredResponse: MessageFns<StoredResponse> = {
         ? globalThis.Number(object.created_at_ms)
         : 0,
       seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
+      deployment: isSet(object.deployment) ? globalThis.String(object.deployment) : "",
     };
   },
 
@@ -1304,6 +1321,9 @@ export const StoredResponse: MessageFns<StoredResponse> = {
     if (message.seq !== 0) {
       obj.seq = Math.round(message.seq);
     }
+    if (message.deployment !== "") {
+      obj.deployment = message.deployment;
+    }
     return obj;
   },
 
@@ -1317,6 +1337,7 @@ export const StoredResponse: MessageFns<StoredResponse> = {
     message.model = object.model ?? "";
     message.createdAtMs = object.createdAtMs ?? 0;
     message.seq = object.seq ?? 0;
+    message.deployment = object.deployment ?? "";
     return message;
   },
 };
