@@ -130,7 +130,7 @@ export class ResponsesEndpoint {
       complete(r);
     };
     const followers = this.deps.followers;
-    c.follow = (id: string, status: number, deployment: string) => followers.follow(ctx, provider, model, id, call.body, status, deployment);
+    c.follow = (id: string, status: number, deployment: string) => followers.follow(ctx, provider, model, id, call.body, status, deployment, stored ? c.recordItems : null);
     provider.create(c);
   }
 

@@ -245,5 +245,5 @@ export class DemoResponsesProvider implements ResponsesProvider {
 const GONE: UpstreamRead = Object.freeze({ httpStatus: 404, status: null, usage: null, outputTokens: 0 });
 
 function readOf(response: Record<string, unknown>): UpstreamRead {
-  return { httpStatus: 200, status: String(response.status), usage: tokenUsageOf(response.usage), outputTokens: 0 };
+  return { httpStatus: 200, status: String(response.status), usage: tokenUsageOf(response.usage), outputTokens: 0, itemIds: itemIdsOf(response.output) };
 }

@@ -163,7 +163,8 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
 
   /** One request about a response, its answer read by the JSON reader (any size, bounded); `done` once. */
   private read(t: Target, method: 'GET' | 'POST', id: string, suffix: string, done: (r: UpstreamRead) => void): void {
-    const reader = new ResponsesJsonReader(ignoreId);
+    let itemIds: string[] | undefined;
+    const reader = new ResponsesJsonReader(ignoreId, null, (ids) => (itemIds = ids));
     let httpStatus = 0;
     let called = false;
     const finish = (r: UpstreamRead) => {
@@ -181,7 +182,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         }
         for await (const chunk of res.body) reader.transform(chunk as Buffer);
         reader.flush();
-        finish({ httpStatus, status: reader.status(), usage: reader.usage, outputTokens: reader.countedOutputTokens(), facts: reader.facts() });
+        finish({ httpStatus, status: reader.status(), usage: reader.usage, outputTokens: reader.countedOutputTokens(), facts: reader.facts(), itemIds });
       })
       .catch(() => finish({ httpStatus: 0, status: null, usage: null, outputTokens: 0 }));
   }

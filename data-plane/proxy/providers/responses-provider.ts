@@ -76,6 +76,8 @@ export interface UpstreamRead {
   outputTokens: number;
   /** What it reports besides its tokens: the tier it ran on, its built-in tool calls. */
   facts?: ReportedFacts;
+  /** The ids of its `output` items (the project owns them once it ended). */
+  itemIds?: string[];
 }
 
 /** A request on a stored response, already checked to be the key's own. */
