@@ -26,8 +26,10 @@ const fakes: Record<string, FakeUpstream> = {};
 /** Two Responses upstreams, the two accounts of pool-aff: each keeps only what was created on it. */
 let affA: FakeResponsesUpstream;
 let affB: FakeResponsesUpstream;
+/** The Responses upstream of pool-compact, whose deployments have their own prices. */
+let priced: FakeResponsesUpstream;
 // The fakes hold connections (a stalled answer) that would keep the file's process alive.
-after(() => Promise.all([...Object.values(fakes), affA, affB].map((f) => f?.close())));
+after(() => Promise.all([...Object.values(fakes), affA, affB, priced].map((f) => f?.close())));
 let clock = minuteStart() + 5_000;
 
 function pooled(cfg: GatewayYaml, id: string, deployments: GatewayYaml[], extra: GatewayYaml = {}): void {
@@ -41,6 +43,7 @@ const gw = gatewayFixture(async () => {
   for (const name of ['ok', 'e503', 'e429', 'stall', 'cut', 'flaky']) fakes[name] = await startFakeUpstream();
   affA = await startFakeResponsesUpstream();
   affB = await startFakeResponsesUpstream();
+  priced = await startFakeResponsesUpstream();
   fakes.e503.setMode('error-503');
   fakes.e429.setMode('error-429');
   fakes.e429.retryAfter = '30';
@@ -59,6 +62,8 @@ const gw = gatewayFixture(async () => {
     // B is listed first and weighs most, but takes one request a minute: past it, A serves.
     pooled(cfg, 'pool-aff', [dep('aff-b', affB.baseUrl, FIRST, { rpm: 1 }), dep('aff-a', affA.baseUrl, 1, { input_usd_per_mtok: '3.00', output_usd_per_mtok: '6.00' })]);
     cfg.responses = { conversations_model: 'pool-aff' };
+    const cmp = (id: string, weight: number, inUsd: string, outUsd: string) => dep(id, priced.baseUrl, weight, { input_usd_per_mtok: inUsd, output_usd_per_mtok: outUsd });
+    pooled(cfg, 'pool-compact', [cmp('cmp-a', FIRST, '3.00', '6.00'), cmp('cmp-b', 1, '1.00', '2.00')]);
     pooled(cfg, 'pool-full', [dep('a', fakes.ok.baseUrl, 1, { rpm: 1 }), dep('b', fakes.ok.baseUrl, 1, { rpm: 1 })]);
   });
   return {
@@ -237,6 +242,26 @@ test('/metrics shows each deployment: requests, errors by kind, failovers, circu
   assert.equal(m.value('tollgate_node_deployment_in_flight', at('pool-circuit', 'flaky')), 0);
   // Each of pool-full's deployments sent its one request of this minute (rpm 1).
   assert.equal(m.value('tollgate_node_deployment_minute_requests', at('pool-full', 'a')), 1);
+});
+
+test("a pooled model's compaction is billed at the serving deployment's prices, and a count names its deployment", async () => {
+  // Before, compaction and counts bypassed the pool: billed at the model's own prices (0.00075 here).
+  const k = await paidKey();
+  const c = await request(`${gw.node.url}/v1/responses/compact`, { method: 'POST', headers: bearer(k.key), json: { model: 'pool-compact', input: 'A long history.' } });
+  assert.equal(c.status, 200, c.text);
+  assert.equal(c.body.object, 'response.compaction');
+  assert.equal(priced.requests.at(-1)!.body.model, 'up-cmp-a');
+  // 900 in at 3 $/Mtok + 200 out at 6 $/Mtok (COMPACT_USAGE), at cmp-a's prices.
+  assert.equal(c.body.usage.cost, 0.0039);
+  const row = await logOf(c.headers.get('x-request-id')!);
+  assert.deepEqual([row.deployment, row.attempts, row.cost_usd], ['cmp-a', 'cmp-a:200', '0.0039']);
+  const usage = (await usageRowsOfKey(gw.cp.dbPath, k.keyId)).filter((u) => u.request_id === c.headers.get('x-request-id'));
+  assert.deepEqual(usage.map((u) => [u.model, u.cost_micros]), [['pool-compact', 3900]]);
+  const n = await request(`${gw.node.url}/v1/responses/input_tokens`, { method: 'POST', headers: bearer(k.key), json: { model: 'pool-compact', input: 'How long?' } });
+  assert.equal(n.status, 200, n.text);
+  assert.equal(n.body.input_tokens, 42);
+  const nRow = await logOf(n.headers.get('x-request-id')!);
+  assert.deepEqual([nRow.deployment, nRow.cost_usd], ['cmp-a', '0.00']);
 });
 
 // Issue 36, affinity: a stored response, a conversation, a background response lives in the upstream
