@@ -22,7 +22,7 @@ import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './leases/lease-client.js';
 import { log } from './log.js';
-import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
+import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setOwnerRecordsSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
 import { OpenAIProvider } from './proxy/providers/openai.js';
@@ -105,9 +105,12 @@ async function main(): Promise<void> {
     expiryOf: (keyHash) => holder.current.keysByHash.get(keyHash)?.expiresAtMs ?? 0,
     alarm: expiryAlarm,
   });
-  // Bounded per project as the config says (responses.owner_records_per_project).
-  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT);
+  // Bounded per project as the config says (responses.owner_records_per_project); placed: the
+  // projects this node serves only, asked for over the sync stream (docs/design.md#owner-records).
+  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT, true);
   let sync: SyncClient | null = null;
+  responseOwners.onNeed = (projectId) => sync?.sendOwnerInterest([projectId]);
+  setOwnerRecordsSource(() => ({ records: responseOwners.size, projects: responseOwners.projects }));
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false, undefined, true);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
 

@@ -47,6 +47,15 @@ export async function storedResponsesAfter(q: Queryable, afterSeq: number, since
   return rows.map(recordOf);
 }
 
+/** Up to `limit` of one project's records after `afterSeq` still within retention, in ascending seq. */
+export async function storedResponsesOfProject(q: Queryable, projectId: string, afterSeq: number, sinceMs: number, limit: number): Promise<StoredResponse[]> {
+  const rows = await q.all<Row>(
+    'SELECT seq, response_id, project_id, model, created_at_ms, deployment FROM stored_responses WHERE project_id = ? AND seq > ? AND created_at_ms >= ? ORDER BY seq LIMIT ?',
+    [projectId, afterSeq, sinceMs, limit],
+  );
+  return rows.map(recordOf);
+}
+
 /** Deletes the records created before `beforeMs`; returns how many. */
 export async function deleteStoredResponsesBefore(q: Queryable, beforeMs: number): Promise<number> {
   return (await q.run('DELETE FROM stored_responses WHERE created_at_ms < ?', [beforeMs])).changes;

@@ -25,7 +25,7 @@ import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-s
 import { PgLogStore } from '../../control-plane/store/log-store/pg-log-store.js';
 import type { LogStore } from '../../control-plane/store/log-store/log-store.js';
 import { Change } from '../../proto/gen/tollgate/v1/sync.js';
-import { addStoredResponses, deleteStoredResponsesBefore, storedResponsesAfter } from '../../control-plane/store/stored-responses-repo.js';
+import { addStoredResponses, deleteStoredResponsesBefore, storedResponsesAfter, storedResponsesOfProject } from '../../control-plane/store/stored-responses-repo.js';
 import { expiredActiveKeys, setKeyExpiry, setKeyPolicy, getKeyPolicy } from '../../control-plane/store/key-expiry-repo.js';
 import { startPostgres, type PostgresServer } from '../helpers/postgres-server.js';
 
@@ -164,6 +164,8 @@ async function scenario(db: Db): Promise<Record<string, unknown>> {
   out.responsesAfter = idsAscending(await storedResponsesAfter(db, 0, 0, 10));
   // The deployment that holds each (affinity) is kept with it.
   out.responsesDeployments = (await storedResponsesAfter(db, 0, 0, 10)).map((r) => r.deployment);
+  // A project's records, for a node that starts serving it.
+  out.responsesOfProject = [(await storedResponsesOfProject(db, 'proj_1', 0, 0, 10)).map((r) => r.responseId), (await storedResponsesOfProject(db, 'proj_2', 0, 0, 10)).length];
   await setKeyExpiry(db, 'key_1', 1_000);
   await setKeyPolicy(db, 'org_b', 3600);
   await setKeyPolicy(db, 'org_b', 7200);
@@ -178,7 +180,7 @@ test('the repos answer the same on SQLite and on PostgreSQL', async (t) => {
   // And what they answer is right (not merely equal): the duplicate rows were summed, not lost.
   assert.equal(sqlite.cursor, 7);
   assert.deepEqual(sqlite.delivery, { status: 'delivered', attempts: 3, last_status: 204 });
-  assert.deepEqual([sqlite.responsesAdded, sqlite.responsesAgain, sqlite.responsesAfter, sqlite.responsesDeployments], [['resp_1', 'resp_2'], ['resp_3'], ['resp_3'], ['dep-b']]);
+  assert.deepEqual([sqlite.responsesAdded, sqlite.responsesAgain, sqlite.responsesAfter, sqlite.responsesDeployments, sqlite.responsesOfProject], [['resp_1', 'resp_2'], ['resp_3'], ['resp_3'], ['dep-b'], [['resp_3'], 0]]);
   assert.deepEqual(sqlite.expiry, [[{ id: 'key_1' }], 7200]);
   assert.deepEqual(sqlite.freeGrantFirst, true);
   assert.deepEqual(sqlite.freeGrantSecond, false);

@@ -84,11 +84,30 @@ export class ResponsesForward extends PlainEndpoint {
     const kind = r.route!.kind;
     const conv = kind === 'conversation' ? parseConversationPath(r.path) : null;
     if (kind === 'conversation' && !conv) return refuseAdmitted(ctx, reply, new GatewayError('NOT_FOUND', `No route for ${r.path}.`));
-    // Every id the body names is the project's own (a conversation's items stand in `items`).
-    if (body) {
-      const foreign = this.responses.checkIds(key, body, state, conv ? 'items' : 'input');
-      if (foreign) return refuseAdmitted(ctx, reply, foreign);
-    }
+    // Every id the body names is the project's own (a conversation's items stand in `items`), and so
+    // is the path's conversation; a miss before this node holds the project's records waits for them.
+    const check = () => {
+      const foreign = body ? this.responses.checkIds(key, body, state, conv ? 'items' : 'input') : null;
+      if (foreign || !conv || conv.id === '' || this.responses.ownerOf(key, conv.id, state)) return foreign;
+      return new GatewayError('NOT_FOUND', `No conversation found with id '${conv.id}'.`, { param: null });
+    };
+    this.responses.checked(key, reply, check, (foreign) => {
+      try {
+        if (foreign) return refuseAdmitted(ctx, reply, foreign);
+        this.owned(r, ctx, body, text, conv);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e);
+      }
+    });
+  }
+
+  /** Its ids all the project's own. */
+  private owned(r: ApiRequest, ctx: RequestContext, body: Obj | null, text: string, conv: ForwardCall['conversation']): void {
+    const reply = r.reply;
+    const key = r.key!;
+    const state = this.deps.holder.current;
+    const kind = r.route!.kind;
     const model = conv ? this.conversationModel(key, conv.id, state) : this.namedModel(key, body ?? {}, state);
     if (model instanceof GatewayError) return refuseAdmitted(ctx, reply, model);
     const scope = checkModelScope(state, key, model);
