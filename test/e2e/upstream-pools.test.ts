@@ -16,6 +16,7 @@ import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/htt
 import { cliJsonAsync } from '../helpers/processes.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
 import { usageRowsOfKey } from '../helpers/usage-db.js';
+import { eventually } from '../helpers/data-plane.js';
 import type { DemoKey } from '../helpers/console.js';
 
 /** A weight that makes the first deployment the first choice (the draw picks another once in 10^9). */
@@ -309,6 +310,15 @@ test('affinity: a stored response created on deployment A is read and chained th
   const onB = await get(`/v1/responses/${r1.body.id}`);
   assert.equal(onB.status, 200, onB.text);
   assert.equal(affB.requests.length, 2);
+
+  // The deployment travels with the owner record: a second node, whose own choice would be B (room,
+  // weight), reads r2 and its conversation on A.
+  const n2 = await gw.addNode({ adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--report-every-ms', '0'] });
+  await setClock(n2.adminUrl!, { now_ms: clock });
+  const onN2 = (path: string) => request(`${n2.url}${path}`, { headers: bearer(k.key) });
+  await eventually(async () => (await onN2(`/v1/responses/${r2.body.id}`)).status === 200, 'r2 read on node 2');
+  assert.equal((await onN2(`/v1/conversations/${conv.body.id}`)).status, 200);
+  assert.deepEqual([affA.requests.length, affB.requests.length], [10, 2], 'node 2 asked A twice, B never');
 
   // A gone: what lives there is a clear 503, never a 404 from B's account.
   await affA.close();
