@@ -320,6 +320,19 @@ test('affinity: a stored response created on deployment A is read and chained th
   assert.equal((await onN2(`/v1/conversations/${conv.body.id}`)).status, 200);
   assert.deepEqual([affA.requests.length, affB.requests.length], [10, 2], 'node 2 asked A twice, B never');
 
+  // A background response (created on A: B used its one request this minute) is followed on A and
+  // billed there from its final usage, not read on B (a 404 there would bill it safely above).
+  const bg = await post('/v1/responses', { model: 'pool-aff', input: 'Slowly', background: true });
+  assert.equal(bg.status, 200, bg.text);
+  assert.equal(bg.body.status, 'queued');
+  affA.background.finish(bg.body.id);
+  const bgId = bg.headers.get('x-request-id');
+  let billed: { cost_micros: number }[] = [];
+  await eventually(async () => (billed = (await usageRowsOfKey(gw.cp.dbPath, k.keyId)).filter((u) => u.request_id === bgId)).length === 1, 'the background response billed');
+  assert.equal(billed[0].cost_micros, 5400, "A's prices, its final usage");
+  assert.ok(affA.requests.some((x) => x.method === 'GET' && x.url === `/v1/responses/${bg.body.id}`), 'followed on A');
+  assert.equal(affB.requests.length, 2, 'never on B');
+
   // A gone: what lives there is a clear 503, never a 404 from B's account.
   await affA.close();
   const down = await get(`/v1/responses/${r2.body.id}`);
