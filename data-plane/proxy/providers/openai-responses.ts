@@ -42,7 +42,24 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     if (model.deployments.length === 0) {
       const t = this.targets.of(model);
       const r = x.attempt(t, model, '');
-      proxyRequest({ ...x, pool: t.pool, path: r.path, headers: r.headers, body: r.body, timeoutMs: t.timeoutMs });
+      // One literal of one shape, as the model provider's (no spread of the exchange per request).
+      proxyRequest({
+        pool: t.pool,
+        method: x.method,
+        path: r.path,
+        headers: r.headers,
+        body: r.body,
+        timeoutMs: t.timeoutMs,
+        idleTimeoutMs: x.idleTimeoutMs,
+        reply: x.reply,
+        passAllHeaders: x.passAllHeaders,
+        upstreamErrors: x.upstreamErrors,
+        inspect: x.inspect,
+        usageGraceMs: x.usageGraceMs,
+        onAbort: x.onAbort,
+        onResponseHead: x.onResponseHead,
+        onDone: x.onDone,
+      });
       return;
     }
     const at = pin === undefined ? -1 : pin === '' ? 0 : model.deployments.findIndex((d) => d.id === pin);
