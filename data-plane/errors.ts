@@ -29,6 +29,8 @@ export type ErrorCode =
   | 'UPSTREAM_UNREACHABLE'
   | 'UPSTREAM_ERROR'
   | 'MODEL_AT_CAPACITY'
+  | 'STORED_OBJECT_UNAVAILABLE'
+  | 'OWNER_RECORDS_LOADING'
   | 'NOT_READY'
   | 'NODE_BUSY'
   | 'NODE_DRAINING'
@@ -72,6 +74,10 @@ export const CATALOG: Readonly<Record<ErrorCode, CatalogEntry>> = Object.freeze(
   UPSTREAM_UNREACHABLE: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream could not be reached.' },
   // Every deployment of a pooled model is at its own limits or cooling after a 429 (issue 36).
   MODEL_AT_CAPACITY: { status: 429, typeA: 'api_error', codeB: 'rate_limited', message: "The model's upstream capacity is used up; retry after the time in the retry-after header.", shape: 'openai' },
+  // A stored response or conversation lives in one deployment's upstream account, and that one is down (issue 36, affinity).
+  STORED_OBJECT_UNAVAILABLE: { status: 503, typeA: 'api_error', codeB: 'stored_object_unavailable', message: 'What this request names lives on an upstream that is unavailable right now; retry later.', shape: 'openai' },
+  // A node that holds the owner records of the projects it serves only has not received this project's yet (docs/design.md#owner-records).
+  OWNER_RECORDS_LOADING: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: "This gateway node is still loading the project's stored responses and conversations; retry after the time in the retry-after header.", shape: 'openai' },
   UPSTREAM_ERROR: { status: 502, typeA: 'api_error', codeB: 'upstream_unreachable', message: 'The upstream failed before answering.' },
   NOT_READY: { status: 503, typeA: 'api_error', codeB: 'not_ready', message: 'This gateway node has not received its configuration yet; retry shortly.' },
   NODE_DRAINING: { status: 503, typeA: 'api_error', codeB: 'node_draining', message: 'This gateway node is shutting down; reconnect (a load balancer sends you to another node).' },

@@ -22,11 +22,12 @@ import { EdgeBudgets } from './limits/edge-budgets.js';
 import { KeyBudgets } from './limits/key-budgets.js';
 import { LeaseClient } from './leases/lease-client.js';
 import { log } from './log.js';
-import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setSyncSource } from './metrics.js';
+import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setOwnerRecordsSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
 import { DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
 import { OpenAIProvider } from './proxy/providers/openai.js';
-import { PoolRegistry } from './proxy/providers/upstream-targets.js';
+import { PoolRegistry, UpstreamTargets } from './proxy/providers/upstream-targets.js';
+import { PooledUpstreams } from './proxy/providers/pooled-upstreams.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
 import { Reporter } from './sync/reporter.js';
@@ -102,10 +103,16 @@ async function main(): Promise<void> {
     expiryOf: (keyHash) => holder.current.keysByHash.get(keyHash)?.expiresAtMs ?? 0,
     alarm: expiryAlarm,
   });
-  // Bounded per project as the config says (responses.owner_records_per_project).
-  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT);
+  // Bounded per project as the config says (responses.owner_records_per_project); placed: the
+  // projects this node serves only, asked for over the sync stream (docs/design.md#owner-records).
+  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT, true);
   let sync: SyncClient | null = null;
+  responseOwners.onNeed = (projectId) => sync?.sendOwnerInterest([projectId]);
+  setOwnerRecordsSource(() => ({ records: responseOwners.size, projects: responseOwners.projects }));
   const leases = new LeaseClient(clock, (req) => sync?.sendLeaseRequest(req) ?? false, undefined, true);
+  // One state per deployment of a pooled model, whichever API a request of it uses; its rpm and tpm
+  // held across the cluster with the minute leases.
+  const pooled = new PooledUpstreams(new UpstreamTargets(pools), clock, undefined, leases);
   const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const edge = new EdgeBudgets(clock);
@@ -127,8 +134,9 @@ async function main(): Promise<void> {
     bodyWatch: new BodyWatch({ minBytesPerSec: config.bodyMinBytesPerSec, graceMs: config.bodyGraceMs }),
     leases,
     reporter,
-    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper)), leases) },
+    providers: { demo: new DemoProvider(), openai: new OpenAIProvider(pools, clock, new SafetyFields(safetyIdKey(config.pepper)), pooled) },
     pools,
+    pooled,
     toolBackends,
     openStreams,
     responseOwners,
@@ -289,6 +297,8 @@ interface NodeDeps {
   reporter: Reporter;
   providers: Readonly<Record<string, Provider>>;
   pools: PoolRegistry;
+  /** Pooled models' deployments: their health and counts (proxy/providers/pooled-upstreams.ts). */
+  pooled?: PooledUpstreams;
   instanceId: string;
   /** Where uploads are spilled past their in-memory threshold (upload-spill.ts). */
   spillDir: string;
@@ -322,8 +332,8 @@ function buildApi(deps: NodeDeps) {
     followers: backgroundResponses,
     clock: deps.clock,
     owners,
-    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools, safety) },
-    reportOwner: (id, projectId, model, createdAtMs) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs),
+    providers: { demo: demoResponses, openai: new OpenAIResponsesProvider(deps.pools, safety, deps.pooled) },
+    reportOwner: (id, projectId, model, createdAtMs, deployment) => deps.reporter.recordStoredResponse(id, projectId, model, createdAtMs, deployment),
   });
   const modelCalls = new ModelCalls(deps, admission, responses);
   const listings = new Listings(deps);

@@ -197,6 +197,28 @@ export function setEdgeWindowsSource(fn: () => number): void {
   edgeWindowsSource = fn;
 }
 
+let ownerRecordsSource: () => { records: number; projects: number } = () => ({ records: 0, projects: 0 });
+/** Where the owner-record gauges read from (state/response-owners.ts). */
+export function setOwnerRecordsSource(fn: () => { records: number; projects: number }): void {
+  ownerRecordsSource = fn;
+}
+new Gauge({
+  name: 'tollgate_node_owner_records',
+  help: 'Owner records of Responses API objects (stored responses, conversations, items) this node holds.',
+  registers: [registry],
+  collect() {
+    this.set(ownerRecordsSource().records);
+  },
+});
+new Gauge({
+  name: 'tollgate_node_owner_record_projects',
+  help: 'Projects whose owner records this node holds (a node holds those of the projects it serves).',
+  registers: [registry],
+  collect() {
+    this.set(ownerRecordsSource().projects);
+  },
+});
+
 new Gauge({
   name: 'tollgate_node_sync_connected',
   help: '1 while the sync stream to the control plane is up, else 0.',

@@ -11,10 +11,11 @@ interface Row {
   project_id: string;
   model: string;
   created_at_ms: number;
+  deployment: string;
 }
 
 function recordOf(r: Row): StoredResponse {
-  return { seq: r.seq, responseId: r.response_id, projectId: r.project_id, model: r.model, createdAtMs: r.created_at_ms };
+  return { seq: r.seq, responseId: r.response_id, projectId: r.project_id, model: r.model, createdAtMs: r.created_at_ms, deployment: r.deployment };
 }
 
 /**
@@ -26,10 +27,10 @@ export async function addStoredResponses(q: Queryable, records: readonly StoredR
   for (let i = 0; i < records.length; i += INSERT_CHUNK) {
     const part = records.slice(i, i + INSERT_CHUNK);
     const params: (string | number)[] = [];
-    for (const r of part) params.push(r.responseId, r.projectId, r.model, r.createdAtMs);
+    for (const r of part) params.push(r.responseId, r.projectId, r.model, r.createdAtMs, r.deployment);
     const rows = await q.all<Row>(
-      `INSERT INTO stored_responses (response_id, project_id, model, created_at_ms) VALUES ${part.map(() => '(?, ?, ?, ?)').join(', ')}
-       ON CONFLICT (response_id) DO NOTHING RETURNING seq, response_id, project_id, model, created_at_ms`,
+      `INSERT INTO stored_responses (response_id, project_id, model, created_at_ms, deployment) VALUES ${part.map(() => '(?, ?, ?, ?, ?)').join(', ')}
+       ON CONFLICT (response_id) DO NOTHING RETURNING seq, response_id, project_id, model, created_at_ms, deployment`,
       params,
     );
     for (const r of rows) added.push(recordOf(r));
@@ -40,8 +41,17 @@ export async function addStoredResponses(q: Queryable, records: readonly StoredR
 /** Up to `limit` records after `afterSeq` still within retention (created at or after `sinceMs`). */
 export async function storedResponsesAfter(q: Queryable, afterSeq: number, sinceMs: number, limit: number): Promise<StoredResponse[]> {
   const rows = await q.all<Row>(
-    'SELECT seq, response_id, project_id, model, created_at_ms FROM stored_responses WHERE seq > ? AND created_at_ms >= ? ORDER BY seq LIMIT ?',
+    'SELECT seq, response_id, project_id, model, created_at_ms, deployment FROM stored_responses WHERE seq > ? AND created_at_ms >= ? ORDER BY seq LIMIT ?',
     [afterSeq, sinceMs, limit],
+  );
+  return rows.map(recordOf);
+}
+
+/** Up to `limit` of one project's records after `afterSeq` still within retention, in ascending seq. */
+export async function storedResponsesOfProject(q: Queryable, projectId: string, afterSeq: number, sinceMs: number, limit: number): Promise<StoredResponse[]> {
+  const rows = await q.all<Row>(
+    'SELECT seq, response_id, project_id, model, created_at_ms, deployment FROM stored_responses WHERE project_id = ? AND seq > ? AND created_at_ms >= ? ORDER BY seq LIMIT ?',
+    [projectId, afterSeq, sinceMs, limit],
   );
   return rows.map(recordOf);
 }

@@ -38,6 +38,8 @@ export class NodeSession implements LeaseSession {
   writing = false;
   closed = false;
   unsubscribe: () => void = () => undefined;
+  /** A node placing owner records by project: the projects it now serves (OwnerInterest). */
+  wantOwners: (projectIds: readonly string[]) => void = () => undefined;
   readonly waiters = new Set<AckWaiter>();
   /** Reports read from the stream and not yet written, oldest first (written one at a time, in order). */
   /** Messages of reports waiting to be written, each one or more consecutive reports of one instance. */

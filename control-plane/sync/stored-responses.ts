@@ -1,13 +1,14 @@
-// Stored responses of the Responses API, from the nodes that create them to every node: written in
-// the transaction of the report that carried them, then sent to every connected node; a node that
-// connects is first sent the retained records after the last one it holds (Hello.stored_responses_seq),
-// page by page, then each new one. Records older than the upstream's retention (30 days) are deleted,
+// Stored responses of the Responses API, from the nodes that create them to the nodes that need them:
+// written in the transaction of the report that carried them, then sent to every connected node (a
+// node placing records by project: to those serving the project); a node that connects is first sent
+// the retained records after the last one it holds (Hello.stored_responses_seq), page by page, then
+// each new one, and a project's retained records when it starts serving it (OwnerInterest). Records older than the upstream's retention (30 days) are deleted,
 // and each project's past its bound (docs/design.md#owner-records), hourly.
 // Apart from the key version: responses are many and short-lived, and a node that misses one only
 // answers 404 for it (docs/api.md#responses-api, the fan-out window).
 import type { StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { Db, Tx } from '../store/db.js';
-import { addStoredResponses, deleteStoredResponsesBefore, deleteStoredResponsesOverBound, storedResponsesAfter } from '../store/stored-responses-repo.js';
+import { addStoredResponses, deleteStoredResponsesBefore, deleteStoredResponsesOverBound, storedResponsesAfter, storedResponsesOfProject } from '../store/stored-responses-repo.js';
 
 /** OpenAI keeps stored responses 30 days; so does the gateway's record of who owns one. */
 export const STORED_RESPONSE_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
@@ -17,6 +18,13 @@ const PRUNE_EVERY_MS = 60 * 60 * 1000;
 const MAX_ID_CHARS = 128;
 
 type Listener = (records: StoredResponse[]) => void;
+
+/** A node's records by project (attachByProject). */
+export interface ProjectSubscription {
+  detach(): void;
+  /** The node now serves these projects. */
+  want(projectIds: readonly string[]): void;
+}
 
 export class StoredResponsesFanout {
   private readonly listeners = new Set<Listener>();
@@ -36,7 +44,7 @@ export class StoredResponsesFanout {
     const oldest = this.now() - STORED_RESPONSE_RETENTION_MS;
     const clean = records.filter(
       (r) =>
-        r.createdAtMs >= oldest && r.responseId.length > 0 && r.responseId.length <= MAX_ID_CHARS && r.projectId.length > 0 && r.model.length > 0 && Number.isSafeInteger(r.createdAtMs) && r.createdAtMs > 0,
+        r.createdAtMs >= oldest && r.responseId.length > 0 && r.responseId.length <= MAX_ID_CHARS && r.deployment.length <= MAX_ID_CHARS && r.projectId.length > 0 && r.model.length > 0 && Number.isSafeInteger(r.createdAtMs) && r.createdAtMs > 0,
     );
     if (clean.length === 0) return;
     const added = await addStoredResponses(tx, clean);
@@ -58,13 +66,57 @@ export class StoredResponsesFanout {
    * then every new one, in ascending seq. Returns the detach.
    */
   attach(send: (records: StoredResponse[]) => void, afterSeq: number): () => void {
+    return this.follow(send, afterSeq, null);
+  }
+
+  /**
+   * A node that holds the records of the projects it serves only (docs/design.md#owner-records): as
+   * `attach`, but only `projects`' records; `want` adds projects, each sent its retained records,
+   * then named in `caughtUp` (every record of it committed before was sent by then).
+   */
+  attachByProject(send: (records: StoredResponse[], caughtUp: string[]) => void, afterSeq: number, projects: readonly string[]): ProjectSubscription {
+    const wanted = new Set<string>();
+    for (const p of projects) if (p.length > 0 && p.length <= MAX_ID_CHARS) wanted.add(p);
+    let closed = false;
+    const detach = this.follow((records) => send(records, []), afterSeq, (r) => wanted.has(r.projectId));
+    const catchUp = async (projectId: string): Promise<void> => {
+      let last = 0;
+      for (;;) {
+        const page = await storedResponsesOfProject(this.db, projectId, last, this.now() - STORED_RESPONSE_RETENTION_MS, PAGE);
+        if (closed) return;
+        if (page.length > 0) last = page[page.length - 1].seq;
+        if (page.length < PAGE) return send(page, [projectId]);
+        send(page, []);
+      }
+    };
+    return {
+      detach() {
+        closed = true;
+        detach();
+      },
+      want: (projectIds) => {
+        for (const p of projectIds) {
+          if (p.length === 0 || p.length > MAX_ID_CHARS || wanted.has(p)) continue;
+          // Wanted before the read: a record committed from now on is sent live, one before is read.
+          wanted.add(p);
+          catchUp(p).catch((err: Error) => this.log(`sync: stored responses of a project not sent to a node: ${err.message}`));
+        }
+      },
+    };
+  }
+
+  /** `attach`, for the records `keep` passes (null: all). */
+  private follow(send: (records: StoredResponse[]) => void, afterSeq: number, keep: ((r: StoredResponse) => boolean) | null): () => void {
     let closed = false;
     // New records wait until the catch-up is sent, so the node sees them in order.
     let waiting: StoredResponse[] | null = [];
+    const pass = (records: StoredResponse[]) => (keep ? records.filter(keep) : records);
     const listener: Listener = (records) => {
       if (closed) return;
-      if (waiting) waiting.push(...records);
-      else send(records);
+      const mine = pass(records);
+      if (mine.length === 0) return;
+      if (waiting) waiting.push(...mine);
+      else send(mine);
     };
     this.listeners.add(listener);
     const catchUp = async (): Promise<void> => {
@@ -77,7 +129,8 @@ export class StoredResponsesFanout {
         if (closed) return;
         if (page.length > 0) {
           last = page[page.length - 1].seq;
-          send(page);
+          const mine = pass(page);
+          if (mine.length > 0) send(mine);
         }
         if (page.length < PAGE) break;
       }

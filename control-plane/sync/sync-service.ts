@@ -221,7 +221,14 @@ export class SyncService implements NodeFleet {
     const first = store.catchUp(hello.haveVersion);
     s.unsubscribe = store.subscribe((delta) => s.enqueue({ delta }));
     this.sessions.add(s);
-    const detachResponses = this.opts.storedResponses?.attach((responses) => s.enqueue({ storedResponses: { responses } }), hello.storedResponsesSeq ?? 0);
+    const fanout = this.opts.storedResponses;
+    let detachResponses: (() => void) | undefined;
+    if (fanout && hello.ownerRecordsByProject === true) {
+      // Only the records of the projects it serves (docs/design.md#owner-records).
+      const sub = fanout.attachByProject((responses, caughtUpProjects) => s.enqueue({ storedResponses: { responses, caughtUpProjects } }), hello.storedResponsesSeq ?? 0, hello.ownerProjects);
+      s.wantOwners = sub.want;
+      detachResponses = sub.detach;
+    } else detachResponses = fanout?.attach((responses) => s.enqueue({ storedResponses: { responses, caughtUpProjects: [] } }), hello.storedResponsesSeq ?? 0);
     if (detachResponses) {
       const unsubscribe = s.unsubscribe;
       s.unsubscribe = () => {
@@ -278,6 +285,8 @@ export class SyncService implements NodeFleet {
       if (unit.length > 0) this.reportQueue.queueReport(s, unit);
     } else if (msg.leaseRequest) {
       this.leases.onLeaseRequest(s, msg.leaseRequest);
+    } else if (msg.ownerInterest) {
+      s.wantOwners(msg.ownerInterest.projectIds);
     } else if (msg.status) {
       s.journalDepth = Math.max(0, msg.status.journalDepth);
       s.journalBytes = Math.max(0, msg.status.journalBytes);

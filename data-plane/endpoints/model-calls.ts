@@ -122,15 +122,30 @@ export class ModelCalls implements Endpoint {
 
   /** `POST /v1/responses`, validated and in scope: every id it names must be the project's own (owned-ids.ts). */
   private createResponse(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
-    const foreign = this.responses.checkIds(ctx.key, obj, state);
-    if (foreign) return refuseAdmitted(ctx, reply, foreign);
+    // A miss before this node holds the project's records waits for them (responses.ts checked).
+    this.responses.checked(ctx.key, reply, () => this.responses.checkIds(ctx.key, obj, state), (foreign) => {
+      try {
+        if (foreign) return refuseAdmitted(ctx, reply, foreign);
+        this.createOwned(ctx, reply, model, obj, raw, text, state);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e);
+      }
+    });
+  }
+
+  /** A create whose ids are all the project's own. */
+  private createOwned(ctx: RequestContext, reply: Reply, model: ModelConfig, obj: Record<string, unknown>, raw: Buffer, text: string, state: GatewayState): void {
+    // A pooled model: to the deployment where what it names lives, if it names anything stored.
+    const pin = this.responses.pinOf(model, obj, state);
+    if (pin instanceof GatewayError) return refuseAdmitted(ctx, reply, pin);
     const provider = this.responses.providerOf(model);
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     ctx.model = model;
     ctx.providerStarted = true;
     // What an end without the upstream's usage bills: its input, a chain's context included.
     ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
-    this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text));
+    this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text), pin);
   }
 }
 

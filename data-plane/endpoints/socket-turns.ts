@@ -37,6 +37,8 @@ export interface TurnRules {
    * reads (called after admission, as an HTTP body is validated after admission).
    */
   check(ev: Obj, text: string, data: Buffer): GatewayError | Buffer;
+  /** `check`, when it may have to wait (for the project's owner records, responses-socket.ts); `then` once. */
+  whenChecked?(ev: Obj, text: string, data: Buffer, then: (checked: GatewayError | Buffer) => void): void;
   /**
    * Tokens the turn reserves: its input as far as the node knows it, plus its output ceiling.
    * `pendingInput`: what the client sent into the conversation since the last response began.
@@ -159,7 +161,26 @@ export class SocketTurns {
       ctx.refuse();
       return done();
     }
-    const checked = this.rules.check(ev, data.toString('utf8'), data);
+    const text = data.toString('utf8');
+    const go = (checked: GatewayError | Buffer) => {
+      try {
+        this.checked(turn, ctx, ev, pendingInput, done, checked);
+      } catch (e) {
+        logBug(e);
+        if (!ctx.completed) ctx.refuse();
+        done();
+      }
+    };
+    if (this.rules.whenChecked) this.rules.whenChecked(ev, text, data, go);
+    else go(this.rules.check(ev, text, data));
+  }
+
+  private checked(turn: SocketTurn, ctx: RequestContext, ev: Obj, pendingInput: number, done: () => void, checked: GatewayError | Buffer): void {
+    // Closed while the check waited.
+    if (this.socket.closed) {
+      ctx.refuse();
+      return done();
+    }
     if (checked instanceof GatewayError) {
       refuseAdmitted(ctx, turn, checked, false, this.deps.keyBudgets);
       return done();

@@ -4,7 +4,9 @@
 // (the upstream keeps every customer's objects under the operator's one account). Fed by what this
 // node creates (at once) and by the control plane's sync for what other nodes created. Bounded per
 // project (docs/design.md#owner-records): a project past its bound loses its own oldest records,
-// never another project's. Pure: no I/O.
+// never another project's. Placed: a node built `placed` holds the records of the projects it serves
+// only, asking the control plane for a project's (`onNeed`) the first time a request of it misses
+// one; until they arrived (`caughtUp`) a miss is not yet an answer. No I/O (timers for the waits).
 
 /** OpenAI keeps stored responses 30 days; the gateway keeps its record of who owns one as long. */
 export const RESPONSE_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
@@ -23,14 +25,31 @@ export interface ResponseOwner {
   model: string;
   createdAtMs: number;
   /**
+   * The deployment of a pooled model whose upstream account holds the object (requests naming it go
+   * there only); absent or empty: the model's only upstream, or its first deployment.
+   */
+  deployment?: string;
+  /**
    * The tokens a request continuing this response re-reads (its input and output as the upstream
    * reported them), when this node saw it end; kept on this node only.
    */
   contextTokens?: number;
 }
 
+/** Deleted ids remembered (the oldest forgotten first). */
+const MAX_DELETED = 10_000;
+/** How long a request whose id missed waits for its project's records to arrive (then 503). */
+export const OWNERS_WAIT_MS = 3_000;
+
 export class ResponseOwners {
+  /** Asks the control plane for a project's records (set by the node's wiring; placed only). */
+  onNeed: ((projectId: string) => void) | null = null;
+  /** Projects whose retained records this node holds (placed), and those asked for. */
+  private readonly loaded = new Set<string>();
+  private readonly asked = new Map<string, Set<(loaded: boolean) => void>>();
   private readonly byId = new Map<string, ResponseOwner>();
+  /** Ids deleted upstream through this node, newest last: a project's records sent again (a catch-up) do not bring them back. */
+  private readonly deleted = new Set<string>();
   /** Each project's ids, in the order they were recorded (near enough creation order): its oldest first. */
   private readonly byProject = new Map<string, Set<string>>();
   /** One copy of each project id and model id (records from the sync decoder each bring their own). */
@@ -41,7 +60,56 @@ export class ResponseOwners {
     private readonly retentionMs = RESPONSE_RETENTION_MS,
     /** The per-project bound, read as each record is added (it follows the config). */
     private readonly perProject: () => number = () => DEFAULT_OWNER_RECORDS_PER_PROJECT,
+    /** Holds only the projects it serves (else every project's, all sent to it). */
+    readonly placed = false,
   ) {}
+
+  /** Whether every retained record of the project is here (always, unplaced). */
+  holdsAllOf(projectId: string): boolean {
+    return !this.placed || this.loaded.has(projectId);
+  }
+
+  /**
+   * A request of `projectId` missed an id: once its records are all here, `done(true)`; asked for
+   * them (once) if not yet, and `done(false)` after `waitMs` if they did not come. At once when here.
+   */
+  whenHeld(projectId: string, waitMs: number, done: (loaded: boolean) => void): void {
+    if (this.holdsAllOf(projectId)) return done(true);
+    let waiters = this.asked.get(projectId);
+    if (!waiters) {
+      this.asked.set(projectId, (waiters = new Set()));
+      this.onNeed?.(projectId);
+    }
+    const w = (loaded: boolean) => {
+      clearTimeout(timer);
+      done(loaded);
+    };
+    const timer = setTimeout(() => {
+      waiters.delete(w);
+      done(false);
+    }, waitMs);
+    timer.unref();
+    waiters.add(w);
+  }
+
+  /** The control plane sent every retained record of these projects. */
+  caughtUp(projectIds: readonly string[]): void {
+    for (const p of projectIds) {
+      this.loaded.add(p);
+      const waiters = this.asked.get(p);
+      this.asked.delete(p);
+      for (const w of waiters ?? []) w(true);
+    }
+  }
+
+  /** The projects whose records this node holds (a reconnect's Hello), and those asked for and not yet sent (asked again). */
+  heldProjects(): string[] {
+    return [...this.loaded];
+  }
+
+  askedProjects(): string[] {
+    return [...this.asked.keys()];
+  }
 
   get size(): number {
     return this.byId.size;
@@ -54,6 +122,7 @@ export class ResponseOwners {
    * be the first to go: the sync's echo of one this node already evicted).
    */
   add(id: string, owner: ResponseOwner): void {
+    if (this.deleted.has(id)) return;
     const known = this.byId.get(id);
     if (known) {
       if (known.projectId === owner.projectId && owner.contextTokens !== undefined) known.contextTokens = owner.contextTokens;
@@ -67,6 +136,7 @@ export class ResponseOwners {
       if (oldest && owner.createdAtMs <= oldest.createdAtMs) return;
     }
     const record: ResponseOwner = { projectId, model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
+    if (owner.deployment) record.deployment = this.intern(owner.deployment);
     if (owner.contextTokens !== undefined) record.contextTokens = owner.contextTokens;
     this.byId.set(id, record);
     if (!ids) this.byProject.set(projectId, (ids = new Set()));
@@ -101,6 +171,13 @@ export class ResponseOwners {
     if (o && Number.isSafeInteger(tokens) && tokens > 0) o.contextTokens = tokens;
   }
 
+  /** The upstream deleted `id` (through this node): its record goes, and is not taken back from the sync. */
+  forget(id: string): void {
+    this.remove(id);
+    this.deleted.add(id);
+    if (this.deleted.size > MAX_DELETED) this.deleted.delete(this.deleted.values().next().value as string);
+  }
+
   remove(id: string): void {
     const o = this.byId.get(id);
     if (!o) return;
@@ -119,6 +196,11 @@ export class ResponseOwners {
       return undefined;
     }
     return o;
+  }
+
+  /** Projects holding records here now. */
+  get projects(): number {
+    return this.byProject.size;
   }
 
   /** Records a project holds now. */

@@ -126,8 +126,8 @@ export class Reporter {
   }
 
   /** Queues a response this node created, for the control plane to keep and send to the other nodes. */
-  recordStoredResponse(responseId: string, projectId: string, model: string, createdAtMs: number): void {
-    this.storedResponses.push({ responseId, projectId, model, createdAtMs, seq: 0 });
+  recordStoredResponse(responseId: string, projectId: string, model: string, createdAtMs: number, deployment = ''): void {
+    this.storedResponses.push({ responseId, projectId, model, createdAtMs, seq: 0, deployment });
     this.checkFull();
   }
 
@@ -203,7 +203,7 @@ export class Reporter {
     }
     const seq = ++this.seq;
     const report: Report = { seq, usage: [], lastUsed, logs: undefined, instanceId: this.opts.instanceId, usageTotals, logBlocks: logs.rows > 0 ? logs.blocks() : [] };
-    if (storedResponses.length > 0) report.storedResponses = { responses: storedResponses };
+    if (storedResponses.length > 0) report.storedResponses = { responses: storedResponses, caughtUpProjects: [] };
     const bytes = Report.encode(report).finish();
     // A view of the encoded bytes, not a copy: under load, reports are the node's largest garbage.
     journal.append(this.opts.instanceId, seq, Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));

@@ -118,6 +118,11 @@ export class SyncClient {
     }
   }
 
+  /** Asks for the owner records of a project this node now serves (sent again on the next stream if none now). */
+  sendOwnerInterest(projectIds: string[]): void {
+    this.call?.write({ ownerInterest: { projectIds } });
+  }
+
   /** Sends a LeaseRequest on the current stream; false when there is none. */
   sendLeaseRequest(req: LeaseRequestOut): boolean {
     if (!this.call) return false;
@@ -190,10 +195,15 @@ export class SyncClient {
         haveVersion: this.opts.holder.ready ? this.opts.holder.current.version : 0,
         listenAddress: this.opts.listenAddress,
         storedResponsesSeq: this.storedResponsesSeq,
+        // Placed: the records of the projects it holds after that seq; those asked for, again below.
+        ownerRecordsByProject: this.opts.responseOwners?.placed === true,
+        ownerProjects: this.opts.responseOwners?.placed ? this.opts.responseOwners.heldProjects() : [],
         snapshotParts: true,
         ...(this.opts.leases?.held() ?? { heldSlots: [], heldKeyMinutes: [] }),
       },
     });
+    const asked = this.opts.responseOwners?.placed ? this.opts.responseOwners.askedProjects() : [];
+    if (asked.length > 0) call.write({ ownerInterest: { projectIds: asked } });
     this.sendStatus();
   }
 
@@ -239,6 +249,7 @@ export class SyncClient {
       if (!this.awaitingSnapshot && holder.ready && holder.current.version >= this.catchUpVersion) this.markCaughtUp();
     } else if (msg.storedResponses) {
       this.applyStoredResponses(msg.storedResponses.responses);
+      if (msg.storedResponses.caughtUpProjects.length > 0) this.opts.responseOwners?.caughtUp(msg.storedResponses.caughtUpProjects);
     } else if (msg.reportAck) {
       this.opts.reporter.ack(msg.reportAck.seq, msg.reportAck.instanceId);
     } else if (msg.reportAcks) {
@@ -264,7 +275,7 @@ export class SyncClient {
   private applyStoredResponses(records: StoredResponse[]): void {
     const owners = this.opts.responseOwners;
     for (const r of records) {
-      owners?.add(r.responseId, { projectId: r.projectId, model: r.model, createdAtMs: r.createdAtMs });
+      owners?.add(r.responseId, { projectId: r.projectId, model: r.model, createdAtMs: r.createdAtMs, deployment: r.deployment });
       if (r.seq > this.storedResponsesSeq) this.storedResponsesSeq = r.seq;
     }
   }

@@ -38,6 +38,7 @@ import {
   type Ending,
   type HttpEndpoint,
 } from '../helpers/billing-matrix.js';
+import { addReportedPriceRows } from '../helpers/billing-matrix-prices.js';
 
 /**
  * Cells whose fix belongs to the usage readers (issue 20, deliver 1: JSON and SSE usage at any size;
@@ -403,3 +404,6 @@ for (const e of ENDINGS) {
     return k.keyId;
   });
 }
+
+// Prices by what the upstream reports (issue 34): tiers as reported, a long prompt, each built-in tool call.
+addReportedPriceRows(matrix);

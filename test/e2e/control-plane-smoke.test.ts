@@ -43,6 +43,7 @@ function rawNode(cp: ControlPlane, opts: { token?: string; pepper?: string; have
       pepperCheck: pepperCheck(Buffer.from(opts.pepper ?? cp.secrets.pepper)),
       haveVersion: opts.haveVersion ?? 0,
       listenAddress: '127.0.0.1:9999',
+      ownerProjects: [],
       heldSlots: [],
       heldKeyMinutes: [],
     },

@@ -248,3 +248,26 @@ test('a running background response holds its parallel request until it is bille
   assert.equal(third.status, 200, third.text);
   upstream.background.finish(third.body.id);
 });
+
+test("a background response's output items are the project's once it completes: an item_reference to one passes, on both nodes", async () => {
+  // Before the fix only a create's own answer recorded its output items, and a background create's
+  // answer (`queued`) has none: an item_reference to its output was refused 404 as another's.
+  const k = await gw.fundedKey();
+  const r = await create(n1, k);
+  assert.equal(r.status, 200, r.text);
+  const id = r.body.id as string;
+  upstream.background.finish(id);
+  await billed(k);
+  const item = `msg_${id.slice(5)}`;
+  const refer = (node: DataPlane) =>
+    request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: { model: 'up-chat', input: [{ type: 'item_reference', id: item }, { role: 'user', content: 'Go on.' }] } });
+  const mine = await refer(n1);
+  assert.equal(mine.status, 200, mine.text);
+  assert.deepEqual(upstream.requests.at(-1)!.body.input[0], { type: 'item_reference', id: item });
+  // The record travels with the others: the other node lets the project name it too.
+  await eventually(async () => (await refer(n2)).status === 200, `${item} known on node 2`);
+  // Another project still may not.
+  const other = await gw.fundedKey();
+  const theirs = await request(`${n1.url}/v1/responses`, { method: 'POST', headers: bearer(other.key), json: { model: 'up-chat', input: [{ type: 'item_reference', id: item }] } });
+  assert.equal(theirs.status, 404, theirs.text);
+});

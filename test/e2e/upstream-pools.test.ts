@@ -16,6 +16,7 @@ import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/htt
 import { cliJsonAsync } from '../helpers/processes.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
 import { usageRowsOfKey } from '../helpers/usage-db.js';
+import { eventually } from '../helpers/data-plane.js';
 import type { DemoKey } from '../helpers/console.js';
 
 /** A weight that makes the first deployment the first choice (the draw picks another once in 10^9). */
@@ -23,9 +24,13 @@ const FIRST = 1_000_000_000;
 const KEY_ENV = { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' };
 
 const fakes: Record<string, FakeUpstream> = {};
-let responsesUpstream: FakeResponsesUpstream;
+/** Two Responses upstreams, the two accounts of pool-aff: each keeps only what was created on it. */
+let affA: FakeResponsesUpstream;
+let affB: FakeResponsesUpstream;
+/** The Responses upstream of pool-compact, whose deployments have their own prices. */
+let priced: FakeResponsesUpstream;
 // The fakes hold connections (a stalled answer) that would keep the file's process alive.
-after(() => Promise.all([...Object.values(fakes), responsesUpstream].map((f) => f?.close())));
+after(() => Promise.all([...Object.values(fakes), affA, affB, priced].map((f) => f?.close())));
 let clock = minuteStart() + 5_000;
 
 function pooled(cfg: GatewayYaml, id: string, deployments: GatewayYaml[], extra: GatewayYaml = {}): void {
@@ -37,7 +42,9 @@ const dep = (id: string, baseUrl: string, weight = 1, extra: GatewayYaml = {}): 
 
 const gw = gatewayFixture(async () => {
   for (const name of ['ok', 'e503', 'e429', 'stall', 'cut', 'flaky']) fakes[name] = await startFakeUpstream();
-  responsesUpstream = await startFakeResponsesUpstream();
+  affA = await startFakeResponsesUpstream();
+  affB = await startFakeResponsesUpstream();
+  priced = await startFakeResponsesUpstream();
   fakes.e503.setMode('error-503');
   fakes.e429.setMode('error-429');
   fakes.e429.retryAfter = '30';
@@ -53,7 +60,11 @@ const gw = gatewayFixture(async () => {
     pooled(cfg, 'pool-slow', [dep('slow', fakes.stall.baseUrl, FIRST), ok()], { timeout_ms: 400, failover_timeout_ms: 5_000 });
     pooled(cfg, 'pool-cut', [dep('cut', fakes.cut.baseUrl, FIRST), ok()]);
     pooled(cfg, 'pool-circuit', [dep('flaky', fakes.flaky.baseUrl, FIRST), ok()], { circuit_failures: 2, circuit_cooldown_ms: 10_000 });
-    pooled(cfg, 'pool-resp', [dep('resp-first', responsesUpstream.baseUrl, 1, { input_usd_per_mtok: '3.00', output_usd_per_mtok: '6.00' }), ok()]);
+    // B is listed first and weighs most, but takes one request a minute: past it, A serves.
+    pooled(cfg, 'pool-aff', [dep('aff-b', affB.baseUrl, FIRST, { rpm: 1 }), dep('aff-a', affA.baseUrl, 1, { input_usd_per_mtok: '3.00', output_usd_per_mtok: '6.00' })]);
+    cfg.responses = { conversations_model: 'pool-aff' };
+    const cmp = (id: string, weight: number, inUsd: string, outUsd: string) => dep(id, priced.baseUrl, weight, { input_usd_per_mtok: inUsd, output_usd_per_mtok: outUsd });
+    pooled(cfg, 'pool-compact', [cmp('cmp-a', FIRST, '3.00', '6.00'), cmp('cmp-b', 1, '1.00', '2.00')]);
     pooled(cfg, 'pool-full', [dep('a', fakes.ok.baseUrl, 1, { rpm: 1 }), dep('b', fakes.ok.baseUrl, 1, { rpm: 1 })]);
   });
   return {
@@ -217,18 +228,6 @@ test('a reload with a bad deployment is refused naming the model and the field; 
   assert.equal((await logOf(r.headers.get('x-request-id')!)).attempts, 'busy:503 ok:200');
 });
 
-test("the Responses API of a pooled model goes to its first deployment (where its stored responses live), billed at that deployment's prices", async () => {
-  const k = await paidKey();
-  const r = await request(`${gw.node.url}/v1/responses`, { method: 'POST', headers: bearer(k.key), json: { model: 'pool-resp', input: 'Hello' } });
-  assert.equal(r.status, 200, r.text);
-  assert.equal(responsesUpstream.requests.at(-1)!.body.model, 'up-resp-first');
-  const row = await logOf(r.headers.get('x-request-id')!);
-  assert.deepEqual([row.deployment, row.attempts], ['resp-first', 'resp-first:200']);
-  // 1,200 in at 3 $/Mtok + 300 out at 6 $/Mtok (the model's own prices would give 0.00105).
-  assert.equal(row.cost_usd, '0.0054');
-  assert.equal(r.body.usage.cost, 0.0054);
-});
-
 test('/metrics shows each deployment: requests, errors by kind, failovers, circuit state, in flight and its minute', async () => {
   const m = await scrapeMetrics(`${gw.node.adminUrl}/metrics`);
   const at = (model: string, deployment: string) => ({ model, deployment });
@@ -244,4 +243,103 @@ test('/metrics shows each deployment: requests, errors by kind, failovers, circu
   assert.equal(m.value('tollgate_node_deployment_in_flight', at('pool-circuit', 'flaky')), 0);
   // Each of pool-full's deployments sent its one request of this minute (rpm 1).
   assert.equal(m.value('tollgate_node_deployment_minute_requests', at('pool-full', 'a')), 1);
+});
+
+test("a pooled model's compaction is billed at the serving deployment's prices, and a count names its deployment", async () => {
+  // Before, compaction and counts bypassed the pool: billed at the model's own prices (0.00075 here).
+  const k = await paidKey();
+  const c = await request(`${gw.node.url}/v1/responses/compact`, { method: 'POST', headers: bearer(k.key), json: { model: 'pool-compact', input: 'A long history.' } });
+  assert.equal(c.status, 200, c.text);
+  assert.equal(c.body.object, 'response.compaction');
+  assert.equal(priced.requests.at(-1)!.body.model, 'up-cmp-a');
+  // 900 in at 3 $/Mtok + 200 out at 6 $/Mtok (COMPACT_USAGE), at cmp-a's prices.
+  assert.equal(c.body.usage.cost, 0.0039);
+  const row = await logOf(c.headers.get('x-request-id')!);
+  assert.deepEqual([row.deployment, row.attempts, row.cost_usd], ['cmp-a', 'cmp-a:200', '0.0039']);
+  const usage = (await usageRowsOfKey(gw.cp.dbPath, k.keyId)).filter((u) => u.request_id === c.headers.get('x-request-id'));
+  assert.deepEqual(usage.map((u) => [u.model, u.cost_micros]), [['pool-compact', 3900]]);
+  const n = await request(`${gw.node.url}/v1/responses/input_tokens`, { method: 'POST', headers: bearer(k.key), json: { model: 'pool-compact', input: 'How long?' } });
+  assert.equal(n.status, 200, n.text);
+  assert.equal(n.body.input_tokens, 42);
+  const nRow = await logOf(n.headers.get('x-request-id')!);
+  assert.deepEqual([nRow.deployment, nRow.cost_usd], ['cmp-a', '0.00']);
+});
+
+// Issue 36, affinity: a stored response, a conversation, a background response lives in the upstream
+// account that created it. Before, every Responses request of a pooled model went to its first
+// deployment, so a response created elsewhere would have been a 404 from the wrong account.
+// Last in the file: it moves the node's clock a minute on (the metrics test reads this minute's counts).
+test('affinity: a stored response created on deployment A is read and chained through A only, a conversation too; A down is a 503 naming it, never B', async () => {
+  const k = await paidKey();
+  const post = (path: string, json: unknown) => request(`${gw.node.url}${path}`, { method: 'POST', headers: bearer(k.key), json });
+  const get = (path: string) => request(`${gw.node.url}${path}`, { headers: bearer(k.key) });
+  await advance(60_000 - (clock % 60_000));
+  // B by its weight, then (B at its rpm) A.
+  const r1 = await post('/v1/responses', { model: 'pool-aff', input: 'Hello' });
+  assert.equal(r1.status, 200, r1.text);
+  assert.equal(affB.requests.length, 1);
+  const r2 = await post('/v1/responses', { model: 'pool-aff', input: 'Hello' });
+  assert.equal(r2.status, 200, r2.text);
+  const conv = await post('/v1/conversations', { items: [{ role: 'user', content: 'Hi' }] });
+  assert.equal(conv.status, 200, conv.text);
+  assert.deepEqual([affA.requests.length, affB.requests.length], [2, 1]);
+  assert.equal(affA.requests[0].body.model, 'up-aff-a');
+  const row = await logOf(r2.headers.get('x-request-id')!);
+  assert.deepEqual([row.deployment, row.attempts], ['aff-a', 'aff-a:200']);
+  // 1,200 in at 3 $/Mtok + 300 out at 6 $/Mtok: A's prices (the model's own would give 0.00105).
+  assert.equal(row.cost_usd, '0.0054');
+  assert.equal(r2.body.usage.cost, 0.0054);
+
+  // The next minute B has room again and weighs a billion times A: only affinity sends these to A.
+  await advance(60_000);
+  const read = await get(`/v1/responses/${r2.body.id}`);
+  assert.equal(read.status, 200, read.text);
+  assert.equal(read.body.id, r2.body.id);
+  assert.equal((await get(`/v1/responses/${r2.body.id}/input_items`)).status, 200);
+  const chained = await post('/v1/responses', { model: 'pool-aff', input: 'And then?', previous_response_id: r2.body.id });
+  assert.equal(chained.status, 200, chained.text);
+  assert.equal(affA.requests.at(-1)!.body.previous_response_id, r2.body.id);
+  assert.equal((await get(`/v1/conversations/${conv.body.id}`)).status, 200);
+  const inConv = await post('/v1/responses', { model: 'pool-aff', input: 'More', conversation: conv.body.id });
+  assert.equal(inConv.status, 200, inConv.text);
+  assert.equal(affA.requests.at(-1)!.body.conversation, conv.body.id);
+  const count = await post('/v1/responses/input_tokens', { conversation: conv.body.id, input: 'How long?' });
+  assert.equal(count.status, 200, count.text);
+  assert.deepEqual([affA.requests.length, affB.requests.length], [8, 1], 'all six on A, none on B');
+  // And what B created is read on B.
+  const onB = await get(`/v1/responses/${r1.body.id}`);
+  assert.equal(onB.status, 200, onB.text);
+  assert.equal(affB.requests.length, 2);
+
+  // The deployment travels with the owner record: a second node, whose own choice would be B (room,
+  // weight), reads r2 and its conversation on A.
+  const n2 = await gw.addNode({ adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' }, extraArgs: ['--report-every-ms', '0'] });
+  await setClock(n2.adminUrl!, { now_ms: clock });
+  const onN2 = (path: string) => request(`${n2.url}${path}`, { headers: bearer(k.key) });
+  await eventually(async () => (await onN2(`/v1/responses/${r2.body.id}`)).status === 200, 'r2 read on node 2');
+  assert.equal((await onN2(`/v1/conversations/${conv.body.id}`)).status, 200);
+  assert.deepEqual([affA.requests.length, affB.requests.length], [10, 2], 'node 2 asked A twice, B never');
+
+  // A background response (created on A: B used its one request this minute) is followed on A and
+  // billed there from its final usage, not read on B (a 404 there would bill it safely above).
+  const bg = await post('/v1/responses', { model: 'pool-aff', input: 'Slowly', background: true });
+  assert.equal(bg.status, 200, bg.text);
+  assert.equal(bg.body.status, 'queued');
+  affA.background.finish(bg.body.id);
+  const bgId = bg.headers.get('x-request-id');
+  let billed: { cost_micros: number }[] = [];
+  await eventually(async () => (billed = (await usageRowsOfKey(gw.cp.dbPath, k.keyId)).filter((u) => u.request_id === bgId)).length === 1, 'the background response billed');
+  assert.equal(billed[0].cost_micros, 5400, "A's prices, its final usage");
+  assert.ok(affA.requests.some((x) => x.method === 'GET' && x.url === `/v1/responses/${bg.body.id}`), 'followed on A');
+  assert.equal(affB.requests.length, 2, 'never on B');
+
+  // A gone: what lives there is a clear 503, never a 404 from B's account.
+  await affA.close();
+  const down = await get(`/v1/responses/${r2.body.id}`);
+  assertShapeA(down, 503, { type: 'api_error', message: /lives on an upstream deployment of model pool-aff that is unavailable/ });
+  const downChain = await post('/v1/responses', { model: 'pool-aff', input: 'Again', previous_response_id: r2.body.id });
+  assertShapeA(downChain, 503, { message: /lives on an upstream deployment of model pool-aff that is unavailable/ });
+  assert.equal(affB.requests.length, 2, 'B was never asked');
+  const downRow = await logOf(downChain.headers.get('x-request-id')!);
+  assert.deepEqual([downRow.status, downRow.cost_usd], [503, '0.00']);
 });

@@ -9,6 +9,8 @@ import { consoleClient, createKey, type Console, type DemoKey } from './console.
 import { waitUntilKnown } from './data-plane.js';
 import { startFakeRealtimeUpstream, type FakeRealtimeUpstream } from './fake-realtime-upstream.js';
 import { startFakeResponsesUpstream, type FakeResponsesUpstream } from './fake-responses-upstream.js';
+import { startFakePricedUpstream, type FakePricedUpstream } from './fake-priced-upstream.js';
+import { pricedModel } from './billing-matrix-prices.js';
 import { startFakeUpstream, type FakeUpstream } from './fake-upstream.js';
 import { startControlPlane, startDataPlane, stopAll, type ControlPlane, type DataPlane } from './processes.js';
 import { waitForUsageRows } from './usage-db.js';
@@ -161,6 +163,8 @@ export class BillingMatrix {
   rt!: FakeRealtimeUpstream;
   /** The Responses API upstream (model `up-responses`): background responses. */
   rsp!: FakeResponsesUpstream;
+  /** The upstream reporting tiers and tool calls (model `up-priced`, billing-matrix-prices.ts). */
+  priced!: FakePricedUpstream;
   cp!: ControlPlane;
   node!: DataPlane;
   admin!: Console;
@@ -168,8 +172,8 @@ export class BillingMatrix {
   /** `needsReaders`: cells expected to fail until another branch is merged (see NEEDS_READERS in the test). */
   constructor(private readonly needsReaders: readonly string[]) {
     before(async () => {
-      [this.up, this.rt, this.rsp] = await Promise.all([startFakeUpstream(), startFakeRealtimeUpstream(), startFakeResponsesUpstream()]);
-      const { up, rt, rsp } = this;
+      [this.up, this.rt, this.rsp, this.priced] = await Promise.all([startFakeUpstream(), startFakeRealtimeUpstream(), startFakeResponsesUpstream(), startFakePricedUpstream()]);
+      const { up, rt, rsp, priced } = this;
       const price = { input_usd_per_mtok: String(IN), output_usd_per_mtok: String(OUT) };
       this.cp = await startControlPlane({
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' },
@@ -183,6 +187,9 @@ export class BillingMatrix {
           cfg.models.push({ id: 'rt-chat', provider: 'openai', kind: 'realtime', upstream_model: 'gpt-realtime-test', input_usd_per_mtok: String(RT_IN), output_usd_per_mtok: String(RT_OUT), input_audio_usd_per_mtok: String(RT_AUDIO_IN), output_audio_usd_per_mtok: String(RT_AUDIO_OUT) });
           cfg.realtime_upstreams = [{ model: 'rt-chat', url: rt.url, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', connect_timeout_ms: 5000 }];
           cfg.tiers.matrix.models.push('rt-chat');
+          cfg.models.push(pricedModel(priced.baseUrl));
+          cfg.tiers.matrix.models.push('up-priced');
+          cfg.responses = { vector_stores: { matrix: ['vs_matrix'] } };
         }),
       });
       // Each report is sent as soon as it is journaled: a cell waits for its row, not for the once-a-second send.
@@ -192,7 +199,7 @@ export class BillingMatrix {
     after(async () => {
       this.admin?.close();
       await stopAll();
-      await Promise.all([this.up?.close(), this.rt?.close(), this.rsp?.close()]);
+      await Promise.all([this.up?.close(), this.rt?.close(), this.rsp?.close(), this.priced?.close()]);
     });
   }
 

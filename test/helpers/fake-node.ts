@@ -123,6 +123,7 @@ export async function startFakeNode(
       // The pepper's bytes are the UTF-8 bytes of the TOLLGATE_PEPPER string (docs/design.md#peppered-hash).
       pepperCheck: pepperCheck(Buffer.from(cp.secrets.pepper, 'utf8')),
       haveVersion: 0,
+      ownerProjects: [],
       listenAddress: opts.listenAddress ?? '127.0.0.1:0',
       heldSlots: opts.held?.heldSlots ?? [],
       heldKeyMinutes: opts.held?.heldKeyMinutes ?? [],

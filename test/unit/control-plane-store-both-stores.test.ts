@@ -25,7 +25,7 @@ import { SqliteLogStore } from '../../control-plane/store/log-store/sqlite-log-s
 import { PgLogStore } from '../../control-plane/store/log-store/pg-log-store.js';
 import type { LogStore } from '../../control-plane/store/log-store/log-store.js';
 import { Change } from '../../proto/gen/tollgate/v1/sync.js';
-import { addStoredResponses, deleteStoredResponsesBefore, storedResponsesAfter } from '../../control-plane/store/stored-responses-repo.js';
+import { addStoredResponses, deleteStoredResponsesBefore, storedResponsesAfter, storedResponsesOfProject } from '../../control-plane/store/stored-responses-repo.js';
 import { expiredActiveKeys, setKeyExpiry, setKeyPolicy, getKeyPolicy } from '../../control-plane/store/key-expiry-repo.js';
 import { startPostgres, type PostgresServer } from '../helpers/postgres-server.js';
 
@@ -155,13 +155,17 @@ async function scenario(db: Db): Promise<Record<string, unknown>> {
   await db.tx((tx) => markDelivered(tx, 'e1', 'https://x', 4, 204));
   out.delivery = await db.get("SELECT status, attempts, last_status FROM webhook_deliveries WHERE url = 'https://x'");
   out.destinations = await listDestinationRows(db);
-  const responses = (ids: string[], at: number) => ids.map((id) => ({ seq: 0, responseId: id, projectId: 'proj_1', model: 'm', createdAtMs: at }));
+  const responses = (ids: string[], at: number) => ids.map((id) => ({ seq: 0, responseId: id, projectId: 'proj_1', model: 'm', createdAtMs: at, deployment: id === 'resp_3' ? 'dep-b' : '' }));
   // Sequence numbers only ascend: PostgreSQL's may skip one taken by an insert that conflicted.
   const idsAscending = (list: { responseId: string; seq: number }[]) => (list.every((r, i) => i === 0 || r.seq > list[i - 1].seq) ? list.map((r) => r.responseId) : 'not ascending');
   out.responsesAdded = idsAscending(await addStoredResponses(db, responses(['resp_1', 'resp_2'], 10)));
   out.responsesAgain = idsAscending(await addStoredResponses(db, responses(['resp_2', 'resp_3'], 20)));
   out.responsesDeleted = await deleteStoredResponsesBefore(db, 15);
   out.responsesAfter = idsAscending(await storedResponsesAfter(db, 0, 0, 10));
+  // The deployment that holds each (affinity) is kept with it.
+  out.responsesDeployments = (await storedResponsesAfter(db, 0, 0, 10)).map((r) => r.deployment);
+  // A project's records, for a node that starts serving it.
+  out.responsesOfProject = [(await storedResponsesOfProject(db, 'proj_1', 0, 0, 10)).map((r) => r.responseId), (await storedResponsesOfProject(db, 'proj_2', 0, 0, 10)).length];
   await setKeyExpiry(db, 'key_1', 1_000);
   await setKeyPolicy(db, 'org_b', 3600);
   await setKeyPolicy(db, 'org_b', 7200);
@@ -176,7 +180,7 @@ test('the repos answer the same on SQLite and on PostgreSQL', async (t) => {
   // And what they answer is right (not merely equal): the duplicate rows were summed, not lost.
   assert.equal(sqlite.cursor, 7);
   assert.deepEqual(sqlite.delivery, { status: 'delivered', attempts: 3, last_status: 204 });
-  assert.deepEqual([sqlite.responsesAdded, sqlite.responsesAgain, sqlite.responsesAfter], [['resp_1', 'resp_2'], ['resp_3'], ['resp_3']]);
+  assert.deepEqual([sqlite.responsesAdded, sqlite.responsesAgain, sqlite.responsesAfter, sqlite.responsesDeployments, sqlite.responsesOfProject], [['resp_1', 'resp_2'], ['resp_3'], ['resp_3'], ['dep-b'], [['resp_3'], 0]]);
   assert.deepEqual(sqlite.expiry, [[{ id: 'key_1' }], 7200]);
   assert.deepEqual(sqlite.freeGrantFirst, true);
   assert.deepEqual(sqlite.freeGrantSecond, false);

@@ -12,7 +12,7 @@ import { runMigrations } from '../../control-plane/store/migrate.js';
 import { STORED_RESPONSE_RETENTION_MS, StoredResponsesFanout } from '../../control-plane/sync/stored-responses.js';
 
 const DAY = 24 * 60 * 60 * 1000;
-const rec = (id: string, createdAtMs: number): StoredResponse => ({ responseId: id, projectId: 'p1', model: 'm', createdAtMs, seq: 0 });
+const rec = (id: string, createdAtMs: number): StoredResponse => ({ responseId: id, projectId: 'p1', model: 'm', createdAtMs, seq: 0, deployment: '' });
 
 test('records are written once, sent after the seq a node holds then live, and pruned past retention', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'tollgate-stored-'));
@@ -82,4 +82,38 @@ test("each project keeps its newest records up to the bound; another project's a
   await fanout.prune();
   const left = await db.all<{ response_id: string }>('SELECT response_id FROM stored_responses ORDER BY seq');
   assert.deepEqual(left.map((r) => r.response_id), ['b1', 'a5', 'a6', 'a7', 'b2']);
+});
+
+test("a node placing records by project is sent its projects' only; a project it asks for, all its retained records, then that project caught up, then each new one", async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-stored-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = await SqliteDb.open(join(dir, 'tollgate.db'));
+  t.after(() => db.close());
+  await runMigrations(db);
+  const now = 40 * DAY;
+  const fanout = new StoredResponsesFanout(db, () => now, () => {});
+  const of = (project: string, id: string): StoredResponse => ({ ...rec(id, now), projectId: project });
+  await db.tx((tx) => fanout.write(tx, [of('p1', 'resp_p1_a'), of('p2', 'resp_p2_a'), of('p3', 'resp_p3_a')]));
+  // Messages as sent: [ids, caught-up projects].
+  const sent: Array<[string[], string[]]> = [];
+  const sub = fanout.attachByProject((records, caughtUp) => sent.push([records.map((r) => r.responseId), caughtUp]), 0, ['p1']);
+  const settle = async () => {
+    for (let i = 0; i < 4; i++) await db.get('SELECT 1');
+  };
+  await settle();
+  assert.deepEqual(sent, [[['resp_p1_a'], []]], "the catch-up after its seq: its project's records only");
+  sent.length = 0;
+  sub.want(['p2']);
+  await settle();
+  assert.deepEqual(sent, [[['resp_p2_a'], ['p2']]]);
+  sent.length = 0;
+  // Asked again: nothing more.
+  sub.want(['p2']);
+  await db.tx((tx) => fanout.write(tx, [of('p1', 'resp_p1_b'), of('p2', 'resp_p2_b'), of('p3', 'resp_p3_b')]));
+  await settle();
+  assert.deepEqual(sent, [[['resp_p1_b', 'resp_p2_b'], []]], 'new records: of its projects only');
+  sub.detach();
+  await db.tx((tx) => fanout.write(tx, [of('p1', 'resp_p1_c')]));
+  await settle();
+  assert.equal(sent.length, 1, 'nothing after the detach');
 });

@@ -154,3 +154,39 @@ test('ids an answer names are named before the chunk holding their end goes on',
   s.transform(Buffer.from(`event: response.completed\ndata: ${JSON.stringify(final)}\n\n`));
   assert.deepEqual(sse, [['rs_1', 'msg_2']]);
 });
+
+test('placed owner records: a project not held is asked for once; its waiters go on when it arrives, or after their wait', async () => {
+  const owners = new ResponseOwners(undefined, undefined, undefined, true);
+  const asked: string[] = [];
+  owners.onNeed = (p) => asked.push(p);
+  assert.equal(owners.holdsAllOf('proj_a'), false);
+  const got: Array<[string, boolean]> = [];
+  owners.whenHeld('proj_a', 10_000, (held) => got.push(['a1', held]));
+  owners.whenHeld('proj_a', 10_000, (held) => got.push(['a2', held]));
+  assert.deepEqual(asked, ['proj_a'], 'asked once');
+  assert.deepEqual(owners.askedProjects(), ['proj_a']);
+  owners.caughtUp(['proj_a']);
+  assert.deepEqual(got, [['a1', true], ['a2', true]]);
+  assert.equal(owners.holdsAllOf('proj_a'), true);
+  assert.deepEqual([owners.heldProjects(), owners.askedProjects()], [['proj_a'], []]);
+  // Held: at once, nothing asked.
+  owners.whenHeld('proj_a', 10_000, (held) => got.push(['a3', held]));
+  assert.deepEqual(got.at(-1), ['a3', true]);
+  // Never sent: the wait ends unheld (its timer does not hold the process open: this one does, meanwhile).
+  const keepAlive = setTimeout(() => {}, 10_000);
+  const late = await new Promise<boolean>((resolve) => owners.whenHeld('proj_b', 5, resolve));
+  clearTimeout(keepAlive);
+  assert.equal(late, false);
+  assert.deepEqual(asked, ['proj_a', 'proj_b']);
+  // Unplaced (every project's records sent): always held.
+  assert.equal(new ResponseOwners().holdsAllOf('proj_x'), true);
+});
+
+test('an id deleted through this node is not taken back when its project records are sent again', () => {
+  const owners = new ResponseOwners();
+  const rec = { projectId: 'proj_a', model: 'chat', createdAtMs: 1 };
+  owners.add('conv_1', rec);
+  owners.forget('conv_1');
+  owners.add('conv_1', rec);
+  assert.equal(owners.get('conv_1', 2), undefined);
+});

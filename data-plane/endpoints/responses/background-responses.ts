@@ -76,11 +76,11 @@ export class BackgroundFollowers {
 
   /**
    * Follows the response `id` that the request `ctx` created with `body`, on `provider`, to its end;
-   * `status` is the create's (billed with the usage).
+   * `status` is the create's (billed with the usage); `onItems` records its output items when it ends.
    */
-  follow(ctx: RequestContext, provider: ResponsesProvider, model: ModelConfig, id: string, body: Record<string, unknown>, status: number): void {
+  follow(ctx: RequestContext, provider: ResponsesProvider, model: ModelConfig, id: string, body: Record<string, unknown>, status: number, deployment = '', onItems: ((ids: string[], deployment: string) => void) | null = null): void {
     ctx.deferSettlement();
-    const f = new Follower(this, ctx, provider, model, id, body, status);
+    const f = new Follower(this, ctx, provider, model, id, body, status, deployment, onItems);
     this.following.add(f.membership);
     const streams = this.deps.openStreams;
     if (streams) {
@@ -146,6 +146,10 @@ class Follower implements OpenEntry {
     readonly id: string,
     body: Record<string, unknown>,
     private readonly status: number,
+    /** The deployment of a pooled model that holds it: every read goes there (affinity). */
+    private readonly deployment = '',
+    /** Records its output items as the project's when it ends (absent: not stored upstream). */
+    private readonly onItems: ((ids: string[], deployment: string) => void) | null = null,
   ) {
     // What is billed without the upstream's usage, worked out now: the body is not kept for the
     // follow's length (up to an hour, outside the node's body budget).
@@ -169,10 +173,10 @@ class Follower implements OpenEntry {
     this.timer = null;
     this.provider.cancel(this.model, this.id, (r) => {
       if (this.settled) return;
-      if (isTerminal(r)) return this.bill(this.billOf(r));
+      if (isTerminal(r)) return this.billEnded(r);
       // The cancel said nothing billable (refused, unreachable): one last read, else the bound.
-      this.provider.retrieve(this.model, this.id, (again) => this.bill(isTerminal(again) ? this.billOf(again) : this.bound));
-    });
+      this.provider.retrieve(this.model, this.id, (again) => (isTerminal(again) ? this.billEnded(again) : this.bill(this.bound)), this.deployment);
+    }, this.deployment);
   }
 
   billSafeAbove(): void {
@@ -192,11 +196,23 @@ class Follower implements OpenEntry {
     if (this.settled || this.cancelling) return;
     this.provider.retrieve(this.model, this.id, (r) => {
       if (this.settled || this.cancelling) return;
-      if (isTerminal(r)) return this.bill(this.billOf(r));
+      if (isTerminal(r)) return this.billEnded(r);
       // Gone upstream (its retention passed before its end was seen): the bound.
       if (r.httpStatus === 404) return this.billSafeAbove();
       this.schedule();
-    });
+    }, this.deployment);
+  }
+
+  /** A terminal response: its output items become the project's (an item_reference may name them), then the bill. */
+  private billEnded(r: UpstreamRead): void {
+    if (r.itemIds && r.itemIds.length > 0 && this.onItems) {
+      try {
+        this.onItems(r.itemIds, this.deployment);
+      } catch (err) {
+        logBug(err);
+      }
+    }
+    this.bill(this.billOf(r));
   }
 
   /** A terminal response's usage, else (an upstream reporting none) the input estimate and its output counted. */

@@ -57,7 +57,7 @@ function tierMayUseVectorStore(state: GatewayState, tier: string, id: string): b
 }
 
 /** An item that names a stored item by id: `type: item_reference`, or no type and nothing but the id. */
-function isItemReference(item: Obj): boolean {
+export function isItemReference(item: Obj): boolean {
   if (item.type === 'item_reference') return true;
   return (item.type === undefined || item.type === null) && item.id !== undefined && item.role === undefined && item.content === undefined;
 }

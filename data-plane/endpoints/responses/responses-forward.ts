@@ -2,7 +2,8 @@
 // /v1/responses/input_tokens` and the Conversations API (`/v1/conversations…`). Each is admitted and
 // billed as any request (the intake, the one admission, RequestContext.complete): a compaction is
 // billed its usage at its model's prices and reserves its worst case; a count and the conversation
-// paths cost a request of rpm and no tokens, as upstream. Every id a request names is checked
+// paths cost a request of rpm and no tokens, as upstream. A pooled model's request goes to the deployment
+// where what it names lives (affinity.ts), and is billed at that deployment's prices. Every id a request names is checked
 // against the key's project before the upstream is asked (owned-ids.ts), and a conversation's paths
 // answer 404 for a conversation not the project's. A count or compaction without `model` takes the
 // model of the response or conversation it names, else 400 on `model`.
@@ -22,6 +23,8 @@ import { parseConversationPath } from '../../routing/responses-paths.js';
 import { failCall, PlainEndpoint, refuseAdmitted, type EndpointDeps } from '../intake.js';
 import { conversationOf } from './owned-ids.js';
 import { estimateResponseTokens, type ResponsesEndpoint } from './responses.js';
+import type { Pin } from './affinity.js';
+import { dearestPrices } from '../../proxy/providers/pooled-upstreams.js';
 
 type Obj = Record<string, unknown>;
 const JSON_CONTENT_TYPE = /^application\/json\s*(;|$)/i;
@@ -81,23 +84,46 @@ export class ResponsesForward extends PlainEndpoint {
     const kind = r.route!.kind;
     const conv = kind === 'conversation' ? parseConversationPath(r.path) : null;
     if (kind === 'conversation' && !conv) return refuseAdmitted(ctx, reply, new GatewayError('NOT_FOUND', `No route for ${r.path}.`));
-    // Every id the body names is the project's own (a conversation's items stand in `items`).
-    if (body) {
-      const foreign = this.responses.checkIds(key, body, state, conv ? 'items' : 'input');
-      if (foreign) return refuseAdmitted(ctx, reply, foreign);
-    }
+    // Every id the body names is the project's own (a conversation's items stand in `items`), and so
+    // is the path's conversation; a miss before this node holds the project's records waits for them.
+    const check = () => {
+      const foreign = body ? this.responses.checkIds(key, body, state, conv ? 'items' : 'input') : null;
+      if (foreign || !conv || conv.id === '' || this.responses.ownerOf(key, conv.id, state)) return foreign;
+      return new GatewayError('NOT_FOUND', `No conversation found with id '${conv.id}'.`, { param: null });
+    };
+    this.responses.checked(key, reply, check, (foreign) => {
+      try {
+        if (foreign) return refuseAdmitted(ctx, reply, foreign);
+        this.owned(r, ctx, body, text, conv);
+      } catch (e) {
+        logBug(e);
+        reply.sendError(e);
+      }
+    });
+  }
+
+  /** Its ids all the project's own. */
+  private owned(r: ApiRequest, ctx: RequestContext, body: Obj | null, text: string, conv: ForwardCall['conversation']): void {
+    const reply = r.reply;
+    const key = r.key!;
+    const state = this.deps.holder.current;
+    const kind = r.route!.kind;
     const model = conv ? this.conversationModel(key, conv.id, state) : this.namedModel(key, body ?? {}, state);
     if (model instanceof GatewayError) return refuseAdmitted(ctx, reply, model);
     const scope = checkModelScope(state, key, model);
     if (scope) return refuseAdmitted(ctx, reply, scope);
     const provider = this.responses.providerOf(model);
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
+    // A pooled model: to the deployment where the conversation or what the body names lives (affinity.ts).
+    const pin = this.responses.pinOf(model, body, state, conv ? 'items' : 'input', conv?.id ?? '');
+    if (pin instanceof GatewayError) return refuseAdmitted(ctx, reply, pin);
     const op: ForwardCall['op'] = kind === 'compact' ? 'compact' : kind === 'input-tokens' ? 'input_tokens' : 'conversation';
     const input = op === 'compact' ? estimateTokens(body) + this.responses.chainTokens(body) : 0;
-    const go = () => this.forward(r, ctx, model, op, conv, body, text, input);
+    const go = () => this.forward(r, ctx, model, op, conv, body, text, input, pin);
     if (op !== 'compact') return go();
-    // Near a money limit a compaction runs only if its worst case fits (docs/money-limits.md#the-last-request).
-    const worst = requestWorstCase(model, 'responses', body ?? {}, input);
+    // Near a money limit a compaction runs only if its worst case fits (docs/money-limits.md#the-last-request);
+    // a pooled model's at the dearest of its deployments, any of which may serve it.
+    const worst = requestWorstCase(dearestPrices(model), 'responses', body ?? {}, input);
     if (this.admission.reserveWorstCaseNow(key, ctx.spend, worst)) return go();
     this.admission.reserveWorstCaseOrWait(key, ctx.spend, worst, () => reply.done, (refusal) => {
       if (refusal === 'gone') return;
@@ -135,7 +161,7 @@ export class ResponsesForward extends PlainEndpoint {
     return m ?? invalid("Missing required parameter: 'model' (or a `previous_response_id` or `conversation` to take it from).", 'model');
   }
 
-  private forward(r: ApiRequest, ctx: RequestContext, model: ModelConfig, op: ForwardCall['op'], conv: ForwardCall['conversation'], body: Obj | null, text: string, input: number): void {
+  private forward(r: ApiRequest, ctx: RequestContext, model: ModelConfig, op: ForwardCall['op'], conv: ForwardCall['conversation'], body: Obj | null, text: string, input: number, pin: Pin): void {
     const reply = r.reply;
     const key = ctx.key;
     const responses = this.responses;
@@ -147,6 +173,7 @@ export class ResponsesForward extends PlainEndpoint {
       requestId: ctx.requestId,
       reply,
       model,
+      deployment: pin,
       op,
       conversation: conv,
       method: r.method,
@@ -163,11 +190,16 @@ export class ResponsesForward extends PlainEndpoint {
       fail(err) {
         failCall(ctx, reply, err);
       },
-      recordOwned(ids) {
-        for (const id of ids) responses.recordOwnerOf(key, model, id);
+      recordOwned(ids, deployment) {
+        for (const id of ids) responses.recordOwnerOf(key, model, id, deployment);
       },
       forget(id) {
         responses.forget(id);
+      },
+      // A pooled model: billed at the prices of the deployment that served, which the log names.
+      served(billAs, deployment, attempts) {
+        ctx.model = billAs;
+        ctx.upstream = { deployment, attempts };
       },
     });
   }

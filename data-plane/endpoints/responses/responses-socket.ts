@@ -30,7 +30,13 @@ type Obj = Record<string, unknown>;
 
 /** What the link needs of the Responses endpoint (responses.ts). */
 export interface ResponsesSocketHooks {
-  checkIds(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null;
+  /** The ids a turn names, checked without waiting (a miss before the project's records are here: a 503 to retry). */
+  checkIdsNow(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null;
+  /** Asks for the project's owner records if this node does not hold them yet. */
+  askOwners(projectId: string): void;
+  /** Calls `go` once this node holds the project's owner records, or its wait for them ended. */
+  whenOwnersHeld(projectId: string, go: () => void): void;
+  pinOf(model: ModelConfig, body: Record<string, unknown>, state: GatewayState): string | undefined | GatewayError;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
   chainTokens(body: unknown): number;
   noteContext(id: string, promptTokens: number, completionTokens: number): void;
@@ -67,6 +73,8 @@ export class ResponsesTurnRules implements TurnRules {
     private readonly safety: SafetyFields | null = null,
   ) {
     this.upstreamModel = model.provider === 'demo' ? model.id : model.upstreamModel || model.id;
+    // Its turns may name the project's stored objects: their records are asked for now.
+    hooks.askOwners(key.projectId);
   }
 
   check(ev: Obj, text: string, _data: Buffer): GatewayError | Buffer {
@@ -83,8 +91,15 @@ export class ResponsesTurnRules implements TurnRules {
       return new GatewayError('MODEL_NOT_ALLOWED', `This socket is for the model \`${this.model.id}\` (?model= when it was opened); open another for another model.`, { param: 'model' });
     }
     // Every upstream id it names is the project's own, as over HTTP (owned-ids.ts).
-    const foreign = this.hooks.checkIds(this.key, ev, this.state());
+    const state = this.state();
+    const foreign = this.hooks.checkIdsNow(this.key, ev, state);
     if (foreign) return foreign;
+    // A pooled model's socket is open to its first deployment: what lives on another is reached over HTTP (affinity.ts).
+    const pin = this.hooks.pinOf(this.model, ev, state);
+    if (pin instanceof GatewayError) return pin;
+    if (pin !== undefined && pin !== this.model.deployments[0].id) {
+      return new GatewayError('INVALID_REQUEST', `What this create names lives on another upstream deployment of model ${this.model.id} than this socket's; continue it with POST /v1/responses.`, { param: null });
+    }
     // A tier or built-in tool the model has no price for, as over HTTP (validate-request.ts).
     const unpriced = unpricedInRequest(this.model, ev);
     if (unpriced) return new GatewayError('INVALID_REQUEST', unpriced.message, { param: unpriced.param });
@@ -95,6 +110,13 @@ export class ResponsesTurnRules implements TurnRules {
     let out = ev.model === undefined ? text.replace('{', `{"model":${model},`) : rewriteChatBody(text, this.upstreamModel, false);
     if (out !== null && safety) out = setTopLevelStrings(out, safety, (k) => k in ev);
     return Buffer.from(out ?? JSON.stringify({ ...ev, model: this.upstreamModel, ...safety }));
+  }
+
+  // A miss before this node holds the project's records waits for them (bounded), then checks again.
+  whenChecked(ev: Obj, text: string, data: Buffer, then: (checked: GatewayError | Buffer) => void): void {
+    const first = this.check(ev, text, data);
+    if (!(first instanceof GatewayError) || first.code !== 'OWNER_RECORDS_LOADING') return then(first);
+    this.hooks.whenOwnersHeld(this.key.projectId, () => then(this.check(ev, text, data)));
   }
 
   // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.

@@ -13,10 +13,11 @@ import type { Reply } from '../../request/reply.js';
 import type { RequestContext } from '../../request/request-context.js';
 import type { CallResult, ModelCall } from '../../proxy/providers/provider.js';
 import type { ResponsesCall, ResponsesProvider } from '../../proxy/providers/responses-provider.js';
-import { parseStoredResponsePath } from '../../routing/responses-paths.js';
+import { parseStoredResponsePath, type StoredAction } from '../../routing/responses-paths.js';
 import type { BackgroundFollowers } from './background-responses.js';
-import type { ResponseOwner, ResponseOwners } from '../../state/response-owners.js';
+import { OWNERS_WAIT_MS, type ResponseOwner, type ResponseOwners } from '../../state/response-owners.js';
 import { namedIdRefusal, ownedBy } from './owned-ids.js';
+import { pinOf, type Pin } from './affinity.js';
 
 export interface ResponsesDeps {
   clock: Clock;
@@ -24,8 +25,15 @@ export interface ResponsesDeps {
   providers: Readonly<Record<string, ResponsesProvider>>;
   /** Follows background responses to their end (background-responses.ts). */
   followers: BackgroundFollowers;
-  /** A response created on this node, for the control plane to fan out to the other nodes. */
-  reportOwner?(id: string, projectId: string, model: string, createdAtMs: number): void;
+  /** A response created on this node (held by `deployment` of a pooled model), for the control plane to fan out to the other nodes. */
+  reportOwner?(id: string, projectId: string, model: string, createdAtMs: number, deployment: string): void;
+}
+
+/** A refusal for an id with no owner record here (a response, conversation or item), not a config list's. */
+function isOwnerMiss(err: GatewayError): boolean {
+  if (err.code !== 'NOT_FOUND') return false;
+  const p = err.param;
+  return p === null || p === undefined || p === 'previous_response_id' || p === 'conversation' || /^(input|items)\[\d+\]\.id$/.test(p);
 }
 
 /** The 404 of a response the key may not see: the same text whether it exists or not. */
@@ -54,6 +62,49 @@ export class ResponsesEndpoint {
     return namedIdRefusal(body, key, state, this.deps.owners, this.deps.clock.now(), itemsField);
   }
 
+  /**
+   * The deployment of a pooled `model` a request must go to, where the objects it names live
+   * (affinity.ts; `pathId`: the one its path names), or the refusal when no one deployment holds them all.
+   */
+  pinOf(model: ModelConfig, body: Record<string, unknown> | null, state: GatewayState, itemsField: 'input' | 'items' = 'input', pathId = ''): Pin | GatewayError {
+    return pinOf(model, body, state, this.deps.owners, this.deps.clock.now(), itemsField, pathId);
+  }
+
+  /**
+   * Runs `check` (the ids a request names) and hands its refusal, or null, to `then`: at once, unless
+   * an id missed while this node does not hold all of the project's records yet (a node holds the
+   * projects it serves, docs/design.md#owner-records). Then it asks for them, waits for them (bounded)
+   * and checks again; still not here, the answer is a 503 to retry, never a 404 that may be wrong.
+   */
+  checked(key: KeyRecord, reply: { readonly done: boolean }, check: () => GatewayError | null, then: (err: GatewayError | null) => void): void {
+    const err = check();
+    const owners = this.deps.owners;
+    if (!err || !isOwnerMiss(err) || owners.holdsAllOf(key.projectId)) return then(err);
+    owners.whenHeld(key.projectId, OWNERS_WAIT_MS, (held) => {
+      if (reply.done) return;
+      const again = check();
+      then(again && !held && isOwnerMiss(again) ? new GatewayError('OWNER_RECORDS_LOADING', undefined, { retryAfterSec: 1 }) : again);
+    });
+  }
+
+  /** `checkIds` without waiting: a miss before the project's records are here is a 503 (a socket turn then waits for them, socket-turns.ts). */
+  checkIdsNow(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null {
+    const err = this.checkIds(key, body, state);
+    if (!err || !isOwnerMiss(err) || this.deps.owners.holdsAllOf(key.projectId)) return err;
+    this.askOwners(key.projectId);
+    return new GatewayError('OWNER_RECORDS_LOADING', undefined, { retryAfterSec: 1 });
+  }
+
+  /** Calls `go` once this node holds the project's owner records, or its wait for them ended. */
+  whenOwnersHeld(projectId: string, go: () => void): void {
+    this.deps.owners.whenHeld(projectId, OWNERS_WAIT_MS, () => go());
+  }
+
+  /** Asks for the project's owner records if this node does not hold them (a socket opened). */
+  askOwners(projectId: string): void {
+    if (!this.deps.owners.holdsAllOf(projectId)) this.deps.owners.whenHeld(projectId, OWNERS_WAIT_MS, () => {});
+  }
+
   /** The owner record of `id` if it is the key's project's (and of a model the key may use). */
   ownerOf(key: KeyRecord, id: string, state: GatewayState): ResponseOwner | undefined {
     return ownedBy(this.deps.owners, key, id, state, this.deps.clock.now());
@@ -61,14 +112,17 @@ export class ResponsesEndpoint {
 
   /** The record of `id` goes (the upstream deleted it). */
   forget(id: string): void {
-    this.deps.owners.remove(id);
+    this.deps.owners.forget(id);
   }
 
-  /** Records (and reports) that the key's project owns the upstream object `id` (a response, a conversation, an item). */
-  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void {
+  /**
+   * Records (and reports) that the key's project owns the upstream object `id` (a response, a
+   * conversation, an item), held by `deployment` of a pooled model ('' its first, or a model's one upstream).
+   */
+  recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string, deployment = ''): void {
     const createdAtMs = this.deps.clock.now();
-    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs });
-    this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs);
+    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs, deployment });
+    this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs, deployment);
   }
 
   /**
@@ -92,20 +146,24 @@ export class ResponsesEndpoint {
     return this.deps.providers[model.provider];
   }
 
-  /** Hands a checked create to its provider, recording the owner of the id it names. */
-  create(ctx: RequestContext, provider: ResponsesProvider, call: ModelCall): void {
+  /**
+   * Hands a checked create to its provider, recording the owner of the id it names (with the
+   * deployment that holds it); `pin`: the deployment of a pooled model it must go to (pinOf).
+   */
+  create(ctx: RequestContext, provider: ResponsesProvider, call: ModelCall, pin: Pin = undefined): void {
     const key = ctx.key;
     const model = call.model;
     const c = call as ResponsesCall;
+    c.deployment = pin;
     // `store: false`: the upstream keeps nothing, so there is no owner to record (only the log's id).
     const stored = call.body.store !== false;
-    c.recordOwner = (id: string) => {
+    c.recordOwner = (id: string, deployment: string) => {
       ctx.responseId = id;
-      if (stored) this.recordOwnerOf(key, model, id);
+      if (stored) this.recordOwnerOf(key, model, id, deployment);
     };
     // Its output items may be named by an `item_reference` later (stored upstream only when it is).
-    c.recordItems = (ids: string[]) => {
-      if (stored) for (const id of ids) this.recordOwnerOf(key, model, id);
+    c.recordItems = (ids: string[], deployment: string) => {
+      if (stored) for (const id of ids) this.recordOwnerOf(key, model, id, deployment);
     };
     // A chain from this response re-reads its input and output (chainTokens).
     const complete = c.complete;
@@ -114,7 +172,7 @@ export class ResponsesEndpoint {
       complete(r);
     };
     const followers = this.deps.followers;
-    c.follow = (id: string, status: number) => followers.follow(ctx, provider, model, id, call.body, status);
+    c.follow = (id: string, status: number, deployment: string) => followers.follow(ctx, provider, model, id, call.body, status, deployment, stored ? c.recordItems : null);
     provider.create(c);
   }
 
@@ -128,9 +186,26 @@ export class ResponsesEndpoint {
       reply.sendError(err);
     };
     if (!at) return refuse(new GatewayError('NOT_FOUND', `No route for ${path}.`));
-    const owner = deps.owners.get(at.id, deps.clock.now());
     // Another project's response, a model the key may not use, or an id nobody recorded: all alike.
-    if (!owner || owner.projectId !== key.projectId || !state.mayUseModel(key, owner.model)) return refuse(notFound(at.id, null));
+    const mine = () => ownedBy(deps.owners, key, at.id, state, deps.clock.now());
+    this.checked(key, reply, () => (mine() ? null : notFound(at.id, null)), (err) => {
+      try {
+        if (err) return refuse(err);
+        this.storedOwned(ctx, reply, at, mine()!, method, query, state, fail);
+      } catch (e) {
+        fail(e);
+      }
+    });
+  }
+
+  /** A stored-response request, the response the key's own. */
+  private storedOwned(ctx: RequestContext, reply: Reply, at: { id: string; action: StoredAction }, owner: ResponseOwner, method: string, query: string, state: GatewayState, fail: (err: unknown) => void): void {
+    const deps = this.deps;
+    const key = ctx.key;
+    const refuse = (err: GatewayError) => {
+      ctx.refuse();
+      reply.sendError(err);
+    };
     const model = state.view.models.get(owner.model);
     const provider = model && deps.providers[model.provider];
     if (!model || !provider) return refuse(notFound(at.id, null));
@@ -138,10 +213,13 @@ export class ResponsesEndpoint {
     ctx.responseId = at.id;
     reply.upstreamAt = performance.now();
     const owners = deps.owners;
+    // It lives with the deployment that created it (affinity.ts): its first, if recorded before pools kept it.
+    const deployment = model.deployments.length > 0 ? owner.deployment || model.deployments[0].id : undefined;
     provider.stored({
       requestId: ctx.requestId,
       reply,
       model,
+      deployment,
       id: at.id,
       action: at.action,
       method,
@@ -154,11 +232,11 @@ export class ResponsesEndpoint {
       },
       fail,
       forget() {
-        owners.remove(at.id);
+        owners.forget(at.id);
       },
       // A response's input items, listed: an item_reference may name them.
       recordOwned: (ids: string[]) => {
-        for (const id of ids) this.recordOwnerOf(key, model, id);
+        for (const id of ids) this.recordOwnerOf(key, model, id, deployment ?? '');
       },
     });
   }

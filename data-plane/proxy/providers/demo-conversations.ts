@@ -100,7 +100,7 @@ export class DemoConversations {
       const c: Conversation = { id: newDemoId('conv'), createdAt: this.now(), metadata: body.metadata ?? {}, items: demoItemsOf(body.items) };
       this.kept.set(c.id, c);
       while (this.kept.size > MAX_CONVERSATIONS) this.kept.delete(this.kept.keys().next().value as string);
-      call.recordOwned([c.id, ...itemIdsOf(c.items)]);
+      call.recordOwned([c.id, ...itemIdsOf(c.items)], '');
       return send(call.reply, call, conversationView(c));
     }
     const c = this.kept.get(at.id);
@@ -116,7 +116,7 @@ export class DemoConversations {
       if (call.method === 'GET') return send(call.reply, call, demoItemsPage(c.items, call.query));
       const added = demoItemsOf(body.items);
       c.items.push(...added);
-      call.recordOwned(itemIdsOf(added));
+      call.recordOwned(itemIdsOf(added), '');
       return send(call.reply, call, { object: 'list', data: added, first_id: added[0]?.id ?? null, last_id: added[added.length - 1]?.id ?? null, has_more: false });
     }
     const i = c.items.findIndex((x) => x.id === at.itemId);
@@ -152,7 +152,7 @@ export class DemoConversations {
     const output = countTokens(summary);
     const usage = { input_tokens: input, input_tokens_details: { cached_tokens: 0 }, output_tokens: output, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: input + output };
     const out = [...kept, compaction];
-    call.recordOwned(itemIdsOf(out));
+    call.recordOwned(itemIdsOf(out), '');
     send(call.reply, call, { id: newDemoId('resp'), object: 'response.compaction', created_at: Math.floor(this.now() / 1000), output: out, usage }, input, output);
   }
 }

@@ -158,8 +158,8 @@ export class DemoResponsesProvider implements ResponsesProvider {
     const r = this.respond(body, model.id);
     // The owner is recorded before the id goes out, and the request settled before the answer is
     // written (it is written in full, synchronously).
-    call.recordOwner(r.id);
-    call.recordItems(itemIdsOf(r.final.output));
+    call.recordOwner(r.id, '');
+    call.recordItems(itemIdsOf(r.final.output), '');
     if (body.background === true && body.stream !== true) return this.startBackground(call, r);
     call.complete({ status: 200, promptTokens: r.promptTokens, completionTokens: r.outputTokens });
     if (body.stream !== true) return reply.send(200, JSON_HEADERS, JSON.stringify(r.final));
@@ -180,7 +180,7 @@ export class DemoResponsesProvider implements ResponsesProvider {
     setTimeout(() => {
       if (isRunning(s.response)) s.response = final;
     }, DEMO_BACKGROUND_MS).unref();
-    call.follow(r.id, 200);
+    call.follow(r.id, 200, '');
     call.reply.send(200, JSON_HEADERS, JSON.stringify(queued));
   }
 
@@ -245,5 +245,5 @@ export class DemoResponsesProvider implements ResponsesProvider {
 const GONE: UpstreamRead = Object.freeze({ httpStatus: 404, status: null, usage: null, outputTokens: 0 });
 
 function readOf(response: Record<string, unknown>): UpstreamRead {
-  return { httpStatus: 200, status: String(response.status), usage: tokenUsageOf(response.usage), outputTokens: 0 };
+  return { httpStatus: 200, status: String(response.status), usage: tokenUsageOf(response.usage), outputTokens: 0, itemIds: itemIdsOf(response.output) };
 }

@@ -3,13 +3,16 @@
 // in, as a create), `POST {base_url}/responses/input_tokens` (a count: no tokens billed) and the
 // Conversations API (`{base_url}/conversations…`: no tokens billed). The gateway has checked every id
 // the request names; the ids an answer names (a new conversation, items listed or added, a
-// compaction's output) are recorded as the project's before they reach the client.
+// compaction's output) are recorded as the project's, with the deployment holding them, before they
+// reach the client. A compaction is priced at the serving deployment's prices.
 import type { ForwardCall } from './responses-provider.js';
-import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
+import { USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader } from '../usage/responses-usage-readers.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { billedTokens, pricerOf } from './openai.js';
 import type { Target } from './upstream-targets.js';
+import type { PooledExchange } from './pooled-upstreams.js';
+import type { UsagePricer } from '../usage/usage-readers.js';
 
 /** The upstream path of a forwarded request, its query kept. */
 function pathOf(t: Target, call: ForwardCall): string {
@@ -33,27 +36,31 @@ function payloadOf(t: Target, call: ForwardCall): string | null {
   return JSON.stringify({ ...body, model: t.upstreamModel });
 }
 
-export function forwardOpenAI(t: Target, call: ForwardCall): void {
-  const payload = payloadOf(t, call);
+/** The exchange of a forwarded request, for whichever deployment (or one upstream) serves it. */
+export function forwardExchange(call: ForwardCall): PooledExchange {
   const conv = call.conversation;
   let compact: ResponsesJsonReader | null = null;
-  const recordOwned = call.recordOwned;
+  // The deployment of the attempt under way and its prices: what the answer names lives there.
+  let deployment = '';
+  let pricer: UsagePricer = pricerOf(call.model);
+  const recordOwned = (ids: string[]) => call.recordOwned(ids, deployment);
   const deletes = call.method === 'DELETE' && conv !== null;
-  proxyRequest({
-    pool: t.pool,
+  return {
     method: call.method as 'GET' | 'POST' | 'DELETE',
-    path: pathOf(t, call),
-    headers: payload === null ? t.authHeaders : t.jsonHeaders,
-    body: payload,
-    timeoutMs: t.timeoutMs,
     reply: call.reply,
     passAllHeaders: false,
+    attempt(t, billAs, d) {
+      deployment = d;
+      pricer = pricerOf(billAs);
+      const payload = payloadOf(t, call);
+      return { path: pathOf(t, call), headers: payload === null ? t.authHeaders : t.jsonHeaders, body: payload };
+    },
     inspect(status, contentType) {
       if (status < 200 || status >= 300 || !contentType.startsWith('application/json')) return null;
       // Ids the answer names are recorded before the chunk naming them goes on (the client can
       // never name one before it is the project's): a compaction's output, a new conversation,
       // items added, listed or read.
-      if (call.op === 'compact') return (compact = new ResponsesJsonReader(ignore, pricerOf(call.model), recordOwned));
+      if (call.op === 'compact') return (compact = new ResponsesJsonReader(ignore, pricer, recordOwned));
       if (conv?.action === 'create') return new ResponsesJsonReader((id) => recordOwned([id]));
       if (conv && (conv.action === 'items' || conv.action === 'item') && call.method !== 'DELETE') return new ItemIdsReader(conv.action === 'item' ? 'id' : 'data', recordOwned);
       return null;
@@ -69,7 +76,7 @@ export function forwardOpenAI(t: Target, call: ForwardCall): void {
       if (call.op !== 'compact') return call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
       call.complete(billedTokens(status, outcome, upstreamStatus, c?.usage ?? null, () => ({ prompt: call.inputTokens, completion: c ? c.countedOutputTokens() : 0 })));
     },
-  });
+  };
 }
 
 function ignore(): void {}

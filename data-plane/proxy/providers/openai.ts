@@ -16,7 +16,6 @@ import { boundaryOf } from '../multipart-model.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 import { UpstreamTargets, type PoolRegistry } from './upstream-targets.js';
 import { PooledUpstreams, type PooledExchange } from './pooled-upstreams.js';
-import type { MinuteLeases } from '../upstream-pool.js';
 import { systemClock, type Clock } from '../../limits/clock.js';
 
 /** Top-level members the readers keep besides `usage`, per endpoint. */
@@ -104,11 +103,11 @@ export class OpenAIProvider implements Provider {
     pools: PoolRegistry,
     clock: Clock = systemClock,
     private readonly safety: SafetyFields | null = null,
-    /** The node's minute leases: a pooled model's deployments' rpm and tpm across the cluster. */
-    leases?: MinuteLeases,
+    /** The node's pooled models, shared with the Responses provider (one health and one count per deployment). */
+    pooled?: PooledUpstreams,
   ) {
     this.targets = new UpstreamTargets(pools);
-    this.pooled = new PooledUpstreams(this.targets, clock, undefined, leases);
+    this.pooled = pooled ?? new PooledUpstreams(this.targets, clock);
   }
 
   /** One exchange: to the model's one upstream, or (a pooled model) to its deployments in turn. */
@@ -116,7 +115,7 @@ export class OpenAIProvider implements Provider {
     const m = call.model;
     if (m.deployments.length > 0) return this.pooled.send(m, call, x, tokens, once);
     const t = this.targets.of(m);
-    const r = x.attempt(t, m);
+    const r = x.attempt(t, m, '');
     // One literal, of one shape for every call (no spread of the exchange: a spread built its object
     // property by property, a hidden-class transition each, per request; bench:where showed them).
     proxyRequest({

@@ -5,7 +5,9 @@
 // deployment that served it, and its log names every attempt. A deployment's rpm and tpm are held
 // across nodes with the key-minute leases (docs/leases.md#minute-pools-by-id): when no deployment has
 // room and some are short only of this node's lease, the request waits for the answer as admission
-// waits for a key's (bounded), then is sent or refused (429, given back whole).
+// waits for a key's (bounded), then is sent or refused (429, given back whole). A request naming a
+// stored object of the Responses API is pinned to the deployment that holds it (affinity): that one
+// or none, never another.
 import type { ModelConfig, ModelDeployment } from '../../../proto/gen/tollgate/v1/sync.js';
 import { GatewayError } from '../../errors.js';
 import { logBug } from '../../log.js';
@@ -32,12 +34,12 @@ export interface PoolCall {
 }
 
 /** One request's exchange, less what each attempt sets for its deployment. */
-export interface PooledExchange extends Omit<ProxyRequest, 'pool' | 'path' | 'headers' | 'body' | 'timeoutMs' | 'retry' | 'retryStatus' | 'onResponseHead'> {
+export interface PooledExchange extends Omit<ProxyRequest, 'pool' | 'path' | 'headers' | 'body' | 'timeoutMs' | 'retry' | 'retryStatus'> {
   /**
    * The path, headers and body of an attempt at a deployment (its base path, key, upstream model);
-   * `billAs`: the model as that deployment prices it.
+   * `billAs`: the model as that deployment prices it; `deployment`: its id ('' for a model's one upstream).
    */
-  attempt(t: Target, billAs: ModelConfig): { path: string; headers: string[]; body: ProxyRequest['body'] };
+  attempt(t: Target, billAs: ModelConfig, deployment: string): { path: string; headers: string[]; body: ProxyRequest['body'] };
 }
 
 /** The outcome word of an attempt that failed without a head. */
@@ -150,15 +152,27 @@ export class PooledUpstreams {
     return p;
   }
 
-  /** Sends a pooled model's request (`model.deployments` not empty); `tokens`: its input estimate, for the deployments' tpm. */
-  send(model: ModelConfig, call: PoolCall, x: PooledExchange, tokens: number, once = false): void {
-    new Attempts(this.targets, this.clock, model, this.poolOf(model), call, x, tokens, once).next();
+  /**
+   * Sends a pooled model's request (`model.deployments` not empty); `tokens`: its input estimate, for
+   * the deployments' tpm. `pin`: the index of the one deployment it may go to (what it names lives
+   * there), -1 for any.
+   */
+  send(model: ModelConfig, call: PoolCall, x: PooledExchange, tokens: number, once = false, pin = -1): void {
+    new Attempts(this.targets, this.clock, model, this.poolOf(model), call, x, tokens, once, pin).next();
   }
+}
+
+/** The refusal of a request pinned to a deployment that is down (or gone from the config). */
+export function storedObjectUnavailable(model: ModelConfig, retryAfterSec?: number): GatewayError {
+  const when = retryAfterSec === undefined ? 'retry later' : `retry after ${retryAfterSec} s`;
+  return new GatewayError('STORED_OBJECT_UNAVAILABLE', `What this request names lives on an upstream deployment of model ${model.id} that is unavailable right now; ${when}.`, retryAfterSec === undefined ? {} : { retryAfterSec });
 }
 
 /** One request's attempts, in order. */
 class Attempts {
   private readonly tried: number[] = [];
+  /** Pinned: every other deployment, never chosen. */
+  private readonly others: number[] = [];
   private readonly log: string[] = [];
   private readonly maxAttempts: number;
   /** performance.now() by which an answer's head must have come. */
@@ -173,9 +187,11 @@ class Attempts {
     private readonly x: PooledExchange,
     private readonly tokens: number,
     once: boolean,
+    private readonly pin: number,
   ) {
     const n = model.deployments.length;
-    this.maxAttempts = once ? 1 : Math.min(n, model.maxAttempts || n);
+    if (pin >= 0) for (let i = 0; i < n; i++) if (i !== pin) this.others.push(i);
+    this.maxAttempts = once || pin >= 0 ? 1 : Math.min(n, model.maxAttempts || n);
     const timeoutMs = model.timeoutMs > 0 ? Number(model.timeoutMs) : 60_000;
     this.deadline = performance.now() + (Number(model.failoverTimeoutMs) || timeoutMs * this.maxAttempts);
   }
@@ -184,24 +200,37 @@ class Attempts {
   next(): boolean {
     const first = this.tried.length === 0;
     if (!first && (this.tried.length >= this.maxAttempts || performance.now() >= this.deadline)) return false;
-    const i = this.p.pool.choose(this.tried, this.tokens);
+    const passed = this.passed();
+    const i = this.p.pool.choose(passed, this.tokens);
     if (i >= 0) {
       this.attempt(i);
       return true;
     }
     if (!first) return false;
-    const why = this.p.pool.whyNone(this.tried, this.tokens);
+    const why = this.p.pool.whyNone(passed, this.tokens);
     if (why.leaseShort.length > 0) this.waitForLease();
     else this.refuse(why);
     return true;
   }
 
+  /** What may not be chosen: what was tried, and, pinned, every other deployment. */
+  private passed(): number[] {
+    return this.others.length > 0 ? this.others.concat(this.tried) : this.tried;
+  }
+
   /** No deployment can take the request: refused before any upstream was asked, given back whole. */
   private refuse(why: NoneAvailable): void {
     const retryAfterSec = Math.max(1, Math.ceil(why.retryAfterMs / 1000));
-    const err = why.capacity || why.leaseShort.length > 0
-      ? new GatewayError('MODEL_AT_CAPACITY', `Every upstream deployment of model ${this.model.id} is at its capacity; retry after ${retryAfterSec} s.`, { retryAfterSec })
-      : new GatewayError('UPSTREAM_UNREACHABLE', `Every upstream deployment of model ${this.model.id} is failing; retry after ${retryAfterSec} s.`, { retryAfterSec });
+    const m = this.model.id;
+    const capacity = why.capacity || why.leaseShort.length > 0;
+    const err =
+      this.pin >= 0
+        ? capacity
+          ? new GatewayError('MODEL_AT_CAPACITY', `The upstream deployment of model ${m} that holds what this request names is at its capacity; retry after ${retryAfterSec} s.`, { retryAfterSec })
+          : storedObjectUnavailable(this.model, retryAfterSec)
+        : capacity
+          ? new GatewayError('MODEL_AT_CAPACITY', `Every upstream deployment of model ${m} is at its capacity; retry after ${retryAfterSec} s.`, { retryAfterSec })
+          : new GatewayError('UPSTREAM_UNREACHABLE', `Every upstream deployment of model ${m} is failing; retry after ${retryAfterSec} s.`, { retryAfterSec });
     if (this.call.refuse) this.call.refuse(err);
     else this.call.fail(err);
   }
@@ -245,18 +274,18 @@ class Attempts {
           timer = setTimeout(() => attempt(true), 50);
           return;
         }
-        let i = pool.choose(this.tried, this.tokens);
+        let i = pool.choose(this.passed(), this.tokens);
         if (i < 0) {
           // Out of time with no answer, or while an earlier want of the minute is so: taken in advance.
-          for (const j of pool.whyNone(this.tried, this.tokens).leaseShort) {
+          for (const j of pool.whyNone(this.passed(), this.tokens).leaseShort) {
             if (!pool.advanceLease(j, this.tokens, lastTry)) continue;
-            i = pool.choose(this.tried, this.tokens);
+            i = pool.choose(this.passed(), this.tokens);
             if (i >= 0) break;
           }
         }
         if (i < 0 && !lastTry) {
           stopWaiting();
-          for (const j of pool.whyNone(this.tried, this.tokens).leaseShort) if (pool.waitLease(j, this.tokens, wake)) asked.push(j);
+          for (const j of pool.whyNone(this.passed(), this.tokens).leaseShort) if (pool.waitLease(j, this.tokens, wake)) asked.push(j);
           if (asked.length > 0) {
             timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
             return;
@@ -264,7 +293,7 @@ class Attempts {
         }
         finish();
         if (i >= 0) this.attempt(i);
-        else this.refuse(pool.whyNone(this.tried, this.tokens));
+        else this.refuse(pool.whyNone(this.passed(), this.tokens));
       } catch (e) {
         // Out of a timer or a lease answer: nothing may escape; the request ends as a failure.
         logBug(e);
@@ -304,7 +333,7 @@ class Attempts {
       self.log.pop();
       return false;
     };
-    const r = x.attempt(t, p.billAs[i]);
+    const r = x.attempt(t, p.billAs[i], d.id);
     proxyRequest({
       pool: t.pool,
       method: x.method,
@@ -321,12 +350,19 @@ class Attempts {
       onAbort: x.onAbort,
       onResponseHead(status) {
         if (status !== 429 && status < 500) pool.succeeded(i);
+        x.onResponseHead?.(status);
       },
       retry(err) {
         failure = errorOutcome(err);
         countError(failure);
         pool.failed(i);
-        return moveOn(failure);
+        if (self.pin < 0) return moveOn(failure);
+        // Pinned: no other account holds what it names, so the answer says where it lives, not a 502.
+        release();
+        self.log.push(`${d.id}:${failure}`);
+        self.call.served?.(p.billAs[i], d.id, self.log.join(' '));
+        self.call.fail(storedObjectUnavailable(self.model));
+        return true;
       },
       retryStatus(status, retryAfter) {
         countError(status === 429 ? '429' : '5xx');

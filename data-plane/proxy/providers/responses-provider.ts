@@ -11,18 +11,24 @@ import type { CallResult, ModelCall } from './provider.js';
 /** A create: a model call that also names the response's id as soon as the upstream does. */
 export interface ResponsesCall extends ModelCall {
   /**
-   * Records that the key's project owns the response `id`; a provider calls it before the bytes
-   * naming the id reach the client, so the client can never ask for it before it is recorded.
+   * A pooled model: the deployment it must go to, where what it names lives (endpoints/responses/affinity.ts;
+   * '' the first); undefined: any.
    */
-  recordOwner(id: string): void;
+  deployment?: string;
+  /**
+   * Records that the key's project owns the response `id`, held by `deployment` (the id of the pooled
+   * model's deployment that answered; '' for a model's one upstream); a provider calls it before the
+   * bytes naming the id reach the client, so the client can never ask for it before it is recorded.
+   */
+  recordOwner(id: string, deployment: string): void;
   /**
    * A background response (`background: true`) that the answer left running upstream, its usage not
-   * in it: the node follows it to its end and bills it then. Called instead of `complete`, with the
-   * status `complete` would have had.
+   * in it: the node follows it to its end (on `deployment`) and bills it then. Called instead of
+   * `complete`, with the status `complete` would have had.
    */
-  follow(id: string, status: number): void;
+  follow(id: string, status: number, deployment: string): void;
   /** The ids of the answer's output items: the key's project owns them (an `item_reference` may name them). */
-  recordItems(ids: string[]): void;
+  recordItems(ids: string[], deployment: string): void;
 }
 
 /**
@@ -36,6 +42,8 @@ export interface ForwardCall {
   /** The model it is for (named, or the model of what it names): its provider serves it. */
   model: ModelConfig;
   op: 'compact' | 'input_tokens' | 'conversation';
+  /** A pooled model: the deployment it must go to ('' the first); undefined: any (a new conversation, a count naming nothing stored). */
+  deployment?: string;
   /** For `conversation`: the path's conversation and item. */
   conversation: ConversationPath | null;
   method: string;
@@ -49,10 +57,12 @@ export interface ForwardCall {
   complete(result: CallResult): void;
   onAbort(fn: () => void): void;
   fail(err: unknown): void;
-  /** Ids the answer names that the key's project now owns: a new conversation, items listed or added. */
-  recordOwned(ids: string[]): void;
+  /** Ids the answer names that the key's project now owns (a new conversation, items listed or added), held by `deployment`. */
+  recordOwned(ids: string[], deployment: string): void;
   /** The upstream deleted this conversation or item: its owner record goes too. */
   forget(id: string): void;
+  /** A pooled model: the deployment that served, the model priced as it bills, every attempt. */
+  served?(billAs: ModelConfig, deployment: string, attempts: string): void;
 }
 
 /** What the upstream said of a response read off the request path (a follower's retrieve or cancel). */
@@ -66,6 +76,8 @@ export interface UpstreamRead {
   outputTokens: number;
   /** What it reports besides its tokens: the tier it ran on, its built-in tool calls. */
   facts?: ReportedFacts;
+  /** The ids of its `output` items (the project owns them once it ended). */
+  itemIds?: string[];
 }
 
 /** A request on a stored response, already checked to be the key's own. */
@@ -74,6 +86,8 @@ export interface StoredCall {
   reply: ResponseSink;
   /** The model the response was created with (its provider serves the request). */
   model: ModelConfig;
+  /** A pooled model: the deployment that holds the response ('' the first). */
+  deployment?: string;
   id: string;
   action: StoredAction;
   method: string;
@@ -93,8 +107,8 @@ export interface ResponsesProvider {
   stored(call: StoredCall): void;
   /** Compact, count input tokens, or a request of the Conversations API. */
   forward(call: ForwardCall): void;
-  /** `GET /responses/{id}` for a follower, off the request path; `done` is called exactly once. */
-  retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
+  /** `GET /responses/{id}` for a follower, off the request path (on `deployment` of a pooled model); `done` is called exactly once. */
+  retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void, deployment?: string): void;
   /** `POST /responses/{id}/cancel` for a follower whose key may no longer run it; `done` once. */
-  cancel(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void;
+  cancel(model: ModelConfig, id: string, done: (r: UpstreamRead) => void, deployment?: string): void;
 }

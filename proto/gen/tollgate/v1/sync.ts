@@ -39,7 +39,18 @@ export interface NodeMessage {
    * store and acknowledged together (ReportAcks): a loaded node sends what it journaled about once a second
    * instead of every flush.
    */
-  reports?: ReportBatch | undefined;
+  reports?:
+    | ReportBatch
+    | undefined;
+  /**
+   * A node placing owner records by project (Hello.owner_records_by_project) now serves these
+   * projects' Responses API requests: it is sent their retained records, then each new one.
+   */
+  ownerInterest?: OwnerInterest | undefined;
+}
+
+export interface OwnerInterest {
+  projectIds: string[];
 }
 
 /**
@@ -57,14 +68,22 @@ export interface StoredResponse {
   createdAtMs: number;
   /** The control plane's sequence number of the record (0 in a node's report). */
   seq: number;
+  /**
+   * The deployment of the model (ModelDeployment.id) whose upstream account holds it: requests naming
+   * it go there only. Empty: the model's only upstream (or, recorded before pools kept it, its first).
+   */
+  deployment: string;
 }
 
 /**
  * Stored-response records, in ascending seq: on connect those after Hello.stored_responses_seq, then
- * each as the control plane writes it.
+ * each as the control plane writes it. To a node placing records by project: only its projects', and
+ * a project's retained records when it asks for them (OwnerInterest), then that project in
+ * caught_up_projects (its records sent before, or in, this message).
  */
 export interface StoredResponses {
   responses: StoredResponse[];
+  caughtUpProjects: string[];
 }
 
 export interface ReportBatch {
@@ -145,6 +164,13 @@ export interface Hello {
   storedResponsesSeq?:
     | number
     | undefined;
+  /**
+   * The node holds owner records of the projects it serves only (docs/design.md#owner-records): it is
+   * sent the records of `owner_projects` after stored_responses_seq, and others' once it asks for
+   * them (NodeMessage.owner_interest). Unset: every project's, as before.
+   */
+  ownerRecordsByProject?: boolean | undefined;
+  ownerProjects: string[];
   /**
    * The node takes a large snapshot in parts (Snapshot.part): a control plane sends it so to such a
    * node only, and whole to one that does not say this.
@@ -1003,6 +1029,7 @@ function createBaseNodeMessage(): NodeMessage {
     resync: undefined,
     status: undefined,
     reports: undefined,
+    ownerInterest: undefined,
   };
 }
 
@@ -1028,6 +1055,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     }
     if (message.reports !== undefined) {
       ReportBatch.encode(message.reports, writer.uint32(90).fork()).join();
+    }
+    if (message.ownerInterest !== undefined) {
+      OwnerInterest.encode(message.ownerInterest, writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -1101,6 +1131,14 @@ export const NodeMessage: MessageFns<NodeMessage> = {
             message.reports = ReportBatch.decode(reader, reader.uint32());
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.ownerInterest = OwnerInterest.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1126,6 +1164,11 @@ export const NodeMessage: MessageFns<NodeMessage> = {
       resync: isSet(object.resync) ? Resync.fromJSON(object.resync) : undefined,
       status: isSet(object.status) ? NodeStatus.fromJSON(object.status) : undefined,
       reports: isSet(object.reports) ? ReportBatch.fromJSON(object.reports) : undefined,
+      ownerInterest: isSet(object.ownerInterest)
+        ? OwnerInterest.fromJSON(object.ownerInterest)
+        : isSet(object.owner_interest)
+        ? OwnerInterest.fromJSON(object.owner_interest)
+        : undefined,
     };
   },
 
@@ -1152,6 +1195,9 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     if (message.reports !== undefined) {
       obj.reports = ReportBatch.toJSON(message.reports);
     }
+    if (message.ownerInterest !== undefined) {
+      obj.ownerInterest = OwnerInterest.toJSON(message.ownerInterest);
+    }
     return obj;
   },
 
@@ -1177,12 +1223,88 @@ export const NodeMessage: MessageFns<NodeMessage> = {
     message.reports = (object.reports !== undefined && object.reports !== null)
       ? ReportBatch.fromPartial(object.reports)
       : undefined;
+    message.ownerInterest = (object.ownerInterest !== undefined && object.ownerInterest !== null)
+      ? OwnerInterest.fromPartial(object.ownerInterest)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseOwnerInterest(): OwnerInterest {
+  return { projectIds: [] };
+}
+
+export const OwnerInterest: MessageFns<OwnerInterest> = {
+  encode(message: OwnerInterest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.projectIds) {
+      writer.uint32(10).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): OwnerInterest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseOwnerInterest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.projectIds.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): OwnerInterest {
+    return {
+      projectIds: globalThis.Array.isArray(object?.projectIds)
+        ? object.projectIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.project_ids)
+        ? object.project_ids.map((e: any) => globalThis.String(e))
+        : [],
+    };
+  },
+
+  toJSON(message: OwnerInterest): unknown {
+    const obj: any = {};
+    if (message.projectIds?.length) {
+      obj.projectIds = message.projectIds;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<OwnerInterest>, I>>(base?: I): OwnerInterest {
+    return OwnerInterest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<OwnerInterest>, I>>(object: I): OwnerInterest {
+    const message = createBaseOwnerInterest();
+    message.projectIds = object.projectIds?.map((e) => e) || [];
     return message;
   },
 };
 
 function createBaseStoredResponse(): StoredResponse {
-  return { responseId: "", projectId: "", model: "", createdAtMs: 0, seq: 0 };
+  return { responseId: "", projectId: "", model: "", createdAtMs: 0, seq: 0, deployment: "" };
 }
 
 export const StoredResponse: MessageFns<StoredResponse> = {
@@ -1201,6 +1323,9 @@ export const StoredResponse: MessageFns<StoredResponse> = {
     }
     if (message.seq !== 0) {
       writer.uint32(40).int64(message.seq);
+    }
+    if (message.deployment !== "") {
+      writer.uint32(50).string(message.deployment);
     }
     return writer;
   },
@@ -1258,6 +1383,14 @@ export const StoredResponse: MessageFns<StoredResponse> = {
             message.seq = longToNumber(reader.int64());
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.deployment = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1289,6 +1422,7 @@ export const StoredResponse: MessageFns<StoredResponse> = {
         ? globalThis.Number(object.created_at_ms)
         : 0,
       seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
+      deployment: isSet(object.deployment) ? globalThis.String(object.deployment) : "",
     };
   },
 
@@ -1309,6 +1443,9 @@ export const StoredResponse: MessageFns<StoredResponse> = {
     if (message.seq !== 0) {
       obj.seq = Math.round(message.seq);
     }
+    if (message.deployment !== "") {
+      obj.deployment = message.deployment;
+    }
     return obj;
   },
 
@@ -1322,18 +1459,22 @@ export const StoredResponse: MessageFns<StoredResponse> = {
     message.model = object.model ?? "";
     message.createdAtMs = object.createdAtMs ?? 0;
     message.seq = object.seq ?? 0;
+    message.deployment = object.deployment ?? "";
     return message;
   },
 };
 
 function createBaseStoredResponses(): StoredResponses {
-  return { responses: [] };
+  return { responses: [], caughtUpProjects: [] };
 }
 
 export const StoredResponses: MessageFns<StoredResponses> = {
   encode(message: StoredResponses, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.responses) {
       StoredResponse.encode(v!, writer.uint32(10).fork()).join();
+    }
+    for (const v of message.caughtUpProjects) {
+      writer.uint32(18).string(v!);
     }
     return writer;
   },
@@ -1359,6 +1500,14 @@ export const StoredResponses: MessageFns<StoredResponses> = {
             message.responses.push(StoredResponse.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.caughtUpProjects.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1376,6 +1525,11 @@ export const StoredResponses: MessageFns<StoredResponses> = {
       responses: globalThis.Array.isArray(object?.responses)
         ? object.responses.map((e: any) => StoredResponse.fromJSON(e))
         : [],
+      caughtUpProjects: globalThis.Array.isArray(object?.caughtUpProjects)
+        ? object.caughtUpProjects.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.caught_up_projects)
+        ? object.caught_up_projects.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -1383,6 +1537,9 @@ export const StoredResponses: MessageFns<StoredResponses> = {
     const obj: any = {};
     if (message.responses?.length) {
       obj.responses = message.responses.map((e) => StoredResponse.toJSON(e));
+    }
+    if (message.caughtUpProjects?.length) {
+      obj.caughtUpProjects = message.caughtUpProjects;
     }
     return obj;
   },
@@ -1393,6 +1550,7 @@ export const StoredResponses: MessageFns<StoredResponses> = {
   fromPartial<I extends Exact<DeepPartial<StoredResponses>, I>>(object: I): StoredResponses {
     const message = createBaseStoredResponses();
     message.responses = object.responses?.map((e) => StoredResponse.fromPartial(e)) || [];
+    message.caughtUpProjects = object.caughtUpProjects?.map((e) => e) || [];
     return message;
   },
 };
@@ -2010,6 +2168,8 @@ function createBaseHello(): Hello {
     haveVersion: 0,
     listenAddress: "",
     storedResponsesSeq: undefined,
+    ownerRecordsByProject: undefined,
+    ownerProjects: [],
     snapshotParts: undefined,
     heldSlots: [],
     heldKeyMinutes: [],
@@ -2035,6 +2195,12 @@ export const Hello: MessageFns<Hello> = {
     }
     if (message.storedResponsesSeq !== undefined) {
       writer.uint32(6400).int64(message.storedResponsesSeq);
+    }
+    if (message.ownerRecordsByProject !== undefined) {
+      writer.uint32(6416).bool(message.ownerRecordsByProject);
+    }
+    for (const v of message.ownerProjects) {
+      writer.uint32(6426).string(v!);
     }
     if (message.snapshotParts !== undefined) {
       writer.uint32(7208).bool(message.snapshotParts);
@@ -2109,6 +2275,22 @@ export const Hello: MessageFns<Hello> = {
             message.storedResponsesSeq = longToNumber(reader.int64());
             continue;
           }
+          case 802: {
+            if (tag !== 6416) {
+              break;
+            }
+
+            message.ownerRecordsByProject = reader.bool();
+            continue;
+          }
+          case 803: {
+            if (tag !== 6426) {
+              break;
+            }
+
+            message.ownerProjects.push(reader.string());
+            continue;
+          }
           case 901: {
             if (tag !== 7208) {
               break;
@@ -2177,6 +2359,16 @@ export const Hello: MessageFns<Hello> = {
         : isSet(object.stored_responses_seq)
         ? globalThis.Number(object.stored_responses_seq)
         : undefined,
+      ownerRecordsByProject: isSet(object.ownerRecordsByProject)
+        ? globalThis.Boolean(object.ownerRecordsByProject)
+        : isSet(object.owner_records_by_project)
+        ? globalThis.Boolean(object.owner_records_by_project)
+        : undefined,
+      ownerProjects: globalThis.Array.isArray(object?.ownerProjects)
+        ? object.ownerProjects.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.owner_projects)
+        ? object.owner_projects.map((e: any) => globalThis.String(e))
+        : [],
       snapshotParts: isSet(object.snapshotParts)
         ? globalThis.Boolean(object.snapshotParts)
         : isSet(object.snapshot_parts)
@@ -2215,6 +2407,12 @@ export const Hello: MessageFns<Hello> = {
     if (message.storedResponsesSeq !== undefined) {
       obj.storedResponsesSeq = Math.round(message.storedResponsesSeq);
     }
+    if (message.ownerRecordsByProject !== undefined) {
+      obj.ownerRecordsByProject = message.ownerRecordsByProject;
+    }
+    if (message.ownerProjects?.length) {
+      obj.ownerProjects = message.ownerProjects;
+    }
     if (message.snapshotParts !== undefined) {
       obj.snapshotParts = message.snapshotParts;
     }
@@ -2238,6 +2436,8 @@ export const Hello: MessageFns<Hello> = {
     message.haveVersion = object.haveVersion ?? 0;
     message.listenAddress = object.listenAddress ?? "";
     message.storedResponsesSeq = object.storedResponsesSeq ?? undefined;
+    message.ownerRecordsByProject = object.ownerRecordsByProject ?? undefined;
+    message.ownerProjects = object.ownerProjects?.map((e) => e) || [];
     message.snapshotParts = object.snapshotParts ?? undefined;
     message.heldSlots = object.heldSlots?.map((e) => SlotHeld.fromPartial(e)) || [];
     message.heldKeyMinutes = object.heldKeyMinutes?.map((e) => KeyLeaseReturn.fromPartial(e)) || [];
