@@ -29,6 +29,7 @@ import { OpenAIProvider } from './proxy/providers/openai.js';
 import { PoolRegistry } from './proxy/providers/upstream-targets.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
+import { deploymentHealth } from './proxy/pool-metrics.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 import { UsageClient } from './sync/usage-client.js';
@@ -196,6 +197,7 @@ async function main(): Promise<void> {
     tls: config.tls,
     journalDepth: () => reporter.unackedCount,
     journalExtra: () => ({ journalBytes: reporter.status.journalBytes, droppedLogRows: reporter.status.droppedLogRows }),
+    deploymentHealth,
     nodeToken: config.nodeToken,
     nodeId: config.nodeId,
     instanceId: config.instanceId,

@@ -15,6 +15,7 @@ import { sql as nodesConnected } from './037-nodes-connected.js';
 import { sql as usageJournal } from './038-usage-journal.js';
 import { sql as reportSink } from './039-report-sink.js';
 import { pgSql as reportSinkPg } from './039-report-sink-pg.js';
+import { sql as deploymentStates } from './040-deployment-states.js';
 import { pgDdl } from './pg-ddl.js';
 
 export interface Migration {
@@ -50,4 +51,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 37, name: 'nodes-connected', sql: nodesConnected },
   { version: 38, name: 'usage-journal', sql: usageJournal },
   { version: 39, name: 'report-sink', sql: reportSink, pg: reportSinkPg },
+  { version: 40, name: 'deployment-states', sql: deploymentStates },
 ];
