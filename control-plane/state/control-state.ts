@@ -357,9 +357,10 @@ export class ControlState {
    */
   async setDeploymentState(model: string, deployment: string, state: string): Promise<number> {
     return this.db.tx(async (tx) => {
-      checkSteer(this.current.proto, this.steer, model, deployment, state);
+      // Checked against the rows in this transaction, so two changes at once never drain a model's last two.
+      const next = new Map((await listDeploymentStates(tx)).map((r) => [steerKey(r.model, r.deployment), r.state]));
+      checkSteer(this.current.proto, next, model, deployment, state);
       await setDeploymentState(tx, model, deployment, state, this.nowIso());
-      const next = new Map(this.steer);
       if (state === 'enabled') next.delete(steerKey(model, deployment));
       else next.set(steerKey(model, deployment), state);
       const published = withSteer(this.current.proto, next);
