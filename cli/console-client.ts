@@ -18,6 +18,10 @@ import {
   type ResolveSafetyIdentifierResponse,
   type GetKeyRequest,
   type GetOrgRequest,
+  type GetModelsStatusRequest,
+  type GetModelsStatusResponse,
+  type SetDeploymentStateRequest,
+  type SetDeploymentStateResponse,
   GetUsageRequest,
   type GetUsageResponse,
   ListKeysRequest,
@@ -159,6 +163,12 @@ export class ConsoleClient {
   }
   listNodes(): Promise<ListNodesResponse> {
     return this.call(this.client.listNodes, {});
+  }
+  getModelsStatus(req: GetModelsStatusRequest): Promise<GetModelsStatusResponse> {
+    return this.call(this.client.getModelsStatus, req);
+  }
+  setDeploymentState(req: SetDeploymentStateRequest): Promise<SetDeploymentStateResponse> {
+    return this.call(this.client.setDeploymentState, req);
   }
   reloadConfig(): Promise<ReloadConfigResponse> {
     return this.call(this.client.reloadConfig, {});

@@ -10,6 +10,7 @@ import { logsCommands } from './commands/logs.js';
 import { memberCommands } from './commands/member.js';
 import { miscCommands } from './commands/misc.js';
 import { orgCommands } from './commands/org.js';
+import { poolCommands } from './commands/pools.js';
 import { projectCommands } from './commands/project.js';
 import { auditCommands, webhooksCommands } from './commands/webhooks.js';
 import { ConsoleClient, DEFAULT_CONTROL_PLANE } from './console-client.js';
@@ -22,6 +23,7 @@ const COMMANDS: Command[] = [
   ...projectCommands,
   ...keyCommands,
   ...miscCommands,
+  ...poolCommands,
   ...logsCommands,
   ...webhooksCommands,
   ...auditCommands,

@@ -30,6 +30,7 @@ import { PoolRegistry, UpstreamTargets } from './proxy/providers/upstream-target
 import { PooledUpstreams } from './proxy/providers/pooled-upstreams.js';
 import { Journal } from './sync/journal.js';
 import { ToolBackends } from './proxy/tool-backends.js';
+import { deploymentHealth } from './proxy/pool-metrics.js';
 import { Reporter } from './sync/reporter.js';
 import { SyncClient } from './sync/sync-client.js';
 import { UsageClient } from './sync/usage-client.js';
@@ -204,6 +205,7 @@ async function main(): Promise<void> {
     tls: config.tls,
     journalDepth: () => reporter.unackedCount,
     journalExtra: () => ({ journalBytes: reporter.status.journalBytes, droppedLogRows: reporter.status.droppedLogRows }),
+    deploymentHealth,
     nodeToken: config.nodeToken,
     nodeId: config.nodeId,
     instanceId: config.instanceId,

@@ -54,6 +54,8 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   getUsage: { action: 'usage.show', changes: false, target: (q) => q.projectId || q.orgId },
   listModels: { action: 'models.list', changes: false },
   listNodes: { action: 'nodes.list', changes: false },
+  getModelsStatus: { action: 'models.status', changes: false },
+  setDeploymentState: { action: 'models.set_deployment_state', changes: true, target: (q) => `${q.model}/${q.deployment}`, detail: (q) => `state=${['enabled', 'drained', 'disabled'].includes(q.state) ? q.state : 'invalid'}` },
   reloadConfig: { action: 'config.reload', changes: true },
   listRequestLogs: { action: 'logs.list', changes: false, target: (q) => q.keyId || q.projectId || q.orgId },
   getKey: { action: 'key.show', changes: false, target: (q) => q.keyId },

@@ -3,6 +3,7 @@
 // of ids and names. Roles per docs/design.md#console-roles: a caller who is not a member of an
 // organisation sees nothing of it (NOT_FOUND).
 import type { handleUnaryCall, Metadata, sendUnaryData, ServerUnaryCall } from '@grpc/grpc-js';
+import type { DeploymentHealth } from '../../proto/gen/tollgate/v1/sync.js';
 import { hashToken, secretsEqual } from '../../proto/lib/keys.js';
 import type { ControlState } from '../state/control-state.js';
 import { CpError, invalidArgument, notFound, permissionDenied, toServiceError, unauthenticated } from '../errors.js';
@@ -22,7 +23,7 @@ export interface NodeFleet {
   connectedCount(): number;
   /** Waits (at most timeoutMs) until every node connected now acks `version`. */
   awaitAcks(version: number, timeoutMs: number): Promise<{ total: number; confirmed: number; unconfirmed: string[] }>;
-  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string; lastReportAt: string; journalDepth: number | null; journalBytes?: number; droppedLogRows?: number }[];
+  liveNodes(): { id: string; address: string; ackedVersion: number; connectedAt: string; lastSeenAt: string; lastReportAt: string; journalDepth: number | null; journalBytes?: number; droppedLogRows?: number; deployments?: DeploymentHealth[] | null }[];
 }
 
 export interface ConsoleServiceOptions {

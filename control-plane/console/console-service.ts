@@ -1,7 +1,7 @@
 // The console API (proto/tollgate/v1/console.proto), one gRPC service put together from one service
 // per resource: accounts, organisations, members and projects (org-service.ts), keys (key-service.ts),
 // usage, request logs and audit (usage-service.ts), models, nodes, config and webhooks
-// (gateway-service.ts). Authentication, roles and validation are shared (console-access.ts). Roles per
+// (gateway-service.ts), pooled models' deployments (pool-service.ts). Authentication, roles and validation are shared (console-access.ts). Roles per
 // docs/design.md#console-roles: admin or above for keys, members, projects and caps; the operator for
 // tiers, credits, accounts, organisations, nodes and config. A caller who is not a member of an
 // organisation sees nothing of it (NOT_FOUND).
@@ -12,6 +12,7 @@ import type { ConsoleServiceOptions, NodeFleet } from './console-access.js';
 import { GatewayService } from './gateway-service.js';
 import { KeyService } from './key-service.js';
 import { OrgService } from './org-service.js';
+import { PoolService } from './pool-service.js';
 import { SafetyService } from './safety-service.js';
 import { UsageService } from './usage-service.js';
 
@@ -22,6 +23,7 @@ export class ConsoleService {
   private readonly usage: UsageService;
   private readonly gateway: GatewayService;
   private readonly safety: SafetyService;
+  private readonly pools: PoolService;
 
   constructor(
     state: ControlState,
@@ -33,6 +35,7 @@ export class ConsoleService {
     this.usage = new UsageService(state, fleet, opts);
     this.gateway = new GatewayService(state, fleet, opts);
     this.safety = new SafetyService(state, fleet, opts);
+    this.pools = new PoolService(state, fleet, opts);
   }
 
   /** The gRPC service implementation. */
@@ -43,6 +46,7 @@ export class ConsoleService {
       ...this.usage.handlers(),
       ...this.gateway.handlers(),
       ...this.safety.handlers(),
+      ...this.pools.handlers(),
     });
   }
 

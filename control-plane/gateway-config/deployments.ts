@@ -125,6 +125,8 @@ export function parseModelPool(where: string, modelId: string, raw: Obj, env: No
       rpm: optionalWhole(`${at}.rpm`, d.rpm),
       tpm: optionalWhole(`${at}.tpm`, d.tpm),
       maxParallelRequests: optionalWhole(`${at}.max_parallel_requests`, d.max_parallel_requests),
+      // The operator's drain or disable is the control plane's state, not the file's (ControlState).
+      state: '',
     };
     if (d.provider !== undefined) {
       // Failover runs inside the OpenAI-compatible provider: a pool is of HTTP upstreams.

@@ -14,6 +14,8 @@ import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWit
 import { appendChange, currentVersion, loadChanges, pruneChanges } from '../store/sync-repo.js';
 import { SnapshotStore } from './snapshot-store.js';
 import { cappedProjects } from '../store/money-limits-repo.js';
+import { listDeploymentStates, setDeploymentState } from '../store/deployment-states-repo.js';
+import { checkSteer, steerKey, withSteer } from './deployment-steer.js';
 
 const RETAINED_CHANGES = 10_000;
 
@@ -51,14 +53,19 @@ export class ControlState {
   orgObserver: OrgObserver | null = null;
   /** Organisations' money as last committed (see spendableFromMemory). */
   private readonly committedOrgs = new Map<string, OrgWithMonthSpend & { month: string }>();
+  /** The config as nodes hold it: the file's, with the deployments the operator drained or disabled. */
+  private published: GatewayConfig;
 
   private constructor(
     readonly db: Db,
     private current: LoadedGatewayConfig,
     readonly snapshots: SnapshotStore,
     private readonly opts: Required<ControlStateOptions>,
+    /** Drained and disabled deployments by model and id (deployment-steer.ts), as committed. */
+    private steer: Map<string, string>,
   ) {
     this.lastMonth = monthOf(opts.now());
+    this.published = withSteer(current.proto, steer);
   }
 
   /**
@@ -95,12 +102,14 @@ export class ControlState {
       );
       const tombstones = (await tombstonedKeys(q)).map((t) => ({ keyHash: t.key_hash, keyId: t.key_id, projectId: t.project_id, orgId: t.org_id }));
       const projects = (await cappedProjects(q)).map((p) => ({ projectId: p.id, capMicros: p.cap_micros }));
-      return { version, changes, keys, orgs, tombstones, projects };
+      const steer = new Map((await listDeploymentStates(q)).map((r) => [steerKey(r.model, r.deployment), r.state]));
+      return { version, changes, keys, orgs, tombstones, projects, steer };
     });
-    const snapshots = new SnapshotStore({ ...init, config: gateway.proto, maxRetained: RETAINED_CHANGES });
-    const state = new ControlState(db, gateway, snapshots, opts);
+    const { steer, ...synced } = init;
+    const snapshots = new SnapshotStore({ ...synced, config: withSteer(gateway.proto, steer), maxRetained: RETAINED_CHANGES });
+    const state = new ControlState(db, gateway, snapshots, opts, steer);
     await db.tx(async (tx) => {
-      await state.emit(tx, { config: gateway.proto });
+      await state.emit(tx, { config: state.published });
       await state.refreshOrgs(tx, 'all');
     });
     return state;
@@ -325,14 +334,43 @@ export class ControlState {
       if (missing.length > 0) throw new ConfigError(`gateway config: tier ${JSON.stringify(missing[0])} is used by organisations but not defined`);
       const previous = this.current;
       this.current = next;
+      this.published = withSteer(next.proto, this.steer);
       try {
-        const version = await this.emit(tx, { config: next.proto });
+        const version = await this.emit(tx, { config: this.published });
         await this.refreshOrgs(tx, 'all', { fundsChanged: true });
         return version;
       } catch (err) {
         this.current = previous;
+        this.published = withSteer(previous.proto, this.steer);
         throw err;
       }
+    });
+  }
+
+  /** Drained and disabled deployments by model and id (deployment-steer.ts). */
+  get deploymentStates(): ReadonlyMap<string, string> {
+    return this.steer;
+  }
+
+  /**
+   * Drains, disables or enables one deployment of a pooled model without a config reload: stored,
+   * and published as a new config version in the same transaction. Returns that version.
+   */
+  async setDeploymentState(model: string, deployment: string, state: string): Promise<number> {
+    return this.db.tx(async (tx) => {
+      // Checked against the rows in this transaction, so two changes at once never drain a model's last two.
+      const next = new Map((await listDeploymentStates(tx)).map((r) => [steerKey(r.model, r.deployment), r.state]));
+      checkSteer(this.current.proto, next, model, deployment, state);
+      await setDeploymentState(tx, model, deployment, state, this.nowIso());
+      if (state === 'enabled') next.delete(steerKey(model, deployment));
+      else next.set(steerKey(model, deployment), state);
+      const published = withSteer(this.current.proto, next);
+      const version = await this.emit(tx, { config: published });
+      tx.afterCommit(() => {
+        this.steer = next;
+        this.published = published;
+      });
+      return version;
     });
   }
 
@@ -345,6 +383,6 @@ export class ControlState {
   }
 
   get config(): GatewayConfig {
-    return this.current.proto;
+    return this.published;
   }
 }

@@ -3,7 +3,7 @@
 // write() returns false we wait for 'drain', and a node that falls far behind gets one fresh snapshot
 // instead of an unbounded queue of deltas.
 import type { ServerDuplexStream, status } from '@grpc/grpc-js';
-import type { ControlMessage, Delta, NodeMessage, Report, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
+import type { ControlMessage, Delta, DeploymentHealth, NodeMessage, Report, Snapshot } from '../../proto/gen/tollgate/v1/sync.js';
 import type { LeaseSession } from '../leases/lease-service.js';
 import { countOutbound } from './sync-traffic.js';
 import { splitSnapshot } from '../../proto/lib/snapshot-parts.js';
@@ -69,6 +69,8 @@ export class NodeSession implements LeaseSession {
   lastReportAt = '';
   /** Usage the node holds unacknowledged, as its last NodeStatus said; null before it said. */
   journalDepth: number | null = null;
+  /** Its pooled models' deployments as its last NodeStatus said (`tollgate models status`). */
+  deployments: DeploymentHealth[] = [];
   /** The node takes a large snapshot in parts (Hello.snapshot_parts). */
   snapshotParts = false;
 

@@ -113,6 +113,7 @@ export class SyncService implements NodeFleet {
       journalDepth: s.journalDepth,
       journalBytes: s.journalBytes,
       droppedLogRows: s.droppedLogRows,
+      deployments: s.journalDepth === null ? null : s.deployments,
     }));
   }
 
@@ -291,6 +292,7 @@ export class SyncService implements NodeFleet {
       s.journalDepth = Math.max(0, msg.status.journalDepth);
       s.journalBytes = Math.max(0, msg.status.journalBytes);
       s.droppedLogRows = Math.max(0, msg.status.droppedLogRows);
+      s.deployments = msg.status.deployments;
     }
   }
 

@@ -1,8 +1,9 @@
 // A pooled model's deployments in the node's /metrics (issue 36): requests sent, errors by kind,
 // failovers, circuit state, requests in flight and the use of the upstream's limits this minute. The
 // counts are plain numbers on each DeploymentState (upstream-pool.ts); prom-client reads them only
-// when scraped.
+// when scraped. The same rows go to the control plane in NodeStatus (`tollgate models status`).
 import { Counter, Gauge } from 'prom-client';
+import type { DeploymentHealth } from '../../proto/gen/tollgate/v1/sync.js';
 import { registry } from '../metrics.js';
 import type { DeploymentState } from './upstream-pool.js';
 
@@ -11,6 +12,8 @@ export interface DeploymentRow {
   state: DeploymentState;
   /** 0 closed, 1 half-open, 2 open. */
   circuit: number;
+  /** The current UTC minute (ms since epoch / 60000) on the node's clock. */
+  minute: number;
   minuteRequests: number;
   minuteTokens: number;
 }
@@ -20,6 +23,30 @@ let source: () => Iterable<DeploymentRow> = () => [];
 /** Where the deployment metrics read from (the OpenAI provider's pools). */
 export function setDeploymentSource(fn: () => Iterable<DeploymentRow>): void {
   source = fn;
+}
+
+const CIRCUITS = ['closed', 'half-open', 'open'];
+
+/** Each deployment's health and this minute's use, as NodeStatus carries it to the control plane. */
+export function deploymentHealth(): DeploymentHealth[] {
+  const out: DeploymentHealth[] = [];
+  for (const r of source()) {
+    const s = r.state;
+    out.push({
+      model: r.model,
+      deployment: s.id,
+      circuit: CIRCUITS[r.circuit],
+      openUntilMs: s.openUntil,
+      coolUntilMs: s.coolUntil,
+      consecutiveFailures: s.failures,
+      recentErrors: [...s.recentErrors(r.minute)].map(([kind, count]) => ({ kind, count })),
+      inFlight: s.inFlight,
+      minute: r.minute,
+      minuteRequests: r.minuteRequests,
+      minuteTokens: r.minuteTokens,
+    });
+  }
+  return out;
 }
 
 const LABELS = ['model', 'deployment'] as const;

@@ -1,7 +1,8 @@
 // A pooled model's deployments on one node (issue 36): which one a request goes to, chosen in memory
 // with no round trip, and each one's health. Pure: the clock, the random draw and the leases are injected.
 //
-// Choice: among the deployments not yet tried by the request that are available (circuit closed, or
+// Choice: among the deployments not yet tried by the request that are available (not drained or
+// disabled by the operator; circuit closed, or
 // half-open with no probe out; not cooling after a 429; room in their own parallel, rpm and tpm limits,
 // counted on this node per UTC minute, and in what this node holds of the deployment's minute across
 // the cluster: the key-minute leases, docs/leases.md#minute-pools-by-id), the least loaded (in flight
@@ -47,11 +48,39 @@ export class DeploymentState {
   sent = 0;
   failovers = 0;
   readonly errors = new Map<string, number>();
+  /** Errors by kind in `errorsMinute` and the minute before it (`tollgate models status`). */
+  errorsMinute = -1;
+  minuteErrors = new Map<string, number>();
+  lastMinuteErrors = new Map<string, number>();
   constructor(
     readonly id: string,
     /** The URL the counts are of: another URL is another upstream, its state new. */
     readonly baseUrl = '',
   ) {}
+
+  /** A failed attempt of `kind` in UTC minute `minute`. */
+  noteError(kind: string, minute: number): void {
+    this.errors.set(kind, (this.errors.get(kind) ?? 0) + 1);
+    if (minute !== this.errorsMinute) {
+      this.lastMinuteErrors = minute === this.errorsMinute + 1 ? this.minuteErrors : new Map();
+      this.minuteErrors = new Map();
+      this.errorsMinute = minute;
+    }
+    this.minuteErrors.set(kind, (this.minuteErrors.get(kind) ?? 0) + 1);
+  }
+
+  /** Errors by kind in UTC minute `minute` and the one before. */
+  recentErrors(minute: number): Map<string, number> {
+    const out = new Map<string, number>();
+    const add = (m: Map<string, number>) => {
+      for (const [k, n] of m) out.set(k, (out.get(k) ?? 0) + n);
+    };
+    if (this.errorsMinute === minute) {
+      add(this.minuteErrors);
+      add(this.lastMinuteErrors);
+    } else if (this.errorsMinute === minute - 1) add(this.minuteErrors);
+    return out;
+  }
 }
 
 export interface PoolMember {
@@ -63,6 +92,8 @@ export interface PoolMember {
   maxParallel: number;
   /** Its minute pool in the leases (a deployment with an rpm or tpm), with the limits it is leased by. */
   lease?: { poolId: string; limits: KeyLimits };
+  /** Drained or disabled by the operator (ModelDeployment.state): never chosen. */
+  steered?: boolean;
 }
 
 export interface PoolSettings {
@@ -138,7 +169,7 @@ export class UpstreamPool {
     let retryAfterMs = Infinity;
     const leaseShort: number[] = [];
     for (let i = 0; i < this.members.length; i++) {
-      if (tried.includes(i)) continue;
+      if (tried.includes(i) || this.members[i].steered) continue;
       const wait = this.blockedFor(i, tokens);
       if (wait === 0) continue;
       if (wait === LEASE_SHORT) {
@@ -244,6 +275,7 @@ export class UpstreamPool {
    */
   private blockedFor(i: number, tokens: number): number {
     const m = this.members[i];
+    if (m.steered) return -MINUTE_MS;
     const s = m.state;
     const now = this.now();
     if (s.openUntil !== 0) {

@@ -6,7 +6,7 @@
 import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
-import { SyncServiceClient, SyncServiceService, type ControlMessage, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
+import { SyncServiceClient, SyncServiceService, type ControlMessage, type DeploymentHealth, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../state/key-table.js';
 import { SnapshotDecoder } from '../state/snapshot-decoder.js';
 import type { OpenStreams } from '../state/open-streams.js';
@@ -54,6 +54,8 @@ export interface SyncClientOptions {
   journalDepth?: () => number;
   /** The journal's bytes and the request-log rows dropped because it was full, sent with the depth. */
   journalExtra?: () => { journalBytes: number; droppedLogRows: number };
+  /** Pooled models' deployments as this node sees them, sent in NodeStatus (`tollgate models status`). */
+  deploymentHealth?: () => DeploymentHealth[];
   minBackoffMs?: number;
   maxBackoffMs?: number;
 }
@@ -76,6 +78,8 @@ export class SyncClient {
   private lostLogged = false;
   /** The highest stored-response record seq received from the control plane. */
   private storedResponsesSeq = 0;
+  /** The health last sent in NodeStatus (healthSignature). */
+  private healthSent = '';
   private readonly pruneTimer: NodeJS.Timeout;
   private readonly prefetchTimer: NodeJS.Timeout;
   private readonly usedTimer: NodeJS.Timeout;
@@ -100,6 +104,8 @@ export class SyncClient {
     // In the last seconds of a minute, lease the next minute's first chunks for the keys in use.
     this.prefetchTimer = setInterval(() => {
       if (MINUTE_MS - (opts.now() % MINUTE_MS) <= PREFETCH_BEFORE_TOP_MS) opts.leases?.prefetchNextMinute();
+      // A circuit that opened or closed, or a cooling, reaches `models status` within a second.
+      if (opts.deploymentHealth && healthSignature(opts.deploymentHealth()) !== this.healthSent) this.sendStatus();
     }, 1000);
     this.prefetchTimer.unref();
     // What the node used of its leases (freed if the node dies): of key minutes it asked for, at most
@@ -114,7 +120,9 @@ export class SyncClient {
   private sendStatus(): void {
     if (this.call && this.opts.journalDepth) {
       const extra = this.opts.journalExtra?.() ?? { journalBytes: 0, droppedLogRows: 0 };
-      this.call.write({ status: { journalDepth: this.opts.journalDepth(), ...extra } });
+      const deployments = this.opts.deploymentHealth?.() ?? [];
+      this.healthSent = healthSignature(deployments);
+      this.call.write({ status: { journalDepth: this.opts.journalDepth(), ...extra, deployments } });
     }
   }
 
@@ -345,4 +353,11 @@ function describeStatus(s: StatusObject): string {
   const name = GrpcStatus[s.code] ?? String(s.code);
   const details = (s.details ?? '').trim();
   return details && details.toUpperCase() !== name && details !== name.replace(/_/g, ' ') ? `${name}: ${details}` : name;
+}
+
+/** What changes a deployment's health (not its counts): a status is sent at once when it differs from the last sent. */
+function healthSignature(rows: readonly DeploymentHealth[]): string {
+  let sig = '';
+  for (const h of rows) sig += `${h.model}/${h.deployment}:${h.circuit}:${h.openUntilMs}:${h.coolUntilMs}:${h.consecutiveFailures};`;
+  return sig;
 }

@@ -9,7 +9,8 @@
 // (node or bare proxy) runs on core 0; the upstream, the control plane and the load generator (this
 // process) on core 1.
 //
-// Scenarios: JSON chat (~190-byte request, ~400-byte answer), SSE chat (5 chunks), a tool GET, a tool
+// Scenarios: JSON chat (~190-byte request, ~400-byte answer), the same to a model of three deployments
+// (json-pool3, issue 36), SSE chat (5 chunks), a tool GET, a tool
 // POST of 1 MiB, GET /v1/models. For each: requests/s, p50/p99, CPU µs per request of the proxy under
 // test (and of the control plane, for the node), peak RSS, and the ratios node/bare and bare/direct.
 // Then a constant-rate run at half the node's JSON saturation rate: p99 over direct. Results go to
@@ -226,6 +227,12 @@ function printTable(summary: Record<string, Record<TargetName, Measurement>>): v
     }
   }
   console.log('targets (issue 37): node CPU ≤ 1.5× bare in json and sse, ≤ 1.2× in the tool scenarios; tool-post-1mib node req/s ≥ 0.9× bare; node RSS < 150 MB');
+  const one = summary.json?.node;
+  const pool = summary['json-pool3']?.node;
+  if (one && pool) {
+    const cpu = one.cpuUsPerRequest && pool.cpuUsPerRequest ? (pool.cpuUsPerRequest / one.cpuUsPerRequest).toFixed(2) : '-';
+    console.log(`pooled model (3 deployments) over one deployment, JSON, the node: ${cpu}× CPU µs/req, ${(pool.rps / one.rps).toFixed(2)}× req/s (issue 36's target: 1.00× within the noise)`);
+  }
   if (noisy.length > 0) console.log(`NOISE, not figures: the proxy under test was busy under ${MIN_BUSY_SHARE * 100}% of its core in ${noisy.join(', ')}; run again on a quiet machine`);
 }
 

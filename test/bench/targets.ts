@@ -14,9 +14,9 @@ export interface Scenario {
   request(auth: string): Target;
 }
 
-export const chatBody = (stream: boolean) =>
+export const chatBody = (stream: boolean, model = 'bench-chat') =>
   JSON.stringify({
-    model: 'bench-chat',
+    model,
     messages: [
       { role: 'system', content: 'You are a helpful assistant.' },
       { role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' },
@@ -27,6 +27,8 @@ const MiB = Buffer.alloc(1024 * 1024, 'tollgate bench ');
 
 export const SCENARIOS: Scenario[] = [
   { name: 'json', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(false) }) },
+  // The JSON chat to a model of three deployments on the same upstream (issue 36): beside `json`, what a pool costs the node.
+  { name: 'json-pool3', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(false, 'bench-pool') }) },
   { name: 'sse', connections: CONNECTIONS, request: (auth) => ({ method: 'POST', path: '/v1/chat/completions', headers: { authorization: auth, 'content-type': 'application/json' }, body: chatBody(true) }) },
   { name: 'tool-get', connections: CONNECTIONS, request: (auth) => ({ method: 'GET', path: '/v1/vector_stores/vs_bench', headers: { authorization: auth } }) },
   { name: 'tool-post-1mib', connections: 8, request: (auth) => ({ method: 'POST', path: '/v1/vector_stores/vs_bench/files', headers: { authorization: auth, 'content-type': 'application/octet-stream' }, body: MiB }) },
@@ -70,7 +72,8 @@ export async function startTargets(opts: { nodeArgs?: string[]; bareArgs?: strin
 /**
  * A control plane whose tier `bench` has limits far away (10^12 rpm, no cap), so a figure is the
  * pipeline's cost (edge budgets, auth, key budgets, money slices, usage), not a cap; model
- * `bench-chat` and the tool prefix /v1/vector_stores on `upstreamUrl`; 127.0.0.1 a trusted proxy.
+ * `bench-chat`, `bench-pool` (the same upstream as three deployments) and the tool prefix
+ * /v1/vector_stores on `upstreamUrl`; 127.0.0.1 a trusted proxy.
  */
 export function startBenchControlPlane(upstreamUrl: string, opts: { modelTimeoutMs?: number } = {}): ReturnType<typeof startControlPlane> {
   return startControlPlane({
@@ -78,6 +81,9 @@ export function startBenchControlPlane(upstreamUrl: string, opts: { modelTimeout
       cfg.trusted_proxies = ['127.0.0.1'];
       cfg.tiers.bench = { rpm: 1_000_000_000_000, tpm: 1_000_000_000_000_000, max_parallel_requests: 1_000_000, monthly_cap_usd: null, free_grant_usd: '1000000000', models: [] };
       addUpstreamModel(cfg, 'bench-chat', `${upstreamUrl}/v1`, ['bench'], opts.modelTimeoutMs ? { timeout_ms: opts.modelTimeoutMs } : undefined);
+      // bench-chat's upstream as three deployments of equal weight, without limits of their own.
+      const deployment = (id: string) => ({ id, base_url: `${upstreamUrl}/v1`, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', upstream_model: 'upstream-bench-chat' });
+      addUpstreamModel(cfg, 'bench-pool', '', ['bench'], { base_url: undefined, api_key_env: undefined, upstream_model: undefined, deployments: ['d1', 'd2', 'd3'].map(deployment), ...(opts.modelTimeoutMs ? { timeout_ms: opts.modelTimeoutMs } : {}) });
       cfg.tool_backends = [{ prefix: '/v1/vector_stores', base_url: upstreamUrl, timeout_ms: 10_000 }];
     }),
     env: { TOLLGATE_TEST_UPSTREAM_KEY: 'bench-upstream-key' },

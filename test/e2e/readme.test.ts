@@ -12,6 +12,7 @@ import { memberCommands } from '../../cli/commands/member.js';
 import { miscCommands } from '../../cli/commands/misc.js';
 import { orgCommands } from '../../cli/commands/org.js';
 import { projectCommands } from '../../cli/commands/project.js';
+import { poolCommands } from '../../cli/commands/pools.js';
 import { auditCommands, webhooksCommands } from '../../cli/commands/webhooks.js';
 import { DEMO_CONFIG_PATH, parseGatewayConfig } from '../../control-plane/gateway-config/gateway-config.js';
 import { consoleClient, createKey } from '../helpers/console.js';
@@ -35,7 +36,7 @@ function blockAfter(heading: string, lang: string, nth = 0, doc = readme): strin
   return blocks[nth][1];
 }
 
-const commandNames = [...accountCommands, ...orgCommands, ...memberCommands, ...projectCommands, ...keyCommands, ...miscCommands, ...webhooksCommands, ...auditCommands].map((c) => c.name);
+const commandNames = [...accountCommands, ...orgCommands, ...memberCommands, ...projectCommands, ...keyCommands, ...miscCommands, ...poolCommands, ...webhooksCommands, ...auditCommands].map((c) => c.name);
 
 test("the README's CLI examples list every command and run as written with npx", async (t) => {
   const block = blockAfter('## The CLI', 'sh', 1);
@@ -51,8 +52,14 @@ test("the README's CLI examples list every command and run as written with npx",
   const receiver = startProcess(['test/helpers/webhook-receiver-main.ts'], { WEBHOOK_SECRET: secret });
   const webhookUrl = (await receiver.waitFor(/webhook receiver listening on (\S+)/))[1];
   const cp = await startControlPlane({
-    env: { README_WEBHOOK_SECRET: secret },
-    configYaml: configYaml((cfg) => void (cfg.webhooks = [{ url: webhookUrl, secret_env: 'README_WEBHOOK_SECRET', events: ['*'] }])),
+    env: { README_WEBHOOK_SECRET: secret, OPENAI_KEY_A: 'sk-a', OPENAI_KEY_B: 'sk-b' },
+    configYaml: configYaml((cfg) => {
+      cfg.webhooks = [{ url: webhookUrl, secret_env: 'README_WEBHOOK_SECRET', events: ['*'] }];
+      // The README's pooled model (its `models` examples steer it), both keys from the environment here.
+      const pooled = parse(blockAfter('**Configuration: [docs/configuration.md]', 'yaml', 0))[0];
+      pooled.deployments[1] = { ...pooled.deployments[1], api_key_file: undefined, api_key_env: 'OPENAI_KEY_B' };
+      cfg.models.push(pooled);
+    }),
   });
   const c = consoleClient(cp.address, cp.secrets.operatorToken);
   t.after(() => c.close());

@@ -8,7 +8,7 @@ import { ResponseOwners } from '../../data-plane/state/response-owners.js';
 import { pinOf } from '../../data-plane/endpoints/responses/affinity.js';
 import { GatewayError } from '../../data-plane/errors.js';
 
-const dep = (id: string, baseUrl: string, key = 'k'): ModelDeployment => ({ id, baseUrl, upstreamApiKey: key, upstreamModel: '', weight: 1, rpm: 0, tpm: 0, maxParallelRequests: 0 });
+const dep = (id: string, baseUrl: string, key = 'k'): ModelDeployment => ({ id, baseUrl, upstreamApiKey: key, upstreamModel: '', weight: 1, rpm: 0, tpm: 0, maxParallelRequests: 0, state: '' });
 const model = (id: string, deployments: ModelDeployment[], baseUrl = ''): ModelConfig =>
   ({ id, provider: 'openai', kind: 'chat', baseUrl, upstreamApiKey: 'k', upstreamModel: '', deployments }) as unknown as ModelConfig;
 

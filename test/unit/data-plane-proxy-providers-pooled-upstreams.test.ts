@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import type { ModelConfig, ModelDeployment } from '../../proto/gen/tollgate/v1/sync.js';
 import { dearestPrices, pricedAs, retryAfterMs } from '../../data-plane/proxy/providers/pooled-upstreams.js';
 
-const dep = (id: string, prices: Partial<ModelDeployment> = {}): ModelDeployment => ({ id, baseUrl: 'http://u', upstreamApiKey: 'k', upstreamModel: 'm', weight: 1, rpm: 0, tpm: 0, maxParallelRequests: 0, ...prices });
+const dep = (id: string, prices: Partial<ModelDeployment> = {}): ModelDeployment => ({ id, baseUrl: 'http://u', upstreamApiKey: 'k', upstreamModel: 'm', weight: 1, rpm: 0, tpm: 0, maxParallelRequests: 0, state: '', ...prices });
 const model = (deployments: ModelDeployment[]): ModelConfig => ({
   id: 'm', provider: 'openai', upstreamModel: 'm', baseUrl: 'http://u', upstreamApiKey: '', kind: 'chat', inputMicrosPerMtok: 1_000_000, outputMicrosPerMtok: 2_000_000,
   audioMicrosPerUnit: 0, timeoutMs: 0, voices: [], deployments, maxAttempts: 0, failoverTimeoutMs: 0, circuitFailures: 0, circuitCooldownMs: 0,

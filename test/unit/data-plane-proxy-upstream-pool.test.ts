@@ -182,3 +182,27 @@ test("a deployment's minute across the cluster: chosen only within this node's l
   leases.allowance.set('deployment:m/a', { requests: 1, tokens: Infinity, requestsFinal: true });
   assert.deepEqual(p.whyNone([1], 0), { capacity: true, retryAfterMs: 45_000, leaseShort: [] });
 });
+
+test('a drained or disabled deployment is never chosen, whatever its weight, and says nothing of when one has room', () => {
+  const { p } = pool([{ ...member('a', 1_000_000), steered: true }, member('b', 1)]);
+  for (let i = 0; i < 3; i++) assert.equal(p.members[p.choose([], 0)].state.id, 'b');
+  assert.equal(p.choose([1], 0), -1);
+  assert.deepEqual(p.whyNone([1], 0), { capacity: false, retryAfterMs: 0, leaseShort: [] });
+});
+
+test("a deployment's recent errors: this UTC minute's and the one before, by kind", () => {
+  const s = new DeploymentState('a');
+  s.noteError('5xx', 10);
+  s.noteError('429', 11);
+  s.noteError('5xx', 11);
+  const cases: [number, Record<string, number>][] = [
+    [11, { '5xx': 2, '429': 1 }],
+    [12, { '5xx': 1, '429': 1 }],
+    [13, {}],
+  ];
+  for (const [minute, want] of cases) assert.deepEqual(Object.fromEntries(s.recentErrors(minute)), want, `minute ${minute}`);
+  // A gap of more than a minute forgets what came before it.
+  s.noteError('timeout', 14);
+  assert.deepEqual(Object.fromEntries(s.recentErrors(14)), { timeout: 1 });
+  assert.deepEqual(Object.fromEntries(s.errors), { '5xx': 2, '429': 1, timeout: 1 });
+});

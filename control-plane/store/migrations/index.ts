@@ -16,6 +16,7 @@ import { sql as usageJournal } from './038-usage-journal.js';
 import { sql as reportSink } from './039-report-sink.js';
 import { pgSql as reportSinkPg } from './039-report-sink-pg.js';
 import { sql as storedResponseDeployments } from './040-stored-response-deployments.js';
+import { sql as deploymentStates } from './041-deployment-states.js';
 import { pgDdl } from './pg-ddl.js';
 
 export interface Migration {
@@ -52,4 +53,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 38, name: 'usage-journal', sql: usageJournal },
   { version: 39, name: 'report-sink', sql: reportSink, pg: reportSinkPg },
   { version: 40, name: 'stored-response-deployments', sql: storedResponseDeployments },
+  { version: 41, name: 'deployment-states', sql: deploymentStates },
 ];

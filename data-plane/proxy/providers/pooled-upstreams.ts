@@ -126,7 +126,8 @@ export class PooledUpstreams {
     for (const [k, state] of this.states) {
       const model = k.slice(0, k.indexOf('\n'));
       const circuit = state.openUntil === 0 ? 0 : now < state.openUntil ? 2 : 1;
-      yield { model, state, circuit, minuteRequests: state.minute === Math.floor(now / 60_000) ? state.requests : 0, minuteTokens: state.minute === Math.floor(now / 60_000) ? state.tokens : 0 };
+      const minute = Math.floor(now / 60_000);
+      yield { model, state, circuit, minute, minuteRequests: state.minute === minute ? state.requests : 0, minuteTokens: state.minute === minute ? state.tokens : 0 };
     }
   }
 
@@ -140,7 +141,7 @@ export class PooledUpstreams {
         const tpm = Number(d.tpm);
         const poolId = deploymentPoolId(model.id, d.id);
         const lease = d.rpm > 0 || tpm > 0 ? { poolId, limits: { keyId: poolId, rpmLimit: d.rpm, tpmLimit: tpm, maxParallel: 0 } } : undefined;
-        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm, maxParallel: d.maxParallelRequests, lease };
+        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm, maxParallel: d.maxParallelRequests, lease, steered: d.state !== '' };
       });
       const settings = {
         circuitFailures: model.circuitFailures || DEFAULT_CIRCUIT_FAILURES,
@@ -320,7 +321,7 @@ class Attempts {
     };
     const self = this;
     const state = pool.members[i].state;
-    const countError = (kind: string) => state.errors.set(kind, (state.errors.get(kind) ?? 0) + 1);
+    const countError = (kind: string) => state.noteError(kind, Math.floor(self.clock.now() / 60_000));
     /** This attempt failed as `outcome`: another is made if it may be (then true), logged before it. */
     const moveOn = (outcome: string): boolean => {
       release();

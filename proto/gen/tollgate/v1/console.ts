@@ -18,7 +18,7 @@ import {
   type ServiceError,
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
-import { LongContextPrices, ServiceTierPrices, ToolCallPrices } from "./sync.js";
+import { DeploymentHealth, LongContextPrices, ServiceTierPrices, ToolCallPrices } from "./sync.js";
 
 export const protobufPackage = "tollgate.v1";
 
@@ -463,6 +463,55 @@ export interface NodeInfo {
 }
 
 export interface ListNodesRequest {
+}
+
+export interface GetModelsStatusRequest {
+  /** Empty: every pooled model. */
+  model: string;
+}
+
+export interface GetModelsStatusResponse {
+  models: ModelStatus[];
+}
+
+export interface ModelStatus {
+  id: string;
+  deployments: DeploymentStatus[];
+}
+
+export interface DeploymentStatus {
+  id: string;
+  /** "enabled", "drained" or "disabled". */
+  state: string;
+  weight: number;
+  /** The upstream account's limits (0: none). */
+  rpm: number;
+  tpm: number;
+  maxParallelRequests: number;
+  /** The nodes' health of it, one entry per connected node that reported it. */
+  nodes: NodeDeploymentHealth[];
+}
+
+export interface NodeDeploymentHealth {
+  nodeId: string;
+  health: DeploymentHealth | undefined;
+}
+
+export interface SetDeploymentStateRequest {
+  model: string;
+  deployment: string;
+  /** "enabled", "drained" or "disabled". */
+  state: string;
+}
+
+export interface SetDeploymentStateResponse {
+  model: string;
+  deployment: string;
+  state: string;
+  /** The version that carries the change, and the connected nodes that acknowledged it. */
+  version: number;
+  nodesTotal: number;
+  nodesConfirmed: number;
 }
 
 export interface ListNodesResponse {
@@ -7046,6 +7095,749 @@ export const ListNodesRequest: MessageFns<ListNodesRequest> = {
   },
 };
 
+function createBaseGetModelsStatusRequest(): GetModelsStatusRequest {
+  return { model: "" };
+}
+
+export const GetModelsStatusRequest: MessageFns<GetModelsStatusRequest> = {
+  encode(message: GetModelsStatusRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.model !== "") {
+      writer.uint32(10).string(message.model);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetModelsStatusRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetModelsStatusRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetModelsStatusRequest {
+    return { model: isSet(object.model) ? globalThis.String(object.model) : "" };
+  },
+
+  toJSON(message: GetModelsStatusRequest): unknown {
+    const obj: any = {};
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetModelsStatusRequest>, I>>(base?: I): GetModelsStatusRequest {
+    return GetModelsStatusRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetModelsStatusRequest>, I>>(object: I): GetModelsStatusRequest {
+    const message = createBaseGetModelsStatusRequest();
+    message.model = object.model ?? "";
+    return message;
+  },
+};
+
+function createBaseGetModelsStatusResponse(): GetModelsStatusResponse {
+  return { models: [] };
+}
+
+export const GetModelsStatusResponse: MessageFns<GetModelsStatusResponse> = {
+  encode(message: GetModelsStatusResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.models) {
+      ModelStatus.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetModelsStatusResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetModelsStatusResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.models.push(ModelStatus.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetModelsStatusResponse {
+    return {
+      models: globalThis.Array.isArray(object?.models) ? object.models.map((e: any) => ModelStatus.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: GetModelsStatusResponse): unknown {
+    const obj: any = {};
+    if (message.models?.length) {
+      obj.models = message.models.map((e) => ModelStatus.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetModelsStatusResponse>, I>>(base?: I): GetModelsStatusResponse {
+    return GetModelsStatusResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetModelsStatusResponse>, I>>(object: I): GetModelsStatusResponse {
+    const message = createBaseGetModelsStatusResponse();
+    message.models = object.models?.map((e) => ModelStatus.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseModelStatus(): ModelStatus {
+  return { id: "", deployments: [] };
+}
+
+export const ModelStatus: MessageFns<ModelStatus> = {
+  encode(message: ModelStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    for (const v of message.deployments) {
+      DeploymentStatus.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ModelStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseModelStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.deployments.push(DeploymentStatus.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ModelStatus {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      deployments: globalThis.Array.isArray(object?.deployments)
+        ? object.deployments.map((e: any) => DeploymentStatus.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ModelStatus): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.deployments?.length) {
+      obj.deployments = message.deployments.map((e) => DeploymentStatus.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ModelStatus>, I>>(base?: I): ModelStatus {
+    return ModelStatus.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ModelStatus>, I>>(object: I): ModelStatus {
+    const message = createBaseModelStatus();
+    message.id = object.id ?? "";
+    message.deployments = object.deployments?.map((e) => DeploymentStatus.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseDeploymentStatus(): DeploymentStatus {
+  return { id: "", state: "", weight: 0, rpm: 0, tpm: 0, maxParallelRequests: 0, nodes: [] };
+}
+
+export const DeploymentStatus: MessageFns<DeploymentStatus> = {
+  encode(message: DeploymentStatus, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.state !== "") {
+      writer.uint32(18).string(message.state);
+    }
+    if (message.weight !== 0) {
+      writer.uint32(25).double(message.weight);
+    }
+    if (message.rpm !== 0) {
+      writer.uint32(32).uint32(message.rpm);
+    }
+    if (message.tpm !== 0) {
+      writer.uint32(40).uint64(message.tpm);
+    }
+    if (message.maxParallelRequests !== 0) {
+      writer.uint32(48).uint32(message.maxParallelRequests);
+    }
+    for (const v of message.nodes) {
+      NodeDeploymentHealth.encode(v!, writer.uint32(58).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeploymentStatus {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeploymentStatus();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 25) {
+              break;
+            }
+
+            message.weight = reader.double();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.rpm = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.tpm = longToNumber(reader.uint64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.maxParallelRequests = reader.uint32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.nodes.push(NodeDeploymentHealth.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeploymentStatus {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
+      weight: isSet(object.weight) ? globalThis.Number(object.weight) : 0,
+      rpm: isSet(object.rpm) ? globalThis.Number(object.rpm) : 0,
+      tpm: isSet(object.tpm) ? globalThis.Number(object.tpm) : 0,
+      maxParallelRequests: isSet(object.maxParallelRequests)
+        ? globalThis.Number(object.maxParallelRequests)
+        : isSet(object.max_parallel_requests)
+        ? globalThis.Number(object.max_parallel_requests)
+        : 0,
+      nodes: globalThis.Array.isArray(object?.nodes)
+        ? object.nodes.map((e: any) => NodeDeploymentHealth.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: DeploymentStatus): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
+    if (message.weight !== 0) {
+      obj.weight = floatToJson(message.weight);
+    }
+    if (message.rpm !== 0) {
+      obj.rpm = Math.round(message.rpm);
+    }
+    if (message.tpm !== 0) {
+      obj.tpm = Math.round(message.tpm);
+    }
+    if (message.maxParallelRequests !== 0) {
+      obj.maxParallelRequests = Math.round(message.maxParallelRequests);
+    }
+    if (message.nodes?.length) {
+      obj.nodes = message.nodes.map((e) => NodeDeploymentHealth.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeploymentStatus>, I>>(base?: I): DeploymentStatus {
+    return DeploymentStatus.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeploymentStatus>, I>>(object: I): DeploymentStatus {
+    const message = createBaseDeploymentStatus();
+    message.id = object.id ?? "";
+    message.state = object.state ?? "";
+    message.weight = object.weight ?? 0;
+    message.rpm = object.rpm ?? 0;
+    message.tpm = object.tpm ?? 0;
+    message.maxParallelRequests = object.maxParallelRequests ?? 0;
+    message.nodes = object.nodes?.map((e) => NodeDeploymentHealth.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseNodeDeploymentHealth(): NodeDeploymentHealth {
+  return { nodeId: "", health: undefined };
+}
+
+export const NodeDeploymentHealth: MessageFns<NodeDeploymentHealth> = {
+  encode(message: NodeDeploymentHealth, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.nodeId !== "") {
+      writer.uint32(10).string(message.nodeId);
+    }
+    if (message.health !== undefined) {
+      DeploymentHealth.encode(message.health, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): NodeDeploymentHealth {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseNodeDeploymentHealth();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.health = DeploymentHealth.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): NodeDeploymentHealth {
+    return {
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
+      health: isSet(object.health) ? DeploymentHealth.fromJSON(object.health) : undefined,
+    };
+  },
+
+  toJSON(message: NodeDeploymentHealth): unknown {
+    const obj: any = {};
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
+    if (message.health !== undefined) {
+      obj.health = DeploymentHealth.toJSON(message.health);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<NodeDeploymentHealth>, I>>(base?: I): NodeDeploymentHealth {
+    return NodeDeploymentHealth.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<NodeDeploymentHealth>, I>>(object: I): NodeDeploymentHealth {
+    const message = createBaseNodeDeploymentHealth();
+    message.nodeId = object.nodeId ?? "";
+    message.health = (object.health !== undefined && object.health !== null)
+      ? DeploymentHealth.fromPartial(object.health)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseSetDeploymentStateRequest(): SetDeploymentStateRequest {
+  return { model: "", deployment: "", state: "" };
+}
+
+export const SetDeploymentStateRequest: MessageFns<SetDeploymentStateRequest> = {
+  encode(message: SetDeploymentStateRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.model !== "") {
+      writer.uint32(10).string(message.model);
+    }
+    if (message.deployment !== "") {
+      writer.uint32(18).string(message.deployment);
+    }
+    if (message.state !== "") {
+      writer.uint32(26).string(message.state);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SetDeploymentStateRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSetDeploymentStateRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.deployment = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SetDeploymentStateRequest {
+    return {
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      deployment: isSet(object.deployment) ? globalThis.String(object.deployment) : "",
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
+    };
+  },
+
+  toJSON(message: SetDeploymentStateRequest): unknown {
+    const obj: any = {};
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.deployment !== "") {
+      obj.deployment = message.deployment;
+    }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SetDeploymentStateRequest>, I>>(base?: I): SetDeploymentStateRequest {
+    return SetDeploymentStateRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SetDeploymentStateRequest>, I>>(object: I): SetDeploymentStateRequest {
+    const message = createBaseSetDeploymentStateRequest();
+    message.model = object.model ?? "";
+    message.deployment = object.deployment ?? "";
+    message.state = object.state ?? "";
+    return message;
+  },
+};
+
+function createBaseSetDeploymentStateResponse(): SetDeploymentStateResponse {
+  return { model: "", deployment: "", state: "", version: 0, nodesTotal: 0, nodesConfirmed: 0 };
+}
+
+export const SetDeploymentStateResponse: MessageFns<SetDeploymentStateResponse> = {
+  encode(message: SetDeploymentStateResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.model !== "") {
+      writer.uint32(10).string(message.model);
+    }
+    if (message.deployment !== "") {
+      writer.uint32(18).string(message.deployment);
+    }
+    if (message.state !== "") {
+      writer.uint32(26).string(message.state);
+    }
+    if (message.version !== 0) {
+      writer.uint32(32).int64(message.version);
+    }
+    if (message.nodesTotal !== 0) {
+      writer.uint32(40).int32(message.nodesTotal);
+    }
+    if (message.nodesConfirmed !== 0) {
+      writer.uint32(48).int32(message.nodesConfirmed);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SetDeploymentStateResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSetDeploymentStateResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.deployment = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.version = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.nodesTotal = reader.int32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.nodesConfirmed = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SetDeploymentStateResponse {
+    return {
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      deployment: isSet(object.deployment) ? globalThis.String(object.deployment) : "",
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
+      version: isSet(object.version) ? globalThis.Number(object.version) : 0,
+      nodesTotal: isSet(object.nodesTotal)
+        ? globalThis.Number(object.nodesTotal)
+        : isSet(object.nodes_total)
+        ? globalThis.Number(object.nodes_total)
+        : 0,
+      nodesConfirmed: isSet(object.nodesConfirmed)
+        ? globalThis.Number(object.nodesConfirmed)
+        : isSet(object.nodes_confirmed)
+        ? globalThis.Number(object.nodes_confirmed)
+        : 0,
+    };
+  },
+
+  toJSON(message: SetDeploymentStateResponse): unknown {
+    const obj: any = {};
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.deployment !== "") {
+      obj.deployment = message.deployment;
+    }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
+    if (message.version !== 0) {
+      obj.version = Math.round(message.version);
+    }
+    if (message.nodesTotal !== 0) {
+      obj.nodesTotal = Math.round(message.nodesTotal);
+    }
+    if (message.nodesConfirmed !== 0) {
+      obj.nodesConfirmed = Math.round(message.nodesConfirmed);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SetDeploymentStateResponse>, I>>(base?: I): SetDeploymentStateResponse {
+    return SetDeploymentStateResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SetDeploymentStateResponse>, I>>(object: I): SetDeploymentStateResponse {
+    const message = createBaseSetDeploymentStateResponse();
+    message.model = object.model ?? "";
+    message.deployment = object.deployment ?? "";
+    message.state = object.state ?? "";
+    message.version = object.version ?? 0;
+    message.nodesTotal = object.nodesTotal ?? 0;
+    message.nodesConfirmed = object.nodesConfirmed ?? 0;
+    return message;
+  },
+};
+
 function createBaseListNodesResponse(): ListNodesResponse {
   return { nodes: [], currentVersion: 0 };
 }
@@ -8657,6 +9449,37 @@ export const ConsoleServiceService = {
     responseSerialize: (value: ListNodesResponse): Buffer => Buffer.from(ListNodesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListNodesResponse => ListNodesResponse.decode(value),
   },
+  /**
+   * Operator only. Each deployment of each pooled model (or of `model`): its state, limits, and its
+   * health and this minute's use as each connected node last said. NOT_FOUND for an unknown model.
+   */
+  getModelsStatus: {
+    path: "/tollgate.v1.ConsoleService/GetModelsStatus" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetModelsStatusRequest): Buffer =>
+      Buffer.from(GetModelsStatusRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetModelsStatusRequest => GetModelsStatusRequest.decode(value),
+    responseSerialize: (value: GetModelsStatusResponse): Buffer =>
+      Buffer.from(GetModelsStatusResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetModelsStatusResponse => GetModelsStatusResponse.decode(value),
+  },
+  /**
+   * Operator only. Drains, disables or enables one deployment of a pooled model without a config
+   * reload: persisted, pushed to every node, acks awaited (bounded). NOT_FOUND for an unknown model or
+   * deployment; FAILED_PRECONDITION for draining or disabling a model's last enabled deployment.
+   */
+  setDeploymentState: {
+    path: "/tollgate.v1.ConsoleService/SetDeploymentState" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: SetDeploymentStateRequest): Buffer =>
+      Buffer.from(SetDeploymentStateRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): SetDeploymentStateRequest => SetDeploymentStateRequest.decode(value),
+    responseSerialize: (value: SetDeploymentStateResponse): Buffer =>
+      Buffer.from(SetDeploymentStateResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): SetDeploymentStateResponse => SetDeploymentStateResponse.decode(value),
+  },
   /** Operator only. Re-reads the gateway config file and pushes it to every node. */
   reloadConfig: {
     path: "/tollgate.v1.ConsoleService/ReloadConfig" as const,
@@ -8840,6 +9663,17 @@ export interface ConsoleServiceServer extends UntypedServiceImplementation {
   listModels: handleUnaryCall<ListModelsRequest, ListModelsResponse>;
   /** Operator only. */
   listNodes: handleUnaryCall<ListNodesRequest, ListNodesResponse>;
+  /**
+   * Operator only. Each deployment of each pooled model (or of `model`): its state, limits, and its
+   * health and this minute's use as each connected node last said. NOT_FOUND for an unknown model.
+   */
+  getModelsStatus: handleUnaryCall<GetModelsStatusRequest, GetModelsStatusResponse>;
+  /**
+   * Operator only. Drains, disables or enables one deployment of a pooled model without a config
+   * reload: persisted, pushed to every node, acks awaited (bounded). NOT_FOUND for an unknown model or
+   * deployment; FAILED_PRECONDITION for draining or disabling a model's last enabled deployment.
+   */
+  setDeploymentState: handleUnaryCall<SetDeploymentStateRequest, SetDeploymentStateResponse>;
   /** Operator only. Re-reads the gateway config file and pushes it to every node. */
   reloadConfig: handleUnaryCall<ReloadConfigRequest, ReloadConfigResponse>;
   /**
@@ -9164,6 +9998,45 @@ export interface ConsoleServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListNodesResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * Operator only. Each deployment of each pooled model (or of `model`): its state, limits, and its
+   * health and this minute's use as each connected node last said. NOT_FOUND for an unknown model.
+   */
+  getModelsStatus(
+    request: GetModelsStatusRequest,
+    callback: (error: ServiceError | null, response: GetModelsStatusResponse) => void,
+  ): ClientUnaryCall;
+  getModelsStatus(
+    request: GetModelsStatusRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetModelsStatusResponse) => void,
+  ): ClientUnaryCall;
+  getModelsStatus(
+    request: GetModelsStatusRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetModelsStatusResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Operator only. Drains, disables or enables one deployment of a pooled model without a config
+   * reload: persisted, pushed to every node, acks awaited (bounded). NOT_FOUND for an unknown model or
+   * deployment; FAILED_PRECONDITION for draining or disabling a model's last enabled deployment.
+   */
+  setDeploymentState(
+    request: SetDeploymentStateRequest,
+    callback: (error: ServiceError | null, response: SetDeploymentStateResponse) => void,
+  ): ClientUnaryCall;
+  setDeploymentState(
+    request: SetDeploymentStateRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: SetDeploymentStateResponse) => void,
+  ): ClientUnaryCall;
+  setDeploymentState(
+    request: SetDeploymentStateRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: SetDeploymentStateResponse) => void,
+  ): ClientUnaryCall;
   /** Operator only. Re-reads the gateway config file and pushes it to every node. */
   reloadConfig(
     request: ReloadConfigRequest,
@@ -9371,6 +10244,10 @@ export const ConsoleServiceClient = makeGenericClientConstructor(
   service: typeof ConsoleServiceService;
   serviceName: string;
 };
+
+function floatToJson(value: number | null | undefined): number | string | null | undefined {
+  return typeof value === "number" && !globalThis.Number.isFinite(value) ? globalThis.String(value) : value;
+}
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
 

@@ -98,6 +98,38 @@ export interface NodeStatus {
   journalBytes: number;
   /** Request-log rows the node dropped because its journal was full (since it started). */
   droppedLogRows: number;
+  /**
+   * Each deployment of each pooled model as this node sees it, for `tollgate models status` (issue
+   * 36). Also sent within a second when a circuit or a cooling changes.
+   */
+  deployments: DeploymentHealth[];
+}
+
+/** One deployment's health and this minute's use on one node. */
+export interface DeploymentHealth {
+  model: string;
+  deployment: string;
+  /** "closed", "open" or "half-open". */
+  circuit: string;
+  /**
+   * The node's clock (ms since the epoch): its circuit is open until then (0: closed), and it is not
+   * chosen until cool_until_ms after an upstream 429's retry-after (0: not cooling).
+   */
+  openUntilMs: number;
+  coolUntilMs: number;
+  consecutiveFailures: number;
+  /** Failed attempts by kind (refused, timeout, reset, unreachable, 429, 5xx) in this UTC minute and the one before. */
+  recentErrors: ErrorCount[];
+  inFlight: number;
+  /** The UTC minute (ms since epoch / 60000) the counts below are of: requests and input tokens sent to the deployment. */
+  minute: number;
+  minuteRequests: number;
+  minuteTokens: number;
+}
+
+export interface ErrorCount {
+  kind: string;
+  count: number;
 }
 
 export interface ControlMessage {
@@ -464,7 +496,15 @@ export interface ModelDeployment {
   cachedInputMicrosPerMtok?: number | undefined;
   cacheWriteMicrosPerMtok?: number | undefined;
   inputAudioMicrosPerMtok?: number | undefined;
-  outputAudioMicrosPerMtok?: number | undefined;
+  outputAudioMicrosPerMtok?:
+    | number
+    | undefined;
+  /**
+   * Set by the operator, held by the control plane (`tollgate models drain|disable|enable`): "" the
+   * deployment is chosen as usual; "drained" or "disabled": no new request is sent to it (requests in
+   * flight finish). docs/configuration.md#draining-or-disabling-a-deployment.
+   */
+  state: string;
 }
 
 export interface ServiceTierPrices {
@@ -1625,7 +1665,7 @@ export const ReportBatch: MessageFns<ReportBatch> = {
 };
 
 function createBaseNodeStatus(): NodeStatus {
-  return { journalDepth: 0, journalBytes: 0, droppedLogRows: 0 };
+  return { journalDepth: 0, journalBytes: 0, droppedLogRows: 0, deployments: [] };
 }
 
 export const NodeStatus: MessageFns<NodeStatus> = {
@@ -1638,6 +1678,9 @@ export const NodeStatus: MessageFns<NodeStatus> = {
     }
     if (message.droppedLogRows !== 0) {
       writer.uint32(24).int64(message.droppedLogRows);
+    }
+    for (const v of message.deployments) {
+      DeploymentHealth.encode(v!, writer.uint32(2722).fork()).join();
     }
     return writer;
   },
@@ -1679,6 +1722,14 @@ export const NodeStatus: MessageFns<NodeStatus> = {
             message.droppedLogRows = longToNumber(reader.int64());
             continue;
           }
+          case 340: {
+            if (tag !== 2722) {
+              break;
+            }
+
+            message.deployments.push(DeploymentHealth.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1708,6 +1759,9 @@ export const NodeStatus: MessageFns<NodeStatus> = {
         : isSet(object.dropped_log_rows)
         ? globalThis.Number(object.dropped_log_rows)
         : 0,
+      deployments: globalThis.Array.isArray(object?.deployments)
+        ? object.deployments.map((e: any) => DeploymentHealth.fromJSON(e))
+        : [],
     };
   },
 
@@ -1722,6 +1776,9 @@ export const NodeStatus: MessageFns<NodeStatus> = {
     if (message.droppedLogRows !== 0) {
       obj.droppedLogRows = Math.round(message.droppedLogRows);
     }
+    if (message.deployments?.length) {
+      obj.deployments = message.deployments.map((e) => DeploymentHealth.toJSON(e));
+    }
     return obj;
   },
 
@@ -1733,6 +1790,361 @@ export const NodeStatus: MessageFns<NodeStatus> = {
     message.journalDepth = object.journalDepth ?? 0;
     message.journalBytes = object.journalBytes ?? 0;
     message.droppedLogRows = object.droppedLogRows ?? 0;
+    message.deployments = object.deployments?.map((e) => DeploymentHealth.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseDeploymentHealth(): DeploymentHealth {
+  return {
+    model: "",
+    deployment: "",
+    circuit: "",
+    openUntilMs: 0,
+    coolUntilMs: 0,
+    consecutiveFailures: 0,
+    recentErrors: [],
+    inFlight: 0,
+    minute: 0,
+    minuteRequests: 0,
+    minuteTokens: 0,
+  };
+}
+
+export const DeploymentHealth: MessageFns<DeploymentHealth> = {
+  encode(message: DeploymentHealth, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.model !== "") {
+      writer.uint32(10).string(message.model);
+    }
+    if (message.deployment !== "") {
+      writer.uint32(18).string(message.deployment);
+    }
+    if (message.circuit !== "") {
+      writer.uint32(26).string(message.circuit);
+    }
+    if (message.openUntilMs !== 0) {
+      writer.uint32(32).int64(message.openUntilMs);
+    }
+    if (message.coolUntilMs !== 0) {
+      writer.uint32(40).int64(message.coolUntilMs);
+    }
+    if (message.consecutiveFailures !== 0) {
+      writer.uint32(48).uint32(message.consecutiveFailures);
+    }
+    for (const v of message.recentErrors) {
+      ErrorCount.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.inFlight !== 0) {
+      writer.uint32(64).uint32(message.inFlight);
+    }
+    if (message.minute !== 0) {
+      writer.uint32(72).int64(message.minute);
+    }
+    if (message.minuteRequests !== 0) {
+      writer.uint32(80).int64(message.minuteRequests);
+    }
+    if (message.minuteTokens !== 0) {
+      writer.uint32(88).int64(message.minuteTokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeploymentHealth {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeploymentHealth();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.deployment = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.circuit = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.openUntilMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.coolUntilMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.consecutiveFailures = reader.uint32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.recentErrors.push(ErrorCount.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.inFlight = reader.uint32();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.minute = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.minuteRequests = longToNumber(reader.int64());
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.minuteTokens = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeploymentHealth {
+    return {
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      deployment: isSet(object.deployment) ? globalThis.String(object.deployment) : "",
+      circuit: isSet(object.circuit) ? globalThis.String(object.circuit) : "",
+      openUntilMs: isSet(object.openUntilMs)
+        ? globalThis.Number(object.openUntilMs)
+        : isSet(object.open_until_ms)
+        ? globalThis.Number(object.open_until_ms)
+        : 0,
+      coolUntilMs: isSet(object.coolUntilMs)
+        ? globalThis.Number(object.coolUntilMs)
+        : isSet(object.cool_until_ms)
+        ? globalThis.Number(object.cool_until_ms)
+        : 0,
+      consecutiveFailures: isSet(object.consecutiveFailures)
+        ? globalThis.Number(object.consecutiveFailures)
+        : isSet(object.consecutive_failures)
+        ? globalThis.Number(object.consecutive_failures)
+        : 0,
+      recentErrors: globalThis.Array.isArray(object?.recentErrors)
+        ? object.recentErrors.map((e: any) => ErrorCount.fromJSON(e))
+        : globalThis.Array.isArray(object?.recent_errors)
+        ? object.recent_errors.map((e: any) => ErrorCount.fromJSON(e))
+        : [],
+      inFlight: isSet(object.inFlight)
+        ? globalThis.Number(object.inFlight)
+        : isSet(object.in_flight)
+        ? globalThis.Number(object.in_flight)
+        : 0,
+      minute: isSet(object.minute) ? globalThis.Number(object.minute) : 0,
+      minuteRequests: isSet(object.minuteRequests)
+        ? globalThis.Number(object.minuteRequests)
+        : isSet(object.minute_requests)
+        ? globalThis.Number(object.minute_requests)
+        : 0,
+      minuteTokens: isSet(object.minuteTokens)
+        ? globalThis.Number(object.minuteTokens)
+        : isSet(object.minute_tokens)
+        ? globalThis.Number(object.minute_tokens)
+        : 0,
+    };
+  },
+
+  toJSON(message: DeploymentHealth): unknown {
+    const obj: any = {};
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.deployment !== "") {
+      obj.deployment = message.deployment;
+    }
+    if (message.circuit !== "") {
+      obj.circuit = message.circuit;
+    }
+    if (message.openUntilMs !== 0) {
+      obj.openUntilMs = Math.round(message.openUntilMs);
+    }
+    if (message.coolUntilMs !== 0) {
+      obj.coolUntilMs = Math.round(message.coolUntilMs);
+    }
+    if (message.consecutiveFailures !== 0) {
+      obj.consecutiveFailures = Math.round(message.consecutiveFailures);
+    }
+    if (message.recentErrors?.length) {
+      obj.recentErrors = message.recentErrors.map((e) => ErrorCount.toJSON(e));
+    }
+    if (message.inFlight !== 0) {
+      obj.inFlight = Math.round(message.inFlight);
+    }
+    if (message.minute !== 0) {
+      obj.minute = Math.round(message.minute);
+    }
+    if (message.minuteRequests !== 0) {
+      obj.minuteRequests = Math.round(message.minuteRequests);
+    }
+    if (message.minuteTokens !== 0) {
+      obj.minuteTokens = Math.round(message.minuteTokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeploymentHealth>, I>>(base?: I): DeploymentHealth {
+    return DeploymentHealth.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeploymentHealth>, I>>(object: I): DeploymentHealth {
+    const message = createBaseDeploymentHealth();
+    message.model = object.model ?? "";
+    message.deployment = object.deployment ?? "";
+    message.circuit = object.circuit ?? "";
+    message.openUntilMs = object.openUntilMs ?? 0;
+    message.coolUntilMs = object.coolUntilMs ?? 0;
+    message.consecutiveFailures = object.consecutiveFailures ?? 0;
+    message.recentErrors = object.recentErrors?.map((e) => ErrorCount.fromPartial(e)) || [];
+    message.inFlight = object.inFlight ?? 0;
+    message.minute = object.minute ?? 0;
+    message.minuteRequests = object.minuteRequests ?? 0;
+    message.minuteTokens = object.minuteTokens ?? 0;
+    return message;
+  },
+};
+
+function createBaseErrorCount(): ErrorCount {
+  return { kind: "", count: 0 };
+}
+
+export const ErrorCount: MessageFns<ErrorCount> = {
+  encode(message: ErrorCount, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.kind !== "") {
+      writer.uint32(10).string(message.kind);
+    }
+    if (message.count !== 0) {
+      writer.uint32(16).int64(message.count);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ErrorCount {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseErrorCount();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.kind = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.count = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ErrorCount {
+    return {
+      kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      count: isSet(object.count) ? globalThis.Number(object.count) : 0,
+    };
+  },
+
+  toJSON(message: ErrorCount): unknown {
+    const obj: any = {};
+    if (message.kind !== "") {
+      obj.kind = message.kind;
+    }
+    if (message.count !== 0) {
+      obj.count = Math.round(message.count);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ErrorCount>, I>>(base?: I): ErrorCount {
+    return ErrorCount.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ErrorCount>, I>>(object: I): ErrorCount {
+    const message = createBaseErrorCount();
+    message.kind = object.kind ?? "";
+    message.count = object.count ?? 0;
     return message;
   },
 };
@@ -5075,6 +5487,7 @@ function createBaseModelDeployment(): ModelDeployment {
     cacheWriteMicrosPerMtok: undefined,
     inputAudioMicrosPerMtok: undefined,
     outputAudioMicrosPerMtok: undefined,
+    state: "",
   };
 }
 
@@ -5127,6 +5540,9 @@ export const ModelDeployment: MessageFns<ModelDeployment> = {
     }
     if (message.outputAudioMicrosPerMtok !== undefined) {
       writer.uint32(128).int64(message.outputAudioMicrosPerMtok);
+    }
+    if (message.state !== "") {
+      writer.uint32(138).string(message.state);
     }
     return writer;
   },
@@ -5272,6 +5688,14 @@ export const ModelDeployment: MessageFns<ModelDeployment> = {
             message.outputAudioMicrosPerMtok = longToNumber(reader.int64());
             continue;
           }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5346,6 +5770,7 @@ export const ModelDeployment: MessageFns<ModelDeployment> = {
         : isSet(object.output_audio_micros_per_mtok)
         ? globalThis.Number(object.output_audio_micros_per_mtok)
         : undefined,
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
     };
   },
 
@@ -5399,6 +5824,9 @@ export const ModelDeployment: MessageFns<ModelDeployment> = {
     if (message.outputAudioMicrosPerMtok !== undefined) {
       obj.outputAudioMicrosPerMtok = Math.round(message.outputAudioMicrosPerMtok);
     }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
     return obj;
   },
 
@@ -5423,6 +5851,7 @@ export const ModelDeployment: MessageFns<ModelDeployment> = {
     message.cacheWriteMicrosPerMtok = object.cacheWriteMicrosPerMtok ?? undefined;
     message.inputAudioMicrosPerMtok = object.inputAudioMicrosPerMtok ?? undefined;
     message.outputAudioMicrosPerMtok = object.outputAudioMicrosPerMtok ?? undefined;
+    message.state = object.state ?? "";
     return message;
   },
 };
