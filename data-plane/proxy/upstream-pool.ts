@@ -92,8 +92,11 @@ export interface PoolMember {
   maxParallel: number;
   /** Its minute pool in the leases (a deployment with an rpm or tpm), with the limits it is leased by. */
   lease?: { poolId: string; limits: KeyLimits };
-  /** Drained or disabled by the operator (ModelDeployment.state): never chosen. */
-  steered?: boolean;
+  /**
+   * Drained or disabled by the operator (ModelDeployment.state): never chosen, but a request pinned to
+   * a drained one (what it names lives there, affinity) still goes to it; a disabled one takes none.
+   */
+  steered?: '' | 'drained' | 'disabled';
 }
 
 export interface PoolSettings {
@@ -134,14 +137,17 @@ export class UpstreamPool {
     return this.now() < s.openUntil ? 'open' : 'half-open';
   }
 
-  /** The index of the deployment to try next, or -1 when none of the untried ones is available. */
-  choose(tried: readonly number[], tokens: number): number {
+  /**
+   * The index of the deployment to try next, or -1 when none of the untried ones is available.
+   * `pinned`: the request may go to one deployment only (`tried` names every other): drained is no bar.
+   */
+  choose(tried: readonly number[], tokens: number, pinned = false): number {
     const members = this.members;
     let best = Infinity;
     let weights = 0;
     // First pass: the lowest load among the available; second: a draw by weight among those at it.
     for (let i = 0; i < members.length; i++) {
-      if (tried.includes(i) || this.blockedFor(i, tokens) !== 0) continue;
+      if (tried.includes(i) || this.blockedFor(i, tokens, pinned) !== 0) continue;
       const m = members[i];
       const load = m.state.inFlight / m.weight;
       if (load < best) {
@@ -153,7 +159,7 @@ export class UpstreamPool {
     let r = this.random() * weights;
     let last = -1;
     for (let i = 0; i < members.length; i++) {
-      if (tried.includes(i) || this.blockedFor(i, tokens) !== 0) continue;
+      if (tried.includes(i) || this.blockedFor(i, tokens, pinned) !== 0) continue;
       const m = members[i];
       if (m.state.inFlight / m.weight !== best) continue;
       last = i;
@@ -164,13 +170,13 @@ export class UpstreamPool {
   }
 
   /** Why no untried deployment is available, and the earliest time one will be. */
-  whyNone(tried: readonly number[], tokens: number): NoneAvailable {
+  whyNone(tried: readonly number[], tokens: number, pinned = false): NoneAvailable {
     let capacity = false;
     let retryAfterMs = Infinity;
     const leaseShort: number[] = [];
     for (let i = 0; i < this.members.length; i++) {
-      if (tried.includes(i) || this.members[i].steered) continue;
-      const wait = this.blockedFor(i, tokens);
+      if (tried.includes(i) || this.passedOver(i, pinned)) continue;
+      const wait = this.blockedFor(i, tokens, pinned);
       if (wait === 0) continue;
       if (wait === LEASE_SHORT) {
         leaseShort.push(i);
@@ -268,14 +274,20 @@ export class UpstreamPool {
     s.coolUntil = Math.max(s.coolUntil, this.now() + ms);
   }
 
+  /** Steered out by the operator, for this request. */
+  private passedOver(i: number, pinned: boolean): boolean {
+    const steered = this.members[i].steered;
+    return steered === 'disabled' || (steered === 'drained' && !pinned);
+  }
+
   /**
    * 0 when deployment i can take a request of `tokens` now; else how long until it may, positive when
    * for capacity (its limits, a 429's cooling, its minute spent across the cluster), negative when
    * its circuit is open (or probed), LEASE_SHORT when only this node's lease of its minute is short.
    */
-  private blockedFor(i: number, tokens: number): number {
+  private blockedFor(i: number, tokens: number, pinned: boolean): number {
     const m = this.members[i];
-    if (m.steered) return -MINUTE_MS;
+    if (this.passedOver(i, pinned)) return -MINUTE_MS;
     const s = m.state;
     const now = this.now();
     if (s.openUntil !== 0) {

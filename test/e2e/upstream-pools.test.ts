@@ -13,7 +13,7 @@ import { configYaml, type GatewayYaml } from '../helpers/config.js';
 import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
 import { startFakeResponsesUpstream, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
 import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
-import { cliJsonAsync } from '../helpers/processes.js';
+import { cliJsonAsync, runCliAsync } from '../helpers/processes.js';
 import { scrapeMetrics } from '../helpers/prometheus.js';
 import { usageRowsOfKey } from '../helpers/usage-db.js';
 import { eventually } from '../helpers/data-plane.js';
@@ -332,6 +332,20 @@ test('affinity: a stored response created on deployment A is read and chained th
   assert.equal(billed[0].cost_micros, 5400, "A's prices, its final usage");
   assert.ok(affA.requests.some((x) => x.method === 'GET' && x.url === `/v1/responses/${bg.body.id}`), 'followed on A');
   assert.equal(affB.requests.length, 2, 'never on B');
+
+  // The operator drains A: new work goes elsewhere, but what lives on A is still read there. Disabled,
+  // A takes nothing: what lives there is a 503 naming it, never B's 404. Before, a drained A was a 503 too.
+  const cli = (args: string[]) => runCliAsync(gw.cp, gw.cp.secrets.operatorToken, args);
+  assert.equal((await cli(['models', 'drain', 'pool-aff', 'aff-a'])).code, 0);
+  const beforeDrainRead = affA.requests.length;
+  const drainedRead = await get(`/v1/responses/${r2.body.id}`);
+  assert.equal(drainedRead.status, 200, drainedRead.text);
+  assert.equal(affA.requests.length, beforeDrainRead + 1, 'read on the drained A');
+  assert.equal((await cli(['models', 'disable', 'pool-aff', 'aff-a'])).code, 0);
+  const disabledRead = await get(`/v1/responses/${r2.body.id}`);
+  assertShapeA(disabledRead, 503, { type: 'api_error', message: /lives on an upstream deployment of model pool-aff that is unavailable/ });
+  assert.equal(affA.requests.length, beforeDrainRead + 1, 'nothing sent to the disabled A');
+  assert.equal((await cli(['models', 'enable', 'pool-aff', 'aff-a'])).code, 0);
 
   // A gone: what lives there is a clear 503, never a 404 from B's account.
   await affA.close();

@@ -184,10 +184,18 @@ test("a deployment's minute across the cluster: chosen only within this node's l
 });
 
 test('a drained or disabled deployment is never chosen, whatever its weight, and says nothing of when one has room', () => {
-  const { p } = pool([{ ...member('a', 1_000_000), steered: true }, member('b', 1)]);
+  const { p } = pool([{ ...member('a', 1_000_000), steered: 'drained' }, member('b', 1)]);
   for (let i = 0; i < 3; i++) assert.equal(p.members[p.choose([], 0)].state.id, 'b');
   assert.equal(p.choose([1], 0), -1);
   assert.deepEqual(p.whyNone([1], 0), { capacity: false, retryAfterMs: 0, leaseShort: [] });
+});
+
+test('a request pinned to a deployment (what it names lives there) may still go to it drained, never disabled', () => {
+  const { p } = pool([{ ...member('a', 1), steered: 'drained' }, { ...member('b', 1), steered: 'disabled' }, member('c', 1)]);
+  assert.equal(p.choose([1, 2], 0, true), 0, 'pinned to the drained one: it serves');
+  assert.equal(p.choose([0, 2], 0, true), -1, 'pinned to the disabled one: none');
+  assert.deepEqual(p.whyNone([0, 2], 0, true), { capacity: false, retryAfterMs: 0, leaseShort: [] });
+  assert.equal(p.choose([1, 2], 0), -1, 'not pinned: the drained one is passed over');
 });
 
 test("a deployment's recent errors: this UTC minute's and the one before, by kind", () => {

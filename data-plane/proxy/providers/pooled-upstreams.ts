@@ -13,7 +13,7 @@ import { GatewayError } from '../../errors.js';
 import { logBug } from '../../log.js';
 import type { Clock } from '../../limits/clock.js';
 import { proxyRequest, type ProxyRequest } from '../stream-proxy.js';
-import { DeploymentState, UpstreamPool, type MinuteLeases, type NoneAvailable } from '../upstream-pool.js';
+import { DeploymentState, UpstreamPool, type MinuteLeases, type NoneAvailable, type PoolMember } from '../upstream-pool.js';
 import { deploymentPoolId } from '../../../proto/lib/leases.js';
 import type { Target, UpstreamTargets } from './upstream-targets.js';
 import { setDeploymentSource, type DeploymentRow } from '../pool-metrics.js';
@@ -141,7 +141,7 @@ export class PooledUpstreams {
         const tpm = Number(d.tpm);
         const poolId = deploymentPoolId(model.id, d.id);
         const lease = d.rpm > 0 || tpm > 0 ? { poolId, limits: { keyId: poolId, rpmLimit: d.rpm, tpmLimit: tpm, maxParallel: 0 } } : undefined;
-        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm, maxParallel: d.maxParallelRequests, lease, steered: d.state !== '' };
+        return { state, weight: d.weight > 0 ? d.weight : 1, rpm: d.rpm, tpm, maxParallel: d.maxParallelRequests, lease, steered: steerOf(d.state) };
       });
       const settings = {
         circuitFailures: model.circuitFailures || DEFAULT_CIRCUIT_FAILURES,
@@ -161,6 +161,11 @@ export class PooledUpstreams {
   send(model: ModelConfig, call: PoolCall, x: PooledExchange, tokens: number, once = false, pin = -1): void {
     new Attempts(this.targets, this.clock, model, this.poolOf(model), call, x, tokens, once, pin).next();
   }
+}
+
+/** The operator's state of a deployment as the choice reads it; one this node does not know takes nothing. */
+function steerOf(state: string): PoolMember['steered'] {
+  return state === '' || state === 'drained' ? state : 'disabled';
 }
 
 /** The refusal of a request pinned to a deployment that is down (or gone from the config). */
@@ -202,13 +207,13 @@ class Attempts {
     const first = this.tried.length === 0;
     if (!first && (this.tried.length >= this.maxAttempts || performance.now() >= this.deadline)) return false;
     const passed = this.passed();
-    const i = this.p.pool.choose(passed, this.tokens);
+    const i = this.p.pool.choose(passed, this.tokens, this.pin >= 0);
     if (i >= 0) {
       this.attempt(i);
       return true;
     }
     if (!first) return false;
-    const why = this.p.pool.whyNone(passed, this.tokens);
+    const why = this.p.pool.whyNone(passed, this.tokens, this.pin >= 0);
     if (why.leaseShort.length > 0) this.waitForLease();
     else this.refuse(why);
     return true;
@@ -275,18 +280,18 @@ class Attempts {
           timer = setTimeout(() => attempt(true), 50);
           return;
         }
-        let i = pool.choose(this.passed(), this.tokens);
+        let i = pool.choose(this.passed(), this.tokens, this.pin >= 0);
         if (i < 0) {
           // Out of time with no answer, or while an earlier want of the minute is so: taken in advance.
-          for (const j of pool.whyNone(this.passed(), this.tokens).leaseShort) {
+          for (const j of pool.whyNone(this.passed(), this.tokens, this.pin >= 0).leaseShort) {
             if (!pool.advanceLease(j, this.tokens, lastTry)) continue;
-            i = pool.choose(this.passed(), this.tokens);
+            i = pool.choose(this.passed(), this.tokens, this.pin >= 0);
             if (i >= 0) break;
           }
         }
         if (i < 0 && !lastTry) {
           stopWaiting();
-          for (const j of pool.whyNone(this.passed(), this.tokens).leaseShort) if (pool.waitLease(j, this.tokens, wake)) asked.push(j);
+          for (const j of pool.whyNone(this.passed(), this.tokens, this.pin >= 0).leaseShort) if (pool.waitLease(j, this.tokens, wake)) asked.push(j);
           if (asked.length > 0) {
             timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
             return;
@@ -294,7 +299,7 @@ class Attempts {
         }
         finish();
         if (i >= 0) this.attempt(i);
-        else this.refuse(pool.whyNone(this.passed(), this.tokens));
+        else this.refuse(pool.whyNone(this.passed(), this.tokens, this.pin >= 0));
       } catch (e) {
         // Out of a timer or a lease answer: nothing may escape; the request ends as a failure.
         logBug(e);
