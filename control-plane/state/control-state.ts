@@ -10,7 +10,7 @@ import { redactGatewayConfig, type LoadedGatewayConfig, type TierSettings } from
 import { computeOrgState, type OrgState } from './org-state.js';
 import type { Db, Queryable, Tx } from '../store/db.js';
 import { credentialedKeyBatches, repairOrphanedKeys, tombstonedKeys, type ApiKeyRow } from '../store/keys-repo.js';
-import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, type OrgRow, type OrgWithMonthSpend } from '../store/orgs-repo.js';
+import { bumpFundsVersion, listAllOrgs, monthSpend, orgOwner, orgOwners, orgsWithMonthSpend, setSyncedBlockedReason, tiersInUse, writeTierSettings, type OrgRow, type OrgWithMonthSpend } from '../store/orgs-repo.js';
 import { appendChange, currentVersion, loadChanges, pruneChanges } from '../store/sync-repo.js';
 import { SnapshotStore } from './snapshot-store.js';
 import { cappedProjects } from '../store/money-limits-repo.js';
@@ -110,6 +110,7 @@ export class ControlState {
     const state = new ControlState(db, gateway, snapshots, opts, steer);
     await db.tx(async (tx) => {
       await state.emit(tx, { config: state.published });
+      await writeTierSettings(tx, gateway.settings.tiers.values());
       await state.refreshOrgs(tx, 'all');
     });
     return state;
@@ -337,6 +338,7 @@ export class ControlState {
       this.published = withSteer(next.proto, this.steer);
       try {
         const version = await this.emit(tx, { config: this.published });
+        await writeTierSettings(tx, next.settings.tiers.values());
         await this.refreshOrgs(tx, 'all', { fundsChanged: true });
         return version;
       } catch (err) {

@@ -144,3 +144,11 @@ export async function orgOwner(q: Queryable, orgId: string): Promise<string> {
   const row = await q.get<{ account_id: string }>("SELECT account_id FROM memberships WHERE org_id = ? AND role = 'owner' ORDER BY rowid LIMIT 1", [orgId]);
   return row?.account_id ?? '';
 }
+
+/** The tiers' grants and caps as the current config sets them, for the org_balances view (042-seller-views). */
+export async function writeTierSettings(q: Queryable, tiers: Iterable<{ name: string; freeGrantMicros: number; monthlyCapMicros: number | null }>): Promise<void> {
+  await q.run('DELETE FROM tier_settings');
+  for (const t of tiers) {
+    await q.run('INSERT INTO tier_settings (tier, free_grant_micros, monthly_cap_micros) VALUES (?, ?, ?)', [t.name, t.freeGrantMicros, t.monthlyCapMicros]);
+  }
+}

@@ -17,6 +17,7 @@ import { sql as reportSink } from './039-report-sink.js';
 import { pgSql as reportSinkPg } from './039-report-sink-pg.js';
 import { sql as storedResponseDeployments } from './040-stored-response-deployments.js';
 import { sql as deploymentStates } from './041-deployment-states.js';
+import { pgSql as sellerViewsPg, sql as sellerViews } from './042-seller-views.js';
 import { pgDdl } from './pg-ddl.js';
 
 export interface Migration {
@@ -54,4 +55,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 39, name: 'report-sink', sql: reportSink, pg: reportSinkPg },
   { version: 40, name: 'stored-response-deployments', sql: storedResponseDeployments },
   { version: 41, name: 'deployment-states', sql: deploymentStates },
+  { version: 42, name: 'seller-views', sql: sellerViews, pg: sellerViewsPg },
 ];
