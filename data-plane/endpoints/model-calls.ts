@@ -15,6 +15,7 @@ import { estimateTokens } from '../proxy/tokens.js';
 import { requestWorstCase } from '../limits/worst-case.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
 import { dearestPrices } from '../proxy/providers/pooled-upstreams.js';
+import { requestedTier } from '../../proto/lib/reported-prices.js';
 import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
 import { estimateResponseTokens, type ResponsesEndpoint } from './responses/responses.js';
 
@@ -108,6 +109,8 @@ export class ModelCalls implements Endpoint {
       if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
       ctx.model = model;
       ctx.providerStarted = true;
+      // An answer that reports no tier is billed at the one asked for (request-context.ts).
+      ctx.requestedTier = requestedTier(obj);
       // What an end without the upstream's usage bills: the estimate the tpm reservation took.
       ctx.estimatedPromptTokens = estimate;
       const call = modelCall(ctx, reply, model, obj, raw, text);
@@ -128,6 +131,7 @@ export class ModelCalls implements Endpoint {
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     ctx.model = model;
     ctx.providerStarted = true;
+    ctx.requestedTier = requestedTier(obj);
     // What an end without the upstream's usage bills: its input, a chain's context included.
     ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
     this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text));

@@ -17,6 +17,7 @@ import type { RequestContext } from '../../request/request-context.js';
 import { findDuplicateKey } from '../../request/validate-request.js';
 import { estimateTokens } from '../../proxy/tokens.js';
 import { requestWorstCase } from '../../limits/worst-case.js';
+import { requestedTier, unpricedInRequest } from '../../../proto/lib/reported-prices.js';
 import type { ForwardCall } from '../../proxy/providers/responses-provider.js';
 import { parseConversationPath } from '../../routing/responses-paths.js';
 import { failCall, PlainEndpoint, refuseAdmitted, type EndpointDeps } from '../intake.js';
@@ -96,6 +97,9 @@ export class ResponsesForward extends PlainEndpoint {
     const input = op === 'compact' ? estimateTokens(body) + this.responses.chainTokens(body) : 0;
     const go = () => this.forward(r, ctx, model, op, conv, body, text, input);
     if (op !== 'compact') return go();
+    // A compaction runs a model on a tier as a create does: a tier it has no price for is refused (validate-request.ts).
+    const unpriced = unpricedInRequest(model, body ?? {});
+    if (unpriced) return refuseAdmitted(ctx, reply, invalid(unpriced.message, unpriced.param));
     // Near a money limit a compaction runs only if its worst case fits (docs/money-limits.md#the-last-request).
     const worst = requestWorstCase(model, 'responses', body ?? {}, input);
     if (this.admission.reserveWorstCaseNow(key, ctx.spend, worst)) return go();
@@ -142,6 +146,7 @@ export class ResponsesForward extends PlainEndpoint {
     ctx.model = model;
     ctx.providerStarted = true;
     ctx.estimatedPromptTokens = input;
+    if (op === 'compact') ctx.requestedTier = requestedTier(body ?? {});
     reply.upstreamAt = performance.now();
     responses.providerOf(model)!.forward({
       requestId: ctx.requestId,

@@ -9,6 +9,7 @@ import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader } from '../usage/responses-usage-readers.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { billedTokens, pricerOf } from './openai.js';
+import { requestedTier } from '../../../proto/lib/reported-prices.js';
 import type { Target } from './upstream-targets.js';
 
 /** The upstream path of a forwarded request, its query kept. */
@@ -53,7 +54,7 @@ export function forwardOpenAI(t: Target, call: ForwardCall): void {
       // Ids the answer names are recorded before the chunk naming them goes on (the client can
       // never name one before it is the project's): a compaction's output, a new conversation,
       // items added, listed or read.
-      if (call.op === 'compact') return (compact = new ResponsesJsonReader(ignore, pricerOf(call.model), recordOwned));
+      if (call.op === 'compact') return (compact = new ResponsesJsonReader(ignore, pricerOf(call.model, undefined, requestedTier(call.body ?? {})), recordOwned));
       if (conv?.action === 'create') return new ResponsesJsonReader((id) => recordOwned([id]));
       if (conv && (conv.action === 'items' || conv.action === 'item') && call.method !== 'DELETE') return new ItemIdsReader(conv.action === 'item' ? 'id' : 'data', recordOwned);
       return null;
@@ -67,7 +68,9 @@ export function forwardOpenAI(t: Target, call: ForwardCall): void {
     onDone(status, outcome, upstreamStatus) {
       const c = compact as ResponsesJsonReader | null;
       if (call.op !== 'compact') return call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
-      call.complete(billedTokens(status, outcome, upstreamStatus, c?.usage ?? null, () => ({ prompt: call.inputTokens, completion: c ? c.countedOutputTokens() : 0 })));
+      const billed = billedTokens(status, outcome, upstreamStatus, c?.usage ?? null, () => ({ prompt: call.inputTokens, completion: c ? c.countedOutputTokens() : 0 }));
+      // The tier the compaction reports it ran on, as a create's (proto/lib/reported-prices.ts).
+      call.complete(c ? { ...billed, ...c.facts() } : billed);
     },
   });
 }

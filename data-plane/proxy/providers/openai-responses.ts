@@ -13,6 +13,7 @@ import { SafetyFields, withSafetyFields } from '../safety-fields.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import { billedTokens, pricerOf } from './openai.js';
+import { requestedTier } from '../../../proto/lib/reported-prices.js';
 import { UpstreamTargets, type PoolRegistry, type Target } from './upstream-targets.js';
 import { pricedAs } from './pooled-upstreams.js';
 
@@ -48,7 +49,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     // one's) until a stored response's deployment is recorded with its owner: billed at its prices.
     const first = call.model.deployments[0];
     const billAs = first ? pricedAs(call.model, first) : call.model;
-    const pricer = pricerOf(billAs);
+    const pricer = pricerOf(billAs, undefined, requestedTier(body));
     const background = body.background === true;
     proxyRequest({
       pool: t.pool,
