@@ -89,6 +89,10 @@ export class ResponsesForward extends PlainEndpoint {
     }
     const model = conv ? this.conversationModel(key, conv.id, state) : this.namedModel(key, body ?? {}, state);
     if (model instanceof GatewayError) return refuseAdmitted(ctx, reply, model);
+    // The item a path names is checked as the conversation is: another project's id never goes upstream.
+    if (conv && conv.itemId !== '' && !this.responses.ownerOf(key, conv.itemId, state)) {
+      return refuseAdmitted(ctx, reply, new GatewayError('NOT_FOUND', `No item found with id '${conv.itemId}'.`, { param: null }));
+    }
     const scope = checkModelScope(state, key, model);
     if (scope) return refuseAdmitted(ctx, reply, scope);
     const provider = this.responses.providerOf(model);

@@ -1,0 +1,96 @@
+// An attacker's review of the Responses API's owned ids (issue 34): requests that named an upstream
+// object another project (or the operator) holds by a route the id checks did not cover. Each is
+// refused 404 Shape A over HTTP, SSE and WebSocket, and the fake upstream never receives the id.
+import assert from 'node:assert/strict';
+import { after, test } from 'node:test';
+import OpenAI from 'openai';
+import { configYaml, addUpstreamModel } from '../helpers/config.js';
+import { type DemoKey } from '../helpers/console.js';
+import { startFakeResponsesUpstream, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
+import { bearer, request, type HttpResult } from '../helpers/http.js';
+import { gatewayFixture } from '../helpers/gateway-fixture.js';
+import { type DataPlane } from '../helpers/processes.js';
+import { openRealtime } from '../helpers/realtime.js';
+
+let node: DataPlane;
+let upstream: FakeResponsesUpstream;
+let a: DemoKey; // project A
+let b: DemoKey; // project B, same organisation
+
+const client = (k: DemoKey) => new OpenAI({ apiKey: k.key, baseURL: `${node.url}/v1`, maxRetries: 0 });
+
+function assertNotFound(r: HttpResult, param: string | null, what: string): void {
+  assert.equal(r.status, 404, `${what}: ${r.text}`);
+  assert.deepEqual([r.body?.error?.code, r.body?.error?.type, r.body?.error?.param], ['404', 'invalid_request_error', param], what);
+}
+
+/** Everything the fake upstream was sent, over HTTP and WebSocket, as one text. */
+function upstreamSaw(): string {
+  return JSON.stringify([upstream.requests.map((r) => [r.url, r.body]), upstream.sockets.map((s) => s.received)]);
+}
+
+gatewayFixture(
+  async () => {
+    upstream = await startFakeResponsesUpstream();
+    return {
+      controlPlane: {
+        configYaml: configYaml((cfg) => {
+          addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid']);
+          cfg.responses = { conversations_model: 'up-chat', prompts: { paid: ['pmpt_paid_allowed'] } };
+        }),
+        env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },
+      },
+    };
+  },
+  async (g) => {
+    node = g.node;
+    a = await g.fundedKey({ tier: 'paid', creditMicros: 10_000_000 });
+    b = await g.fundedKey({ orgId: a.orgId });
+  },
+);
+after(async () => {
+  await upstream?.close();
+});
+
+// Before: only a message's `content` parts were searched for a `file_id`, so an upstream file (never
+// created through Tollgate: the operator's) reached the model through a tool call's output parts, a
+// computer screenshot or a prompt's variables.
+test('an upstream file named in a tool output, a screenshot or a prompt variable is 404 over HTTP, SSE and WebSocket; never forwarded', async () => {
+  const cases: Array<[string, string, Record<string, unknown>, string]> = [
+    ['function_call_output parts', 'input[0].output[0].file_id', { input: [{ type: 'function_call_output', call_id: 'call_1', output: [{ type: 'input_file', file_id: 'file-fco' }] }] }, 'file-fco'],
+    ['custom_tool_call_output parts', 'input[0].output[1].file_id', { input: [{ type: 'custom_tool_call_output', call_id: 'call_2', output: [{ type: 'input_text', text: 'see' }, { type: 'input_image', file_id: 'file-ctco' }] }] }, 'file-ctco'],
+    ['computer_call_output screenshot', 'input[0].output.file_id', { input: [{ type: 'computer_call_output', call_id: 'call_3', output: { type: 'computer_screenshot', file_id: 'file-shot' } }] }, 'file-shot'],
+    ['prompt variable', 'prompt.variables.doc.file_id', { input: 'x', prompt: { id: 'pmpt_paid_allowed', variables: { doc: { type: 'input_file', file_id: 'file-var' } } } }, 'file-var'],
+  ];
+  const socket = await openRealtime(node.address, { key: b.key, model: 'up-chat', path: '/v1/responses' });
+  let errors = 0;
+  for (const [what, param, fields, id] of cases) {
+    const body = { model: 'up-chat', ...fields };
+    assertNotFound(await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: body }), param, `${what} over HTTP`);
+    assertNotFound(await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: { ...body, stream: true } }), param, `${what} with stream: true`);
+    assertNotFound(await request(`${node.url}/v1/responses/input_tokens`, { method: 'POST', headers: bearer(b.key), json: body }), param, `${what} counted`);
+    socket.session.send({ type: 'response.create', ...body });
+    const err = await socket.session.waitFor('error', ++errors);
+    assert.deepEqual([err.status, err.error.code, err.error.param], [404, '404', param], `${what} over WebSocket`);
+    assert.equal(upstreamSaw().includes(id), false, `${what}: the upstream never received ${id}`);
+  }
+  socket.ws.close(1000);
+  await socket.session.waitClosed();
+});
+
+// Before: a conversation item path checked only the conversation: project B could name project A's
+// item id under a conversation of its own, and the id went upstream.
+test("another project's item under one's own conversation is 404, never forwarded", async () => {
+  const convA = await client(a).conversations.create({});
+  const added = await client(a).conversations.items.create(convA.id, { items: [{ type: 'message', role: 'user', content: 'A secret' }] });
+  const itemA = added.data[0].id!;
+  const convB = await client(b).conversations.create({});
+  for (const method of ['GET', 'DELETE']) {
+    const before = upstream.requests.length;
+    assertNotFound(await request(`${node.url}/v1/conversations/${convB.id}/items/${itemA}`, { method, headers: bearer(b.key) }), null, `${method} A's item under B's conversation`);
+    assert.equal(upstream.requests.length, before, `${method}: the upstream was never asked`);
+  }
+  assert.equal(upstreamSaw().includes(`${convB.id}/items/${itemA}`), false);
+  // A's own item, under A's conversation, still goes through.
+  assert.equal((await client(a).conversations.items.retrieve(itemA, { conversation_id: convA.id })).id, itemA);
+});
