@@ -331,3 +331,21 @@ test('a compaction: a tier the model has no price for is refused 400; the tier i
   const downgraded = await run('/v1/responses/compact', compact({ service_tier: 'priority' }), { ...DEFAULT_ANSWER, serviceTier: 'default' });
   assert.equal(downgraded.micros, tokens(DEFAULT_ANSWER, STD));
 });
+
+// Before: a WebSocket-mode turn cut before its final event (the client closed the socket) billed its
+// token estimate only: the built-in tool calls the upstream had begun were never counted, though an
+// HTTP stream cut alike counts them from `response.output_item.added`.
+test('WebSocket mode: a turn cut before its final event bills the built-in tool calls begun', async () => {
+  const cost = async (items: PricedAnswer['items']) => {
+    const k = await key();
+    up.answer = { ...DEFAULT_ANSWER, items, cut: true };
+    const s = await openRealtime(gw.node.address, { key: k.key, model: 'up-priced', path: '/v1/responses' });
+    s.session.send({ type: 'response.create', input: 'search then stop', tools: ALL_TOOLS });
+    await s.session.waitFor('response.output_text.delta');
+    s.ws.close(1000);
+    await s.session.waitClosed();
+    return billedOfKey(k, 'up-priced');
+  };
+  // The same request and the same text: the difference is the calls alone.
+  assert.equal((await cost(TOOL_ITEMS)) - (await cost([])), TOOLS_COST);
+});
