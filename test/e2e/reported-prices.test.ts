@@ -53,6 +53,9 @@ before(async () => {
     cfg.responses = { vector_stores: { paid: ['vs_1'] } };
     // Plain token prices only: no tier, no tool.
     addUpstreamModel(cfg, 'up-plain', up.baseUrl, ['paid'], { input_usd_per_mtok: usd(STD.input), output_usd_per_mtok: usd(STD.output) });
+    // A pooled model whose one deployment bills at its own (priority's) prices.
+    cfg.models.push({ id: 'up-pooled', provider: 'openai', kind: 'chat', timeout_ms: 10_000, input_usd_per_mtok: usd(STD.input), output_usd_per_mtok: usd(STD.output), cached_input_usd_per_mtok: usd(STD.cached), deployments: [{ id: 'dear', base_url: up.baseUrl, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', input_usd_per_mtok: usd(PRIORITY.input), output_usd_per_mtok: usd(PRIORITY.output), cached_input_usd_per_mtok: usd(PRIORITY.cached) }] });
+    cfg.tiers.paid.models.push('up-pooled');
   });
   gw = await launchGateway({ controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } }, nodes: 2, node: { extraArgs: ['--report-every-ms', '0'] } });
 });
@@ -348,4 +351,15 @@ test('WebSocket mode: a turn cut before its final event bills the built-in tool 
   };
   // The same request and the same text: the difference is the calls alone.
   assert.equal((await cost(TOOL_ITEMS)) - (await cost([])), TOOLS_COST);
+});
+
+// Before: a pooled model's compaction went to its first deployment, as its creates do, but was billed
+// at the model's own prices, not at the prices that deployment overrides (a create's were).
+test("a pooled model's compaction is billed at the prices of the deployment that served it, as its create is", async () => {
+  const expected = tokens(DEFAULT_ANSWER, PRIORITY);
+  const create = await run('/v1/responses', { model: 'up-pooled', input: 'Hi' }, DEFAULT_ANSWER);
+  assert.equal(create.micros, expected);
+  const compact = await run('/v1/responses/compact', { model: 'up-pooled', input: 'Hi' }, DEFAULT_ANSWER);
+  assert.equal(compact.micros, expected);
+  assert.equal(Math.round(compact.res.body.usage.cost * 1_000_000), expected);
 });

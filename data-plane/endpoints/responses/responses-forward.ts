@@ -178,6 +178,10 @@ export class ResponsesForward extends PlainEndpoint {
       forget(id) {
         responses.forget(id);
       },
+      served(billAs, deployment, attempts) {
+        ctx.model = billAs;
+        ctx.upstream = { deployment, attempts };
+      },
     });
   }
 }

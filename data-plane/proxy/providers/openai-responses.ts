@@ -120,7 +120,18 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
   }
 
   forward(call: ForwardCall): void {
-    forwardOpenAI(this.target(call.model), call);
+    const first = call.model.deployments[0];
+    if (!first) return forwardOpenAI(this.target(call.model), call);
+    // A pooled model's, like its creates: sent to its first deployment and billed at that one's prices.
+    const billAs = pricedAs(call.model, first);
+    forwardOpenAI(this.target(call.model), {
+      ...call,
+      model: billAs,
+      complete(r) {
+        call.served?.(billAs, first.id, `${first.id}:${r.status}`);
+        call.complete(r);
+      },
+    });
   }
 
   retrieve(model: ModelConfig, id: string, done: (r: UpstreamRead) => void): void {

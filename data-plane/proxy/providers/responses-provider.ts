@@ -53,6 +53,8 @@ export interface ForwardCall {
   recordOwned(ids: string[]): void;
   /** The upstream deleted this conversation or item: its owner record goes too. */
   forget(id: string): void;
+  /** A pooled model: the deployment that served, the model priced as it bills, every attempt ("id:outcome"). */
+  served?(billAs: ModelConfig, deployment: string, attempts: string): void;
 }
 
 /** What the upstream said of a response read off the request path (a follower's retrieve or cancel). */
