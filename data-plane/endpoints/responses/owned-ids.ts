@@ -56,10 +56,13 @@ function tierMayUseVectorStore(state: GatewayState, tier: string, id: string): b
   return false;
 }
 
-/** An item that names a stored item by id: `type: item_reference`, or no type and nothing but the id. */
+/**
+ * An item that names a stored item by id: `type: item_reference`, or no type and an id without content
+ * (a message needs its content: one without it can only be read as a reference, whatever else it has).
+ */
 function isItemReference(item: Obj): boolean {
   if (item.type === 'item_reference') return true;
-  return (item.type === undefined || item.type === null) && item.id !== undefined && item.role === undefined && item.content === undefined;
+  return (item.type === undefined || item.type === null) && item.id !== undefined && (item.content === undefined || item.content === null);
 }
 
 /**
