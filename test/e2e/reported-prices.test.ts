@@ -363,3 +363,13 @@ test("a pooled model's compaction is billed at the prices of the deployment that
   assert.equal(compact.micros, expected);
   assert.equal(Math.round(compact.res.body.usage.cost * 1_000_000), expected);
 });
+
+// Before: a chat stream's tier was read from its usage chunk only, so a stream cut before it (the
+// client gone) was billed at the standard prices though every chunk said it ran on priority (a
+// request for `auto` the upstream ran on priority).
+test('chat SSE cut before its usage: billed at the tier its chunks report', async () => {
+  const standard = await run('/v1/chat/completions', chat({ stream: true }), { ...DEFAULT_ANSWER, cut: true });
+  const reported = await run('/v1/chat/completions', chat({ stream: true, service_tier: 'auto' }), { ...DEFAULT_ANSWER, cut: true, serviceTier: 'priority' });
+  assert.ok(standard.micros > 0);
+  assert.equal(reported.micros, 2 * standard.micros);
+});
