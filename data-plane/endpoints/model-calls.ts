@@ -59,7 +59,7 @@ export class ModelCalls implements Endpoint {
     } catch {
       parseError = true;
     }
-    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) + this.responses.chainTokens(parsed) : estimateTokens(parsed);
+    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) + this.responses.chainTokens(parsed, r.key!) : estimateTokens(parsed);
     const ctx = r.ctx!;
     this.admission.reserveOrWait(ctx, r.reply, r.key!, estimate, (ok) => {
       if (ok) this.reserved(r, ctx, parsed, parseError, estimate, raw, text);
@@ -82,7 +82,7 @@ export class ModelCalls implements Endpoint {
       if (scope) return refuseAdmitted(ctx, reply, scope);
       if (route.kind === 'speech') return this.call(r, ctx, model, obj, estimate, raw, text, state);
       // Near a money limit the request runs only if its worst case fits (docs/money-limits.md#the-last-request).
-      const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj) : estimate;
+      const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj, key) : estimate;
       // A pooled model's at the dearest of its deployments: any of them may serve it.
       const worst = requestWorstCase(dearestPrices(model), route.kind === 'responses' ? 'responses' : 'chat', obj, input);
       // The common case, without a closure: the worst case is in the slice (or no limit is near).
@@ -133,7 +133,7 @@ export class ModelCalls implements Endpoint {
     ctx.providerStarted = true;
     ctx.requestedTier = requestedTier(obj);
     // What an end without the upstream's usage bills: its input, a chain's context included.
-    ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
+    ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj, ctx.key);
     this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text));
   }
 }

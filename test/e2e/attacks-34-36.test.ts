@@ -94,3 +94,19 @@ test("another project's item under one's own conversation is 404, never forwarde
   // A's own item, under A's conversation, still goes through.
   assert.equal((await client(a).conversations.items.retrieve(itemA, { conversation_id: convA.id })).id, itemA);
 });
+
+// Before: a create naming another project's response reserved that response's context (its input
+// and output, as this node saw it end) before the id was refused, and the 404's rate headers showed
+// the reservation: project B learned that A's id exists and how many tokens its response holds,
+// though a refused id must read the same whether it exists or not.
+test("a refusal of another project's response id reads the same as an unknown id's: its context is not reserved", async () => {
+  const r = await client(a).responses.create({ model: 'up-chat', input: 'made by A' });
+  const remaining = async (id: string) => {
+    const res = await request(`${node.url}/v1/responses`, { method: 'POST', headers: bearer(b.key), json: { model: 'up-chat', input: 'hi', previous_response_id: id } });
+    assertNotFound(res, 'previous_response_id', `B names ${id}`);
+    return Number(res.headers.get('x-ratelimit-remaining-tokens'));
+  };
+  const unknown = await remaining(`resp_${'0'.repeat(r.id.length - 5)}`);
+  assert.ok(Number.isSafeInteger(unknown), 'the 404 carries the rate headers');
+  assert.equal(await remaining(r.id), unknown);
+});

@@ -61,7 +61,7 @@ export class ResponsesForward extends PlainEndpoint {
     const body = r.method === 'POST' ? parseBody(r, text) : null;
     const compact = r.route!.kind === 'compact';
     // A compaction reserves its input (a chain's context included) and the output it allows, as a create.
-    const estimate = compact && body !== null && !(body instanceof GatewayError) ? estimateResponseTokens(body) + this.responses.chainTokens(body) : 0;
+    const estimate = compact && body !== null && !(body instanceof GatewayError) ? estimateResponseTokens(body) + this.responses.chainTokens(body, r.key!) : 0;
     const ctx = r.ctx!;
     this.admission.reserveOrWait(ctx, r.reply, r.key!, estimate, (ok) => {
       if (!ok) return;
@@ -98,7 +98,7 @@ export class ResponsesForward extends PlainEndpoint {
     const provider = this.responses.providerOf(model);
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     const op: ForwardCall['op'] = kind === 'compact' ? 'compact' : kind === 'input-tokens' ? 'input_tokens' : 'conversation';
-    const input = op === 'compact' ? estimateTokens(body) + this.responses.chainTokens(body) : 0;
+    const input = op === 'compact' ? estimateTokens(body) + this.responses.chainTokens(body, key) : 0;
     const go = () => this.forward(r, ctx, model, op, conv, body, text, input);
     if (op !== 'compact') return go();
     // A compaction runs a model on a tier as a create does: a tier it has no price for is refused (validate-request.ts).

@@ -32,7 +32,7 @@ type Obj = Record<string, unknown>;
 export interface ResponsesSocketHooks {
   checkIds(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
-  chainTokens(body: unknown): number;
+  chainTokens(body: unknown, key: KeyRecord): number;
   noteContext(id: string, promptTokens: number, completionTokens: number): void;
 }
 
@@ -99,11 +99,11 @@ export class ResponsesTurnRules implements TurnRules {
 
   // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.
   estimate(ev: Obj, _pendingInput: number): number {
-    return estimateResponseTokens(ev) + this.hooks.chainTokens(ev);
+    return estimateResponseTokens(ev) + this.hooks.chainTokens(ev, this.key);
   }
 
   inputEstimate(ev: Obj, _pendingInput: number): number {
-    return estimateTokens(ev) + this.hooks.chainTokens(ev);
+    return estimateTokens(ev) + this.hooks.chainTokens(ev, this.key);
   }
 
   outputFields(ev: Obj): unknown {
