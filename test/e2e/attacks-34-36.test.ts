@@ -110,3 +110,26 @@ test("a refusal of another project's response id reads the same as an unknown id
   assert.ok(Number.isSafeInteger(unknown), 'the 404 carries the rate headers');
   assert.equal(await remaining(r.id), unknown);
 });
+
+// Before: a Responses socket passed every client event but a create upstream unread (only a repeated
+// key was refused). The beta `response.steer` carries input (files among it) and a
+// `previous_response_id`, and queues a successor response: another project's id, an upstream file and
+// input that no admission counted reached the upstream.
+test('a Responses socket refuses every client event but response.create in-band; none reaches the upstream', async () => {
+  const r = await client(a).responses.create({ model: 'up-chat', input: 'made by A' });
+  const s = await openRealtime(node.address, { key: b.key, model: 'up-chat', path: '/v1/responses' });
+  const steer = { type: 'response.steer', previous_response_id: r.id, input: [{ role: 'user', content: [{ type: 'input_file', file_id: 'file-steer' }] }] };
+  s.session.send(steer);
+  s.session.send({ type: 'conversation.item.create', item: { type: 'item_reference', id: r.id } });
+  for (const n of [1, 2]) {
+    const err = await s.session.waitFor('error', n);
+    assert.deepEqual([err.error.code, err.error.param], ['unknown_event', 'type'], JSON.stringify(err));
+  }
+  // The socket goes on: a create after them is served.
+  s.session.send({ type: 'response.create', model: 'up-chat', input: 'hello' });
+  await s.session.waitFor('response.completed');
+  s.ws.close(1000);
+  await s.session.waitClosed();
+  assert.equal(upstreamSaw().includes('file-steer'), false);
+  assert.equal(upstream.sockets.some((x) => JSON.stringify(x.received).includes(r.id)), false, "A's id never went upstream from B's socket");
+});
