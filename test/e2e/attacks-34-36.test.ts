@@ -1,19 +1,27 @@
 // An attacker's review of the Responses API's owned ids (issue 34): requests that named an upstream
 // object another project (or the operator) holds by a route the id checks did not cover. Each is
-// refused 404 Shape A over HTTP, SSE and WebSocket, and the fake upstream never receives the id.
+// refused (404 Shape A over HTTP, SSE and WebSocket; an in-band error on a socket), and the fake
+// upstream never receives the id. And one piece of evidence for upstream pools (issue 36): a pooled
+// request whose client left is never failed over.
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import OpenAI from 'openai';
 import { configYaml, addUpstreamModel } from '../helpers/config.js';
 import { type DemoKey } from '../helpers/console.js';
 import { startFakeResponsesUpstream, type FakeResponsesUpstream } from '../helpers/fake-responses-upstream.js';
+import { startFakeUpstream, type FakeUpstream } from '../helpers/fake-upstream.js';
+import { eventually } from '../helpers/data-plane.js';
+import { cliJsonAsync, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { bearer, request, type HttpResult } from '../helpers/http.js';
 import { gatewayFixture } from '../helpers/gateway-fixture.js';
-import { type DataPlane } from '../helpers/processes.js';
 import { openRealtime } from '../helpers/realtime.js';
 
 let node: DataPlane;
+let cp: ControlPlane;
 let upstream: FakeResponsesUpstream;
+/** A pooled model's two deployments: the first never answers, the second would. */
+let stall: FakeUpstream;
+let spare: FakeUpstream;
 let a: DemoKey; // project A
 let b: DemoKey; // project B, same organisation
 
@@ -29,14 +37,21 @@ function upstreamSaw(): string {
   return JSON.stringify([upstream.requests.map((r) => [r.url, r.body]), upstream.sockets.map((s) => s.received)]);
 }
 
-gatewayFixture(
+const gw = gatewayFixture(
   async () => {
     upstream = await startFakeResponsesUpstream();
+    stall = await startFakeUpstream();
+    stall.setMode('stall');
+    spare = await startFakeUpstream();
     return {
       controlPlane: {
         configYaml: configYaml((cfg) => {
           addUpstreamModel(cfg, 'up-chat', upstream.baseUrl, ['free', 'paid']);
           cfg.responses = { conversations_model: 'up-chat', prompts: { paid: ['pmpt_paid_allowed'] } };
+          const dep = (id: string, baseUrl: string, weight: number) => ({ id, base_url: baseUrl, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', weight });
+          // The stalled deployment first (the draw picks the other once in 10^9); its head times out after 2 s.
+          cfg.models.push({ id: 'pool-abort', provider: 'openai', kind: 'chat', input_usd_per_mtok: '0.50', output_usd_per_mtok: '1.50', timeout_ms: 2_000, failover_timeout_ms: 10_000, deployments: [dep('stall', stall.baseUrl, 1_000_000_000), dep('spare', spare.baseUrl, 1)] });
+          cfg.tiers.paid.models.push('pool-abort');
         }),
         env: { TOLLGATE_TEST_UPSTREAM_KEY: 'sk-upstream-test' },
       },
@@ -44,12 +59,13 @@ gatewayFixture(
   },
   async (g) => {
     node = g.node;
+    cp = g.cp;
     a = await g.fundedKey({ tier: 'paid', creditMicros: 10_000_000 });
     b = await g.fundedKey({ orgId: a.orgId });
   },
 );
 after(async () => {
-  await upstream?.close();
+  await Promise.all([upstream, stall, spare].map((f) => f?.close()));
 });
 
 // Before: only a message's `content` parts were searched for a `file_id`, so an upstream file (never
@@ -132,4 +148,28 @@ test('a Responses socket refuses every client event but response.create in-band;
   await s.session.waitClosed();
   assert.equal(upstreamSaw().includes('file-steer'), false);
   assert.equal(upstream.sockets.some((x) => JSON.stringify(x.received).includes(r.id)), false, "A's id never went upstream from B's socket");
+});
+
+// Evidence for issue 36's failover (passes on main): a client that leaves while a pooled request's
+// first attempt waits for its head is never failed over to another deployment when that attempt then
+// fails (its head timing out); the request ends once, billed once, as any abort.
+test('a pooled request whose client left is not failed over when its attempt then fails: one ending, one row', async () => {
+  const fresh = await gw.fundedKey({ tier: 'paid', creditMicros: 10_000_000 });
+  const ac = new AbortController();
+  const sent = fetch(`${node.url}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${fresh.key}`, 'content-type': 'application/json' }, body: JSON.stringify({ model: 'pool-abort', messages: [{ role: 'user', content: 'hi' }] }), signal: ac.signal });
+  await stall.waitForRequests(1);
+  ac.abort();
+  await sent.catch(() => undefined);
+  // The node ends the stalled attempt at its head timeout, within the abort's usage grace.
+  await stall.waitForClientClose();
+  let rows: Array<Record<string, unknown>> = [];
+  await eventually(async () => {
+    const logs = (await cliJsonAsync(cp, cp.secrets.operatorToken, ['logs', '--key', fresh.keyId, '--all'])).logs as Array<Record<string, unknown>>;
+    // The key's readiness probe (a GET answered 405) is logged too.
+    rows = logs.filter((l) => l.model === 'pool-abort');
+    return rows.length > 0;
+  }, 'the aborted request logged');
+  assert.equal(rows.length, 1, JSON.stringify(rows));
+  assert.deepEqual([rows[0].status, rows[0].deployment, rows[0].attempts], [499, 'stall', 'stall:aborted']);
+  assert.equal(spare.requests.length, 0, 'never failed over after its client left');
 });
