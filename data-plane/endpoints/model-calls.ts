@@ -15,6 +15,7 @@ import { estimateTokens } from '../proxy/tokens.js';
 import { requestWorstCase } from '../limits/worst-case.js';
 import type { CallResult, ModelCall } from '../proxy/providers/provider.js';
 import { dearestPrices } from '../proxy/providers/pooled-upstreams.js';
+import { requestedTier } from '../../proto/lib/reported-prices.js';
 import { failCall, refuseAdmitted, type Endpoint, type EndpointDeps } from './intake.js';
 import { estimateResponseTokens, type ResponsesEndpoint } from './responses/responses.js';
 
@@ -58,7 +59,7 @@ export class ModelCalls implements Endpoint {
     } catch {
       parseError = true;
     }
-    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) + this.responses.chainTokens(parsed) : estimateTokens(parsed);
+    const estimate = route.kind === 'responses' ? estimateResponseTokens(parsed) + this.responses.chainTokens(parsed, r.key!) : estimateTokens(parsed);
     const ctx = r.ctx!;
     this.admission.reserveOrWait(ctx, r.reply, r.key!, estimate, (ok) => {
       if (ok) this.reserved(r, ctx, parsed, parseError, estimate, raw, text);
@@ -81,7 +82,7 @@ export class ModelCalls implements Endpoint {
       if (scope) return refuseAdmitted(ctx, reply, scope);
       if (route.kind === 'speech') return this.call(r, ctx, model, obj, estimate, raw, text, state);
       // Near a money limit the request runs only if its worst case fits (docs/money-limits.md#the-last-request).
-      const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj) : estimate;
+      const input = route.kind === 'responses' ? estimateTokens(obj) + this.responses.chainTokens(obj, key) : estimate;
       // A pooled model's at the dearest of its deployments: any of them may serve it.
       const worst = requestWorstCase(dearestPrices(model), route.kind === 'responses' ? 'responses' : 'chat', obj, input);
       // The common case, without a closure: the worst case is in the slice (or no limit is near).
@@ -108,6 +109,8 @@ export class ModelCalls implements Endpoint {
       if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
       ctx.model = model;
       ctx.providerStarted = true;
+      // An answer that reports no tier is billed at the one asked for (request-context.ts).
+      ctx.requestedTier = requestedTier(obj);
       // What an end without the upstream's usage bills: the estimate the tpm reservation took.
       ctx.estimatedPromptTokens = estimate;
       const call = modelCall(ctx, reply, model, obj, raw, text);
@@ -143,8 +146,9 @@ export class ModelCalls implements Endpoint {
     if (!provider) return refuseAdmitted(ctx, reply, new GatewayError('UPSTREAM_UNREACHABLE', `No provider "${model.provider}" on this node.`));
     ctx.model = model;
     ctx.providerStarted = true;
+    ctx.requestedTier = requestedTier(obj);
     // What an end without the upstream's usage bills: its input, a chain's context included.
-    ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj);
+    ctx.estimatedPromptTokens = estimateTokens(obj) + this.responses.chainTokens(obj, ctx.key);
     this.responses.create(ctx, provider, modelCall(ctx, reply, model, obj, raw, text), pin);
   }
 }

@@ -20,6 +20,7 @@ import type { RequestContext } from '../request/request-context.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import { requestWorstCase } from '../limits/worst-case.js';
+import { requestedTier } from '../../proto/lib/reported-prices.js';
 import { refuseAdmitted } from './intake.js';
 
 type Obj = Record<string, unknown>;
@@ -196,6 +197,8 @@ export class SocketTurns {
           ctx.model = this.model;
           ctx.providerStarted = true;
           ctx.estimatedPromptTokens = input;
+          // A turn cut before its final event is billed at the tier it asked for (request-context.ts).
+          ctx.requestedTier = requestedTier(ev);
           this.waiting.push(turn);
           this.socket.toUpstream(this.tagged(turn, ev, checked));
         }

@@ -8,6 +8,7 @@
 // Audio is counted by the bytes its base64 decodes to (never decoded): bytes at the lowest byte rate the realtime API accepts and
 // tokens at OpenAI's higher audio rate, so the estimate is never below the audio's real token count.
 import type { TokenCounts } from '../../proto/lib/money.js';
+import { toolCallsOfOutput, type BuiltInTool, type ReportedFacts, type ToolCallCounts } from '../../proto/lib/reported-prices.js';
 import { estimateTextTokens, estimateTokens } from '../proxy/tokens.js';
 
 /** Audio bytes per second assumed: G.711 µ-law/A-law (8 kHz, 8-bit mono), the fewest the realtime API takes. */
@@ -43,24 +44,49 @@ export class ResponseTally {
   textOut = 0;
   /** Bytes of output audio. */
   audioOutBytes = 0;
+  /** Built-in tool calls begun (Responses API: each call item as it starts; code interpreter per container). */
+  toolCalls: ToolCallCounts | null = null;
+  private containers: Set<string> | null = null;
 
   add(o: ResponseTally): void {
     this.textIn += o.textIn;
     this.audioInBytes += o.audioInBytes;
     this.textOut += o.textOut;
     this.audioOutBytes += o.audioOutBytes;
+    if (o.toolCalls) this.addToolCalls(o.toolCalls);
   }
 
-  /** The estimate as token counts, audio as its own part (priced at the model's audio prices). */
-  counts(): TokenCounts {
+  /** The estimate as token counts, audio as its own part (priced at the model's audio prices), and the tool calls begun. */
+  counts(): TokenCounts & ReportedFacts {
     const audioIn = audioTokensOfBytes(this.audioInBytes);
     const audioOut = audioTokensOfBytes(this.audioOutBytes);
-    return {
+    const c: TokenCounts & ReportedFacts = {
       promptTokens: this.textIn + audioIn,
       completionTokens: this.textOut + audioOut,
       audioPromptTokens: audioIn,
       audioCompletionTokens: audioOut,
     };
+    if (this.toolCalls) c.toolCalls = { ...this.toolCalls };
+    return c;
+  }
+
+  /** An output item as it starts (`response.output_item.added`): a built-in tool call is counted then, as over HTTP. */
+  addToolItem(item: unknown): void {
+    if (!isObj(item)) return;
+    const container = item.type === 'code_interpreter_call' && typeof item.container_id === 'string' ? item.container_id : '';
+    if (container !== '') {
+      if (this.containers?.has(container)) return;
+      (this.containers ??= new Set()).add(container);
+    }
+    this.addToolCalls(toolCallsOfOutput([item]));
+  }
+
+  private addToolCalls(calls: ToolCallCounts): void {
+    for (const [tool, n] of Object.entries(calls) as Array<[BuiltInTool, number]>) {
+      if (!n) continue;
+      this.toolCalls ??= {};
+      this.toolCalls[tool] = (this.toolCalls[tool] ?? 0) + n;
+    }
   }
 
   /** A conversation item the client sent (conversation.item.create, or response.create's `input`). */

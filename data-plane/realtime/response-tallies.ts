@@ -2,7 +2,7 @@
 // upstream reports no usage (response-estimate.ts): what the client sent since the last response
 // began (its input), and each response begun upstream by its id with its output deltas.
 import { base64SpanBytes, decodeString, eventTypeOf, parse, stringMemberSpans } from './event-scan.js';
-import { ResponseTally } from './response-estimate.js';
+import { AUDIO_DELTAS, ResponseTally, TEXT_DELTAS } from './response-estimate.js';
 
 /** Responses in flight tallied apart; past this many, a new one's counts join the last one's (still billed). */
 const MAX_TALLIED_RESPONSES = 64;
@@ -47,6 +47,16 @@ export class ResponseTallies {
     else if (this.tallies.size >= MAX_TALLIED_RESPONSES && this.lastTally) this.lastTally.add(tally);
     else this.tallies.set(id, tally);
     this.lastTally = this.tallies.get(id) ?? this.lastTally;
+  }
+
+  /**
+   * An upstream event that counts toward a response: an output delta, or (the Responses API's
+   * WebSocket mode, one response at a time) a built-in tool call item as it starts, so that a turn
+   * cut before its final event still bills the calls the upstream made.
+   */
+  upstreamEvent(type: string, data: Buffer, responsesApi: boolean): void {
+    if (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type)) return this.delta(data, AUDIO_DELTAS.has(type));
+    if (responsesApi && type === 'response.output_item.added' && data.includes('_call"')) (this.lastTally ?? this.pendingInput).addToolItem(parse(data)?.item);
   }
 
   /** An output delta, to the response it names (else the last one begun). */

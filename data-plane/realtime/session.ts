@@ -38,7 +38,6 @@ import { openStreamGauge } from '../metrics.js';
 import type { RealtimeSessionLog, SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from '../proxy/upstream-link.js';
 import type { MemoryMember, RealtimeMemory } from './realtime-memory.js';
-import { AUDIO_DELTAS, TEXT_DELTAS } from './response-estimate.js';
 import { ResponseTallies } from './response-tallies.js';
 import { eventTypeOf, parse, parseText, type Obj } from './event-scan.js';
 import { clientEventRefusal, TRANSCRIPTION_DONE } from './client-events.js';
@@ -316,7 +315,7 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
       } else if (type === 'response.done' || (this.deps.responsesApi === true && type !== undefined && RESPONSES_FINAL.includes(type))) done = parse(data);
       else if (type === TRANSCRIPTION_DONE) transcribed = parse(data);
       else if (type === 'error') this.turns.upstreamError(parse(data));
-      else if (type !== undefined && (TEXT_DELTAS.has(type) || AUDIO_DELTAS.has(type))) this.tallies.delta(data, AUDIO_DELTAS.has(type));
+      else if (type !== undefined) this.tallies.upstreamEvent(type, data, this.deps.responsesApi === true);
     }
     this.sendToClient(data, isBinary);
     if (done) this.account(done);

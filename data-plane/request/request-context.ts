@@ -60,6 +60,12 @@ export class RequestContext {
   model: ModelConfig | null = null;
   /** The Responses API: the id of the response this request created or read (for the request log). */
   responseId: string | null = null;
+  /**
+   * The `service_tier` the request asked for: an ending whose answer reported no tier (a stream cut
+   * before its usage, a client gone before the answer) is billed at it, never at the standard prices
+   * (docs/billing.md#prices-by-what-the-upstream-reports).
+   */
+  requestedTier: string | undefined = undefined;
   /** A pooled model: the deployment that served and every attempt (for the request log). */
   upstream: { deployment: string; attempts: string } | null = null;
   /**
@@ -170,7 +176,7 @@ export class RequestContext {
       cachedAudioPromptTokens: reported.cachedAudioPromptTokens,
       audioCompletionTokens: reported.audioCompletionTokens,
       // What the upstream's answer reported besides its tokens (proto/lib/reported-prices.ts).
-      serviceTier: reported.serviceTier,
+      serviceTier: reported.serviceTier ?? this.requestedTier,
       toolCalls: cleanToolCalls(reported.toolCalls, this.requestId),
     };
     this.ticket.settle(r.promptTokens + r.completionTokens);

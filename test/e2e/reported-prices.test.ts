@@ -53,6 +53,9 @@ before(async () => {
     cfg.responses = { vector_stores: { paid: ['vs_1'] } };
     // Plain token prices only: no tier, no tool.
     addUpstreamModel(cfg, 'up-plain', up.baseUrl, ['paid'], { input_usd_per_mtok: usd(STD.input), output_usd_per_mtok: usd(STD.output) });
+    // A pooled model whose one deployment bills at its own (priority's) prices.
+    cfg.models.push({ id: 'up-pooled', provider: 'openai', kind: 'chat', timeout_ms: 10_000, input_usd_per_mtok: usd(STD.input), output_usd_per_mtok: usd(STD.output), cached_input_usd_per_mtok: usd(STD.cached), deployments: [{ id: 'dear', base_url: up.baseUrl, api_key_env: 'TOLLGATE_TEST_UPSTREAM_KEY', input_usd_per_mtok: usd(PRIORITY.input), output_usd_per_mtok: usd(PRIORITY.output), cached_input_usd_per_mtok: usd(PRIORITY.cached) }] });
+    cfg.tiers.paid.models.push('up-pooled');
   });
   gw = await launchGateway({ controlPlane: { configYaml: yaml, env: { TOLLGATE_TEST_UPSTREAM_KEY: 'upstream-secret' } }, nodes: 2, node: { extraArgs: ['--report-every-ms', '0'] } });
 });
@@ -102,6 +105,9 @@ const TIER_ROWS: Array<{ name: string; requested?: string; reported?: string; pr
   // A tier the model has no prices for: the highest configured, part by part (priority's here).
   { name: 'scale reported', reported: 'scale', prices: PRIORITY },
   { name: 'no tier reported', prices: STD },
+  // Before: an answer that reported no tier was billed at the standard prices whatever tier it asked
+  // for, so an upstream (or a cut) that named none sold priority at the standard price.
+  { name: 'priority requested, no tier reported', requested: 'priority', prices: PRIORITY },
 ];
 
 for (const row of TIER_ROWS) {
@@ -277,4 +283,93 @@ test('tollgate models list shows every price: tiers, long context, tools', async
   assert.match(line, /priority 2\.00\/8\.00\/0\.20 flex 0\.50\/2\.00\/0\.05/);
   assert.match(line, /above 1000: 2\.00\/6\.00/);
   assert.match(line, /web_search 0\.01 file_search 0\.0025 code_interpreter 0\.03 image_generation 0\.04/);
+});
+
+// Before: a stream that ended without its usage (cut by the upstream, or its client gone before the
+// final event) was billed its estimate at the standard prices, whatever tier it asked for: a client
+// could ask for priority, read the answer and leave before the usage, and pay half.
+for (const [what, path, body] of [
+  ['chat SSE', '/v1/chat/completions', chat({ stream: true })],
+  ['responses SSE', '/v1/responses', responses({ stream: true })],
+] as const) {
+  test(`${what} cut before its usage: billed its estimate at the tier it asked for, not the standard prices`, async () => {
+    const cut: PricedAnswer = { ...DEFAULT_ANSWER, cut: true };
+    const standard = await run(path, body, cut);
+    const priority = await run(path, { ...body, service_tier: 'priority' }, cut);
+    assert.ok(standard.micros > 0, 'the estimate is billed');
+    // The same estimate (service_tier counts no token) at priority's prices, twice the standard's here.
+    assert.equal(priority.micros, 2 * standard.micros);
+  });
+}
+
+test('WebSocket mode: a turn cut before its final event is billed at the tier it asked for', async () => {
+  const cost = async (tier: Record<string, string>) => {
+    const k = await key();
+    up.answer = { ...DEFAULT_ANSWER, cut: true };
+    const s = await openRealtime(gw.node.address, { key: k.key, model: 'up-priced', path: '/v1/responses' });
+    s.session.send({ type: 'response.create', input: 'cut short', ...tier });
+    await s.session.waitFor('response.output_text.delta');
+    s.ws.close(1000);
+    await s.session.waitClosed();
+    return billedOfKey(k, 'up-priced');
+  };
+  const standard = await cost({});
+  assert.ok(standard > 0);
+  assert.equal(await cost({ service_tier: 'priority' }), 2 * standard);
+});
+
+// Before: a compaction's tier was neither checked nor billed: a tier the model has no price for went
+// upstream, and a compaction that ran on priority was billed at the standard prices.
+test('a compaction: a tier the model has no price for is refused 400; the tier it reports is billed', async () => {
+  const k = await key();
+  const before = up.requests.length;
+  const refused = await post(k, '/v1/responses/compact', { model: 'up-plain', input: 'Hi', service_tier: 'priority' });
+  assert.equal(refused.status, 400, refused.text);
+  assert.deepEqual([refused.body.error.type, refused.body.error.param], ['invalid_request_error', 'service_tier']);
+  assert.equal(up.requests.length, before, 'the upstream was never asked');
+  const compact = (extra: Record<string, unknown>) => ({ model: 'up-priced', input: 'Hi', ...extra });
+  const priority = await run('/v1/responses/compact', compact({ service_tier: 'priority' }), { ...DEFAULT_ANSWER, serviceTier: 'priority' });
+  assert.equal(priority.micros, tokens(DEFAULT_ANSWER, PRIORITY));
+  assert.equal(Math.round(priority.res.body.usage.cost * 1_000_000), tokens(DEFAULT_ANSWER, PRIORITY));
+  const downgraded = await run('/v1/responses/compact', compact({ service_tier: 'priority' }), { ...DEFAULT_ANSWER, serviceTier: 'default' });
+  assert.equal(downgraded.micros, tokens(DEFAULT_ANSWER, STD));
+});
+
+// Before: a WebSocket-mode turn cut before its final event (the client closed the socket) billed its
+// token estimate only: the built-in tool calls the upstream had begun were never counted, though an
+// HTTP stream cut alike counts them from `response.output_item.added`.
+test('WebSocket mode: a turn cut before its final event bills the built-in tool calls begun', async () => {
+  const cost = async (items: PricedAnswer['items']) => {
+    const k = await key();
+    up.answer = { ...DEFAULT_ANSWER, items, cut: true };
+    const s = await openRealtime(gw.node.address, { key: k.key, model: 'up-priced', path: '/v1/responses' });
+    s.session.send({ type: 'response.create', input: 'search then stop', tools: ALL_TOOLS });
+    await s.session.waitFor('response.output_text.delta');
+    s.ws.close(1000);
+    await s.session.waitClosed();
+    return billedOfKey(k, 'up-priced');
+  };
+  // The same request and the same text: the difference is the calls alone.
+  assert.equal((await cost(TOOL_ITEMS)) - (await cost([])), TOOLS_COST);
+});
+
+// Before: a pooled model's compaction went to its first deployment, as its creates do, but was billed
+// at the model's own prices, not at the prices that deployment overrides (a create's were).
+test("a pooled model's compaction is billed at the prices of the deployment that served it, as its create is", async () => {
+  const expected = tokens(DEFAULT_ANSWER, PRIORITY);
+  const create = await run('/v1/responses', { model: 'up-pooled', input: 'Hi' }, DEFAULT_ANSWER);
+  assert.equal(create.micros, expected);
+  const compact = await run('/v1/responses/compact', { model: 'up-pooled', input: 'Hi' }, DEFAULT_ANSWER);
+  assert.equal(compact.micros, expected);
+  assert.equal(Math.round(compact.res.body.usage.cost * 1_000_000), expected);
+});
+
+// Before: a chat stream's tier was read from its usage chunk only, so a stream cut before it (the
+// client gone) was billed at the standard prices though every chunk said it ran on priority (a
+// request for `auto` the upstream ran on priority).
+test('chat SSE cut before its usage: billed at the tier its chunks report', async () => {
+  const standard = await run('/v1/chat/completions', chat({ stream: true }), { ...DEFAULT_ANSWER, cut: true });
+  const reported = await run('/v1/chat/completions', chat({ stream: true, service_tier: 'auto' }), { ...DEFAULT_ANSWER, cut: true, serviceTier: 'priority' });
+  assert.ok(standard.micros > 0);
+  assert.equal(reported.micros, 2 * standard.micros);
 });

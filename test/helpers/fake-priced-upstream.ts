@@ -1,6 +1,6 @@
 // A fake OpenAI upstream whose answers report what the test sets (`answer`): the service tier it ran
 // on, the built-in tool call items of its output, and its usage; chat completions and the Responses
-// API, JSON and SSE, in the order OpenAI writes them (a chat answer's `service_tier` after its usage).
+// API, JSON and SSE (a stream cut before its end with `cut`), compactions, in the order OpenAI writes them (a chat answer's `service_tier` after its usage).
 // A background create (`background: true`) answers `queued`; `GET /v1/responses/{id}` answers it
 // completed, as `answer` said at its create. The Responses API's WebSocket mode too (`/v1/responses` upgraded): each `response.create` answered
 // with the same events. It records every request body (and every create, path `ws:/v1/responses`) it gets.
@@ -16,6 +16,8 @@ export interface PricedAnswer {
   inputTokens: number;
   cachedTokens?: number;
   outputTokens: number;
+  /** A stream cut before its end: no usage chunk (chat), no final event (Responses); the stream just ends. */
+  cut?: boolean;
 }
 
 export interface FakePricedUpstream {
@@ -69,7 +71,7 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
     const events: unknown[] = [{ type: 'response.created', sequence_number: 0, response: { ...response, status: 'in_progress', output: [], usage: null } }];
     items.forEach((item, i) => events.push({ type: 'response.output_item.added', sequence_number: events.length, output_index: i, item: { ...item, status: 'in_progress' } }));
     events.push({ type: 'response.output_text.delta', sequence_number: events.length, output_index: items.length - 1, delta: 'Hi' });
-    events.push({ type: 'response.completed', sequence_number: events.length, response });
+    if (!a.cut) events.push({ type: 'response.completed', sequence_number: events.length, response });
     return { response, events };
   };
   /** Background responses, completed, by id. */
@@ -90,10 +92,16 @@ export async function startFakePricedUpstream(): Promise<FakePricedUpstream> {
       const usage = { prompt_tokens: a.inputTokens, completion_tokens: a.outputTokens, total_tokens: a.inputTokens + a.outputTokens, prompt_tokens_details: { cached_tokens: a.cachedTokens ?? 0 } };
       if (body?.stream) {
         const chunk = (extra: Record<string, unknown>) => ({ id: `chatcmpl-${n}`, object: 'chat.completion.chunk', created: 1, model: body.model, ...tier, ...extra });
-        return sendSse(res, [chunk({ choices: [{ index: 0, delta: { role: 'assistant', content: 'Hi' } }], usage: null }), chunk({ choices: [], usage })], true);
+        const first = chunk({ choices: [{ index: 0, delta: { role: 'assistant', content: 'Hi' } }], usage: null });
+        return a.cut ? sendSse(res, [first]) : sendSse(res, [first, chunk({ choices: [], usage })], true);
       }
       // As OpenAI writes it: service_tier after usage.
       return sendJson(res, { id: `chatcmpl-${n}`, object: 'chat.completion', created: 1, model: body?.model, choices: [{ index: 0, message: { role: 'assistant', content: 'Hi' }, finish_reason: 'stop' }], usage, ...tier, system_fingerprint: 'fp_fake' });
+    }
+    if (path.endsWith('/responses/compact')) {
+      // A compaction, with the tier it ran on after its usage (as a response object writes it).
+      const usage = { input_tokens: a.inputTokens, input_tokens_details: { cached_tokens: a.cachedTokens ?? 0 }, output_tokens: a.outputTokens, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: a.inputTokens + a.outputTokens };
+      return sendJson(res, { id: `cmp_fake${++n}`, object: 'response.compaction', created_at: 1, output: [{ type: 'compaction', id: `cmp_item${n}`, encrypted_content: 'x' }], usage, ...tier });
     }
     if (path.endsWith('/responses')) {
       const { response, events } = responseOf(body, a);

@@ -56,10 +56,13 @@ function tierMayUseVectorStore(state: GatewayState, tier: string, id: string): b
   return false;
 }
 
-/** An item that names a stored item by id: `type: item_reference`, or no type and nothing but the id. */
+/**
+ * An item that names a stored item by id: `type: item_reference`, or no type and an id without content
+ * (a message needs its content: one without it can only be read as a reference, whatever else it has).
+ */
 export function isItemReference(item: Obj): boolean {
   if (item.type === 'item_reference') return true;
-  return (item.type === undefined || item.type === null) && item.id !== undefined && item.role === undefined && item.content === undefined;
+  return (item.type === undefined || item.type === null) && item.id !== undefined && (item.content === undefined || item.content === null);
 }
 
 /**
@@ -92,13 +95,14 @@ export function namedIdRefusal(body: Obj, key: KeyRecord, state: GatewayState, o
         if (typeof item.id !== 'string') return badType(at, 'a string');
         if (!owned(item.id)) return notFound('item', item.id, at);
       }
-      if (Array.isArray(item.content)) {
-        for (let j = 0; j < item.content.length; j++) {
-          const part = item.content[j];
-          if (isObj(part) && part.file_id !== undefined && part.file_id !== null) return notFound('file', String(part.file_id), `${itemsField}[${i}].content[${j}].file_id`);
-        }
-      }
+      // A file wherever an item can name one: a message's content, a tool output's parts, a screenshot.
+      const file = fileIdIn(item, `${itemsField}[${i}]`, 0);
+      if (file) return file;
     }
+  }
+  if (isObj(prompt) && prompt.variables !== undefined) {
+    const file = fileIdIn(prompt.variables, 'prompt.variables', 0);
+    if (file) return file;
   }
   const tools = body.tools;
   if (Array.isArray(tools)) {
@@ -117,6 +121,24 @@ export function namedIdRefusal(body: Obj, key: KeyRecord, state: GatewayState, o
       const mask = isObj(t.input_image_mask) ? t.input_image_mask.file_id : undefined;
       if (mask !== undefined && mask !== null) return notFound('file', String(mask), `tools[${i}].input_image_mask.file_id`);
     }
+  }
+  return null;
+}
+
+/** The 404 for the first `file_id` named inside `v` (parts of parts, bounded in depth), or null. */
+function fileIdIn(v: unknown, at: string, depth: number): GatewayError | null {
+  if (depth > 8 || v === null || typeof v !== 'object') return null;
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) {
+      const e = fileIdIn(v[i], `${at}[${i}]`, depth + 1);
+      if (e) return e;
+    }
+    return null;
+  }
+  for (const [k, x] of Object.entries(v)) {
+    if (k === 'file_id' && x !== undefined && x !== null) return notFound('file', String(x), `${at}.file_id`);
+    const e = fileIdIn(x, `${at}.${k}`, depth + 1);
+    if (e) return e;
   }
   return null;
 }

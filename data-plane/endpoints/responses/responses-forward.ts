@@ -18,6 +18,7 @@ import type { RequestContext } from '../../request/request-context.js';
 import { findDuplicateKey } from '../../request/validate-request.js';
 import { estimateTokens } from '../../proxy/tokens.js';
 import { requestWorstCase } from '../../limits/worst-case.js';
+import { requestedTier, unpricedInRequest } from '../../../proto/lib/reported-prices.js';
 import type { ForwardCall } from '../../proxy/providers/responses-provider.js';
 import { parseConversationPath } from '../../routing/responses-paths.js';
 import { failCall, PlainEndpoint, refuseAdmitted, type EndpointDeps } from '../intake.js';
@@ -63,7 +64,7 @@ export class ResponsesForward extends PlainEndpoint {
     const body = r.method === 'POST' ? parseBody(r, text) : null;
     const compact = r.route!.kind === 'compact';
     // A compaction reserves its input (a chain's context included) and the output it allows, as a create.
-    const estimate = compact && body !== null && !(body instanceof GatewayError) ? estimateResponseTokens(body) + this.responses.chainTokens(body) : 0;
+    const estimate = compact && body !== null && !(body instanceof GatewayError) ? estimateResponseTokens(body) + this.responses.chainTokens(body, r.key!) : 0;
     const ctx = r.ctx!;
     this.admission.reserveOrWait(ctx, r.reply, r.key!, estimate, (ok) => {
       if (!ok) return;
@@ -110,6 +111,10 @@ export class ResponsesForward extends PlainEndpoint {
     const kind = r.route!.kind;
     const model = conv ? this.conversationModel(key, conv.id, state) : this.namedModel(key, body ?? {}, state);
     if (model instanceof GatewayError) return refuseAdmitted(ctx, reply, model);
+    // The item a path names is checked as the conversation is: another project's id never goes upstream.
+    if (conv && conv.itemId !== '' && !this.responses.ownerOf(key, conv.itemId, state)) {
+      return refuseAdmitted(ctx, reply, new GatewayError('NOT_FOUND', `No item found with id '${conv.itemId}'.`, { param: null }));
+    }
     const scope = checkModelScope(state, key, model);
     if (scope) return refuseAdmitted(ctx, reply, scope);
     const provider = this.responses.providerOf(model);
@@ -118,9 +123,12 @@ export class ResponsesForward extends PlainEndpoint {
     const pin = this.responses.pinOf(model, body, state, conv ? 'items' : 'input', conv?.id ?? '');
     if (pin instanceof GatewayError) return refuseAdmitted(ctx, reply, pin);
     const op: ForwardCall['op'] = kind === 'compact' ? 'compact' : kind === 'input-tokens' ? 'input_tokens' : 'conversation';
-    const input = op === 'compact' ? estimateTokens(body) + this.responses.chainTokens(body) : 0;
+    const input = op === 'compact' ? estimateTokens(body) + this.responses.chainTokens(body, key) : 0;
     const go = () => this.forward(r, ctx, model, op, conv, body, text, input, pin);
     if (op !== 'compact') return go();
+    // A compaction runs a model on a tier as a create does: a tier it has no price for is refused (validate-request.ts).
+    const unpriced = unpricedInRequest(model, body ?? {});
+    if (unpriced) return refuseAdmitted(ctx, reply, invalid(unpriced.message, unpriced.param));
     // Near a money limit a compaction runs only if its worst case fits (docs/money-limits.md#the-last-request);
     // a pooled model's at the dearest of its deployments, any of which may serve it.
     const worst = requestWorstCase(dearestPrices(model), 'responses', body ?? {}, input);
@@ -168,6 +176,7 @@ export class ResponsesForward extends PlainEndpoint {
     ctx.model = model;
     ctx.providerStarted = true;
     ctx.estimatedPromptTokens = input;
+    if (op === 'compact') ctx.requestedTier = requestedTier(body ?? {});
     reply.upstreamAt = performance.now();
     responses.providerOf(model)!.forward({
       requestId: ctx.requestId,

@@ -38,21 +38,21 @@ export interface ResponsesSocketHooks {
   whenOwnersHeld(projectId: string, go: () => void): void;
   pinOf(model: ModelConfig, body: Record<string, unknown>, state: GatewayState): string | undefined | GatewayError;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
-  chainTokens(body: unknown): number;
+  chainTokens(body: unknown, key: KeyRecord): number;
   noteContext(id: string, promptTokens: number, completionTokens: number): void;
 }
 
 /**
  * A client message on a Responses socket that is not passed on, as an error event (null: it may go
- * on): one that is not a JSON object with a string `type`, or any event but a create that repeats a
- * key (a create is checked as a turn, after admission).
+ * on): one that is not a JSON object with a string `type`, or any event but a create (a create is
+ * checked as a turn, after admission). Nothing else goes upstream unread: another event (the beta
+ * `response.steer`, say) would carry input and ids past the checks and the admission of a turn.
  */
 export function responsesEventRefusal(data: Buffer, isBinary: boolean): Buffer | null {
   const ev = isBinary ? null : parseObj(data);
   if (!ev || typeof ev.type !== 'string') return errorEvent('invalid_event', 'Each message must be a JSON object with a string `type`.', null);
   if (ev.type === 'response.create') return null;
-  const dup = findDuplicateKey(data.toString('utf8'));
-  return dup === null ? null : errorEvent('invalid_event', `Duplicate key '${dup.slice(0, 64)}' in the event: each key may appear once.`, dup.slice(0, 64));
+  return errorEvent('unknown_event', `This gateway takes only \`response.create\` events on a Responses socket, not '${ev.type.slice(0, 64)}'.`, 'type');
 }
 
 function errorEvent(code: string, message: string, param: string | null): Buffer {
@@ -121,11 +121,11 @@ export class ResponsesTurnRules implements TurnRules {
 
   // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.
   estimate(ev: Obj, _pendingInput: number): number {
-    return estimateResponseTokens(ev) + this.hooks.chainTokens(ev);
+    return estimateResponseTokens(ev) + this.hooks.chainTokens(ev, this.key);
   }
 
   inputEstimate(ev: Obj, _pendingInput: number): number {
-    return estimateTokens(ev) + this.hooks.chainTokens(ev);
+    return estimateTokens(ev) + this.hooks.chainTokens(ev, this.key);
   }
 
   outputFields(ev: Obj): unknown {

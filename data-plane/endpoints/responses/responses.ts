@@ -128,12 +128,14 @@ export class ResponsesEndpoint {
   /**
    * The tokens a create continuing `previous_response_id` re-reads upstream (the earlier response's
    * input and output), as far as this node knows them: 0 when it names none or the node did not see
-   * it end. Added to the create's estimate (docs/design.md#token-estimates).
+   * it end. Added to the create's estimate (docs/design.md#token-estimates). Only the key's project's
+   * own: another's would show in the refusal's rate headers (or a 429 for it) what its response holds.
    */
-  chainTokens(body: unknown): number {
+  chainTokens(body: unknown, key: KeyRecord): number {
     const prev = body !== null && typeof body === 'object' && !Array.isArray(body) ? (body as Record<string, unknown>).previous_response_id : undefined;
     if (typeof prev !== 'string' || prev === '') return 0;
-    return this.deps.owners.get(prev, this.deps.clock.now())?.contextTokens ?? 0;
+    const o = this.deps.owners.get(prev, this.deps.clock.now());
+    return o && o.projectId === key.projectId ? (o.contextTokens ?? 0) : 0;
   }
 
   /** A response of this node ended: a chain from it re-reads its input and output. */

@@ -10,6 +10,7 @@ import { USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader } from '../usage/responses-usage-readers.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { billedTokens, pricerOf } from './openai.js';
+import { requestedTier } from '../../../proto/lib/reported-prices.js';
 import type { Target } from './upstream-targets.js';
 import type { PooledExchange } from './pooled-upstreams.js';
 import type { UsagePricer } from '../usage/usage-readers.js';
@@ -42,7 +43,9 @@ export function forwardExchange(call: ForwardCall): PooledExchange {
   let compact: ResponsesJsonReader | null = null;
   // The deployment of the attempt under way and its prices: what the answer names lives there.
   let deployment = '';
-  let pricer: UsagePricer = pricerOf(call.model);
+  // The tier the compaction asked for, billed when its answer reports none (proto/lib/reported-prices.ts).
+  const tier = requestedTier(call.body ?? {});
+  let pricer: UsagePricer = pricerOf(call.model, undefined, tier);
   const recordOwned = (ids: string[]) => call.recordOwned(ids, deployment);
   const deletes = call.method === 'DELETE' && conv !== null;
   return {
@@ -51,7 +54,7 @@ export function forwardExchange(call: ForwardCall): PooledExchange {
     passAllHeaders: false,
     attempt(t, billAs, d) {
       deployment = d;
-      pricer = pricerOf(billAs);
+      pricer = pricerOf(billAs, undefined, tier);
       const payload = payloadOf(t, call);
       return { path: pathOf(t, call), headers: payload === null ? t.authHeaders : t.jsonHeaders, body: payload };
     },
@@ -74,7 +77,9 @@ export function forwardExchange(call: ForwardCall): PooledExchange {
     onDone(status, outcome, upstreamStatus) {
       const c = compact as ResponsesJsonReader | null;
       if (call.op !== 'compact') return call.complete({ status: outcome === 'aborted' ? 499 : status, promptTokens: 0, completionTokens: 0 });
-      call.complete(billedTokens(status, outcome, upstreamStatus, c?.usage ?? null, () => ({ prompt: call.inputTokens, completion: c ? c.countedOutputTokens() : 0 })));
+      const billed = billedTokens(status, outcome, upstreamStatus, c?.usage ?? null, () => ({ prompt: call.inputTokens, completion: c ? c.countedOutputTokens() : 0 }));
+      // The tier the compaction reports it ran on, as a create's (proto/lib/reported-prices.ts).
+      call.complete(c ? { ...billed, ...c.facts() } : billed);
     },
   };
 }

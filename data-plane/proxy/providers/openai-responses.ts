@@ -17,6 +17,7 @@ import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import type { UsagePricer } from '../usage/usage-readers.js';
 import { billedTokens, pricerOf } from './openai.js';
+import { requestedTier } from '../../../proto/lib/reported-prices.js';
 import { UpstreamTargets, type PoolRegistry, type Target } from './upstream-targets.js';
 import { PooledUpstreams, storedObjectUnavailable, type PoolCall, type PooledExchange } from './pooled-upstreams.js';
 import { systemClock } from '../../limits/clock.js';
@@ -87,9 +88,11 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
     };
     let sse: ResponsesSseReader | null = null;
     let json: ResponsesJsonReader | null = null;
-    // The deployment of the attempt under way, and its prices: what it creates lives there.
+    // The deployment of the attempt under way, and its prices: what it creates lives there. The tier
+    // the request asked for is billed when its answer reports none (proto/lib/reported-prices.ts).
     let deployment = '';
-    let pricer: UsagePricer = pricerOf(call.model);
+    const tier = requestedTier(body);
+    let pricer: UsagePricer = pricerOf(call.model, undefined, tier);
     const recordOwner = (id: string) => call.recordOwner(id, deployment);
     const recordItems = (ids: string[]) => call.recordItems(ids, deployment);
     const background = body.background === true;
@@ -102,7 +105,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
         passAllHeaders: false,
         attempt(t, billAs, d) {
           deployment = d;
-          pricer = pricerOf(billAs);
+          pricer = pricerOf(billAs, undefined, tier);
           return { path: `${t.basePath}/responses`, headers: t.jsonHeaders, body: payloadFor(t) };
         },
         inspect(status, contentType) {

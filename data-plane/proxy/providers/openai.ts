@@ -4,7 +4,7 @@
 // gateway counts tokens with its own tokenizer.
 import type { ModelConfig } from '../../../proto/gen/tollgate/v1/sync.js';
 import { usageCostMicros } from '../../../proto/lib/money.js';
-import { reportedCostMicros, type ReportedFacts, type ToolCallCounts } from '../../../proto/lib/reported-prices.js';
+import { reportedCostMicros, requestedTier, type ReportedFacts, type ToolCallCounts } from '../../../proto/lib/reported-prices.js';
 import { rewriteChatBody, setTopLevelStrings } from '../json-splice.js';
 import { SafetyFields } from '../safety-fields.js';
 import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
@@ -57,10 +57,11 @@ function choicesTokens(json: JsonUsageReader): number {
 /**
  * Prices a usage at the model's prices by what the answer reported (tier, tool calls; proto/lib/reported-prices.ts):
  * what the answer shows as `usage.cost` and the ledger records. `requested`: tool calls the request
- * itself makes (a chat search), added to those the answer reports.
+ * itself makes (a chat search), added to those the answer reports; `tier`: the tier the request asked
+ * for, the price of an answer that reports none (as RequestContext.complete bills it).
  */
-export function pricerOf(model: ModelConfig, requested?: ToolCallCounts): UsagePricer {
-  return (usage, facts) => reportedCostMicros(model, { ...usage, ...withRequested(facts, requested) });
+export function pricerOf(model: ModelConfig, requested?: ToolCallCounts, tier?: string): UsagePricer {
+  return (usage, facts) => reportedCostMicros(model, { ...usage, ...withRequested(facts, requested, tier) });
 }
 
 /**
@@ -68,8 +69,8 @@ export function pricerOf(model: ModelConfig, requested?: ToolCallCounts): UsageP
  * a function, not a named arrow in the caller: under tsx (esbuild keepNames) a named arrow made per
  * request costs a defineProperty of its name.
  */
-function deploymentPricer(priced: { model: ModelConfig }, requested: ToolCallCounts | undefined): UsagePricer {
-  return (usage, facts) => reportedCostMicros(priced.model, { ...usage, ...withRequested(facts, requested) });
+function deploymentPricer(priced: { model: ModelConfig }, requested: ToolCallCounts | undefined, tier: string | undefined): UsagePricer {
+  return (usage, facts) => reportedCostMicros(priced.model, { ...usage, ...withRequested(facts, requested, tier) });
 }
 
 function tokenPricer(priced: { model: ModelConfig }): UsagePricer {
@@ -83,8 +84,9 @@ function chatCopy(body: Record<string, unknown>, model: string, safety: Record<s
   return copy;
 }
 
-/** The answer's facts with the calls the request itself makes added. */
-export function withRequested(facts: ReportedFacts, requested: ToolCallCounts | undefined): ReportedFacts {
+/** The answer's facts with the calls the request itself makes added, and (none reported) the tier it asked for. */
+export function withRequested(facts: ReportedFacts, requested: ToolCallCounts | undefined, tier?: string): ReportedFacts {
+  if (tier !== undefined && facts.serviceTier === undefined) facts = { ...facts, serviceTier: tier };
   if (!requested) return facts;
   const calls: ToolCallCounts = { ...facts.toolCalls };
   for (const [tool, n] of Object.entries(requested) as Array<[keyof ToolCallCounts, number]>) calls[tool] = (calls[tool] ?? 0) + n;
@@ -149,7 +151,7 @@ export class OpenAIProvider implements Provider {
     const requested = chatToolCalls(body);
     // The prices of the deployment answering (a pooled model's may override the model's), by what the answer reported.
     const priced = { model: call.model };
-    const pricer = deploymentPricer(priced, requested);
+    const pricer = deploymentPricer(priced, requested, requestedTier(body));
     this.send(call, {
       method: 'POST',
       attempt(t, billAs) {

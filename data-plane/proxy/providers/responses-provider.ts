@@ -61,7 +61,7 @@ export interface ForwardCall {
   recordOwned(ids: string[], deployment: string): void;
   /** The upstream deleted this conversation or item: its owner record goes too. */
   forget(id: string): void;
-  /** A pooled model: the deployment that served, the model priced as it bills, every attempt. */
+  /** A pooled model: the deployment that served, the model priced as it bills, every attempt ("id:outcome"). */
   served?(billAs: ModelConfig, deployment: string, attempts: string): void;
 }
 

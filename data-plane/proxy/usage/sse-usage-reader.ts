@@ -132,10 +132,11 @@ export class SseUsageReader implements BodyInspector {
           obj = null;
         }
         const counts = obj ? tokenUsageOf(obj.usage) : null;
+        // Every chunk names the tier it runs on: a stream cut before its usage is billed at that one.
+        const tier = obj ? serviceTierOf(obj.service_tier) : undefined;
+        if (tier && tier !== this.reported.serviceTier) this.reported = { ...this.reported, serviceTier: tier };
         if (obj && counts) {
           this.readUsage(counts);
-          const tier = serviceTierOf(obj.service_tier);
-          if (tier) this.reported = { ...this.reported, serviceTier: tier };
           if (this.strip && Array.isArray(obj.choices) && obj.choices.length === 0) continue;
           if (this.pricer) {
             const micros = this.pricer(counts, this.reported);
