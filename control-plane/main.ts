@@ -15,7 +15,7 @@ import { leaderFromDetails } from '../proto/lib/leader-hint.js';
 import { log as logger, logLine } from './log.js';
 import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
 import { NewerSchemaError, runMigrations } from './store/migrate.js';
-import { describeStore, openLeadership, openLogStore, openStateDb } from './store/open-store.js';
+import { describeStore, openLeadership, openLogStore, openStateDb, StoreInUseError } from './store/open-store.js';
 import type { Db } from './store/db.js';
 import type { LogStore } from './store/log-store/log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
@@ -220,7 +220,7 @@ async function main(): Promise<void> {
     webhooks.stop();
     sync.closeAll();
     leadership?.readLeaderAddress().then(
-      (a) => gate.standBy(a),
+      (a) => a && gate.standBy(a),
       () => undefined,
     );
     const force = setTimeout(() => server.forceShutdown(), 3000);
@@ -277,7 +277,7 @@ function stopWriting(db: Db, logs: LogStore, reason: string): void {
 
 function fail(err: unknown): never {
   // A setting to fix, or a database this version must not touch: one line, exit 2.
-  if (err instanceof ConfigError || err instanceof NewerSchemaError) {
+  if (err instanceof ConfigError || err instanceof NewerSchemaError || err instanceof StoreInUseError) {
     console.error(err.message);
     process.exit(2);
   }

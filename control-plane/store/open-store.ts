@@ -8,7 +8,10 @@ import { SqliteLogStore } from './log-store/sqlite-log-store.js';
 import { describeUrl, PgDb } from './pg-db.js';
 import { PgLeadership } from './pg-leadership.js';
 import { STATE_WRITE_LOCK, type Fence } from './pg-locks.js';
-import { SqliteDb } from './sqlite-db.js';
+import { holdSqliteFile, SqliteDb } from './sqlite-db.js';
+
+/** Another control plane uses the SQLite file: this one must not start (exit 2). */
+export class StoreInUseError extends Error {}
 
 export interface StoreLocation {
   /** PostgreSQL when set, else the SQLite files below. */
@@ -26,8 +29,12 @@ export function describeStore(at: StoreLocation): string {
  * The state database; on PostgreSQL, connecting is tried again (logged) until the server answers, and
  * `fence` (the leader's epoch) is checked by every write.
  */
-export function openStateDb(at: StoreLocation, log: (line: string) => void, fence?: Fence): Promise<Db> {
-  return at.databaseUrl ? PgDb.open(at.databaseUrl, { writeLockKey: STATE_WRITE_LOCK, log, fence }) : SqliteDb.open(at.dbPath);
+export async function openStateDb(at: StoreLocation, log: (line: string) => void, fence?: Fence): Promise<Db> {
+  if (at.databaseUrl) return PgDb.open(at.databaseUrl, { writeLockKey: STATE_WRITE_LOCK, log, fence });
+  if (!(await holdSqliteFile(at.dbPath))) {
+    throw new StoreInUseError(`another control plane uses ${at.dbPath}: one control plane per SQLite file (several need PostgreSQL, --database-url)`);
+  }
+  return SqliteDb.open(at.dbPath);
 }
 
 export function openLogStore(at: StoreLocation, opts: SqliteLogStoreOptions, fence?: Fence): Promise<LogStore> {

@@ -23,6 +23,11 @@ const types = {
 /** Error codes of a server that is there but not taking this connection yet (tried again). */
 const RETRIED_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN', 'ENOTFOUND', 'EPIPE', '57P03', '53300', '57P01', '57P02']);
 
+/** A connection that failed because the server is not there (yet): tried again; anything else (a refused login) is not. */
+export function isRetriedConnectError(e: Error & { code?: string }): boolean {
+  return RETRIED_CODES.has(e.code ?? '') || /timeout|terminat|ECONN/i.test(e.message);
+}
+
 export interface PgDbOptions {
   /** Told each time a connection could not be made, and when one is made again. */
   log?(line: string): void;
@@ -128,7 +133,7 @@ class PgConnection {
         const e = err as Error & { code?: string };
         c.end().catch(() => undefined);
         if (this.closed) throw new Error('database is closed');
-        if (!RETRIED_CODES.has(e.code ?? '') && !/timeout|terminat|ECONN/i.test(e.message)) throw err;
+        if (!isRetriedConnectError(e)) throw err;
         failures++;
         this.opts.log?.(`database: cannot reach ${describeUrl(this.url)} (${e.code ?? e.message}); trying again in ${wait} ms`);
         await new Promise((resolve) => setTimeout(resolve, wait));

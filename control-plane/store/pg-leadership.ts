@@ -6,7 +6,7 @@
 // it to name the leader in its refusals, and tries the lock again every `retryMs`. A leader whose lock
 // connection ends is told at once (`onLost`): the lock went with it.
 import pg from 'pg';
-import { describeUrl } from './pg-db.js';
+import { describeUrl, isRetriedConnectError } from './pg-db.js';
 import { LEADER_LOCK, LEADER_TABLE_SQL, LOG_WRITE_LOCK, STATE_WRITE_LOCK } from './pg-locks.js';
 
 export interface PgLeadershipOptions {
@@ -19,6 +19,7 @@ export class PgLeadership {
   private client: pg.Client | null = null;
   private leading = false;
   private lostHandler: ((reason: string) => void) | null = null;
+  private lostReason: string | null = null;
   private stopped = false;
   /** The leader's epoch once this control plane leads (0 before). */
   epoch = 0;
@@ -35,23 +36,31 @@ export class PgLeadership {
   /** Called once if the lead is lost (the lock connection ended or failed). */
   onLost(fn: (reason: string) => void): void {
     this.lostHandler = fn;
+    // Lost before anyone listened (while the state was loading): told now.
+    if (this.lostReason !== null) fn(this.lostReason);
   }
 
   private async connection(): Promise<pg.Client> {
     if (this.client) return this.client;
-    const c = new pg.Client({ connectionString: this.url, application_name: 'tollgate-control-plane (leader lock)', keepAlive: true });
+    const c = new pg.Client({ connectionString: this.url, application_name: 'tollgate-leader-lock', keepAlive: true });
     const gone = (why: string) => {
       if (this.client !== c) return;
       this.client = null;
       c.end().catch(() => undefined);
       if (this.leading && !this.stopped) {
         this.leading = false;
+        this.lostReason = why;
         this.lostHandler?.(why);
       }
     };
     c.on('error', (err) => gone(`lock connection failed (${err.message})`));
     c.on('end', () => gone('lock connection ended'));
-    await c.connect();
+    try {
+      await c.connect();
+    } catch (err) {
+      c.end().catch(() => undefined);
+      throw err;
+    }
     this.client = c;
     // The leader's row and fence, made under the state's write lock (two starting together make them once).
     await c.query('BEGIN');
@@ -97,18 +106,31 @@ export class PgLeadership {
    */
   async waitToLead(onStandby: (leaderAddress: string) => void): Promise<boolean> {
     let logged = '';
+    // A server not there yet is tried again as the stores do (250 ms doubling to 5 s); a refused login stops the start.
+    let connectWait = 250;
+    let failures = 0;
     while (!this.stopped) {
+      let wait = this.opts.retryMs;
       try {
-        if (await this.tryLead()) return true;
+        const led = await this.tryLead();
+        if (failures > 0) this.opts.log(`database: connected to ${describeUrl(this.url)} (leader lock) after ${failures} failed attempt(s)`);
+        failures = 0;
+        connectWait = 250;
+        if (led) return true;
         onStandby(this.leaderAddress);
         if (logged !== this.leaderAddress) {
           logged = this.leaderAddress;
           this.opts.log(`standing by: another control plane leads${this.leaderAddress ? ` at ${this.leaderAddress}` : ''}; trying to take the lead every ${this.opts.retryMs} ms`);
         }
       } catch (err) {
-        this.opts.log(`leader lock: cannot reach ${describeUrl(this.url)} (${(err as Error & { code?: string }).code ?? (err as Error).message}); trying again in ${this.opts.retryMs} ms`);
+        const e = err as Error & { code?: string };
+        if (!isRetriedConnectError(e)) throw err;
+        failures++;
+        wait = connectWait;
+        connectWait = Math.min(5_000, connectWait * 2);
+        this.opts.log(`database: cannot reach ${describeUrl(this.url)} (${e.code ?? e.message}); trying again in ${wait} ms`);
       }
-      await new Promise((resolve) => setTimeout(resolve, this.opts.retryMs));
+      await new Promise((resolve) => setTimeout(resolve, wait));
     }
     return false;
   }

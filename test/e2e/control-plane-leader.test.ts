@@ -13,7 +13,7 @@ import pg from 'pg';
 import { createOrgWithProjectAsync } from '../helpers/console-cli.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
 import { startPostgres, type PostgresServer } from '../helpers/postgres-server.js';
-import { cliJsonAsync, newSecrets, runCliAsync, startControlPlane, startDataPlane, type ControlPlane, type Secrets } from '../helpers/processes.js';
+import { cliJsonAsync, newSecrets, runCliAsync, runProcessAsync, scriptArgs, startControlPlane, startDataPlane, type ControlPlane, type Secrets } from '../helpers/processes.js';
 import { startTcpRelay } from '../helpers/tcp-relay.js';
 
 let server: PostgresServer;
@@ -154,4 +154,18 @@ test('SIGKILL of the leader: the standby leads within 10 s, the node keeps servi
   await waitUntilKnown(node.url, second.key, 15_000);
   assert.ok((await chat(node.url, second.key)).length > 0);
   assert.ok((await chat(node.url, first.key)).length > 0);
+});
+
+test('on SQLite one control plane per file: a second started on the same --db is refused with one line, exit 2', async (t) => {
+  const first = await startControlPlane();
+  t.after(() => first.proc.kill('SIGKILL'));
+  const second = await runProcessAsync(process.execPath, [...scriptArgs('control-plane/main.ts'), '--db', first.dbPath, '--listen', '127.0.0.1:0'], {
+    env: { ...process.env, TOLLGATE_PEPPER: first.secrets.pepper, TOLLGATE_OPERATOR_TOKEN: first.secrets.operatorToken, TOLLGATE_NODE_TOKEN: first.secrets.nodeToken, TOLLGATE_TEST_STORE: '' },
+  });
+  assert.equal(second.code, 2, second.stderr + second.stdout);
+  assert.equal(second.stderr.trim(), `another control plane uses ${first.dbPath}: one control plane per SQLite file (several need PostgreSQL, --database-url)`);
+  assert.doesNotMatch(second.stdout, /control plane listening/);
+  // The first is untouched: it still answers.
+  const who = await runCliAsync(first, first.secrets.operatorToken, ['--json', 'whoami']);
+  assert.equal(who.code, 0, who.stderr);
 });
