@@ -3,8 +3,11 @@
 // nodes and the CLI given several addresses find the leader themselves. The lead is fenced: a leader
 // whose lock went (its connection terminated with pg_terminate_backend while its own side never hears
 // of it, as on a lost network) has its next write refused by the epoch check in the database, and
-// stops serving. SIGKILL of the leader: the standby leads within 10 s, the node keeps serving, and a
-// key made on the new leader reaches it. One real PostgreSQL server for the file, one database per test.
+// stops serving. SIGKILL of the leader: the standby leads within 10 s, the node keeps serving, every
+// request it answered is billed once (GET /v1/usage and the balance through the CLI), and a key made
+// on the new leader reaches it (one node, light load: not deliverable 4's three nodes under load).
+// On SQLite a second control plane on the same file is refused. One PostgreSQL server for the file,
+// one database per test.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -12,6 +15,7 @@ import OpenAI from 'openai';
 import pg from 'pg';
 import { createOrgWithProjectAsync } from '../helpers/console-cli.js';
 import { waitUntilKnown } from '../helpers/data-plane.js';
+import { bearer, request } from '../helpers/http.js';
 import { startPostgres, type PostgresServer } from '../helpers/postgres-server.js';
 import { cliJsonAsync, newSecrets, runCliAsync, runProcessAsync, scriptArgs, startControlPlane, startDataPlane, type ControlPlane, type Secrets } from '../helpers/processes.js';
 import { startTcpRelay } from '../helpers/tcp-relay.js';
@@ -40,12 +44,12 @@ async function chat(nodeUrl: string, key: string): Promise<string> {
 }
 
 /** An organisation with credit, a project and a key, made through the CLI given `addresses`. */
-async function fundedKey(addresses: string, secrets: Secrets, label: string, tier = 'free'): Promise<{ key: string; projectId: string; owner: string }> {
+async function fundedKey(addresses: string, secrets: Secrets, label: string, tier = 'free'): Promise<{ key: string; projectId: string; owner: string; orgId: string }> {
   const cp = { address: addresses };
   const { owner, orgId, projectId } = await createOrgWithProjectAsync(cp, secrets.operatorToken, label, tier);
   await cliJsonAsync(cp, secrets.operatorToken, ['org', 'credit', orgId, '--usd', '5']);
   const k = await cliJsonAsync(cp, owner.token, ['key', 'create', '--project', projectId, '--name', `${label}-key`]);
-  return { key: k.key, projectId, owner: owner.token };
+  return { key: k.key, projectId, owner: owner.token, orgId };
 }
 
 test('two control planes on one database: one leads, the other answers UNAVAILABLE naming it; a node and the CLI given both (standby first) find the leader', async (t) => {
@@ -121,7 +125,7 @@ test("fencing: a leader whose lock was taken over has its next write refused by 
   assert.ok((await chat(node.url, first.key)).length > 0);
 });
 
-test('SIGKILL of the leader: the standby leads within 10 s, the node keeps serving, and a key made on the new leader reaches it', async (t) => {
+test('SIGKILL of the leader: the standby leads within 10 s, the node keeps serving, every answered request is billed once, and a key made on the new leader reaches it', async (t) => {
   const secrets = newSecrets();
   const { a, b } = await startLeaderAndStandby(await server.createDatabase(), secrets);
   t.after(() => Promise.all([a.proc.kill('SIGKILL'), b.proc.kill('SIGKILL')]));
@@ -154,6 +158,25 @@ test('SIGKILL of the leader: the standby leads within 10 s, the node keeps servi
   await waitUntilKnown(node.url, second.key, 15_000);
   assert.ok((await chat(node.url, second.key)).length > 0);
   assert.ok((await chat(node.url, first.key)).length > 0);
+  served++;
+
+  // Every request the node answered with the first key, before and after the takeover, is billed
+  // once: the node's journal replays to the new leader, which writes each report once.
+  const range = `start_time=${Math.floor(killedAt / 1000) - 3600}&end_time=${Math.floor(Date.now() / 1000) + 3600}`;
+  let usage: { totals: { requests: number; cost_usd: string } } | null = null;
+  const deadline = Date.now() + 20_000;
+  while (Date.now() < deadline) {
+    const r = await request(`${node.url}/v1/usage?${range}`, { headers: bearer(first.key) });
+    if (r.status === 200 && r.body.totals.requests >= served) {
+      usage = r.body;
+      break;
+    }
+    await sleep(100);
+  }
+  assert.ok(usage, `usage never counted the ${served} requests answered`);
+  assert.equal(usage.totals.requests, served);
+  const org = await cliJsonAsync(b, secrets.operatorToken, ['org', 'show', first.orgId]);
+  assert.equal(org.spend_total_usd, usage.totals.cost_usd, 'the balance paid for exactly the requests answered');
 });
 
 test('on SQLite one control plane per file: a second started on the same --db is refused with one line, exit 2', async (t) => {
