@@ -83,6 +83,7 @@ async function main(): Promise<void> {
   if (leadership) {
     leading = await leadership.waitToLead((leaderAddress) => {
       gate.standBy(leaderAddress);
+      if (listening) return;
       health.setNotServing();
       // A standby listens, to answer every call with the leader's address.
       listen().then((port) => {
