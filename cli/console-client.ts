@@ -1,7 +1,10 @@
 // A promise-based client of the console API (proto/tollgate/v1/console.proto): the bearer token in
-// metadata and a deadline on every call.
-import { Metadata, type CallOptions, type ClientUnaryCall, type ServiceError } from '@grpc/grpc-js';
+// metadata and a deadline on every call. Given several control planes (`a:50051,b:50051`) it finds the
+// leader itself: a standby's UNAVAILABLE names the leader and the call goes there; an address that
+// takes no connection is passed over for the next (docs/design.md#several-control-planes-on-one-database).
+import { Metadata, status as GrpcStatus, type CallOptions, type ClientUnaryCall, type ServiceError } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../proto/lib/tls.js';
+import { isStandbyRefusal, leaderFromDetails, splitAddresses } from '../proto/lib/leader-hint.js';
 import {
   ConsoleServiceClient,
   type AddMemberRequest,
@@ -67,29 +70,80 @@ type UnaryMethod<Req, Res> = (
   callback: (error: ServiceError | null, response: Res) => void,
 ) => ClientUnaryCall;
 
+/** An UNAVAILABLE that says the call never ran: a standby's refusal, or no connection made. */
+function neverRan(err: ServiceError): boolean {
+  return err.code === GrpcStatus.UNAVAILABLE && (isStandbyRefusal(err.details) || /No connection established|ECONNREFUSED/.test(err.details ?? ''));
+}
+
 export class ConsoleClient {
-  private readonly client: ConsoleServiceClient;
+  private readonly addresses: string[];
+  private readonly clients = new Map<string, ConsoleServiceClient>();
+  /** The address calls go to: the first given, then the leader found. */
+  private current: string;
 
   constructor(
     readonly address: string,
     private readonly token: string | undefined,
     /** TLS to the control plane (default: plaintext). */
-    tls: TlsFiles | null = null,
+    private readonly tls: TlsFiles | null = null,
+    /** Told when a standby sent the call on to the leader it named. */
+    private readonly onRedirect?: (from: string, details: string, to: string) => void,
   ) {
-    const channel = clientChannel(tls, address);
-    this.client = new ConsoleServiceClient(address, channel.credentials, channel.options);
+    const list = splitAddresses(address);
+    this.addresses = list.length > 0 ? list : [address];
+    this.current = this.addresses[0];
+  }
+
+  private clientFor(address: string): ConsoleServiceClient {
+    let c = this.clients.get(address);
+    if (!c) {
+      const channel = clientChannel(this.tls, address);
+      this.clients.set(address, (c = new ConsoleServiceClient(address, channel.credentials, channel.options)));
+    }
+    return c;
+  }
+
+  /** The client of the address calls go to now (its methods are the same on every address's client). */
+  private get client(): ConsoleServiceClient {
+    return this.clientFor(this.current);
   }
 
   close(): void {
-    this.client.close();
+    for (const c of this.clients.values()) c.close();
   }
 
-  private call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs = DEFAULT_TIMEOUT_MS): Promise<Res> {
+  private callOnce<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, deadline: number): Promise<Res> {
     const metadata = new Metadata();
     if (this.token) metadata.set('authorization', `Bearer ${this.token}`);
     return new Promise<Res>((resolve, reject) => {
-      method.call(this.client, request, metadata, { deadline: Date.now() + timeoutMs }, (err, res) => (err ? reject(err) : resolve(res)));
+      method.call(this.client, request, metadata, { deadline }, (err, res) => (err ? reject(err) : resolve(res)));
     });
+  }
+
+  /**
+   * One call, sent again elsewhere only when it never ran: to the leader a standby names, else to the
+   * next address not yet tried. A call that may have run is never sent twice.
+   */
+  private async call<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, timeoutMs = DEFAULT_TIMEOUT_MS): Promise<Res> {
+    const deadline = Date.now() + timeoutMs;
+    const tried = new Set<string>();
+    let standbyErr: ServiceError | null = null;
+    for (;;) {
+      try {
+        return await this.callOnce(method, request, deadline);
+      } catch (err) {
+        const e = err as ServiceError;
+        if (!neverRan(e)) throw err;
+        tried.add(this.current);
+        if (isStandbyRefusal(e.details)) standbyErr = e;
+        const leader = isStandbyRefusal(e.details) ? leaderFromDetails(e.details) : null;
+        const next = leader !== null && !tried.has(leader) ? leader : this.addresses.find((a) => !tried.has(a));
+        // Nowhere left: a standby's refusal says more than a refused connection.
+        if (next === undefined) throw standbyErr ?? err;
+        if (next === leader) this.onRedirect?.(this.current, e.details, next);
+        this.current = next;
+      }
+    }
   }
 
   createAccount(req: CreateAccountRequest): Promise<CreateAccountResponse> {

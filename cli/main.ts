@@ -3,6 +3,7 @@
 // is one line on stderr starting with an HTTP-style status (`403 …`); never a stack trace.
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { isLoopbackAddress, readTlsFiles } from '../proto/lib/tls.js';
+import { splitAddresses } from '../proto/lib/leader-hint.js';
 import { accountCommands } from './commands/account.js';
 import { commandUsage, GLOBAL_FLAGS_SYNOPSIS, type Args, type Command, type OptionSpec } from './commands/command.js';
 import { keyCommands } from './commands/key.js';
@@ -30,7 +31,7 @@ const COMMANDS: Command[] = [
 ];
 
 const GLOBAL_OPTIONS: Record<string, OptionSpec> = {
-  'control-plane': { type: 'string', value: 'ADDR', help: `control plane address (env TOLLGATE_CONTROL_PLANE; default ${DEFAULT_CONTROL_PLANE})` },
+  'control-plane': { type: 'string', value: 'ADDR', help: `control plane address, or several separated by commas (the leader is found among them; env TOLLGATE_CONTROL_PLANE; default ${DEFAULT_CONTROL_PLANE})` },
   token: { type: 'string', value: 'TOKEN', help: 'the operator token or an account console token (env TOLLGATE_TOKEN)' },
   json: { type: 'boolean', help: 'print exactly one JSON object (snake_case fields) instead of tables' },
   'tls-ca': { type: 'string', value: 'FILE', help: "CA that signed the control plane's certificate: connect with TLS (env TOLLGATE_TLS_CA)" },
@@ -207,14 +208,14 @@ async function runCli(argv: string[]): Promise<number> {
     } catch (err) {
       throw usageError((err as Error).message, usage);
     }
-    if (!tls && token && !isLoopbackAddress(address)) process.stderr.write(`warning: the token goes in plaintext to ${address}; pass --tls-ca (or set TOLLGATE_TLS_CA)\n`);
+    if (!tls && token && !splitAddresses(address).every(isLoopbackAddress)) process.stderr.write(`warning: the token goes in plaintext to ${address}; pass --tls-ca (or set TOLLGATE_TLS_CA)\n`);
 
     const commandUsageText = usage;
     await command.run(
       {
         out: stdOut(json),
         usage: commandUsageText,
-        client: () => (client ??= new ConsoleClient(address, token, tls)),
+        client: () => (client ??= new ConsoleClient(address, token, tls, (from, details, to) => process.stderr.write(`note: ${from} answered "${details}"; asking ${to}\n`))),
       },
       parsed,
     );

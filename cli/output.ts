@@ -2,6 +2,7 @@
 // `key: value` lines otherwise, and exactly one error line on stderr that starts with an HTTP-style
 // status. No stack trace ever reaches the user.
 import { status as GrpcStatus, type ServiceError } from '@grpc/grpc-js';
+import { isStandbyRefusal } from '../proto/lib/leader-hint.js';
 
 /** A failure the CLI reports as one line; `usage` (bad arguments) is printed after it and exits 2. */
 export class CliError extends Error {
@@ -39,6 +40,8 @@ const HTTP_OF_GRPC: Partial<Record<GrpcStatus, number>> = {
 export function describeError(err: unknown, address: string): { line: string; exitCode: number; usage?: string } {
   if (err instanceof CliError) return { line: `${err.httpStatus} ${err.message}`, exitCode: err.exitCode, usage: err.usage };
   if (isServiceError(err)) {
+    // No leader among the addresses given, and the one a standby named did not answer.
+    if (err.code === GrpcStatus.UNAVAILABLE && isStandbyRefusal(err.details)) return { line: `503 ${oneLine(err.details)} (asked ${address})`, exitCode: 1 };
     if (err.code === GrpcStatus.UNAVAILABLE || err.code === GrpcStatus.DEADLINE_EXCEEDED) {
       const why = err.code === GrpcStatus.DEADLINE_EXCEEDED ? ' (deadline exceeded)' : '';
       return { line: `503 control plane unreachable at ${address}${why}`, exitCode: 1 };

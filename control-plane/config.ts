@@ -42,12 +42,16 @@ export interface ControlPlaneConfig {
   auditRetentionDays: number;
   /** `--snapshot-part-entries` (default 10,000): keys and tombstones per message of a snapshot in parts. */
   snapshotPartEntries: number;
+  /** `--advertise-address HOST:PORT`: where nodes and the CLI reach this control plane when it leads (default: the address it listens on). */
+  advertiseAddress: string | null;
+  /** `--leader-retry-ms` (default 1,000): how often a standby tries to take the lead (PostgreSQL). */
+  leaderRetryMs: number;
 }
 
 const USAGE =
-  'usage: control-plane (--db PATH | --database-url postgres://USER:PASSWORD@HOST:PORT/DATABASE) --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--rejoin-grace-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
+  'usage: control-plane (--db PATH | --database-url postgres://USER:PASSWORD@HOST:PORT/DATABASE) --listen HOST:PORT [--config FILE] [--pepper-file FILE] [--node-token-file FILE] [--revoke-ack-timeout-ms N] [--rejoin-grace-ms N] [--admin-listen HOST:PORT] [--logs-db PATH] [--log-retention-days N] [--audit-retention-days N] [--snapshot-part-entries N] [--advertise-address HOST:PORT] [--leader-retry-ms N] [--log-level LEVEL] [--tls-cert FILE --tls-key FILE [--tls-ca FILE]]';
 
-const FLAGS = ['db', 'database-url', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'rejoin-grace-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
+const FLAGS = ['db', 'database-url', 'listen', 'config', 'pepper-file', 'node-token-file', 'revoke-ack-timeout-ms', 'rejoin-grace-ms', 'admin-listen', 'logs-db', 'log-retention-days', 'audit-retention-days', 'snapshot-part-entries', 'advertise-address', 'leader-retry-ms', 'log-level', 'tls-cert', 'tls-key', 'tls-ca'] as const;
 
 
 function checkHostPort(flag: string, value: string): string {
@@ -169,7 +173,14 @@ export function loadControlPlaneConfig(argv = process.argv.slice(2), env: NodeJS
   const rawPart = flags['snapshot-part-entries'] ?? String(PART_ENTRIES);
   if (!/^\d{1,9}$/.test(rawPart) || Number(rawPart) < 1) throw new ConfigError(`--snapshot-part-entries must be a whole number, at least 1, got ${JSON.stringify(rawPart)}`);
 
+  const advertiseAddress = flags['advertise-address'] ?? null;
+  if (advertiseAddress !== null) checkHostPort('--advertise-address', advertiseAddress);
+  const rawLeaderRetry = flags['leader-retry-ms'] ?? '1000';
+  if (!/^\d{1,6}$/.test(rawLeaderRetry) || Number(rawLeaderRetry) < 50) throw new ConfigError(`--leader-retry-ms must be a whole number of milliseconds, at least 50, got ${JSON.stringify(rawLeaderRetry)}`);
+
   return Object.freeze({
+    advertiseAddress,
+    leaderRetryMs: Number(rawLeaderRetry),
     auditRetentionDays: Number(rawAuditRetention),
     snapshotPartEntries: Number(rawPart),
     dbPath,

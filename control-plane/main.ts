@@ -1,5 +1,6 @@
 // Wiring only: load config, open the database, build the services, listen, handle signals.
 import { Server, ServerCredentials } from '@grpc/grpc-js';
+import { hostname } from 'node:os';
 import { pepperCheck } from '../proto/lib/keys.js';
 import { ConsoleServiceService } from '../proto/gen/tollgate/v1/console.js';
 import { SyncServiceService } from '../proto/gen/tollgate/v1/sync.js';
@@ -8,11 +9,15 @@ import { loadControlPlaneConfig, readGatewayConfig } from './config.js';
 import { ConfigError } from '../proto/lib/process-flags.js';
 import { ConsoleService } from './console/console-service.js';
 import { ControlState } from './state/control-state.js';
-import { addOpsServices, HealthState } from './grpc/ops.js';
+import { addOpsServices, CONSOLE_SERVICE, HealthState, SYNC_SERVICE } from './grpc/ops.js';
+import { LeaderGate } from './grpc/leader-gate.js';
+import { leaderFromDetails } from '../proto/lib/leader-hint.js';
 import { log as logger, logLine } from './log.js';
 import { countUnaryCalls, observeTransaction, setFleetSource, setReady } from './metrics.js';
 import { NewerSchemaError, runMigrations } from './store/migrate.js';
-import { describeStore, openLogStore, openStateDb } from './store/open-store.js';
+import { describeStore, openLeadership, openLogStore, openStateDb, StoreInUseError } from './store/open-store.js';
+import type { Db } from './store/db.js';
+import type { LogStore } from './store/log-store/log-store.js';
 import { ReportIngest } from './sync/report-ingest.js';
 import { SyncService } from './sync/sync-service.js';
 import { AuditRecorder } from './audit/audit-recorder.js';
@@ -26,12 +31,81 @@ async function main(): Promise<void> {
   const cfg = loadControlPlaneConfig();
   logger.level = cfg.logLevel;
   const gateway = readGatewayConfig(cfg.configPath);
-  const db = await openStateDb(cfg, log);
+  const health = new HealthState();
+  // Every console and sync call passes the gate: refused (UNAVAILABLE, naming the leader) unless this control plane leads.
+  const gate = new LeaderGate();
+  const server = new Server({
+    // Notice dead nodes: ping idle streams, drop them when pings go unanswered.
+    'grpc.keepalive_time_ms': 10_000,
+    'grpc.keepalive_timeout_ms': 5_000,
+    'grpc.keepalive_permit_without_calls': 1,
+    'grpc.http2.min_ping_interval_without_data_ms': 5_000,
+    'grpc.max_receive_message_length': 64 * 1024 * 1024,
+    'grpc.max_send_message_length': 256 * 1024 * 1024,
+  });
+  server.addService(ConsoleServiceService, countUnaryCalls(gate.handlers(CONSOLE_SERVICE, ConsoleServiceService)));
+  server.addService(SyncServiceService, gate.handlers(SYNC_SERVICE, SyncServiceService));
+  addOpsServices(server, health);
+  const serverCredentials = cfg.tls
+    ? ServerCredentials.createSsl(cfg.tls.ca, [{ cert_chain: cfg.tls.cert!, private_key: cfg.tls.key! }], cfg.tls.ca !== null)
+    : ServerCredentials.createInsecure();
+  const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
+  const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
+  let listening: Promise<number> | null = null;
+  const listen = () =>
+    (listening ??= new Promise<number>((resolve, reject) =>
+      server.bindAsync(cfg.listen, serverCredentials, (err, p) => {
+        if (!err) resolve(p);
+        else if (/EADDRINUSE/.test(err.message)) reject(new ConfigError(`--listen ${cfg.listen}: address already in use; choose another with --listen`));
+        else reject(new ConfigError(`--listen ${cfg.listen}: cannot listen (${err.message})`));
+      }),
+    ));
+  // Where nodes and the CLI reach this control plane: --advertise-address, else the address it listens on.
+  const advertisedAddress = (port: number) => cfg.advertiseAddress ?? `${host === '0.0.0.0' || host === '[::]' ? hostname() : host}:${port}`;
+  let announced = false;
+  // The process-interface line (docs/design.md#process-interface), printed plainly: tests, scripts and operators parse it.
+  const announce = (port: number) => {
+    if (!announced) console.log(`control plane listening on ${host}:${port} (${transport})`);
+    announced = true;
+  };
+
+  // Several control planes on one PostgreSQL database: one leads, the others stand by until the lock is theirs.
+  const leadership = openLeadership(cfg, log, cfg.leaderRetryMs);
+  let leading = leadership === null;
+  const standbyStop = () => {
+    if (leading) return;
+    void leadership?.stop();
+    server.forceShutdown();
+    process.exit(0);
+  };
+  process.once('SIGINT', standbyStop);
+  process.once('SIGTERM', standbyStop);
+  if (leadership) {
+    leading = await leadership.waitToLead((leaderAddress) => {
+      gate.standBy(leaderAddress);
+      if (listening) return;
+      health.setNotServing();
+      // A standby listens, to answer every call with the leader's address.
+      listen().then((port) => {
+        announce(port);
+        leadership.ownAddress = advertisedAddress(port);
+      }, fail);
+    });
+    if (!leading) return;
+    log(`leading: took the leader lock (epoch ${leadership.epoch}); loading the state`);
+  }
+  process.off('SIGINT', standbyStop);
+  process.off('SIGTERM', standbyStop);
+  let deposed: ((reason: string) => void) | null = null;
+  // The leader's epoch, checked by each write: a write refused on it means another control plane leads.
+  const fence = leadership ? { epoch: leadership.epoch, onFenced: (err: Error) => deposed?.(err.message) } : undefined;
+
+  const db = await openStateDb(cfg, log, fence);
   db.txObserver = observeTransaction;
   await runMigrations(db);
   const state = await ControlState.open(db, gateway, { configPath: cfg.configPath, log });
   // Request logs: their own file (or PostgreSQL partitions), one table per UTC day, older days dropped whole.
-  const logs = await openLogStore(cfg, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log });
+  const logs = await openLogStore(cfg, { retentionDays: cfg.logRetentionDays, now: () => state.now(), log }, fence);
   await logs.applyRetention();
   const webhooks = await startWebhooks(state, log);
   const audit = new AuditRecorder(db, { now: () => state.now(), retentionDays: cfg.auditRetentionDays, log });
@@ -78,30 +152,13 @@ async function main(): Promise<void> {
       return sync.ingestBacklog;
     },
   });
-  const health = new HealthState();
-
-  const server = new Server({
-    // Notice dead nodes: ping idle streams, drop them when pings go unanswered.
-    'grpc.keepalive_time_ms': 10_000,
-    'grpc.keepalive_timeout_ms': 5_000,
-    'grpc.keepalive_permit_without_calls': 1,
-    'grpc.http2.min_ping_interval_without_data_ms': 5_000,
-    'grpc.max_receive_message_length': 64 * 1024 * 1024,
-    'grpc.max_send_message_length': 256 * 1024 * 1024,
-  });
-  server.addService(ConsoleServiceService, countUnaryCalls(consoleService.handlers()));
-  server.addService(SyncServiceService, sync.handlers());
-  addOpsServices(server, health);
-  const serverCredentials = cfg.tls
-    ? ServerCredentials.createSsl(cfg.tls.ca, [{ cert_chain: cfg.tls.cert!, private_key: cfg.tls.key! }], cfg.tls.ca !== null)
-    : ServerCredentials.createInsecure();
-  const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(cfg.listen, serverCredentials, (err, p) => {
-      if (!err) resolve(p);
-      else if (/EADDRINUSE/.test(err.message)) reject(new ConfigError(`--listen ${cfg.listen}: address already in use; choose another with --listen`));
-      else reject(new ConfigError(`--listen ${cfg.listen}: cannot listen (${err.message})`));
-    }),
-  );
+  gate.serve(CONSOLE_SERVICE, consoleService.handlers());
+  gate.serve(SYNC_SERVICE, sync.handlers());
+  gate.lead();
+  health.setServing();
+  const port = await listen();
+  const advertised = advertisedAddress(port);
+  await leadership?.advertise(advertised);
   sync.startRejoinGrace();
   if (cfg.operatorTokenCreatedAt) {
     // Shown once, to the operator who started it: a plain line on the terminal, never a log event.
@@ -120,12 +177,10 @@ async function main(): Promise<void> {
   }
   // SIGHUP must reach this process itself (tsx's launcher relays only SIGINT and SIGTERM).
   log(`control plane pid ${process.pid}: SIGHUP re-reads ${cfg.configPath}`);
-  const host = cfg.listen.slice(0, cfg.listen.lastIndexOf(':'));
   setReady(true);
-  const transport = !cfg.tls ? 'plaintext' : cfg.tls.ca ? 'TLS, client certificates required' : 'TLS';
-  logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: describeStore(cfg), config: cfg.configPath, version: state.snapshots.version }, 'control plane started');
-  // The process-interface line (docs/design.md#process-interface), printed plainly: tests, scripts and operators parse it.
-  console.log(`control plane listening on ${host}:${port} (${transport})`);
+  logger.info({ listen: `${host}:${port}`, transport, admin: adminAddress, db: describeStore(cfg), config: cfg.configPath, version: state.snapshots.version, leader: leadership ? advertised : undefined }, 'control plane started');
+  if (leadership) console.log(`control plane leading (epoch ${leadership.epoch}) at ${advertised}`);
+  announce(port);
 
   const monthTimer = setInterval(() => {
     state.checkMonthRollover().catch((err: Error) => log(`month rollover failed: ${err.message}`));
@@ -149,6 +204,34 @@ async function main(): Promise<void> {
   // checkpoints the WAL), exit 0. The same signal a second time exits at once.
   const signalsSeen = new Set<string>();
   let stopping = false;
+  // The lead lost (the lock's connection ended, or a write failed the fence): stop acting at once,
+  // answer as a standby naming the new leader, end the nodes' streams, and exit 3 once calls in
+  // flight are answered: a supervisor starts it again, as a standby (docs/deployment.md).
+  deposed = (reason: string) => {
+    if (stopping) return;
+    stopping = true;
+    gate.standBy(leaderFromDetails(reason) ?? '');
+    stopWriting(db, logs, reason);
+    setReady(false);
+    health.setNotServing();
+    log(`lost the lead: ${reason}; no longer serving, exiting`);
+    clearInterval(monthTimer);
+    clearInterval(retentionTimer);
+    clearInterval(expiryTimer);
+    webhooks.stop();
+    sync.closeAll();
+    leadership?.readLeaderAddress().then(
+      (a) => a && gate.standBy(a),
+      () => undefined,
+    );
+    const force = setTimeout(() => server.forceShutdown(), 3000);
+    server.tryShutdown(() => {
+      clearTimeout(force);
+      void leadership?.stop();
+      process.exit(3);
+    });
+  };
+  leadership?.onLost((reason) => deposed?.(reason));
   const stop = (signal: NodeJS.Signals) => {
     if (signalsSeen.has(signal)) {
       logger.warn({ signal }, `second ${signal}: exiting at once`);
@@ -169,7 +252,9 @@ async function main(): Promise<void> {
     server.tryShutdown(() => {
       clearTimeout(force);
       Promise.all([ingest.usageFold.close().then(() => db.close()), logs.close()]).then(
-        () => {
+        async () => {
+          // The lock goes with its connection: a standby may lead at once.
+          await leadership?.stop();
           logger.info('stopped: database closed cleanly');
           admin?.close();
           process.exit(0);
@@ -185,12 +270,20 @@ async function main(): Promise<void> {
   process.on('SIGTERM', stop);
 }
 
-main().catch((err: unknown) => {
+/** Both stores refuse every write from now (PostgreSQL; SQLite has one control plane and no leader). */
+function stopWriting(db: Db, logs: LogStore, reason: string): void {
+  db.refuseWrites?.(reason);
+  logs.refuseWrites?.(reason);
+}
+
+function fail(err: unknown): never {
   // A setting to fix, or a database this version must not touch: one line, exit 2.
-  if (err instanceof ConfigError || err instanceof NewerSchemaError) {
+  if (err instanceof ConfigError || err instanceof NewerSchemaError || err instanceof StoreInUseError) {
     console.error(err.message);
     process.exit(2);
   }
   logger.fatal({ err }, `control plane failed to start: ${(err as Error)?.message ?? String(err)}`);
   process.exit(1);
-});
+}
+
+main().catch(fail);

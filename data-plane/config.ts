@@ -8,6 +8,7 @@ import { hostname, tmpdir } from 'node:os';
 import { checkPepper } from '../proto/lib/keys.js';
 import { checkLogLevel, type LogLevel } from '../proto/lib/logger.js';
 import { readTlsFiles, type TlsFiles } from '../proto/lib/tls.js';
+import { splitAddresses } from '../proto/lib/leader-hint.js';
 
 
 export interface NodeConfig {
@@ -58,7 +59,7 @@ export interface NodeConfig {
 }
 
 const USAGE =
-  'usage: data-plane --control-plane HOST:PORT --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--body-min-rate-kib N] [--body-grace-seconds N] [--max-spill-mib N] [--data-dir DIR] [--journal-max-mib N] [--report-every-ms N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
+  'usage: data-plane --control-plane HOST:PORT[,HOST:PORT…] --listen HOST:PORT [--admin-listen HOST:PORT] [--node-id ID] [--pepper-file FILE] [--node-token-file FILE] [--max-buffered-body-mib N] [--body-min-rate-kib N] [--body-grace-seconds N] [--max-spill-mib N] [--data-dir DIR] [--journal-max-mib N] [--report-every-ms N] [--realtime-max-buffered-kib N] [--realtime-max-node-buffered-mib N] [--drain-seconds N] [--log-level LEVEL] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]';
 const FLAGS = ['control-plane', 'listen', 'admin-listen', 'node-id', 'pepper-file', 'node-token-file', 'max-buffered-body-mib', 'body-min-rate-kib', 'body-grace-seconds', 'max-spill-mib', 'data-dir', 'journal-max-mib', 'report-every-ms', 'realtime-max-buffered-kib', 'realtime-max-node-buffered-mib', 'drain-seconds', 'log-level', 'tls-ca', 'tls-cert', 'tls-key'] as const;
 
 
@@ -83,9 +84,11 @@ function readSecretFile(flag: string, path: string): Buffer {
 
 export function loadConfig(argv: readonly string[] = process.argv.slice(2), env: NodeJS.ProcessEnv = process.env): Readonly<NodeConfig> {
   const flags = readProcessFlags(argv, FLAGS, USAGE);
-  const cpValue = flags['control-plane'];
+  // One control plane, or several on one PostgreSQL database (the node finds the leader among them).
+  const cpValue = flags['control-plane'] ?? (env.TOLLGATE_CONTROL_PLANE || undefined);
   if (!cpValue) throw new ConfigError(`--control-plane is required; ${USAGE}`);
-  hostPort('--control-plane', cpValue);
+  if (splitAddresses(cpValue).length === 0) throw new ConfigError(`--control-plane must be HOST:PORT, got ${JSON.stringify(cpValue)}`);
+  for (const a of splitAddresses(cpValue)) hostPort('--control-plane', a);
   const listenValue = flags.listen;
   if (!listenValue) throw new ConfigError(`--listen is required; ${USAGE}`);
   const listen = hostPort('--listen', listenValue);

@@ -5,6 +5,7 @@ import { pepperCheck } from '../proto/lib/keys.js';
 import { safetyIdKey } from '../proto/lib/safety-identifier.js';
 import { SafetyFields } from './proxy/safety-fields.js';
 import { isLoopbackAddress } from '../proto/lib/tls.js';
+import { splitAddresses } from '../proto/lib/leader-hint.js';
 import { StateHolder } from './state/key-table.js';
 import { OpenStreams } from './state/open-streams.js';
 import { loadConfig } from './config.js';
@@ -114,7 +115,7 @@ async function main(): Promise<void> {
   // One state per deployment of a pooled model, whichever API a request of it uses; its rpm and tpm
   // held across the cluster with the minute leases.
   const pooled = new PooledUpstreams(new UpstreamTargets(pools), clock, undefined, leases);
-  const usage = new UsageClient({ address: config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
+  const usage = new UsageClient({ address: config.controlPlane, currentAddress: () => sync?.currentAddress ?? config.controlPlane, nodeToken: config.nodeToken, tls: config.tls, connected: () => sync !== null && sync.disconnectedSince === null });
 
   const edge = new EdgeBudgets(clock);
   const bodyBudget = new BodyBudget(config.maxBufferedBodyBytes);
@@ -196,7 +197,7 @@ async function main(): Promise<void> {
     if (manualClock) console.log('data plane: TEST-ONLY manual clock enabled (TOLLGATE_TEST_CLOCK=1)');
   }
 
-  if (!config.tls && !isLoopbackAddress(config.controlPlane)) {
+  if (!config.tls && !splitAddresses(config.controlPlane).every(isLoopbackAddress)) {
     console.log(`data plane: warning: the node token goes in plaintext to ${config.controlPlane}; use --tls-ca (and --tls-cert/--tls-key) unless the network is private`);
   }
   const checkHeap = heapWatch((line) => log.warn({ heap: true }, line));

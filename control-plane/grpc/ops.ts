@@ -23,7 +23,12 @@ export class HealthState {
   private readonly watchers = new Set<ServerWritableStream<{ service: string }, { status: string }>>();
   private readonly known = new Set(['', CONSOLE_SERVICE, SYNC_SERVICE]);
 
-  /** Everything stops serving (shutdown): watchers are told, then their streams end. */
+  /** Serving again (a standby that took the lead). */
+  setServing(): void {
+    this.status = 'SERVING';
+  }
+
+  /** Everything stops serving (shutdown, standing by): watchers are told, then their streams end. */
   setNotServing(): void {
     this.status = 'NOT_SERVING';
     for (const w of this.watchers) {

@@ -57,4 +57,6 @@ export interface Db extends Queryable {
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
   /** Refuses new work at once, lets every queued statement and transaction finish, then closes. */
   close(): Promise<void>;
+  /** PostgreSQL: every write is refused from now on, before it is sent (a leader that lost the lead). */
+  refuseWrites?(reason: string): void;
 }

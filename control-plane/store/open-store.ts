@@ -6,10 +6,12 @@ import type { LogStore } from './log-store/log-store.js';
 import { PgLogStore } from './log-store/pg-log-store.js';
 import { SqliteLogStore } from './log-store/sqlite-log-store.js';
 import { describeUrl, PgDb } from './pg-db.js';
-import { SqliteDb } from './sqlite-db.js';
+import { PgLeadership } from './pg-leadership.js';
+import { STATE_WRITE_LOCK, type Fence } from './pg-locks.js';
+import { holdSqliteFile, SqliteDb } from './sqlite-db.js';
 
-/** The advisory lock the state's write transactions take (the request logs' is another). */
-const STATE_WRITE_LOCK = 0x7011_0001;
+/** Another control plane uses the SQLite file: this one must not start (exit 2). */
+export class StoreInUseError extends Error {}
 
 export interface StoreLocation {
   /** PostgreSQL when set, else the SQLite files below. */
@@ -23,11 +25,24 @@ export function describeStore(at: StoreLocation): string {
   return at.databaseUrl ? `postgres ${describeUrl(at.databaseUrl)}` : at.dbPath;
 }
 
-/** The state database; on PostgreSQL, connecting is tried again (logged) until the server answers. */
-export function openStateDb(at: StoreLocation, log: (line: string) => void): Promise<Db> {
-  return at.databaseUrl ? PgDb.open(at.databaseUrl, { writeLockKey: STATE_WRITE_LOCK, log }) : SqliteDb.open(at.dbPath);
+/**
+ * The state database; on PostgreSQL, connecting is tried again (logged) until the server answers, and
+ * `fence` (the leader's epoch) is checked by every write.
+ */
+export async function openStateDb(at: StoreLocation, log: (line: string) => void, fence?: Fence): Promise<Db> {
+  if (at.databaseUrl) return PgDb.open(at.databaseUrl, { writeLockKey: STATE_WRITE_LOCK, log, fence });
+  if (!(await holdSqliteFile(at.dbPath))) {
+    throw new StoreInUseError(`another control plane uses ${at.dbPath}: one control plane per SQLite file (several need PostgreSQL, --database-url)`);
+  }
+  return SqliteDb.open(at.dbPath);
 }
 
-export function openLogStore(at: StoreLocation, opts: SqliteLogStoreOptions): Promise<LogStore> {
-  return at.databaseUrl ? PgLogStore.open(at.databaseUrl, opts) : SqliteLogStore.open(at.logsDbPath, opts);
+export function openLogStore(at: StoreLocation, opts: SqliteLogStoreOptions, fence?: Fence): Promise<LogStore> {
+  return at.databaseUrl ? PgLogStore.open(at.databaseUrl, opts, fence) : SqliteLogStore.open(at.logsDbPath, opts);
 }
+
+/** Who leads among the control planes on one PostgreSQL database; null on SQLite (one control plane). */
+export function openLeadership(at: StoreLocation, log: (line: string) => void, retryMs: number): PgLeadership | null {
+  return at.databaseUrl ? new PgLeadership(at.databaseUrl, { log, retryMs }) : null;
+}
+

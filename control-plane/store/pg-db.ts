@@ -5,9 +5,11 @@
 // at a time, whoever else connects), and a second connection for long reads, each in one REPEATABLE
 // READ snapshot. A connection that cannot be made is tried again, with a logged line, until it can:
 // statements wait in the queue meanwhile, and a report not written is not acknowledged, so nodes keep
-// it and send it again.
+// it and send it again. A leader's store is fenced (docs/design.md#several-control-planes-on-one-database):
+// every write, a lone statement included, runs in a transaction that checks the leader's epoch first.
 import pg from 'pg';
 import type { Db, Param, Queryable, RunResult, Tx } from './db.js';
+import { FENCED_SQLSTATE, type Fence } from './pg-locks.js';
 import { runTransaction } from './transaction.js';
 
 const INT8_OID = 20;
@@ -21,6 +23,11 @@ const types = {
 /** Error codes of a server that is there but not taking this connection yet (tried again). */
 const RETRIED_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN', 'ENOTFOUND', 'EPIPE', '57P03', '53300', '57P01', '57P02']);
 
+/** A connection that failed because the server is not there (yet): tried again; anything else (a refused login) is not. */
+export function isRetriedConnectError(e: Error & { code?: string }): boolean {
+  return RETRIED_CODES.has(e.code ?? '') || /timeout|terminat|ECONN/i.test(e.message);
+}
+
 export interface PgDbOptions {
   /** Told each time a connection could not be made, and when one is made again. */
   log?(line: string): void;
@@ -28,7 +35,12 @@ export interface PgDbOptions {
   writeLockKey: number;
   /** First and longest wait between connection attempts (ms). */
   retryMs?: { first: number; max: number };
+  /** The leader's epoch, checked by every write transaction (several control planes on one database). */
+  fence?: Fence;
 }
+
+/** A statement that only reads (sent on the writer outside a transaction even when fenced). */
+const READ_ONLY_SQL = /^\s*SELECT\b/i;
 
 /** The server's address for log lines: host, port and database, never the user or password. */
 export function describeUrl(url: string): string {
@@ -121,7 +133,7 @@ class PgConnection {
         const e = err as Error & { code?: string };
         c.end().catch(() => undefined);
         if (this.closed) throw new Error('database is closed');
-        if (!RETRIED_CODES.has(e.code ?? '') && !/timeout|terminat|ECONN/i.test(e.message)) throw err;
+        if (!isRetriedConnectError(e)) throw err;
         failures++;
         this.opts.log?.(`database: cannot reach ${describeUrl(this.url)} (${e.code ?? e.message}); trying again in ${wait} ms`);
         await new Promise((resolve) => setTimeout(resolve, wait));
@@ -186,11 +198,21 @@ export class PgDb implements Db {
   private readonly writer: PgConnection;
   private readonly reader: PgConnection;
   private readonly beginSql: string;
+  private readonly fence: Fence | null;
+  /** Set once this store must write no more (its leader lost the lead): every write is refused at once. */
+  private refusal: Error | null = null;
 
   private constructor(url: string, opts: PgDbOptions) {
     this.writer = new PgConnection(url, opts, 'writer');
     this.reader = new PgConnection(url, opts, 'reader');
-    this.beginSql = `BEGIN; SELECT pg_advisory_xact_lock(${Math.trunc(opts.writeLockKey)})`;
+    this.fence = opts.fence ?? null;
+    const fenceSql = this.fence ? `; SELECT tollgate_fence(${Math.trunc(this.fence.epoch)})` : '';
+    this.beginSql = `BEGIN; SELECT pg_advisory_xact_lock(${Math.trunc(opts.writeLockKey)})${fenceSql}`;
+  }
+
+  /** From now on every write is refused here, before it reaches the database (the lead was lost). */
+  refuseWrites(reason: string): void {
+    this.refusal ??= new Error(reason.startsWith('write refused') ? reason : `write refused: ${reason}`);
   }
 
   /** Connects (trying again until the server takes the connection) and returns the store. */
@@ -214,20 +236,21 @@ export class PgDb implements Db {
 
   async forgetStatements(): Promise<void> {}
 
+  // Fenced, a statement that may write goes in a transaction of its own, after the fence.
   run(sql: string, params?: Param[]): Promise<RunResult> {
-    return this.writer.job((q) => q.run(sql, params));
+    return this.fence ? this.tx((t) => t.run(sql, params)) : this.writer.job((q) => q.run(sql, params));
   }
   get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined> {
-    return this.writer.job((q) => q.get<T>(sql, params));
+    return this.fence && !READ_ONLY_SQL.test(sql) ? this.tx((t) => t.get<T>(sql, params)) : this.writer.job((q) => q.get<T>(sql, params));
   }
   all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]> {
-    return this.writer.job((q) => q.all<T>(sql, params));
+    return this.fence && !READ_ONLY_SQL.test(sql) ? this.tx((t) => t.all<T>(sql, params)) : this.writer.job((q) => q.all<T>(sql, params));
   }
   exec(sql: string): Promise<void> {
-    return this.writer.job((q) => q.exec(sql));
+    return this.fence ? this.tx((t) => t.exec(sql)) : this.writer.job((q) => q.exec(sql));
   }
   runPrepared(sql: string, params: Param[]): Promise<RunResult> {
-    return this.writer.job((q) => q.runPrepared(sql, params));
+    return this.fence ? this.tx((t) => t.runPrepared(sql, params)) : this.writer.job((q) => q.runPrepared(sql, params));
   }
 
   read<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
@@ -246,7 +269,19 @@ export class PgDb implements Db {
   }
 
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
-    return this.writer.job((q) => runTransaction(q, this.beginSql, fn, this.txObserver));
+    return this.writer.job(async (q) => {
+      if (this.refusal) throw this.refusal;
+      try {
+        return await runTransaction(q, this.beginSql, fn, this.txObserver, this.fence === null);
+      } catch (err) {
+        // The epoch check refused it: another control plane leads. Nothing more is written from here.
+        if ((err as { code?: string }).code === FENCED_SQLSTATE && this.fence) {
+          this.refuseWrites((err as Error).message);
+          this.fence.onFenced(err as Error);
+        }
+        throw err;
+      }
+    });
   }
 
   async close(): Promise<void> {

@@ -9,6 +9,30 @@ import sqlite3 from 'sqlite3';
 import type { Db, Param, Queryable, RunResult, Tx } from './db.js';
 import { runTransaction } from './transaction.js';
 
+/**
+ * Holds the SQLite state file for this process alone, or answers false when another process holds it:
+ * an exclusive transaction, never ended, on a small file beside it (`PATH.lock`). SQLite's file lock
+ * goes when the process ends, however it ends. One control plane per SQLite file; several need
+ * PostgreSQL (docs/deployment.md#two-or-three-control-planes-on-postgresql).
+ */
+export async function holdSqliteFile(path: string): Promise<boolean> {
+  const raw = await new Promise<sqlite3.Database>((resolve, reject) => {
+    const d = new sqlite3.Database(`${path}.lock`, (err) => (err ? reject(err) : resolve(d)));
+  });
+  const exec = (sql: string) => new Promise<void>((resolve, reject) => raw.exec(sql, (err) => (err ? reject(err) : resolve())));
+  try {
+    await exec('PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE');
+    held.push(raw);
+    return true;
+  } catch (err) {
+    raw.close();
+    if ((err as { code?: string }).code === 'SQLITE_BUSY') return false;
+    throw err;
+  }
+}
+/** The lock files' connections, kept open (and referenced) as long as the process lives. */
+const held: sqlite3.Database[] = [];
+
 export class SqliteDb implements Db {
   readonly dialect = 'sqlite' as const;
   private queue: Promise<unknown> = Promise.resolve();

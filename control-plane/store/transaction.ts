@@ -2,7 +2,8 @@
 // goes with the first statement, so a transaction that issues none costs none, and one whose only
 // statement is `runLast` runs it alone (committed once it succeeded; an error `fn` throws after it is
 // thrown after the hooks ran, as a hook's is). Hooks from afterCommit run right after COMMIT (all of
-// them; if one throws, the call rejects after the others ran, and the work is committed).
+// them; if one throws, the call rejects after the others ran, and the work is committed). A fenced
+// leader's store sends a lone runLast in a transaction too, after its fence.
 import type { Param, Queryable, Tx } from './db.js';
 
 export async function runTransaction<T>(
@@ -10,6 +11,8 @@ export async function runTransaction<T>(
   beginSql: string,
   fn: (tx: Tx) => Promise<T>,
   observe: ((seconds: number, committed: boolean) => void) | null,
+  /** False: a lone runLast is sent inside BEGIN … COMMIT too (a leader's fence must run first). */
+  runLastAlone = true,
 ): Promise<T> {
   const hooks: (() => void)[] = [];
   // idle: nothing sent; open: BEGIN sent; closing: runLast sent in the transaction; alone: runLast sent without one.
@@ -31,7 +34,7 @@ export async function runTransaction<T>(
     exec: async (sql) => (await begin(), d.exec(sql)),
     runPrepared: async (sql, params) => (await begin(), d.runPrepared(sql, params)),
     runLast: async (sql, params) => {
-      if (at.phase === 'idle') {
+      if (at.phase === 'idle' && runLastAlone) {
         at.phase = 'alone';
         const r = await d.runPrepared(sql, params);
         at.aloneDone = true;

@@ -2,10 +2,13 @@
 // (a gap asks for a resync, so no revocation is ever skipped), an Ack after each, reports through the
 // Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
-// bad node token) is fatal: one line, exit 2.
+// bad node token) is fatal: one line, exit 2. Given several control planes (`a:50051,b:50051`), the node
+// finds the leader itself: a standby's UNAVAILABLE names it and the next attempt goes there; a stream
+// that fails otherwise moves on to the next address given (docs/design.md#several-control-planes-on-one-database).
 import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
+import { isStandbyRefusal, leaderFromDetails, splitAddresses } from '../../proto/lib/leader-hint.js';
 import { SyncServiceClient, SyncServiceService, type ControlMessage, type DeploymentHealth, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../state/key-table.js';
 import { SnapshotDecoder } from '../state/snapshot-decoder.js';
@@ -25,6 +28,7 @@ const USED_EVERY_KEY_TICKS = 10;
 const STATUS_EVERY_MS = 5000;
 
 export interface SyncClientOptions {
+  /** The control plane's HOST:PORT, or several separated by commas (the leader is found among them). */
   address: string;
   nodeToken: string;
   nodeId: string;
@@ -66,7 +70,10 @@ export class SyncClient {
    * stays set while a new stream is accepted but its catch-up is not yet in: the node is still stale.
    */
   disconnectedSince: number | null;
-  private readonly client: SyncServiceClient;
+  private readonly addresses: string[];
+  private readonly clients = new Map<string, SyncServiceClient>();
+  /** Where the next stream goes: the first address given, then the leader found. */
+  private current: string;
   private call: ClientDuplexStream<NodeMessage, ControlMessage> | null = null;
   private attempt = 0;
   private stopped = false;
@@ -86,18 +93,9 @@ export class SyncClient {
   private readonly statusTimer: NodeJS.Timeout;
 
   constructor(private readonly opts: SyncClientOptions) {
-    const channel = clientChannel(opts.tls ?? null, opts.address);
-    this.client = new SyncServiceClient(opts.address, channel.credentials, {
-      ...channel.options,
-      'grpc.keepalive_time_ms': 10_000,
-      'grpc.keepalive_timeout_ms': 5_000,
-      'grpc.initial_reconnect_backoff_ms': 100,
-      'grpc.max_reconnect_backoff_ms': 1_000,
-      // A snapshot comes in parts of about 1.3 MB (Hello.snapshot_parts), but a control plane of an
-      // earlier version sends it whole: about 132 bytes per key, so 1,000,000 keys is ~130 MiB (the
-      // default, 4 MiB, refused snapshots of ~30,000 keys and more). As large as a control plane sends.
-      'grpc.max_receive_message_length': 256 * 1024 * 1024,
-    });
+    const list = splitAddresses(opts.address);
+    this.addresses = list.length > 0 ? list : [opts.address];
+    this.current = this.addresses[0];
     this.disconnectedSince = opts.now();
     this.pruneTimer = setInterval(() => opts.leases?.prune(minuteOf(opts.now()) - 1), 30_000);
     this.pruneTimer.unref();
@@ -115,6 +113,31 @@ export class SyncClient {
     this.usedTimer.unref();
     this.statusTimer = setInterval(() => this.sendStatus(), STATUS_EVERY_MS);
     this.statusTimer.unref();
+  }
+
+  /** The control plane streams go to now (the usage queries follow it). */
+  get currentAddress(): string {
+    return this.current;
+  }
+
+  private get client(): SyncServiceClient {
+    let c = this.clients.get(this.current);
+    if (!c) {
+      const channel = clientChannel(this.opts.tls ?? null, this.current);
+      c = new SyncServiceClient(this.current, channel.credentials, {
+        ...channel.options,
+        'grpc.keepalive_time_ms': 10_000,
+        'grpc.keepalive_timeout_ms': 5_000,
+        'grpc.initial_reconnect_backoff_ms': 100,
+        'grpc.max_reconnect_backoff_ms': 1_000,
+        // A snapshot comes in parts of about 1.3 MB (Hello.snapshot_parts), but a control plane of an
+        // earlier version sends it whole: about 132 bytes per key, so 1,000,000 keys is ~130 MiB (the
+        // default, 4 MiB, refused snapshots of ~30,000 keys and more). As large as a control plane sends.
+        'grpc.max_receive_message_length': 256 * 1024 * 1024,
+      });
+      this.clients.set(this.current, c);
+    }
+    return c;
   }
 
   private sendStatus(): void {
@@ -154,7 +177,7 @@ export class SyncClient {
     this.opts.reporter.detach();
     if (this.call) this.call.cancel();
     this.call = null;
-    this.client.close();
+    for (const c of this.clients.values()) c.close();
   }
 
   private connect(): void {
@@ -337,6 +360,7 @@ export class SyncClient {
       this.lostLogged = true;
       this.opts.log(`control plane connection lost (${describeStatus(s)}); serving from version ${this.opts.holder.current.version}, reconnecting`);
     }
+    if (s.code !== GrpcStatus.ALREADY_EXISTS) this.chooseNext(s);
     const base = Math.min(this.opts.maxBackoffMs ?? 5_000, (this.opts.minBackoffMs ?? 100) * 2 ** this.attempt);
     this.attempt = Math.min(this.attempt + 1, 20);
     const delay = Math.round(base / 2 + Math.random() * (base / 2));
@@ -345,9 +369,21 @@ export class SyncClient {
       this.connect();
     }, delay);
   }
+
+  /** A standby named the leader: go there. Else, with several addresses, try the next one. */
+  private chooseNext(s: StatusObject): void {
+    const leader = s.code === GrpcStatus.UNAVAILABLE && isStandbyRefusal(s.details) ? leaderFromDetails(s.details) : null;
+    if (leader !== null && leader !== this.current) {
+      this.opts.log(`control plane ${this.current} stands by; the leader is at ${leader}`);
+      this.current = leader;
+    } else if (this.addresses.length > 1) {
+      this.current = this.addresses[(this.addresses.indexOf(this.current) + 1) % this.addresses.length];
+    }
+  }
 }
 
 /** "UNAVAILABLE: No connection established", never "OK: OK" or a status name repeated. */
+
 function describeStatus(s: StatusObject): string {
   if (s.code === GrpcStatus.OK) return 'the control plane ended the stream';
   const name = GrpcStatus[s.code] ?? String(s.code);

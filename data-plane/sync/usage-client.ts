@@ -24,6 +24,8 @@ export interface UsageClientOptions {
   nodeToken: string;
   /** The node's TLS files for the control plane (as for the sync stream); null: plaintext. */
   tls: TlsFiles | null;
+  /** Where the sync stream goes now (several control planes: the leader found); default `address`. */
+  currentAddress?(): string;
   /** False while the sync stream is down: answer 503 at once instead of waiting out a deadline. */
   connected(): boolean;
   timeoutMs?: number;
@@ -34,14 +36,22 @@ function unavailable(): GatewayError {
 }
 
 export class UsageClient implements UsageSource {
-  private readonly client: SyncServiceClient;
+  private readonly clients = new Map<string, SyncServiceClient>();
   private inFlight = 0;
 
-  constructor(private readonly opts: UsageClientOptions) {
-    // The same channel security as the sync stream: the node token never goes in plaintext where
-    // the stream would not send it.
-    const channel = clientChannel(opts.tls, opts.address);
-    this.client = new SyncServiceClient(opts.address, channel.credentials, channel.options);
+  constructor(private readonly opts: UsageClientOptions) {}
+
+  /** The client of the control plane the sync stream uses now. */
+  private get client(): SyncServiceClient {
+    const address = this.opts.currentAddress?.() ?? this.opts.address;
+    let c = this.clients.get(address);
+    if (!c) {
+      // The same channel security as the sync stream: the node token never goes in plaintext where
+      // the stream would not send it.
+      const channel = clientChannel(this.opts.tls, address);
+      this.clients.set(address, (c = new SyncServiceClient(address, channel.credentials, channel.options)));
+    }
+    return c;
   }
 
   query(req: QueryUsageRequest, done: UsageAnswer): () => void {
@@ -64,6 +74,6 @@ export class UsageClient implements UsageSource {
   }
 
   close(): void {
-    this.client.close();
+    for (const c of this.clients.values()) c.close();
   }
 }

@@ -235,6 +235,9 @@ test('an unreachable server is tried again with a logged line; the control plane
   relay.unref();
 });
 
+// Its state and request-log connections (application_name tollgate-control-plane …); not the leader
+// lock's (tollgate-leader-lock): losing that ends the lead, and the control plane stops and exits 3
+// (control-plane-leader.test.ts).
 test("the control plane's connections terminated under it: it connects again, keeps running, and what nodes sent meanwhile is billed once", async (t) => {
   const url = await server.createDatabase();
   const s = await startStack({ databaseUrl: url });

@@ -77,3 +77,16 @@ test('--database-url (or TOLLGATE_DATABASE_URL): a postgres:// URL puts the stat
     });
   }
 });
+
+test('--advertise-address and --leader-retry-ms (several control planes on PostgreSQL): defaults, and bad values named', () => {
+  const env = { TOLLGATE_PEPPER: 'p'.repeat(32), TOLLGATE_OPERATOR_TOKEN: 'op_x'.repeat(5), TOLLGATE_NODE_TOKEN: 'node_x'.repeat(5) };
+  const base = ['--database-url', 'postgres://u:p@db.internal:5432/tollgate', '--listen', '0.0.0.0:50051'];
+  const plain = loadControlPlaneConfig(base, env);
+  assert.equal(plain.advertiseAddress, null, 'the address it listens on unless told');
+  assert.equal(plain.leaderRetryMs, 1000);
+  const told = loadControlPlaneConfig([...base, '--advertise-address', 'cp-a.internal:50051', '--leader-retry-ms', '250'], env);
+  assert.equal(told.advertiseAddress, 'cp-a.internal:50051');
+  assert.equal(told.leaderRetryMs, 250);
+  assert.throws(() => loadControlPlaneConfig([...base, '--advertise-address', 'cp-a'], env), /^ConfigError: --advertise-address must be HOST:PORT, got "cp-a"$/);
+  assert.throws(() => loadControlPlaneConfig([...base, '--leader-retry-ms', '10'], env), /^ConfigError: --leader-retry-ms must be a whole number of milliseconds, at least 50, got "10"$/);
+});

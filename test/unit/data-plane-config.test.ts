@@ -19,3 +19,13 @@ test('a node flag without its value, or an unknown one, is one line naming it', 
   assert.throws(() => loadConfig([...BASE, '--drain-seconds'], ENV), /^ConfigError: --drain-seconds needs a value$/);
   assert.throws(() => loadConfig([...BASE, '--drain', '5'], ENV), /^ConfigError: unknown argument "--drain"; usage: data-plane /);
 });
+
+test('--control-plane (or TOLLGATE_CONTROL_PLANE) takes several control planes separated by commas; each must be HOST:PORT', () => {
+  const listen = ['--listen', '127.0.0.1:0'];
+  assert.equal(loadConfig(['--control-plane', 'cp-a:50051,cp-b:50051', ...listen], ENV).controlPlane, 'cp-a:50051,cp-b:50051');
+  assert.equal(loadConfig(listen, { ...ENV, TOLLGATE_CONTROL_PLANE: 'cp-a:50051,cp-b:50051' }).controlPlane, 'cp-a:50051,cp-b:50051');
+  // The flag wins over the environment.
+  assert.equal(loadConfig(['--control-plane', 'cp-c:50051', ...listen], { ...ENV, TOLLGATE_CONTROL_PLANE: 'cp-a:50051' }).controlPlane, 'cp-c:50051');
+  assert.throws(() => loadConfig(['--control-plane', 'cp-a:50051,cp-b', ...listen], ENV), /^ConfigError: --control-plane must be HOST:PORT, got "cp-b"$/);
+  assert.throws(() => loadConfig(['--control-plane', ',', ...listen], ENV), /^ConfigError: --control-plane must be HOST:PORT, got ","$/);
+});

@@ -51,4 +51,6 @@ export interface LogStore {
   /** Drops whole partitions older than the retention; returns the partitions dropped. */
   applyRetention(): Promise<string[]>;
   close(): Promise<void>;
+  /** PostgreSQL: every write is refused from now on (a leader that lost the lead). */
+  refuseWrites?(reason: string): void;
 }

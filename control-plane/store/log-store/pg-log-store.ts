@@ -5,6 +5,7 @@
 // connections (and write lock), as SQLite's request logs have their own file: a report's blocks
 // never wait behind the control state's writes.
 import { PgDb } from '../pg-db.js';
+import { LOG_WRITE_LOCK, type Fence } from '../pg-locks.js';
 import { DAY_TABLE_RE, LogDays, type SqliteLogStoreOptions } from './log-days.js';
 import { createIndexCursor, LogIndex } from './log-index.js';
 import { isPageToken, LogQuery } from './log-query.js';
@@ -12,14 +13,16 @@ import { LogRetention } from './log-retention.js';
 import type { LogFilter, LogPage, LogPart, LogSource, LogStore } from './log-store.js';
 import { createLogCursors, LogWriter, PG_LOG_PARENTS_SQL } from './log-writer.js';
 
-/** The advisory lock the request-log store's write transactions take (the state's is another). */
-const LOG_WRITE_LOCK = 0x7011_0002;
-
 export class PgLogStore implements LogStore {
   private readonly index: LogIndex;
   private readonly writer: LogWriter;
   private readonly reader: LogQuery;
   private readonly retention: LogRetention;
+
+  /** Every write is refused from now on (this control plane lost the lead). */
+  refuseWrites(reason: string): void {
+    this.days.db.refuseWrites?.(reason);
+  }
 
   private constructor(private readonly days: LogDays) {
     this.index = new LogIndex(days);
@@ -28,8 +31,9 @@ export class PgLogStore implements LogStore {
     this.retention = new LogRetention(days, [this.writer, this.index]);
   }
 
-  static async open(url: string, opts: SqliteLogStoreOptions): Promise<PgLogStore> {
-    const db = await PgDb.open(url, { writeLockKey: LOG_WRITE_LOCK, log: opts.log });
+  /** `fence`: a leader's epoch, checked by every write (several control planes on one database). */
+  static async open(url: string, opts: SqliteLogStoreOptions, fence?: Fence): Promise<PgLogStore> {
+    const db = await PgDb.open(url, { writeLockKey: LOG_WRITE_LOCK, log: opts.log, fence });
     await db.tx(async (tx) => {
       await tx.exec(PG_LOG_PARENTS_SQL);
     });
