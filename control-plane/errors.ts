@@ -12,6 +12,8 @@ export const ERROR_CATALOG = {
   FAILED_PRECONDITION: status.FAILED_PRECONDITION,
   PEPPER_MISMATCH: status.FAILED_PRECONDITION,
   RATE_LIMITED: status.RESOURCE_EXHAUSTED,
+  /** This control plane lost the lead (a fenced write): the client goes to the leader. */
+  NOT_LEADER: status.UNAVAILABLE,
   INTERNAL: status.INTERNAL,
 } as const;
 

@@ -11,6 +11,7 @@ import pg from 'pg';
 import type { Db, Param, Queryable, RunResult, Tx } from './db.js';
 import { FENCED_SQLSTATE, type Fence } from './pg-locks.js';
 import { runTransaction } from './transaction.js';
+import { CpError } from '../errors.js';
 
 const INT8_OID = 20;
 const NUMERIC_OID = 1700;
@@ -212,7 +213,8 @@ export class PgDb implements Db {
 
   /** From now on every write is refused here, before it reaches the database (the lead was lost). */
   refuseWrites(reason: string): void {
-    this.refusal ??= new Error(reason.startsWith('write refused') ? reason : `write refused: ${reason}`);
+    // A catalog error: the lead lost is an answer (UNAVAILABLE), not a bug to log with its stack.
+    this.refusal ??= new CpError('NOT_LEADER', reason.startsWith('write refused') ? reason : `write refused: ${reason}`);
   }
 
   /** Connects (trying again until the server takes the connection) and returns the store. */
@@ -278,6 +280,7 @@ export class PgDb implements Db {
         if ((err as { code?: string }).code === FENCED_SQLSTATE && this.fence) {
           this.refuseWrites((err as Error).message);
           this.fence.onFenced(err as Error);
+          throw this.refusal;
         }
         throw err;
       }

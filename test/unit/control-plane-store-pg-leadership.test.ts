@@ -9,6 +9,8 @@ import { PgDb } from '../../control-plane/store/pg-db.js';
 import { PgLeadership } from '../../control-plane/store/pg-leadership.js';
 import { FENCED_SQLSTATE, STATE_WRITE_LOCK } from '../../control-plane/store/pg-locks.js';
 import { startPostgres, type PostgresServer } from '../helpers/postgres-server.js';
+import { status as GrpcStatus } from '@grpc/grpc-js';
+import { toServiceError } from '../../control-plane/errors.js';
 
 let server: PostgresServer;
 before(async () => {
@@ -82,9 +84,15 @@ test("a former leader's write fails the epoch check and lands nothing, a lone st
     () => null,
     (e: Error & { code?: string }) => e,
   );
-  assert.equal(err?.code, FENCED_SQLSTATE);
   assert.match(err!.message, /this control plane led in epoch 1, another leads in epoch 2: the leader is at 10\.0\.0\.2:50051/);
   assert.equal(fenced.length, 1);
+  assert.equal((fenced[0] as Error & { code?: string }).code, FENCED_SQLSTATE, 'the database refused it');
+  // The caller gets the lead lost, a catalog error (UNAVAILABLE), not a bug logged with its stack.
+  const logged: string[] = [];
+  const answered = toServiceError(err, (line) => logged.push(line));
+  assert.equal(answered.code, GrpcStatus.UNAVAILABLE);
+  assert.match(String(answered.details), /write refused: this control plane led in epoch 1/);
+  assert.deepEqual(logged, []);
   // From now on nothing is sent: refused here at once.
   const sent = old.statementsIssued;
   await assert.rejects(old.run('INSERT INTO t (v) VALUES (3)'), /write refused/);
