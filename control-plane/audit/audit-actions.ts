@@ -1,10 +1,12 @@
 // Which console calls are audited, under what action name, and what their target is. A call marked
-// `changes` is recorded when it succeeds; every call is recorded when it is refused for the caller's
-// role (PERMISSION_DENIED, or NOT_FOUND answered to a non-member by a role check).
+// `changes` is recorded in the transaction of its change (audit-recorder.ts: none committed, no entry),
+// or after it when it wrote nothing; every call is recorded when it is refused for the caller's role
+// (PERMISSION_DENIED, or NOT_FOUND answered to a non-member by a role check).
 import { status, type handleUnaryCall, type sendUnaryData, type ServerUnaryCall } from '@grpc/grpc-js';
 import type { ConsoleServiceServer } from '../../proto/gen/tollgate/v1/console.js';
 import { formatUsd } from '../../proto/lib/money.js';
 import { isLimitReset } from '../../proto/lib/spend-limits.js';
+import { redactedUrl } from '../gateway-config/webhook-url.js';
 import { AuditScope, callerAddressOf, runInAuditScope, type AuditRecorder } from './audit-recorder.js';
 
 type Any = Record<string, any>;
@@ -62,7 +64,7 @@ export const AUDITED: Record<keyof ConsoleServiceServer, ActionSpec> = {
   findKey: { action: 'key.find', changes: false },
   resolveSafetyIdentifier: { action: 'safety_id.resolve', changes: false },
   listWebhooks: { action: 'webhooks.list', changes: false },
-  testWebhook: { action: 'webhooks.test', changes: true, target: (q) => urlWithoutQuery(q.url) },
+  testWebhook: { action: 'webhooks.test', changes: true, target: (q) => redactedUrl(q.url) },
   listWebhookDeliveries: { action: 'webhooks.deliveries', changes: false },
   listAuditEntries: { action: 'audit.list', changes: false, target: orgTarget },
   setKeyPolicy: { action: 'org.set_key_policy', changes: true, target: orgTarget, org: orgTarget },
@@ -78,40 +80,35 @@ export function auditHandlers(recorder: AuditRecorder | null, handlers: ConsoleS
     const spec: ActionSpec = AUDITED[name] ?? { action: name, changes: false };
     out[name] = (call: ServerUnaryCall<Any, Any>, callback: sendUnaryData<Any>) => {
       const scope = new AuditScope(callerAddressOf(safePeer(call)));
+      const req = call.request ?? {};
+      const entry = (outcome: 'ok' | 'denied', res: Any | undefined) => {
+        // The role checks name the organisation of what was touched; a created one comes from the answer or the handler.
+        const orgId = scope.orgId || spec.org?.(req, res) || '';
+        return {
+          atMs: recorder.now(),
+          actor: scope.actor,
+          action: spec.action,
+          targetId: scope.targetId || (spec.target?.(req, res) ?? ''),
+          orgId: typeof orgId === 'string' ? orgId : '',
+          outcome,
+          callerAddress: scope.callerAddress,
+          detail: safeDetail(spec, req),
+        };
+      };
+      if (spec.changes) scope.expectChange(() => entry('ok', undefined));
       runInAuditScope(scope, () =>
         handler(call, (err, res) => {
+          const written = scope.close();
           const denied = !!err && (err.code === status.PERMISSION_DENIED || (scope.denied && err.code === status.NOT_FOUND));
-          if (scope.actor && (denied || (!err && spec.changes))) {
-            const req = call.request ?? {};
-            // The role checks name the organisation of what was touched; a created one comes from the answer.
-            const orgId = scope.orgId || spec.org?.(req, err ? undefined : (res ?? undefined)) || '';
-            recorder.recordLater({
-              atMs: recorder.now(),
-              actor: scope.actor,
-              action: spec.action,
-              targetId: spec.target?.(req, err ? undefined : (res ?? undefined)) ?? '',
-              orgId: typeof orgId === 'string' ? orgId : '',
-              outcome: denied ? 'denied' : 'ok',
-              callerAddress: scope.callerAddress,
-              detail: safeDetail(spec, req),
-            });
-          }
-          callback(err, res);
+          // A change's entry was written with it; what wrote nothing (a refusal, a no-op change) is recorded here.
+          if (scope.actor && (denied || (!err && spec.changes && !written))) {
+            void recorder.recordOrLog(entry(denied ? 'denied' : 'ok', err ? undefined : (res ?? undefined))).then(() => callback(err, res));
+          } else callback(err, res);
         }),
       );
     };
   }
   return out as ConsoleServiceServer;
-}
-
-/** A webhook URL's query may carry a receiver's token: only its origin and path are kept. */
-function urlWithoutQuery(raw: unknown): string {
-  try {
-    const u = new URL(String(raw));
-    return `${u.origin}${u.pathname}`;
-  } catch {
-    return '';
-  }
 }
 
 function safePeer(call: ServerUnaryCall<Any, Any>): string {

@@ -1,9 +1,11 @@
-// The audit log's writing side. Each console call runs inside an AuditScope (AsyncLocalStorage): the
-// role checks note the organisation they were about and whether they refused, the handler's wrapper
-// (console-service.ts) records one entry when the call changed something or was refused for its role.
+// The audit log's writing side. Each console call runs inside an AuditScope (the store's transaction
+// rider, store/transaction.ts): the role checks note the organisation they were about and whether
+// they refused; a call that changes something has its entry written by its first transaction that
+// writes, before COMMIT (both or neither); the handler's wrapper (audit-actions.ts) writes on their own
+// only the entries of refusals and of changes that wrote nothing.
 // An entry holds ids, an action name and an outcome: never a key value, token or secret.
-import { AsyncLocalStorage } from 'node:async_hooks';
-import type { Db } from '../store/db.js';
+import type { Db, Param } from '../store/db.js';
+import { currentTxRider, runWithTxRider, type TxRider } from '../store/transaction.js';
 
 export type AuditOutcome = 'ok' | 'denied';
 
@@ -19,24 +21,63 @@ export interface AuditEntryInput {
   detail?: string;
 }
 
-export class AuditScope {
+export class AuditScope implements TxRider {
   actor = '';
   orgId = '';
+  /** What the call made (a created id), noted by its handler: the answer is not there before COMMIT. */
   targetId = '';
   /** A role check refused the caller (including a non-member answered NOT_FOUND). */
   denied = false;
+  /** The entry of the change, until a transaction carried it. */
+  private change: (() => AuditEntryInput) | null = null;
+  private written = false;
+  private closed = false;
   constructor(readonly callerAddress: string) {}
+
+  /** The call changes something: its entry rides on its first transaction that writes. */
+  expectChange(entry: () => AuditEntryInput): void {
+    this.change = entry;
+  }
+
+  pending(): { sql: string; params: Param[] } | null {
+    return this.closed || !this.change || !this.actor ? null : auditInsert(this.change());
+  }
+
+  carried(): void {
+    this.change = null;
+    this.written = true;
+  }
+
+  /** The call answered: work it started later carries nothing. True when a transaction wrote its entry. */
+  close(): boolean {
+    this.closed = true;
+    return this.written;
+  }
 }
 
-const scopes = new AsyncLocalStorage<AuditScope>();
-
 export function runInAuditScope<T>(scope: AuditScope, fn: () => T): T {
-  return scopes.run(scope, fn);
+  return runWithTxRider(scope, fn);
 }
 
 /** The scope of the console call running now, if any. */
 export function auditScope(): AuditScope | undefined {
-  return scopes.getStore();
+  const r = currentTxRider();
+  return r instanceof AuditScope ? r : undefined;
+}
+
+/** Notes what a call created (and its organisation), for the entry its transaction writes. */
+export function noteAuditTarget(targetId: string, orgId?: string): void {
+  const scope = auditScope();
+  if (!scope) return;
+  scope.targetId = targetId;
+  if (orgId && !scope.orgId) scope.orgId = orgId;
+}
+
+function auditInsert(e: AuditEntryInput): { sql: string; params: Param[] } {
+  return {
+    sql: 'INSERT INTO audit_log (at_ms, actor, action, target_id, org_id, outcome, caller_address, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+    params: [e.atMs, e.actor, e.action, auditId(e.targetId), auditId(e.orgId), e.outcome, e.callerAddress.slice(0, 100), (e.detail ?? '').slice(0, 200)],
+  };
 }
 
 const MAX_ID = 100;
@@ -70,16 +111,15 @@ export class AuditRecorder {
     return this.opts.now();
   }
 
+  /** An entry on its own: a refusal, or a change that wrote nothing (a second revoke of a key). */
   async record(e: AuditEntryInput): Promise<void> {
-    await this.db.run(
-      'INSERT INTO audit_log (at_ms, actor, action, target_id, org_id, outcome, caller_address, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-      [e.atMs, e.actor, e.action, auditId(e.targetId), auditId(e.orgId), e.outcome, e.callerAddress.slice(0, 100), (e.detail ?? '').slice(0, 200)],
-    );
+    const { sql, params } = auditInsert(e);
+    await this.db.run(sql, params);
   }
 
-  /** Records without making the caller wait or fail: an audit write that fails is logged. */
-  recordLater(e: AuditEntryInput): void {
-    this.record(e).catch((err: Error) => (this.opts.log ?? console.error)(`audit: entry not written (${e.action} by ${e.actor}): ${err.message}`));
+  /** Records before the answer, without failing the call: a refusal's entry that fails is logged. */
+  async recordOrLog(e: AuditEntryInput): Promise<void> {
+    await this.record(e).catch((err: Error) => (this.opts.log ?? console.error)(`audit: entry not written (${e.action} by ${e.actor}): ${err.message}`));
   }
 
   /** Drops entries older than the retention; returns how many. */

@@ -10,6 +10,7 @@ import { getOrg } from '../store/orgs-repo.js';
 import { credentialHashOf, deleteCredential, getKey, insertKey, keyIdOfHash, listKeys, markRevoked, type ApiKeyRow } from '../store/keys-repo.js';
 import { listNodes as listNodeRows } from '../store/sync-repo.js';
 import { getKeyPolicy, setKeyPolicy, setKeyExpiry, setRevokedReason } from '../store/key-expiry-repo.js';
+import { noteAuditTarget } from '../audit/audit-recorder.js';
 import { FindKeyLimiter } from './find-key-limiter.js';
 import { ConsoleAccess, MAX_NAME, parseInstant, requireId } from './console-access.js';
 import { applyKeyLimit, keyLimitFields, keyLimitOf, withKeySpend } from './limits-service.js';
@@ -108,6 +109,7 @@ export class KeyService extends ConsoleAccess {
             revoked_at: '',
             last_used_at: '',
           };
+          noteAuditTarget(row.id, row.org_id);
           await insertKey(tx, row, keyHash);
           if (expiresAtMs > 0) {
             row.expires_at_ms = expiresAtMs;

@@ -21,6 +21,7 @@ import {
   setOrgTier,
   type ProjectRow,
 } from '../store/orgs-repo.js';
+import { noteAuditTarget } from '../audit/audit-recorder.js';
 import { checkName, ConsoleAccess, isRole, requireId } from './console-access.js';
 import { projectOf, projectViews, setProjectCapCall } from './limits-service.js';
 
@@ -73,6 +74,7 @@ export class OrgService extends ConsoleAccess {
         const name = checkName('account', req.name);
         const token = generateToken('acct');
         const row: AccountRow = { id: newId('acct'), name, token_hash: hashToken(token), created_at: this.state.nowIso() };
+        noteAuditTarget(row.id);
         await this.state.db.tx((tx) => insertAccount(tx, row));
         return { account: accountOf(row), token };
       }),
@@ -97,6 +99,7 @@ export class OrgService extends ConsoleAccess {
         }
         const tier = this.checkTier(req.tier);
         const org = { id: newId('org'), name, tier, created_at: this.state.nowIso() };
+        noteAuditTarget(org.id, org.id);
         return this.state.db.tx(async (tx) => {
           if (!(await getAccount(tx, ownerId))) throw notFound(`account ${ownerId} not found`);
           if (caller.kind !== 'operator') await this.checkOwnedOrgs(tx, ownerId);
@@ -198,6 +201,7 @@ export class OrgService extends ConsoleAccess {
         return this.state.db.tx(async (tx) => {
           const { org } = await this.orgFor(tx, caller, req.orgId, 'admin');
           const row: ProjectRow = { id: newId('proj'), org_id: org.id, name, created_at: this.state.nowIso() };
+          noteAuditTarget(row.id);
           await insertProject(tx, row);
           return projectOf(row);
         });

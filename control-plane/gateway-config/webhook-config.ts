@@ -1,6 +1,7 @@
 // The `webhooks:` key of the gateway config file, and `webhook_balance_low_usd`. Pure: the
 // environment is passed in (config.ts is the only reader of process.env). Secrets stay in memory,
 // never in the database, a log line or what nodes receive.
+import { redactedUrl } from './webhook-url.js';
 import { ConfigError } from '../../proto/lib/process-flags.js';
 import { parseUsd } from '../../proto/lib/money.js';
 
@@ -65,12 +66,15 @@ export function parseWebhooksConfig(raw: unknown, rawBalanceLow: unknown, env: N
     try {
       url = new URL(o.url.trim());
     } catch {
-      fail(`${where}.url`, `is not a URL: ${JSON.stringify(o.url)}`);
+      // Never echo a query: it may hold the receiver's token.
+      fail(`${where}.url`, `is not a URL: ${JSON.stringify(o.url.split(/[?#]/)[0].slice(0, 200))}`);
     }
-    if (url.protocol !== 'http:' && url.protocol !== 'https:') fail(`${where}.url`, `must be http:// or https://, got ${JSON.stringify(o.url)}`);
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') fail(`${where}.url`, `must be http:// or https://, got ${JSON.stringify(redactedUrl(url.href))}`);
     if (url.username || url.password) fail(`${where}.url`, 'must not carry credentials; the signature authenticates the sender');
-    if (seen.has(url.href)) fail(`${where}.url`, `${url.href} is listed twice`);
-    seen.add(url.href);
+    // Destinations are known by their redacted URL (the outbox holds no query): two may not share one.
+    const shown = redactedUrl(url.href);
+    if (seen.has(shown)) fail(`${where}.url`, `${shown} is listed twice (destinations must differ in more than their query)`);
+    seen.add(shown);
     if (typeof o.secret_env !== 'string' || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(o.secret_env)) fail(`${where}.secret_env`, 'must name an environment variable');
     const secret = env[o.secret_env] ?? '';
     if (secret === '') fail(`${where}.secret_env`, `environment variable ${o.secret_env} is not set`);

@@ -10,7 +10,7 @@
 import pg from 'pg';
 import type { Db, Param, Queryable, RunResult, Tx } from './db.js';
 import { FENCED_SQLSTATE, type Fence } from './pg-locks.js';
-import { runTransaction } from './transaction.js';
+import { currentTxRider, runTransaction, type TxRider } from './transaction.js';
 import { CpError } from '../errors.js';
 
 const INT8_OID = 20;
@@ -240,19 +240,19 @@ export class PgDb implements Db {
 
   // Fenced, a statement that may write goes in a transaction of its own, after the fence.
   run(sql: string, params?: Param[]): Promise<RunResult> {
-    return this.fence ? this.tx((t) => t.run(sql, params)) : this.writer.job((q) => q.run(sql, params));
+    return this.fence ? this.txWith((t) => t.run(sql, params), null) : this.writer.job((q) => q.run(sql, params));
   }
   get<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T | undefined> {
-    return this.fence && !READ_ONLY_SQL.test(sql) ? this.tx((t) => t.get<T>(sql, params)) : this.writer.job((q) => q.get<T>(sql, params));
+    return this.fence && !READ_ONLY_SQL.test(sql) ? this.txWith((t) => t.get<T>(sql, params), null) : this.writer.job((q) => q.get<T>(sql, params));
   }
   all<T = Record<string, unknown>>(sql: string, params?: Param[]): Promise<T[]> {
-    return this.fence && !READ_ONLY_SQL.test(sql) ? this.tx((t) => t.all<T>(sql, params)) : this.writer.job((q) => q.all<T>(sql, params));
+    return this.fence && !READ_ONLY_SQL.test(sql) ? this.txWith((t) => t.all<T>(sql, params), null) : this.writer.job((q) => q.all<T>(sql, params));
   }
   exec(sql: string): Promise<void> {
-    return this.fence ? this.tx((t) => t.exec(sql)) : this.writer.job((q) => q.exec(sql));
+    return this.fence ? this.txWith((t) => t.exec(sql), null) : this.writer.job((q) => q.exec(sql));
   }
   runPrepared(sql: string, params: Param[]): Promise<RunResult> {
-    return this.fence ? this.tx((t) => t.runPrepared(sql, params)) : this.writer.job((q) => q.runPrepared(sql, params));
+    return this.fence ? this.txWith((t) => t.runPrepared(sql, params), null) : this.writer.job((q) => q.runPrepared(sql, params));
   }
 
   read<T>(fn: (q: Queryable) => Promise<T>): Promise<T> {
@@ -271,10 +271,15 @@ export class PgDb implements Db {
   }
 
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
+    return this.txWith(fn, currentTxRider());
+  }
+
+  /** A lone statement sent in a transaction of its own (fenced) carries no rider: it is not a change's transaction. */
+  private txWith<T>(fn: (tx: Tx) => Promise<T>, rider: TxRider | null): Promise<T> {
     return this.writer.job(async (q) => {
       if (this.refusal) throw this.refusal;
       try {
-        return await runTransaction(q, this.beginSql, fn, this.txObserver, this.fence === null);
+        return await runTransaction(q, this.beginSql, fn, this.txObserver, this.fence === null, rider);
       } catch (err) {
         // The epoch check refused it: another control plane leads. Nothing more is written from here.
         if ((err as { code?: string }).code === FENCED_SQLSTATE && this.fence) {

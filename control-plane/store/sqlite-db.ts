@@ -7,7 +7,7 @@
 // queue (report ingest, money leases).
 import sqlite3 from 'sqlite3';
 import type { Db, Param, Queryable, RunResult, Tx } from './db.js';
-import { runTransaction } from './transaction.js';
+import { currentTxRider, runTransaction } from './transaction.js';
 
 /**
  * Holds the SQLite state file for this process alone, or answers false when another process holds it:
@@ -99,7 +99,14 @@ export class SqliteDb implements Db {
         this.statementsIssued++;
         let stmt = this.statements.get(sql);
         if (!stmt) {
-          stmt = this.raw.prepare(sql);
+          // A statement that does not prepare (a table gone) rejects this call, is not kept, and
+          // never reaches the Statement's 'error' event (uncaught, it would end the process).
+          const fresh: sqlite3.Statement = this.raw.prepare(sql, (err: Error | null) => {
+            if (!err) return;
+            if (this.statements.get(sql) === fresh) this.statements.delete(sql);
+            reject(err);
+          });
+          stmt = fresh;
           this.statements.set(sql, stmt);
         }
         const st = stmt;
@@ -199,7 +206,8 @@ export class SqliteDb implements Db {
    * `fn` throws after it is thrown after the hooks ran, as a hook's is.
    */
   tx<T>(fn: (tx: Tx) => Promise<T>): Promise<T> {
-    return this.enqueue(() => runTransaction(this.direct, 'BEGIN IMMEDIATE', fn, this.txObserver));
+    const rider = currentTxRider();
+    return this.enqueue(() => runTransaction(this.direct, 'BEGIN IMMEDIATE', fn, this.txObserver, true, rider));
   }
 
   /** Refuses new work at once, lets every queued statement and transaction finish, then closes. */

@@ -3,8 +3,36 @@
 // statement is `runLast` runs it alone (committed once it succeeded; an error `fn` throws after it is
 // thrown after the hooks ran, as a hook's is). Hooks from afterCommit run right after COMMIT (all of
 // them; if one throws, the call rejects after the others ran, and the work is committed). A fenced
-// leader's store sends a lone runLast in a transaction too, after its fence.
+// leader's store sends a lone runLast in a transaction too, after its fence. A rider (below) adds its
+// row to the first transaction of its caller that writes, before COMMIT: both commit or neither.
+import { AsyncLocalStorage } from 'node:async_hooks';
 import type { Param, Queryable, Tx } from './db.js';
+
+/**
+ * A row that must commit with the change it records (a console call's audit entry,
+ * audit/audit-recorder.ts): set for an async context, it rides on the first of its transactions that
+ * writes something; when that transaction rolls back, it stays pending for the next.
+ */
+export interface TxRider {
+  /** The row's INSERT, or null when there is nothing (left) to write. */
+  pending(): { sql: string; params: Param[] } | null;
+  /** The transaction that carried the row committed. */
+  carried(): void;
+}
+
+const riders = new AsyncLocalStorage<TxRider>();
+
+export function runWithTxRider<T>(rider: TxRider, fn: () => T): T {
+  return riders.run(rider, fn);
+}
+
+/** The rider of the async context running now (db.tx takes it when called, before queueing). */
+export function currentTxRider(): TxRider | null {
+  return riders.getStore() ?? null;
+}
+
+/** Statements that write (get/all may write too: INSERT … RETURNING). */
+const READS = /^\s*(SELECT|WITH|PRAGMA|EXPLAIN)\b/i;
 
 export async function runTransaction<T>(
   d: Queryable,
@@ -13,8 +41,13 @@ export async function runTransaction<T>(
   observe: ((seconds: number, committed: boolean) => void) | null,
   /** False: a lone runLast is sent inside BEGIN … COMMIT too (a leader's fence must run first). */
   runLastAlone = true,
+  rider: TxRider | null = null,
 ): Promise<T> {
   const hooks: (() => void)[] = [];
+  // A rider's row needs the transaction around it, also for a lone runLast.
+  if (rider) runLastAlone = false;
+  let wrote = false;
+  const writes = (sql: string) => void (wrote ||= !READS.test(sql));
   // idle: nothing sent; open: BEGIN sent; closing: runLast sent in the transaction; alone: runLast sent without one.
   const at: { phase: 'idle' | 'open' | 'closing' | 'alone'; beginning: Promise<void> | null; aloneDone: boolean } = { phase: 'idle', beginning: null, aloneDone: false };
   const inTransaction = () => at.phase === 'open' || at.phase === 'closing';
@@ -28,12 +61,13 @@ export async function runTransaction<T>(
   };
   const tx: Tx = {
     dialect: d.dialect,
-    run: async (sql, params) => (await begin(), d.run(sql, params)),
-    get: async <R>(sql: string, params?: Param[]) => (await begin(), d.get<R>(sql, params)),
-    all: async <R>(sql: string, params?: Param[]) => (await begin(), d.all<R>(sql, params)),
-    exec: async (sql) => (await begin(), d.exec(sql)),
-    runPrepared: async (sql, params) => (await begin(), d.runPrepared(sql, params)),
+    run: async (sql, params) => (await begin(), writes(sql), d.run(sql, params)),
+    get: async <R>(sql: string, params?: Param[]) => (await begin(), writes(sql), d.get<R>(sql, params)),
+    all: async <R>(sql: string, params?: Param[]) => (await begin(), writes(sql), d.all<R>(sql, params)),
+    exec: async (sql) => (await begin(), writes(sql), d.exec(sql)),
+    runPrepared: async (sql, params) => (await begin(), writes(sql), d.runPrepared(sql, params)),
     runLast: async (sql, params) => {
+      wrote = true;
       if (at.phase === 'idle' && runLastAlone) {
         at.phase = 'alone';
         const r = await d.runPrepared(sql, params);
@@ -52,7 +86,10 @@ export async function runTransaction<T>(
   let hookError: unknown = null;
   try {
     result = await fn(tx);
+    const ride = rider && wrote && inTransaction() ? rider.pending() : null;
+    if (ride) await d.runPrepared(ride.sql, ride.params);
     if (inTransaction()) await d.exec('COMMIT');
+    if (ride) rider!.carried();
   } catch (err) {
     if (!at.aloneDone) {
       if (inTransaction()) await d.exec('ROLLBACK').catch(() => undefined);

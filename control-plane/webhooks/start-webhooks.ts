@@ -2,7 +2,9 @@
 // dispatcher that sends the outbox, the revoked-key watch on ingested logs, the console's admin view,
 // and the node-disconnect report (after a grace, so a node that reconnects at once raises nothing).
 import type { ControlState } from '../state/control-state.js';
+import { redactedUrl } from '../gateway-config/webhook-url.js';
 import { RevokedKeyWatch } from './revoked-key-watch.js';
+import { redactStoredUrls } from './webhook-outbox.js';
 import { WebhookAdmin } from './webhook-admin.js';
 import { WebhookDispatcher } from './webhook-dispatcher.js';
 import { WebhookEvents } from './webhook-events.js';
@@ -24,6 +26,10 @@ export async function startWebhooks(state: ControlState, log: (line: string, fie
   const now = () => state.now();
   const settings = () => state.gateway.settings.webhooks;
   const dispatcher = new WebhookDispatcher(state.db, { now, settings, log });
+  // An outbox written before URLs were stored redacted loses its queries now.
+  const redacted = await redactStoredUrls(state.db, redactedUrl).catch((err: Error) => (log(`webhooks: outbox URLs not redacted: ${err.message}`), 0));
+  if (redacted > 0) log(`webhooks: ${redacted} destination URL(s) in the outbox redacted (their queries removed)`);
+  await dispatcher.prune().catch((err: Error) => log(`webhooks: prune failed: ${err.message}`));
   const events = await WebhookEvents.open(state.db, { now, settings, onEnqueued: () => dispatcher.kick() });
   const revokedKeys = new RevokedKeyWatch(events, log);
   await revokedKeys.load(state.db);

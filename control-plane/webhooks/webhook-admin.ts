@@ -5,6 +5,7 @@ import type { ListWebhookDeliveriesResponse, ListWebhooksResponse, TestWebhookRe
 import { notFound } from '../errors.js';
 import type { Db } from '../store/db.js';
 import type { WebhookSettings } from '../gateway-config/webhook-config.js';
+import { redactedUrl } from '../gateway-config/webhook-url.js';
 import { sendWebhook, type WebhookDispatcher } from './webhook-dispatcher.js';
 import { listDeliveries, listDestinationRows, pendingCounts } from './webhook-outbox.js';
 
@@ -24,10 +25,11 @@ export class WebhookAdmin {
     return {
       balanceLowMicros: settings.balanceLowMicros,
       destinations: settings.destinations.map((d) => {
-        const r = rows.find((x) => x.url === d.url);
-        const c = counts.find((x) => x.url === d.url);
+        const url = redactedUrl(d.url);
+        const r = rows.find((x) => x.url === url);
+        const c = counts.find((x) => x.url === url);
         return {
-          url: d.url,
+          url,
           secretEnv: d.secretEnv,
           events: [...d.events],
           paused: (r?.paused_at_ms ?? 0) > 0,
@@ -52,14 +54,16 @@ export class WebhookAdmin {
     } catch {
       // Compared as given: it will not match.
     }
-    const dest = this.opts.settings().destinations.find((d) => d.url === href);
-    if (!dest) throw notFound(`no webhook destination ${JSON.stringify(url.slice(0, 200))} in the config; \`tollgate webhooks list\` shows them`);
+    // Named as `webhooks list` shows it (no query) or in full: redacted URLs are unique in a config.
+    const shown = redactedUrl(href);
+    const dest = this.opts.settings().destinations.find((d) => d.url === href || (shown !== '' && redactedUrl(d.url) === shown));
+    if (!dest) throw notFound(`no webhook destination ${JSON.stringify((shown || url.split(/[?#]/)[0]).slice(0, 200))} in the config; \`tollgate webhooks list\` shows them`);
     const id = newId('msg');
     const atMs = this.opts.now();
     const body = JSON.stringify({ type: 'webhook.test', timestamp: new Date(atMs).toISOString(), data: { url: dest.url } });
     const r = await sendWebhook(dest, id, atMs, body);
     const resumed = r.ok ? await this.dispatcher.resume(dest.url) : false;
-    return { url: dest.url, webhookId: id, ok: r.ok, status: r.status, error: r.error, resumed };
+    return { url: redactedUrl(dest.url), webhookId: id, ok: r.ok, status: r.status, error: r.error, resumed };
   }
 
   async deliveries(failedOnly: boolean, limit: number): Promise<ListWebhookDeliveriesResponse> {
@@ -68,7 +72,7 @@ export class WebhookAdmin {
       deliveries: rows.map((d) => ({
         webhookId: d.event_id,
         type: d.type,
-        url: d.url,
+        url: redactedUrl(d.url),
         orgId: d.org_id,
         status: d.status,
         attempts: d.attempts,

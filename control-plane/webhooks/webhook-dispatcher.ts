@@ -7,8 +7,9 @@
 import { request } from 'undici';
 import type { Db } from '../store/db.js';
 import type { WebhookDestination, WebhookSettings } from '../gateway-config/webhook-config.js';
+import { redactedUrl } from '../gateway-config/webhook-url.js';
 import { signWebhook } from './webhook-signer.js';
-import { dueDeliveries, markAttemptFailed, markDelivered, nextDueAtMs, pauseDestination, pruneOutbox, resumeDestination, type DeliveryRow } from './webhook-outbox.js';
+import { dueDeliveries, markAttemptFailed, markDelivered, nextDueAtMs, pauseDestination, pruneHeld, pruneOutbox, resumeDestination, type DeliveryRow } from './webhook-outbox.js';
 
 export const RETRY_WINDOW_MS = 24 * 3_600_000;
 /** No single wait is longer than this, so a destination that recovers is found within it. */
@@ -17,6 +18,9 @@ const SEND_TIMEOUT_MS = 10_000;
 const BATCH = 32;
 /** Delivered events and old marks are forgotten after this. */
 const OUTBOX_RETENTION_MS = 90 * 86_400_000;
+/** A paused destination's held deliveries: at most this old, and at most this many (the newest). */
+export const HELD_MAX_AGE_MS = 30 * 86_400_000;
+export const HELD_MAX_COUNT = 10_000;
 
 export interface Timers {
   set(fn: () => void, ms: number): unknown;
@@ -32,6 +36,9 @@ export interface WebhookDispatcherOptions {
   /** How long to wait for a destination's answer. */
   sendTimeoutMs?: number;
   log?(line: string, fields?: Record<string, unknown>): void;
+  /** Bounds of what a paused destination holds (HELD_MAX_AGE_MS, HELD_MAX_COUNT). */
+  heldMaxAgeMs?: number;
+  heldMaxCount?: number;
 }
 
 export interface SendResult {
@@ -134,7 +141,7 @@ export class WebhookDispatcher {
     for (;;) {
       const due = await dueDeliveries(this.db, this.opts.now(), BATCH);
       if (due.length === 0 || this.stopped) return sent;
-      const byUrl = new Map(this.opts.settings().destinations.map((d) => [d.url, d]));
+      const byUrl = new Map(this.opts.settings().destinations.map((d) => [redactedUrl(d.url), d]));
       await Promise.all(due.map((d) => this.attempt(d, byUrl.get(d.url))));
       sent += due.length;
       if (due.length < BATCH) return sent;
@@ -173,7 +180,8 @@ export class WebhookDispatcher {
   }
 
   /** A paused destination answered a test: its held deliveries go now. */
-  async resume(url: string): Promise<boolean> {
+  async resume(fullUrl: string): Promise<boolean> {
+    const url = redactedUrl(fullUrl);
     const resumed = await this.db.tx((tx) => resumeDestination(tx, url, this.opts.now()));
     if (resumed) {
       this.log(`webhooks: destination ${url} resumed`);
@@ -182,7 +190,19 @@ export class WebhookDispatcher {
     return resumed;
   }
 
-  prune(): Promise<void> {
-    return this.db.tx((tx) => pruneOutbox(tx, this.opts.now() - OUTBOX_RETENTION_MS));
+  /** Forgets old delivered events and marks, and drops what paused destinations hold past its bounds. */
+  async prune(): Promise<number> {
+    const now = this.opts.now();
+    const dropped = await this.db.tx(async (tx) => {
+      const held = await pruneHeld(tx, now - (this.opts.heldMaxAgeMs ?? HELD_MAX_AGE_MS), this.opts.heldMaxCount ?? HELD_MAX_COUNT);
+      await pruneOutbox(tx, now - OUTBOX_RETENTION_MS);
+      return held;
+    });
+    let total = 0;
+    for (const [url, n] of dropped) {
+      total += n;
+      this.log(`webhooks: ${n} held deliveries to paused ${url} dropped (older than the hold's age or beyond its count)`, { event: 'webhook_held_dropped', url, dropped: n });
+    }
+    return total;
   }
 }

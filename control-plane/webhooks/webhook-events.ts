@@ -3,6 +3,7 @@
 // Threshold events fire once per threshold and period: a mark row per (event, subject, period), and
 // an in-memory copy of the marks so the ingest path does no extra query unless something fires.
 // Payloads carry ids, amounts and reasons: never a key value, a token or a secret.
+import { redactedUrl } from '../gateway-config/webhook-url.js';
 import { newId } from '../../proto/lib/keys.js';
 import type { OrgState } from '../state/org-state.js';
 import type { Db, Tx } from '../store/db.js';
@@ -66,7 +67,8 @@ export class WebhookEvents {
 
   /** Writes one event for every destination subscribed to `type`; none subscribed: nothing is written. */
   async enqueue(tx: Tx, type: WebhookEventType, orgId: string, data: Record<string, unknown>): Promise<string | null> {
-    const urls = this.opts.settings().destinations.filter((d) => d.events.has(type)).map((d) => d.url);
+    // The outbox knows a destination by its redacted URL (no query: it may hold a token).
+    const urls = this.opts.settings().destinations.filter((d) => d.events.has(type)).map((d) => redactedUrl(d.url));
     if (urls.length === 0) return null;
     const atMs = this.opts.now();
     const id = newId('msg');

@@ -14,6 +14,8 @@ let cp: ControlPlane;
 let node: DataPlane;
 let admin: Console;
 let recv: WebhookReceiver;
+/** The destination's URL carries a token in its query: it reaches the destination and nothing else. */
+const HOOK_TOKEN = 'hookQueryToken7731';
 
 gatewayFixture(
   async () => {
@@ -25,7 +27,7 @@ gatewayFixture(
           // About 0.2 USD a request: a few dozen requests cross every threshold.
           cfg.models.push({ id: 'demo-priced', provider: 'demo', kind: 'chat', input_usd_per_mtok: '10000', output_usd_per_mtok: '10000' });
           cfg.tiers.paid.models.push('demo-priced');
-          cfg.webhooks = [{ url: recv.url, secret_env: 'TEST_HOOK_SECRET', events: ['*'], retry_initial_ms: 200 }];
+          cfg.webhooks = [{ url: `${recv.url}?token=${HOOK_TOKEN}`, secret_env: 'TEST_HOOK_SECRET', events: ['*'], retry_initial_ms: 200 }];
           cfg.webhook_balance_low_usd = '7.00';
         }),
       },
@@ -66,6 +68,10 @@ test('key.created reaches a destination that failed first: delivered once, the s
   assert.equal(hooks.destinations[0].secret_env, 'TEST_HOOK_SECRET');
   assert.equal(hooks.destinations[0].paused, false);
   assert.ok(!JSON.stringify(hooks).includes(recv.secret), 'the secret is never shown');
+  // The query (a receiver's token) goes to the destination only: `webhooks list` and `deliveries` show origin and path.
+  assert.equal(attempts[0].path, `/hooks?token=${HOOK_TOKEN}`);
+  assert.equal(row.url, recv.url);
+  assert.ok(!JSON.stringify(hooks).includes(HOOK_TOKEN) && !JSON.stringify(list).includes(HOOK_TOKEN), 'no query in webhooks list or deliveries');
 });
 
 test('a revoked key presented again raises key.revoked then one key.revoked_used per hour, with the client IPs', async () => {
@@ -197,6 +203,10 @@ test('webhooks test signs and sends a webhook.test now; an unknown url is 404; a
   const test = got.find((w) => w.id === ok.webhook_id)!;
   assert.equal(test.type, 'webhook.test');
   assert.ok(test.verified);
+  // Named as `webhooks list` shows it (no query); sent to the full URL; the answer shows none.
+  assert.equal(test.path, `/hooks?token=${HOOK_TOKEN}`);
+  assert.equal(ok.url, recv.url);
+  assert.ok(!run.stdout.includes(HOOK_TOKEN));
   const unknown = await runCliAsync(cp, cp.secrets.operatorToken, ['webhooks', 'test', '--url', 'http://127.0.0.1:1/nowhere']);
   assert.equal(unknown.code, 1);
   assert.match(unknown.stderr, /^404 no webhook destination/);

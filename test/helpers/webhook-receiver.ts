@@ -17,6 +17,8 @@ export interface ReceivedWebhook {
   answered: number;
   type: string;
   data: Record<string, any>;
+  /** The request's path and query, as the destination saw them. */
+  path: string;
 }
 
 export interface WebhookReceiver {
@@ -85,7 +87,7 @@ export async function startWebhookReceiver(secret = newWebhookSecret()): Promise
         parsed = {};
       }
       const answered = recv.answers.length > 0 ? recv.answers.shift()! : recv.fallback;
-      received.push({ id: headers['webhook-id'], timestamp: headers['webhook-timestamp'], signature: headers['webhook-signature'], body, verified, signatureMatches, answered, type: parsed.type ?? '', data: parsed.data ?? {} });
+      received.push({ id: headers['webhook-id'], timestamp: headers['webhook-timestamp'], signature: headers['webhook-signature'], body, verified, signatureMatches, answered, type: parsed.type ?? '', data: parsed.data ?? {}, path: req.url ?? '' });
       res.writeHead(answered, { 'content-type': 'text/plain' }).end(answered < 300 ? 'ok' : 'nope');
       for (const w of [...waiters]) w();
     });

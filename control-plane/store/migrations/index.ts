@@ -18,6 +18,7 @@ import { pgSql as reportSinkPg } from './039-report-sink-pg.js';
 import { sql as storedResponseDeployments } from './040-stored-response-deployments.js';
 import { sql as deploymentStates } from './041-deployment-states.js';
 import { pgSql as sellerViewsPg, sql as sellerViews } from './042-seller-views.js';
+import { sql as webhookHeld } from './043-webhook-held.js';
 import { pgDdl } from './pg-ddl.js';
 
 export interface Migration {
@@ -56,4 +57,5 @@ export const MIGRATIONS: readonly Migration[] = [
   { version: 40, name: 'stored-response-deployments', sql: storedResponseDeployments },
   { version: 41, name: 'deployment-states', sql: deploymentStates },
   { version: 42, name: 'seller-views', sql: sellerViews, pg: sellerViewsPg },
+  { version: 43, name: 'webhook-held', sql: webhookHeld },
 ];
