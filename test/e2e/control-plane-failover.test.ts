@@ -3,9 +3,10 @@
 // them over the three nodes while the leader goes: (a) SIGKILL, (b) its database sessions terminated
 // (pg_terminate_backend). The standby leads within 10 s; no request fails because of it (statuses
 // counted); every request answered 200 is billed once (usage and spend read back through the CLI's
-// client and the CLI); a key on a tier of 5 rpm gets exactly 5 in a fresh minute (the nodes' injected
-// clock) across the three nodes once they rejoined; a key created, a credit given and a key revoked on
-// the new leader reach every node within the usual times. One PostgreSQL server for the file.
+// client and the CLI); a key on a tier of 5 rpm that used 3 of its minute before gets exactly the 2
+// left across the three nodes once they rejoined, and exactly 5 in a fresh minute (the nodes' injected
+// clock); a key created, a credit given and a key revoked on the new leader reach every node within
+// the usual times. The failover's figures are printed (`# sigkill: …`). One PostgreSQL server for the file.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
