@@ -33,6 +33,7 @@ if (only.length === 0) {
 // not committed), else by the list below (the slowest files of a full run, slowest first), then every
 // other end-to-end file, then the unit files.
 const SLOWEST = [
+  'test/e2e/control-plane-failover.test.ts',
   'test/e2e/readme.test.ts',
   'test/e2e/usage-leak-procedure.test.ts',
   'test/e2e/operator-view.test.ts',
