@@ -12,8 +12,11 @@ export const ERROR_CATALOG = {
   FAILED_PRECONDITION: status.FAILED_PRECONDITION,
   PEPPER_MISMATCH: status.FAILED_PRECONDITION,
   RATE_LIMITED: status.RESOURCE_EXHAUSTED,
-  /** This control plane lost the lead (a fenced write): the client goes to the leader. */
-  NOT_LEADER: status.UNAVAILABLE,
+  /**
+   * This control plane lost the lead (a fenced write). The leader gate answers the call as a standby
+   * (UNAVAILABLE naming the leader) once the lead is given up; this is what reaches it before that.
+   */
+  NOT_LEADER: status.FAILED_PRECONDITION,
   INTERNAL: status.INTERNAL,
 } as const;
 

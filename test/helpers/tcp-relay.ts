@@ -36,6 +36,15 @@ export async function startTcpRelay(target: string): Promise<TcpRelay> {
       s.on('error', () => undefined);
     }
     client.pipe(upstream).pipe(client);
+    // One side gone, whatever way (a process killed with unread data resets its socket, and pipe does
+    // not end the other side on an error): the other goes too, as a direct connection would. Not for a
+    // held connection, whose client stays open and silent.
+    client.on('close', () => {
+      if (!held.has(client)) upstream.destroy();
+    });
+    upstream.on('close', () => {
+      if (!held.has(client)) client.destroy();
+    });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {

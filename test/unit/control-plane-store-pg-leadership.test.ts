@@ -87,10 +87,11 @@ test("a former leader's write fails the epoch check and lands nothing, a lone st
   assert.match(err!.message, /this control plane led in epoch 1, another leads in epoch 2: the leader is at 10\.0\.0\.2:50051/);
   assert.equal(fenced.length, 1);
   assert.equal((fenced[0] as Error & { code?: string }).code, FENCED_SQLSTATE, 'the database refused it');
-  // The caller gets the lead lost, a catalog error (UNAVAILABLE), not a bug logged with its stack.
+  // The caller gets the lead lost, a catalog error, not a bug logged with its stack (the leader gate
+  // then answers the call as a standby's).
   const logged: string[] = [];
   const answered = toServiceError(err, (line) => logged.push(line));
-  assert.equal(answered.code, GrpcStatus.UNAVAILABLE);
+  assert.equal(answered.code, GrpcStatus.FAILED_PRECONDITION);
   assert.match(String(answered.details), /write refused: this control plane led in epoch 1/);
   assert.deepEqual(logged, []);
   // From now on nothing is sent: refused here at once.
