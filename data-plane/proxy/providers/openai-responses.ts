@@ -13,13 +13,13 @@ import type { ForwardCall, ResponsesCall, ResponsesProvider, StoredCall, Upstrea
 import { forwardExchange } from './openai-forward.js';
 import { rewriteChatBody } from '../json-splice.js';
 import { SafetyFields, withSafetyFields } from '../safety-fields.js';
-import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
+import { USAGE_GRACE_MS } from '../stream-proxy.js';
 import { ItemIdsReader, ResponsesJsonReader, ResponsesSseReader } from '../usage/responses-usage-readers.js';
 import type { UsagePricer } from '../usage/usage-readers.js';
 import { billedTokens, pricerOf } from './openai.js';
 import { requestedTier } from '../../../proto/lib/reported-prices.js';
 import { UpstreamTargets, type PoolRegistry, type Target } from './upstream-targets.js';
-import { PooledUpstreams, storedObjectUnavailable, type PoolCall, type PooledExchange } from './pooled-upstreams.js';
+import { PooledUpstreams, sendToOne, storedObjectUnavailable, type PoolCall, type PooledExchange } from './pooled-upstreams.js';
 import { systemClock } from '../../limits/clock.js';
 
 export class OpenAIResponsesProvider implements ResponsesProvider {
@@ -40,29 +40,7 @@ export class OpenAIResponsesProvider implements ResponsesProvider {
    * failover, or to the one `pin` names when what the request names lives there (affinity).
    */
   private send(model: ModelConfig, call: PoolCall, x: PooledExchange, tokens: number, pin: string | undefined): void {
-    if (model.deployments.length === 0) {
-      const t = this.targets.of(model);
-      const r = x.attempt(t, model, '');
-      // One literal of one shape, as the model provider's (no spread of the exchange per request).
-      proxyRequest({
-        pool: t.pool,
-        method: x.method,
-        path: r.path,
-        headers: r.headers,
-        body: r.body,
-        timeoutMs: t.timeoutMs,
-        idleTimeoutMs: x.idleTimeoutMs,
-        reply: x.reply,
-        passAllHeaders: x.passAllHeaders,
-        upstreamErrors: x.upstreamErrors,
-        inspect: x.inspect,
-        usageGraceMs: x.usageGraceMs,
-        onAbort: x.onAbort,
-        onResponseHead: x.onResponseHead,
-        onDone: x.onDone,
-      });
-      return;
-    }
+    if (model.deployments.length === 0) return sendToOne(this.targets, model, x);
     const at = pin === undefined ? -1 : pin === '' ? 0 : model.deployments.findIndex((d) => d.id === pin);
     // Its deployment is gone from the config: what it names is out of reach.
     if (at < 0 && pin !== undefined) return call.fail(storedObjectUnavailable(model));

@@ -7,7 +7,7 @@ import { usageCostMicros } from '../../../proto/lib/money.js';
 import { reportedCostMicros, requestedTier, type ReportedFacts, type ToolCallCounts } from '../../../proto/lib/reported-prices.js';
 import { rewriteChatBody, setTopLevelStrings } from '../json-splice.js';
 import { SafetyFields } from '../safety-fields.js';
-import { proxyRequest, USAGE_GRACE_MS } from '../stream-proxy.js';
+import { USAGE_GRACE_MS } from '../stream-proxy.js';
 import { estimateOutputTokens, estimateTokens } from '../tokens.js';
 import { SseUsageReader } from '../usage/sse-usage-reader.js';
 import { JsonUsageReader, type TokenUsage, type UsagePricer } from '../usage/usage-readers.js';
@@ -15,7 +15,7 @@ import { AudioDurationProbe } from '../audio-duration.js';
 import { boundaryOf } from '../multipart-model.js';
 import type { ModelCall, Provider, TranscriptionCall } from './provider.js';
 import { UpstreamTargets, type PoolRegistry } from './upstream-targets.js';
-import { PooledUpstreams, type PooledExchange } from './pooled-upstreams.js';
+import { PooledUpstreams, sendToOne, type PooledExchange } from './pooled-upstreams.js';
 import { systemClock, type Clock } from '../../limits/clock.js';
 
 /** Top-level members the readers keep besides `usage`, per endpoint. */
@@ -116,26 +116,7 @@ export class OpenAIProvider implements Provider {
   private send(call: ModelCall | TranscriptionCall, x: PooledExchange, tokens: number, once = false): void {
     const m = call.model;
     if (m.deployments.length > 0) return this.pooled.send(m, call, x, tokens, once);
-    const t = this.targets.of(m);
-    const r = x.attempt(t, m, '');
-    // One literal, of one shape for every call (no spread of the exchange: a spread built its object
-    // property by property, a hidden-class transition each, per request; bench:where showed them).
-    proxyRequest({
-      pool: t.pool,
-      method: x.method,
-      path: r.path,
-      headers: r.headers,
-      body: r.body,
-      timeoutMs: t.timeoutMs,
-      idleTimeoutMs: x.idleTimeoutMs,
-      reply: x.reply,
-      passAllHeaders: x.passAllHeaders,
-      upstreamErrors: x.upstreamErrors,
-      inspect: x.inspect,
-      usageGraceMs: x.usageGraceMs,
-      onAbort: x.onAbort,
-      onDone: x.onDone,
-    });
+    sendToOne(this.targets, m, x);
   }
 
   chat(call: ModelCall): void {

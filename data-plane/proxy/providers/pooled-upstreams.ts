@@ -163,6 +163,33 @@ export class PooledUpstreams {
   }
 }
 
+/**
+ * A model with one upstream: its exchange sent there. One literal, of one shape for every call (no
+ * spread of the exchange: a spread built its object property by property, a hidden-class transition
+ * each, per request; bench:where showed them).
+ */
+export function sendToOne(targets: UpstreamTargets, model: ModelConfig, x: PooledExchange): void {
+  const t = targets.of(model);
+  const r = x.attempt(t, model, '');
+  proxyRequest({
+    pool: t.pool,
+    method: x.method,
+    path: r.path,
+    headers: r.headers,
+    body: r.body,
+    timeoutMs: t.timeoutMs,
+    idleTimeoutMs: x.idleTimeoutMs,
+    reply: x.reply,
+    passAllHeaders: x.passAllHeaders,
+    upstreamErrors: x.upstreamErrors,
+    inspect: x.inspect,
+    usageGraceMs: x.usageGraceMs,
+    onAbort: x.onAbort,
+    onResponseHead: x.onResponseHead,
+    onDone: x.onDone,
+  });
+}
+
 /** The operator's state of a deployment as the choice reads it; one this node does not know takes nothing. */
 function steerOf(state: string): PoolMember['steered'] {
   return state === '' || state === 'drained' ? state : 'disabled';
