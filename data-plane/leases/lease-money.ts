@@ -38,11 +38,6 @@ export interface OrgSlice {
   dry: boolean;
   /** When the control plane last said nothing is left (0: it did not). */
   exhaustedAtMs: number;
-  /**
-   * A request was raised past the slice in advance of a late answer (raiseSpend `final`): until an
-   * answer comes, no other is, so the pool is passed by one request per node at most.
-   */
-  advanced: boolean;
   waiters: Array<() => void>;
 }
 
@@ -127,7 +122,6 @@ export class LeaseMoney {
       o.lastGrantMicros = micros;
       o.exhaustedAtMs = 0;
       o.dry = false;
-      o.advanced = false;
       wake(o);
     }
   }
@@ -158,9 +152,7 @@ export class LeaseMoney {
     const exhausted = o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS;
     // Admitted by spendFirst, its first slice still on its way: one request past what is left at most.
     const first = r.first === true && o.lastGrantMicros === 0 && !exhausted;
-    const advance = final && !exhausted && !o.advanced && delta > o.sliceMicros;
-    if (delta <= 0 || delta <= o.sliceMicros || first || advance) {
-      if (advance) o.advanced = true;
+    if (delta <= 0 || delta <= o.sliceMicros || first || (final && !exhausted)) {
       o.sliceMicros -= delta;
       o.reservedMicros += delta;
       r.micros = micros;
@@ -188,7 +180,7 @@ export class LeaseMoney {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, advanced: false, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -247,8 +239,6 @@ export class LeaseMoney {
     const o = this.orgs.get(orgId);
     if (!o) return;
     o.pending = false;
-    // An answer: what was taken in advance of it is a debt the slice now says; another may be taken.
-    o.advanced = false;
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
     // Nothing granted to a want made ahead of need: none again until it is needed.

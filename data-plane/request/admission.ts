@@ -286,16 +286,6 @@ export class Admission {
           timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
           return;
         }
-        // Out of time, and another request of the pool was already taken in advance of the same late
-        // answer (lease-money.ts raiseSpend): this one waits for that answer, as long as a reclaim may
-        // take, so the pool is passed by one request per node at most. A control plane silent that long
-        // is, for this request, unreachable: admitted as when the connection is down.
-        const waited = performance.now() - started;
-        if (v.verdict === 'wait' && lastTry && waited < LEASE_WAIT_RECLAIMING_MS && waitForMoney(leases!, v.pool, wake)) {
-          if (timer) clearTimeout(timer);
-          timer = setTimeout(() => attempt(true), LEASE_WAIT_RECLAIMING_MS - waited);
-          return;
-        }
         finish(null);
       } catch (e) {
         logBug(e);

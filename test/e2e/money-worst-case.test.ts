@@ -103,26 +103,6 @@ async function limitedKey(cp: ControlPlane, admin: Console, nodes: DataPlane[], 
   return { key: created.key, id: created.id };
 }
 
-test('a burst of 30 while the control plane answers late (stopped 1.5 s): spend stays within the limit plus one request\'s worst case', async () => {
-  // Before: each request out of time (250 ms without an answer) was taken in advance of it, so a burst
-  // during a slow control plane passed a $0.01 limit three times over (a CI run under load: 32,300 µ$).
-  const { cp, nodes, admin, up } = await cluster(1);
-  const { key } = await limitedKey(cp, admin, nodes, '0.01');
-  const pid = cp.proc.child.pid!;
-  process.kill(pid, 'SIGSTOP');
-  // How long the control plane is silent, under the 5 s a reclaim may take: the outcome does not depend on it.
-  const resume = setTimeout(() => process.kill(pid, 'SIGCONT'), 1500);
-  try {
-    const { spent, admitted } = await burst(up, nodes, key, 30);
-    assert.ok(admitted >= 1, 'the first requests fit');
-    assert.ok(spent <= 10_000 + WORST, `spent ${spent} of a 10,000 µ$ limit with one node: past it by more than one worst case (${WORST})`);
-  } finally {
-    clearTimeout(resume);
-    process.kill(pid, 'SIGCONT');
-  }
-  admin.close();
-});
-
 test('a burst of 30 on a key limited to $0.01: spend stays within the limit plus one request\'s worst case', async () => {
   const { cp, nodes, admin, up } = await cluster(1);
   const { key, id } = await limitedKey(cp, admin, nodes, '0.01');
