@@ -1,7 +1,7 @@
-// `npm test`: the committed generated code must be fresh, the code must type-check, then every
-// test file under test/unit and test/e2e runs with node:test (Node 20's runner does not find .ts
+// `npm test`: the committed generated code must be fresh, the code must type-check (checked while the
+// tests run), and every test file under test/unit and test/e2e runs with node:test (Node 20's runner does not find .ts
 // files by itself, so they are listed here).
-import { execFileSync, spawnSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { readdirSync, readFileSync, realpathSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
@@ -19,13 +19,18 @@ function findTests(dir) {
   });
 }
 
+// The type check runs beside the tests (about 20 s of one core, which the first test files, busy
+// starting processes, leave free); its verdict is printed and counted at the end.
+let typecheck = null;
 if (only.length === 0) {
   execFileSync(process.execPath, [join(root, 'proto', 'gen.mjs'), '--check'], { stdio: 'inherit', cwd: root });
-  execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '--noEmit', '-p', root], {
-    stdio: 'inherit',
-    cwd: root,
+  typecheck = new Promise((resolve) => {
+    const tsc = spawn(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '--noEmit', '-p', root], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    tsc.stdout.on('data', (c) => (out += c));
+    tsc.stderr.on('data', (c) => (out += c));
+    tsc.on('close', (code) => resolve({ code, out }));
   });
-  console.log('typecheck passed');
 }
 
 // Longest first, so that a parallel run does not end on one long file started last: by the time each
@@ -82,7 +87,7 @@ if (process.env.TOLLGATE_TEST_TSX !== '1') {
 const concurrency = Number(process.env.TOLLGATE_TEST_CONCURRENCY) || 3;
 // In that order: test/run-files.mjs runs them through node:test's run(), as `node --test` would
 // but without sorting them by path. At the end: the 10 files that took longest.
-const result = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'test', 'run-files.mjs')], {
+const tests = spawn(process.execPath, ['--import', 'tsx', join(root, 'test', 'run-files.mjs')], {
   stdio: 'inherit',
   cwd: root,
   env: {
@@ -92,4 +97,11 @@ const result = spawnSync(process.execPath, ['--import', 'tsx', join(root, 'test'
     TOLLGATE_TEST_RUN: JSON.stringify({ files: files.map((f) => join(root, f)), concurrency }),
   },
 });
-process.exit(result.status ?? 1);
+const status = await new Promise((resolve) => tests.on('close', (code) => resolve(code ?? 1)));
+if (typecheck) {
+  const { code, out } = await typecheck;
+  if (code === 0) console.log('typecheck passed');
+  else console.log(`typecheck failed (tsc exit ${code}):\n${out}`);
+  process.exit(code === 0 ? status : 1);
+}
+process.exit(status);

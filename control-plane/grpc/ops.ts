@@ -2,8 +2,8 @@
 // reflection (v1 and v1alpha, @grpc/reflection), so grpcurl, grpc_health_probe and Kubernetes gRPC
 // probes work. Reflection describes the console API and the health service; the sync API is the
 // nodes' protocol and is not listed. Both load their .proto files at run time with @grpc/proto-loader.
-import { loadPackageDefinition, status as GrpcStatus, type Server, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type ServiceDefinition } from '@grpc/grpc-js';
-import { loadSync } from '@grpc/proto-loader';
+import { loadPackageDefinition, status as GrpcStatus, type Server, type ServerDuplexStream, type ServerUnaryCall, type ServerWritableStream, type sendUnaryData, type ServiceDefinition, type UntypedServiceImplementation } from '@grpc/grpc-js';
+import { loadSync, type PackageDefinition } from '@grpc/proto-loader';
 import { ReflectionService } from '@grpc/reflection';
 import { fileURLToPath } from 'node:url';
 
@@ -61,6 +61,37 @@ export function addOpsServices(server: Server, health: HealthState): void {
   const healthPkg = loadPackageDefinition(healthDef) as unknown as { grpc: { health: { v1: { Health: { service: ServiceDefinition } } } } };
   server.addService(healthPkg.grpc.health.v1.Health.service, health.handlers());
 
-  const described = loadSync(['tollgate/v1/console.proto', 'grpc/health/v1/health.proto'], { ...options, includeDirs: [PROTO_ROOT, OPS_ROOT] });
-  new ReflectionService(described, { services: [CONSOLE_SERVICE, HEALTH_SERVICE] }).addToServer(server);
+  addReflection(server, () => loadSync(['tollgate/v1/console.proto', 'grpc/health/v1/health.proto'], { ...options, includeDirs: [PROTO_ROOT, OPS_ROOT] }));
+}
+
+type Recorded = Map<string, { definition: ServiceDefinition; handlers: UntypedServiceImplementation }>;
+
+/** The services a ReflectionService adds (v1 and v1alpha), by name, without a server. */
+function servicesOf(reflection: ReflectionService): Recorded {
+  const recorded: Recorded = new Map();
+  const recorder = {
+    addService(definition: ServiceDefinition, handlers: UntypedServiceImplementation) {
+      recorded.set(Object.values(definition)[0].path.split('/')[1], { definition, handlers });
+    },
+  };
+  reflection.addToServer(recorder as unknown as Server);
+  return recorded;
+}
+
+/**
+ * Server reflection, described on its first call: parsing the console API's .proto and indexing it
+ * took about half of the control plane's start-up CPU (0.3–0.6 s), paid by every start, for a service
+ * that tools call now and then. The services are added at start (an empty description gives their
+ * definitions); the first call builds the real one.
+ */
+function addReflection(server: Server, describe: () => PackageDefinition): void {
+  let real: Recorded | undefined;
+  for (const [name, { definition }] of servicesOf(new ReflectionService({}, { services: [] }))) {
+    server.addService(definition, {
+      ServerReflectionInfo: (stream: ServerDuplexStream<unknown, unknown>) => {
+        real ??= servicesOf(new ReflectionService(describe(), { services: [CONSOLE_SERVICE, HEALTH_SERVICE] }));
+        (real.get(name)!.handlers.ServerReflectionInfo as (s: ServerDuplexStream<unknown, unknown>) => void)(stream);
+      },
+    });
+  }
 }
