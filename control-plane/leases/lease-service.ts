@@ -207,8 +207,9 @@ export class LeaseService {
       for (const [orgId, spendable] of spendableOf) {
         if (s.closed || spendable <= 0) continue;
         // No reclaim: an organisation whose money is all leased elsewhere is asked for when used.
-        const r = this.moneyLeases.grant(s.connId, orgId, spendable, Math.max(2, this.sessions.size), { micros: 0, ahead: true }, true);
-        if (r.kind === 'grant' && r.micros > 0) out.push({ orgId, micros: r.micros, exhausted: false });
+        const nodes = Math.max(2, this.sessions.size);
+        const r = this.moneyLeases.grant(s.connId, orgId, spendable, nodes, { micros: 0, ahead: true }, true);
+        if (r.kind === 'grant' && r.micros > 0) out.push({ orgId, micros: r.micros, exhausted: false, advanceMicros: this.moneyLeases.advanceFor(s.connId, orgId, spendable, nodes) });
       }
       return out;
     });
@@ -404,8 +405,11 @@ export class LeaseService {
         if (s.closed || s.leaving) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
         // A pool not known now (its limit just changed) is not said to be spent: asked again later.
         if (!spendableOf.has(w.orgId) && poolIds.includes(w.orgId)) return [w, { orgId: w.orgId, micros: 0, exhausted: false }];
-        const r = this.moneyLeases.grant(s.connId, w.orgId, spendableOf.get(w.orgId) ?? 0, nodes, w, afterReclaim);
-        return [w, r.kind === 'reclaim' ? { from: r.from } : { orgId: w.orgId, micros: r.micros, exhausted: r.exhausted }];
+        const spendable = spendableOf.get(w.orgId) ?? 0;
+        const r = this.moneyLeases.grant(s.connId, w.orgId, spendable, nodes, w, afterReclaim);
+        if (r.kind === 'reclaim') return [w, { from: r.from }];
+        // With what the node may take in advance of its next answer, should that be late.
+        return [w, { orgId: w.orgId, micros: r.micros, exhausted: r.exhausted, advanceMicros: this.moneyLeases.advanceFor(s.connId, w.orgId, spendable, nodes) }];
       });
     };
     // Usually every organisation's committed money is in memory: decided and recorded in one

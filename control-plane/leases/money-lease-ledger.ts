@@ -94,6 +94,17 @@ export class MoneyLeaseLedger {
     return { kind: 'grant', micros: slice, exhausted: !want.ahead && leasable < need };
   }
 
+  /**
+   * What a connection may take of the pool in advance of a later answer that comes late (docs/leases.md,
+   * "When the control plane answers late"): what no connection holds, owes or has kept for it, split
+   * among the connected nodes, at least 0. Near a limit little is unleased, so a node takes little
+   * before it waits for the answer; far from one a silent control plane does not hold requests back.
+   */
+  advanceFor(connId: string, orgId: string, spendableMicros: number, connectedNodes: number): number {
+    const unleased = spendableMicros - this.outstandingFor(orgId) - this.earmarkedFor(orgId, connId);
+    return Math.max(0, Math.floor(unleased / Math.max(1, connectedNodes)));
+  }
+
   /** Reported usage of a connection consumes its balance (it may go below zero: see above). */
   consume(connId: string, orgId: string, costMicros: number): void {
     if (costMicros !== 0) this.add(connId, orgId, -costMicros);

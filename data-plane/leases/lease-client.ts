@@ -274,7 +274,7 @@ export class LeaseClient implements AllowanceSource {
     return this.money.spendFirst(orgId);
   }
 
-  applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
+  applyOrgSlices(slices: Array<{ orgId: string; micros: number; advanceMicros?: number }>): void {
     this.money.applyOrgSlices(slices);
   }
 
@@ -286,12 +286,16 @@ export class LeaseClient implements AllowanceSource {
     this.money.cancelOrgWait(orgId, wake);
   }
 
-  reserveSpend(orgId: string): SpendReservation | undefined {
-    return this.money.reserveSpend(orgId);
+  reserveSpend(orgId: string, inAdvance = false): SpendReservation | undefined {
+    return this.money.reserveSpend(orgId, inAdvance);
   }
 
-  raiseSpend(poolId: string, reservation: SpendReservation, micros: number, unpriced: boolean, final: boolean): RaiseVerdict {
-    return this.money.raiseSpend(poolId, reservation, micros, unpriced, final);
+  mayAdvance(poolId: string): boolean {
+    return this.money.mayAdvance(poolId);
+  }
+
+  raiseSpend(poolId: string, reservation: SpendReservation, micros: number, unpriced: boolean, final: boolean, silent = false): RaiseVerdict {
+    return this.money.raiseSpend(poolId, reservation, micros, unpriced, final, silent);
   }
 
   sliceOf(orgId: string): number | undefined {
@@ -302,8 +306,8 @@ export class LeaseClient implements AllowanceSource {
     this.money.settleSpend(orgId, reservation, costMicros);
   }
 
-  applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
-    this.money.applyOrgGrant(orgId, micros, exhausted);
+  applyOrgGrant(orgId: string, micros: number, exhausted: boolean, advanceMicros?: number): void {
+    this.money.applyOrgGrant(orgId, micros, exhausted, advanceMicros);
   }
 
   orgChanged(orgId: string): void {

@@ -38,6 +38,16 @@ export interface OrgSlice {
   dry: boolean;
   /** When the control plane last said nothing is left (0: it did not). */
   exhaustedAtMs: number;
+  /**
+   * What the control plane said, with its last answer, this node may take in advance of a late one
+   * (OrgLease.advance_micros; docs/leases.md "When the control plane answers late"). null: it never
+   * said (no answer yet on this connection): every request out of time is taken, as before.
+   */
+  advanceMicros: number | null;
+  /** Taken past the slice in advance of the answer on its way (what advanceMicros bounds). */
+  advancedMicros: number;
+  /** The one request let past advanceMicros before the answer comes (its own raise passes too). */
+  extraBy: SpendReservation | null;
   waiters: Array<() => void>;
 }
 
@@ -49,6 +59,28 @@ function unitOf(o: OrgSlice): number {
 /** What a refill ahead of need asks for beyond a debt: a few units, or what is in flight if more. */
 function aheadOf(o: OrgSlice): number {
   return Math.max(4 * unitOf(o), o.reservedMicros);
+}
+
+/** May `past` (µ$ past the slice) be taken in advance of the answer, for reservation `r`? */
+function mayTake(o: OrgSlice, past: number, r: SpendReservation | null): boolean {
+  if (past <= 0 || o.advanceMicros === null || o.advancedMicros + past <= o.advanceMicros) return true;
+  // Past what was said: one request more (whose own later raise passes too).
+  return o.extraBy === null || o.extraBy === r;
+}
+
+function take(o: OrgSlice, past: number, r: SpendReservation): void {
+  if (o.advanceMicros !== null && o.advancedMicros + past > o.advanceMicros && o.extraBy === null) o.extraBy = r;
+  o.advancedMicros += past;
+}
+
+/**
+ * An answer came: what is taken in advance of the next one counts afresh, but for what this one left
+ * owed (its allowance was decided before the control plane heard of it).
+ */
+function answered(o: OrgSlice, advanceMicros: number | undefined): void {
+  o.advancedMicros = Math.min(o.advancedMicros, Math.max(0, -o.sliceMicros));
+  o.extraBy = null;
+  if (advanceMicros !== undefined) o.advanceMicros = advanceMicros;
 }
 
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
@@ -108,20 +140,21 @@ export class LeaseMoney {
    * Money slices of every organisation with money left, granted in bulk once per connection (asked
    * with the slot shares): each adds to the organisation's slice, as a grant does.
    */
-  applyOrgSlices(slices: Array<{ orgId: string; micros: number }>): void {
+  applyOrgSlices(slices: Array<{ orgId: string; micros: number; advanceMicros?: number }>): void {
     if (!this.link.connected) return;
     if (this.link.leaving) {
       const orgReturns = slices.filter((o) => o.micros > 0).map((o) => ({ orgId: o.orgId, micros: o.micros }));
       if (orgReturns.length > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns });
       return;
     }
-    for (const { orgId, micros } of slices) {
+    for (const { orgId, micros, advanceMicros } of slices) {
       if (micros <= 0) continue;
       const o = this.orgFor(orgId);
       o.sliceMicros += micros;
       o.lastGrantMicros = micros;
       o.exhaustedAtMs = 0;
       o.dry = false;
+      answered(o, advanceMicros);
       wake(o);
     }
   }
@@ -142,9 +175,10 @@ export class LeaseMoney {
    * for, as the need, and the caller waits (waitForOrg) and asks again. Short at the last of the pool
    * (exhausted): `no`, unless `unpriced` (the request's output has no known bound), which takes all
    * that is left, so the next one finds nothing. `final`: out of time with no answer: taken, in advance
-   * of it, as admission does.
+   * of it, as admission does, within what the control plane said may be (mayAdvance), else `wait`;
+   * `silent`: the answer is later than a reclaim may take: taken whatever was said.
    */
-  raiseSpend(poolId: string, r: SpendReservation, micros: number, unpriced: boolean, final: boolean): RaiseVerdict {
+  raiseSpend(poolId: string, r: SpendReservation, micros: number, unpriced: boolean, final: boolean, silent = false): RaiseVerdict {
     const o = this.orgs.get(poolId);
     if (!o || !this.link.connected || r.epoch !== this.link.epoch) return RAISED;
     const delta = micros - r.micros;
@@ -152,7 +186,10 @@ export class LeaseMoney {
     const exhausted = o.exhaustedAtMs > 0 && this.link.clock.now() - o.exhaustedAtMs < EXHAUSTED_RETRY_MS;
     // Admitted by spendFirst, its first slice still on its way: one request past what is left at most.
     const first = r.first === true && o.lastGrantMicros === 0 && !exhausted;
-    if (delta <= 0 || delta <= o.sliceMicros || first || (final && !exhausted)) {
+    const past = delta - Math.max(0, o.sliceMicros);
+    const late = final && !exhausted && (silent || mayTake(o, past, r));
+    if (delta <= 0 || delta <= o.sliceMicros || first || late) {
+      if (late && !first && past > 0) take(o, past, r);
       o.sliceMicros -= delta;
       o.reservedMicros += delta;
       r.micros = micros;
@@ -180,7 +217,7 @@ export class LeaseMoney {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, advanceMicros: null, advancedMicros: 0, extraBy: null, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -189,11 +226,13 @@ export class LeaseMoney {
   /**
    * Reserves the estimated cost of an admitted request (the most a request of the organisation has
    * cost here) from the slice, so the next slice is asked for while this request runs rather than
-   * after it: the grant is normally back before the next request needs it.
+   * after it: the grant is normally back before the next request needs it. `inAdvance`: admitted out
+   * of time with the slice on its way (mayAdvance said yes): what it takes past the slice is counted.
    */
-  reserveSpend(orgId: string): SpendReservation | undefined {
+  reserveSpend(orgId: string, inAdvance = false): SpendReservation | undefined {
     const o = this.orgs.get(orgId);
     if (!o || !this.link.connected) return undefined;
+    const past = o.maxCostMicros - Math.max(0, o.sliceMicros);
     o.sliceMicros -= o.maxCostMicros;
     o.reservedMicros += o.maxCostMicros;
     this.maybeAskOrg(orgId, o);
@@ -202,7 +241,21 @@ export class LeaseMoney {
       o.firstOpen = false;
       r.first = true;
     }
+    if (inAdvance && past > 0) take(o, past, r);
     return r;
+  }
+
+  /**
+   * May a request out of time, its pool's slice on its way, be admitted in advance of the answer
+   * (docs/leases.md "When the control plane answers late")? Yes while what this node took in advance
+   * of it stays within what the control plane last said it may take, then for one request more; the
+   * others wait for the answer. So near a limit a burst passes it by one request per node at most,
+   * and far from one a silent control plane still lets requests in after the bound.
+   */
+  mayAdvance(poolId: string): boolean {
+    const o = this.orgs.get(poolId);
+    if (!o || !this.link.connected) return true;
+    return mayTake(o, o.maxCostMicros - Math.max(0, o.sliceMicros), null);
   }
 
   /** What is left of an organisation's slice on this node (undefined before its first request). For tests and metrics. */
@@ -231,7 +284,8 @@ export class LeaseMoney {
     if (o.exhaustedAtMs === 0 && !o.dry && o.sliceMicros <= Math.max(o.lastGrantMicros / 2, 2 * unitOf(o), o.reservedMicros / 2)) this.askOrg(orgId, o, false);
   }
 
-  applyOrgGrant(orgId: string, micros: number, exhausted: boolean): void {
+  /** The answer to a want; `advanceMicros`: what may be taken in advance of the next (absent: as said before). */
+  applyOrgGrant(orgId: string, micros: number, exhausted: boolean, advanceMicros?: number): void {
     if (this.link.leaving) {
       if (micros > 0) this.link.flush({ reclaimId: 0, keyReturns: [], orgReturns: [{ orgId, micros }] });
       return;
@@ -241,6 +295,7 @@ export class LeaseMoney {
     o.pending = false;
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
+    answered(o, advanceMicros);
     // Nothing granted to a want made ahead of need: none again until it is needed.
     o.dry = micros <= 0 && o.neededAsk === false;
     // Nothing granted without "exhausted" (nothing free ahead of need, or the control plane failed
@@ -260,6 +315,8 @@ export class LeaseMoney {
     if (!o || !this.link.connected) return;
     o.exhaustedAtMs = 0;
     o.dry = false;
+    // What was said may be taken in advance was said before the change (a lowered cap): none until the answer.
+    if (o.advanceMicros !== null) o.advanceMicros = 0;
     const micros = Math.max(0, o.sliceMicros);
     if (micros > 0) {
       o.sliceMicros -= micros;

@@ -82,15 +82,30 @@ export function maySpendNow(leases: LeaseClient, key: KeyRecord, nowMs: number):
   return true;
 }
 
-/** Reserves the request's estimate from each of its pools (settled together by LeaseClient.settleSpend). */
-export function reserveMoney(leases: LeaseClient | undefined, key: KeyRecord, nowMs: number): SpendReservation | undefined {
+/**
+ * Out of time with a pool's slice on its way (moneyVerdict `wait`): the pool that may not be taken in
+ * advance of its answer now (LeaseClient.mayAdvance: this node took what the control plane said it
+ * may), or null: admitted, reserveMoney `inAdvance`.
+ */
+export function advanceRefusedBy(leases: LeaseClient, key: KeyRecord, nowMs: number): string | null {
+  if (!leases.mayAdvance(key.orgId)) return key.orgId;
+  const extra = extraPools(leases, key, nowMs);
+  if (extra) for (const pool of extra) if (!leases.mayAdvance(pool)) return pool;
+  return null;
+}
+
+/**
+ * Reserves the request's estimate from each of its pools (settled together by LeaseClient.settleSpend);
+ * `inAdvance`: admitted out of time, in advance of a pool's answer (advanceRefusedBy said none refuses).
+ */
+export function reserveMoney(leases: LeaseClient | undefined, key: KeyRecord, nowMs: number, inAdvance = false): SpendReservation | undefined {
   if (!leases) return undefined;
-  const r = leases.reserveSpend(key.orgId);
+  const r = leases.reserveSpend(key.orgId, inAdvance);
   const extra = extraPools(leases, key, nowMs);
   if (!extra) return r;
   const parts: Array<[string, SpendReservation]> = [];
   for (const pool of extra) {
-    const e = leases.reserveSpend(pool);
+    const e = leases.reserveSpend(pool, inAdvance);
     if (e) parts.push([pool, e]);
   }
   if (parts.length === 0) return r;
@@ -106,17 +121,18 @@ export function reserveMoney(leases: LeaseClient | undefined, key: KeyRecord, no
  * plane reclaims from the other nodes before it says the pool has no more): wait for it
  * (waitForMoney) and call again. `no`: a pool has less left than the worst case (an unpriced request:
  * nothing left), with its usual refusal, naming the output tokens that would fit. `final`: out of
- * time with no answer: reserved in advance of it, as admission does.
+ * time with no answer: reserved in advance of it, as admission does, within what the control plane
+ * said may be (else `wait`, for the answer); `silent`: later than a reclaim may take: reserved.
  */
-export function reserveWorstCase(leases: LeaseClient | undefined, key: KeyRecord, reservation: SpendReservation | undefined, worst: WorstCase, nowMs: number, final = false): MoneyVerdict {
+export function reserveWorstCase(leases: LeaseClient | undefined, key: KeyRecord, reservation: SpendReservation | undefined, worst: WorstCase, nowMs: number, final = false, silent = false): MoneyVerdict {
   if (!leases || !reservation) return YES;
-  const v = leases.raiseSpend(key.orgId, reservation, worst.micros, !worst.priced, final);
+  const v = leases.raiseSpend(key.orgId, reservation, worst.micros, !worst.priced, final, silent);
   if (v.verdict === 'no') return worstCaseRefusal(key, key.orgId, worst, v.leftMicros, nowMs);
   let wait: string | null = v.verdict === 'wait' ? key.orgId : null;
   // (Most keys have neither a project cap nor a limit of their own: no more pools.)
   if (reservation.extra) {
     for (const [pool, r] of reservation.extra) {
-      const e = leases.raiseSpend(pool, r, worst.micros, !worst.priced, final);
+      const e = leases.raiseSpend(pool, r, worst.micros, !worst.priced, final, silent);
       if (e.verdict === 'no') return worstCaseRefusal(key, pool, worst, e.leftMicros, nowMs);
       if (e.verdict === 'wait' && wait === null) wait = pool;
     }

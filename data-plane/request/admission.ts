@@ -11,7 +11,7 @@ import type { Admission as KeyAdmission, AdmitOptions, KeyBudgets, Ticket } from
 import type { RateHeaders } from '../limits/rate-headers.js';
 import type { LeaseClient } from '../leases/lease-client.js';
 import type { SpendReservation } from '../leases/lease-money.js';
-import { cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, reserveWorstCase, waitForMoney } from '../leases/request-money.js';
+import { advanceRefusedBy, cancelMoneyWait, maySpendNow, moneyRefusal, moneyVerdict, reserveMoney, reserveWorstCase, waitForMoney } from '../leases/request-money.js';
 import type { WorstCase } from '../limits/worst-case.js';
 import { logBug } from '../log.js';
 import type { FinishSource, RequestContext } from './request-context.js';
@@ -89,7 +89,10 @@ export class Admission {
     let finished = false;
     let waited = false;
     let advanced = false;
+    /** Out of time (LEASE_WAIT_MS passed): a pool's answer that woke it since decides as a last try. */
+    let late = false;
     let timer: NodeJS.Timeout | null = null;
+    let silentTimer: NodeJS.Timeout | null = null;
     // Woken from inside the sync client's message handler: continue on a fresh tick. (Not a function
     // declaration: that would be created on every call, the synchronous fast path included.)
     const wake = (): void => {
@@ -98,13 +101,14 @@ export class Admission {
     const finish = (ctx: RequestContext | null) => {
       finished = true;
       if (timer) clearTimeout(timer);
+      if (silentTimer) clearTimeout(silentTimer);
       leases?.cancelKeyWait(key.keyId, wake);
       if (leases) cancelMoneyWait(leases, key, wake);
       leases?.cancelSlotWait(key.keyId, wake);
       if (waited) this.waits.note(performance.now() - started, ctx !== null, advanced);
       then(ctx);
     };
-    const attempt = (lastTry: boolean) => {
+    const attempt = (lastTry: boolean, silent = false) => {
       if (finished) return;
       try {
         // The client went away while the request waited: nothing was taken, nothing to answer.
@@ -114,20 +118,30 @@ export class Admission {
           timer = setTimeout(() => attempt(true), 50);
           return;
         }
+        if (lastTry) late = true;
         // The organisation's money, and its project's cap and the key's own limit (docs/money-limits.md).
         const money = leases ? moneyVerdict(leases, key, deps.clock.now()) : null;
         if (money?.verdict === 'no') {
           reply.sendError(moneyRefusal(money), closeIfRefused());
           return finish(null);
         }
-        // Out of time with the slice still on its way: admitted, as it costs at most one request in flight.
-        if (money?.verdict === 'wait' && !lastTry && waitForMoney(leases!, money.pool, wake)) return park();
+        let inAdvance = false;
+        if (money?.verdict === 'wait') {
+          if (!late && waitForMoney(leases!, money.pool, wake)) return park();
+          // Out of time with the slice still on its way: admitted in advance of the answer while this
+          // node took no more than the control plane said it may, then one request more; the others
+          // wait for the answer, as long as a reclaim may take (docs/leases.md). Silent that long, the
+          // control plane is, for this request, unreachable: admitted as when the connection is down.
+          const refused = silent ? null : advanceRefusedBy(leases!, key, deps.clock.now());
+          if (refused !== null && waitForAnswer(refused)) return;
+          inAdvance = true;
+        }
         const now = deps.clock.now();
         const a = deps.keyBudgets.admit(key.limits, estimatedTokens, started, opts);
         reply.rateHeaders = a.headers;
         if (a.ok) {
           const ctx = this.newContext(key, path, a.ticket, minuteOf(now), reply.requestId);
-          ctx.spend = reserveMoney(leases, key, deps.clock.now());
+          ctx.spend = reserveMoney(leases, key, deps.clock.now(), inAdvance);
           ctx.attach(reply);
           return finish(ctx);
         }
@@ -139,9 +153,9 @@ export class Admission {
         // (At most the minute's allowance, then a slot.)
         for (let i = 0; i < 3 && !b.ok && b.leaseShort && leases; i++) {
           const s = b.leaseShort;
-          const took = s.slot ? leases.advanceSlot(key.keyId, key.limits, lastTry, started) : leases.advanceKey(key.keyId, minuteOf(now), key.limits, s.requests, s.tokens, lastTry);
+          const took = s.slot ? leases.advanceSlot(key.keyId, key.limits, late, started) : leases.advanceKey(key.keyId, minuteOf(now), key.limits, s.requests, s.tokens, late);
           if (!took) {
-            if (!lastTry && (s.slot ? leases.waitForSlot(key.keyId, key.limits, wake, started) : leases.waitForKey(key.keyId, minuteOf(now), key.limits, s.requests, s.tokens, wake))) return park();
+            if (!late && (s.slot ? leases.waitForSlot(key.keyId, key.limits, wake, started) : leases.waitForKey(key.keyId, minuteOf(now), key.limits, s.requests, s.tokens, wake))) return park();
             break;
           }
           advanced = true;
@@ -149,7 +163,7 @@ export class Admission {
           reply.rateHeaders = b.headers;
           if (b.ok) {
             const ctx = this.newContext(key, path, b.ticket, minuteOf(now), reply.requestId);
-            ctx.spend = reserveMoney(leases, key, deps.clock.now());
+            ctx.spend = reserveMoney(leases, key, deps.clock.now(), inAdvance);
             ctx.attach(reply);
             return finish(ctx);
           }
@@ -167,6 +181,15 @@ export class Admission {
     const park = () => {
       waited = true;
       timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
+    };
+    const waitForAnswer = (pool: string): boolean => {
+      const left = LEASE_WAIT_RECLAIMING_MS - (performance.now() - started);
+      // (Once: an earlier wait's registration may still be there.)
+      cancelMoneyWait(leases!, key, wake);
+      if (left <= 0 || !waitForMoney(leases!, pool, wake)) return false;
+      waited = true;
+      silentTimer ??= setTimeout(() => attempt(true, true), left);
+      return true;
     };
     attempt(false);
   }
@@ -261,18 +284,21 @@ export class Admission {
     if (now.verdict !== 'wait') return then(now.verdict === 'yes' ? null : moneyRefusal(now));
     const started = performance.now();
     let timer: NodeJS.Timeout | null = null;
+    let silentTimer: NodeJS.Timeout | null = null;
     let finished = false;
+    let late = false;
     const wake = (): void => {
       setImmediate(() => attempt(false));
     };
     const finish = (r: WorstCaseResult) => {
       finished = true;
       if (timer) clearTimeout(timer);
+      if (silentTimer) clearTimeout(silentTimer);
       if (leases) cancelMoneyWait(leases, key, wake);
       this.waits.note(performance.now() - started, r === null);
       then(r);
     };
-    const attempt = (lastTry: boolean) => {
+    const attempt = (lastTry: boolean, silent = false): void => {
       if (finished) return;
       try {
         if (gone()) return finish('gone');
@@ -280,11 +306,23 @@ export class Admission {
           timer = setTimeout(() => attempt(true), 50);
           return;
         }
-        const v = reserveWorstCase(leases, key, spend, worst, clock.now(), lastTry);
+        if (lastTry) late = true;
+        const v = reserveWorstCase(leases, key, spend, worst, clock.now(), late, silent);
         if (v.verdict === 'no') return finish(moneyRefusal(v));
-        if (v.verdict === 'wait' && !lastTry && waitForMoney(leases!, v.pool, wake)) {
+        if (v.verdict === 'wait' && !late && waitForMoney(leases!, v.pool, wake)) {
           timer ??= setTimeout(() => attempt(true), LEASE_WAIT_MS);
           return;
+        }
+        // Out of time, past what this node may take in advance (lease-money.ts mayAdvance): waits for
+        // the answer as long as a reclaim may take, then, the control plane silent, reserved anyway.
+        if (v.verdict === 'wait' && !silent) {
+          const left = LEASE_WAIT_RECLAIMING_MS - (performance.now() - started);
+          cancelMoneyWait(leases!, key, wake);
+          if (left > 0 && waitForMoney(leases!, v.pool, wake)) {
+            silentTimer ??= setTimeout(() => attempt(true, true), left);
+            return;
+          }
+          return attempt(true, true);
         }
         finish(null);
       } catch (e) {

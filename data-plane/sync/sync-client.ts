@@ -289,7 +289,7 @@ export class SyncClient {
       for (const k of msg.leaseGrant.keys) leases.applyKeyGrant(k);
       for (const p of msg.leaseGrant.pools) leases.applyPoolFree(p);
       if (msg.leaseGrant.orgSlices) leases.applyOrgSlices(msg.leaseGrant.orgs);
-      else for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted);
+      else for (const o of msg.leaseGrant.orgs) leases.applyOrgGrant(o.orgId, o.micros, o.exhausted, o.advanceMicros);
       for (const sl of msg.leaseGrant.slots) leases.applySlotGrant(sl);
       if (msg.leaseGrant.usedAck) leases.applyUsedAck(msg.leaseGrant.usedAck);
       if (msg.leaseGrant.reclaiming) leases.noteReclaiming();

@@ -113,6 +113,7 @@ type LeasesUsed = Pick<
   | 'spendFirst'
   | 'canSpend'
   | 'reserveSpend'
+  | 'mayAdvance'
   | 'waitForOrg'
   | 'cancelOrgWait'
   | 'answerDeferred'
@@ -150,9 +151,17 @@ export class FakeLeases implements LeasesUsed, AllowanceSource {
   canSpend(): SpendVerdict {
     return this.spend;
   }
-  reserveSpend(): SpendReservation | undefined {
+  reserveSpend(_orgId: string, inAdvance = false): SpendReservation | undefined {
     this.reserved++;
+    if (inAdvance) this.reservedInAdvance++;
     return { epoch: 1, micros: 0 };
+  }
+  /** What `mayAdvance` says: within what the control plane said may be taken in advance of a late answer. */
+  advanceAllowed = true;
+  /** Reservations taken in advance of a late answer (reserveSpend `inAdvance`). */
+  reservedInAdvance = 0;
+  mayAdvance(): boolean {
+    return this.advanceAllowed;
   }
   waitForOrg(_orgId: string, wake: () => void): boolean {
     this.orgWaiters.push(wake);

@@ -81,3 +81,34 @@ test('bulk money slices: a node that connects after another still gets a slice o
   // What the first left (3.75 USD), shared for two nodes: 0.9375 each.
   for (const o of answer.leaseGrant!.orgs) assert.equal(o.micros, 937_500, o.orgId);
 });
+
+test('a money grant tells the node what it may take in advance of a late answer: what nobody holds, shared by the connected nodes', async (t) => {
+  // Before, a node took every request that waited 250 ms in advance of the answer, whatever was left
+  // (docs/leases.md, "When the control plane answers late"): a $0.01 limit passed 3-5 times over.
+  const { service, sessions } = await setUp(t, 1);
+  const messages: ControlMessage[] = [];
+  let check = (): void => {};
+  const enqueue = (m: ControlMessage) => {
+    messages.push(m);
+    check();
+  };
+  const s = { connId: 'inst-a#1', nodeId: 'node-a', closed: false, leaving: false, leaseEpoch: 0, mayHoldWhole: false, reclaims: new Map(), enqueue } as unknown as NodeSession;
+  sessions.add(s);
+  fakeSession(sessions, 'inst-b#2');
+  const next = (pred: (m: ControlMessage) => boolean) =>
+    new Promise<ControlMessage>((resolve) => {
+      check = () => {
+        const m = messages.find(pred);
+        if (m) resolve(m);
+      };
+      check();
+    });
+  service.onLeaseRequest(s, LeaseRequest.fromPartial({ wantOrgSlices: true, leaseEpoch: 1 }));
+  const bulk = await next((m) => m.leaseGrant?.orgSlices === true);
+  // The free tier's 5,000,000 µ$: a quarter leased (a share for two nodes), the rest halved.
+  assert.deepEqual(bulk.leaseGrant!.orgs, [{ orgId: 'org_0', micros: 1_250_000, exhausted: false, advanceMicros: 1_875_000 }]);
+  service.onLeaseRequest(s, LeaseRequest.fromPartial({ leaseEpoch: 1, orgs: [{ orgId: 'org_0', micros: 100_000, needMicros: 1 }] }));
+  const answer = await next((m) => m.leaseGrant?.orgSlices === false && m.leaseGrant.orgs.length > 0);
+  // A share of the 3,750,000 left (937,500), then half of what nobody holds after it (2,812,500).
+  assert.deepEqual(answer.leaseGrant!.orgs, [{ orgId: 'org_0', micros: 937_500, exhausted: false, advanceMicros: 1_406_250 }]);
+});

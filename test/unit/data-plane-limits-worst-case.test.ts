@@ -107,11 +107,21 @@ test('an unpriced request at the last of a pool takes all that is left; the next
 test('out of time with no answer, or the organisation\'s first request admitted before its first slice: taken in advance', () => {
   const { lc } = client(2);
   lc.canSpend('org');
-  lc.applyOrgGrant('org', 1000, false);
+  // The control plane said nothing more may be taken in advance (0: near the limit; docs/leases.md).
+  lc.applyOrgGrant('org', 1000, false, 0);
   const late = lc.reserveSpend('org')!;
   assert.equal(lc.raiseSpend('org', late, 5000, false, false).verdict, 'wait');
   assert.deepEqual(lc.raiseSpend('org', late, 5000, false, true), { verdict: 'yes' }, 'final: no answer is not a refusal');
   assert.equal(lc.sliceOf('org'), -4000, 'a debt the next want says');
+  // One request past what it may take (nothing here) per node while the answer is late: the next one
+  // out of time waits on (before, every request of a burst was taken in advance: a $0.01 limit passed
+  // by 22,300 µ$ under load).
+  const later = lc.reserveSpend('org')!;
+  assert.deepEqual(lc.raiseSpend('org', later, 5000, false, true), { verdict: 'wait' }, 'a second advance before an answer: waits');
+  assert.equal(lc.sliceOf('org'), -4000);
+  // The answer comes: decided by it, as any raise.
+  lc.applyOrgGrant('org', 10_000, false, 0);
+  assert.deepEqual(lc.raiseSpend('org', later, 5000, false, false), { verdict: 'yes' });
   // Standing shares: the organisation's first request is admitted before its first slice (one
   // request past what is left at most) and is not held back once its body is read either.
   const out: LeaseRequestOut[] = [];

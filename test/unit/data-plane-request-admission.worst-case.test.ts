@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import type { KeyRecord } from '../../data-plane/state/key-table.js';
 import { GatewayError } from '../../data-plane/errors.js';
 import { Admission, type WorstCaseResult } from '../../data-plane/request/admission.js';
-import { LEASE_WAIT_MS } from '../../data-plane/limits/lease-wait.js';
+import { LEASE_WAIT_MS, LEASE_WAIT_RECLAIMING_MS } from '../../data-plane/limits/lease-wait.js';
 import type { KeyBudgets } from '../../data-plane/limits/key-budgets.js';
 import { LeaseClient } from '../../data-plane/leases/lease-client.js';
 import { type LeaseRequestOut } from '../../data-plane/leases/lease-link.js';
@@ -85,4 +85,32 @@ test('the client went away while it waited: nothing reserved, nothing answered',
   assert.deepEqual(s.results, ['gone']);
   assert.equal(s.spend.micros, 0);
   assert.equal(s.leases.sliceOf('org'), 1000);
+});
+
+test('out of time past what the control plane said may be taken in advance: one request more, the others wait for the answer (at most 5 s)', async () => {
+  const leases = new LeaseClient(clock, () => true, (fn) => fn());
+  leases.setConnected(true, 2);
+  leases.canSpend('org');
+  // Near the limit: nothing may be taken in advance of a late answer.
+  leases.applyOrgGrant('org', 1000, false, 0);
+  const admission = new Admission({ clock, keyBudgets: {} as KeyBudgets, leases }, () => {
+    throw new Error('not admitted here');
+  });
+  const results: WorstCaseResult[][] = [[], [], []];
+  const spends = results.map(() => leases.reserveSpend('org')!);
+  spends.forEach((spend, i) => admission.reserveWorstCaseOrWait(key, spend, worst, () => false, (r) => results[i].push(r)));
+  advance(LEASE_WAIT_MS);
+  assert.deepEqual(results, [[null], [], []], 'the one request more; the others wait on');
+  assert.equal(leases.sliceOf('org'), -4000);
+  // The answer: each waiting request decided by it (one request more past this answer's allowance).
+  leases.applyOrgGrant('org', 6000, false, 0);
+  await wakesRun();
+  assert.deepEqual(results, [[null], [null], []]);
+  assert.equal(leases.sliceOf('org'), -3000);
+  // Silent as long as a reclaim may take: for that request, unreachable; reserved as when the connection is down.
+  advance(LEASE_WAIT_RECLAIMING_MS - LEASE_WAIT_MS - 10);
+  assert.deepEqual(results[2], []);
+  advance(10);
+  assert.deepEqual(results, [[null], [null], [null]]);
+  assert.equal(leases.sliceOf('org'), -8000);
 });

@@ -975,6 +975,13 @@ export interface OrgLease {
    * request may still spend it, and pass the limit by at most what is in flight).
    */
   exhausted: boolean;
+  /**
+   * What the node may take of the pool in advance of a later answer that comes late (docs/leases.md,
+   * "When the control plane answers late"): what no node holds or owes after this grant (the limit
+   * or balance, less what is spent, leased and owed), divided by the connected nodes, at least 0.
+   * Past it the node takes one request more, and the others wait for the answer. Absent: unchanged.
+   */
+  advanceMicros?: number | undefined;
 }
 
 /**
@@ -10566,7 +10573,7 @@ export const KeyLease: MessageFns<KeyLease> = {
 };
 
 function createBaseOrgLease(): OrgLease {
-  return { orgId: "", micros: 0, exhausted: false };
+  return { orgId: "", micros: 0, exhausted: false, advanceMicros: undefined };
 }
 
 export const OrgLease: MessageFns<OrgLease> = {
@@ -10579,6 +10586,9 @@ export const OrgLease: MessageFns<OrgLease> = {
     }
     if (message.exhausted !== false) {
       writer.uint32(24).bool(message.exhausted);
+    }
+    if (message.advanceMicros !== undefined) {
+      writer.uint32(7200).int64(message.advanceMicros);
     }
     return writer;
   },
@@ -10620,6 +10630,14 @@ export const OrgLease: MessageFns<OrgLease> = {
             message.exhausted = reader.bool();
             continue;
           }
+          case 900: {
+            if (tag !== 7200) {
+              break;
+            }
+
+            message.advanceMicros = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -10641,6 +10659,11 @@ export const OrgLease: MessageFns<OrgLease> = {
         : "",
       micros: isSet(object.micros) ? globalThis.Number(object.micros) : 0,
       exhausted: isSet(object.exhausted) ? globalThis.Boolean(object.exhausted) : false,
+      advanceMicros: isSet(object.advanceMicros)
+        ? globalThis.Number(object.advanceMicros)
+        : isSet(object.advance_micros)
+        ? globalThis.Number(object.advance_micros)
+        : undefined,
     };
   },
 
@@ -10655,6 +10678,9 @@ export const OrgLease: MessageFns<OrgLease> = {
     if (message.exhausted !== false) {
       obj.exhausted = message.exhausted;
     }
+    if (message.advanceMicros !== undefined) {
+      obj.advanceMicros = Math.round(message.advanceMicros);
+    }
     return obj;
   },
 
@@ -10666,6 +10692,7 @@ export const OrgLease: MessageFns<OrgLease> = {
     message.orgId = object.orgId ?? "";
     message.micros = object.micros ?? 0;
     message.exhausted = object.exhausted ?? false;
+    message.advanceMicros = object.advanceMicros ?? undefined;
     return message;
   },
 };
