@@ -3,10 +3,10 @@
 // files by itself, so they are listed here).
 import { execFileSync, spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { readdirSync, readFileSync, realpathSync, statSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { buildBundles } from './process-bundles.mjs';
+import { buildBundles, buildTestBundles } from './process-bundles.mjs';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const only = process.argv.slice(2);
@@ -69,15 +69,23 @@ const files = (only.length > 0 ? only : [...findTests(join(root, 'test', 'unit')
 // The control plane, the node and the CLI, bundled for the processes the tests start (see
 // test/process-bundles.mjs); without them (TOLLGATE_TEST_TSX=1, or esbuild failed) those processes
 // run through tsx, as before: slower, with stack traces that name the .ts files.
+// The test files are bundled too, into a folder of this run's (removed at the end); without them
+// they run through tsx.
 let bundles = {};
+let testBundles = null;
+let testBundleDir = null;
 if (process.env.TOLLGATE_TEST_TSX !== '1') {
+  // One folder per checkout: git worktrees that share one node_modules (a symlink) must not run each
+  // other's code (a run in one rebuilt the bundles another's tests were starting).
+  const checkout = createHash('sha256').update(realpathSync(root)).digest('hex').slice(0, 12);
+  const cache = join(root, 'node_modules', '.cache', 'tollgate-test-bundles', checkout);
   try {
-    // One folder per checkout: git worktrees that share one node_modules (a symlink) must not run each
-    // other's code (a run in one rebuilt the bundles another's tests were starting).
-    const checkout = createHash('sha256').update(realpathSync(root)).digest('hex').slice(0, 12);
-    bundles = await buildBundles(root, join(root, 'node_modules', '.cache', 'tollgate-test-bundles', checkout));
+    bundles = await buildBundles(root, cache);
+    testBundleDir = mkdtempSync(join(cache, 'tests-'));
+    testBundles = await buildTestBundles(root, testBundleDir, files.map((f) => join(root, f)));
   } catch (err) {
-    console.warn(`test processes run through tsx: their bundles were not built (${err.message})`);
+    console.warn(`tests and their processes run through tsx: their bundles were not built (${err.message})`);
+    testBundles = null;
   }
 }
 // Three files at a time: with the processes started from bundles, two files left the two cores idle
@@ -87,17 +95,23 @@ if (process.env.TOLLGATE_TEST_TSX !== '1') {
 const concurrency = Number(process.env.TOLLGATE_TEST_CONCURRENCY) || 3;
 // In that order: test/run-files.mjs runs them through node:test's run(), as `node --test` would
 // but without sorting them by path. At the end: the 10 files that took longest.
-const tests = spawn(process.execPath, ['--import', 'tsx', join(root, 'test', 'run-files.mjs')], {
+// Bundled test files run without tsx, with their source maps (stack traces name the .ts files);
+// run() gives each file's process the flags of this one.
+const runFiles = testBundles
+  ? { files: Object.keys(testBundles), sources: testBundles, concurrency }
+  : { files: files.map((f) => join(root, f)), sources: {}, concurrency };
+const tests = spawn(process.execPath, [...(testBundles ? ['--enable-source-maps'] : ['--import', 'tsx']), join(root, 'test', 'run-files.mjs')], {
   stdio: 'inherit',
   cwd: root,
   env: {
     ...process.env,
     NODE_ENV: 'test',
     TOLLGATE_TEST_BUNDLES: JSON.stringify(bundles),
-    TOLLGATE_TEST_RUN: JSON.stringify({ files: files.map((f) => join(root, f)), concurrency }),
+    TOLLGATE_TEST_RUN: JSON.stringify(runFiles),
   },
 });
 const status = await new Promise((resolve) => tests.on('close', (code) => resolve(code ?? 1)));
+if (testBundleDir) rmSync(testBundleDir, { recursive: true, force: true });
 if (typecheck) {
   const { code, out } = await typecheck;
   if (code === 0) console.log('typecheck passed');
