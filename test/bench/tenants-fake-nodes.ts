@@ -20,7 +20,7 @@ import { startProcess, stopAll, type ControlPlane } from '../helpers/processes.j
 import { cpuMicros, watchRss } from './procstat.js';
 import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep, STORES, WARMUP_SEC, ZIPF } from './tenants-options.js';
 import { provision, zipfSampler, type Store } from './tenants-provision.js';
-import { cpCounters, printFakeTable, writeResults } from './tenants-report.js';
+import { cpCounters, machineLoad, printFakeTable, writeResults } from './tenants-report.js';
 
 /** --fake-report-every-ms: how often each simulated node sends its report (1000: as nodes do by default). */
 const REPORT_EVERY_MS = Number(opts['fake-report-every-ms']);
@@ -72,6 +72,8 @@ export async function fakeNodesBench(): Promise<void> {
   console.log(
     `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}; a report every ${REPORT_EVERY_MS} ms`,
   );
+  const loadAtStart = machineLoad();
+  console.log(`  load average at the start: ${loadAtStart.join(', ')}`);
   const results: FakeResult[] = [];
   let secrets: ControlPlane['secrets'] | undefined;
   for (const storeName of STORES) {
@@ -89,7 +91,9 @@ export async function fakeNodesBench(): Promise<void> {
     await bare.kill('SIGTERM');
   }
   printFakeTable(results, bareResult);
-  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, stores: STORES, results, bare: bareResult });
+  const loadAtEnd = machineLoad();
+  console.log(`load average at the start ${loadAtStart.join(', ')}, at the end ${loadAtEnd.join(', ')}`);
+  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, stores: STORES, loadAtStart, loadAtEnd, results, bare: bareResult });
   await stopAll();
 }
 
@@ -350,12 +354,13 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
     reportsSent: sentReports,
     reportsAcked: acked,
     perTickPerNode: perNodeTick,
+    loadAverage: machineLoad(),
   };
   console.log(
     `  ${label}: simulated ${simulated.toLocaleString('en')} requests in ${loadSec.toFixed(1)} s (${result.simulatedRate.toFixed(0)}/s${result.crossedMinute ? ', crossed a minute' : ''}); ` +
       `${acked}/${sentReports} reports acknowledged, the last ${tailSec.toFixed(1)} s after the load; ` +
       `control plane: ${result.coreShare === null ? 'n/a' : `${(result.coreShare * 100).toFixed(1)}% of one core`}, ${result.cpUsPerRequest === null ? 'n/a' : result.cpUsPerRequest.toFixed(2)} µs per simulated request, ` +
-      `${result.cpUsPerAckedRequest === null ? 'n/a' : result.cpUsPerAckedRequest.toFixed(2)} µs per acknowledged request (${ackedRequests.toLocaleString('en')}; at ${RATE.toLocaleString('en')} req/s that is ${result.cpUsPerAckedRequest === null ? 'n/a' : ((result.cpUsPerAckedRequest * RATE) / 1e4).toFixed(0)}% of a core), peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB` +
+      `${result.cpUsPerAckedRequest === null ? 'n/a' : result.cpUsPerAckedRequest.toFixed(2)} µs per acknowledged request (${ackedRequests.toLocaleString('en')}; at ${RATE.toLocaleString('en')} req/s that is ${result.cpUsPerAckedRequest === null ? 'n/a' : ((result.cpUsPerAckedRequest * RATE) / 1e4).toFixed(0)}% of a core), peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB, load average ${result.loadAverage.join(', ')}` +
       (target.store?.name === 'postgres' ? `; database server: ${result.dbCoreShare === null ? 'n/a' : `${(result.dbCoreShare * 100).toFixed(1)}% of one core`}, ${result.dbUsPerAckedRequest === null ? 'n/a' : result.dbUsPerAckedRequest.toFixed(2)} µs per acknowledged request` : ''),
   );
   for (const sim of sims) {

@@ -8,7 +8,7 @@ import { nextIp } from './load.js';
 import { mainThreadCpuMicros, rssBytes, threadCpuMicros } from './procstat.js';
 import { ALIGN, DURATION_SEC, IDLE_SEC, RATE, sleep, TAIL_MS } from './tenants-options.js';
 import type { Store } from './tenants-provision.js';
-import { cpCounters, cpuOf, leaseWaits, printRun, type RunResult } from './tenants-report.js';
+import { cpCounters, cpuOf, leaseWaits, machineLoad, printRun, type RunResult } from './tenants-report.js';
 
 const BODY = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' }] });
 
@@ -164,6 +164,7 @@ export async function runLoad(label: string, cp: ControlPlane, store: Store, nod
     },
     cpRssBytes: rssBytes(cpPid),
     cpWork,
+    loadAverage: machineLoad(),
   };
   printRun(r, threads0, threads1);
   return r;

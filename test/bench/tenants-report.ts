@@ -2,6 +2,7 @@
 // /metrics counters and the nodes' lease waits, one run's line, the closing table and the JSON file
 // under test/bench/out/.
 import { mkdirSync, writeFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { ROOT } from '../helpers/processes.js';
 import { cpuMicros, type threadCpuMicros } from './procstat.js';
@@ -63,6 +64,8 @@ export interface RunResult {
   cpRssBytes: number | null;
   /** What the control plane did during the run (its /metrics counters: reports, lease answers, transactions). */
   cpWork: Record<string, number>;
+  /** The machine's load average (1, 5, 15 min) at the run's end. */
+  loadAverage: number[];
 }
 
 /** CPU of a set of processes, summed, in µs (null if /proc is not there). */
@@ -87,7 +90,7 @@ export function printRun(r: RunResult, threads0: ReturnType<typeof threadCpuMicr
       `CPU per request: control plane ${f(r.cpUsPerRequest)} µs (main thread ${f(r.cpMainThreadUsPerRequest)}), database server ${db}, nodes ${f(r.nodesUsPerRequest)} µs (sum); ` +
       `latency p50 ${r.latencyMs.p50.toFixed(2)} / p90 ${r.latencyMs.p90.toFixed(2)} / p99 ${r.latencyMs.p99.toFixed(2)} / max ${r.latencyMs.max.toFixed(1)} ms; ` +
       `waited for the control plane: ${waited} (${(r.waitedShare * 100).toFixed(2)}%, mean ${r.waitMs.mean.toFixed(1)} ms, p99 ≤ ${r.waitMs.p99max.toFixed(1)} ms, max ${r.waitMs.max.toFixed(1)} ms); refused: ${refused}` +
-      `; control-plane RSS ${f(r.cpRssBytes === null ? null : r.cpRssBytes / MB)} MB`,
+      `; control-plane RSS ${f(r.cpRssBytes === null ? null : r.cpRssBytes / MB)} MB; load average ${r.loadAverage.join(', ')}`,
   );
   // The control plane's threads by CPU in the run (tid order is creation order: the main thread, V8's
   // workers, then libuv's pool, where SQLite runs).
@@ -113,6 +116,11 @@ export function printTable(results: RunResult[]): void {
       `| ${r.run} | ${r.store} | ${f(r.cpUsPerRequest)} | ${r.store === 'sqlite' ? 'in process' : f(r.dbUsPerRequest)} | ${f(r.nodesUsPerRequest)} | ${r.latencyMs.p50.toFixed(1)} / ${r.latencyMs.p90.toFixed(1)} / ${r.latencyMs.p99.toFixed(1)} / ${r.latencyMs.max.toFixed(0)} ms | ${(r.waitedShare * 100).toFixed(2)}% (max ${r.waitMs.max.toFixed(0)} ms) | ${refused} |`,
     );
   }
+}
+
+/** The machine's load average (1, 5, 15 min), printed with the figures: on a shared machine it says how far to trust them. */
+export function machineLoad(): number[] {
+  return loadavg().map((x) => Math.round(x * 100) / 100);
 }
 
 /** Writes a run's results to test/bench/out/<name>-<time>.json and says where. */

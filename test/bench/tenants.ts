@@ -34,11 +34,13 @@ import { ALIGN, DURATION_SEC, FAKE, KEYS, NODE_COUNTS, opts, ORGS, RATE, STORES,
 import { fakeNodesBench } from './tenants-fake-nodes.js';
 import { measureIdle, runLoad } from './tenants-load.js';
 import { provision, tenantKey, waitForKeys, zipfSampler } from './tenants-provision.js';
-import { printTable, writeResults, type RunResult } from './tenants-report.js';
+import { machineLoad, printTable, writeResults, type RunResult } from './tenants-report.js';
 
 async function main(): Promise<void> {
   if (FAKE) return fakeNodesBench();
   console.log(`tollgate bench:tenants: ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${RATE} req/s for ${DURATION_SEC} s per run, nodes ${NODE_COUNTS.join(' then ')}, stores ${STORES.join(' then ')}${opts['report-every-ms'] ? `, nodes sending reports every ${opts['report-every-ms']} ms` : ''}`);
+  const loadAtStart = machineLoad();
+  console.log(`  load average at the start: ${loadAtStart.join(', ')}`);
   const zipf = zipfSampler(KEYS, ZIPF);
   const tenantKeys = Array.from({ length: KEYS }, (_, i) => tenantKey(i));
   const results: RunResult[] = [];
@@ -61,7 +63,9 @@ async function main(): Promise<void> {
   }
 
   printTable(results);
-  writeResults('tenants', { at: new Date().toISOString(), keys: KEYS, orgs: ORGS, rate: RATE, zipf: ZIPF, durationSec: DURATION_SEC, stores: STORES, results });
+  const loadAtEnd = machineLoad();
+  console.log(`load average at the start ${loadAtStart.join(', ')}, at the end ${loadAtEnd.join(', ')}`);
+  writeResults('tenants', { at: new Date().toISOString(), keys: KEYS, orgs: ORGS, rate: RATE, zipf: ZIPF, durationSec: DURATION_SEC, stores: STORES, loadAtStart, loadAtEnd, results });
   await stopAll();
 }
 
