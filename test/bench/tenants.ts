@@ -26,7 +26,7 @@
 // nodes' GET /stats/lease-waits) and how long, and refusals by status. Results go to
 // test/bench/out/tenants-<time>.json.
 //
-// The parts: tenants-options.ts (flags), tenants-provision.ts (config, seeded keys, the Zipf law),
+// The parts: tenants-options.ts (flags), tenants-provision.ts (config, seeded keys, the store, the Zipf law),
 // tenants-load.ts (one measured run), tenants-report.ts (CPU accounting, printing, the JSON file),
 // tenants-fake-nodes.ts (--fake-nodes: the control plane alone with simulated nodes).
 import { startDataPlane, stopAll, type DataPlane } from '../helpers/processes.js';
