@@ -1,5 +1,6 @@
-// What a process costs, read from /proc (Linux): CPU time (of all its threads, from schedstat) and
-// memory (VmRSS now, VmHWM the peak). Elsewhere every figure is null. Also pinning with taskset.
+// What a process costs, read from /proc (Linux): CPU time (of all its threads, from schedstat; of a
+// process tree, such as a database server) and memory (VmRSS now, VmHWM the peak). Elsewhere every
+// figure is null. Also pinning with taskset.
 import { readdirSync, readFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 
@@ -74,6 +75,46 @@ export function threadCpuMicros(pid: number): Map<number, { total: number; sys: 
     if (ticks) out.set(Number(tid), { total: schedMicros(pid, Number(tid)) ?? ticks.total, sys: ticks.sys });
   }
   return out;
+}
+
+/** stat fields after the command name (which may hold spaces), from field 3 (state) on; null if gone. */
+function statFields(pid: number): string[] | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * CPU time of a process and all its descendants (a PostgreSQL server: the postmaster and its
+ * backends and workers), in microseconds, or null without /proc. Live processes by schedstat (as
+ * cpuMicros), plus the children each has already reaped (cutime + cstime, clock ticks): a backend
+ * that ends between two readings leaves the tree, and its whole time shows in its parent's cutime.
+ */
+export function treeCpuMicros(root: number): number | null {
+  if (statFields(root) === null) return null;
+  const children = new Map<number, number[]>();
+  for (const name of readdirSync('/proc')) {
+    const pid = Number(name);
+    if (!Number.isInteger(pid)) continue;
+    const f = statFields(pid);
+    if (!f) continue;
+    const ppid = Number(f[1]);
+    children.set(ppid, [...(children.get(ppid) ?? []), pid]);
+  }
+  let sum = 0;
+  const todo = [root];
+  while (todo.length > 0) {
+    const pid = todo.pop()!;
+    const f = statFields(pid);
+    // (null: it ended meanwhile; its time is in its parent's cutime at the next reading)
+    if (!f) continue;
+    sum += (cpuMicros(pid) ?? 0) + ((Number(f[13]) + Number(f[14])) * 1e6) / CLK_TCK;
+    todo.push(...(children.get(pid) ?? []));
+  }
+  return sum;
 }
 
 function statusField(pid: number, field: string): number | null {

@@ -12,14 +12,15 @@
 // its acknowledgements kept up. --fake-report-every-ms MS: reports that often instead of every second
 // (what a longer cadence would save). --warmup SEC: the same traffic first, unmeasured. --bare: then the same
 // simulated nodes against a bare SyncService (bare-sync.ts), whose CPU is what the messages alone cost.
+// --stores: the control plane on each store in turn (PostgreSQL: its server's CPU per request too).
 import { LogBlocksBuilder } from '../../proto/lib/log-columns.js';
 import type { KeyLeaseWant, LeaseRequest, LogBlock, SlotWant, UsageTotal } from '../../proto/gen/tollgate/v1/sync.js';
 import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
-import { startControlPlane, startProcess, stopAll, type ControlPlane } from '../helpers/processes.js';
+import { startProcess, stopAll, type ControlPlane } from '../helpers/processes.js';
 import { cpuMicros, watchRss } from './procstat.js';
-import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep, WARMUP_SEC, ZIPF } from './tenants-options.js';
-import { benchConfig, seedTenants, zipfSampler } from './tenants-provision.js';
-import { cpCounters, writeResults } from './tenants-report.js';
+import { DURATION_SEC, IDLE_SEC, KEYS, MB, NODE_COUNTS, opts, ORGS, RATE, sleep, STORES, WARMUP_SEC, ZIPF } from './tenants-options.js';
+import { provision, zipfSampler, type Store } from './tenants-provision.js';
+import { cpCounters, machineLoad, printFakeTable, writeResults } from './tenants-report.js';
 
 /** --fake-report-every-ms: how often each simulated node sends its report (1000: as nodes do by default). */
 const REPORT_EVERY_MS = Number(opts['fake-report-every-ms']);
@@ -71,29 +72,32 @@ export async function fakeNodesBench(): Promise<void> {
   console.log(
     `tollgate bench:tenants --fake-nodes: ${nodesCount} simulated nodes, ${RATE.toLocaleString('en')} req/s in all, ${KEYS.toLocaleString('en')} keys in ${ORGS.toLocaleString('en')} organisations, Zipf s = ${ZIPF}, ${DURATION_SEC} s; leases: ${leases}; request logs: ${withLogs ? 'yes' : 'no'}; a report every ${REPORT_EVERY_MS} ms`,
   );
-  const first = await startControlPlane({ configYaml: benchConfig() });
-  await first.proc.kill('SIGTERM');
-  const seed0 = performance.now();
-  await seedTenants(first.dbPath, first.secrets.pepper, KEYS, ORGS);
-  console.log(`  seeded in ${((performance.now() - seed0) / 1000).toFixed(1)} s`);
-  const profArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${opts['cpu-prof']}`] : [];
-  const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets, configPath: first.configPath, adminListen: true, nodeArgs: profArgs });
-  const results = [await simulate('control plane', { address: cp.address, secrets: cp.secrets, pid: cp.proc.child.pid!, adminUrl: cp.adminUrl, lastLines: () => cp.proc.output() }, leases, withLogs)];
-  await cp.proc.kill('SIGTERM');
+  const loadAtStart = machineLoad();
+  console.log(`  load average at the start: ${loadAtStart.join(', ')}`);
+  const results: FakeResult[] = [];
+  let secrets: ControlPlane['secrets'] | undefined;
+  for (const storeName of STORES) {
+    const { cp, store, stop } = await provision(storeName, KEYS, ORGS, false);
+    secrets = cp.secrets;
+    results.push(await simulate(`control plane on ${store.name}`, { address: cp.address, secrets: cp.secrets, pid: cp.proc.child.pid!, adminUrl: cp.adminUrl, lastLines: () => cp.proc.output(), store }, leases, withLogs));
+    await stop();
+  }
+  let bareResult: FakeResult | null = null;
   if (opts.bare) {
     // The same simulated nodes against a bare SyncService (bare-sync.ts): what the messages alone cost.
     const bare = startProcess(['test/bench/bare-sync.ts']);
     const address = (await bare.waitFor(/bare sync listening on (\S+)/))[1];
-    results.push(await simulate('bare sync server', { address, secrets: cp.secrets, pid: bare.child.pid!, adminUrl: undefined, lastLines: () => bare.output() }, leases, withLogs));
+    bareResult = await simulate('bare sync server', { address, secrets: secrets!, pid: bare.child.pid!, adminUrl: undefined, lastLines: () => bare.output(), store: null }, leases, withLogs);
     await bare.kill('SIGTERM');
-    const [full, floor] = results.map((r) => r.cpUsPerRequest);
-    if (full !== null && floor !== null && full > 0) {
-      console.log(`  the messages alone (bare sync server): ${floor.toFixed(2)} µs per simulated request, ${((100 * floor) / full).toFixed(0)}% of the control plane's ${full.toFixed(2)} µs`);
-    }
   }
-  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, result: results[0], bare: results[1] ?? null });
+  printFakeTable(results, bareResult);
+  const loadAtEnd = machineLoad();
+  console.log(`load average at the start ${loadAtStart.join(', ')}, at the end ${loadAtEnd.join(', ')}`);
+  writeResults('tenants-fake', { at: new Date().toISOString(), zipf: ZIPF, durationSec: DURATION_SEC, stores: STORES, loadAtStart, loadAtEnd, results, bare: bareResult });
   await stopAll();
 }
+
+export type FakeResult = Awaited<ReturnType<typeof simulate>>;
 
 /** Reports of the measured run the target acknowledged. */
 function ackedSince(sim: FakeSim): number {
@@ -109,12 +113,15 @@ interface Target {
   pid: number;
   adminUrl: string | undefined;
   lastLines(): string;
+  /** The control plane's store (its database server's CPU is read too); null: the bare sync server. */
+  store: Store | null;
 }
 
 /** Simulated nodes against `target`: RATE req/s for DURATION_SEC, then the tail; printed and returned. */
 async function simulate(label: string, target: Target, leases: 'shares' | 'per-minute' | 'none', withLogs: boolean) {
   const nodesCount = NODE_COUNTS[0];
   const cpPid = target.pid;
+  const dbCpu = () => target.store?.dbCpu?.() ?? null;
   const orgIdOf = (r: number) => `org_t${String(r % ORGS).padStart(7, '0')}`;
   const projectIdOf = (r: number) => `proj_t${String(r % ORGS).padStart(7, '0')}`;
   const keyIdOf = (r: number) => `key_t${String(r).padStart(8, '0')}`;
@@ -278,9 +285,12 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
   // sent its snapshots, keeps compiling and collecting for several seconds: not its idle cost.
   await sleep(SETTLE_MS);
   const idle0 = cpuMicros(cpPid);
+  const dbIdle0 = dbCpu();
   const idleT0 = performance.now();
   await sleep(IDLE_SEC * 1000);
-  const idleRate = idle0 === null ? null : (cpuMicros(cpPid)! - idle0) / ((performance.now() - idleT0) / 1000);
+  const idleSec = (performance.now() - idleT0) / 1000;
+  const idleRate = idle0 === null ? null : (cpuMicros(cpPid)! - idle0) / idleSec;
+  const dbIdleRate = dbIdle0 === null ? null : (dbCpu()! - dbIdle0) / idleSec;
   // --warmup: the same load first, not counted (the steady state of a process that has run a while).
   if (WARMUP_SEC > 0) {
     await drive(WARMUP_SEC);
@@ -296,6 +306,7 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
   }
   const stopRss = watchRss(cpPid, 200);
   const cpu0 = cpuMicros(cpPid);
+  const db0 = dbCpu();
   const t0 = performance.now();
   const wall0 = Date.now();
   const simulated = await drive(DURATION_SEC);
@@ -306,16 +317,19 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
   while (sims.some((x) => ackedSince(x) < x.sentReports) && performance.now() - tail0 < 60_000) await sleep(100);
   const tailSec = (performance.now() - tail0) / 1000;
   const cpu1 = cpuMicros(cpPid);
+  const db1 = dbCpu();
   const peakRss = stopRss();
   if (target.adminUrl) console.log(`  control plane's counters: ${JSON.stringify(await cpCounters(target.adminUrl))}`);
   const measuredSec = loadSec + tailSec;
   const used = cpu0 === null || cpu1 === null || idleRate === null ? null : Math.max(0, cpu1 - cpu0 - idleRate * measuredSec);
+  const dbUsed = db0 === null || db1 === null || dbIdleRate === null ? null : Math.max(0, db1 - db0 - dbIdleRate * measuredSec);
   const acked = sims.reduce((s, x) => s + ackedSince(x), 0);
   // What the control plane wrote and acknowledged (when it could not keep up, less than was sent).
   const ackedRequests = sims.reduce((n, x) => n + x.node.reportAcks.reduce((m, seq) => m + (x.requestsInReport.get(seq) ?? 0), 0), 0);
   const sentReports = sims.reduce((s, x) => s + x.sentReports, 0);
   const result = {
     mode: 'fake-nodes',
+    target: target.store?.name ?? 'bare',
     nodes: nodesCount,
     keys: KEYS,
     orgs: ORGS,
@@ -333,15 +347,21 @@ async function simulate(label: string, target: Target, leases: 'shares' | 'per-m
     /** CPU per request the control plane acknowledged: a fair figure also when it fell behind (CPU-starved). */
     cpUsPerAckedRequest: used === null || ackedRequests === 0 ? null : used / ackedRequests,
     cpPeakRssBytes: peakRss,
+    /** The database server (PostgreSQL; null for SQLite, in process, and the bare server): its share of a core, per simulated and per acknowledged request. */
+    dbCoreShare: dbUsed === null ? null : dbUsed / 1e6 / measuredSec,
+    dbUsPerRequest: dbUsed === null ? null : dbUsed / simulated,
+    dbUsPerAckedRequest: dbUsed === null || ackedRequests === 0 ? null : dbUsed / ackedRequests,
     reportsSent: sentReports,
     reportsAcked: acked,
     perTickPerNode: perNodeTick,
+    loadAverage: machineLoad(),
   };
   console.log(
     `  ${label}: simulated ${simulated.toLocaleString('en')} requests in ${loadSec.toFixed(1)} s (${result.simulatedRate.toFixed(0)}/s${result.crossedMinute ? ', crossed a minute' : ''}); ` +
       `${acked}/${sentReports} reports acknowledged, the last ${tailSec.toFixed(1)} s after the load; ` +
       `control plane: ${result.coreShare === null ? 'n/a' : `${(result.coreShare * 100).toFixed(1)}% of one core`}, ${result.cpUsPerRequest === null ? 'n/a' : result.cpUsPerRequest.toFixed(2)} µs per simulated request, ` +
-      `${result.cpUsPerAckedRequest === null ? 'n/a' : result.cpUsPerAckedRequest.toFixed(2)} µs per acknowledged request (${ackedRequests.toLocaleString('en')}; at ${RATE.toLocaleString('en')} req/s that is ${result.cpUsPerAckedRequest === null ? 'n/a' : ((result.cpUsPerAckedRequest * RATE) / 1e4).toFixed(0)}% of a core), peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB`,
+      `${result.cpUsPerAckedRequest === null ? 'n/a' : result.cpUsPerAckedRequest.toFixed(2)} µs per acknowledged request (${ackedRequests.toLocaleString('en')}; at ${RATE.toLocaleString('en')} req/s that is ${result.cpUsPerAckedRequest === null ? 'n/a' : ((result.cpUsPerAckedRequest * RATE) / 1e4).toFixed(0)}% of a core), peak RSS ${peakRss === null ? 'n/a' : (peakRss / MB).toFixed(0)} MB, load average ${result.loadAverage.join(', ')}` +
+      (target.store?.name === 'postgres' ? `; database server: ${result.dbCoreShare === null ? 'n/a' : `${(result.dbCoreShare * 100).toFixed(1)}% of one core`}, ${result.dbUsPerAckedRequest === null ? 'n/a' : result.dbUsPerAckedRequest.toFixed(2)} µs per acknowledged request` : ''),
   );
   for (const sim of sims) {
     const err = sim.node.streamError();

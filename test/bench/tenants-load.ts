@@ -1,19 +1,22 @@
 // bench:tenants' load generator: one measured run against real nodes. An open-loop generator (a
 // request that is due goes out whatever the latency of the others), each request to a node picked at
-// random, the CPU of the control plane and the nodes read over an idle window first and around the run.
+// random, the CPU of the control plane, its database server (PostgreSQL) and the nodes read over an
+// idle window first and around the run.
 import { Pool } from 'undici';
 import type { ControlPlane, DataPlane } from '../helpers/processes.js';
 import { nextIp } from './load.js';
 import { mainThreadCpuMicros, rssBytes, threadCpuMicros } from './procstat.js';
 import { ALIGN, DURATION_SEC, IDLE_SEC, RATE, sleep, TAIL_MS } from './tenants-options.js';
-import { cpCounters, cpuOf, leaseWaits, printRun, type RunResult } from './tenants-report.js';
+import type { Store } from './tenants-provision.js';
+import { cpCounters, cpuOf, leaseWaits, machineLoad, printRun, type RunResult } from './tenants-report.js';
 
 const BODY = JSON.stringify({ model: 'demo-chat', messages: [{ role: 'user', content: 'Hello there! In one sentence, what is an API gateway for?' }] });
 
-/** CPU per second of the control plane (all threads and its main thread) and of the nodes, while idle. */
+/** CPU per second of the control plane (all threads and its main thread), its database server and the nodes, while idle. */
 export interface IdleRates {
   cp: number | null;
   main: number | null;
+  db: number | null;
   nodes: number | null;
 }
 
@@ -21,12 +24,13 @@ export interface IdleRates {
  * The idle rates of the control plane and the nodes over `ms`, after `settleMs` for them to finish
  * what they were doing (a run's tail, starting up).
  */
-export async function measureIdle(cp: ControlPlane, nodes: DataPlane[], ms: number, settleMs: number): Promise<IdleRates> {
+export async function measureIdle(cp: ControlPlane, store: Store, nodes: DataPlane[], ms: number, settleMs: number): Promise<IdleRates> {
   await sleep(settleMs);
   const cpPid = cp.proc.child.pid!;
   const nodePids = nodes.map((n) => n.proc.child.pid!);
   const cp0 = cpuOf([cpPid]);
   const main0 = mainThreadCpuMicros(cpPid);
+  const db0 = store.dbCpu?.() ?? null;
   const nodes0 = cpuOf(nodePids);
   const t0 = performance.now();
   await sleep(ms);
@@ -34,6 +38,7 @@ export async function measureIdle(cp: ControlPlane, nodes: DataPlane[], ms: numb
   return {
     cp: cp0 === null ? null : (cpuOf([cpPid])! - cp0) / sec,
     main: main0 === null ? null : (mainThreadCpuMicros(cpPid)! - main0) / sec,
+    db: db0 === null ? null : (store.dbCpu!()! - db0) / sec,
     nodes: nodes0 === null ? null : (cpuOf(nodePids)! - nodes0) / sec,
   };
 }
@@ -43,7 +48,7 @@ export async function measureIdle(cp: ControlPlane, nodes: DataPlane[], ms: numb
  * printed and returned. `idleGiven`: idle rates measured earlier, used instead of this run's idle
  * window (after a warm-up the processes are still finishing its work, so they are not idle then).
  */
-export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number, durationSec = DURATION_SEC, align = ALIGN, idleGiven?: IdleRates): Promise<RunResult> {
+export async function runLoad(label: string, cp: ControlPlane, store: Store, nodes: DataPlane[], pickKey: () => string, keys: number, orgs: number, durationSec = DURATION_SEC, align = ALIGN, idleGiven?: IdleRates): Promise<RunResult> {
   const cpPid = cp.proc.child.pid!;
   const nodePids = nodes.map((n) => n.proc.child.pid!);
   const durationMs = durationSec * 1000;
@@ -56,8 +61,8 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
     waitMs = top - durationMs / 2 - now;
     console.log(`  waiting ${(waitMs / 1000).toFixed(0)} s (idle measurement) so that the run crosses ${new Date(top).toISOString().slice(11, 19)} UTC`);
   }
-  const measured = await measureIdle(cp, nodes, waitMs, 0);
-  const { cp: idleCp, main: idleMain, nodes: idleNodes } = idleGiven ?? measured;
+  const measured = await measureIdle(cp, store, nodes, waitMs, 0);
+  const { cp: idleCp, main: idleMain, db: idleDb, nodes: idleNodes } = idleGiven ?? measured;
 
   for (const n of nodes) await leaseWaits(n.adminUrl!, true);
   const counters0 = await cpCounters(cp.adminUrl);
@@ -71,6 +76,7 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
   const cp0 = cpuOf([cpPid]);
   const main0 = mainThreadCpuMicros(cpPid);
   const threads0 = threadCpuMicros(cpPid);
+  const db0 = store.dbCpu?.() ?? null;
   const nodes0 = cpuOf(nodePids);
   const wall0 = Date.now();
   const t0 = performance.now();
@@ -115,6 +121,7 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
   const cp1 = cpuOf([cpPid]);
   const main1 = mainThreadCpuMicros(cpPid);
   const threads1 = threadCpuMicros(cpPid);
+  const db1 = store.dbCpu?.() ?? null;
   const nodes1 = cpuOf(nodePids);
   await Promise.all(pools.map((p) => p.close()));
   const waits = await Promise.all(nodes.map((n) => leaseWaits(n.adminUrl!)));
@@ -128,6 +135,7 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
   const waited = waits.reduce((s, w) => s + w.waited, 0);
   const r: RunResult = {
     run: label,
+    store: store.name,
     nodes: nodes.length,
     keys,
     orgs,
@@ -140,9 +148,11 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
     crossedMinute: Math.floor(wall0 / 60_000) !== Math.floor(wall1 / 60_000),
     cpUsPerRequest: perReq(cp0, cp1, idleCp),
     cpMainThreadUsPerRequest: perReq(main0, main1, idleMain),
+    dbUsPerRequest: perReq(db0, db1, idleDb),
     nodesUsPerRequest: perReq(nodes0, nodes1, idleNodes),
     cpIdleUsPerSec: idleCp,
     cpMainIdleUsPerSec: idleMain,
+    dbIdleUsPerSec: idleDb,
     nodesIdleUsPerSec: idleNodes,
     latencyMs: { p50: at(0.5), p90: at(0.9), p99: at(0.99), max: latencies[latencies.length - 1] ?? 0 },
     waited,
@@ -154,6 +164,7 @@ export async function runLoad(label: string, cp: ControlPlane, nodes: DataPlane[
     },
     cpRssBytes: rssBytes(cpPid),
     cpWork,
+    loadAverage: machineLoad(),
   };
   printRun(r, threads0, threads1);
   return r;

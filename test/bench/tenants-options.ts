@@ -21,6 +21,7 @@ export const { values: opts } = parseArgs({
     bare: { type: 'boolean', default: false },
     'fake-report-every-ms': { type: 'string', default: '1000' },
     'report-every-ms': { type: 'string' },
+    stores: { type: 'string', default: 'sqlite,postgres' },
   },
 });
 export const FAKE = opts['fake-nodes']!;
@@ -42,6 +43,11 @@ export const WARMUP_SEC = Number(opts.warmup);
 if (!Number.isFinite(WARMUP_SEC) || WARMUP_SEC < 0) throw new Error(`--warmup must be a number of seconds, 0 or more, got ${JSON.stringify(opts.warmup)}`);
 for (const flag of ['bare', 'fake-report-every-ms', 'no-fake-logs', 'fake-leases'] as const) {
   if (!FAKE && process.argv.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`))) throw new Error(`--${flag} is a flag of --fake-nodes`);
+}
+/** --stores: the control plane's stores measured one after the other in the run (PostgreSQL: a real server, test/helpers/postgres-server.ts). */
+export const STORES = opts.stores!.split(',').map((x) => x.trim()) as ('sqlite' | 'postgres')[];
+if (STORES.length === 0 || STORES.some((x) => x !== 'sqlite' && x !== 'postgres') || new Set(STORES).size !== STORES.length) {
+  throw new Error(`--stores must list sqlite and/or postgres once each, comma-separated, got ${JSON.stringify(opts.stores)}`);
 }
 export const ALIGN = !opts['no-align'] && DURATION_SEC < 60;
 export const TAIL_MS = 2000;

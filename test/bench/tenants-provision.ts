@@ -1,10 +1,77 @@
 // bench:tenants' tenants: the control plane's config, the K keys in O organisations seeded straight
-// into its SQLite database, the Zipf law that picks a key, and the wait until a node knows the keys.
+// into its SQLite database (then, for PostgreSQL, moved into a real server by the tested move), the
+// Zipf law that picks a key, and the wait until a node knows the keys.
+import { join } from 'node:path';
 import { SqliteDb } from '../../control-plane/store/sqlite-db.js';
+import { moveSqliteToPostgres } from '../../control-plane/store/sqlite-to-postgres.js';
 import { hashKey } from '../../proto/lib/keys.js';
 import { configYaml } from '../helpers/config.js';
-import type { DataPlane } from '../helpers/processes.js';
-import { sleep } from './tenants-options.js';
+import { consoleClient, createKey } from '../helpers/console.js';
+import { startPostgres } from '../helpers/postgres-server.js';
+import { startControlPlane, type ControlPlane, type DataPlane } from '../helpers/processes.js';
+import { treeCpuMicros } from './procstat.js';
+import { opts, sleep } from './tenants-options.js';
+
+/** The store a run's control plane keeps its state in, and how to read its database server's CPU. */
+export interface Store {
+  name: 'sqlite' | 'postgres';
+  /** CPU µs of the database server's processes so far; null: SQLite, inside the control plane. */
+  dbCpu: (() => number | null) | null;
+}
+
+export interface Provisioned {
+  cp: ControlPlane;
+  store: Store;
+  /** The control key (its own organisation), with `withControl`. */
+  controlKey: string | null;
+  /** Stops the control plane and the database server. */
+  stop(): Promise<void>;
+}
+
+/**
+ * A control plane on `storeName` holding `keys` keys in `orgs` organisations (and a control key):
+ * created on SQLite, seeded there, and for PostgreSQL moved into one database of a fresh server
+ * with control-plane/store/sqlite-to-postgres.ts (what `npm run move-to-postgres` runs), then
+ * restarted on it with --database-url and the same secrets.
+ */
+export async function provision(storeName: Store['name'], keys: number, orgs: number, withControl: boolean): Promise<Provisioned> {
+  const first = await startControlPlane({ configYaml: benchConfig() });
+  let controlKey: string | null = null;
+  if (withControl) {
+    const admin = consoleClient(first.address, first.secrets.operatorToken);
+    controlKey = (await createKey(admin, { tier: 'bench' })).key;
+    admin.close();
+  }
+  await first.proc.kill('SIGTERM');
+  const seed0 = performance.now();
+  await seedTenants(first.dbPath, first.secrets.pepper, keys, orgs);
+  console.log(`  ${storeName}: seeded ${keys.toLocaleString('en')} keys in ${orgs.toLocaleString('en')} organisations in ${((performance.now() - seed0) / 1000).toFixed(1)} s`);
+  let databaseUrl: string | undefined;
+  let store: Store = { name: 'sqlite', dbCpu: null };
+  let stopDb = async () => {};
+  if (storeName === 'postgres') {
+    const pgServer = await startPostgres();
+    process.once('exit', () => pgServer.stopNow());
+    stopDb = () => pgServer.stop();
+    databaseUrl = await pgServer.createDatabase('tollgate_bench');
+    const move0 = performance.now();
+    const moved = await moveSqliteToPostgres({ dbPath: first.dbPath, logsDbPath: join(first.dir, 'logs.db') }, databaseUrl, () => {});
+    const rows = moved.tables.reduce((n, t) => n + t.rows, 0);
+    console.log(`  postgres: moved ${rows.toLocaleString('en')} rows into PostgreSQL (server pid ${pgServer.pid}) in ${((performance.now() - move0) / 1000).toFixed(1)} s`);
+    store = { name: 'postgres', dbCpu: () => treeCpuMicros(pgServer.pid) };
+  }
+  const nodeArgs = opts['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${opts['cpu-prof']}`] : [];
+  const cp = await startControlPlane({ dir: first.dir, secrets: first.secrets, configPath: first.configPath, adminListen: true, nodeArgs, databaseUrl });
+  return {
+    cp,
+    store,
+    controlKey,
+    async stop() {
+      await cp.proc.kill('SIGTERM');
+      await stopDb();
+    },
+  };
+}
 
 export function benchConfig(): string {
   return configYaml((cfg) => {

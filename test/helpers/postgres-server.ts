@@ -28,6 +28,8 @@ const APP_PASSWORD = 'app-secret-for-tests';
 
 export interface PostgresServer {
   port: number;
+  /** The postmaster's pid (benchmarks read the server's CPU from it and its children). */
+  pid: number;
   /** A new database owned by the ordinary role; returns its postgres:// URL (as that role). */
   createDatabase(name?: string): Promise<string>;
   /** A superuser URL of a database (to inspect or tamper with it in tests). */
@@ -118,6 +120,7 @@ export async function startPostgres(): Promise<PostgresServer> {
   await asAdmin(`CREATE ROLE ${APP_ROLE} LOGIN PASSWORD '${APP_PASSWORD}' NOSUPERUSER NOCREATEDB NOCREATEROLE`);
   return {
     port,
+    pid: child.pid!,
     adminUrl,
     async createDatabase(name = `t${process.pid}_${++counter}`) {
       await asAdmin(`CREATE DATABASE ${name} OWNER ${APP_ROLE}`);
@@ -126,6 +129,8 @@ export async function startPostgres(): Promise<PostgresServer> {
     async stop() {
       if (child.exitCode === null) {
         const exited = new Promise((resolve) => child.once('exit', resolve));
+        // Unref'd above: with nothing else pending, a script awaiting this would end silently, code 0.
+        child.ref();
         // SIGQUIT: immediate shutdown (tests keep nothing).
         child.kill('SIGQUIT');
         await exited;
