@@ -14,6 +14,7 @@
 // back and asks afresh, so a lowered cap binds at once and a raised one unblocks at once.
 import type { OrgLeaseReturn, OrgLeaseWant } from '../../proto/gen/tollgate/v1/sync.js';
 import { wake, type LeaseLink } from './lease-link.js';
+import { isLimitPool } from '../../proto/lib/spend-limits.js';
 
 export interface OrgSlice {
   /** Granted, minus returned, minus the cost of finished requests and the estimates of those in flight. */
@@ -40,8 +41,10 @@ export interface OrgSlice {
   exhaustedAtMs: number;
   /**
    * What the control plane said, with its last answer, this node may take in advance of a late one
-   * (OrgLease.advance_micros; docs/leases.md "When the control plane answers late"). null: it never
-   * said (no answer yet on this connection): every request out of time is taken, as before.
+   * (OrgLease.advance_micros; docs/leases.md "When the control plane answers late"). null: no bound,
+   * every request out of time is taken: an organisation's balance with no answer yet on this
+   * connection, or a pool whose control plane answers without it (older). A key's limit or a
+   * project's cap with no answer yet: 0, so one request is taken and the others wait for the first.
    */
   advanceMicros: number | null;
   /** Taken past the slice in advance of the answer on its way (what advanceMicros bounds). */
@@ -75,12 +78,15 @@ function take(o: OrgSlice, past: number, r: SpendReservation): void {
 
 /**
  * An answer came: what is taken in advance of the next one counts afresh, but for what this one left
- * owed (its allowance was decided before the control plane heard of it).
+ * owed (its allowance was decided before the control plane heard of it). Money granted without an
+ * allowance comes from a control plane that never says one (older): no bound, as before. (This one
+ * says it with every grant; only its answers of nothing, e.g. a failed read, come without.)
  */
-function answered(o: OrgSlice, advanceMicros: number | undefined): void {
+function answered(o: OrgSlice, grantedMicros: number, advanceMicros: number | undefined): void {
   o.advancedMicros = Math.min(o.advancedMicros, Math.max(0, -o.sliceMicros));
   o.extraBy = null;
   if (advanceMicros !== undefined) o.advanceMicros = advanceMicros;
+  else if (grantedMicros > 0) o.advanceMicros = null;
 }
 
 /** After "nothing left", ask again at most this often (a credit or cap change asks at once). */
@@ -154,7 +160,7 @@ export class LeaseMoney {
       o.lastGrantMicros = micros;
       o.exhaustedAtMs = 0;
       o.dry = false;
-      answered(o, advanceMicros);
+      answered(o, micros, advanceMicros);
       wake(o);
     }
   }
@@ -217,7 +223,7 @@ export class LeaseMoney {
   private orgFor(orgId: string): OrgSlice {
     let o = this.orgs.get(orgId);
     if (!o) {
-      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, advanceMicros: null, advancedMicros: 0, extraBy: null, waiters: [] };
+      o = { sliceMicros: 0, lastGrantMicros: 0, maxCostMicros: 0, maxWorstMicros: 0, reservedMicros: 0, firstOpen: false, pending: false, neededAsk: false, askedAtMs: 0, dry: false, exhaustedAtMs: 0, advanceMicros: isLimitPool(orgId) ? 0 : null, advancedMicros: 0, extraBy: null, waiters: [] };
       this.orgs.set(orgId, o);
     }
     return o;
@@ -295,7 +301,7 @@ export class LeaseMoney {
     o.pending = false;
     o.sliceMicros += micros;
     if (micros > 0) o.lastGrantMicros = micros;
-    answered(o, advanceMicros);
+    answered(o, micros, advanceMicros);
     // Nothing granted to a want made ahead of need: none again until it is needed.
     o.dry = micros <= 0 && o.neededAsk === false;
     // Nothing granted without "exhausted" (nothing free ahead of need, or the control plane failed

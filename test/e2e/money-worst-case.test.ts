@@ -103,6 +103,46 @@ async function limitedKey(cp: ControlPlane, admin: Console, nodes: DataPlane[], 
   return { key: created.key, id: created.id };
 }
 
+test('a burst of 30 while the control plane answers late (stopped 1.5 s): spend stays within the limit plus one request\'s worst case', async () => {
+  // Before: each request out of time (250 ms without an answer) was taken in advance of it, so a burst
+  // during a slow control plane passed a $0.01 limit three times over (a CI run under load: 32,300 µ$).
+  // The control plane stops before the key's first request: its pool has no grant yet on the node, so
+  // one request is taken in advance and the others wait for the first answer (docs/leases.md).
+  const { cp, nodes, admin, up } = await cluster(1);
+  const { key } = await limitedKey(cp, admin, nodes, '0.01');
+  const pid = cp.proc.child.pid!;
+  process.kill(pid, 'SIGSTOP');
+  // How long the control plane is silent, under the 5 s a reclaim may take: the outcome does not depend on it.
+  const resume = setTimeout(() => process.kill(pid, 'SIGCONT'), 1500);
+  try {
+    const { spent, admitted } = await burst(up, nodes, key, 30);
+    assert.ok(admitted >= 1, 'the first requests fit');
+    assert.ok(spent <= 10_000 + WORST, `spent ${spent} of a 10,000 µ$ limit with one node: past it by more than one worst case (${WORST})`);
+  } finally {
+    clearTimeout(resume);
+    process.kill(pid, 'SIGCONT');
+  }
+  admin.close();
+});
+
+test('a burst of 30 over two nodes on a fresh key limited to $0.01 while the control plane is stopped 1.5 s: within the limit plus one worst case per node', async () => {
+  // The CI failure that found the defect (money-limits.test.ts, under load): a fresh key, two nodes.
+  const { cp, nodes, admin, up } = await cluster(2);
+  const { key } = await limitedKey(cp, admin, nodes, '0.01');
+  const pid = cp.proc.child.pid!;
+  process.kill(pid, 'SIGSTOP');
+  const resume = setTimeout(() => process.kill(pid, 'SIGCONT'), 1500);
+  try {
+    const { spent, admitted } = await burst(up, nodes, key, 30);
+    assert.ok(admitted >= 1, 'the first requests fit');
+    assert.ok(spent <= 10_000 + 2 * WORST, `spent ${spent} of a 10,000 µ$ limit with two nodes: past it by more than one worst case per node (${WORST})`);
+  } finally {
+    clearTimeout(resume);
+    process.kill(pid, 'SIGCONT');
+  }
+  admin.close();
+});
+
 test('a burst of 30 near a key limit while the control plane answers late (stopped 1.5 s): spend stays within the limit plus one request\'s worst case', async () => {
   // Before: each request out of time (250 ms without an answer) was taken in advance of it, so a burst
   // during a slow control plane passed a $0.01 limit three times over (a CI run under load: 32,300 µ$).
