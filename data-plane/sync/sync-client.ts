@@ -3,8 +3,8 @@
 // Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
 // bad node token) is fatal: one line, exit 2. Given several control planes (`a:50051,b:50051`), the node
-// finds the leader itself: a standby's UNAVAILABLE names it and the next attempt goes there; a stream
-// that fails otherwise moves on to the next address given (docs/design.md#several-control-planes-on-one-database).
+// finds the leader itself: a standby's UNAVAILABLE names it and the next attempt goes there at once,
+// each address with its own back-off (leader-search.ts, docs/design.md#several-control-planes-on-one-database).
 import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
