@@ -107,7 +107,10 @@ async function main(): Promise<void> {
   });
   // Bounded per project as the config says (responses.owner_records_per_project); placed: the
   // projects this node serves only, asked for over the sync stream (docs/design.md#owner-records).
-  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT, true);
+  const responseOwners = new ResponseOwners({
+    perProject: () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT,
+    placed: true,
+  });
   let sync: SyncClient | null = null;
   responseOwners.onNeed = (projectId) => sync?.sendOwnerInterest([projectId]);
   setOwnerRecordsSource(() => ({ records: responseOwners.size, projects: responseOwners.projects }));

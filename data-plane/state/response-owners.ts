@@ -21,6 +21,8 @@ export const DEFAULT_OWNER_RECORDS_PER_PROJECT = 100_000;
 
 export interface ResponseOwner {
   projectId: string;
+  /** The project's organisation, when the one recording it knows it (a request's key does). */
+  orgId?: string;
   /** The gateway's model id the response was created with. */
   model: string;
   createdAtMs: number;
@@ -41,6 +43,16 @@ const MAX_DELETED = 10_000;
 /** How long a request whose id missed waits for its project's records to arrive (then 503). */
 export const OWNERS_WAIT_MS = 3_000;
 
+export interface ResponseOwnersOptions {
+  /** Records held at most, whatever the bounds below (MAX_RESPONSE_OWNERS). */
+  maxEntries?: number;
+  retentionMs?: number;
+  /** The per-project bound, read as each record is added (it follows the config). */
+  perProject?: () => number;
+  /** Holds only the projects it serves (else every project's, all sent to it). */
+  placed?: boolean;
+}
+
 export class ResponseOwners {
   /** Asks the control plane for a project's records (set by the node's wiring; placed only). */
   onNeed: ((projectId: string) => void) | null = null;
@@ -55,14 +67,18 @@ export class ResponseOwners {
   /** One copy of each project id and model id (records from the sync decoder each bring their own). */
   private readonly strings = new Map<string, string>();
 
-  constructor(
-    private readonly maxEntries = MAX_RESPONSE_OWNERS,
-    private readonly retentionMs = RESPONSE_RETENTION_MS,
-    /** The per-project bound, read as each record is added (it follows the config). */
-    private readonly perProject: () => number = () => DEFAULT_OWNER_RECORDS_PER_PROJECT,
-    /** Holds only the projects it serves (else every project's, all sent to it). */
-    readonly placed = false,
-  ) {}
+  private readonly maxEntries: number;
+  private readonly retentionMs: number;
+  private readonly perProject: () => number;
+  /** Holds only the projects it serves (else every project's, all sent to it). */
+  readonly placed: boolean;
+
+  constructor(opts: ResponseOwnersOptions = {}) {
+    this.maxEntries = opts.maxEntries ?? MAX_RESPONSE_OWNERS;
+    this.retentionMs = opts.retentionMs ?? RESPONSE_RETENTION_MS;
+    this.perProject = opts.perProject ?? (() => DEFAULT_OWNER_RECORDS_PER_PROJECT);
+    this.placed = opts.placed ?? false;
+  }
 
   /** Whether every retained record of the project is here (always, unplaced). */
   holdsAllOf(projectId: string): boolean {

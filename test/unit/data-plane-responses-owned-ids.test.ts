@@ -41,7 +41,7 @@ const keyA = state.lookup(pepper, 'sk-a')!;
 const keyB = state.lookup(pepper, 'sk-b')!;
 
 test("a project past its bound loses its own oldest records, never another project's", () => {
-  const o = new ResponseOwners(1_000, undefined, () => 3);
+  const o = new ResponseOwners({ maxEntries: 1_000, perProject: () => 3 });
   o.add('b1', { projectId: 'proj_b', model: 'chat', createdAtMs: 1 });
   for (let i = 0; i < 10; i++) o.add(`a${i}`, { projectId: 'proj_a', model: 'chat', createdAtMs: 10 + i });
   assert.equal(o.get('b1', 100)?.projectId, 'proj_b');
@@ -62,7 +62,7 @@ test("a project past its bound loses its own oldest records, never another proje
 
 test("past the node's cap the project holding the most gives up its oldest", () => {
   // Before issue 34 the cap evicted the oldest of all: a flood of one project's creates evicted every other project's.
-  const o = new ResponseOwners(5, undefined, () => 1_000);
+  const o = new ResponseOwners({ maxEntries: 5, perProject: () => 1_000 });
   o.add('b1', { projectId: 'proj_b', model: 'chat', createdAtMs: 1 });
   o.add('b2', { projectId: 'proj_b', model: 'chat', createdAtMs: 2 });
   for (let i = 0; i < 20; i++) o.add(`a${i}`, { projectId: 'proj_a', model: 'chat', createdAtMs: 10 + i });
@@ -156,7 +156,7 @@ test('ids an answer names are named before the chunk holding their end goes on',
 });
 
 test('placed owner records: a project not held is asked for once; its waiters go on when it arrives, or after their wait', async () => {
-  const owners = new ResponseOwners(undefined, undefined, undefined, true);
+  const owners = new ResponseOwners({ placed: true });
   const asked: string[] = [];
   owners.onNeed = (p) => asked.push(p);
   assert.equal(owners.holdsAllOf('proj_a'), false);
