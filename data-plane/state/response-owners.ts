@@ -9,6 +9,8 @@
 // only, asking the control plane for a project's (`onNeed`) the first time a request of it misses
 // one; until they arrived (`caughtUp`) a miss is not yet an answer. No I/O (timers for the waits).
 
+import { OldestFirst } from './oldest-first.js';
+
 /** OpenAI keeps stored responses 30 days; the gateway keeps its record of who owns one as long. */
 export const RESPONSE_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
 /**
@@ -61,6 +63,12 @@ export interface ResponseOwnersOptions {
   placed?: boolean;
 }
 
+/** A record as held: with its id, and marked when it leaves (its place in its project's queue is then stepped over). */
+interface Held extends ResponseOwner {
+  id: string;
+  gone: boolean;
+}
+
 /** The records one organisation holds here (a project whose organisation is not known: its own). */
 interface OrgRecords {
   projects: Set<string>;
@@ -79,11 +87,11 @@ export class ResponseOwners {
   /** Projects whose retained records this node holds (placed), and those asked for. */
   private readonly loaded = new Set<string>();
   private readonly asked = new Map<string, Set<(loaded: boolean) => void>>();
-  private readonly byId = new Map<string, ResponseOwner>();
+  private readonly byId = new Map<string, Held>();
   /** Ids deleted upstream through this node, newest last: a project's records sent again (a catch-up) do not bring them back. */
   private readonly deleted = new Set<string>();
-  /** Each project's ids, in the order they were recorded (near enough creation order): its oldest first. */
-  private readonly byProject = new Map<string, Set<string>>();
+  /** Each project's records, in the order they were recorded (near enough creation order): its oldest first. */
+  private readonly byProject = new Map<string, OldestFirst<Held>>();
   /** One copy of each project id and model id (records from the sync decoder each bring their own). */
   private readonly strings = new Map<string, string>();
   /**
@@ -181,19 +189,19 @@ export class ResponseOwners {
     let ids = this.byProject.get(projectId);
     const bound = Math.max(1, this.perProject());
     if (ids && ids.size >= bound) {
-      const oldest = this.byId.get(ids.values().next().value as string);
+      const oldest = ids.oldest();
       if (oldest && owner.createdAtMs <= oldest.createdAtMs) return;
     }
-    const record: ResponseOwner = { projectId, model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
+    const record: Held = { id, gone: false, projectId, model: this.intern(owner.model), createdAtMs: owner.createdAtMs };
     if (owner.deployment) record.deployment = this.intern(owner.deployment);
     if (owner.contextTokens !== undefined) record.contextTokens = owner.contextTokens;
     this.byId.set(id, record);
-    if (!ids) this.byProject.set(projectId, (ids = new Set()));
-    ids.add(id);
+    if (!ids) this.byProject.set(projectId, (ids = new OldestFirst()));
+    ids.push(record);
     const org = this.orgRecords(this.orgKeyOf(projectId));
     org.projects.add(projectId);
     org.size++;
-    while (ids.size > bound) this.remove(ids.values().next().value as string);
+    while (ids.size > bound) this.remove(ids.oldest()!.id);
     const orgBound = Math.max(1, this.perOrg());
     // A hundredth of the bound at once, so a flood scans the organisation's projects rarely.
     if (org.size > orgBound) this.evictWithin(org, org.size - orgBound + Math.floor(orgBound / 100));
@@ -212,13 +220,13 @@ export class ResponseOwners {
   /** `n` records of one organisation go: the oldest of its project holding the most, and so on. */
   private evictWithin(org: OrgRecords, n: number): void {
     while (n > 0 && org.size > 0) {
-      let largest: Set<string> | undefined;
+      let largest: OldestFirst<Held> | undefined;
       for (const p of org.projects) {
         const ids = this.byProject.get(p);
         if (ids && (!largest || ids.size > largest.size)) largest = ids;
       }
       if (!largest) return;
-      for (let take = Math.min(n, largest.size); take > 0; take--, n--) this.remove(largest.values().next().value as string);
+      for (let take = Math.min(n, largest.size); take > 0; take--, n--) this.remove(largest.oldest()!.id);
     }
   }
 
@@ -281,8 +289,9 @@ export class ResponseOwners {
     const o = this.byId.get(id);
     if (!o) return;
     this.byId.delete(id);
+    o.gone = true;
     const ids = this.byProject.get(o.projectId);
-    ids?.delete(id);
+    ids?.left();
     const key = this.orgKeyOf(o.projectId);
     const org = this.byOrg.get(key);
     if (org) org.size--;
