@@ -5,9 +5,10 @@
 // node creates (at once) and by the control plane's sync for what other nodes created. Bounded per
 // project and per organisation (docs/design.md#owner-records): a project past its bound loses its own
 // oldest records, an organisation past its bound its own (from its project holding the most), never
-// another's; the node's cap takes from the organisation holding the most. Placed: a node built `placed` holds the records of the projects it serves
-// only, asking the control plane for a project's (`onNeed`) the first time a request of it misses
-// one; until they arrived (`caughtUp`) a miss is not yet an answer. No I/O (timers for the waits).
+// another's; the node's cap takes from the organisation holding the most. Placed: a node built
+// `placed` holds the records of the projects it serves only, asking the control plane for a
+// project's (`onNeed`) the first time a request of it misses one; until they arrived (`caughtUp`) a
+// miss is not yet an answer. No I/O (timers for the waits).
 
 import { OldestFirst } from './oldest-first.js';
 
@@ -29,7 +30,7 @@ const NO_ORG = '\0project:';
 
 export interface ResponseOwner {
   projectId: string;
-  /** The project's organisation, when the one recording it knows it (a request's key does). */
+  /** Given to `add`: the project's organisation, when the one recording it knows it (a request's key does); kept per project. */
   orgId?: string;
   /** The gateway's model id the response was created with. */
   model: string;
