@@ -4,9 +4,10 @@
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
 // bad node token) is fatal: one line, exit 2. Given several control planes (`a:50051,b:50051`), the node
 // finds the leader itself: a standby's UNAVAILABLE names it and the next attempt goes there at once,
-// each address with its own back-off (leader-search.ts, docs/design.md#several-control-planes-on-one-database).
+// each address with its own back-off (leader-search.ts, docs/design.md#several-control-planes-on-one-database);
+// an attempt whose connection is not made within CONNECT_TIMEOUT_MS counts as no answer.
 import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
-import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
+import { Metadata, connectivityState, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 import { splitAddresses } from '../../proto/lib/leader-hint.js';
 import { LeaderSearch } from './leader-search.js';
@@ -27,6 +28,11 @@ const USED_EVERY_MS = 100;
 const USED_EVERY_KEY_TICKS = 10;
 /** How often the node tells the control plane its journal depth (for `tollgate nodes list`). */
 const STATUS_EVERY_MS = 5000;
+/**
+ * How long an attempt waits for its connection to be made: grpc-js waits for ever on a peer that
+ * takes the connection and never answers (a machine gone), and the node would try no other address.
+ */
+export const CONNECT_TIMEOUT_MS = 2_000;
 
 export interface SyncClientOptions {
   /** The control plane's HOST:PORT, or several separated by commas (the leader is found among them). */
@@ -81,6 +87,8 @@ export class SyncClient {
   /** The version the current stream's CaughtUp names (-1: not yet received on this stream). */
   private catchUpVersion = -1;
   private retryTimer: NodeJS.Timeout | null = null;
+  /** Numbers the attempts: a connection wait of an attempt given up answers nothing. */
+  private attemptSeq = 0;
   private lostLogged = false;
   /** The highest stored-response record seq received from the control plane. */
   private storedResponsesSeq = 0;
@@ -184,14 +192,35 @@ export class SyncClient {
     for (const c of this.clients.values()) c.close();
   }
 
+  /** Opens a stream once the address's connection is made; gives the attempt up after CONNECT_TIMEOUT_MS. */
   private connect(): void {
     if (this.stopped) return;
+    const client = this.client;
+    const channel = client.getChannel();
+    const attempt = ++this.attemptSeq;
+    // grpc-js deadlines are on the wall clock (the node's own clock may be a test's).
+    const deadline = Date.now() + CONNECT_TIMEOUT_MS;
+    const check = (): void => {
+      if (this.stopped || attempt !== this.attemptSeq) return;
+      const state = channel.getConnectivityState(true);
+      // Connected, or refused (the call then fails at once, as it always did): the stream goes now.
+      if (state === connectivityState.READY || state === connectivityState.TRANSIENT_FAILURE || state === connectivityState.SHUTDOWN) return this.openStream(client);
+      channel.watchConnectivityState(state, deadline, (err) => {
+        if (!err) return check();
+        if (this.stopped || attempt !== this.attemptSeq) return;
+        this.retry({ code: GrpcStatus.UNAVAILABLE, details: `no connection within ${CONNECT_TIMEOUT_MS} ms`, metadata: new Metadata() });
+      });
+    };
+    check();
+  }
+
+  private openStream(client: SyncServiceClient): void {
     const md = new Metadata();
     md.set('authorization', `Bearer ${this.opts.nodeToken}`);
     // The generated client's Connect, with a deserializer that packs a snapshot's keys as it reads
     // them and assembles a snapshot sent in parts (one decoder per stream: a broken stream's parts go with it).
     const method = SyncServiceService.connect;
-    const call = this.client.makeBidiStreamRequest(method.path, method.requestSerialize, new SnapshotDecoder().decode, md);
+    const call = client.makeBidiStreamRequest(method.path, method.requestSerialize, new SnapshotDecoder().decode, md);
     this.call = call;
     this.awaitingSnapshot = false;
     this.catchUpVersion = -1;
@@ -344,6 +373,11 @@ export class SyncClient {
     this.opts.reporter.detach();
     // Slices belong to a connection; until the next one the key's own limits apply locally.
     this.opts.leases?.setConnected(false);
+    this.retry(s);
+  }
+
+  /** An attempt ended (its stream, or the wait for its connection): fatal, or the next attempt is timed. */
+  private retry(s: StatusObject): void {
     if (this.stopped) return;
     if (s.code === GrpcStatus.FAILED_PRECONDITION) {
       // The details already say "pepper mismatch: …".
