@@ -7,9 +7,10 @@
 // each address with its own back-off (leader-search.ts, docs/design.md#several-control-planes-on-one-database);
 // an attempt whose connection is not made within CONNECT_TIMEOUT_MS counts as no answer.
 import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
-import { Metadata, connectivityState, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
+import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
 import { splitAddresses } from '../../proto/lib/leader-hint.js';
+import { CONNECT_TIMEOUT_MS, whenConnectionSettled } from '../../proto/lib/connection-wait.js';
 import { LeaderSearch } from './leader-search.js';
 import { SyncServiceClient, SyncServiceService, type ControlMessage, type DeploymentHealth, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../state/key-table.js';
@@ -28,11 +29,6 @@ const USED_EVERY_MS = 100;
 const USED_EVERY_KEY_TICKS = 10;
 /** How often the node tells the control plane its journal depth (for `tollgate nodes list`). */
 const STATUS_EVERY_MS = 5000;
-/**
- * How long an attempt waits for its connection to be made: grpc-js waits for ever on a peer that
- * takes the connection and never answers (a machine gone), and the node would try no other address.
- */
-export const CONNECT_TIMEOUT_MS = 2_000;
 
 export interface SyncClientOptions {
   /** The control plane's HOST:PORT, or several separated by commas (the leader is found among them). */
@@ -196,22 +192,12 @@ export class SyncClient {
   private connect(): void {
     if (this.stopped) return;
     const client = this.client;
-    const channel = client.getChannel();
     const attempt = ++this.attemptSeq;
-    // grpc-js deadlines are on the wall clock (the node's own clock may be a test's).
-    const deadline = Date.now() + CONNECT_TIMEOUT_MS;
-    const check = (): void => {
+    whenConnectionSettled(client.getChannel(), CONNECT_TIMEOUT_MS, (settled) => {
       if (this.stopped || attempt !== this.attemptSeq) return;
-      const state = channel.getConnectivityState(true);
-      // Connected, or refused (the call then fails at once, as it always did): the stream goes now.
-      if (state === connectivityState.READY || state === connectivityState.TRANSIENT_FAILURE || state === connectivityState.SHUTDOWN) return this.openStream(client);
-      channel.watchConnectivityState(state, deadline, (err) => {
-        if (!err) return check();
-        if (this.stopped || attempt !== this.attemptSeq) return;
-        this.retry({ code: GrpcStatus.UNAVAILABLE, details: `no connection within ${CONNECT_TIMEOUT_MS} ms`, metadata: new Metadata() });
-      });
-    };
-    check();
+      if (settled) this.openStream(client);
+      else this.retry({ code: GrpcStatus.UNAVAILABLE, details: `no connection within ${CONNECT_TIMEOUT_MS} ms`, metadata: new Metadata() });
+    });
   }
 
   private openStream(client: SyncServiceClient): void {

@@ -7,7 +7,8 @@ import { test } from 'node:test';
 import { Metadata, Server, ServerCredentials, type ServerDuplexStream } from '@grpc/grpc-js';
 import { SyncServiceService, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import { StateHolder } from '../../data-plane/state/key-table.js';
-import { CONNECT_TIMEOUT_MS, SyncClient } from '../../data-plane/sync/sync-client.js';
+import { SyncClient } from '../../data-plane/sync/sync-client.js';
+import { CONNECT_TIMEOUT_MS } from '../../proto/lib/connection-wait.js';
 import type { Reporter } from '../../data-plane/sync/reporter.js';
 
 type Call = ServerDuplexStream<NodeMessage, ControlMessage>;
