@@ -1,10 +1,12 @@
 // A promise-based client of the console API (proto/tollgate/v1/console.proto): the bearer token in
 // metadata and a deadline on every call. Given several control planes (`a:50051,b:50051`) it finds the
 // leader itself: a standby's UNAVAILABLE names the leader and the call goes there; an address that
-// takes no connection is passed over for the next (docs/design.md#several-control-planes-on-one-database).
+// takes no connection, or none within CONNECT_TIMEOUT_MS, is passed over for the next
+// (docs/design.md#several-control-planes-on-one-database).
 import { Metadata, status as GrpcStatus, type CallOptions, type ClientUnaryCall, type ServiceError } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../proto/lib/tls.js';
 import { isStandbyRefusal, leaderFromDetails, splitAddresses } from '../proto/lib/leader-hint.js';
+import { CONNECT_TIMEOUT_MS, whenConnectionSettled } from '../proto/lib/connection-wait.js';
 import {
   ConsoleServiceClient,
   type AddMemberRequest,
@@ -75,6 +77,12 @@ function neverRan(err: ServiceError): boolean {
   return err.code === GrpcStatus.UNAVAILABLE && (isStandbyRefusal(err.details) || /No connection established|ECONNREFUSED/.test(err.details ?? ''));
 }
 
+/** What a call that never started says: read as no connection made (neverRan). */
+function notConnected(): ServiceError {
+  const details = `No connection established within ${CONNECT_TIMEOUT_MS} ms`;
+  return Object.assign(new Error(`${GrpcStatus.UNAVAILABLE} UNAVAILABLE: ${details}`), { code: GrpcStatus.UNAVAILABLE, details, metadata: new Metadata() });
+}
+
 export class ConsoleClient {
   private readonly addresses: string[];
   private readonly clients = new Map<string, ConsoleServiceClient>();
@@ -112,6 +120,10 @@ export class ConsoleClient {
     for (const c of this.clients.values()) c.close();
   }
 
+  private connectionSettled(timeoutMs: number): Promise<boolean> {
+    return new Promise((resolve) => whenConnectionSettled(this.client.getChannel(), timeoutMs, resolve));
+  }
+
   private callOnce<Req, Res>(method: UnaryMethod<Req, Res>, request: Req, deadline: number): Promise<Res> {
     const metadata = new Metadata();
     if (this.token) metadata.set('authorization', `Bearer ${this.token}`);
@@ -130,6 +142,9 @@ export class ConsoleClient {
     let standbyErr: ServiceError | null = null;
     for (;;) {
       try {
+        // With another address to try, one whose connection is not made soon is passed over.
+        const other = this.addresses.some((a) => a !== this.current && !tried.has(a));
+        if (other && !(await this.connectionSettled(Math.min(CONNECT_TIMEOUT_MS, deadline - Date.now())))) throw notConnected();
         return await this.callOnce(method, request, deadline);
       } catch (err) {
         const e = err as ServiceError;

@@ -25,7 +25,7 @@ import { LeaseClient } from './leases/lease-client.js';
 import { log } from './log.js';
 import { setBodySource, setEdgeWindowsSource, setJournalDepthSource, setOwnerRecordsSource, setSyncSource } from './metrics.js';
 import { DemoProvider } from './proxy/providers/demo.js';
-import { DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
+import { DEFAULT_OWNER_RECORDS_PER_ORG, DEFAULT_OWNER_RECORDS_PER_PROJECT, ResponseOwners } from './state/response-owners.js';
 import { OpenAIProvider } from './proxy/providers/openai.js';
 import { PoolRegistry, UpstreamTargets } from './proxy/providers/upstream-targets.js';
 import { PooledUpstreams } from './proxy/providers/pooled-upstreams.js';
@@ -105,9 +105,16 @@ async function main(): Promise<void> {
     expiryOf: (keyHash) => holder.current.keysByHash.get(keyHash)?.expiresAtMs ?? 0,
     alarm: expiryAlarm,
   });
-  // Bounded per project as the config says (responses.owner_records_per_project); placed: the
-  // projects this node serves only, asked for over the sync stream (docs/design.md#owner-records).
-  const responseOwners = new ResponseOwners(undefined, undefined, () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT, true);
+  // Bounded per project and per organisation as the config says (responses.owner_records_per_project,
+  // owner_records_per_org; a control plane that sends no organisation bound: the default, or the
+  // project's if larger); placed: the projects this node serves only, asked for over the sync stream
+  // (docs/design.md#owner-records).
+  const ownerRecordsPerProject = () => Number(holder.current.view.config.responses?.ownerRecordsPerProject ?? 0) || DEFAULT_OWNER_RECORDS_PER_PROJECT;
+  const responseOwners = new ResponseOwners({
+    perProject: ownerRecordsPerProject,
+    perOrg: () => Number(holder.current.view.config.responses?.ownerRecordsPerOrg ?? 0) || Math.max(DEFAULT_OWNER_RECORDS_PER_ORG, ownerRecordsPerProject()),
+    placed: true,
+  });
   let sync: SyncClient | null = null;
   responseOwners.onNeed = (projectId) => sync?.sendOwnerInterest([projectId]);
   setOwnerRecordsSource(() => ({ records: responseOwners.size, projects: responseOwners.projects }));

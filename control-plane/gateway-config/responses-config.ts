@@ -1,13 +1,15 @@
 // The `responses:` key of the gateway config file: how many owner records of upstream objects
-// (responses, conversations, items) a node keeps per project, which model's upstream keeps
+// (responses, conversations, items) a node keeps per project and per organisation, which model's upstream keeps
 // conversations, and which of the operator's prompt ids and vector stores each tier may name. Pure.
 import { ConfigError } from '../../proto/lib/process-flags.js';
 import type { ResponsesSettings } from '../../proto/gen/tollgate/v1/sync.js';
 
 /** Owner records per project when the config names no bound (docs/configuration.md#responses). */
 export const DEFAULT_OWNER_RECORDS_PER_PROJECT = 100_000;
+/** Per organisation likewise (or the per-project bound, when that is larger). */
+export const DEFAULT_OWNER_RECORDS_PER_ORG = 250_000;
 
-const KEYS = new Set(['owner_records_per_project', 'conversations_model', 'prompts', 'vector_stores']);
+const KEYS = new Set(['owner_records_per_project', 'owner_records_per_org', 'conversations_model', 'prompts', 'vector_stores']);
 
 type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -23,7 +25,7 @@ interface Known {
 }
 
 export function parseResponsesConfig(raw: unknown, known: Known): ResponsesSettings {
-  const out: ResponsesSettings = { ownerRecordsPerProject: DEFAULT_OWNER_RECORDS_PER_PROJECT, conversationsModel: '', prompts: [], vectorStores: [] };
+  const out: ResponsesSettings = { ownerRecordsPerProject: DEFAULT_OWNER_RECORDS_PER_PROJECT, ownerRecordsPerOrg: DEFAULT_OWNER_RECORDS_PER_ORG, conversationsModel: '', prompts: [], vectorStores: [] };
   if (raw === undefined || raw === null) return out;
   if (!isObj(raw)) fail('responses', 'must be a mapping');
   for (const k of Object.keys(raw)) if (!KEYS.has(k)) fail('responses', `unknown setting ${JSON.stringify(k)} (known: ${[...KEYS].join(', ')})`);
@@ -32,6 +34,11 @@ export function parseResponsesConfig(raw: unknown, known: Known): ResponsesSetti
     if (typeof bound !== 'number' || !Number.isSafeInteger(bound) || bound < 1) fail('responses.owner_records_per_project', 'must be a whole number of at least 1');
     out.ownerRecordsPerProject = bound;
   }
+  const orgBound = raw.owner_records_per_org;
+  if (orgBound !== undefined) {
+    if (typeof orgBound !== 'number' || !Number.isSafeInteger(orgBound) || orgBound < 1) fail('responses.owner_records_per_org', 'must be a whole number of at least 1');
+    out.ownerRecordsPerOrg = orgBound;
+  } else out.ownerRecordsPerOrg = Math.max(DEFAULT_OWNER_RECORDS_PER_ORG, out.ownerRecordsPerProject);
   const model = raw.conversations_model;
   if (model !== undefined) {
     if (typeof model !== 'string' || !known.models.has(model)) fail('responses.conversations_model', `names unknown model ${JSON.stringify(model)}`);

@@ -3,12 +3,15 @@
 // Reporter. Disconnects are retried with capped exponential back-off and jitter, resuming from the
 // version held; meanwhile the node keeps serving from its last state. A refusal (pepper mismatch,
 // bad node token) is fatal: one line, exit 2. Given several control planes (`a:50051,b:50051`), the node
-// finds the leader itself: a standby's UNAVAILABLE names it and the next attempt goes there; a stream
-// that fails otherwise moves on to the next address given (docs/design.md#several-control-planes-on-one-database).
+// finds the leader itself: a standby's UNAVAILABLE names it and the next attempt goes there at once,
+// each address with its own back-off (leader-search.ts, docs/design.md#several-control-planes-on-one-database);
+// an attempt whose connection is not made within CONNECT_TIMEOUT_MS counts as no answer.
 import { projectPoolPrefix } from '../../proto/lib/spend-limits.js';
 import { Metadata, status as GrpcStatus, type ClientDuplexStream, type StatusObject } from '@grpc/grpc-js';
 import { clientChannel, type TlsFiles } from '../../proto/lib/tls.js';
-import { isStandbyRefusal, leaderFromDetails, splitAddresses } from '../../proto/lib/leader-hint.js';
+import { splitAddresses } from '../../proto/lib/leader-hint.js';
+import { CONNECT_TIMEOUT_MS, whenConnectionSettled } from '../../proto/lib/connection-wait.js';
+import { LeaderSearch } from './leader-search.js';
 import { SyncServiceClient, SyncServiceService, type ControlMessage, type DeploymentHealth, type NodeMessage, type StoredResponse } from '../../proto/gen/tollgate/v1/sync.js';
 import type { StateHolder } from '../state/key-table.js';
 import { SnapshotDecoder } from '../state/snapshot-decoder.js';
@@ -70,18 +73,18 @@ export class SyncClient {
    * stays set while a new stream is accepted but its catch-up is not yet in: the node is still stale.
    */
   disconnectedSince: number | null;
-  private readonly addresses: string[];
   private readonly clients = new Map<string, SyncServiceClient>();
-  /** Where the next stream goes: the first address given, then the leader found. */
-  private current: string;
+  /** Where the next stream goes, and when (leader-search.ts). */
+  private readonly search: LeaderSearch;
   private call: ClientDuplexStream<NodeMessage, ControlMessage> | null = null;
-  private attempt = 0;
   private stopped = false;
   private awaitingSnapshot = false;
   private gotFirstSnapshot = false;
   /** The version the current stream's CaughtUp names (-1: not yet received on this stream). */
   private catchUpVersion = -1;
   private retryTimer: NodeJS.Timeout | null = null;
+  /** Numbers the attempts: a connection wait of an attempt given up answers nothing. */
+  private attemptSeq = 0;
   private lostLogged = false;
   /** The highest stored-response record seq received from the control plane. */
   private storedResponsesSeq = 0;
@@ -94,8 +97,12 @@ export class SyncClient {
 
   constructor(private readonly opts: SyncClientOptions) {
     const list = splitAddresses(opts.address);
-    this.addresses = list.length > 0 ? list : [opts.address];
-    this.current = this.addresses[0];
+    this.search = new LeaderSearch(list.length > 0 ? list : [opts.address], {
+      minBackoffMs: opts.minBackoffMs ?? 100,
+      maxBackoffMs: opts.maxBackoffMs ?? 5_000,
+      now: opts.now,
+      random: Math.random,
+    });
     this.disconnectedSince = opts.now();
     this.pruneTimer = setInterval(() => opts.leases?.prune(minuteOf(opts.now()) - 1), 30_000);
     this.pruneTimer.unref();
@@ -117,14 +124,15 @@ export class SyncClient {
 
   /** The control plane streams go to now (the usage queries follow it). */
   get currentAddress(): string {
-    return this.current;
+    return this.search.address;
   }
 
   private get client(): SyncServiceClient {
-    let c = this.clients.get(this.current);
+    const address = this.search.address;
+    let c = this.clients.get(address);
     if (!c) {
-      const channel = clientChannel(this.opts.tls ?? null, this.current);
-      c = new SyncServiceClient(this.current, channel.credentials, {
+      const channel = clientChannel(this.opts.tls ?? null, address);
+      c = new SyncServiceClient(address, channel.credentials, {
         ...channel.options,
         'grpc.keepalive_time_ms': 10_000,
         'grpc.keepalive_timeout_ms': 5_000,
@@ -135,7 +143,7 @@ export class SyncClient {
         // default, 4 MiB, refused snapshots of ~30,000 keys and more). As large as a control plane sends.
         'grpc.max_receive_message_length': 256 * 1024 * 1024,
       });
-      this.clients.set(this.current, c);
+      this.clients.set(address, c);
     }
     return c;
   }
@@ -180,14 +188,25 @@ export class SyncClient {
     for (const c of this.clients.values()) c.close();
   }
 
+  /** Opens a stream once the address's connection is made; gives the attempt up after CONNECT_TIMEOUT_MS. */
   private connect(): void {
     if (this.stopped) return;
+    const client = this.client;
+    const attempt = ++this.attemptSeq;
+    whenConnectionSettled(client.getChannel(), CONNECT_TIMEOUT_MS, (settled) => {
+      if (this.stopped || attempt !== this.attemptSeq) return;
+      if (settled) this.openStream(client);
+      else this.retry({ code: GrpcStatus.UNAVAILABLE, details: `no connection within ${CONNECT_TIMEOUT_MS} ms`, metadata: new Metadata() });
+    });
+  }
+
+  private openStream(client: SyncServiceClient): void {
     const md = new Metadata();
     md.set('authorization', `Bearer ${this.opts.nodeToken}`);
     // The generated client's Connect, with a deserializer that packs a snapshot's keys as it reads
     // them and assembles a snapshot sent in parts (one decoder per stream: a broken stream's parts go with it).
     const method = SyncServiceService.connect;
-    const call = this.client.makeBidiStreamRequest(method.path, method.requestSerialize, new SnapshotDecoder().decode, md);
+    const call = client.makeBidiStreamRequest(method.path, method.requestSerialize, new SnapshotDecoder().decode, md);
     this.call = call;
     this.awaitingSnapshot = false;
     this.catchUpVersion = -1;
@@ -322,7 +341,7 @@ export class SyncClient {
   /** The stream is accepted: reports and leases may use it. The node is not caught up yet (markCaughtUp). */
   private markConnected(): void {
     this.opts.leases?.setConnected(true);
-    this.attempt = 0;
+    this.search.connected();
   }
 
   /** The stream's catch-up is applied: the node holds what the control plane held, and is no longer stale. */
@@ -340,6 +359,11 @@ export class SyncClient {
     this.opts.reporter.detach();
     // Slices belong to a connection; until the next one the key's own limits apply locally.
     this.opts.leases?.setConnected(false);
+    this.retry(s);
+  }
+
+  /** An attempt ended (its stream, or the wait for its connection): fatal, or the next attempt is timed. */
+  private retry(s: StatusObject): void {
     if (this.stopped) return;
     if (s.code === GrpcStatus.FAILED_PRECONDITION) {
       // The details already say "pepper mismatch: …".
@@ -360,25 +384,13 @@ export class SyncClient {
       this.lostLogged = true;
       this.opts.log(`control plane connection lost (${describeStatus(s)}); serving from version ${this.opts.holder.current.version}, reconnecting`);
     }
-    if (s.code !== GrpcStatus.ALREADY_EXISTS) this.chooseNext(s);
-    const base = Math.min(this.opts.maxBackoffMs ?? 5_000, (this.opts.minBackoffMs ?? 100) * 2 ** this.attempt);
-    this.attempt = Math.min(this.attempt + 1, 20);
-    const delay = Math.round(base / 2 + Math.random() * (base / 2));
+    const from = this.search.address;
+    const next = this.search.ended(s);
+    if (next.leaderNamed !== null) this.opts.log(`control plane ${from} stands by; the leader is at ${next.leaderNamed}`);
     this.retryTimer = setTimeout(() => {
       this.retryTimer = null;
       this.connect();
-    }, delay);
-  }
-
-  /** A standby named the leader: go there. Else, with several addresses, try the next one. */
-  private chooseNext(s: StatusObject): void {
-    const leader = s.code === GrpcStatus.UNAVAILABLE && isStandbyRefusal(s.details) ? leaderFromDetails(s.details) : null;
-    if (leader !== null && leader !== this.current) {
-      this.opts.log(`control plane ${this.current} stands by; the leader is at ${leader}`);
-      this.current = leader;
-    } else if (this.addresses.length > 1) {
-      this.current = this.addresses[(this.addresses.indexOf(this.current) + 1) % this.addresses.length];
-    }
+    }, next.delayMs);
   }
 }
 

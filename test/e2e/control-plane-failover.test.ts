@@ -44,6 +44,21 @@ interface Key {
   projectId: string;
 }
 
+/** The time of the last JSON log line whose message is `msg` (ms since the epoch), NaN if none. */
+function logTime(output: string, msg: string): number {
+  let at = NaN;
+  for (const line of output.split('\n')) {
+    if (!line.startsWith('{') || !line.includes(msg)) continue;
+    try {
+      const j = JSON.parse(line) as { msg?: string; time?: string };
+      if (j.msg === msg && j.time) at = Date.parse(j.time);
+    } catch {
+      // Not a log line.
+    }
+  }
+  return at;
+}
+
 /** Runs `fn` over `items`, `width` at a time. */
 async function pool<T>(items: T[], width: number, fn: (item: T, i: number) => Promise<void>): Promise<void> {
   let next = 0;
@@ -228,6 +243,9 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
   }, 'every node told the rejoin is over', 20_000);
   rejoinedAt = Date.now();
   steps.push(`rejoin over after ${rejoinedAt - goneAt} ms`);
+  // From the processes' own log times: each node caught up how long after the new leader served.
+  const servedAt = logTime(b.proc.output(), 'control plane started');
+  steps.push(`nodes caught up ${nodes.map((n) => logTime(n.proc.output(), 'control plane connection restored') - servedAt).join(', ')} ms after the new leader served`);
   console.log(`# ${how}: ${steps.join(', ')}`);
   phase = 'after';
   // What the new leader and the nodes logged about the sync, to say why when the failover was slow.

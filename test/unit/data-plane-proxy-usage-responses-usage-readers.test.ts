@@ -151,7 +151,7 @@ test('stored-response paths', () => {
 });
 
 test('owner records expire after the retention and the oldest go first past the bound', () => {
-  const o = new ResponseOwners(2);
+  const o = new ResponseOwners({ maxEntries: 2 });
   o.add('r1', { projectId: 'p', model: 'm', createdAtMs: 0 });
   assert.equal(o.get('r1', RESPONSE_RETENTION_MS - 1)?.projectId, 'p');
   assert.equal(o.get('r1', RESPONSE_RETENTION_MS), undefined);

@@ -17,7 +17,7 @@ const config: GatewayConfig = {
   realtimeUpstreams: [],
   trustedProxies: [],
   maxStalenessMs: 0,
-  responses: { ownerRecordsPerProject: 0, conversationsModel: '', prompts: [{ tier: 'free', promptIds: ['pmpt_ok'] }], vectorStores: [] },
+  responses: { ownerRecordsPerProject: 0, ownerRecordsPerOrg: 0, conversationsModel: '', prompts: [{ tier: 'free', promptIds: ['pmpt_ok'] }], vectorStores: [] },
 };
 
 function keyEntry(id: string, value: string, projectId: string): KeyEntry {

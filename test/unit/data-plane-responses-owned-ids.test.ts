@@ -23,7 +23,7 @@ const config: GatewayConfig = {
   realtimeUpstreams: [],
   trustedProxies: [],
   maxStalenessMs: 0,
-  responses: { ownerRecordsPerProject: 0, conversationsModel: '', prompts: [{ tier: 'free', promptIds: ['pmpt_ok'] }], vectorStores: [{ tier: 'free', vectorStoreIds: ['vs_ok'] }] },
+  responses: { ownerRecordsPerProject: 0, ownerRecordsPerOrg: 0, conversationsModel: '', prompts: [{ tier: 'free', promptIds: ['pmpt_ok'] }], vectorStores: [{ tier: 'free', vectorStoreIds: ['vs_ok'] }] },
 };
 
 function keyEntry(id: string, value: string, projectId: string): KeyEntry {
@@ -41,7 +41,7 @@ const keyA = state.lookup(pepper, 'sk-a')!;
 const keyB = state.lookup(pepper, 'sk-b')!;
 
 test("a project past its bound loses its own oldest records, never another project's", () => {
-  const o = new ResponseOwners(1_000, undefined, () => 3);
+  const o = new ResponseOwners({ maxEntries: 1_000, perProject: () => 3 });
   o.add('b1', { projectId: 'proj_b', model: 'chat', createdAtMs: 1 });
   for (let i = 0; i < 10; i++) o.add(`a${i}`, { projectId: 'proj_a', model: 'chat', createdAtMs: 10 + i });
   assert.equal(o.get('b1', 100)?.projectId, 'proj_b');
@@ -62,7 +62,7 @@ test("a project past its bound loses its own oldest records, never another proje
 
 test("past the node's cap the project holding the most gives up its oldest", () => {
   // Before issue 34 the cap evicted the oldest of all: a flood of one project's creates evicted every other project's.
-  const o = new ResponseOwners(5, undefined, () => 1_000);
+  const o = new ResponseOwners({ maxEntries: 5, perProject: () => 1_000 });
   o.add('b1', { projectId: 'proj_b', model: 'chat', createdAtMs: 1 });
   o.add('b2', { projectId: 'proj_b', model: 'chat', createdAtMs: 2 });
   for (let i = 0; i < 20; i++) o.add(`a${i}`, { projectId: 'proj_a', model: 'chat', createdAtMs: 10 + i });
@@ -118,14 +118,18 @@ test('conversation paths', () => {
 
 test('the responses: config section', () => {
   const known = { models: new Map([['chat', { kind: 'chat' }], ['embed', { kind: 'embeddings' }]]), tiers: new Map([['free', {}]]) };
-  assert.deepEqual(parseResponsesConfig(undefined, known), { ownerRecordsPerProject: 100_000, conversationsModel: '', prompts: [], vectorStores: [] });
+  assert.deepEqual(parseResponsesConfig(undefined, known), { ownerRecordsPerProject: 100_000, ownerRecordsPerOrg: 250_000, conversationsModel: '', prompts: [], vectorStores: [] });
   assert.deepEqual(parseResponsesConfig({ owner_records_per_project: 7, conversations_model: 'chat', prompts: { free: ['p1', 'p1'] }, vector_stores: { free: ['vs_1'] } }, known), {
     ownerRecordsPerProject: 7,
+    ownerRecordsPerOrg: 250_000,
     conversationsModel: 'chat',
     prompts: [{ tier: 'free', promptIds: ['p1'] }],
     vectorStores: [{ tier: 'free', vectorStoreIds: ['vs_1'] }],
   });
-  for (const bad of [{ owner_records_per_project: 0 }, { conversations_model: 'embed' }, { conversations_model: 'nope' }, { prompts: { gold: [] } }, { prompts: { free: [1] } }, { vector_stores: { gold: [] } }, { vector_stores: ['vs_1'] }, { other: 1 }, []]) {
+  // The organisation's bound: as given, else 250,000 or the project's when that is larger.
+  assert.equal(parseResponsesConfig({ owner_records_per_org: 30 }, known).ownerRecordsPerOrg, 30);
+  assert.equal(parseResponsesConfig({ owner_records_per_project: 400_000 }, known).ownerRecordsPerOrg, 400_000);
+  for (const bad of [{ owner_records_per_project: 0 }, { owner_records_per_org: 0 }, { owner_records_per_org: 1.5 }, { conversations_model: 'embed' }, { conversations_model: 'nope' }, { prompts: { gold: [] } }, { prompts: { free: [1] } }, { vector_stores: { gold: [] } }, { vector_stores: ['vs_1'] }, { other: 1 }, []]) {
     assert.throws(() => parseResponsesConfig(bad, known), ConfigError, JSON.stringify(bad));
   }
 });
@@ -156,13 +160,13 @@ test('ids an answer names are named before the chunk holding their end goes on',
 });
 
 test('placed owner records: a project not held is asked for once; its waiters go on when it arrives, or after their wait', async () => {
-  const owners = new ResponseOwners(undefined, undefined, undefined, true);
+  const owners = new ResponseOwners({ placed: true });
   const asked: string[] = [];
   owners.onNeed = (p) => asked.push(p);
   assert.equal(owners.holdsAllOf('proj_a'), false);
   const got: Array<[string, boolean]> = [];
-  owners.whenHeld('proj_a', 10_000, (held) => got.push(['a1', held]));
-  owners.whenHeld('proj_a', 10_000, (held) => got.push(['a2', held]));
+  owners.whenHeld({ projectId: 'proj_a', orgId: 'org_1' }, 10_000, (held) => got.push(['a1', held]));
+  owners.whenHeld({ projectId: 'proj_a', orgId: 'org_1' }, 10_000, (held) => got.push(['a2', held]));
   assert.deepEqual(asked, ['proj_a'], 'asked once');
   assert.deepEqual(owners.askedProjects(), ['proj_a']);
   owners.caughtUp(['proj_a']);
@@ -170,11 +174,11 @@ test('placed owner records: a project not held is asked for once; its waiters go
   assert.equal(owners.holdsAllOf('proj_a'), true);
   assert.deepEqual([owners.heldProjects(), owners.askedProjects()], [['proj_a'], []]);
   // Held: at once, nothing asked.
-  owners.whenHeld('proj_a', 10_000, (held) => got.push(['a3', held]));
+  owners.whenHeld({ projectId: 'proj_a', orgId: 'org_1' }, 10_000, (held) => got.push(['a3', held]));
   assert.deepEqual(got.at(-1), ['a3', true]);
   // Never sent: the wait ends unheld (its timer does not hold the process open: this one does, meanwhile).
   const keepAlive = setTimeout(() => {}, 10_000);
-  const late = await new Promise<boolean>((resolve) => owners.whenHeld('proj_b', 5, resolve));
+  const late = await new Promise<boolean>((resolve) => owners.whenHeld({ projectId: 'proj_b', orgId: 'org_1' }, 5, resolve));
   clearTimeout(keepAlive);
   assert.equal(late, false);
   assert.deepEqual(asked, ['proj_a', 'proj_b']);

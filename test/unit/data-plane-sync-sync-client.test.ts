@@ -1,12 +1,14 @@
 // A node that reconnects stays stale until its catch-up is applied. The control plane here is a fake
 // SyncService on a loopback port that sends the stream's headers and then holds the catch-up until the
-// test releases it.
+// test releases it. And an address that never answers is given up after the connect timeout.
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { test } from 'node:test';
 import { Metadata, Server, ServerCredentials, type ServerDuplexStream } from '@grpc/grpc-js';
 import { SyncServiceService, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import { StateHolder } from '../../data-plane/state/key-table.js';
 import { SyncClient } from '../../data-plane/sync/sync-client.js';
+import { CONNECT_TIMEOUT_MS } from '../../proto/lib/connection-wait.js';
 import type { Reporter } from '../../data-plane/sync/reporter.js';
 
 type Call = ServerDuplexStream<NodeMessage, ControlMessage>;
@@ -144,4 +146,53 @@ test('with nothing to catch up, CaughtUp ends staleness; after a gap only the re
   await fromNode.next((e) => e.msg.ack?.version === 8, 'ack of the snapshot');
   assert.equal(client.disconnectedSince, null);
   assert.equal(holder.current.version, 8);
+});
+
+test('an address that takes the connection but never answers is given up after the connect timeout, and the next one tried', async (t) => {
+  // Before, a stream to a control plane whose machine had gone (a TCP peer that never answers) waited
+  // for ever (grpc-js has no connect timeout): a node given that address first, or retrying a leader
+  // that vanished, never tried the standby that now leads.
+  const sockets = new Set<net.Socket>();
+  const silent = net.createServer((s) => {
+    sockets.add(s);
+    s.on('error', () => {});
+  });
+  await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+  t.after(() => {
+    for (const s of sockets) s.destroy();
+    silent.close();
+  });
+  const streams = new Events<Call>();
+  const server = new Server();
+  server.addService(SyncServiceService, {
+    connect: (call: Call) => {
+      call.on('data', (msg: NodeMessage) => msg.hello && streams.push(call));
+      call.on('error', () => {});
+    },
+  });
+  const port = await new Promise<number>((resolve, reject) => server.bindAsync('127.0.0.1:0', ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
+  const logs: string[] = [];
+  const client = new SyncClient({
+    address: `127.0.0.1:${(silent.address() as net.AddressInfo).port},127.0.0.1:${port}`,
+    nodeToken: 'node-token',
+    nodeId: 'n1',
+    instanceId: 'i1',
+    pepperCheck: 'check',
+    listenAddress: '127.0.0.1:1',
+    holder: new StateHolder(),
+    reporter: { attach: () => {}, detach: () => {}, ack: () => {} } as unknown as Reporter,
+    now: () => Date.now(),
+    onFirstSnapshot: () => {},
+    onFatal: (line) => assert.fail(line),
+    log: (line) => logs.push(line),
+  });
+  t.after(() => {
+    client.stop();
+    server.forceShutdown();
+  });
+  const started = Date.now();
+  client.start();
+  await streams.next(() => true, 'a hello on the second address');
+  assert.ok(Date.now() - started < CONNECT_TIMEOUT_MS + 2_000, `${Date.now() - started} ms`);
+  assert.match(logs.join('\n'), new RegExp(`control plane connection lost \\(UNAVAILABLE: no connection within ${CONNECT_TIMEOUT_MS} ms\\)`));
 });

@@ -33,9 +33,9 @@ export interface ResponsesSocketHooks {
   /** The ids a turn names, checked without waiting (a miss before the project's records are here: a 503 to retry). */
   checkIdsNow(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null;
   /** Asks for the project's owner records if this node does not hold them yet. */
-  askOwners(projectId: string): void;
+  askOwners(key: KeyRecord): void;
   /** Calls `go` once this node holds the project's owner records, or its wait for them ended. */
-  whenOwnersHeld(projectId: string, go: () => void): void;
+  whenOwnersHeld(key: KeyRecord, go: () => void): void;
   pinOf(model: ModelConfig, body: Record<string, unknown>, state: GatewayState): string | undefined | GatewayError;
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string): void;
   chainTokens(body: unknown, key: KeyRecord): number;
@@ -74,7 +74,7 @@ export class ResponsesTurnRules implements TurnRules {
   ) {
     this.upstreamModel = model.provider === 'demo' ? model.id : model.upstreamModel || model.id;
     // Its turns may name the project's stored objects: their records are asked for now.
-    hooks.askOwners(key.projectId);
+    hooks.askOwners(key);
   }
 
   check(ev: Obj, text: string, _data: Buffer): GatewayError | Buffer {
@@ -116,7 +116,7 @@ export class ResponsesTurnRules implements TurnRules {
   whenChecked(ev: Obj, text: string, data: Buffer, then: (checked: GatewayError | Buffer) => void): void {
     const first = this.check(ev, text, data);
     if (!(first instanceof GatewayError) || first.code !== 'OWNER_RECORDS_LOADING') return then(first);
-    this.hooks.whenOwnersHeld(this.key.projectId, () => then(this.check(ev, text, data)));
+    this.hooks.whenOwnersHeld(this.key, () => then(this.check(ev, text, data)));
   }
 
   // The chain's context as far as this node knows it is re-read upstream: reserved and, cut short, billed.

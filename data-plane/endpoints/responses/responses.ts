@@ -80,7 +80,7 @@ export class ResponsesEndpoint {
     const err = check();
     const owners = this.deps.owners;
     if (!err || !isOwnerMiss(err) || owners.holdsAllOf(key.projectId)) return then(err);
-    owners.whenHeld(key.projectId, OWNERS_WAIT_MS, (held) => {
+    owners.whenHeld(key, OWNERS_WAIT_MS, (held) => {
       if (reply.done) return;
       const again = check();
       then(again && !held && isOwnerMiss(again) ? new GatewayError('OWNER_RECORDS_LOADING', undefined, { retryAfterSec: 1 }) : again);
@@ -91,18 +91,18 @@ export class ResponsesEndpoint {
   checkIdsNow(key: KeyRecord, body: Record<string, unknown>, state: GatewayState): GatewayError | null {
     const err = this.checkIds(key, body, state);
     if (!err || !isOwnerMiss(err) || this.deps.owners.holdsAllOf(key.projectId)) return err;
-    this.askOwners(key.projectId);
+    this.askOwners(key);
     return new GatewayError('OWNER_RECORDS_LOADING', undefined, { retryAfterSec: 1 });
   }
 
   /** Calls `go` once this node holds the project's owner records, or its wait for them ended. */
-  whenOwnersHeld(projectId: string, go: () => void): void {
-    this.deps.owners.whenHeld(projectId, OWNERS_WAIT_MS, () => go());
+  whenOwnersHeld(key: KeyRecord, go: () => void): void {
+    this.deps.owners.whenHeld(key, OWNERS_WAIT_MS, () => go());
   }
 
   /** Asks for the project's owner records if this node does not hold them (a socket opened). */
-  askOwners(projectId: string): void {
-    if (!this.deps.owners.holdsAllOf(projectId)) this.deps.owners.whenHeld(projectId, OWNERS_WAIT_MS, () => {});
+  askOwners(key: KeyRecord): void {
+    if (!this.deps.owners.holdsAllOf(key.projectId)) this.deps.owners.whenHeld(key, OWNERS_WAIT_MS, () => {});
   }
 
   /** The owner record of `id` if it is the key's project's (and of a model the key may use). */
@@ -121,7 +121,7 @@ export class ResponsesEndpoint {
    */
   recordOwnerOf(key: KeyRecord, model: ModelConfig, id: string, deployment = ''): void {
     const createdAtMs = this.deps.clock.now();
-    this.deps.owners.add(id, { projectId: key.projectId, model: model.id, createdAtMs, deployment });
+    this.deps.owners.add(id, { projectId: key.projectId, orgId: key.orgId, model: model.id, createdAtMs, deployment });
     this.deps.reportOwner?.(id, key.projectId, model.id, createdAtMs, deployment);
   }
 

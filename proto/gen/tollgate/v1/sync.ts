@@ -362,6 +362,11 @@ export interface ResponsesSettings {
    * not listed may name none.
    */
   vectorStores: TierVectorStores[];
+  /**
+   * Owner records a node keeps per organisation at most, over all its projects; past it the
+   * organisation's own go, from its project holding the most (0: the default).
+   */
+  ownerRecordsPerOrg: number;
 }
 
 export interface TierVectorStores {
@@ -4397,7 +4402,7 @@ export const GatewayConfig: MessageFns<GatewayConfig> = {
 };
 
 function createBaseResponsesSettings(): ResponsesSettings {
-  return { ownerRecordsPerProject: 0, conversationsModel: "", prompts: [], vectorStores: [] };
+  return { ownerRecordsPerProject: 0, conversationsModel: "", prompts: [], vectorStores: [], ownerRecordsPerOrg: 0 };
 }
 
 export const ResponsesSettings: MessageFns<ResponsesSettings> = {
@@ -4413,6 +4418,9 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
     }
     for (const v of message.vectorStores) {
       TierVectorStores.encode(v!, writer.uint32(34).fork()).join();
+    }
+    if (message.ownerRecordsPerOrg !== 0) {
+      writer.uint32(40).int64(message.ownerRecordsPerOrg);
     }
     return writer;
   },
@@ -4462,6 +4470,14 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
             message.vectorStores.push(TierVectorStores.decode(reader, reader.uint32()));
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.ownerRecordsPerOrg = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4492,6 +4508,11 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
         : globalThis.Array.isArray(object?.vector_stores)
         ? object.vector_stores.map((e: any) => TierVectorStores.fromJSON(e))
         : [],
+      ownerRecordsPerOrg: isSet(object.ownerRecordsPerOrg)
+        ? globalThis.Number(object.ownerRecordsPerOrg)
+        : isSet(object.owner_records_per_org)
+        ? globalThis.Number(object.owner_records_per_org)
+        : 0,
     };
   },
 
@@ -4509,6 +4530,9 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
     if (message.vectorStores?.length) {
       obj.vectorStores = message.vectorStores.map((e) => TierVectorStores.toJSON(e));
     }
+    if (message.ownerRecordsPerOrg !== 0) {
+      obj.ownerRecordsPerOrg = Math.round(message.ownerRecordsPerOrg);
+    }
     return obj;
   },
 
@@ -4521,6 +4545,7 @@ export const ResponsesSettings: MessageFns<ResponsesSettings> = {
     message.conversationsModel = object.conversationsModel ?? "";
     message.prompts = object.prompts?.map((e) => TierPrompts.fromPartial(e)) || [];
     message.vectorStores = object.vectorStores?.map((e) => TierVectorStores.fromPartial(e)) || [];
+    message.ownerRecordsPerOrg = object.ownerRecordsPerOrg ?? 0;
     return message;
   },
 };
