@@ -85,3 +85,14 @@ export function heardOthers(k: KeyMinute, m: { othersUsedRequests?: number; othe
   if (m.othersUsedRequests !== undefined) k.othersUsedRequests = Math.max(0, m.othersUsedRequests);
   if (m.othersUsedTokens !== undefined) k.othersUsedTokens = Math.max(0, m.othersUsedTokens);
 }
+
+/**
+ * What the node admitted of a key minute while disconnected (fail-static): used, and held, as the
+ * node says in its next Hello. Unlimited stays unlimited.
+ */
+export function useAway(k: KeyMinute, requests: number, tokens: number): void {
+  k.usedRequests = requests;
+  k.usedTokens = tokens;
+  if (Number.isFinite(k.allowRequests)) k.allowRequests = Math.max(k.allowRequests, k.usedRequests);
+  if (Number.isFinite(k.allowTokens)) k.allowTokens = Math.max(k.allowTokens, k.usedTokens);
+}

@@ -88,12 +88,12 @@ export class LeaseClient implements AllowanceSource {
    * On a new connection the node says at once what it holds (registered in the control plane's pools):
    * a control plane that restarted, or has not yet seen the old connection close, would otherwise not
    * count the slots in use here or the key minutes used until this node next asks, and a node whose
-   * slots are all in use does not ask.
+   * slots are all in use does not ask. Of key minutes, what was admitted since the Hello (as taken).
    */
   private sayHeld(): void {
     this.keys.sayHeld(minuteOf(this.link.clock.now()));
     this.slots.sayHeld();
-    if (this.link.keyReturns.length > 0 || this.link.slotReturns.length > 0) this.link.queueFlush();
+    if (this.link.taken.size > 0 || this.link.slotReturns.length > 0) this.link.queueFlush();
   }
 
   /**

@@ -14,7 +14,7 @@
 import { coldShare, leaseChunk } from '../../proto/lib/leases.js';
 import type { KeyLease, KeyLeaseReturn, KeyLeaseWant, KeyMinuteRef, KeyPoolFree } from '../../proto/gen/tollgate/v1/sync.js';
 import type { KeyLimits, MinuteAllowance } from '../limits/key-budgets.js';
-import { allowanceOf, heardOthers, newKeyMinute, type KeyMinute } from './key-minute.js';
+import { allowanceOf, heardOthers, newKeyMinute, useAway, type KeyMinute } from './key-minute.js';
 import { finiteLimit, finiteOrZero, wake, type LeaseLink } from './lease-link.js';
 import type { StandingShare, LeaseStandingShares } from './lease-standing-shares.js';
 import { minuteOf } from '../limits/clock.js';
@@ -32,6 +32,13 @@ export class LeaseKeyMinutes {
   private usedSeq = 0;
   private usedAcked = 0;
   private readonly lastNeedTokens = new Map<string, number>();
+  /**
+   * What the node admitted of keys it held no key minute of, while disconnected (fail-static): said
+   * in its Hello, and where the key minute starts when the key is next leased.
+   */
+  private readonly unleased = new Map<string, { minute: number; requests: number; tokens: number }>();
+  /** What the latest Hello said this node holds, by `keyId:minute` (the new connection says only what came since). */
+  private saidInHello = new Map<string, { requests: number; tokens: number }>();
 
   constructor(
     private readonly link: LeaseLink,
@@ -64,6 +71,10 @@ export class LeaseKeyMinutes {
       const old = k;
       const n = minute >= this.link.loneFromMinute ? 1 : Math.max(2, this.link.nodes);
       k = newKeyMinute(minute, rpm, tpm, coldShare(rpm, n), coldShare(tpm, n), n <= 1 ? 0 : rpm, n <= 1 ? 0 : tpm);
+      // Admitted while disconnected and said as held since: used, and held (as the control plane counts it).
+      const away = this.unleased.get(keyId);
+      this.unleased.delete(keyId);
+      if (away?.minute === minute) useAway(k, away.requests, away.tokens);
       this.keys.set(keyId, k);
       // Requests parked on the old minute try again in the new one.
       if (old) wake(old);
@@ -80,7 +91,14 @@ export class LeaseKeyMinutes {
 
   noteUsage(keyId: string, minute: number, requests: number, tokens: number): void {
     const k = this.keys.get(keyId);
-    if (!k || k.minute !== minute || !this.link.connected) return;
+    if (!this.link.connected) {
+      // Fail-static: the key's own limits apply here, and what they admit is said on the next
+      // connection (held): a control plane that took over meanwhile counts it (docs/leases.md).
+      if (k?.minute === minute) useAway(k, requests, tokens);
+      else this.unleased.set(keyId, { minute, requests, tokens });
+      return;
+    }
+    if (!k || k.minute !== minute) return;
     k.usedRequests = requests;
     k.usedTokens = tokens;
     if (minute < this.link.loneFromMinute) this.usedDirty.add(keyId);
@@ -345,7 +363,10 @@ export class LeaseKeyMinutes {
     this.usedDirty.clear();
   }
 
-  /** What this node holds of the minute's key minutes (said in a Hello, and at once on a new connection). */
+  /**
+   * What this node holds of the minute's key minutes, what it admitted while disconnected included
+   * (said in a Hello: remembered, so the new connection says only what was admitted after it).
+   */
   held(minute: number): KeyLeaseReturn[] {
     const out: KeyLeaseReturn[] = [];
     for (const [keyId, k] of this.keys) {
@@ -353,12 +374,29 @@ export class LeaseKeyMinutes {
       const heldTokens = finiteOrZero(k.allowTokens);
       if (k.minute === minute && (heldRequests > 0 || heldTokens > 0)) out.push({ keyId, minute, requests: 0, tokens: 0, heldRequests, heldTokens });
     }
+    for (const [keyId, u] of this.unleased) {
+      if (u.minute === minute && this.keys.get(keyId)?.minute !== minute && (u.requests > 0 || u.tokens > 0)) out.push({ keyId, minute, requests: 0, tokens: 0, heldRequests: u.requests, heldTokens: u.tokens });
+    }
+    this.saidInHello = new Map(out.map((h) => [`${h.keyId}:${minute}`, { requests: h.heldRequests, tokens: h.heldTokens }]));
     return out;
   }
 
-  /** On a new connection: what this node holds of the current minute's key minutes is said at once (LeaseClient.sayHeld). */
+  /**
+   * On a new connection (LeaseClient.sayHeld): what this node admitted of the current minute since its
+   * Hello was written (still disconnected) is said at once, as taken (the control plane adds it to
+   * what the Hello registered), so it is counted once.
+   */
   sayHeld(minute: number): void {
-    this.link.keyReturns.push(...this.held(minute));
+    const hello = this.saidInHello;
+    this.saidInHello = new Map();
+    for (const h of this.held(minute)) {
+      const id = `${h.keyId}:${minute}`;
+      const before = hello.get(id);
+      const requests = Math.max(0, h.heldRequests - (before?.requests ?? 0));
+      const tokens = Math.max(0, h.heldTokens - (before?.tokens ?? 0));
+      if (requests > 0 || tokens > 0) this.link.taken.set(id, { keyId: h.keyId, minute, requests, tokens });
+    }
+    this.saidInHello = new Map();
   }
 
   wakeAll(): void {
@@ -378,6 +416,7 @@ export class LeaseKeyMinutes {
 
   /** Drops key minutes older than `minMinute`. */
   prune(minMinute: number): void {
+    for (const [id, u] of this.unleased) if (u.minute < minMinute) this.unleased.delete(id);
     for (const [id, k] of this.nextKeys) if (k.minute < minMinute) this.nextKeys.delete(id);
     for (const [id, k] of this.keys) {
       if (k.minute < minMinute) {

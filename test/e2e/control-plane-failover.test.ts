@@ -4,7 +4,8 @@
 // (pg_terminate_backend). The standby leads within 10 s; no request fails because of it (statuses
 // counted); every request answered 200 is billed once (usage and spend read back through the CLI's
 // client and the CLI); a key on a tier of 5 rpm that used 3 of its minute before gets exactly the 2
-// left across the three nodes once they rejoined, and exactly 5 in a fresh minute (the nodes' injected
+// left across the three nodes once they rejoined, one used 4 times while no leader led exactly the 1
+// left, and exactly 5 in a fresh minute (the nodes' injected
 // clock); a key created, a credit given and a key revoked on the new leader reach every node within
 // the usual times. The failover's figures are printed (`# sigkill: …`). One PostgreSQL server for the file.
 import assert from 'node:assert/strict';
@@ -218,12 +219,13 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
   goneAt = Date.now();
   if (how === 'sigkill') await a.proc.kill('SIGKILL');
   else assert.ok((await terminateSessions(c)) > 0, 'the leader had sessions');
-  // While no control plane leads: a second 5 rpm key, fresh, sent 15 over the three nodes. Each node
-  // counts the key's own limit alone meanwhile (fail-static, docs/leases.md): up to 5 on each.
+  // While no control plane leads: a second 5 rpm key, fresh, sent 4 times over two nodes. Each node
+  // counts the key's own limit alone meanwhile (fail-static, docs/leases.md), and says what it admitted
+  // in its Hello to the new leader (before, it did not: the minute was leased whole again after).
   const outage = orgs[2][KEYS_PER_ORG - 1];
   const outageStatuses: number[] = [];
-  for (let i = 0; i < 3 * TIGHT_RPM; i++) {
-    const r = await request(`${nodes[i % 3].url}/v1/chat/completions`, { method: 'POST', headers: bearer(outage.key), json: chatBody('outage') });
+  for (let i = 0; i < TIGHT_RPM - 1; i++) {
+    const r = await request(`${nodes[i % 2].url}/v1/chat/completions`, { method: 'POST', headers: bearer(outage.key), json: chatBody('outage') });
     outageStatuses.push(r.status);
     if (r.status === 200) record(outage, r);
   }
@@ -252,13 +254,18 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
   const syncLines = () => [b, ...nodes].map((p) => p.proc.output().split('\n').filter((l) => /sync|lead|stands by|control plane/.test(l)).slice(-12).join('\n')).join('\n--\n');
   assert.ok(sent < MAX_LOAD, `the load reached ${MAX_LOAD} requests before the nodes rejoined (${steps.join(', ')}):\n${syncLines()}`);
   // The same minute, once the nodes rejoined: that key gets exactly the 2 left of its 5, over the three nodes.
+  // Requests admitted in advance of a control plane that answered later than the lease wait (docs/leases.md)
+  // are named when this fails: a leader too busy to answer in 250 ms, not a count lost in the rejoin.
+  const leaseWaits = (reset: boolean) => Promise.all(nodes.map(async (n) => ((await (await fetch(`${n.adminUrl}/stats/lease-waits${reset ? '?reset=1' : ''}`)).json()) as { advanced: number; max_ms: number })));
+  await leaseWaits(true);
   const usedStatuses: number[] = [];
   for (let i = 0; i < 3 * TIGHT_RPM; i++) {
     const r = await request(`${nodes[i % 3].url}/v1/chat/completions`, { method: 'POST', headers: bearer(used.key), json: chatBody('same minute') });
     usedStatuses.push(r.status);
     if (r.status === 200) record(used, r);
   }
-  assert.equal(usedStatuses.filter((s) => s === 200).length, TIGHT_RPM - 3, `the rest of the minute after the failover: ${usedStatuses.join(',')}`);
+  const waited = (await leaseWaits(false)).map((w) => `${w.advanced} advanced, longest wait ${w.max_ms} ms`).join('; ');
+  assert.equal(usedStatuses.filter((s) => s === 200).length, TIGHT_RPM - 3, `the rest of the minute after the failover: ${usedStatuses.join(',')} (nodes meanwhile, load included: ${waited})`);
   const outageAfter: number[] = [];
   for (let i = 0; i < 3 * TIGHT_RPM; i++) {
     const r = await request(`${nodes[i % 3].url}/v1/chat/completions`, { method: 'POST', headers: bearer(outage.key), json: chatBody('outage after') });
@@ -267,7 +274,7 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
   }
   console.log(`# ${how}: a fresh 5 rpm key during the outage (new leader already leading: ${outageLed}): ${outageStatuses.join(',')}; the same minute after the rejoin: ${outageAfter.join(',')}`);
   const outageServed = outageStatuses.filter((s) => s === 200).length;
-  for (let n = 0; n < 3; n++) assert.ok(outageStatuses.filter((s, i) => i % 3 === n && s === 200).length <= TIGHT_RPM, `node ${n} alone admits at most the key's limit`);
+  assert.equal(outageServed, TIGHT_RPM - 1, 'each node admits within the key\'s own limit while no control plane leads');
   // Once rejoined, the new leader knows what the nodes took (their Hello): the minute gives only what is left, if anything.
   assert.equal(outageAfter.filter((s) => s === 200).length, Math.max(0, TIGHT_RPM - outageServed), 'the rest of the minute after the rejoin');
   await load;

@@ -7,9 +7,9 @@
 // so the order in which they come back is the test's, not the scheduler's.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { startControlPlane, type ControlPlane } from '../helpers/processes.js';
+import { startControlPlane, type ControlPlane, type DataPlane } from '../helpers/processes.js';
 import { consoleClient } from '../helpers/console.js';
-import { bearer, chatBody, request } from '../helpers/http.js';
+import { bearer, chatBody, minuteStart, request, setClock } from '../helpers/http.js';
 import { launchGateway, type Gateway } from '../helpers/gateway-fixture.js';
 import { configYaml } from '../helpers/config.js';
 import { startFakeNode, type FakeNode } from '../helpers/fake-node.js';
@@ -115,4 +115,35 @@ test('a real node back early keeps its request waiting past the lease wait while
   const refused = await answer;
   assert.equal(refused.status, 429, refused.text);
   assert.equal(refused.body.error.type, 'max_parallel_requests');
+});
+
+test('what nodes admitted while the control plane was away is counted once they rejoined: a 5 rpm key used 4 times meanwhile gets exactly 1 more', async (t) => {
+  // Before: the nodes' Hellos said nothing of requests admitted while disconnected (fail-static), so
+  // the control plane that came back counted none of them and leased the key's whole minute again:
+  // 3 more were admitted over the three nodes, 7 in the minute.
+  const gw = await launchGateway({
+    controlPlane: { configYaml: configYaml((cfg) => (cfg.tiers.tight = { ...cfg.tiers.paid, rpm: 5 })) },
+    nodes: [0, 1, 2].map((i) => ({ nodeId: `node-${i}`, adminListen: true, env: { TOLLGATE_TEST_CLOCK: '1' } })),
+  });
+  t.after(() => gw.close());
+  // One minute on every node's clock for the whole test.
+  const t0 = minuteStart();
+  for (const n of gw.nodes) await setClock(n.adminUrl!, { now_ms: t0 + 1000 });
+  const key = await gw.fundedKey({ tier: 'tight', creditMicros: 100_000_000 });
+  const roster = async (n: DataPlane) => ((await (await fetch(`${n.adminUrl}/stats/leases`)).json()) as { roster: { connected: boolean; rejoining: boolean } }).roster;
+  const send = (n: DataPlane) => request(`${n.url}/v1/chat/completions`, { method: 'POST', headers: bearer(key.key), json: chatBody('hi') });
+  await gw.cp.proc.kill('SIGKILL');
+  for (const n of gw.nodes) await eventually(async () => !(await roster(n)).connected, 'the node knows the control plane is gone');
+  // While it is away each node counts the key's own limit: node-0 and node-1 admit 2 each.
+  for (const n of [gw.nodes[0], gw.nodes[0], gw.nodes[1], gw.nodes[1]]) assert.equal((await send(n)).status, 200);
+  const cp = await startControlPlane({ dir: gw.cp.dir, secrets: gw.cp.secrets, configPath: gw.cp.configPath, listen: gw.cp.address, extraArgs: ['--rejoin-grace-ms', '60000'] });
+  t.after(() => cp.proc.kill('SIGKILL'));
+  for (const n of gw.nodes) await eventually(async () => {
+    const r = await roster(n);
+    return r.connected && !r.rejoining;
+  }, 'every node rejoined', 20_000);
+  const statuses: number[] = [];
+  for (let i = 0; i < 15; i++) statuses.push((await send(gw.nodes[2 - (i % 3)])).status);
+  assert.equal(statuses.filter((s) => s === 200).length, 1, `the rest of the minute after the rejoin: ${statuses.join(',')}`);
+  assert.deepEqual([...new Set(statuses)].sort(), [200, 429]);
 });

@@ -155,7 +155,9 @@ test('lease client: on a new connection it says at once what it holds (slots in 
   lc.setConnected(true);
   assert.equal(sent.length, before + 1);
   assert.deepEqual(sent.at(-1)!.slotReturns, [{ keyId: 'k', held: 5, returned: 0 }]);
-  assert.deepEqual(sent.at(-1)!.keyReturns, [{ keyId: 'k', minute: 100, requests: 0, tokens: 0, heldRequests: 3, heldTokens: 900 }]);
+  // Key minutes as taken (added to what a Hello registered; no Hello said them here, so all of it).
+  assert.deepEqual(sent.at(-1)!.keyReturns, []);
+  assert.deepEqual(sent.at(-1)!.taken, [{ keyId: 'k', minute: 100, requests: 3, tokens: 900 }]);
   // The fresh ledger registers them: another node gets only what is left.
   const l = new SlotLedger();
   for (const r of sent.at(-1)!.slotReturns) l.applyHeld('n1#1', r);
