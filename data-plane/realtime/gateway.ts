@@ -109,7 +109,8 @@ export class RealtimeGateway implements SocketOpener {
       // broken write path, and relies on this to keep the bytes uncompressed.
       compression: uWS.DISABLED,
       upgrade: (res, req, context) => this.onUpgrade(res, req, context),
-      open: (ws) => guard(() => ws.getUserData().session.open(ws)),
+      // Inside the upgrade's cork: the socket is kept, the session starts after it (see `upgrade`).
+      open: (ws) => guard(() => ws.getUserData().session.attach(ws)),
       // The message buffer dies when the handler returns: copied (Buffer.from of a view copies).
       message: (ws, msg, isBinary) => guard(() => ws.getUserData().session.fromClient(Buffer.from(new Uint8Array(msg)), isBinary)),
       drain: (ws) => guard(() => ws.getUserData().session.drained()),
@@ -160,7 +161,15 @@ export class RealtimeGateway implements SocketOpener {
     return connectWsUpstream(up, upstreamModel, { maxMessageBytes: this.maxMessageBytes }, opened, (err) => guard(() => failed(err)));
   }
 
-  /** SocketOpener: upgrades the client (inside one cork, with the rate headers on the 101) and starts the session. */
+  /**
+   * SocketOpener: upgrades the client (inside one cork, with the rate headers on the 101), then starts
+   * the session, after the cork. uWS v20.30's `HttpResponse.cork`, after its callback, reads the
+   * response's state where the upgrade freed it, to close a `Connection: close` response
+   * (uNetworking/uWebSockets pull request 1929, fixed upstream after this version): had anything in
+   * the callback allocated that memory again, the new socket was shut at once and the client saw a
+   * bare 1006 with no event. So nothing runs inside it but the upgrade (and uWS's `open`, which only
+   * keeps the socket): test/unit/data-plane-realtime-upgrade.test.ts.
+   */
   upgrade(r: ApiRequest, plan: SocketPlan): void {
     const reply = r.reply;
     const res = r.res;
@@ -198,6 +207,7 @@ export class RealtimeGateway implements SocketOpener {
       if (requestId) res.writeHeader('x-request-id', requestId);
       res.upgrade<UserData>({ session }, r.wsKey, firstProtocol(r.protocol), r.extensions, r.socketContext!);
     });
+    guard(() => session.start());
   }
 }
 

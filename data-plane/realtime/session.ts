@@ -91,6 +91,8 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
   readonly modelId: string;
   private ws: WebSocket<UserData> | null = null;
   private ended = false;
+  /** Registered and counted as open (`start`): a socket closed during its upgrade never was. */
+  private started = false;
   private responsesInFlight = 0;
   private upstreamPaused = false;
   /** What this session held when last measured (its share of RealtimeMemory.held). */
@@ -156,9 +158,16 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
     }
   }
 
-  /** uWS `open`: the client is upgraded; the upstream's messages may flow. */
-  open(ws: WebSocket<UserData>): void {
+  /** uWS `open`, inside the upgrade's cork where nothing else may run (gateway.ts `upgrade`): the socket kept. */
+  attach(ws: WebSocket<UserData>): void {
     this.ws = ws;
+  }
+
+  /** Right after the upgrade's cork: the session starts, and the upstream's messages may flow. */
+  start(): void {
+    if (this.ended) return;
+    if (!this.ws) return this.clientClosed(CLOSE.INTERNAL, 'the socket did not open');
+    this.started = true;
     this.deps.sessions.add(this);
     this.deps.openStreams?.add(this);
     openSessions.opened();
@@ -397,12 +406,17 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
 
   private finish(code: number, reason: string): void {
     const deps = this.deps;
-    deps.sessions.delete(this);
-    deps.openStreams?.remove(this);
-    openSessions.closed();
-    deps.stats.open--;
-    if (this.upstreamPaused) deps.stats.pausedUpstreams--;
-    deps.memory.leave(this, this.heldBytes);
+    if (this.started) {
+      deps.sessions.delete(this);
+      deps.openStreams?.remove(this);
+      openSessions.closed();
+      deps.stats.open--;
+      if (this.upstreamPaused) deps.stats.pausedUpstreams--;
+      deps.memory.leave(this, this.heldBytes);
+    } else {
+      // uWS shut the socket inside the upgrade's cork (gateway.ts `upgrade`): the client saw a bare 1006.
+      log.warn({ requestId: this.ctx.requestId, closeCode: code, closeReason: reason }, 'realtime socket closed during its upgrade, before its session started');
+    }
     this.heldBytes = 0;
     this.limits.stop();
     // Responses the upstream had begun and not finished: the upstream did the work, so they are
@@ -415,26 +429,12 @@ export class RealtimeSession implements OpenEntry, MemoryMember, TurnSocket {
     const now = deps.clock.now();
     const c = this.counts;
     const entry: RealtimeSessionLog = {
-      requestId: this.ctx.requestId,
-      keyId: this.key.keyId,
-      orgId: this.key.orgId,
-      projectId: this.key.projectId,
-      model: this.model.id,
-      path: this.path,
-      clientIp: this.client.clientIp,
-      userAgent: this.client.userAgent,
-      startedAtMs: this.startedAtMs,
-      durationMs: Math.max(0, now - this.startedAtMs),
-      messagesFromClient: c.fromClient,
-      messagesToClient: c.toClient,
-      bytesFromClient: c.bytesFromClient,
-      bytesToClient: c.bytesToClient,
-      responses: c.responses,
-      promptTokens: c.prompt,
-      completionTokens: c.completion,
-      costMicros: c.cost,
-      closeCode: code,
-      closeReason: reason,
+      requestId: this.ctx.requestId, keyId: this.key.keyId, orgId: this.key.orgId, projectId: this.key.projectId,
+      model: this.model.id, path: this.path, clientIp: this.client.clientIp, userAgent: this.client.userAgent,
+      startedAtMs: this.startedAtMs, durationMs: Math.max(0, now - this.startedAtMs),
+      messagesFromClient: c.fromClient, messagesToClient: c.toClient, bytesFromClient: c.bytesFromClient, bytesToClient: c.bytesToClient,
+      responses: c.responses, promptTokens: c.prompt, completionTokens: c.completion, costMicros: c.cost,
+      closeCode: code, closeReason: reason,
     };
     try {
       deps.logSession(entry);

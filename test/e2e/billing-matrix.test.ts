@@ -146,7 +146,7 @@ for (const e of ENDINGS) {
     const k = await matrix.newKey();
     matrix.rt.usage = e === 'upstream without usage' ? ({} as typeof REALTIME_USAGE) : { ...REALTIME_USAGE };
     try {
-      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'rt-chat' });
+      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'rt-chat', diagnose: matrix.nodeTail });
       if (metadata) {
         s.session.send({ type: 'conversation.item.create', item: RT_ITEM });
         s.session.send({ type: 'response.create', response: { metadata } });
@@ -186,7 +186,7 @@ for (const e of ENDINGS) {
     const k = await matrix.newKey();
     matrix.rt.holdResponses = true;
     try {
-      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'rt-chat' });
+      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'rt-chat', diagnose: matrix.nodeTail });
       s.session.say('Hello there');
       await s.session.waitFor('response.output_text.delta', RT_DELTAS.length);
       if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {
@@ -215,7 +215,7 @@ matrix.cell('realtime audio response in flight × key revoked mid-stream', estim
   matrix.rt.holdResponses = true;
   matrix.rt.audioDeltaBytes = 4_000;
   try {
-    const s = await openRealtime(matrix.node.address, { key: k.key, model: 'rt-chat' });
+    const s = await openRealtime(matrix.node.address, { key: k.key, model: 'rt-chat', diagnose: matrix.nodeTail });
     s.session.send({ type: 'input_audio_buffer.append', audio: Buffer.alloc(16_000, 1).toString('base64') });
     s.session.say('Hello there');
     await s.session.waitFor('response.output_audio.delta');
@@ -236,7 +236,7 @@ matrix.cell('realtime response in flight × drain', RT_ESTIMATE, async () => {
   await waitUntilKnown(draining.url, k.key);
   matrix.rt.holdResponses = true;
   try {
-    const s = await openRealtime(draining.address, { key: k.key, model: 'rt-chat' });
+    const s = await openRealtime(draining.address, { key: k.key, model: 'rt-chat', diagnose: matrix.nodeTail });
     s.session.say('Hello there');
     await s.session.waitFor('response.output_text.delta', RT_DELTAS.length);
     const exited = draining.proc.kill('SIGTERM');
@@ -382,7 +382,7 @@ for (const e of ENDINGS) {
     const mode = e === 'normal' ? 'normal' : e === 'upstream without usage' ? 'no-usage' : e === 'upstream error mid-stream' ? 'drop' : 'hold';
     matrix.rsp.setSocketMode(mode);
     try {
-      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'up-responses', path: '/v1/responses' });
+      const s = await openRealtime(matrix.node.address, { key: k.key, model: 'up-responses', path: '/v1/responses', diagnose: matrix.nodeTail });
       s.session.send(TURN);
       await s.session.waitFor('response.output_text.delta');
       if (e === 'key revoked mid-stream' || e === 'org blocked mid-stream') {

@@ -193,7 +193,8 @@ export class BillingMatrix {
         }),
       });
       // Each report is sent as soon as it is journaled: a cell waits for its row, not for the once-a-second send.
-      this.node = await startDataPlane(this.cp, { extraArgs: ['--report-every-ms', '0'] });
+      // Debug: each realtime session's end is logged, for nodeTail when a socket wait fails.
+      this.node = await startDataPlane(this.cp, { extraArgs: ['--report-every-ms', '0', '--log-level', 'debug'] });
       this.admin = consoleClient(this.cp.address, this.cp.secrets.operatorToken);
     });
     after(async () => {
@@ -202,6 +203,9 @@ export class BillingMatrix {
       await Promise.all([this.up?.close(), this.rt?.close(), this.rsp?.close(), this.priced?.close()]);
     });
   }
+
+  /** The node's state and last output, for a failed wait on a socket (how the node ended the session). */
+  readonly nodeTail = (): string => `node ${this.node.proc.child.exitCode === null ? 'running' : `exited ${this.node.proc.child.exitCode}`}; its last output:\n${this.node.proc.output().slice(-3000)}`;
 
   /** A key of its own for one cell, known to the node. */
   async newKey(): Promise<DemoKey> {
