@@ -17,8 +17,8 @@
 // written into each module as its own source file's URL, so that paths computed from it (the proto
 // files, the demo config) are the source tree's.
 import { createRequire } from 'node:module';
-import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
-import { dirname, join, relative } from 'node:path';
+import { mkdirSync, readdirSync, readFileSync, realpathSync, renameSync, writeFileSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 /**
@@ -101,5 +101,16 @@ export async function buildTestBundles(root, outDir, files) {
     plugins: [ownImportMetaUrl],
     logLevel: 'silent',
   });
-  return Object.fromEntries(Object.entries(entries).map(([name, source]) => [join(outDir, `${name}.mjs`), source]));
+  // The maps name their sources relative to the bundle, which Node reads through its real path: in a git
+  // worktree whose node_modules is a link to another checkout's, they named the other checkout's files.
+  // Written as absolute paths, they name this checkout's.
+  for (const name of readdirSync(outDir, { recursive: true })) {
+    if (!name.endsWith('.map')) continue;
+    const file = join(outDir, name);
+    const map = JSON.parse(readFileSync(file, 'utf8'));
+    map.sources = map.sources.map((src) => pathToFileURL(resolve(dirname(file), src)).href);
+    writeFileSync(file, JSON.stringify(map));
+  }
+  // By real path: the runner names each file so.
+  return Object.fromEntries(Object.entries(entries).map(([name, source]) => [realpathSync(join(outDir, `${name}.mjs`)), source]));
 }
