@@ -14,7 +14,7 @@ import { registerOpenRequest } from '../request/open-request.js';
 import { isDraining } from '../drain.js';
 import { GatewayError, type ErrorShape } from '../errors.js';
 import { blockedMessage } from '../request/admission.js';
-import { deriveClientIp, headerLines } from '../request/client-ip.js';
+import { copiedHeaderLines, deriveClientIp, headerLines } from '../request/client-ip.js';
 import { Reply } from '../request/reply.js';
 import { LogDraft, logRow, refusalReason, unknownKeyPrefix, UnknownKeySampler } from '../request/request-log.js';
 import type { Clock } from '../limits/clock.js';
@@ -96,7 +96,7 @@ export class Gate {
     reply.headRequest = r.method === 'HEAD';
     reply.clientCloses = /close/i.test(req.getHeader('connection'));
     requestStarted();
-    r.ip = this.clientIp(res, req);
+    r.ip = this.clientIp(res, req, r.headers);
     return r;
   }
 
@@ -124,9 +124,20 @@ export class Gate {
   }
 
   /** Every X-Forwarded-For line counts, read from req while it lives, and only behind a trusted peer. */
-  private clientIp(res: HttpResponse, req: HttpRequest): string {
-    return deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString(), this.deps.holder.current.view.trustedProxies, () => headerLines(req, 'x-forwarded-for'));
+  private clientIp(res: HttpResponse, req: HttpRequest, copied: Array<[string, string]> | null = null): string {
+    this.ipReq = req;
+    this.ipHeaders = copied;
+    const ip = deriveClientIp(Buffer.from(res.getRemoteAddressAsText()).toString('latin1'), this.deps.holder.current.view.trustedProxies, this.forwardedFor);
+    this.ipReq = null;
+    this.ipHeaders = null;
+    return ip;
   }
+
+  // The request clientIp is deriving for (synchronously), so its one callback is made once, not per request.
+  private ipReq: HttpRequest | null = null;
+  private ipHeaders: Array<[string, string]> | null = null;
+  /** The X-Forwarded-For lines: from the headers when a tool path copied them all already, else one walk of req. */
+  private readonly forwardedFor = (): string => (this.ipHeaders ? copiedHeaderLines(this.ipHeaders, 'x-forwarded-for') : this.ipReq ? headerLines(this.ipReq, 'x-forwarded-for') : '');
 
   /**
    * The checks up to the route, in order. Answers the first that fails and returns null; else the

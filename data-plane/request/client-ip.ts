@@ -98,9 +98,24 @@ function parseHop(hop: string): IpWords | null {
 
 /** Every value of a header, all lines joined with commas (uWS getHeader returns only the first line). */
 export function headerLines(req: { forEach(cb: (key: string, value: string) => void): void }, name: string): string {
+  // One callback for every request (no closure made per request): forEach calls it synchronously.
+  linesName = name;
+  linesOut = '';
+  req.forEach(collectLine);
+  const out = linesOut;
+  linesOut = '';
+  return out;
+}
+
+let linesName = '';
+let linesOut = '';
+function collectLine(k: string, v: string): void {
+  if (k === linesName) linesOut = linesOut === '' ? v : `${linesOut},${v}`;
+}
+
+/** headerLines of headers already copied from the request (as uWS gave them: lower-case names, in order). */
+export function copiedHeaderLines(headers: ReadonlyArray<readonly [string, string]>, name: string): string {
   let out = '';
-  req.forEach((k, v) => {
-    if (k === name) out = out === '' ? v : `${out},${v}`;
-  });
+  for (const [k, v] of headers) if (k === name) out = out === '' ? v : `${out},${v}`;
   return out;
 }

@@ -3,11 +3,11 @@
 // A snapshot builds a new GatewayState and the holder swaps one reference; a delta mutates the current
 // state in place (single-threaded, so a request sees the state before or after a delta, never half of it).
 import { IpRangeSet } from '../../proto/lib/ip.js';
-import { createHmac } from 'node:crypto';
 import type { Delta, GatewayConfig, KeyEntry, KeyTombstone, ModelConfig, OrgEntry, ProjectEntry, Snapshot, TierConfig } from '../../proto/gen/tollgate/v1/sync.js';
 import { limitResetOf, type LimitReset } from '../../proto/lib/spend-limits.js';
 import type { KeyLimits } from '../limits/key-budgets.js';
 import { RouteTable } from '../routing/routes.js';
+import { keyHmac } from './key-hmac.js';
 import { PackedKeyTable } from './packed-keys.js';
 
 /** An organisation, one mutable object per org id: keys point at it, so an org upsert reaches them at once. */
@@ -272,7 +272,7 @@ export class GatewayState {
   /** One HMAC and one probe of the packed index. Only hashes are held; the key itself is never stored. An expired key (at `nowMs`) is not found. */
   lookup(pepper: Buffer, key: string, nowMs?: number): KeyRecord | undefined {
     // The index finds the candidate; its stored hash is then compared in constant time (findDigest).
-    const rec = this.packed.findDigest(createHmac('sha256', pepper).update(key).digest());
+    const rec = this.packed.findDigest(keyHmac(pepper, key));
     if (rec < 0 || !this.packed.isLive(rec)) return undefined;
     const expires = this.packed.expiresAtMs(rec);
     if (expires && nowMs !== undefined && nowMs >= expires) return undefined;
@@ -284,7 +284,7 @@ export class GatewayState {
    * logged against it (only on the 401 path: one more HMAC there).
    */
   tombstone(pepper: Buffer, key: string): KeyNames | undefined {
-    const rec = this.packed.findDigest(createHmac('sha256', pepper).update(key).digest());
+    const rec = this.packed.findDigest(keyHmac(pepper, key));
     if (rec < 0) return undefined;
     return { keyId: this.packed.keyId(rec), projectId: this.packed.projectId(rec), orgId: this.packed.orgId(rec) };
   }

@@ -141,6 +141,7 @@ interface PendingUsage {
   size: number;
 }
 
+const limitsOfMembers = new WeakMap<object, Map<string, number>>(); // per frozen members list (one per endpoint): built once, not per answer
 /**
  * Reads the top-level members it is asked for (`usage` always) from a JSON answer as it streams
  * through, wherever they stand in the object, keeping only their bytes (each bounded) and a few
@@ -183,8 +184,12 @@ export class JsonUsageReader implements BodyInspector {
     members: Iterable<string> = [],
     private readonly pricer: UsagePricer | null = null,
   ) {
-    const limits = new Map<string, number>([['usage', MAX_MEMBER_BYTES]]);
-    for (const m of members) limits.set(m, m === 'choices' || m === 'output' || m === 'data' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
+    let limits = limitsOfMembers.get(members);
+    if (limits === undefined) {
+      limits = new Map<string, number>([['usage', MAX_MEMBER_BYTES]]);
+      for (const m of members) limits.set(m, m === 'choices' || m === 'output' || m === 'data' ? MAX_CHOICES_BYTES : MAX_MEMBER_BYTES);
+      if (Array.isArray(members) && Object.isFrozen(members)) limitsOfMembers.set(members, limits);
+    }
     this.limits = limits;
     this.passesThrough = pricer === null;
   }
