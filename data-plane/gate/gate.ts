@@ -22,6 +22,7 @@ import { presentsCredential, type EdgeBudgets } from '../limits/edge-budgets.js'
 import type { KeyBudgets } from '../limits/key-budgets.js';
 import type { RateHeaders } from '../limits/rate-headers.js';
 import type { LeaseClient } from '../leases/lease-client.js';
+import { moneyRefusal, orgRefusal } from '../leases/request-money.js';
 import { requestStarted } from '../metrics.js';
 import { familyOf } from '../routing/path-families.js';
 import { REALTIME_PATH, SOCKET_ROUTES, type Route } from '../routing/routes.js';
@@ -204,8 +205,10 @@ export class Gate {
    * other nodes' unused slices: refused. (`wait`: a slice is on its way; admission waits for it.)
    */
   canSpend(key: KeyRecord): GatewayError | null {
-    if (this.deps.leases?.canSpend(key.orgId) === 'no') return new GatewayError('ORG_BLOCKED', blockedMessage(''));
-    return null;
+    const leases = this.deps.leases;
+    if (leases?.canSpend(key.orgId) !== 'no') return null;
+    // A key's limit or project's cap that refuses too is named instead (request-money.ts orgRefusal).
+    return moneyRefusal(orgRefusal(leases, key, this.deps.clock.now()), blockedMessage(''));
   }
 
   /** The route of a request that passed (also on `r.route`), or null once the 404/405 was answered. */

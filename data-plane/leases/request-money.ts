@@ -51,10 +51,13 @@ function current(leases: LeaseClient, p: LimitPeriod, reset: LimitReset, nowMs: 
 /**
  * May a request of the key spend now? The organisation's verdict as before (`org`: the caller already
  * asked it, e.g. with spendFirst), then the project's cap and the key's limit. A pool the control
- * plane said is spent refuses the request, named in the message with when it lifts.
+ * plane said is spent refuses the request, named in the message with when it lifts. When the
+ * organisation's pool and a key's limit or project's cap both refuse, the limit is named: requests in
+ * flight at its margin hold the rest of both (an unpriced request's worst case is far above a small
+ * limit), and the organisation's balance may be far from spent (docs/money-limits.md#the-last-request).
  */
 export function moneyVerdict(leases: LeaseClient, key: KeyRecord, nowMs: number, org: SpendVerdict = leases.canSpend(key.orgId)): MoneyVerdict {
-  if (org === 'no') return { verdict: 'no', pool: '', message: '', short: '' };
+  if (org === 'no') return orgRefusal(leases, key, nowMs);
   const extra = extraPools(leases, key, nowMs);
   let wait: string | null = org === 'wait' ? key.orgId : null;
   if (extra) {
@@ -65,6 +68,13 @@ export function moneyVerdict(leases: LeaseClient, key: KeyRecord, nowMs: number,
     }
   }
   return wait === null ? YES : { verdict: 'wait', pool: wait };
+}
+
+/** The refusal of a request whose organisation's pool said no: a limit of the key's that says no too is named (moneyVerdict). */
+export function orgRefusal(leases: LeaseClient, key: KeyRecord, nowMs: number): MoneyVerdict & { verdict: 'no' } {
+  const extra = extraPools(leases, key, nowMs);
+  if (extra) for (const pool of extra) if (leases.canSpend(pool) === 'no') return refusalOf(key, pool, nowMs);
+  return { verdict: 'no', pool: '', message: '', short: '' };
 }
 
 function refusalOf(key: KeyRecord, pool: string, nowMs: number): MoneyVerdict & { verdict: 'no' } {

@@ -96,7 +96,10 @@ test('a key limit under concurrent traffic on two nodes (three requests at a tim
   const { cp, nodes, admin } = await cluster(2);
   const [a, b] = nodes;
   const { orgId, projectId } = await createKey(admin, { tier: 'paid' });
-  await admin.creditOrg({ orgId, amountMicros: 1_000_000_000, note: 'plenty' });
+  // Plenty for four requests in flight at their worst case (unpriced: about $410 each at 4,096 output
+  // tokens). With $1,000 three in flight on one node held all of it, and a request admitted after
+  // their raises (under load) was refused naming the organisation's balance.
+  await admin.creditOrg({ orgId, amountMicros: 10_000_000_000, note: 'plenty, worst cases in flight included' });
   const created = await cli(cp, ['key', 'create', '--project', projectId, '--limit-usd', '10']);
   const limit = 10_000_000;
   await allNodesCurrent(admin, 2);

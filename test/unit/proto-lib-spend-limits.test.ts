@@ -213,3 +213,33 @@ test('ledger: money a node spent past its slice and did not report yet is not le
   ledger.consume('a', pool, 1400);
   assert.deepEqual(ledger.grant('a', pool, 600, 1, { micros: 400, debtMicros: 400 }, true), { kind: 'grant', micros: 600, exhausted: false });
 });
+
+test('node: the organisation\'s pool and a key\'s limit both refuse: the refusal names the key\'s limit', () => {
+  // money-limits.test.ts under load: unpriced requests in flight (about $410 worst case each) held
+  // all of a $10 key limit and of the $1,000 organisation's slice; a request admitted after their
+  // raises was told "The organisation's balance is exhausted or its monthly spend cap was reached."
+  const { leases, state, clock } = node(WED);
+  const k = state.keysByHash.get('hash-key_l')!;
+  const today = keyPoolId('key_l', periodStartMs('daily', WED));
+  leases.applyOrgSlices([{ orgId: 'org', micros: 10_000 }]);
+  moneyVerdict(leases, k, clock.now());
+  leases.applyOrgGrant(today, 1000, false);
+  // One request in flight holds all that is left of both.
+  const r = reserveMoney(leases, k, clock.now())!;
+  assert.deepEqual(leases.raiseSpend('org', r, 10_000, true, false), { verdict: 'yes' });
+  assert.deepEqual(leases.raiseSpend(today, r.extra![0][1], 10_000, true, false), { verdict: 'wait' });
+  leases.applyOrgGrant(today, 0, true);
+  assert.deepEqual(leases.raiseSpend(today, r.extra![0][1], 10_000, true, false), { verdict: 'yes' }, 'unpriced at the last: takes all');
+  leases.canSpend('org');
+  leases.applyOrgGrant('org', 0, true);
+  assert.equal(leases.canSpend('org'), 'no');
+  const no = moneyVerdict(leases, k, clock.now());
+  assert.equal(no.verdict, 'no');
+  assert.equal((no as { pool: string }).pool, today);
+  assert.match((no as { message: string }).message, /This API key's spend limit of \$0\.001 per day was reached/);
+  // The organisation's pool alone refuses (the key's limit has money left): the organisation is named.
+  leases.applyOrgGrant(today, 500, false);
+  assert.equal(leases.canSpend(today), 'yes');
+  const org = moneyVerdict(leases, k, clock.now(), 'no');
+  assert.deepEqual(org, { verdict: 'no', pool: '', message: '', short: '' });
+});
