@@ -1,6 +1,7 @@
 // `npm run bench:instructions [-- --baseline REF[,REF…]] [-- --requests N] [-- --rounds R] [-- --warmup W] [-- --keep]`: CPU instructions per request of
-// the node (valgrind's callgrind), JSON and SSE chat. Unlike timings, instruction counts do not move
-// when other processes load the machine, so they measure what a hot-path change bought where the
+// the node (valgrind's callgrind), JSON and SSE chat. Instruction counts move far less than timings
+// when other processes load the machine (rounds of one node still spread 15–25% on a loaded one:
+// read the lowest of several rounds), so they measure what a hot-path change bought where the
 // timings of `npm run bench` are too noisy. Needs valgrind; the node runs ~50× slower under it.
 //
 // The node runs under callgrind; after a warm-up of W requests per scenario (default 1,500) the counters
