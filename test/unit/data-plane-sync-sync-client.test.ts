@@ -2,8 +2,8 @@
 // SyncService on a loopback port that sends the stream's headers and then holds the catch-up until the
 // test releases it. And an address that never answers is given up after the connect timeout.
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import { test } from 'node:test';
+import { silentPeer } from '../helpers/silent-peer.js';
 import { Metadata, Server, ServerCredentials, type ServerDuplexStream } from '@grpc/grpc-js';
 import { SyncServiceService, type ControlMessage, type NodeMessage } from '../../proto/gen/tollgate/v1/sync.js';
 import { StateHolder } from '../../data-plane/state/key-table.js';
@@ -152,16 +152,7 @@ test('an address that takes the connection but never answers is given up after t
   // Before, a stream to a control plane whose machine had gone (a TCP peer that never answers) waited
   // for ever (grpc-js has no connect timeout): a node given that address first, or retrying a leader
   // that vanished, never tried the standby that now leads.
-  const sockets = new Set<net.Socket>();
-  const silent = net.createServer((s) => {
-    sockets.add(s);
-    s.on('error', () => {});
-  });
-  await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
-  t.after(() => {
-    for (const s of sockets) s.destroy();
-    silent.close();
-  });
+  const silentPort = await silentPeer(t);
   const streams = new Events<Call>();
   const server = new Server();
   server.addService(SyncServiceService, {
@@ -173,7 +164,7 @@ test('an address that takes the connection but never answers is given up after t
   const port = await new Promise<number>((resolve, reject) => server.bindAsync('127.0.0.1:0', ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
   const logs: string[] = [];
   const client = new SyncClient({
-    address: `127.0.0.1:${(silent.address() as net.AddressInfo).port},127.0.0.1:${port}`,
+    address: `127.0.0.1:${silentPort},127.0.0.1:${port}`,
     nodeToken: 'node-token',
     nodeId: 'n1',
     instanceId: 'i1',
