@@ -157,6 +157,8 @@ async function main(): Promise<void> {
     realtime: { maxBufferedBytes: config.realtimeMaxBufferedBytes, maxNodeBufferedBytes: config.realtimeMaxNodeBufferedBytes, logSession: (e) => reporter.log(sessionLogRow(e)) },
   });
 
+  // The cork anchor (realtime/cork-anchor.ts) is held before the first client can connect.
+  await api.realtime.anchor?.ready;
   const sockets: uWS.us_listen_socket[] = [];
   let listenAddress: string;
   try {

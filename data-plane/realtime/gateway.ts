@@ -29,6 +29,7 @@ import { RealtimeStats } from './realtime-stats.js';
 import type { SessionLogSink } from './session-log.js';
 import type { UpstreamLink } from '../proxy/upstream-link.js';
 import { connectWsUpstream } from './ws-upstream.js';
+import { CorkAnchor } from './cork-anchor.js';
 
 export const DEFAULT_MAX_BUFFERED_BYTES = 1024 * 1024;
 export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024;
@@ -81,6 +82,8 @@ export class RealtimeGateway implements SocketOpener {
   private remeasureTimer: NodeJS.Timeout | null = null;
   /** The socket endpoints after admission (endpoints/sockets.ts); set by the HTTP server. */
   endpoint: Endpoint | null = null;
+  /** Held from `register` on: what an upgrade after the upstream opened runs under (cork-anchor.ts). */
+  anchor: CorkAnchor | null = null;
 
   constructor(
     private readonly deps: RealtimeDeps,
@@ -120,6 +123,7 @@ export class RealtimeGateway implements SocketOpener {
     app.ws(REALTIME_PATH, behavior);
     app.ws(`${REALTIME_PATH}/*`, behavior);
     app.ws(RESPONSES_PATH, behavior);
+    this.anchor = new CorkAnchor();
     this.remeasureTimer = setInterval(() => {
       this.memory.remeasureAll();
     }, REMEASURE_MS);
@@ -129,6 +133,12 @@ export class RealtimeGateway implements SocketOpener {
   /** Open sessions (the drain waits for them). */
   get open(): number {
     return this.sessions.size;
+  }
+
+  /** Lets go of the cork anchor (its socket would keep a process alive that does not exit itself). */
+  stop(): void {
+    this.anchor?.stop();
+    if (this.remeasureTimer) clearInterval(this.remeasureTimer);
   }
 
   /** A stopping node ends every session with 1001; answers how many it closed. */
@@ -162,13 +172,13 @@ export class RealtimeGateway implements SocketOpener {
   }
 
   /**
-   * SocketOpener: upgrades the client (inside one cork, with the rate headers on the 101), then starts
-   * the session, after the cork. uWS v20.30's `HttpResponse.cork`, after its callback, reads the
-   * response's state where the upgrade freed it, to close a `Connection: close` response
-   * (uNetworking/uWebSockets pull request 1929, fixed upstream after this version): had anything in
-   * the callback allocated that memory again, the new socket was shut at once and the client saw a
-   * bare 1006 with no event. So nothing runs inside it but the upgrade (and uWS's `open`, which only
-   * keeps the socket): test/unit/data-plane-realtime-upgrade.test.ts.
+   * SocketOpener: upgrades the client (with the rate headers on the 101), then starts the session.
+   * Inside the upgrade handler (a demo model) the response is corked by uWS already. After the
+   * upstream opened, the response's own `cork` would read, after its callback, the state the upgrade
+   * shrank (uNetworking/uWebSockets pull request 1929): the upgrade runs while the cork anchor is
+   * corked instead, so the client's `cork` only runs its callback (cork-anchor.ts). Nothing of the
+   * session runs inside either (uWS's `open` only keeps the socket): the session starts after.
+   * test/unit/data-plane-realtime-upgrade.test.ts.
    */
   upgrade(r: ApiRequest, plan: SocketPlan): void {
     const reply = r.reply;
@@ -200,13 +210,19 @@ export class RealtimeGateway implements SocketOpener {
     const rate = reply.rateHeaders;
     const requestId = reply.requestId;
     reply.markUpgraded();
+    // The status and our headers in one cork of the response, still HTTP (one write); then the upgrade,
+    // whose few headers go out as uWS writes them when no cork of the response is open.
     res.cork(() => {
       res.writeStatus('101 Switching Protocols');
       if (headers) for (const [k, v] of headers) res.writeHeader(k, v);
       if (rate) writeRateHeaders(rate, res);
       if (requestId) res.writeHeader('x-request-id', requestId);
-      res.upgrade<UserData>({ session }, r.wsKey, firstProtocol(r.protocol), r.extensions, r.socketContext!);
     });
+    const upgrade = (): void => {
+      res.cork(() => res.upgrade<UserData>({ session }, r.wsKey, firstProtocol(r.protocol), r.extensions, r.socketContext!));
+    };
+    if (this.anchor) this.anchor.run(upgrade);
+    else upgrade();
     guard(() => session.start());
   }
 }

@@ -411,3 +411,9 @@ test('a chain from a background response reserves the context the background res
   assert.equal(r.status, 429, r.text);
   assert.match(r.body.error.message, new RegExp(`this request needs about ${USAGE.input_tokens + USAGE.output_tokens + estimateTokens(body)}`));
 });
+
+test('every socket above was upgraded after its upstream opened, and uWS printed no warning about writes outside a cork', () => {
+  // An upgrade outside any cork of its response (realtime/cork-anchor.ts) is what uWS.js warns about on stderr, once per socket.
+  assert.ok(node.proc.output().includes('realtime session closed'), 'sockets were opened');
+  assert.doesNotMatch(node.proc.output(), /Warning: uWS/);
+});
