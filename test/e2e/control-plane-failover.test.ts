@@ -253,9 +253,9 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
   // What the new leader and the nodes logged about the sync, to say why when the failover was slow.
   const syncLines = () => [b, ...nodes].map((p) => p.proc.output().split('\n').filter((l) => /sync|lead|stands by|control plane/.test(l)).slice(-12).join('\n')).join('\n--\n');
   assert.ok(sent < MAX_LOAD, `the load reached ${MAX_LOAD} requests before the nodes rejoined (${steps.join(', ')}):\n${syncLines()}`);
-  // The same minute, once the nodes rejoined: that key gets exactly the 2 left of its 5, over the three nodes.
-  // Requests admitted in advance of a control plane that answered later than the lease wait (docs/leases.md)
-  // are named when this fails: a leader too busy to answer in 250 ms, not a count lost in the rejoin.
+  // The same minute, once the nodes rejoined: that key gets exactly the 2 left of its 5, over the three nodes,
+  // unless a leader too busy to answer in 250 ms let the nodes admit in advance (docs/leases.md), which
+  // the nodes count: not a count lost in the rejoin.
   const leaseWaits = (reset: boolean) => Promise.all(nodes.map(async (n) => ((await (await fetch(`${n.adminUrl}/stats/lease-waits${reset ? '?reset=1' : ''}`)).json()) as { advanced: number; max_ms: number })));
   await leaseWaits(true);
   const usedStatuses: number[] = [];
@@ -264,8 +264,18 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
     usedStatuses.push(r.status);
     if (r.status === 200) record(used, r);
   }
-  const waited = (await leaseWaits(false)).map((w) => `${w.advanced} advanced, longest wait ${w.max_ms} ms`).join('; ');
-  assert.equal(usedStatuses.filter((s) => s === 200).length, TIGHT_RPM - 3, `the rest of the minute after the failover: ${usedStatuses.join(',')} (nodes meanwhile, load included: ${waited})`);
+  // Exact while the leader answers within the lease wait; a request a node admitted in advance of a
+  // late answer (counted by the nodes, the load's included) may add one each (docs/leases.md).
+  const inAdvance = async (what: string, statuses: number[], want: number) => {
+    const waits = await leaseWaits(false);
+    const advanced = waits.reduce((n, w) => n + w.advanced, 0);
+    const served = statuses.filter((s) => s === 200).length;
+    const why = `${what}: ${statuses.join(',')} (nodes meanwhile, load included: ${waits.map((w) => `${w.advanced} advanced, longest wait ${w.max_ms} ms`).join('; ')})`;
+    assert.ok(served >= want && served <= want + advanced, `${served} served, ${want} wanted: ${why}`);
+    if (advanced === 0) assert.equal(served, want, why);
+  };
+  await inAdvance('the rest of the minute after the failover', usedStatuses, TIGHT_RPM - 3);
+  await leaseWaits(true);
   const outageAfter: number[] = [];
   for (let i = 0; i < 3 * TIGHT_RPM; i++) {
     const r = await request(`${nodes[i % 3].url}/v1/chat/completions`, { method: 'POST', headers: bearer(outage.key), json: chatBody('outage after') });
@@ -276,7 +286,7 @@ async function failoverUnderLoad(t: { after(fn: () => unknown): void }, how: 'si
   const outageServed = outageStatuses.filter((s) => s === 200).length;
   assert.equal(outageServed, TIGHT_RPM - 1, 'each node admits within the key\'s own limit while no control plane leads');
   // Once rejoined, the new leader knows what the nodes took (their Hello): the minute gives only what is left, if anything.
-  assert.equal(outageAfter.filter((s) => s === 200).length, Math.max(0, TIGHT_RPM - outageServed), 'the rest of the minute after the rejoin');
+  await inAdvance('the rest of the minute after the rejoin', outageAfter, Math.max(0, TIGHT_RPM - outageServed));
   await load;
   if (how === 'terminate') {
     await a.proc.waitFor(/lost the lead/, 15_000);
