@@ -113,20 +113,35 @@ async function main(): Promise<void> {
     const secs = QUICK ? 3 : 10;
     const runs: Record<TargetName, PacedResult[]> = { direct: [], bare: [], node: [], baseline: [] };
     const loopDelays: LoopDelay[] = [];
+    // CPU per request at the same offered rate: the saturation figures charge each target the cost
+    // of waking the load generator and the upstream (loopback sends wake an idle peer), and a slower
+    // target leaves them idle more often, so there it pays more per request than its own work.
+    const paceCpu: Record<TargetName, { micros: number; ok: number }> = { direct: { micros: 0, ok: 0 }, bare: { micros: 0, ok: 0 }, node: { micros: 0, ok: 0 }, baseline: { micros: 0, ok: 0 } };
     for (let round = 0; round < (QUICK ? 1 : 2); round++) {
       for (const t of TARGETS) {
         if (t === 'node') node.proc.child.kill('SIGUSR2');
-        runs[t].push(await paced(urls[t], json.request(auth), rate, secs));
+        const before = cpuMicros(pids[t]);
+        const run = await paced(urls[t], json.request(auth), rate, secs);
+        const after = cpuMicros(pids[t]);
+        if (before !== null && after !== null) {
+          paceCpu[t].micros += after - before;
+          paceCpu[t].ok += run.ok;
+        }
+        runs[t].push(run);
         if (t === 'node') loopDelays.push(await loopDelay(node.proc));
       }
     }
+    const cpuAtRate = Object.fromEntries(TARGETS.map((t) => [t, paceCpu[t].ok > 0 ? paceCpu[t].micros / paceCpu[t].ok : null])) as Record<TargetName, number | null>;
     const best = (xs: PacedResult[]) => xs.reduce((a, b) => (b.p99Us < a.p99Us ? b : a));
     const r = { direct: best(runs.direct), bare: best(runs.bare), node: best(runs.node), baseline: baseline ? best(runs.baseline) : (undefined as unknown as PacedResult) };
     const nodeLoop = loopDelays[runs.node.indexOf(r.node)];
-    constantRate = { rate, seconds: secs, ...r, nodeP99AddedUs: r.node.p99Us - r.direct.p99Us, bareP99AddedUs: r.bare.p99Us - r.direct.p99Us, nodeLoopDelay: nodeLoop };
+    constantRate = { rate, seconds: secs, ...r, nodeP99AddedUs: r.node.p99Us - r.direct.p99Us, bareP99AddedUs: r.bare.p99Us - r.direct.p99Us, nodeLoopDelay: nodeLoop, cpuMicrosPerRequest: cpuAtRate };
     console.log(`\nconstant rate, JSON, ${rate} req/s for ${secs} s (half the node's saturation), latency in µs (best of ${runs.node.length}):`);
     for (const t of TARGETS) console.log(`  ${t.padEnd(7)} p50 ${r[t].p50Us.toFixed(0).padStart(6)}  p99 ${r[t].p99Us.toFixed(0).padStart(6)}  max ${r[t].maxUs.toFixed(0).padStart(7)}  (${r[t].ok} ok, ${r[t].errors} errors)`);
     console.log(`  p99 added over direct: node ${(r.node.p99Us - r.direct.p99Us).toFixed(0)} µs (target < 1000), bare ${(r.bare.p99Us - r.direct.p99Us).toFixed(0)} µs`);
+    const cpuText = TARGETS.map((t) => `${t} ${cpuAtRate[t]?.toFixed(1) ?? '?'}`).join(', ');
+    const cpuRatio = cpuAtRate.node !== null && cpuAtRate.bare ? ` (node/bare ${(cpuAtRate.node / cpuAtRate.bare).toFixed(2)}×)` : '';
+    console.log(`  CPU µs per request at this rate, the same for every target: ${cpuText}${cpuRatio}`);
     const gcText = Object.entries(nodeLoop.gc)
       .map(([k, g]) => `${g.count} ${k} (${g.totalMs.toFixed(0)} ms, longest ${g.maxMs.toFixed(1)} ms)`)
       .join(', ');
