@@ -16,6 +16,8 @@ export interface MemoryMember {
 export class RealtimeMemory {
   /** Bytes held by every open session together (as last measured). */
   held = 0;
+  /** The most `held` was since start (or the last reset of the figures). */
+  peak = 0;
   private readonly members = new Set<MemoryMember>();
   private readonly waiting = new Set<MemoryMember>();
 
@@ -32,6 +34,7 @@ export class RealtimeMemory {
   /** A session's figure changed from `before` to `after`; returns the node's total. */
   update(before: number, after: number): number {
     this.held += after - before;
+    if (this.held > this.peak) this.peak = this.held;
     return this.held;
   }
 

@@ -2,6 +2,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { RealtimeMemory, type MemoryMember } from '../../data-plane/realtime/realtime-memory.js';
+import { RealtimeStats } from '../../data-plane/realtime/realtime-stats.js';
 
 class Member implements MemoryMember {
   woken = 0;
@@ -52,4 +53,21 @@ test('the total follows each session, is full at the bound, and wakes waiting se
   assert.deepEqual([a.remeasured, b.remeasured, b.woken], [0, 1, 2]);
   memory.leave(b, b.held);
   assert.equal(memory.held, 0);
+});
+
+test('the peak is the most held together, kept when bytes leave, and a reset starts it from what is held now', () => {
+  const memory = new RealtimeMemory(1000);
+  const stats = new RealtimeStats();
+  stats.memory = memory;
+  const a = new Member(memory);
+  const b = new Member(memory);
+  a.set(600);
+  b.set(500);
+  a.set(200);
+  assert.deepEqual([memory.held, memory.peak], [700, 1100]);
+  const s = stats.snapshot(true);
+  assert.deepEqual([s.node_buffered_bytes, s.node_peak_buffered_bytes], [700, 1100]);
+  assert.equal(stats.snapshot().node_peak_buffered_bytes, 700);
+  b.set(0);
+  assert.equal(stats.snapshot().node_peak_buffered_bytes, 700);
 });
