@@ -70,7 +70,8 @@ export class CorkAnchor {
 
   private open(ready: () => void = () => {}): void {
     this.token = randomBytes(16).toString('hex');
-    const path = join(tmpdir(), `tollgate-anchor-${process.pid}-${this.token.slice(0, 12)}.sock`);
+    // Named apart from the token: the folder may be listed by anyone, the token is the only key.
+    const path = join(tmpdir(), `tollgate-anchor-${process.pid}-${randomBytes(6).toString('hex')}.sock`);
     let listening: us_listen_socket | null = null;
     let over = false;
     // Once the request is held, or the attempt failed: nobody else may connect.
